@@ -1,0 +1,39 @@
+# The README's two set-up commands. On a fresh machine they are all the set-up there is.
+#   make run   venv with every extra, then the main job on the embedded default
+#   make test  venv with the test extras, then the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip install --quiet --constraint constraints.txt
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Stamp files record which extras are installed, so a second `make` is instant.
+$(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-all: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) -e '.[all,test]'
+	touch $@ $(VENV)/.installed-test
+
+run: $(VENV)/.installed-all
+	$(BIN)/starvecheck env
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python benchmarks/env_startup.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

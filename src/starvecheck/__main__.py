@@ -1,0 +1,3 @@
+from starvecheck.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""Judging: results in, findings out, and the one ranking every command uses.
+
+The checklist orders findings by estimated gain (blockers first, then the share
+of time a fix would recover), then by severity; findings that are `ok` are
+checks that passed and are not on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from starvecheck.model import Finding, Severity
+
+
+def rank(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    todo = {}
+    for f in findings:
+        if f.severity is Severity.OK:
+            continue
+        # The same finding from two stages (doctor runs several) is listed once:
+        # keep the one with the larger gain.
+        kept = todo.get(f.id)
+        if kept is None or _key(f) < _key(kept):
+            todo[f.id] = f
+    return tuple(sorted(todo.values(), key=_key))
+
+
+def _key(f: Finding) -> tuple[float, int, str]:
+    score = f.gain.score if f.gain else -1.0
+    return (-score, -f.severity.rank, f.id)
+
+
+def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
+    """One line, as pyperf's system check ends: what to do first, or that all is well."""
+    if not checklist:
+        return f"All {checked} checks passed." if checked else "Nothing to check."
+    counts = {s: sum(1 for f in checklist if f.severity is s) for s in Severity}
+    parts = [f"{counts[s]} {s.value}" for s in (Severity.CRITICAL, Severity.WARNING,
+                                                 Severity.INFO) if counts[s]]
+    first = checklist[0]
+    if first.severity is Severity.INFO:
+        return f"{', '.join(parts)}: nothing to fix; see the notes."
+    return f"{', '.join(parts)}: start with {first.id} ({first.title})."

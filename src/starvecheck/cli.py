@@ -1,0 +1,241 @@
+"""The command line: one thin function per subcommand.
+
+options -> stage -> advice -> render -> exit status. Every error becomes one line
+and an exit status in `main`, the one place that decides them; tracebacks only
+with --debug (or STARVECHECK_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from starvecheck import __version__
+from starvecheck.advice import rank, verdict
+from starvecheck.context import Context
+from starvecheck.model import Report, Severity, StageResult, at_or_above
+from starvecheck.status import ExitStatus, StarvecheckError, UsageError
+from starvecheck.sysroot import ENV_VAR, SysRoot
+
+app = typer.Typer(
+    name="starvecheck",
+    help="Why is my GPU waiting? Measures each link of the input pipeline and says what "
+    "to change first.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class FailOn(str, Enum):
+    never = "never"
+    warning = "warning"
+    critical = "critical"
+
+
+# Options every command takes (DESIGN.md, "Command-line conventions").
+JsonOpt = Annotated[str | None, typer.Option(
+    "--json", metavar="PATH", help="Write the report as JSON to PATH ('-' for stdout).")]
+MarkdownOpt = Annotated[str | None, typer.Option(
+    "--markdown", metavar="PATH", help="Write a Markdown summary to PATH ('-' for stdout).")]
+FailOnOpt = Annotated[FailOn, typer.Option(
+    "--fail-on", case_sensitive=False,
+    help="Exit 1 when a finding is at or above this severity.")]
+QuickOpt = Annotated[bool, typer.Option(
+    "--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"starvecheck {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    if debug:
+        _context(ctx).debug = True
+
+
+@dataclass(frozen=True)
+class Outputs:
+    json: str | None
+    markdown: str | None
+    fail_on: FailOn
+
+    @property
+    def terminal(self) -> bool:
+        return "-" not in (self.json, self.markdown)
+
+    @classmethod
+    def check(cls, json_path: str | None, markdown_path: str | None, fail_on: FailOn) -> Outputs:
+        """Refuse unwritable destinations before anything is measured."""
+        if json_path == "-" and markdown_path == "-":
+            raise UsageError("--json - and --markdown - cannot both write to stdout")
+        for option, value in (("--json", json_path), ("--markdown", markdown_path)):
+            if value is None or value == "-":
+                continue
+            if value == "":
+                raise UsageError(f"{option} needs a path, or '-' for stdout")
+            target = Path(value)
+            if target.is_dir():
+                raise UsageError(f"{option} {value}: is a directory")
+            parent = target.parent if str(target.parent) else Path(".")
+            if not parent.is_dir():
+                raise UsageError(f"{option} {value}: directory {parent} does not exist")
+            if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target,
+                                                                                     os.W_OK)):
+                raise UsageError(f"{option} {value}: not writable")
+        return cls(json_path, markdown_path, fail_on)
+
+
+def _context(ctx: typer.Context) -> Context:
+    root = ctx.find_root()
+    if not isinstance(root.obj, Context):
+        root.obj = Context()
+    return root.obj
+
+
+def _sysroot(c: Context) -> SysRoot:
+    root = SysRoot.from_environ(dict(c.environ))
+    if not root.root.is_dir():
+        raise UsageError(f"{ENV_VAR}={root.root}: not a directory")
+    return root
+
+
+def _build_report(command: str, machine: dict[str, Any], stages: list[StageResult],
+                  c: Context) -> Report:
+    findings = [f for s in stages for f in s.findings]
+    checklist = rank(findings)
+    return Report(
+        command=command,
+        machine=machine,
+        stages=tuple(stages),
+        checklist=checklist,
+        verdict=verdict(checklist, len(findings)),
+        tool_version=__version__,
+        created_at=c.now(),
+    )
+
+
+def _emit(report: Report, out: Outputs, c: Context) -> int:
+    from starvecheck.render import json as json_export
+    from starvecheck.render import markdown as markdown_export
+
+    for path, serialize in ((out.json, json_export.serialize),
+                            (out.markdown, markdown_export.serialize)):
+        if path == "-":
+            c.stdout.write(serialize(report))
+            c.stdout.flush()
+        elif path is not None:
+            try:
+                Path(path).write_text(serialize(report), encoding="utf-8")
+            except OSError as e:
+                raise UsageError(f"cannot write {path}: {e.strerror}") from e
+    if out.terminal:
+        from starvecheck.render.terminal import render
+
+        console = c.console()
+        with console.capture() as captured:
+            render(report, console)
+        # rich pads table cells to the full width; trailing blanks only get in the way
+        # of copy-paste and diffs.
+        c.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        c.stdout.flush()
+    if out.fail_on is not FailOn.never and at_or_above(report.findings,
+                                                       Severity(out.fail_on.value)):
+        return ExitStatus.FINDINGS
+    return ExitStatus.OK
+
+
+@app.command()
+def env(
+    ctx: typer.Context,
+    path: Annotated[str | None, typer.Argument(
+        help="Data directory whose storage to describe (default: the working directory).",
+        show_default=False)] = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Facts about this machine that decide how fast data can reach the GPU.
+
+    CPU quota and affinity, throttling, memory and /dev/shm, locked-memory and
+    open-file limits, NUMA, GPUs and their PCIe links, container, storage and
+    library versions, each with what it means for a DataLoader. Reads only;
+    --quick changes nothing (env is always quick).
+    """
+    from starvecheck.probe.machine import resolve_data_path
+    from starvecheck.stages import env as env_stage
+
+    c = _context(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    root = _sysroot(c)
+    if path is not None and not root.exists(resolve_data_path(root, path)):
+        where = "" if root.real else f" in {ENV_VAR}={root.root}"
+        raise UsageError(f"{path}: no such file or directory{where}")
+    machine, result = env_stage.run(root, path=path, environ=c.environ)
+    return _emit(_build_report("env", machine.to_dict(), [result], c), out, c)
+
+
+def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
+    """Run the CLI; return the exit status instead of exiting (tests call this)."""
+    c = context or Context()
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(c.environ.get("STARVECHECK_DEBUG"))
+    try:
+        rv = app(args=args, prog_name="starvecheck", standalone_mode=False, obj=c)
+    except typer.TyperException as e:
+        # Typer's (vendored) click errors: bad option, bad choice, missing argument.
+        command = getattr(getattr(e, "ctx", None), "command_path", None)
+        hint = f" (see '{command} --help')" if command and e.exit_code == 2 else ""
+        _error(c, f"{_one_line(e.format_message())}{hint}")
+        return e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        _error(c, "interrupted")
+        return ExitStatus.INTERRUPTED
+    except StarvecheckError as e:
+        if debug:
+            traceback.print_exc(file=c.stderr)
+        _error(c, str(e))
+        return e.status
+    except BrokenPipeError:
+        # `starvecheck env --json - | head`: the reader left; not an error of ours.
+        sys.stdout = None  # type: ignore[assignment]  # keep Python from flushing at exit
+        return ExitStatus.OK
+    except Exception as e:
+        if debug:
+            traceback.print_exc(file=c.stderr)
+            _error(c, f"internal error: {type(e).__name__}: {e}")
+        else:
+            _error(c, f"internal error: {type(e).__name__}: {_one_line(str(e))} "
+                      "(rerun with --debug for the traceback, and please report it)")
+        return 70  # EX_SOFTWARE
+    if rv is None:
+        return ExitStatus.OK
+    return int(rv)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _error(c: Context, message: str) -> None:
+    c.stderr.write(f"starvecheck: error: {message}\n")
+    c.stderr.flush()

@@ -1,0 +1,272 @@
+"""The result model: what stages return and what renderers read.
+
+Results are frozen once made; statistics are computed from the raw values when a
+`Metric` is built. Every class has `to_dict()` and `from_dict()` so a report
+written as JSON loads back into the same objects.
+
+JSON schema versions (`Report.to_dict()["schema_version"]`):
+  1  first release: machine, stages (metrics, findings, caveats, capacity),
+     checklist, weakest_link, verdict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Severity(str, Enum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+    OK = "ok"
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse; used for --fail-on and for ordering."""
+        return {"ok": 0, "info": 1, "warning": 2, "critical": 3}[self.value]
+
+
+class GainKind(str, Enum):
+    # The job cannot run well at all until this is fixed (workers killed by a bus
+    # error, training on the CPU): ranked above any measured gain.
+    BLOCKER = "blocker"
+    # Throughput would be multiplied by `value` (1.4 = 40% more samples/s).
+    THROUGHPUT = "throughput"
+    # A share of step time (0..1) that would be recovered.
+    STEP_SHARE = "step_share"
+
+
+@dataclass(frozen=True)
+class Gain:
+    kind: GainKind
+    value: float | None = None
+    basis: str = ""  # how the figure was estimated, in words
+
+    @property
+    def score(self) -> float:
+        """Comparable size of the gain: the share of time saved (0..1), blockers above all."""
+        if self.kind is GainKind.BLOCKER:
+            return float("inf")
+        if self.value is None:
+            return 0.0
+        if self.kind is GainKind.THROUGHPUT:
+            return 1.0 - 1.0 / self.value if self.value > 0 else 0.0
+        return self.value
+
+    def describe(self) -> str:
+        if self.kind is GainKind.BLOCKER:
+            text = "blocker: fix before anything else"
+        elif self.value is None:
+            text = "not estimated"
+        elif self.kind is GainKind.THROUGHPUT:
+            text = f"{self.value:.2f}x throughput"
+        else:
+            text = f"{self.value:.0%} of step time recovered"
+        return f"{text} ({self.basis})" if self.basis else text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "value": self.value, "basis": self.basis}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Gain:
+        return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named figure. Repeated measurements keep their raw values and statistics."""
+
+    name: str
+    value: float | None
+    unit: str
+    values: tuple[float, ...] = ()
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+    stdev: float | None = None
+    reason: str | None = None  # why `value` is None
+
+    @classmethod
+    def single(cls, name: str, value: float, unit: str) -> Metric:
+        return cls(name, value, unit)
+
+    @classmethod
+    def repeated(cls, name: str, values: Iterable[float], unit: str) -> Metric:
+        """Summarise repeated runs; the headline value is the median."""
+        vals = tuple(float(v) for v in values)
+        if not vals:
+            return cls.missing(name, unit, "no runs completed")
+        median = statistics.median(vals)
+        stdev = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        return cls(name, median, unit, vals, median, min(vals), max(vals), stdev)
+
+    @classmethod
+    def missing(cls, name: str, unit: str, reason: str) -> Metric:
+        return cls(name, None, unit, reason=reason)
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit}
+        if self.values:
+            d.update(
+                n=self.n,
+                median=self.median,
+                min=self.min,
+                max=self.max,
+                stdev=self.stdev,
+                values=list(self.values),
+            )
+        if self.reason is not None:
+            d["reason"] = self.reason
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Metric:
+        return cls(
+            name=d["name"],
+            value=d.get("value"),
+            unit=d.get("unit", ""),
+            values=tuple(d.get("values", ())),
+            median=d.get("median"),
+            min=d.get("min"),
+            max=d.get("max"),
+            stdev=d.get("stdev"),
+            reason=d.get("reason"),
+        )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing to know or change, with the numbers that show it."""
+
+    id: str  # stable: "env.shm-too-small"; people grep and gate on it
+    severity: Severity
+    title: str
+    evidence: str = ""
+    recommendation: str = ""
+    gain: Gain | None = None
+    stage: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "severity": self.severity.value,
+            "title": self.title,
+            "evidence": self.evidence,
+            "recommendation": self.recommendation,
+            "gain": self.gain.to_dict() if self.gain else None,
+            "stage": self.stage,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(
+            id=d["id"],
+            severity=Severity(d["severity"]),
+            title=d["title"],
+            evidence=d.get("evidence", ""),
+            recommendation=d.get("recommendation", ""),
+            gain=Gain.from_dict(d["gain"]) if d.get("gain") else None,
+            stage=d.get("stage", ""),
+        )
+
+
+@dataclass(frozen=True)
+class StageResult:
+    stage: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    metrics: tuple[Metric, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    caveats: tuple[str, ...] = ()
+    # Samples per second this link can deliver for the workload, where it can say.
+    capacity: Metric | None = None
+    duration_s: float | None = None
+
+    def metric(self, name: str) -> Metric | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "parameters": dict(self.parameters),
+            "metrics": [m.to_dict() for m in self.metrics],
+            "findings": [f.to_dict() for f in self.findings],
+            "caveats": list(self.caveats),
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StageResult:
+        return cls(
+            stage=d["stage"],
+            parameters=dict(d.get("parameters", {})),
+            metrics=tuple(Metric.from_dict(m) for m in d.get("metrics", ())),
+            findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+            caveats=tuple(d.get("caveats", ())),
+            capacity=Metric.from_dict(d["capacity"]) if d.get("capacity") else None,
+            duration_s=d.get("duration_s"),
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one command found: machine facts, stage results, the ranked checklist."""
+
+    command: str
+    machine: Mapping[str, Any]  # JSON-ready facts from probe.machine (Machine.to_dict())
+    stages: tuple[StageResult, ...] = ()
+    checklist: tuple[Finding, ...] = ()  # ranked; see advice.rank
+    weakest_link: str | None = None
+    verdict: str = ""
+    tool_version: str = ""
+    created_at: str = ""
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for s in self.stages for f in s.findings)
+
+    def worst_severity(self) -> Severity:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "starvecheck", "version": self.tool_version},
+            "command": self.command,
+            "created_at": self.created_at,
+            "machine": dict(self.machine),
+            "stages": [s.to_dict() for s in self.stages],
+            "checklist": [f.to_dict() for f in self.checklist],
+            "weakest_link": self.weakest_link,
+            "verdict": self.verdict,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"unsupported report schema_version {version!r}")
+        return cls(
+            command=d["command"],
+            machine=dict(d.get("machine", {})),
+            stages=tuple(StageResult.from_dict(s) for s in d.get("stages", ())),
+            checklist=tuple(Finding.from_dict(f) for f in d.get("checklist", ())),
+            weakest_link=d.get("weakest_link"),
+            verdict=d.get("verdict", ""),
+            tool_version=d.get("tool", {}).get("version", ""),
+            created_at=d.get("created_at", ""),
+        )
+
+
+def at_or_above(findings: Sequence[Finding], threshold: Severity) -> list[Finding]:
+    return [f for f in findings if f.severity.rank >= threshold.rank]

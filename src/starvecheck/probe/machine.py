@@ -1,0 +1,347 @@
+"""Collect every probe into one `Machine` record.
+
+Values are plain (int, str, None); every None is explained in `unknown` (could
+not be read) or `not_applicable` (does not exist here: no quota, no GPU) under
+its dotted JSON key, e.g. "cpu.quota_cpus".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from starvecheck.probe.cgroup import probe_cgroup
+from starvecheck.probe.container import probe_container
+from starvecheck.probe.cpu import format_cpulist, probe_cpu
+from starvecheck.probe.fact import Fact, Ledger
+from starvecheck.probe.gpu import nvml_source_for, probe_gpus, theoretical_gbps
+from starvecheck.probe.memory import probe_limits, probe_memory
+from starvecheck.probe.mounts import probe_shm, probe_storage, read_mounts
+from starvecheck.probe.numa import probe_numa
+from starvecheck.probe.nvml import NvmlSource
+from starvecheck.probe.software import probe_software
+from starvecheck.sysroot import SysRoot
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str | None
+    logical: int | None  # os.cpu_count(): every online CPU of the machine
+    physical: int | None
+    affinity: int | None  # how many CPUs this process may run on
+    affinity_list: str | None
+    quota_cpus: float | None  # cgroup CFS quota in CPUs (1.5 = 150 ms per 100 ms)
+    effective_cpus: int | None  # min(affinity, ceil(quota)): what workers really get
+
+
+@dataclass(frozen=True)
+class Throttling:
+    nr_periods: int
+    nr_throttled: int
+    throttled_s: float
+    share: float  # throttled periods / periods
+    path: str
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    version: int | None
+    mode: str | None
+    cpu_path: str | None
+    quota_path: str | None
+    throttling: Throttling | None
+
+
+@dataclass(frozen=True)
+class Memory:
+    total_bytes: int | None
+    available_bytes: int | None
+    limit_bytes: int | None
+    usage_bytes: int | None
+    swap_total_bytes: int | None
+    swap_free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Shm:
+    mounted: bool
+    fstype: str | None
+    size_bytes: int | None
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Limits:
+    nofile: int | None
+    nofile_hard: int | None
+    memlock_bytes: int | None  # None with not_applicable when unlimited
+    memlock_hard_bytes: int | None
+    pids_max: int | None
+
+
+@dataclass(frozen=True)
+class NumaNodeInfo:
+    id: int
+    cpus: str | None
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Numa:
+    nodes: int | None
+    node_list: list[NumaNodeInfo]
+
+
+@dataclass(frozen=True)
+class Pcie:
+    gen_current: int | None
+    gen_max: int | None
+    width_current: int | None
+    width_max: int | None
+    theoretical_gbps_current: float | None
+    theoretical_gbps_max: float | None
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str | None
+    pci_bus_id: str | None
+    memory_total_bytes: int | None
+    pcie: Pcie
+    numa_node: int | None
+    cpu_affinity: str | None
+    utilization_pct: int | None
+    source: str
+
+
+@dataclass(frozen=True)
+class GpuDriver:
+    nvml: str | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+
+
+@dataclass(frozen=True)
+class Container:
+    runtime: str | None
+    kubernetes: bool
+    evidence: list[str]
+
+
+@dataclass(frozen=True)
+class Storage:
+    path: str
+    mount_point: str | None
+    fstype: str | None
+    source: str | None
+    kind: str | None  # local, network, fuse, memory
+    network: bool | None
+    rotational: bool | None
+    free_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Software:
+    python: str
+    torch: str | None
+    torch_cuda: str | None
+    transformers: str | None
+    streaming: str | None
+    numpy: str | None
+    nvidia_ml_py: str | None
+
+
+@dataclass(frozen=True)
+class Machine:
+    sysroot: str
+    hostname: str | None
+    kernel: str | None
+    cpu: Cpu
+    cgroup: Cgroup
+    memory: Memory
+    shm: Shm
+    limits: Limits
+    numa: Numa
+    gpus: list[GpuInfo]
+    gpu_driver: GpuDriver
+    container: Container
+    storage: Storage
+    software: Software
+    unknown: dict[str, str] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def effective_cpus(affinity: int | None, quota: float | None, logical: int | None) -> int | None:
+    """min(affinity, ceil(quota)), at least 1. ceil, as the JVM's container support
+    does: a 1.5-CPU quota lets two busy processes finish more work than one."""
+    candidates = [c for c in (affinity, math.ceil(quota) if quota else None) if c]
+    if not candidates:
+        return logical
+    return max(1, min(candidates))
+
+
+def collect(root: SysRoot, *, path: str | None = None,
+            environ: Mapping[str, str] | None = None,
+            nvml: NvmlSource | None = None) -> Machine:
+    """Read every fact. Never raises for anything the machine says (or fails to say)."""
+    environ = os.environ if environ is None else environ
+    led = Ledger()
+
+    def text(p: str, key: str) -> str | None:
+        fact = root.read(p)
+        return led.take(key, Fact.of(fact.value.strip()) if fact.known and fact.value else
+                        Fact.unknown(fact.reason or f"{p} is empty"))
+
+    cpu_f = probe_cpu(root)
+    mounts = read_mounts(root)
+    cg = probe_cgroup(root, mounts)
+    mem = probe_memory(root)
+    lim = probe_limits(root)
+    numa = probe_numa(root)
+    soft = probe_software()
+
+    affinity_set = led.take("cpu.affinity", cpu_f.affinity)
+    logical = led.take("cpu.logical", cpu_f.logical)
+    quota = led.take("cpu.quota_cpus", cg.quota_cpus)
+    affinity = len(affinity_set) if affinity_set else None
+    eff = effective_cpus(affinity, quota, logical)
+    if eff is None:
+        led.unknown["cpu.effective_cpus"] = "neither affinity, quota nor CPU count is known"
+    cpu = Cpu(
+        model=led.take("cpu.model", cpu_f.model),
+        logical=logical,
+        physical=led.take("cpu.physical", cpu_f.physical),
+        affinity=affinity,
+        affinity_list=format_cpulist(affinity_set) if affinity_set else None,
+        quota_cpus=quota,
+        effective_cpus=eff,
+    )
+    if affinity is None:
+        led.unknown["cpu.affinity_list"] = led.unknown.get("cpu.affinity", "unknown")
+
+    thr = led.take("cgroup.throttling", cg.throttling)
+    cgroup = Cgroup(
+        version=led.take("cgroup.version", cg.version),
+        mode=led.take("cgroup.mode", cg.mode),
+        cpu_path=led.take("cgroup.cpu_path", cg.cpu_directory),
+        quota_path=led.take("cgroup.quota_path", cg.quota_directory),
+        throttling=Throttling(thr.nr_periods, thr.nr_throttled, round(thr.throttled_s, 3),
+                              round(thr.share, 4), thr.directory) if thr else None,
+    )
+    total = led.take("memory.total_bytes", mem.total)
+    memory = Memory(
+        total_bytes=total,
+        available_bytes=led.take("memory.available_bytes", mem.available),
+        limit_bytes=led.take("memory.limit_bytes", cg.memory_limit),
+        usage_bytes=led.take("memory.usage_bytes", cg.memory_usage),
+        swap_total_bytes=led.take("memory.swap_total_bytes", mem.swap_total),
+        swap_free_bytes=led.take("memory.swap_free_bytes", mem.swap_free),
+    )
+    shm_f = probe_shm(root, mounts, total)
+    if not shm_f.mounted:
+        led.take("shm.fstype", Fact.unknown(shm_f.size.reason or "not mounted"))
+    shm = Shm(shm_f.mounted, shm_f.fstype, led.take("shm.size_bytes", shm_f.size),
+              led.take("shm.free_bytes", shm_f.free))
+    limits = Limits(
+        nofile=led.take("limits.nofile", lim.nofile_soft),
+        nofile_hard=led.take("limits.nofile_hard", lim.nofile_hard),
+        memlock_bytes=led.take("limits.memlock_bytes", lim.memlock_soft),
+        memlock_hard_bytes=led.take("limits.memlock_hard_bytes", lim.memlock_hard),
+        pids_max=led.take("limits.pids_max", cg.pids_limit),
+    )
+    nodes = led.take("numa.nodes", numa)
+    numa_rec = Numa(
+        nodes=len(nodes) if nodes else None,
+        node_list=[NumaNodeInfo(n.id, format_cpulist(n.cpus) if n.cpus is not None else None,
+                                n.memory_bytes) for n in nodes or []],
+    )
+
+    g = probe_gpus(root, nvml or nvml_source_for(root, logical))
+    gpus = []
+    for gpu in g.gpus:
+        for key, reason in gpu.unknown.items():
+            led.unknown[f"gpus[{gpu.index}].{key}"] = reason
+        gpus.append(GpuInfo(
+            index=gpu.index, name=gpu.name, pci_bus_id=gpu.pci_bus_id,
+            memory_total_bytes=gpu.memory_total_bytes,
+            pcie=Pcie(gpu.gen_current, gpu.gen_max, gpu.width_current, gpu.width_max,
+                      theoretical_gbps(gpu.gen_current, gpu.width_current),
+                      theoretical_gbps(gpu.gen_max, gpu.width_max)),
+            numa_node=gpu.numa_node, cpu_affinity=gpu.cpu_affinity,
+            utilization_pct=gpu.utilization_pct, source=gpu.source,
+        ))
+    if not gpus:
+        led.not_applicable["gpus"] = (
+            f"no NVIDIA GPU: NVML: {g.nvml.reason or 'lists none'}; sysfs: no device "
+            "with vendor 0x10de and a display or 3D controller class")
+    driver_fact, cuda_fact = g.driver_version, g.cuda_driver_version
+    if not gpus:  # no GPU: the driver's absence is not a fault to explain
+        driver_fact = driver_fact if driver_fact.known else Fact.absent("no NVIDIA GPU")
+        cuda_fact = cuda_fact if cuda_fact.known else Fact.absent("no NVIDIA GPU")
+    driver = GpuDriver(
+        nvml=g.nvml.value or g.nvml.reason,
+        driver_version=led.take("gpu_driver.driver_version", driver_fact),
+        cuda_driver_version=led.take("gpu_driver.cuda_driver_version", cuda_fact),
+    )
+
+    cont = probe_container(root, environ)
+    container = Container(led.take("container.runtime", cont.runtime), cont.kubernetes,
+                          list(cont.evidence))
+
+    data_path = resolve_data_path(root, path)
+    st = probe_storage(root, mounts, data_path)
+    storage = Storage(
+        path=data_path,
+        mount_point=led.take("storage.mount_point", st.mount_point),
+        fstype=led.take("storage.fstype", st.fstype),
+        source=led.take("storage.source", st.source),
+        kind=led.take("storage.kind", st.kind),
+        network=led.take("storage.network", st.network),
+        rotational=led.take("storage.rotational", st.rotational),
+        free_bytes=led.take("storage.free_bytes", st.free_bytes),
+    )
+    software = Software(
+        python=soft.python,
+        torch=led.take("software.torch", soft.versions["torch"]),
+        torch_cuda=led.take("software.torch_cuda", soft.torch_cuda),
+        transformers=led.take("software.transformers", soft.versions["transformers"]),
+        streaming=led.take("software.streaming", soft.versions["streaming"]),
+        numpy=led.take("software.numpy", soft.versions["numpy"]),
+        nvidia_ml_py=led.take("software.nvidia_ml_py", soft.versions["nvidia_ml_py"]),
+    )
+    return Machine(
+        sysroot=str(root.root),
+        hostname=text("/proc/sys/kernel/hostname", "hostname"),
+        kernel=text("/proc/sys/kernel/osrelease", "kernel"),
+        cpu=cpu, cgroup=cgroup, memory=memory, shm=shm, limits=limits, numa=numa_rec,
+        gpus=gpus, gpu_driver=driver, container=container, storage=storage,
+        software=software, unknown=led.unknown, not_applicable=led.not_applicable,
+    )
+
+
+def working_directory(root: SysRoot) -> str:
+    """The working directory as the (possibly fake) machine sees it: /proc/self/cwd."""
+    link = root.readlink("/proc/self/cwd")
+    if link.known and (link.value or "").startswith("/"):
+        return link.value or "/"
+    return os.getcwd() if root.real else "/"
+
+
+def resolve_data_path(root: SysRoot, path: str | None) -> str:
+    """`path` made absolute as the (possibly fake) machine sees it; None is its cwd."""
+    cwd = working_directory(root)
+    if path is None:
+        return cwd
+    if root.real:
+        return os.path.realpath(path)
+    # A fake machine: relative to its own working directory, never resolved
+    # through this machine's symlinks.
+    return posixpath.normpath(posixpath.join(cwd, path))

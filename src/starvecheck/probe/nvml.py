@@ -1,0 +1,193 @@
+"""NVML, behind one small interface that tests replace.
+
+`NvmlSource.read()` returns a snapshot of every GPU or raises `NvmlUnavailable`
+with the reason (no library, no driver, no permission). `PynvmlSource` talks to
+the real library through nvidia-ml-py (module `pynvml`); `FakeNvmlSource` serves
+a snapshot from JSON, which is how a fake sysroot carries its GPUs
+(`<sysroot>/starvecheck-fake-nvml.json`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from starvecheck.probe.cpu import format_cpulist, parse_cpulist
+
+FAKE_FILE = "starvecheck-fake-nvml.json"
+T = TypeVar("T")
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here; str() is the reason."""
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_bytes: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width_current: int | None = None
+    pcie_width_max: int | None = None
+    utilization_gpu_pct: int | None = None
+    cpu_affinity: str | None = None  # cpulist, as NVML's ideal CPUs for this GPU
+    numa_node: int | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # field -> why it is missing
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    driver_version: str | None
+    cuda_driver_version: int | None  # 12040 means CUDA 12.4
+    devices: tuple[NvmlGpu, ...]
+
+
+class NvmlSource(Protocol):
+    def read(self) -> NvmlSnapshot: ...
+
+
+def snapshot_from_dict(d: Mapping[str, Any]) -> NvmlSnapshot:
+    known = set(NvmlGpu.__dataclass_fields__)
+    devices = tuple(
+        NvmlGpu(**{k: v for k, v in dev.items() if k in known}) for dev in d.get("devices", ())
+    )
+    return NvmlSnapshot(d.get("driver_version"), d.get("cuda_driver_version"), devices)
+
+
+def snapshot_to_dict(s: NvmlSnapshot) -> dict[str, Any]:
+    return {
+        "driver_version": s.driver_version,
+        "cuda_driver_version": s.cuda_driver_version,
+        "devices": [asdict(d) for d in s.devices],
+    }
+
+
+class FakeNvmlSource:
+    def __init__(self, snapshot: NvmlSnapshot | None, reason: str = "") -> None:
+        self.snapshot, self.reason = snapshot, reason
+
+    @classmethod
+    def from_text(cls, text: str) -> FakeNvmlSource:
+        try:
+            return cls(snapshot_from_dict(json.loads(text)))
+        except (ValueError, TypeError, AttributeError) as e:
+            return cls(None, f"fake NVML file is not a valid snapshot: {e}")
+
+    def read(self) -> NvmlSnapshot:
+        if self.snapshot is None:
+            raise NvmlUnavailable(self.reason or "fake NVML has no GPUs")
+        return self.snapshot
+
+
+def affinity_words_to_cpulist(words: list[int], bits: int = 64) -> str:
+    """NVML's CPU affinity bitmask (array of unsigned longs, CPU 0 = bit 0 of word 0)."""
+    cpus = {w * bits + b for w, word in enumerate(words) for b in range(bits) if word >> b & 1}
+    return format_cpulist(frozenset(cpus))
+
+
+def normalise_bus_id(bus_id: str) -> str | None:
+    """"00000000:2A:00.0" (NVML) and "0000:2a:00.0" (sysfs) -> "0000:2a:00.0"."""
+    parts = bus_id.strip().lower().split(":")
+    if len(parts) != 3:
+        return None
+    domain, bus, devfn = parts
+    try:
+        dev, fn = devfn.split(".")
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16)}"
+    except ValueError:
+        return None
+
+
+class PynvmlSource:
+    """The real NVML. Each per-device query can fail alone (NOT_SUPPORTED on some
+    GPUs, NO_PERMISSION in some containers); the snapshot keeps what it can."""
+
+    def __init__(self, logical_cpus: int | None = None) -> None:
+        self.logical_cpus = logical_cpus
+
+    def read(self) -> NvmlSnapshot:
+        try:
+            import pynvml
+        except ImportError as e:
+            raise NvmlUnavailable(f"nvidia-ml-py is not installed ({e})") from e
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            hint = ""
+            if getattr(e, "value", None) == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                hint = " (libnvidia-ml.so.1 not found: no NVIDIA driver in this environment)"
+            raise NvmlUnavailable(f"{e}{hint}") from e
+        except OSError as e:
+            raise NvmlUnavailable(f"NVML library could not be loaded: {e}") from e
+        try:
+            return self._read(pynvml)
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+
+    def _read(self, nv: Any) -> NvmlSnapshot:
+        driver = _try(lambda: _text(nv.nvmlSystemGetDriverVersion()), nv, {}, "driver")
+        cuda = _try(nv.nvmlSystemGetCudaDriverVersion, nv, {}, "cuda")
+        count = _try(nv.nvmlDeviceGetCount, nv, {}, "count")
+        devices = []
+        for i in range(count or 0):
+            errors: dict[str, str] = {}
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+            except nv.NVMLError as e:
+                devices.append(NvmlGpu(i, errors={"handle": str(e)}))
+                continue
+            words = max(1, ((self.logical_cpus or 64) + 63) // 64)
+            affinity_raw = _try(lambda h=h: list(nv.nvmlDeviceGetCpuAffinity(h, words)),
+                                nv, errors, "cpu_affinity")
+            mem = _try(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).total, nv, errors, "memory")
+            util_ = _try(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu, nv, errors,
+                         "utilization")
+            pci = _try(lambda h=h: _text(nv.nvmlDeviceGetPciInfo(h).busId), nv, errors, "pci")
+            devices.append(NvmlGpu(
+                index=i,
+                name=_try(lambda h=h: _text(nv.nvmlDeviceGetName(h)), nv, errors, "name"),
+                uuid=_try(lambda h=h: _text(nv.nvmlDeviceGetUUID(h)), nv, errors, "uuid"),
+                pci_bus_id=pci,
+                memory_total_bytes=mem,
+                pcie_gen_current=_try(lambda h=h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                                      nv, errors, "pcie_gen_current"),
+                pcie_gen_max=_try(lambda h=h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                                  nv, errors, "pcie_gen_max"),
+                pcie_width_current=_try(lambda h=h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
+                                        nv, errors, "pcie_width_current"),
+                pcie_width_max=_try(lambda h=h: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
+                                    nv, errors, "pcie_width_max"),
+                utilization_gpu_pct=util_,
+                cpu_affinity=affinity_words_to_cpulist([int(w) for w in affinity_raw])
+                if affinity_raw else None,
+                numa_node=_try(lambda h=h: nv.nvmlDeviceGetNumaNodeId(h), nv, errors, "numa_node"),
+                errors=errors,
+            ))
+        return NvmlSnapshot(driver, cuda, tuple(devices))
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _try(fn: Callable[[], T], nv: Any, errors: dict[str, str], key: str) -> T | None:
+    try:
+        return fn()
+    except nv.NVMLError as e:
+        errors[key] = f"NVML: {e}"
+    except (AttributeError, TypeError, ValueError) as e:  # an older pynvml lacks the call
+        errors[key] = f"NVML call unavailable: {e}"
+    return None
+
+
+def cpus_of(cpulist: str | None) -> frozenset[int] | None:
+    return parse_cpulist(cpulist) if cpulist else None

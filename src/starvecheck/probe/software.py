@@ -1,0 +1,79 @@
+"""Versions of Python and the ML libraries, read without importing them.
+
+Importing torch takes seconds; `env` must feel instant. importlib.metadata reads
+the installed distributions' metadata, and torch's CUDA build is a constant in
+torch/version.py, which we read as text.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from dataclasses import dataclass
+from importlib import metadata, util
+from pathlib import Path
+
+from starvecheck.probe.fact import Fact
+
+PACKAGES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "streaming": "mosaicml-streaming",
+    "numpy": "numpy",
+    "nvidia_ml_py": "nvidia-ml-py",
+}
+
+
+@dataclass(frozen=True)
+class SoftwareFacts:
+    python: str
+    versions: dict[str, Fact[str]]
+    torch_cuda: Fact[str]  # the CUDA version torch was built for; absent for a CPU build
+
+
+def package_version(dist: str) -> Fact[str]:
+    try:
+        return Fact.of(metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        return Fact.absent(f"{dist} is not installed")
+    except Exception as e:  # a broken dist-info must not break env
+        return Fact.unknown(f"cannot read {dist} metadata: {e}")
+
+
+def parse_torch_version_py(text: str) -> str | None | bool:
+    """The `cuda` constant of torch/version.py: "12.4", None (CPU build), or False if absent."""
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
+    if not m:
+        return False
+    value = m.group(1).strip()
+    if value == "None":
+        return None
+    s = re.fullmatch(r"""(['"])([^'"]+)\1""", value)
+    return s.group(2) if s else False
+
+
+def torch_cuda_build() -> Fact[str]:
+    try:
+        spec = util.find_spec("torch")  # locates the package without importing it
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return Fact.absent("torch is not installed")
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError as e:
+        return Fact.unknown(f"cannot read torch/version.py: {e.strerror}")
+    cuda = parse_torch_version_py(text)
+    if cuda is False:
+        return Fact.unknown("torch/version.py has no cuda constant")
+    if cuda is None:
+        return Fact.absent("torch is a CPU-only build")
+    return Fact.of(str(cuda))
+
+
+def probe_software() -> SoftwareFacts:
+    return SoftwareFacts(
+        python=platform.python_version(),
+        versions={key: package_version(dist) for key, dist in PACKAGES.items()},
+        torch_cuda=torch_cuda_build(),
+    )

@@ -1,0 +1,172 @@
+"""Machine facts as lines a person reads; shared by the terminal and Markdown renderers.
+
+Reads the JSON-ready machine dict (Report.machine), so a stored report renders
+exactly as a fresh one. Unknown values say "unknown"; the reasons are listed by
+`unknown_rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from starvecheck.units import format_bytes
+
+
+def _get(d: Mapping[str, Any], dotted: str) -> Any:
+    cur: Any = d
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _or(value: Any, text: str | None = None, missing: str = "unknown") -> str:
+    return missing if value is None else (text if text is not None else str(value))
+
+
+def _bytes(m: Mapping[str, Any], key: str, none: str = "unknown") -> str:
+    value = _get(m, key)
+    if value is None:
+        return none if key not in m.get("not_applicable", {}) else "none"
+    return format_bytes(value)
+
+
+def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
+    na = m.get("not_applicable", {})
+    cpu = m.get("cpu", {})
+    quota = cpu.get("quota_cpus")
+    quota_text = f"{quota:g} CPUs" if quota is not None else (
+        "none" if "cpu.quota_cpus" in na else "unknown")
+    affinity = (f"{cpu['affinity']} ({cpu['affinity_list']})"
+                if cpu.get("affinity") is not None else "unknown")
+    rows = [(
+        "CPU",
+        f"{_or(cpu.get('model'))} · {_or(cpu.get('logical'))} logical, "
+        f"{_or(cpu.get('physical'))} physical · affinity {affinity} · quota {quota_text} · "
+        f"effective {_or(cpu.get('effective_cpus'))}",
+    )]
+
+    cg = m.get("cgroup", {})
+    if cg.get("version") is not None:
+        text = f"v{cg['version']}" + (" (hybrid)" if cg.get("mode") == "hybrid" else "")
+        t = cg.get("throttling")
+        if t:
+            text += (f" · throttled in {t['nr_throttled']:,} of {t['nr_periods']:,} periods "
+                     f"({t['share']:.1%}, {t['throttled_s']:,.0f} s)")
+        if cg.get("quota_path"):
+            text += f" · quota set at {cg['quota_path']}"
+        rows.append(("cgroup", text))
+    else:
+        rows.append(("cgroup", "none" if "cgroup.version" in na else "unknown"))
+
+    mem = m.get("memory", {})
+    rows.append((
+        "Memory",
+        f"{_bytes(m, 'memory.total_bytes')} total, {_bytes(m, 'memory.available_bytes')} "
+        f"available · cgroup limit {_bytes(m, 'memory.limit_bytes')}"
+        + (f" ({format_bytes(mem['usage_bytes'])} used)" if mem.get("usage_bytes") else "")
+        + f" · swap {_bytes(m, 'memory.swap_total_bytes')}",
+    ))
+
+    shm = m.get("shm", {})
+    if shm.get("mounted"):
+        free = f" ({format_bytes(shm['free_bytes'])} free)" if shm.get("free_bytes") is not None \
+            else ""
+        rows.append(("/dev/shm", f"{shm.get('fstype')}, {_bytes(m, 'shm.size_bytes')}{free}"))
+    else:
+        rows.append(("/dev/shm", "not mounted"))
+
+    lim = m.get("limits", {})
+    nofile = f"{lim['nofile']:,}" if lim.get("nofile") is not None else "unknown"
+    nofile_hard = f"{lim['nofile_hard']:,}" if lim.get("nofile_hard") is not None else "unknown"
+    memlock = _bytes(m, "limits.memlock_bytes")
+    memlock = "unlimited" if memlock == "none" else memlock
+    pids = lim.get("pids_max")
+    pids_text = f"{pids:,}" if pids is not None else (
+        "unlimited" if "limits.pids_max" in na else "unknown")
+    rows.append(("Limits", f"open files {nofile} (hard {nofile_hard}) · locked memory {memlock}"
+                           f" · tasks (pids.max) {pids_text}"))
+
+    numa = m.get("numa", {})
+    if numa.get("nodes"):
+        nodes = "; ".join(f"node{n['id']}: CPUs {n['cpus'] or '-'}, {format_bytes(n['memory_bytes'])}"
+                          for n in numa.get("node_list", []))
+        rows.append(("NUMA", f"{numa['nodes']} node{'s' if numa['nodes'] > 1 else ''}: {nodes}"))
+    else:
+        rows.append(("NUMA", "unknown (no NUMA topology exposed)"))
+
+    gpus = m.get("gpus", [])
+    drv = m.get("gpu_driver", {})
+    if gpus:
+        names: dict[str, int] = {}
+        for g in gpus:
+            names[g.get("name") or "NVIDIA GPU (name unknown)"] = \
+                names.get(g.get("name") or "NVIDIA GPU (name unknown)", 0) + 1
+        text = ", ".join(f"{n} x {name}" for name, n in names.items())
+        text += f" · driver {_or(drv.get('driver_version'))} · CUDA " \
+                f"{_or(drv.get('cuda_driver_version'))}"
+        if drv.get("nvml") != "ok":
+            text += f" · NVML: {drv.get('nvml')}"
+        rows.append(("GPUs", text))
+    else:
+        rows.append(("GPUs", "none"))
+
+    cont = m.get("container", {})
+    runtime = cont.get("runtime") or "none (bare metal or VM)"
+    rows.append(("Container", f"{runtime} · Kubernetes: {'yes' if cont.get('kubernetes') else 'no'}"))
+
+    st = m.get("storage", {})
+    if st.get("fstype"):
+        rot = {True: "rotational", False: "non-rotational", None: ""}[st.get("rotational")]
+        kind = st.get("kind")
+        where = "network" if kind == "network" else ("FUSE" if kind == "fuse" else kind)
+        detail = ", ".join(x for x in (where, rot) if x)
+        free = f" · {format_bytes(st['free_bytes'])} free" if st.get("free_bytes") is not None \
+            else ""
+        rows.append(("Storage", f"{st['path']} on {st.get('mount_point')} · {st['fstype']} "
+                                f"({st.get('source')}) · {detail}{free}"))
+    else:
+        rows.append(("Storage", f"{st.get('path')}: unknown"))
+
+    sw = m.get("software", {})
+    torch = sw.get("torch")
+    torch_text = "not installed" if torch is None else (
+        f"{torch} (CUDA {sw['torch_cuda']})" if sw.get("torch_cuda") else f"{torch} (CPU build)")
+    rows.append(("Software", f"Python {sw.get('python')} · torch {torch_text} · transformers "
+                             f"{_or(sw.get('transformers'), missing='-')} · mosaicml-streaming "
+                             f"{_or(sw.get('streaming'), missing='-')}"))
+    return rows
+
+
+GPU_HEADERS = ("GPU", "name", "bus id", "memory", "PCIe now", "PCIe max", "NUMA", "util")
+
+
+def _link(gen: Any, width: Any, gbps: Any) -> str:
+    if gen is None and width is None:
+        return "unknown"
+    text = f"gen{_or(gen, missing='?')} x{_or(width, missing='?')}"
+    return f"{text} ({gbps:.1f} GB/s)" if gbps else text
+
+
+def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    rows = []
+    for g in m.get("gpus", []):
+        p = g.get("pcie", {})
+        util = g.get("utilization_pct")
+        rows.append((
+            str(g.get("index")),
+            g.get("name") or "unknown",
+            g.get("pci_bus_id") or "unknown",
+            format_bytes(g["memory_total_bytes"]) if g.get("memory_total_bytes") else "unknown",
+            _link(p.get("gen_current"), p.get("width_current"), p.get("theoretical_gbps_current")),
+            _link(p.get("gen_max"), p.get("width_max"), p.get("theoretical_gbps_max")),
+            _or(g.get("numa_node"), missing="-"),
+            f"{util}%" if util is not None else "-",
+        ))
+    return rows
+
+
+def unknown_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return sorted(m.get("unknown", {}).items())

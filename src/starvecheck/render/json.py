@@ -1,0 +1,11 @@
+"""JSON export: the Report as `Report.to_dict()` (see model.py for the schema versions)."""
+
+from __future__ import annotations
+
+import json
+
+from starvecheck.model import Report
+
+
+def serialize(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n"

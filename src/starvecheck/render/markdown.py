@@ -1,0 +1,59 @@
+"""Markdown export, for a CI job's step summary ($GITHUB_STEP_SUMMARY and the like)."""
+
+from __future__ import annotations
+
+from starvecheck.model import Finding, Metric, Report, Severity
+from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows
+
+ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ").strip() or " "
+
+
+def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _metric(m: Metric) -> tuple[str, ...]:
+    if m.value is None:
+        return (m.name, "n/a", m.unit, m.reason or "")
+    spread = (f"{m.min:.4g} … {m.max:.4g}, σ {m.stdev:.3g}, n={m.n}" if m.values else "")
+    return (m.name, f"{m.value:.4g}", m.unit, spread)
+
+
+def _finding(i: int, f: Finding) -> tuple[str, ...]:
+    return (str(i), f"{ICON[f.severity]} {f.severity.value}", f"`{f.id}` {f.title}",
+            f.evidence, f.recommendation, f.gain.describe() if f.gain else "not estimated")
+
+
+def serialize(report: Report) -> str:
+    out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
+    if report.machine:
+        out += ["### Machine", ""]
+        out += _table(("", ""), [(f"**{k}**", v) for k, v in machine_rows(report.machine)])
+        out.append("")
+        if report.machine.get("gpus"):
+            out += ["### GPUs", ""] + _table(GPU_HEADERS, gpu_rows(report.machine)) + [""]
+    for stage in report.stages:
+        if stage.metrics:
+            out += [f"### {stage.stage}", ""]
+            out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in stage.metrics])
+            out.append("")
+        for caveat in stage.caveats:
+            out.append(f"> ⚠️ {stage.stage}: {caveat}")
+        if stage.caveats:
+            out.append("")
+    out += ["### Checklist", ""]
+    if report.checklist:
+        out += _table(("#", "severity", "finding", "evidence", "change", "expected gain"),
+                      [_finding(i, f) for i, f in enumerate(report.checklist, 1)])
+    else:
+        out.append("Nothing to change.")
+    passed = [f for f in report.findings if f.severity is Severity.OK]
+    if passed:
+        out += ["", "**Passed:** " + "; ".join(f"`{f.id}` {f.title}" for f in passed)]
+    return "\n".join(out) + "\n"

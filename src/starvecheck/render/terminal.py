@@ -1,0 +1,101 @@
+"""The terminal report: facts, metrics, caveats, then the ranked checklist and a verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starvecheck.model import Finding, Metric, Report, Severity
+from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, unknown_rows
+
+STYLE = {Severity.CRITICAL: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan",
+         Severity.OK: "green"}
+
+
+def render(report: Report, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text(f"starvecheck {report.command}", style="bold")
+    if report.machine.get("hostname"):
+        title.append(f" · {report.machine['hostname']}")
+    if report.machine.get("kernel"):
+        title.append(f" · Linux {report.machine['kernel']}")
+    console.print(title)
+
+    if report.machine:
+        facts = Table.grid(padding=(0, 2))
+        facts.add_column(style="bold", no_wrap=True)
+        facts.add_column()
+        for label, value in machine_rows(report.machine):
+            facts.add_row(label, value)
+        console.print(facts)
+        rows = gpu_rows(report.machine)
+        if rows:
+            gpus = Table(*GPU_HEADERS, box=None, header_style="bold", pad_edge=False)
+            for row in rows:
+                gpus.add_row(*row)
+            console.print()
+            console.print(gpus)
+        unknown = unknown_rows(report.machine)
+        if unknown:
+            console.print()
+            console.print(Text("Unknown (could not be read):", style="bold"))
+            for key, reason in unknown:
+                console.print(Text(f"  {key}: {reason}", style="dim"))
+
+    for stage in report.stages:
+        if stage.metrics:
+            console.print()
+            console.print(_metrics_table(stage.stage, stage.metrics))
+        for caveat in stage.caveats:
+            console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
+
+    console.print()
+    console.print(Text("Checklist", style="bold underline"),
+                  Text(" (ranked by expected gain, then severity)", style="dim"))
+    if not report.checklist:
+        console.print("  nothing to change")
+    for i, f in enumerate(report.checklist, 1):
+        console.print(_finding_block(i, f))
+    passed = [f for f in report.findings if f.severity is Severity.OK]
+    if passed:
+        console.print()
+        console.print(Text("Passed: ", style="bold green") +
+                      Text("; ".join(f.title for f in passed)))
+    console.print()
+    worst = report.checklist[0].severity if report.checklist else Severity.OK
+    console.print(Text(report.verdict, style=f"bold {STYLE[worst]}"))
+
+
+def _finding_block(i: int, f: Finding) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, min_width=4)
+    grid.add_column(no_wrap=True, min_width=9)
+    grid.add_column()
+    head = Text(f.title, style="bold") + Text(f"  [{f.id}]", style="dim")
+    grid.add_row(f"{i:>2}.", Text(f.severity.value.upper(), style=STYLE[f.severity]), head)
+    if f.evidence:
+        grid.add_row("", Text("evidence", style="dim"), f.evidence)
+    if f.recommendation:
+        grid.add_row("", Text("change", style="dim"), f.recommendation)
+    grid.add_row("", Text("gain", style="dim"), f.gain.describe() if f.gain else "not estimated")
+    return grid
+
+
+def _metrics_table(stage: str, metrics: tuple[Metric, ...]) -> Any:
+    from rich.table import Table
+
+    table = Table("metric", "median", "unit", "min … max", "σ", "n", title=stage,
+                  title_justify="left", box=None, header_style="bold", pad_edge=False)
+    for m in metrics:
+        if m.value is None:
+            table.add_row(m.name, "n/a", m.unit, m.reason or "", "", "")
+        elif m.values:
+            table.add_row(m.name, f"{m.value:.4g}", m.unit, f"{m.min:.4g} … {m.max:.4g}",
+                          f"{m.stdev:.3g}", str(m.n))
+        else:
+            table.add_row(m.name, f"{m.value:.4g}", m.unit, "", "", "")
+    return table

@@ -1,0 +1,1 @@
+"""Stages measure one link each and return results; they never print."""

@@ -1,0 +1,31 @@
+"""Exit statuses, and the errors that carry one.
+
+Every error that reaches the user becomes one line and one of these codes in
+`cli.main`; nothing else decides an exit status.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    OK = 0  # ran, and nothing at or above --fail-on
+    FINDINGS = 1  # findings at or above --fail-on
+    USAGE = 2  # bad usage or input
+    UNAVAILABLE = 3  # the stage cannot run here (no CUDA device, ...)
+    INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+
+
+class StarvecheckError(Exception):
+    """An error meant for the user: `str(error)` is the whole message."""
+
+    status = ExitStatus.USAGE
+
+
+class UsageError(StarvecheckError):
+    status = ExitStatus.USAGE
+
+
+class Unavailable(StarvecheckError):
+    status = ExitStatus.UNAVAILABLE

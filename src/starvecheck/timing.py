@@ -1,0 +1,78 @@
+"""Warm-up, repeat, and the warnings that say when a figure is not to be trusted.
+
+Modelled on pyperf: warm-ups are run and thrown away, measured runs are kept raw,
+and the spread decides whether the figure is stable enough to act on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# pyperf warns at a standard deviation of 10% of the mean; we use the median,
+# which one slow run (a page-cache miss, a neighbour's burst) moves less.
+UNSTABLE_SPREAD = 0.10
+MIN_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Timed:
+    warmups: tuple[float, ...]
+    values: tuple[float, ...]  # seconds per measured run
+
+
+def repeat(fn: Callable[[], object], *, runs: int, warmups: int = 1,
+           clock: Callable[[], float] = time.perf_counter) -> Timed:
+    """Run `fn` `warmups` times unmeasured, then `runs` times measured by `clock`."""
+    if runs < 1 or warmups < 0:
+        raise ValueError("runs must be >= 1 and warmups >= 0")
+    warm: list[float] = []
+    vals: list[float] = []
+    for i in range(warmups + runs):
+        start = clock()
+        fn()
+        elapsed = clock() - start
+        (warm if i < warmups else vals).append(elapsed)
+    return Timed(tuple(warm), tuple(vals))
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation: a spread that outliers barely move (as hyperfine uses)."""
+    med = statistics.median(values)
+    return statistics.median(abs(v - med) for v in values)
+
+
+def outliers(values: Sequence[float], threshold: float = 3.5) -> list[int]:
+    """Indices of values whose modified z-score (Iglewicz and Hoaglin) exceeds `threshold`."""
+    if len(values) < 3:
+        return []
+    med = statistics.median(values)
+    spread = mad(values)
+    if spread == 0:
+        return [i for i, v in enumerate(values) if v != med]
+    return [i for i, v in enumerate(values) if abs(0.6745 * (v - med) / spread) > threshold]
+
+
+def stability_warnings(values: Sequence[float], what: str = "runs") -> list[str]:
+    """Reasons a set of repeated measurements should not be trusted, each with the fix."""
+    warnings: list[str] = []
+    n = len(values)
+    if n == 0:
+        return [f"no {what} completed"]
+    if n < MIN_RUNS:
+        warnings.append(f"only {n} {what}: too few to judge the spread; use --runs {MIN_RUNS} or more")
+        return warnings
+    med = statistics.median(values)
+    if med > 0:
+        spread = statistics.stdev(values) / med
+        if spread >= UNSTABLE_SPREAD:
+            warnings.append(
+                f"{what} vary by {spread:.0%} of the median (stdev/median): the machine is "
+                "noisy or the cache state changed between runs; close other work and add runs"
+            )
+    bad = outliers(values)
+    if bad:
+        warnings.append(f"{len(bad)} of {n} {what} are outliers (modified z-score > 3.5)")
+    return warnings

@@ -1,0 +1,30 @@
+"""Formatting of sizes and rates for people; binary units for memory, as the kernel uses."""
+
+from __future__ import annotations
+
+import re
+
+_BINARY = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def format_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit, size in _BINARY:
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else \
+                f"{value:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int | None:
+    """"16K", "4MiB", "1.5G", "512" -> bytes (binary multiples, as dd and fio read them)."""
+    m = _SIZE_RE.fullmatch(text)
+    if not m:
+        return None
+    mult = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
