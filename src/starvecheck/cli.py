@@ -44,15 +44,29 @@ class FailOn(str, Enum):
 
 
 # Options every command takes (DESIGN.md, "Command-line conventions").
-JsonOpt = Annotated[str | None, typer.Option(
-    "--json", metavar="PATH", help="Write the report as JSON to PATH ('-' for stdout).")]
-MarkdownOpt = Annotated[str | None, typer.Option(
-    "--markdown", metavar="PATH", help="Write a Markdown summary to PATH ('-' for stdout).")]
-FailOnOpt = Annotated[FailOn, typer.Option(
-    "--fail-on", case_sensitive=False,
-    help="Exit 1 when a finding is at or above this severity.")]
-QuickOpt = Annotated[bool, typer.Option(
-    "--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")]
+JsonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--json", metavar="PATH", help="Write the report as JSON to PATH ('-' for stdout)."
+    ),
+]
+MarkdownOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--markdown", metavar="PATH", help="Write a Markdown summary to PATH ('-' for stdout)."
+    ),
+]
+FailOnOpt = Annotated[
+    FailOn,
+    typer.Option(
+        "--fail-on",
+        case_sensitive=False,
+        help="Exit 1 when a finding is at or above this severity.",
+    ),
+]
+QuickOpt = Annotated[
+    bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
+]
 
 
 def _version(value: bool) -> None:
@@ -65,8 +79,12 @@ def _version(value: bool) -> None:
 def _root(
     ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     if debug:
         _context(ctx).debug = True
@@ -98,8 +116,9 @@ class Outputs:
             parent = target.parent if str(target.parent) else Path(".")
             if not parent.is_dir():
                 raise UsageError(f"{option} {value}: directory {parent} does not exist")
-            if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target,
-                                                                                     os.W_OK)):
+            if not os.access(parent, os.W_OK) or (
+                target.exists() and not os.access(target, os.W_OK)
+            ):
                 raise UsageError(f"{option} {value}: not writable")
         return cls(json_path, markdown_path, fail_on)
 
@@ -118,8 +137,9 @@ def _sysroot(c: Context) -> SysRoot:
     return root
 
 
-def _build_report(command: str, machine: dict[str, Any], stages: list[StageResult],
-                  c: Context) -> Report:
+def _build_report(
+    command: str, machine: dict[str, Any], stages: list[StageResult], c: Context
+) -> Report:
     findings = [f for s in stages for f in s.findings]
     checklist = rank(findings)
     return Report(
@@ -137,8 +157,10 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
     from starvecheck.render import json as json_export
     from starvecheck.render import markdown as markdown_export
 
-    for path, serialize in ((out.json, json_export.serialize),
-                            (out.markdown, markdown_export.serialize)):
+    for path, serialize in (
+        (out.json, json_export.serialize),
+        (out.markdown, markdown_export.serialize),
+    ):
         if path == "-":
             c.stdout.write(serialize(report))
             c.stdout.flush()
@@ -157,8 +179,9 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
         # of copy-paste and diffs.
         c.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
         c.stdout.flush()
-    if out.fail_on is not FailOn.never and at_or_above(report.findings,
-                                                       Severity(out.fail_on.value)):
+    if out.fail_on is not FailOn.never and at_or_above(
+        report.findings, Severity(out.fail_on.value)
+    ):
         return ExitStatus.FINDINGS
     return ExitStatus.OK
 
@@ -166,9 +189,13 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
 @app.command()
 def env(
     ctx: typer.Context,
-    path: Annotated[str | None, typer.Argument(
-        help="Data directory whose storage to describe (default: the working directory).",
-        show_default=False)] = None,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Data directory whose storage to describe (default: the working directory).",
+            show_default=False,
+        ),
+    ] = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -224,8 +251,11 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
             traceback.print_exc(file=c.stderr)
             _error(c, f"internal error: {type(e).__name__}: {e}")
         else:
-            _error(c, f"internal error: {type(e).__name__}: {_one_line(str(e))} "
-                      "(rerun with --debug for the traceback, and please report it)")
+            _error(
+                c,
+                f"internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(rerun with --debug for the traceback, and please report it)",
+            )
         return 70  # EX_SOFTWARE
     if rv is None:
         return ExitStatus.OK

@@ -23,8 +23,13 @@ class Timed:
     values: tuple[float, ...]  # seconds per measured run
 
 
-def repeat(fn: Callable[[], object], *, runs: int, warmups: int = 1,
-           clock: Callable[[], float] = time.perf_counter) -> Timed:
+def repeat(
+    fn: Callable[[], object],
+    *,
+    runs: int,
+    warmups: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Timed:
     """Run `fn` `warmups` times unmeasured, then `runs` times measured by `clock`."""
     if runs < 1 or warmups < 0:
         raise ValueError("runs must be >= 1 and warmups >= 0")
@@ -62,7 +67,9 @@ def stability_warnings(values: Sequence[float], what: str = "runs") -> list[str]
     if n == 0:
         return [f"no {what} completed"]
     if n < MIN_RUNS:
-        warnings.append(f"only {n} {what}: too few to judge the spread; use --runs {MIN_RUNS} or more")
+        warnings.append(
+            f"only {n} {what}: too few to judge the spread; use --runs {MIN_RUNS} or more"
+        )
         return warnings
     med = statistics.median(values)
     if med > 0:

@@ -13,8 +13,11 @@ def format_bytes(n: int | float | None) -> str:
     for unit, size in _BINARY:
         if abs(n) >= size:
             value = n / size
-            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else \
-                f"{value:.1f} {unit}"
+            return (
+                f"{value:.0f} {unit}"
+                if value >= 100 or value == int(value)
+                else f"{value:.1f} {unit}"
+            )
     return f"{int(n)} B"
 
 
@@ -22,7 +25,7 @@ _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int | None:
-    """"16K", "4MiB", "1.5G", "512" -> bytes (binary multiples, as dd and fio read them)."""
+    """ "16K", "4MiB", "1.5G", "512" -> bytes (binary multiples, as dd and fio read them)."""
     m = _SIZE_RE.fullmatch(text)
     if not m:
         return None

@@ -35,8 +35,11 @@ def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
     if not checklist:
         return f"All {checked} checks passed." if checked else "Nothing to check."
     counts = {s: sum(1 for f in checklist if f.severity is s) for s in Severity}
-    parts = [f"{counts[s]} {s.value}" for s in (Severity.CRITICAL, Severity.WARNING,
-                                                 Severity.INFO) if counts[s]]
+    parts = [
+        f"{counts[s]} {s.value}"
+        for s in (Severity.CRITICAL, Severity.WARNING, Severity.INFO)
+        if counts[s]
+    ]
     first = checklist[0]
     if first.severity is Severity.INFO:
         return f"{', '.join(parts)}: nothing to fix; see the notes."

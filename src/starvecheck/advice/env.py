@@ -26,8 +26,14 @@ NOFILE_LOW = 4096
 PIDS_LOW = 1024
 
 
-def _finding(id_: str, severity: Severity, title: str, evidence: str = "",
-             recommendation: str = "", gain: Gain | None = None) -> Finding:
+def _finding(
+    id_: str,
+    severity: Severity,
+    title: str,
+    evidence: str = "",
+    recommendation: str = "",
+    gain: Gain | None = None,
+) -> Finding:
     return Finding(f"env.{id_}", severity, title, evidence, recommendation, gain, STAGE)
 
 
@@ -51,9 +57,13 @@ def check_cpu(m: Machine) -> Finding | None:
     workers = recommended_workers(m)
     per = f" per process ({_ranks(m)} GPUs share {eff} CPUs)" if _ranks(m) > 1 else ""
     if logical <= eff:
-        return _finding("cpu", Severity.OK, f"{eff} effective CPUs, as os.cpu_count() reports",
-                        f"os.cpu_count() = {logical}, affinity {m.cpu.affinity}, no lower quota.",
-                        f"num_workers={workers}{per} leaves a CPU for the training loop.")
+        return _finding(
+            "cpu",
+            Severity.OK,
+            f"{eff} effective CPUs, as os.cpu_count() reports",
+            f"os.cpu_count() = {logical}, affinity {m.cpu.affinity}, no lower quota.",
+            f"num_workers={workers}{per} leaves a CPU for the training loop.",
+        )
     limits = []
     if m.cpu.affinity is not None and m.cpu.affinity < logical:
         limits.append(f"CPU affinity allows {m.cpu.affinity} ({m.cpu.affinity_list})")
@@ -61,7 +71,8 @@ def check_cpu(m: Machine) -> Finding | None:
         where = f" ({m.cgroup.quota_path})" if m.cgroup.quota_path else ""
         limits.append(f"the cgroup CPU quota is {m.cpu.quota_cpus:g} CPUs{where}")
     return _finding(
-        "cpu-oversubscribed", Severity.WARNING,
+        "cpu-oversubscribed",
+        Severity.WARNING,
         f"os.cpu_count() says {logical} CPUs, but this process can use {eff}",
         f"{'; '.join(limits)}. A DataLoader sized with num_workers=os.cpu_count() starts "
         f"{logical} worker processes that share {eff} CPUs: they preempt each other and the "
@@ -77,12 +88,17 @@ def check_throttling(m: Machine) -> Finding | None:
     if t is None or t.nr_periods == 0:
         return None
     if t.nr_throttled == 0:
-        return _finding("cpu-throttling", Severity.OK, "no CPU throttling recorded",
-                        f"0 of {t.nr_periods:,} scheduler periods throttled ({t.path}/cpu.stat).")
+        return _finding(
+            "cpu-throttling",
+            Severity.OK,
+            "no CPU throttling recorded",
+            f"0 of {t.nr_periods:,} scheduler periods throttled ({t.path}/cpu.stat).",
+        )
     severity = Severity.WARNING if t.share >= 0.01 else Severity.INFO
     quota = f" under a quota of {m.cpu.quota_cpus:g} CPUs" if m.cpu.quota_cpus else ""
     return _finding(
-        "cpu-throttled", severity,
+        "cpu-throttled",
+        severity,
         f"the CPU quota throttled this cgroup in {t.share:.1%} of scheduler periods",
         f"{t.nr_throttled:,} of {t.nr_periods:,} periods throttled, {t.throttled_s:,.0f} s "
         f"stalled in all{quota} ({t.path}/cpu.stat; counted since the cgroup was created). "
@@ -96,7 +112,9 @@ def check_throttling(m: Machine) -> Finding | None:
 def check_shm(m: Machine) -> Finding | None:
     if not m.shm.mounted:
         return _finding(
-            "shm-missing", Severity.WARNING, "/dev/shm is not mounted",
+            "shm-missing",
+            Severity.WARNING,
+            "/dev/shm is not mounted",
             m.unknown.get("shm.size_bytes", "/dev/shm is not in the mount table") + ". "
             "DataLoader workers hand batches to the training process through POSIX shared "
             "memory in /dev/shm.",
@@ -104,19 +122,25 @@ def check_shm(m: Machine) -> Finding | None:
         )
     size = m.shm.size_bytes
     if size is None:
-        return _finding("shm-unknown", Severity.INFO, "/dev/shm size could not be read",
-                        m.unknown.get("shm.size_bytes", ""))
+        return _finding(
+            "shm-unknown",
+            Severity.INFO,
+            "/dev/shm size could not be read",
+            m.unknown.get("shm.size_bytes", ""),
+        )
     if size >= SHM_CRITICAL_BYTES:
         free = f", {format_bytes(m.shm.free_bytes)} free" if m.shm.free_bytes is not None else ""
         return _finding("shm", Severity.OK, f"/dev/shm is {format_bytes(size)}{free}")
     batch = 32 * 3 * 224 * 224 * 4
     return _finding(
-        "shm-too-small", Severity.CRITICAL, f"/dev/shm is only {format_bytes(size)}",
+        "shm-too-small",
+        Severity.CRITICAL,
+        f"/dev/shm is only {format_bytes(size)}",
         f"/dev/shm ({m.shm.fstype}) holds {format_bytes(size)}. DataLoader workers pass every "
         f"batch through it: one batch of 32 RGB 224x224 float32 images is "
         f"{format_bytes(batch)}, and each worker keeps prefetch_factor (2) batches in flight. "
-        "When it fills, workers die with \"bus error\" (\"DataLoader worker (pid N) is killed "
-        "by signal: Bus error\"). Docker and containerd default to 64 MiB.",
+        'When it fills, workers die with "bus error" ("DataLoader worker (pid N) is killed '
+        'by signal: Bus error"). Docker and containerd default to 64 MiB.',
         f"Docker: docker run --shm-size={SHM_SUGGESTED} ... (or --ipc=host). Kubernetes: mount "
         "a memory-backed emptyDir at /dev/shm: volumes: [{name: dshm, emptyDir: {medium: "
         "Memory, sizeLimit: 16Gi}}] and volumeMounts: [{name: dshm, mountPath: /dev/shm}] "
@@ -136,7 +160,8 @@ def check_memlock(m: Machine) -> Finding | None:
     hard = m.limits.memlock_hard_bytes
     hard_text = "unlimited" if hard is None else format_bytes(hard)
     return _finding(
-        "memlock-low", Severity.WARNING if m.gpus else Severity.INFO,
+        "memlock-low",
+        Severity.WARNING if m.gpus else Severity.INFO,
         f"locked memory is limited to {format_bytes(soft)} (RLIMIT_MEMLOCK)",
         f"soft {format_bytes(soft)}, hard {hard_text}. Page-locked (pinned) host memory is "
         "what makes host-to-device copies fast and asynchronous; memory registered for RDMA "
@@ -157,15 +182,19 @@ def check_nofile(m: Machine) -> Finding | None:
         return _finding("nofile", Severity.OK, f"open files limit is {soft:,}")
     hard = m.limits.nofile_hard
     raise_to = min(65536, hard) if hard is not None else 65536
-    can = (f"ulimit -n {raise_to} (the hard limit, {hard:,}, allows it without root)"
-           if hard is not None and hard > soft else
-           f"raise the hard limit first (Docker --ulimit nofile={65536}:{65536})")
+    can = (
+        f"ulimit -n {raise_to} (the hard limit, {hard:,}, allows it without root)"
+        if hard is not None and hard > soft
+        else f"raise the hard limit first (Docker --ulimit nofile={65536}:{65536})"
+    )
     return _finding(
-        "nofile-low", Severity.WARNING, f"only {soft:,} open files allowed (RLIMIT_NOFILE)",
+        "nofile-low",
+        Severity.WARNING,
+        f"only {soft:,} open files allowed (RLIMIT_NOFILE)",
         f"soft limit {soft:,}, hard {'unlimited' if hard is None else f'{hard:,}'}. DataLoader "
         "workers pass each tensor to the training process as a file descriptor (the "
         "file_descriptor sharing strategy, the default on Linux); many workers with deep "
-        "prefetch queues run out: \"received 0 items of ancdata\" or \"Too many open files\".",
+        'prefetch queues run out: "received 0 items of ancdata" or "Too many open files".',
         f"{can[0].upper()}{can[1:]}; or torch.multiprocessing.set_sharing_strategy"
         "('file_system') in the training script.",
     )
@@ -176,7 +205,9 @@ def check_pids(m: Machine) -> Finding | None:
     if pids is None or pids >= PIDS_LOW:
         return None
     return _finding(
-        "pids-low", Severity.WARNING, f"the cgroup allows only {pids:,} tasks (pids.max)",
+        "pids-low",
+        Severity.WARNING,
+        f"the cgroup allows only {pids:,} tasks (pids.max)",
         f"pids.max = {pids:,}. The limit counts threads, not just processes: every DataLoader "
         "worker is a process with its own threads, and the training process starts dozens.",
         "Raise the limit: Docker --pids-limit=-1 or a larger number; Kubernetes: the "
@@ -189,7 +220,8 @@ def check_memory_limit(m: Machine) -> Finding | None:
     if limit is None or total is None or limit >= total:
         return None
     return _finding(
-        "memory-limit", Severity.INFO,
+        "memory-limit",
+        Severity.INFO,
         f"this cgroup may use {format_bytes(limit)} of the machine's {format_bytes(total)}",
         f"cgroup memory limit {format_bytes(limit)}"
         + (f", {format_bytes(m.memory.usage_bytes)} in use" if m.memory.usage_bytes else "")
@@ -220,12 +252,17 @@ def check_numa(m: Machine) -> Finding | None:
         by_node: dict[int, list[GpuInfo]] = {}
         for g in remote:
             by_node.setdefault(g.numa_node or 0, []).append(g)
-        where = "; ".join(f"GPU {_gpu_list(gs)} on node {n} (CPUs {format_cpulist(node_cpus[n])})"
-                          for n, gs in sorted(by_node.items()))
-        binds = "; ".join(f"numactl --cpunodebind={n} --membind={n} for GPU {_gpu_list(gs)}"
-                          for n, gs in sorted(by_node.items()))
+        where = "; ".join(
+            f"GPU {_gpu_list(gs)} on node {n} (CPUs {format_cpulist(node_cpus[n])})"
+            for n, gs in sorted(by_node.items())
+        )
+        binds = "; ".join(
+            f"numactl --cpunodebind={n} --membind={n} for GPU {_gpu_list(gs)}"
+            for n, gs in sorted(by_node.items())
+        )
         return _finding(
-            "numa-remote-gpu", Severity.WARNING,
+            "numa-remote-gpu",
+            Severity.WARNING,
             f"{len(remote)} of {len(placed)} GPUs are on a NUMA node this process cannot run on",
             f"this process may run on CPUs {m.cpu.affinity_list} (node "
             f"{', '.join(map(str, my_nodes))}); {where}. Copies to those GPUs, and the pinned "
@@ -235,12 +272,15 @@ def check_numa(m: Machine) -> Finding | None:
         )
     if len(my_nodes) > 1 and len({g.numa_node for g in placed}) > 1:
         return _finding(
-            "numa-unbound", Severity.INFO,
+            "numa-unbound",
+            Severity.INFO,
             f"this process may run on all {len(my_nodes)} NUMA nodes; its GPUs sit on "
             f"{len({g.numa_node for g in placed})}",
             f"affinity {m.cpu.affinity_list}; GPUs by node: "
-            + "; ".join(f"node {n}: GPU {_gpu_list([g for g in placed if g.numa_node == n])}"
-                        for n in sorted({g.numa_node for g in placed if g.numa_node is not None}))
+            + "; ".join(
+                f"node {n}: GPU {_gpu_list([g for g in placed if g.numa_node == n])}"
+                for n in sorted({g.numa_node for g in placed if g.numa_node is not None})
+            )
             + ". Unbound, a rank and its DataLoader workers may run on the other socket.",
             "Bind each rank to its GPU's node: torchrun --numa-binding=node ... (PyTorch 2.9+).",
         )
@@ -253,17 +293,26 @@ def check_pcie_width(m: Machine) -> Finding | None:
         return None
     narrow = [g for g in known if g.pcie.width_current < g.pcie.width_max]
     if not narrow:
-        return _finding("pcie-width", Severity.OK,
-                        f"every GPU's PCIe link runs at its full width (x{known[0].pcie.width_max})")
+        full = f"x{known[0].pcie.width_max}"
+        return _finding(
+            "pcie-width", Severity.OK, f"every GPU's PCIe link runs at its full width ({full})"
+        )
     lines = []
     for g in narrow:
         peak = g.pcie.theoretical_gbps_max
         now = (g.pcie.theoretical_gbps_max or 0) * g.pcie.width_current / g.pcie.width_max
-        lines.append(f"GPU {g.index} ({g.pci_bus_id}) x{g.pcie.width_current} of "
-                     f"x{g.pcie.width_max}" + (f": {now:.1f} of {peak:.1f} GB/s per direction "
-                                               f"at gen {g.pcie.gen_max}" if peak else ""))
+        lines.append(
+            f"GPU {g.index} ({g.pci_bus_id}) x{g.pcie.width_current} of "
+            f"x{g.pcie.width_max}"
+            + (
+                f": {now:.1f} of {peak:.1f} GB/s per direction at gen {g.pcie.gen_max}"
+                if peak
+                else ""
+            )
+        )
     return _finding(
-        "pcie-width-degraded", Severity.WARNING,
+        "pcie-width-degraded",
+        Severity.WARNING,
         f"{len(narrow)} GPU link{'s' if len(narrow) > 1 else ''} trained below full width",
         "; ".join(lines) + ". Width, unlike speed, does not drop when a GPU idles: fewer lanes "
         "mean a slot wired narrower, a riser or cable fault, or a bifurcation setting.",
@@ -273,14 +322,18 @@ def check_pcie_width(m: Machine) -> Finding | None:
 
 
 def check_pcie_gen(m: Machine) -> Finding | None:
-    slow = [g for g in m.gpus if g.pcie.gen_current and g.pcie.gen_max
-            and g.pcie.gen_current < g.pcie.gen_max]
+    slow = [
+        g
+        for g in m.gpus
+        if g.pcie.gen_current and g.pcie.gen_max and g.pcie.gen_current < g.pcie.gen_max
+    ]
     if not slow:
         return None
     pairs = sorted({(g.pcie.gen_current, g.pcie.gen_max) for g in slow})
     gens = ", ".join(f"gen {c} of {mx}" for c, mx in pairs)
     return _finding(
-        "pcie-gen-below-max", Severity.INFO,
+        "pcie-gen-below-max",
+        Severity.INFO,
         f"{len(slow)} GPU link{'s' if len(slow) > 1 else ''} at a lower PCIe generation now "
         f"({gens})",
         f"GPU {_gpu_list(slow)}: {gens}, read while idle. Idle GPUs lower their link speed "
@@ -294,14 +347,18 @@ def check_torch_build(m: Machine) -> Finding | None:
         return None
     if m.software.torch_cuda is None and "software.torch_cuda" in m.not_applicable:
         return _finding(
-            "torch-cpu-build", Severity.CRITICAL,
+            "torch-cpu-build",
+            Severity.CRITICAL,
             f"torch {m.software.torch} is a CPU-only build on a machine with "
             f"{len(m.gpus)} NVIDIA GPU{'s' if len(m.gpus) > 1 else ''}",
             "torch/version.py has cuda = None: torch.cuda.is_available() is False and "
             "training runs on the CPU.",
             "Install a CUDA build that matches the driver"
-            + (f" (driver supports CUDA {m.gpu_driver.cuda_driver_version})"
-               if m.gpu_driver.cuda_driver_version else "")
+            + (
+                f" (driver supports CUDA {m.gpu_driver.cuda_driver_version})"
+                if m.gpu_driver.cuda_driver_version
+                else ""
+            )
             + ", e.g. pip install torch --index-url https://download.pytorch.org/whl/cu124.",
             Gain(GainKind.BLOCKER, basis="the GPUs are not used at all"),
         )
@@ -311,9 +368,13 @@ def check_torch_build(m: Machine) -> Finding | None:
 def check_no_gpu(m: Machine) -> Finding | None:
     if m.gpus:
         return None
-    return _finding("no-gpu", Severity.INFO, "no NVIDIA GPU is visible",
-                    m.not_applicable.get("gpus", ""),
-                    "GPU measurements (PCIe bandwidth, GPU step time) need a machine with one.")
+    return _finding(
+        "no-gpu",
+        Severity.INFO,
+        "no NVIDIA GPU is visible",
+        m.not_applicable.get("gpus", ""),
+        "GPU measurements (PCIe bandwidth, GPU step time) need a machine with one.",
+    )
 
 
 def check_storage(m: Machine) -> Finding | None:
@@ -322,10 +383,15 @@ def check_storage(m: Machine) -> Finding | None:
         return None
     where = f"{s.path} is on {s.mount_point} ({s.fstype} from {s.source})"
     if s.kind in ("network", "fuse"):
-        what = "a FUSE filesystem (user space, usually backed by a network or object store)" \
-            if s.kind == "fuse" else f"a network filesystem ({s.fstype})"
+        what = (
+            "a FUSE filesystem (user space, usually backed by a network or object store)"
+            if s.kind == "fuse"
+            else f"a network filesystem ({s.fstype})"
+        )
         return _finding(
-            "network-storage", Severity.WARNING, f"the data path is on {what}",
+            "network-storage",
+            Severity.WARNING,
+            f"the data path is on {what}",
             f"{where}. Each file open and read costs a network round trip; many small files "
             "read in shuffled order are the slowest case.",
             "Copy the dataset to local NVMe on each node before training, or store it as "
@@ -334,7 +400,9 @@ def check_storage(m: Machine) -> Finding | None:
         )
     if s.rotational:
         return _finding(
-            "rotational-storage", Severity.WARNING, "the data path is on a rotational disk",
+            "rotational-storage",
+            Severity.WARNING,
+            "the data path is on a rotational disk",
             f"{where}; the kernel marks the device rotational (queue/rotational = 1; virtual "
             "disks report 1 unless the hypervisor says otherwise). A random read of a small "
             "file costs a seek, milliseconds each.",
@@ -343,8 +411,9 @@ def check_storage(m: Machine) -> Finding | None:
     if s.kind == "memory":
         return _finding("storage", Severity.OK, f"{s.path} is in memory ({s.fstype})")
     if s.rotational is False:
-        return _finding("storage", Severity.OK, f"{s.path} is on local solid-state storage "
-                                                f"({s.fstype})")
+        return _finding(
+            "storage", Severity.OK, f"{s.path} is on local solid-state storage ({s.fstype})"
+        )
     return None
 
 

@@ -79,7 +79,7 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     return out
 
 
-def parse_limit(text: str) -> int | None | str:
+def parse_limit(text: str) -> int | str | None:
     """memory.max / pids.max / memory.limit_in_bytes: an int, "max" for none, or None."""
     value = text.strip()
     if value == "max":
@@ -103,15 +103,16 @@ def _mount_for_controller(mounts: list[Mount], controller: str) -> Mount | None:
     """The v1 mount carrying `controller`, or the v2 mount for controller ""."""
     found = None
     for m in mounts:
-        if controller == "" and m.fstype == "cgroup2":
-            found = m
-        elif controller and m.fstype == "cgroup" and controller in m.super_options.split(","):
-            found = m
+        v2 = controller == "" and m.fstype == "cgroup2"
+        v1 = m.fstype == "cgroup" and controller in m.super_options.split(",")
+        if v2 or (controller and v1):
+            found = m  # the last one listed is the one on top
     return found
 
 
-def resolve(root: SysRoot, mounts: list[Mount], paths: dict[str, str],
-            controller: str) -> Hierarchy | None:
+def resolve(
+    root: SysRoot, mounts: list[Mount], paths: dict[str, str], controller: str
+) -> Hierarchy | None:
     """This process's cgroup directory for a v1 controller, or v2 when controller is ""."""
     mount = _mount_for_controller(mounts, controller)
     path = paths.get(controller)
@@ -122,7 +123,7 @@ def resolve(root: SysRoot, mounts: list[Mount], paths: dict[str, str],
     if mroot == "/":
         rel = path
     elif path == mroot or path.startswith(mroot + "/"):
-        rel = path[len(mroot):] or "/"
+        rel = path[len(mroot) :] or "/"
     else:
         rel = "/"  # our cgroup is outside the mounted subtree: only the mount is visible
     directory = posixpath.normpath(mount.mount_point + "/" + rel.lstrip("/"))
@@ -198,10 +199,15 @@ def probe_cgroup(root: SysRoot, mounts: Fact[list[Mount]]) -> CgroupFacts:
         quota_cpus=quota,
         quota_directory=quota_dir,
         throttling=_throttling(root, cpu, quota_dir.value),
-        memory_limit=_min_limit(root, mem, "memory.max" if mem and mem.version == 2
-                                else "memory.limit_in_bytes", "memory"),
-        memory_usage=_leaf_int(root, mem, "memory.current" if mem and mem.version == 2
-                               else "memory.usage_in_bytes"),
+        memory_limit=_min_limit(
+            root,
+            mem,
+            "memory.max" if mem and mem.version == 2 else "memory.limit_in_bytes",
+            "memory",
+        ),
+        memory_usage=_leaf_int(
+            root, mem, "memory.current" if mem and mem.version == 2 else "memory.usage_in_bytes"
+        ),
         pids_limit=_min_limit(root, pids, "pids.max", "pids"),
     )
 
@@ -286,8 +292,9 @@ def _min_limit(root: SysRoot, h: Hierarchy | None, filename: str, what: str) -> 
     if readable:
         return Fact.absent(f"no cgroup {what} limit is set ({filename} is unlimited)")
     if root.exists(h.directory):
-        return Fact.absent(f"no cgroup {what} limit: {h.directory} has no {filename} "
-                           "(the root cgroup has none)")
+        return Fact.absent(
+            f"no cgroup {what} limit: {h.directory} has no {filename} (the root cgroup has none)"
+        )
     return Fact.unknown(f"no readable {filename} under {h.directory}")
 
 

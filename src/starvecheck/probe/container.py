@@ -65,7 +65,12 @@ def probe_container(root: SysRoot, environ: Mapping[str, str]) -> ContainerFacts
         evidence.append(f"{SERVICE_ACCOUNT} exists")
     if runtime is None and kubernetes:
         runtime = "unknown container runtime"
-    fact = Fact.of(runtime) if runtime else Fact.absent(
-        "no container markers (/.dockerenv, /run/.containerenv, runtime cgroup paths): "
-        "bare metal or a VM, or a container with a private cgroup namespace")
+    fact = (
+        Fact.of(runtime)
+        if runtime
+        else Fact.absent(
+            "no container markers (/.dockerenv, /run/.containerenv, runtime cgroup paths): "
+            "bare metal or a VM, or a container with a private cgroup namespace"
+        )
+    )
     return ContainerFacts(fact, kubernetes, tuple(evidence))

@@ -12,7 +12,7 @@ GPUs are matched across the two by PCI bus id.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from starvecheck.probe.fact import Fact
 from starvecheck.probe.nvml import (
@@ -40,13 +40,13 @@ GEN_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563, 7: 15.
 
 
 def parse_link_speed(text: str) -> int | None:
-    """"16.0 GT/s PCIe" (or "8 GT/s", "2.5 GT/s") -> generation 4; None when unknown."""
+    """ "16.0 GT/s PCIe" (or "8 GT/s", "2.5 GT/s") -> generation 4; None when unknown."""
     m = re.match(r"\s*(\d+(?:\.\d+)?)\s*GT/s", text)
     return GTS_TO_GEN.get(float(m.group(1))) if m else None
 
 
 def parse_link_width(text: str) -> int | None:
-    """"16" -> 16. Width 0 (link down) and 255 (not reported) are unknown."""
+    """ "16" -> 16. Width 0 (link down) and 255 (not reported) are unknown."""
     text = text.strip().lstrip("x")
     if not text.isdigit():
         return None
@@ -88,16 +88,18 @@ def scan_sysfs(root: SysRoot) -> list[PciGpu]:
             continue
         numa = read("numa_node")
         numa_node = int(numa) if re.fullmatch(r"\d+", numa) else None  # -1: no NUMA info
-        gpus.append(PciGpu(
-            bus_id=normalise_bus_id(bdf) or bdf,
-            device_id=read("device") or None,
-            gen_current=parse_link_speed(read("current_link_speed")),
-            gen_max=parse_link_speed(read("max_link_speed")),
-            width_current=parse_link_width(read("current_link_width")),
-            width_max=parse_link_width(read("max_link_width")),
-            numa_node=numa_node,
-            local_cpus=read("local_cpulist") or None,
-        ))
+        gpus.append(
+            PciGpu(
+                bus_id=normalise_bus_id(bdf) or bdf,
+                device_id=read("device") or None,
+                gen_current=parse_link_speed(read("current_link_speed")),
+                gen_max=parse_link_speed(read("max_link_speed")),
+                width_current=parse_link_width(read("current_link_width")),
+                width_max=parse_link_width(read("max_link_width")),
+                numa_node=numa_node,
+                local_cpus=read("local_cpulist") or None,
+            )
+        )
     return gpus
 
 
@@ -156,11 +158,16 @@ def probe_gpus(root: SysRoot, source: NvmlSource) -> GpuFacts:
     for bus, sys_gpu in sorted(pci.items()):
         if bus not in seen:  # NVIDIA hardware that NVML did not list (or no NVML at all)
             gpus.append(_from_sysfs(len(gpus), sys_gpu, nvml.reason or ""))
-    driver = Fact.of(snap.driver_version) if snap and snap.driver_version else Fact.unknown(
-        nvml.reason or "NVML did not report a driver version")
-    cuda = (Fact.of(format_cuda_version(snap.cuda_driver_version))
-            if snap and snap.cuda_driver_version else
-            Fact.unknown(nvml.reason or "NVML did not report a CUDA driver version"))
+    driver = (
+        Fact.of(snap.driver_version)
+        if snap and snap.driver_version
+        else Fact.unknown(nvml.reason or "NVML did not report a driver version")
+    )
+    cuda = (
+        Fact.of(format_cuda_version(snap.cuda_driver_version))
+        if snap and snap.cuda_driver_version
+        else Fact.unknown(nvml.reason or "NVML did not report a CUDA driver version")
+    )
     return GpuFacts(gpus, driver, cuda, nvml)
 
 
@@ -179,32 +186,61 @@ def _merge(dev: NvmlGpu, sys_gpu: PciGpu | None, bus: str | None) -> Gpu:
             unknown.setdefault(key, "neither NVML nor sysfs reported it")
         return value
 
-    return Gpu(
+    gpu = Gpu(
         index=dev.index,
         name=dev.name,
         pci_bus_id=bus,
         memory_total_bytes=dev.memory_total_bytes,
         gen_current=pick(dev.pcie_gen_current, sys_gpu and sys_gpu.gen_current, "pcie.gen_current"),
         gen_max=pick(dev.pcie_gen_max, sys_gpu and sys_gpu.gen_max, "pcie.gen_max"),
-        width_current=pick(dev.pcie_width_current, sys_gpu and sys_gpu.width_current,
-                           "pcie.width_current"),
+        width_current=pick(
+            dev.pcie_width_current, sys_gpu and sys_gpu.width_current, "pcie.width_current"
+        ),
         width_max=pick(dev.pcie_width_max, sys_gpu and sys_gpu.width_max, "pcie.width_max"),
         # The kernel's numa_node is the authority; NVML's (newer drivers) is the fallback.
         numa_node=pick(sys_gpu and sys_gpu.numa_node, dev.numa_node, "numa_node"),
         cpu_affinity=dev.cpu_affinity or (sys_gpu.local_cpus if sys_gpu else None),
         utilization_pct=dev.utilization_gpu_pct,
         source="nvml+sysfs" if sys_gpu else "nvml",
-        unknown=unknown,
     )
+    # An NVML error matters only where no source filled the field in.
+    values = {
+        "pcie.gen_current": gpu.gen_current,
+        "pcie.gen_max": gpu.gen_max,
+        "pcie.width_current": gpu.width_current,
+        "pcie.width_max": gpu.width_max,
+        "cpu_affinity": gpu.cpu_affinity,
+        "numa_node": gpu.numa_node,
+        "pci_bus_id": gpu.pci_bus_id,
+    }
+    kept = {k: v for k, v in unknown.items() if k not in values or values[k] is None}
+    return replace(gpu, unknown=kept)
 
 
 def _from_sysfs(index: int, g: PciGpu, nvml_reason: str) -> Gpu:
     why = f"NVML unavailable ({nvml_reason})" if nvml_reason else "not reported by NVML"
     unknown = {"name": why, "memory_total_bytes": why, "utilization_pct": why}
-    for key, value in (("pcie.gen_current", g.gen_current), ("pcie.gen_max", g.gen_max),
-                       ("pcie.width_current", g.width_current), ("pcie.width_max", g.width_max),
-                       ("numa_node", g.numa_node)):
+    for key, value in (
+        ("pcie.gen_current", g.gen_current),
+        ("pcie.gen_max", g.gen_max),
+        ("pcie.width_current", g.width_current),
+        ("pcie.width_max", g.width_max),
+        ("numa_node", g.numa_node),
+    ):
         if value is None:
             unknown[key] = "not reported by sysfs"
-    return Gpu(index, None, g.bus_id, None, g.gen_current, g.gen_max, g.width_current,
-               g.width_max, g.numa_node, g.local_cpus, None, "sysfs", unknown)
+    return Gpu(
+        index,
+        None,
+        g.bus_id,
+        None,
+        g.gen_current,
+        g.gen_max,
+        g.width_current,
+        g.width_max,
+        g.numa_node,
+        g.local_cpus,
+        None,
+        "sysfs",
+        unknown,
+    )

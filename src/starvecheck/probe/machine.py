@@ -188,17 +188,25 @@ def effective_cpus(affinity: int | None, quota: float | None, logical: int | Non
     return max(1, min(candidates))
 
 
-def collect(root: SysRoot, *, path: str | None = None,
-            environ: Mapping[str, str] | None = None,
-            nvml: NvmlSource | None = None) -> Machine:
+def collect(
+    root: SysRoot,
+    *,
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    nvml: NvmlSource | None = None,
+) -> Machine:
     """Read every fact. Never raises for anything the machine says (or fails to say)."""
     environ = os.environ if environ is None else environ
     led = Ledger()
 
     def text(p: str, key: str) -> str | None:
         fact = root.read(p)
-        return led.take(key, Fact.of(fact.value.strip()) if fact.known and fact.value else
-                        Fact.unknown(fact.reason or f"{p} is empty"))
+        return led.take(
+            key,
+            Fact.of(fact.value.strip())
+            if fact.known and fact.value
+            else Fact.unknown(fact.reason or f"{p} is empty"),
+        )
 
     cpu_f = probe_cpu(root)
     mounts = read_mounts(root)
@@ -233,8 +241,15 @@ def collect(root: SysRoot, *, path: str | None = None,
         mode=led.take("cgroup.mode", cg.mode),
         cpu_path=led.take("cgroup.cpu_path", cg.cpu_directory),
         quota_path=led.take("cgroup.quota_path", cg.quota_directory),
-        throttling=Throttling(thr.nr_periods, thr.nr_throttled, round(thr.throttled_s, 3),
-                              round(thr.share, 4), thr.directory) if thr else None,
+        throttling=Throttling(
+            thr.nr_periods,
+            thr.nr_throttled,
+            round(thr.throttled_s, 3),
+            round(thr.share, 4),
+            thr.directory,
+        )
+        if thr
+        else None,
     )
     total = led.take("memory.total_bytes", mem.total)
     memory = Memory(
@@ -248,8 +263,12 @@ def collect(root: SysRoot, *, path: str | None = None,
     shm_f = probe_shm(root, mounts, total)
     if not shm_f.mounted:
         led.take("shm.fstype", Fact.unknown(shm_f.size.reason or "not mounted"))
-    shm = Shm(shm_f.mounted, shm_f.fstype, led.take("shm.size_bytes", shm_f.size),
-              led.take("shm.free_bytes", shm_f.free))
+    shm = Shm(
+        shm_f.mounted,
+        shm_f.fstype,
+        led.take("shm.size_bytes", shm_f.size),
+        led.take("shm.free_bytes", shm_f.free),
+    )
     limits = Limits(
         nofile=led.take("limits.nofile", lim.nofile_soft),
         nofile_hard=led.take("limits.nofile_hard", lim.nofile_hard),
@@ -260,28 +279,51 @@ def collect(root: SysRoot, *, path: str | None = None,
     nodes = led.take("numa.nodes", numa)
     numa_rec = Numa(
         nodes=len(nodes) if nodes else None,
-        node_list=[NumaNodeInfo(n.id, format_cpulist(n.cpus) if n.cpus is not None else None,
-                                n.memory_bytes) for n in nodes or []],
+        node_list=[
+            NumaNodeInfo(
+                n.id, format_cpulist(n.cpus) if n.cpus is not None else None, n.memory_bytes
+            )
+            for n in nodes or []
+        ],
     )
 
     g = probe_gpus(root, nvml or nvml_source_for(root, logical))
     gpus = []
-    for gpu in g.gpus:
+    for position, gpu in enumerate(g.gpus):
         for key, reason in gpu.unknown.items():
-            led.unknown[f"gpus[{gpu.index}].{key}"] = reason
-        gpus.append(GpuInfo(
-            index=gpu.index, name=gpu.name, pci_bus_id=gpu.pci_bus_id,
-            memory_total_bytes=gpu.memory_total_bytes,
-            pcie=Pcie(gpu.gen_current, gpu.gen_max, gpu.width_current, gpu.width_max,
-                      theoretical_gbps(gpu.gen_current, gpu.width_current),
-                      theoretical_gbps(gpu.gen_max, gpu.width_max)),
-            numa_node=gpu.numa_node, cpu_affinity=gpu.cpu_affinity,
-            utilization_pct=gpu.utilization_pct, source=gpu.source,
-        ))
+            led.unknown[f"gpus[{position}].{key}"] = reason
+        gpus.append(
+            GpuInfo(
+                index=gpu.index,
+                name=gpu.name,
+                pci_bus_id=gpu.pci_bus_id,
+                memory_total_bytes=gpu.memory_total_bytes,
+                pcie=Pcie(
+                    gpu.gen_current,
+                    gpu.gen_max,
+                    gpu.width_current,
+                    gpu.width_max,
+                    theoretical_gbps(gpu.gen_current, gpu.width_current),
+                    theoretical_gbps(gpu.gen_max, gpu.width_max),
+                ),
+                numa_node=gpu.numa_node,
+                cpu_affinity=gpu.cpu_affinity,
+                utilization_pct=gpu.utilization_pct,
+                source=gpu.source,
+            )
+        )
+    _explain_nulls([asdict(x) for x in gpus], "gpus", led, "not reported by NVML or sysfs")
+    _explain_nulls(
+        [asdict(n) for n in numa_rec.node_list],
+        "numa.node_list",
+        led,
+        "not readable in /sys/devices/system/node",
+    )
     if not gpus:
         led.not_applicable["gpus"] = (
             f"no NVIDIA GPU: NVML: {g.nvml.reason or 'lists none'}; sysfs: no device "
-            "with vendor 0x10de and a display or 3D controller class")
+            "with vendor 0x10de and a display or 3D controller class"
+        )
     driver_fact, cuda_fact = g.driver_version, g.cuda_driver_version
     if not gpus:  # no GPU: the driver's absence is not a fault to explain
         driver_fact = driver_fact if driver_fact.known else Fact.absent("no NVIDIA GPU")
@@ -293,8 +335,9 @@ def collect(root: SysRoot, *, path: str | None = None,
     )
 
     cont = probe_container(root, environ)
-    container = Container(led.take("container.runtime", cont.runtime), cont.kubernetes,
-                          list(cont.evidence))
+    container = Container(
+        led.take("container.runtime", cont.runtime), cont.kubernetes, list(cont.evidence)
+    )
 
     data_path = resolve_data_path(root, path)
     st = probe_storage(root, mounts, data_path)
@@ -321,10 +364,32 @@ def collect(root: SysRoot, *, path: str | None = None,
         sysroot=str(root.root),
         hostname=text("/proc/sys/kernel/hostname", "hostname"),
         kernel=text("/proc/sys/kernel/osrelease", "kernel"),
-        cpu=cpu, cgroup=cgroup, memory=memory, shm=shm, limits=limits, numa=numa_rec,
-        gpus=gpus, gpu_driver=driver, container=container, storage=storage,
-        software=software, unknown=led.unknown, not_applicable=led.not_applicable,
+        cpu=cpu,
+        cgroup=cgroup,
+        memory=memory,
+        shm=shm,
+        limits=limits,
+        numa=numa_rec,
+        gpus=gpus,
+        gpu_driver=driver,
+        container=container,
+        storage=storage,
+        software=software,
+        unknown=led.unknown,
+        not_applicable=led.not_applicable,
     )
+
+
+def _explain_nulls(value: Any, path: str, led: Ledger, reason: str) -> None:
+    """Give every null inside list items a reason, so no null in the record is silent."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _explain_nulls(item, f"{path}.{key}", led, reason)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _explain_nulls(item, f"{path}[{i}]", led, reason)
+    elif value is None and path not in led.unknown and path not in led.not_applicable:
+        led.unknown[path] = reason
 
 
 def working_directory(root: SysRoot) -> str:

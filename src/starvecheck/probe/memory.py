@@ -111,8 +111,10 @@ def _getrlimit_table() -> dict[str, tuple[int | str, int | str]]:
         return UNLIMITED if v == resource.RLIM_INFINITY else v
 
     out: dict[str, tuple[int | str, int | str]] = {}
-    for name, res in (("Max open files", resource.RLIMIT_NOFILE),
-                      ("Max locked memory", resource.RLIMIT_MEMLOCK)):
+    for name, res in (
+        ("Max open files", resource.RLIMIT_NOFILE),
+        ("Max locked memory", resource.RLIMIT_MEMLOCK),
+    ):
         try:
             soft, hard = resource.getrlimit(res)
         except (OSError, ValueError):

@@ -139,8 +139,12 @@ def probe_shm(root: SysRoot, mounts: Fact[list[Mount]], mem_total: int | None) -
     if root.real:
         try:
             st = os.statvfs("/dev/shm")
-            return ShmFacts(True, top.fstype, Fact.of(st.f_blocks * st.f_frsize),
-                            Fact.of(st.f_bavail * st.f_frsize))
+            return ShmFacts(
+                True,
+                top.fstype,
+                Fact.of(st.f_blocks * st.f_frsize),
+                Fact.of(st.f_bavail * st.f_frsize),
+            )
         except OSError as e:
             statvfs_reason = f"statvfs(/dev/shm) failed: {e.strerror}"
     else:
@@ -162,11 +166,24 @@ def probe_shm(root: SysRoot, mounts: Fact[list[Mount]], mem_total: int | None) -
 # Filesystems whose reads cross a network (or a user-space daemon that usually
 # does): a training set on them is read at network latency, per file.
 NETWORK_FS = {
-    "nfs": "NFS", "nfs4": "NFS", "cifs": "SMB/CIFS", "smb3": "SMB", "smbfs": "SMB",
-    "lustre": "Lustre", "gpfs": "IBM Spectrum Scale (GPFS)", "beegfs": "BeeGFS",
-    "ceph": "CephFS", "glusterfs": "GlusterFS", "9p": "9P (VM shared folder)",
-    "afs": "AFS", "wekafs": "WekaFS", "orangefs": "OrangeFS", "pvfs2": "OrangeFS",
-    "virtiofs": "virtiofs (VM shared folder)", "davfs": "WebDAV", "sshfs": "SSHFS",
+    "nfs": "NFS",
+    "nfs4": "NFS",
+    "cifs": "SMB/CIFS",
+    "smb3": "SMB",
+    "smbfs": "SMB",
+    "lustre": "Lustre",
+    "gpfs": "IBM Spectrum Scale (GPFS)",
+    "beegfs": "BeeGFS",
+    "ceph": "CephFS",
+    "glusterfs": "GlusterFS",
+    "9p": "9P (VM shared folder)",
+    "afs": "AFS",
+    "wekafs": "WekaFS",
+    "orangefs": "OrangeFS",
+    "pvfs2": "OrangeFS",
+    "virtiofs": "virtiofs (VM shared folder)",
+    "davfs": "WebDAV",
+    "sshfs": "SSHFS",
 }
 LOCAL_MEMORY_FS = {"tmpfs", "ramfs"}
 

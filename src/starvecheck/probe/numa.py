@@ -22,8 +22,10 @@ class NumaNode:
 
 def probe_numa(root: SysRoot) -> Fact[list[NumaNode]]:
     if not root.exists(NODE_DIR):
-        return Fact.unknown(f"{NODE_DIR} does not exist (kernel built without NUMA, or a "
-                            "sandbox hides it): treat the machine as one node")
+        return Fact.unknown(
+            f"{NODE_DIR} does not exist (kernel built without NUMA, or a "
+            "sandbox hides it): treat the machine as one node"
+        )
     nodes: list[NumaNode] = []
     for name in root.listdir(NODE_DIR):
         m = re.fullmatch(r"node(\d+)", name)

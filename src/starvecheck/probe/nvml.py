@@ -9,6 +9,7 @@ a snapshot from JSON, which is how a fake sysroot carries its GPUs
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -38,7 +39,8 @@ class NvmlGpu:
     utilization_gpu_pct: int | None = None
     cpu_affinity: str | None = None  # cpulist, as NVML's ideal CPUs for this GPU
     numa_node: int | None = None
-    errors: dict[str, str] = field(default_factory=dict)  # field -> why it is missing
+    # why a field is missing, keyed by its path in the machine record ("pcie.gen_max")
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def affinity_words_to_cpulist(words: list[int], bits: int = 64) -> str:
 
 
 def normalise_bus_id(bus_id: str) -> str | None:
-    """"00000000:2A:00.0" (NVML) and "0000:2a:00.0" (sysfs) -> "0000:2a:00.0"."""
+    """ "00000000:2A:00.0" (NVML) and "0000:2a:00.0" (sysfs) -> "0000:2a:00.0"."""
     parts = bus_id.strip().lower().split(":")
     if len(parts) != 3:
         return None
@@ -128,10 +130,8 @@ class PynvmlSource:
         try:
             return self._read(pynvml)
         finally:
-            try:
+            with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
-            except pynvml.NVMLError:
-                pass
 
     def _read(self, nv: Any) -> NvmlSnapshot:
         driver = _try(lambda: _text(nv.nvmlSystemGetDriverVersion()), nv, {}, "driver")
@@ -146,32 +146,62 @@ class PynvmlSource:
                 devices.append(NvmlGpu(i, errors={"handle": str(e)}))
                 continue
             words = max(1, ((self.logical_cpus or 64) + 63) // 64)
-            affinity_raw = _try(lambda h=h: list(nv.nvmlDeviceGetCpuAffinity(h, words)),
-                                nv, errors, "cpu_affinity")
-            mem = _try(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).total, nv, errors, "memory")
-            util_ = _try(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu, nv, errors,
-                         "utilization")
-            pci = _try(lambda h=h: _text(nv.nvmlDeviceGetPciInfo(h).busId), nv, errors, "pci")
-            devices.append(NvmlGpu(
-                index=i,
-                name=_try(lambda h=h: _text(nv.nvmlDeviceGetName(h)), nv, errors, "name"),
-                uuid=_try(lambda h=h: _text(nv.nvmlDeviceGetUUID(h)), nv, errors, "uuid"),
-                pci_bus_id=pci,
-                memory_total_bytes=mem,
-                pcie_gen_current=_try(lambda h=h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
-                                      nv, errors, "pcie_gen_current"),
-                pcie_gen_max=_try(lambda h=h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                                  nv, errors, "pcie_gen_max"),
-                pcie_width_current=_try(lambda h=h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
-                                        nv, errors, "pcie_width_current"),
-                pcie_width_max=_try(lambda h=h: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
-                                    nv, errors, "pcie_width_max"),
-                utilization_gpu_pct=util_,
-                cpu_affinity=affinity_words_to_cpulist([int(w) for w in affinity_raw])
-                if affinity_raw else None,
-                numa_node=_try(lambda h=h: nv.nvmlDeviceGetNumaNodeId(h), nv, errors, "numa_node"),
-                errors=errors,
-            ))
+            affinity_raw = _try(
+                lambda h=h, n=words: list(nv.nvmlDeviceGetCpuAffinity(h, n)),
+                nv,
+                errors,
+                "cpu_affinity",
+            )
+            mem = _try(
+                lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).total, nv, errors, "memory_total_bytes"
+            )
+            util_ = _try(
+                lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu, nv, errors, "utilization_pct"
+            )
+            pci = _try(
+                lambda h=h: _text(nv.nvmlDeviceGetPciInfo(h).busId), nv, errors, "pci_bus_id"
+            )
+            devices.append(
+                NvmlGpu(
+                    index=i,
+                    name=_try(lambda h=h: _text(nv.nvmlDeviceGetName(h)), nv, errors, "name"),
+                    uuid=_try(lambda h=h: _text(nv.nvmlDeviceGetUUID(h)), nv, errors, "uuid"),
+                    pci_bus_id=pci,
+                    memory_total_bytes=mem,
+                    pcie_gen_current=_try(
+                        lambda h=h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
+                        nv,
+                        errors,
+                        "pcie.gen_current",
+                    ),
+                    pcie_gen_max=_try(
+                        lambda h=h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
+                        nv,
+                        errors,
+                        "pcie.gen_max",
+                    ),
+                    pcie_width_current=_try(
+                        lambda h=h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
+                        nv,
+                        errors,
+                        "pcie.width_current",
+                    ),
+                    pcie_width_max=_try(
+                        lambda h=h: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
+                        nv,
+                        errors,
+                        "pcie.width_max",
+                    ),
+                    utilization_gpu_pct=util_,
+                    cpu_affinity=affinity_words_to_cpulist([int(w) for w in affinity_raw])
+                    if affinity_raw
+                    else None,
+                    numa_node=_try(
+                        lambda h=h: nv.nvmlDeviceGetNumaNodeId(h), nv, errors, "numa_node"
+                    ),
+                    errors=errors,
+                )
+            )
         return NvmlSnapshot(driver, cuda, tuple(devices))
 
 

@@ -40,7 +40,7 @@ def package_version(dist: str) -> Fact[str]:
         return Fact.unknown(f"cannot read {dist} metadata: {e}")
 
 
-def parse_torch_version_py(text: str) -> str | None | bool:
+def parse_torch_version_py(text: str) -> str | bool | None:
     """The `cuda` constant of torch/version.py: "12.4", None (CPU build), or False if absent."""
     m = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.MULTILINE)
     if not m:

@@ -37,24 +37,34 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     na = m.get("not_applicable", {})
     cpu = m.get("cpu", {})
     quota = cpu.get("quota_cpus")
-    quota_text = f"{quota:g} CPUs" if quota is not None else (
-        "none" if "cpu.quota_cpus" in na else "unknown")
-    affinity = (f"{cpu['affinity']} ({cpu['affinity_list']})"
-                if cpu.get("affinity") is not None else "unknown")
-    rows = [(
-        "CPU",
-        f"{_or(cpu.get('model'))} · {_or(cpu.get('logical'))} logical, "
-        f"{_or(cpu.get('physical'))} physical · affinity {affinity} · quota {quota_text} · "
-        f"effective {_or(cpu.get('effective_cpus'))}",
-    )]
+    quota_text = (
+        f"{quota:g} CPUs"
+        if quota is not None
+        else ("none" if "cpu.quota_cpus" in na else "unknown")
+    )
+    affinity = (
+        f"{cpu['affinity']} ({cpu['affinity_list']})"
+        if cpu.get("affinity") is not None
+        else "unknown"
+    )
+    rows = [
+        (
+            "CPU",
+            f"{_or(cpu.get('model'))} · {_or(cpu.get('logical'))} logical, "
+            f"{_or(cpu.get('physical'))} physical · affinity {affinity} · quota {quota_text} · "
+            f"effective {_or(cpu.get('effective_cpus'))}",
+        )
+    ]
 
     cg = m.get("cgroup", {})
     if cg.get("version") is not None:
         text = f"v{cg['version']}" + (" (hybrid)" if cg.get("mode") == "hybrid" else "")
         t = cg.get("throttling")
         if t:
-            text += (f" · throttled in {t['nr_throttled']:,} of {t['nr_periods']:,} periods "
-                     f"({t['share']:.1%}, {t['throttled_s']:,.0f} s)")
+            text += (
+                f" · throttled in {t['nr_throttled']:,} of {t['nr_periods']:,} periods "
+                f"({t['share']:.1%}, {t['throttled_s']:,.0f} s)"
+            )
         if cg.get("quota_path"):
             text += f" · quota set at {cg['quota_path']}"
         rows.append(("cgroup", text))
@@ -62,18 +72,23 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
         rows.append(("cgroup", "none" if "cgroup.version" in na else "unknown"))
 
     mem = m.get("memory", {})
-    rows.append((
-        "Memory",
-        f"{_bytes(m, 'memory.total_bytes')} total, {_bytes(m, 'memory.available_bytes')} "
-        f"available · cgroup limit {_bytes(m, 'memory.limit_bytes')}"
-        + (f" ({format_bytes(mem['usage_bytes'])} used)" if mem.get("usage_bytes") else "")
-        + f" · swap {_bytes(m, 'memory.swap_total_bytes')}",
-    ))
+    rows.append(
+        (
+            "Memory",
+            f"{_bytes(m, 'memory.total_bytes')} total, {_bytes(m, 'memory.available_bytes')} "
+            f"available · cgroup limit {_bytes(m, 'memory.limit_bytes')}"
+            + (f" ({format_bytes(mem['usage_bytes'])} used)" if mem.get("usage_bytes") else "")
+            + f" · swap {_bytes(m, 'memory.swap_total_bytes')}",
+        )
+    )
 
     shm = m.get("shm", {})
     if shm.get("mounted"):
-        free = f" ({format_bytes(shm['free_bytes'])} free)" if shm.get("free_bytes") is not None \
+        free = (
+            f" ({format_bytes(shm['free_bytes'])} free)"
+            if shm.get("free_bytes") is not None
             else ""
+        )
         rows.append(("/dev/shm", f"{shm.get('fstype')}, {_bytes(m, 'shm.size_bytes')}{free}"))
     else:
         rows.append(("/dev/shm", "not mounted"))
@@ -84,15 +99,23 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     memlock = _bytes(m, "limits.memlock_bytes")
     memlock = "unlimited" if memlock == "none" else memlock
     pids = lim.get("pids_max")
-    pids_text = f"{pids:,}" if pids is not None else (
-        "unlimited" if "limits.pids_max" in na else "unknown")
-    rows.append(("Limits", f"open files {nofile} (hard {nofile_hard}) · locked memory {memlock}"
-                           f" · tasks (pids.max) {pids_text}"))
+    pids_text = (
+        f"{pids:,}" if pids is not None else ("unlimited" if "limits.pids_max" in na else "unknown")
+    )
+    rows.append(
+        (
+            "Limits",
+            f"open files {nofile} (hard {nofile_hard}) · locked memory {memlock}"
+            f" · tasks (pids.max) {pids_text}",
+        )
+    )
 
     numa = m.get("numa", {})
     if numa.get("nodes"):
-        nodes = "; ".join(f"node{n['id']}: CPUs {n['cpus'] or '-'}, {format_bytes(n['memory_bytes'])}"
-                          for n in numa.get("node_list", []))
+        nodes = "; ".join(
+            f"node{n['id']}: CPUs {n['cpus'] or '-'}, {format_bytes(n['memory_bytes'])}"
+            for n in numa.get("node_list", [])
+        )
         rows.append(("NUMA", f"{numa['nodes']} node{'s' if numa['nodes'] > 1 else ''}: {nodes}"))
     else:
         rows.append(("NUMA", "unknown (no NUMA topology exposed)"))
@@ -102,11 +125,14 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     if gpus:
         names: dict[str, int] = {}
         for g in gpus:
-            names[g.get("name") or "NVIDIA GPU (name unknown)"] = \
+            names[g.get("name") or "NVIDIA GPU (name unknown)"] = (
                 names.get(g.get("name") or "NVIDIA GPU (name unknown)", 0) + 1
+            )
         text = ", ".join(f"{n} x {name}" for name, n in names.items())
-        text += f" · driver {_or(drv.get('driver_version'))} · CUDA " \
-                f"{_or(drv.get('cuda_driver_version'))}"
+        text += (
+            f" · driver {_or(drv.get('driver_version'))} · CUDA "
+            f"{_or(drv.get('cuda_driver_version'))}"
+        )
         if drv.get("nvml") != "ok":
             text += f" · NVML: {drv.get('nvml')}"
         rows.append(("GPUs", text))
@@ -115,7 +141,8 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
 
     cont = m.get("container", {})
     runtime = cont.get("runtime") or "none (bare metal or VM)"
-    rows.append(("Container", f"{runtime} · Kubernetes: {'yes' if cont.get('kubernetes') else 'no'}"))
+    k8s = "yes" if cont.get("kubernetes") else "no"
+    rows.append(("Container", f"{runtime} · Kubernetes: {k8s}"))
 
     st = m.get("storage", {})
     if st.get("fstype"):
@@ -123,20 +150,36 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
         kind = st.get("kind")
         where = "network" if kind == "network" else ("FUSE" if kind == "fuse" else kind)
         detail = ", ".join(x for x in (where, rot) if x)
-        free = f" · {format_bytes(st['free_bytes'])} free" if st.get("free_bytes") is not None \
-            else ""
-        rows.append(("Storage", f"{st['path']} on {st.get('mount_point')} · {st['fstype']} "
-                                f"({st.get('source')}) · {detail}{free}"))
+        free = (
+            f" · {format_bytes(st['free_bytes'])} free" if st.get("free_bytes") is not None else ""
+        )
+        rows.append(
+            (
+                "Storage",
+                f"{st['path']} on {st.get('mount_point')} · {st['fstype']} "
+                f"({st.get('source')}) · {detail}{free}",
+            )
+        )
     else:
         rows.append(("Storage", f"{st.get('path')}: unknown"))
 
     sw = m.get("software", {})
     torch = sw.get("torch")
-    torch_text = "not installed" if torch is None else (
-        f"{torch} (CUDA {sw['torch_cuda']})" if sw.get("torch_cuda") else f"{torch} (CPU build)")
-    rows.append(("Software", f"Python {sw.get('python')} · torch {torch_text} · transformers "
-                             f"{_or(sw.get('transformers'), missing='-')} · mosaicml-streaming "
-                             f"{_or(sw.get('streaming'), missing='-')}"))
+    torch_text = (
+        "not installed"
+        if torch is None
+        else (
+            f"{torch} (CUDA {sw['torch_cuda']})" if sw.get("torch_cuda") else f"{torch} (CPU build)"
+        )
+    )
+    rows.append(
+        (
+            "Software",
+            f"Python {sw.get('python')} · torch {torch_text} · transformers "
+            f"{_or(sw.get('transformers'), missing='-')} · mosaicml-streaming "
+            f"{_or(sw.get('streaming'), missing='-')}",
+        )
+    )
     return rows
 
 
@@ -155,16 +198,20 @@ def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
     for g in m.get("gpus", []):
         p = g.get("pcie", {})
         util = g.get("utilization_pct")
-        rows.append((
-            str(g.get("index")),
-            g.get("name") or "unknown",
-            g.get("pci_bus_id") or "unknown",
-            format_bytes(g["memory_total_bytes"]) if g.get("memory_total_bytes") else "unknown",
-            _link(p.get("gen_current"), p.get("width_current"), p.get("theoretical_gbps_current")),
-            _link(p.get("gen_max"), p.get("width_max"), p.get("theoretical_gbps_max")),
-            _or(g.get("numa_node"), missing="-"),
-            f"{util}%" if util is not None else "-",
-        ))
+        rows.append(
+            (
+                str(g.get("index")),
+                g.get("name") or "unknown",
+                g.get("pci_bus_id") or "unknown",
+                format_bytes(g["memory_total_bytes"]) if g.get("memory_total_bytes") else "unknown",
+                _link(
+                    p.get("gen_current"), p.get("width_current"), p.get("theoretical_gbps_current")
+                ),
+                _link(p.get("gen_max"), p.get("width_max"), p.get("theoretical_gbps_max")),
+                _or(g.get("numa_node"), missing="-"),
+                f"{util}%" if util is not None else "-",
+            )
+        )
     return rows
 
 

@@ -21,13 +21,19 @@ def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def _metric(m: Metric) -> tuple[str, ...]:
     if m.value is None:
         return (m.name, "n/a", m.unit, m.reason or "")
-    spread = (f"{m.min:.4g} … {m.max:.4g}, σ {m.stdev:.3g}, n={m.n}" if m.values else "")
+    spread = f"{m.min:.4g} … {m.max:.4g}, σ {m.stdev:.3g}, n={m.n}" if m.values else ""
     return (m.name, f"{m.value:.4g}", m.unit, spread)
 
 
 def _finding(i: int, f: Finding) -> tuple[str, ...]:
-    return (str(i), f"{ICON[f.severity]} {f.severity.value}", f"`{f.id}` {f.title}",
-            f.evidence, f.recommendation, f.gain.describe() if f.gain else "not estimated")
+    return (
+        str(i),
+        f"{ICON[f.severity]} {f.severity.value}",
+        f"`{f.id}` {f.title}",
+        f.evidence,
+        f.recommendation,
+        f.gain.describe() if f.gain else "not estimated",
+    )
 
 
 def serialize(report: Report) -> str:
@@ -37,11 +43,13 @@ def serialize(report: Report) -> str:
         out += _table(("", ""), [(f"**{k}**", v) for k, v in machine_rows(report.machine)])
         out.append("")
         if report.machine.get("gpus"):
-            out += ["### GPUs", ""] + _table(GPU_HEADERS, gpu_rows(report.machine)) + [""]
+            out += ["### GPUs", "", *_table(GPU_HEADERS, gpu_rows(report.machine)), ""]
     for stage in report.stages:
         if stage.metrics:
             out += [f"### {stage.stage}", ""]
-            out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in stage.metrics])
+            out += _table(
+                ("metric", "value", "unit", "spread"), [_metric(m) for m in stage.metrics]
+            )
             out.append("")
         for caveat in stage.caveats:
             out.append(f"> ⚠️ {stage.stage}: {caveat}")
@@ -49,8 +57,10 @@ def serialize(report: Report) -> str:
             out.append("")
     out += ["### Checklist", ""]
     if report.checklist:
-        out += _table(("#", "severity", "finding", "evidence", "change", "expected gain"),
-                      [_finding(i, f) for i, f in enumerate(report.checklist, 1)])
+        out += _table(
+            ("#", "severity", "finding", "evidence", "change", "expected gain"),
+            [_finding(i, f) for i, f in enumerate(report.checklist, 1)],
+        )
     else:
         out.append("Nothing to change.")
     passed = [f for f in report.findings if f.severity is Severity.OK]

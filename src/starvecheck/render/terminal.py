@@ -7,8 +7,12 @@ from typing import Any
 from starvecheck.model import Finding, Metric, Report, Severity
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, unknown_rows
 
-STYLE = {Severity.CRITICAL: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan",
-         Severity.OK: "green"}
+STYLE = {
+    Severity.CRITICAL: "bold red",
+    Severity.WARNING: "yellow",
+    Severity.INFO: "cyan",
+    Severity.OK: "green",
+}
 
 
 def render(report: Report, console: Any) -> None:
@@ -51,8 +55,10 @@ def render(report: Report, console: Any) -> None:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
 
     console.print()
-    console.print(Text("Checklist", style="bold underline"),
-                  Text(" (ranked by expected gain, then severity)", style="dim"))
+    console.print(
+        Text("Checklist", style="bold underline"),
+        Text(" (ranked by expected gain, then severity)", style="dim"),
+    )
     if not report.checklist:
         console.print("  nothing to change")
     for i, f in enumerate(report.checklist, 1):
@@ -60,8 +66,9 @@ def render(report: Report, console: Any) -> None:
     passed = [f for f in report.findings if f.severity is Severity.OK]
     if passed:
         console.print()
-        console.print(Text("Passed: ", style="bold green") +
-                      Text("; ".join(f.title for f in passed)))
+        console.print(
+            Text("Passed: ", style="bold green") + Text("; ".join(f.title for f in passed))
+        )
     console.print()
     worst = report.checklist[0].severity if report.checklist else Severity.OK
     console.print(Text(report.verdict, style=f"bold {STYLE[worst]}"))
@@ -88,14 +95,31 @@ def _finding_block(i: int, f: Finding) -> Any:
 def _metrics_table(stage: str, metrics: tuple[Metric, ...]) -> Any:
     from rich.table import Table
 
-    table = Table("metric", "median", "unit", "min … max", "σ", "n", title=stage,
-                  title_justify="left", box=None, header_style="bold", pad_edge=False)
+    table = Table(
+        "metric",
+        "median",
+        "unit",
+        "min … max",
+        "σ",
+        "n",
+        title=stage,
+        title_justify="left",
+        box=None,
+        header_style="bold",
+        pad_edge=False,
+    )
     for m in metrics:
         if m.value is None:
             table.add_row(m.name, "n/a", m.unit, m.reason or "", "", "")
         elif m.values:
-            table.add_row(m.name, f"{m.value:.4g}", m.unit, f"{m.min:.4g} … {m.max:.4g}",
-                          f"{m.stdev:.3g}", str(m.n))
+            table.add_row(
+                m.name,
+                f"{m.value:.4g}",
+                m.unit,
+                f"{m.min:.4g} … {m.max:.4g}",
+                f"{m.stdev:.3g}",
+                str(m.n),
+            )
         else:
             table.add_row(m.name, f"{m.value:.4g}", m.unit, "", "", "")
     return table

@@ -12,14 +12,21 @@ from starvecheck.probe.nvml import NvmlSource
 from starvecheck.sysroot import SysRoot
 
 
-def run(root: SysRoot, *, path: str | None = None, environ: Mapping[str, str] | None = None,
-        nvml: NvmlSource | None = None) -> tuple[Machine, StageResult]:
+def run(
+    root: SysRoot,
+    *,
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    nvml: NvmlSource | None = None,
+) -> tuple[Machine, StageResult]:
     start = time.perf_counter()
     machine = collect(root, path=path, environ=environ, nvml=nvml)
     caveats = []
     if not root.real:
-        caveats.append(f"facts read from the fake sysroot {root.root} "
-                       "(STARVECHECK_SYSROOT), not from this machine")
+        caveats.append(
+            f"facts read from the fake sysroot {root.root} "
+            "(STARVECHECK_SYSROOT), not from this machine"
+        )
     result = StageResult(
         stage="env",
         parameters={"path": machine.storage.path, "sysroot": str(root.root)},
