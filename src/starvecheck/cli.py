@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -227,7 +228,9 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(c.environ.get("STARVECHECK_DEBUG"))
     try:
-        rv = app(args=args, prog_name="starvecheck", standalone_mode=False, obj=c)
+        # click writes help and --version with its own echo to sys.stdout/err.
+        with redirect_stdout(c.stdout), redirect_stderr(c.stderr):
+            rv = app(args=args, prog_name="starvecheck", standalone_mode=False, obj=c)
     except typer.TyperException as e:
         # Typer's (vendored) click errors: bad option, bad choice, missing argument.
         command = getattr(getattr(e, "ctx", None), "command_path", None)
@@ -257,9 +260,9 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
                 "(rerun with --debug for the traceback, and please report it)",
             )
         return 70  # EX_SOFTWARE
-    if rv is None:
-        return ExitStatus.OK
-    return int(rv)
+    if rv == ExitStatus.INTERRUPTED:  # Typer turns KeyboardInterrupt into a silent 130
+        _error(c, "interrupted")
+    return ExitStatus.OK if rv is None else int(rv)
 
 
 def _one_line(text: str) -> str:
