@@ -32,11 +32,20 @@ class Result:
 def run(*args: str, env: dict[str, str] | None = None, width: int = 100) -> Result:
     """Run `starvecheck ARGS` in this process, as a non-terminal with no colour."""
     out, err = io.StringIO(), io.StringIO()
-    environ = {k: v for k, v in os.environ.items() if k not in ("STARVECHECK_SYSROOT",
-                                                                "KUBERNETES_SERVICE_HOST")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("STARVECHECK_SYSROOT", "KUBERNETES_SERVICE_HOST")
+    }
     environ.update(env or {})
-    context = Context(stdout=out, stderr=err, environ=environ, stdout_isatty=False, width=width,
-                      now=lambda: "2026-11-21T00:00:00+00:00")
+    context = Context(
+        stdout=out,
+        stderr=err,
+        environ=environ,
+        stdout_isatty=False,
+        width=width,
+        now=lambda: "2026-11-21T00:00:00+00:00",
+    )
     code = main(list(args), context)
     return Result(int(code), out.getvalue(), err.getvalue())
 
