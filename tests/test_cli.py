@@ -13,12 +13,29 @@ import pytest
 from tests.conftest import run
 
 REQUIRED_KEYS = [
-    "cpu.logical", "cpu.affinity", "cpu.quota_cpus", "cpu.effective_cpus", "cgroup.version",
-    "memory.total_bytes", "memory.limit_bytes", "shm.size_bytes", "limits.memlock_bytes",
-    "limits.nofile", "numa.nodes", "container.runtime", "container.kubernetes", "gpus",
+    "cpu.logical",
+    "cpu.affinity",
+    "cpu.quota_cpus",
+    "cpu.effective_cpus",
+    "cgroup.version",
+    "memory.total_bytes",
+    "memory.limit_bytes",
+    "shm.size_bytes",
+    "limits.memlock_bytes",
+    "limits.nofile",
+    "numa.nodes",
+    "container.runtime",
+    "container.kubernetes",
+    "gpus",
 ]
-GPU_KEYS = ["name", "pcie.gen_current", "pcie.gen_max", "pcie.width_current",
-            "pcie.width_max", "numa_node"]
+GPU_KEYS = [
+    "name",
+    "pcie.gen_current",
+    "pcie.gen_max",
+    "pcie.width_current",
+    "pcie.width_max",
+    "numa_node",
+]
 
 
 def dig(d, dotted):
@@ -47,6 +64,7 @@ def test_env_json_on_this_machine_has_every_key_and_true_values():
     st = os.statvfs("/dev/shm")
     assert dig(m, "shm.size_bytes") == st.f_blocks * st.f_frsize
     import resource
+
     soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
     expected = None if soft == resource.RLIM_INFINITY else soft
     assert dig(m, "limits.memlock_bytes") == expected
@@ -87,13 +105,16 @@ def test_quick_is_accepted():
     assert run("env", "--quick", "--json", "-").exit_code == 0
 
 
-@pytest.mark.parametrize(("fail_on", "findings", "expected"), [
-    ("never", ["critical"], 0),
-    ("critical", ["warning"], 0),
-    ("critical", ["critical"], 1),
-    ("warning", ["warning"], 1),
-    ("warning", ["info", "ok"], 0),
-])
+@pytest.mark.parametrize(
+    ("fail_on", "findings", "expected"),
+    [
+        ("never", ["critical"], 0),
+        ("critical", ["warning"], 0),
+        ("critical", ["critical"], 1),
+        ("warning", ["warning"], 1),
+        ("warning", ["info", "ok"], 0),
+    ],
+)
 def test_fail_on(monkeypatch, fail_on, findings, expected):
     from starvecheck.advice import env as env_advice
     from starvecheck.model import Finding, Severity
@@ -104,16 +125,19 @@ def test_fail_on(monkeypatch, fail_on, findings, expected):
     assert run("env", "--fail-on", fail_on, "--json", "-").exit_code == expected
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["env", "/no/such/dir"], "/no/such/dir: no such file or directory"),
-    (["env", "--fail-on", "sometimes"], "'sometimes' is not one of"),
-    (["env", "--bogus"], "No such option: --bogus"),
-    (["env", "--json"], "requires an argument"),
-    (["env", "--json", "/no/such/dir/r.json"], "directory /no/such/dir does not exist"),
-    (["env", "--json", "-", "--markdown", "-"], "cannot both write to stdout"),
-    (["env", "a", "b"], "unexpected extra argument"),
-    (["frobnicate"], "No such command"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["env", "/no/such/dir"], "/no/such/dir: no such file or directory"),
+        (["env", "--fail-on", "sometimes"], "'sometimes' is not one of"),
+        (["env", "--bogus"], "No such option: --bogus"),
+        (["env", "--json"], "requires an argument"),
+        (["env", "--json", "/no/such/dir/r.json"], "directory /no/such/dir does not exist"),
+        (["env", "--json", "-", "--markdown", "-"], "cannot both write to stdout"),
+        (["env", "a", "b"], "unexpected extra argument"),
+        (["frobnicate"], "No such command"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = run(*args)
     assert r.exit_code == 2
@@ -137,6 +161,7 @@ def test_bad_sysroot_is_usage_error(tmp_path):
 def test_internal_error_is_one_line_without_debug_and_a_traceback_with(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("probe exploded")
+
     monkeypatch.setattr("starvecheck.stages.env.collect", boom)
     r = run("env")
     assert r.exit_code == 70
@@ -148,6 +173,7 @@ def test_internal_error_is_one_line_without_debug_and_a_traceback_with(monkeypat
 def test_ctrl_c_is_exit_130(monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr("starvecheck.stages.env.collect", interrupted)
     r = run("env")
     assert r.exit_code == 130 and r.stderr == "starvecheck: error: interrupted\n"
@@ -164,8 +190,13 @@ def test_help_and_version():
 
 
 def _subprocess(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "starvecheck", *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "starvecheck", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 def test_module_entry_point_and_exit_codes():
@@ -176,9 +207,11 @@ def test_module_entry_point_and_exit_codes():
 
 
 def test_env_imports_no_heavy_library():
-    code = ("import sys\nfrom starvecheck.cli import main\nmain(['env', '--json', '-'])\n"
-            "heavy = [m for m in ('torch', 'transformers', 'streaming', 'matplotlib', 'numpy')"
-            " if m in sys.modules]\nprint(heavy, file=sys.stderr)\n")
+    code = (
+        "import sys\nfrom starvecheck.cli import main\nmain(['env', '--json', '-'])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'streaming', 'matplotlib', 'numpy')"
+        " if m in sys.modules]\nprint(heavy, file=sys.stderr)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr.strip() == "[]"
 

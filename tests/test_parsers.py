@@ -308,3 +308,12 @@ def test_units():
     assert format_bytes(None) == "unknown"
     assert parse_size("16K") == 16384 and parse_size("4MiB") == 4 * 1024**2
     assert parse_size("1.5G") == int(1.5 * 1024**3) and parse_size("ten") is None
+
+
+def test_non_ascii_digits_are_not_numbers():
+    # Found by hypothesis: "²".isdigit() is True but int("²") raises.
+    from starvecheck.probe.cgroup import parse_int
+
+    assert parse_int("²") is None and parse_limit("²") is None
+    assert parse_link_width("²") is None and parse_cpu_max("² 100000") is None
+    assert parse_proc_limits("h\nMax open files  ²  ²  files\n") == {}

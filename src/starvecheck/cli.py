@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
 from collections.abc import Sequence
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path

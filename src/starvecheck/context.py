@@ -49,5 +49,9 @@ class Context:
             color_system="auto" if self.color else None,
             width=self.width or (None if self.stdout_isatty else 100),
             highlight=False,
+            # Facts are data, not markup: "[...]" in a path or ":ab:" in a PCI bus id
+            # (0000:ab:00.0) must print as written.
+            markup=False,
+            emoji=False,
             soft_wrap=False,
         )

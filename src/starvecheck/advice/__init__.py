@@ -36,7 +36,7 @@ def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
         return f"All {checked} checks passed." if checked else "Nothing to check."
     counts = {s: sum(1 for f in checklist if f.severity is s) for s in Severity}
     parts = [
-        f"{counts[s]} {s.value}"
+        _plural(counts[s], s.value)
         for s in (Severity.CRITICAL, Severity.WARNING, Severity.INFO)
         if counts[s]
     ]
@@ -44,3 +44,8 @@ def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
     if first.severity is Severity.INFO:
         return f"{', '.join(parts)}: nothing to fix; see the notes."
     return f"{', '.join(parts)}: start with {first.id} ({first.title})."
+
+
+def _plural(n: int, word: str) -> str:
+    # "critical" and "info" read as uncountable in a verdict; "warning" does not.
+    return f"{n} {word}s" if n > 1 and word == "warning" else f"{n} {word}"

@@ -183,9 +183,10 @@ def check_nofile(m: Machine) -> Finding | None:
     hard = m.limits.nofile_hard
     raise_to = min(65536, hard) if hard is not None else 65536
     can = (
-        f"ulimit -n {raise_to} (the hard limit, {hard:,}, allows it without root)"
+        f"Raise the soft limit where the job starts: ulimit -n {raise_to} (the hard limit, "
+        f"{hard:,}, allows it without root)"
         if hard is not None and hard > soft
-        else f"raise the hard limit first (Docker --ulimit nofile={65536}:{65536})"
+        else "Raise the hard limit first (Docker: --ulimit nofile=65536:65536)"
     )
     return _finding(
         "nofile-low",
@@ -195,7 +196,7 @@ def check_nofile(m: Machine) -> Finding | None:
         "workers pass each tensor to the training process as a file descriptor (the "
         "file_descriptor sharing strategy, the default on Linux); many workers with deep "
         'prefetch queues run out: "received 0 items of ancdata" or "Too many open files".',
-        f"{can[0].upper()}{can[1:]}; or torch.multiprocessing.set_sharing_strategy"
+        f"{can}; or torch.multiprocessing.set_sharing_strategy"
         "('file_system') in the training script.",
     )
 
@@ -343,7 +344,8 @@ def check_pcie_gen(m: Machine) -> Finding | None:
 
 
 def check_torch_build(m: Machine) -> Finding | None:
-    if not m.gpus or m.software.torch is None:
+    # On a fake sysroot the installed torch is this machine's, not the fake one's.
+    if not m.real or not m.gpus or m.software.torch is None:
         return None
     if m.software.torch_cuda is None and "software.torch_cuda" in m.not_applicable:
         return _finding(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
 from starvecheck.probe.mounts import Mount
+from starvecheck.probe.text import is_uint
 from starvecheck.sysroot import SysRoot
 
 # v1 writes "no limit" as the largest page-aligned counter: 0x7FFFFFFFFFFFF000
@@ -33,7 +34,7 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     paths: dict[str, str] = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[2].startswith("/"):
+        if len(parts) != 3 or not is_uint(parts[0]) or not parts[2].startswith("/"):
             continue
         hierarchy, controllers, path = parts
         if hierarchy == "0" and controllers == "":
@@ -52,21 +53,21 @@ def parse_cpu_max(text: str) -> tuple[int | None, int] | None:
         return None
     period = 100_000
     if len(parts) == 2:
-        if not parts[1].isdigit() or int(parts[1]) == 0:
+        if not is_uint(parts[1]) or int(parts[1]) == 0:
             return None
         period = int(parts[1])
     if parts[0] == "max":
         return None, period
-    if not parts[0].isdigit() or int(parts[0]) == 0:
+    if not is_uint(parts[0]) or int(parts[0]) == 0:
         return None
     return int(parts[0]), period
 
 
 def parse_int(text: str) -> int | None:
     text = text.strip()
-    if text.startswith("-") and text[1:].isdigit():
+    if text.startswith("-") and is_uint(text[1:]):
         return -int(text[1:])
-    return int(text) if text.isdigit() else None
+    return int(text) if is_uint(text) else None
 
 
 def parse_flat_keyed(text: str) -> dict[str, int]:
@@ -74,7 +75,7 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
+        if len(parts) == 2 and is_uint(parts[1]):
             out[parts[0]] = int(parts[1])
     return out
 
@@ -262,6 +263,10 @@ def _throttling(root: SysRoot, h: Hierarchy | None, quota_dir: str | None) -> Fa
         return Fact.unknown(text.reason or "no cpu.stat")
     stat = parse_flat_keyed(text.value or "")
     if "nr_periods" not in stat or "nr_throttled" not in stat:
+        if quota_dir is None:
+            # The root cgroup's cpu.stat has usage but no bandwidth lines: with no
+            # quota anywhere there is nothing to throttle.
+            return Fact.absent("no CPU quota, so no throttling is counted")
         return Fact.unknown(f"{directory}/cpu.stat has no nr_periods/nr_throttled")
     if "throttled_usec" in stat:
         seconds = stat["throttled_usec"] / 1e6

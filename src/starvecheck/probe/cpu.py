@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
+from starvecheck.probe.text import is_uint
 from starvecheck.sysroot import SysRoot
 
 # The kernel caps a cpulist at NR_CPUS (8192 at most in distribution kernels);
@@ -85,7 +86,7 @@ def parse_cpuinfo(text: str) -> CpuInfo | None:
             key, sep, value = line.partition(":")
             if sep:
                 fields[key.strip()] = value.strip()
-        if "processor" not in fields or not fields["processor"].isdigit():
+        if "processor" not in fields or not is_uint(fields["processor"]):
             continue
         processors += 1
         model = model or fields.get("model name") or fields.get("Model") or None

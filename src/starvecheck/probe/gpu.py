@@ -25,6 +25,7 @@ from starvecheck.probe.nvml import (
     PynvmlSource,
     normalise_bus_id,
 )
+from starvecheck.probe.text import is_uint
 from starvecheck.sysroot import SysRoot
 
 NVIDIA_VENDOR = "0x10de"
@@ -48,7 +49,7 @@ def parse_link_speed(text: str) -> int | None:
 def parse_link_width(text: str) -> int | None:
     """ "16" -> 16. Width 0 (link down) and 255 (not reported) are unknown."""
     text = text.strip().lstrip("x")
-    if not text.isdigit():
+    if not is_uint(text):
         return None
     width = int(text)
     return width if 0 < width <= 32 else None

@@ -159,6 +159,9 @@ class Software:
 @dataclass(frozen=True)
 class Machine:
     sysroot: str
+    # False when facts come from a fake sysroot; `software` then still describes the
+    # Python environment starvecheck runs in, not the fake machine.
+    real: bool
     hostname: str | None
     kernel: str | None
     cpu: Cpu
@@ -362,6 +365,7 @@ def collect(
     )
     return Machine(
         sysroot=str(root.root),
+        real=root.real,
         hostname=text("/proc/sys/kernel/hostname", "hostname"),
         kernel=text("/proc/sys/kernel/osrelease", "kernel"),
         cpu=cpu,

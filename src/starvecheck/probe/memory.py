@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
+from starvecheck.probe.text import is_uint
 from starvecheck.sysroot import SysRoot
 
 
@@ -62,7 +63,7 @@ def parse_proc_limits(text: str) -> dict[str, tuple[int | str, int | str]]:
         for v in (soft, hard):
             if v == UNLIMITED:
                 values.append(UNLIMITED)
-            elif v.isdigit():
+            elif is_uint(v):
                 values.append(int(v))
             else:
                 break

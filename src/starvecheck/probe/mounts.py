@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
+from starvecheck.probe.text import is_uint
 from starvecheck.sysroot import SysRoot
 
 
@@ -55,10 +56,10 @@ def parse_mountinfo(text: str) -> list[Mount]:
             continue
         majmin = a[2].split(":")
         if (
-            not a[0].isdigit()
-            or not a[1].isdigit()
+            not is_uint(a[0])
+            or not is_uint(a[1])
             or len(majmin) != 2
-            or not all(x.isdigit() for x in majmin)
+            or not all(is_uint(x) for x in majmin)
         ):
             continue
         mounts.append(

@@ -175,7 +175,8 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         (
             "Software",
-            f"Python {sw.get('python')} · torch {torch_text} · transformers "
+            ("" if m.get("real", True) else "this Python, not the fake machine's: ")
+            + f"Python {sw.get('python')} · torch {torch_text} · transformers "
             f"{_or(sw.get('transformers'), missing='-')} · mosaicml-streaming "
             f"{_or(sw.get('streaming'), missing='-')}",
         )
@@ -183,14 +184,23 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-GPU_HEADERS = ("GPU", "name", "bus id", "memory", "PCIe now", "PCIe max", "NUMA", "util")
+GPU_HEADERS = (
+    "GPU",
+    "name",
+    "bus id",
+    "memory",
+    "PCIe now",
+    "PCIe max",
+    "max GB/s",
+    "NUMA",
+    "util",
+)
 
 
-def _link(gen: Any, width: Any, gbps: Any) -> str:
+def _link(gen: Any, width: Any) -> str:
     if gen is None and width is None:
         return "unknown"
-    text = f"gen{_or(gen, missing='?')} x{_or(width, missing='?')}"
-    return f"{text} ({gbps:.1f} GB/s)" if gbps else text
+    return f"gen{_or(gen, missing='?')} x{_or(width, missing='?')}"
 
 
 def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
@@ -204,10 +214,9 @@ def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
                 g.get("name") or "unknown",
                 g.get("pci_bus_id") or "unknown",
                 format_bytes(g["memory_total_bytes"]) if g.get("memory_total_bytes") else "unknown",
-                _link(
-                    p.get("gen_current"), p.get("width_current"), p.get("theoretical_gbps_current")
-                ),
-                _link(p.get("gen_max"), p.get("width_max"), p.get("theoretical_gbps_max")),
+                _link(p.get("gen_current"), p.get("width_current")),
+                _link(p.get("gen_max"), p.get("width_max")),
+                f"{p['theoretical_gbps_max']:.1f}" if p.get("theoretical_gbps_max") else "-",
                 _or(g.get("numa_node"), missing="-"),
                 f"{util}%" if util is not None else "-",
             )

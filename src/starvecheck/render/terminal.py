@@ -29,13 +29,14 @@ def render(report: Report, console: Any) -> None:
     if report.machine:
         facts = Table.grid(padding=(0, 2))
         facts.add_column(style="bold", no_wrap=True)
-        facts.add_column()
+        facts.add_column(overflow="fold")  # fold long cgroup paths rather than cut them
         for label, value in machine_rows(report.machine):
             facts.add_row(label, value)
         console.print(facts)
         rows = gpu_rows(report.machine)
         if rows:
             gpus = Table(*GPU_HEADERS, box=None, header_style="bold", pad_edge=False)
+            gpus.columns[1].no_wrap = True
             for row in rows:
                 gpus.add_row(*row)
             console.print()
@@ -81,7 +82,7 @@ def _finding_block(i: int, f: Finding) -> Any:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, min_width=4)
     grid.add_column(no_wrap=True, min_width=9)
-    grid.add_column()
+    grid.add_column(overflow="fold")
     head = Text(f.title, style="bold") + Text(f"  [{f.id}]", style="dim")
     grid.add_row(f"{i:>2}.", Text(f.severity.value.upper(), style=STYLE[f.severity]), head)
     if f.evidence:
