@@ -60,7 +60,7 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     if cg.get("version") is not None:
         text = f"v{cg['version']}" + (" (hybrid)" if cg.get("mode") == "hybrid" else "")
         t = cg.get("throttling")
-        if t:
+        if t and t["nr_periods"]:  # no periods: no quota has ever applied
             text += (
                 f" · throttled in {t['nr_throttled']:,} of {t['nr_periods']:,} periods "
                 f"({t['share']:.1%}, {t['throttled_s']:,.0f} s)"
