@@ -137,6 +137,7 @@ class PynvmlSource:
         driver = _try(lambda: _text(nv.nvmlSystemGetDriverVersion()), nv, {}, "driver")
         cuda = _try(nv.nvmlSystemGetCudaDriverVersion, nv, {}, "cuda")
         count = _try(nv.nvmlDeviceGetCount, nv, {}, "count")
+        words = max(1, ((self.logical_cpus or 64) + 63) // 64)  # 64 CPUs per unsigned long
         devices = []
         for i in range(count or 0):
             errors: dict[str, str] = {}
@@ -145,64 +146,45 @@ class PynvmlSource:
             except nv.NVMLError as e:
                 devices.append(NvmlGpu(i, errors={"handle": str(e)}))
                 continue
-            words = max(1, ((self.logical_cpus or 64) + 63) // 64)
-            affinity_raw = _try(
-                lambda h=h, n=words: list(nv.nvmlDeviceGetCpuAffinity(h, n)),
-                nv,
-                errors,
-                "cpu_affinity",
+            values = {
+                attr: _try(lambda get=get, h=h: get(nv, h), nv, errors, key)
+                for attr, key, get in _DEVICE_FIELDS
+            }
+            affinity = _try(
+                lambda h=h: list(nv.nvmlDeviceGetCpuAffinity(h, words)), nv, errors, "cpu_affinity"
             )
-            mem = _try(
-                lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).total, nv, errors, "memory_total_bytes"
-            )
-            util_ = _try(
-                lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu, nv, errors, "utilization_pct"
-            )
-            pci = _try(
-                lambda h=h: _text(nv.nvmlDeviceGetPciInfo(h).busId), nv, errors, "pci_bus_id"
-            )
-            devices.append(
-                NvmlGpu(
-                    index=i,
-                    name=_try(lambda h=h: _text(nv.nvmlDeviceGetName(h)), nv, errors, "name"),
-                    uuid=_try(lambda h=h: _text(nv.nvmlDeviceGetUUID(h)), nv, errors, "uuid"),
-                    pci_bus_id=pci,
-                    memory_total_bytes=mem,
-                    pcie_gen_current=_try(
-                        lambda h=h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
-                        nv,
-                        errors,
-                        "pcie.gen_current",
-                    ),
-                    pcie_gen_max=_try(
-                        lambda h=h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h),
-                        nv,
-                        errors,
-                        "pcie.gen_max",
-                    ),
-                    pcie_width_current=_try(
-                        lambda h=h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
-                        nv,
-                        errors,
-                        "pcie.width_current",
-                    ),
-                    pcie_width_max=_try(
-                        lambda h=h: nv.nvmlDeviceGetMaxPcieLinkWidth(h),
-                        nv,
-                        errors,
-                        "pcie.width_max",
-                    ),
-                    utilization_gpu_pct=util_,
-                    cpu_affinity=affinity_words_to_cpulist([int(w) for w in affinity_raw])
-                    if affinity_raw
-                    else None,
-                    numa_node=_try(
-                        lambda h=h: nv.nvmlDeviceGetNumaNodeId(h), nv, errors, "numa_node"
-                    ),
-                    errors=errors,
-                )
-            )
+            if affinity:
+                values["cpu_affinity"] = affinity_words_to_cpulist([int(w) for w in affinity])
+            devices.append(NvmlGpu(index=i, errors=errors, **values))
         return NvmlSnapshot(driver, cuda, tuple(devices))
+
+
+# NvmlGpu field, its path in the machine record (for the reason it is missing), getter.
+_DEVICE_FIELDS: tuple[tuple[str, str, Callable[[Any, Any], Any]], ...] = (
+    ("name", "name", lambda nv, h: _text(nv.nvmlDeviceGetName(h))),
+    ("uuid", "uuid", lambda nv, h: _text(nv.nvmlDeviceGetUUID(h))),
+    ("pci_bus_id", "pci_bus_id", lambda nv, h: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
+    ("memory_total_bytes", "memory_total_bytes", lambda nv, h: nv.nvmlDeviceGetMemoryInfo(h).total),
+    (
+        "pcie_gen_current",
+        "pcie.gen_current",
+        lambda nv, h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h),
+    ),
+    # Max of what the GPU and the slot support together (not the GPU alone).
+    ("pcie_gen_max", "pcie.gen_max", lambda nv, h: nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+    (
+        "pcie_width_current",
+        "pcie.width_current",
+        lambda nv, h: nv.nvmlDeviceGetCurrPcieLinkWidth(h),
+    ),
+    ("pcie_width_max", "pcie.width_max", lambda nv, h: nv.nvmlDeviceGetMaxPcieLinkWidth(h)),
+    (
+        "utilization_gpu_pct",
+        "utilization_pct",
+        lambda nv, h: nv.nvmlDeviceGetUtilizationRates(h).gpu,
+    ),
+    ("numa_node", "numa_node", lambda nv, h: nv.nvmlDeviceGetNumaNodeId(h)),
+)
 
 
 def _text(value: str | bytes) -> str:
