@@ -38,14 +38,6 @@ class Fact(Generic[T]):
     def known(self) -> bool:
         return self.value is not None
 
-    def or_else(self, other: Fact[T]) -> Fact[T]:
-        """This fact if known, else `other`; the reasons of both kept when both fail."""
-        if self.known or other.known:
-            return self if self.known else other
-        if other.not_applicable:
-            return other
-        return Fact(None, f"{self.reason}; {other.reason}", other.not_applicable)
-
 
 class Ledger:
     """Collects the reasons behind every null in a machine record, by dotted key."""

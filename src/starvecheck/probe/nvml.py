@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from starvecheck.probe.cpu import format_cpulist, parse_cpulist
+from starvecheck.probe.cpu import format_cpulist
 
 FAKE_FILE = "starvecheck-fake-nvml.json"
 T = TypeVar("T")
@@ -60,14 +60,6 @@ def snapshot_from_dict(d: Mapping[str, Any]) -> NvmlSnapshot:
         NvmlGpu(**{k: v for k, v in dev.items() if k in known}) for dev in d.get("devices", ())
     )
     return NvmlSnapshot(d.get("driver_version"), d.get("cuda_driver_version"), devices)
-
-
-def snapshot_to_dict(s: NvmlSnapshot) -> dict[str, Any]:
-    return {
-        "driver_version": s.driver_version,
-        "cuda_driver_version": s.cuda_driver_version,
-        "devices": [asdict(d) for d in s.devices],
-    }
 
 
 class FakeNvmlSource:
@@ -199,7 +191,3 @@ def _try(fn: Callable[[], T], nv: Any, errors: dict[str, str], key: str) -> T | 
     except (AttributeError, TypeError, ValueError) as e:  # an older pynvml lacks the call
         errors[key] = f"NVML call unavailable: {e}"
     return None
-
-
-def cpus_of(cpulist: str | None) -> frozenset[int] | None:
-    return parse_cpulist(cpulist) if cpulist else None
