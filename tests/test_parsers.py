@@ -317,3 +317,20 @@ def test_non_ascii_digits_are_not_numbers():
     assert parse_int("²") is None and parse_limit("²") is None
     assert parse_link_width("²") is None and parse_cpu_max("² 100000") is None
     assert parse_proc_limits("h\nMax open files  ²  ²  files\n") == {}
+
+
+def test_installed_versions_from_dist_info_names(tmp_path):
+    from starvecheck.probe.software import installed_versions, package_version
+
+    for name in (
+        "torch-2.13.0+cpu.dist-info",
+        "mosaicml_streaming-0.13.0.dist-info",
+        "not_a_dist",
+        "broken.dist-info",
+    ):
+        (tmp_path / name).mkdir()
+    found = installed_versions([str(tmp_path), str(tmp_path / "missing")])
+    assert found == {"torch": "2.13.0+cpu", "mosaicml_streaming": "0.13.0"}
+    assert package_version("mosaicml-streaming", found).value == "0.13.0"
+    missing = package_version("surely-not-installed-starvecheck-test", found)
+    assert missing.value is None and missing.not_applicable
