@@ -114,7 +114,7 @@ class Outputs:
             target = Path(value)
             if target.is_dir():
                 raise UsageError(f"{option} {value}: is a directory")
-            parent = target.parent if str(target.parent) else Path(".")
+            parent = target.parent  # Path("r.json").parent is Path(".")
             if not parent.is_dir():
                 raise UsageError(f"{option} {value}: directory {parent} does not exist")
             if not os.access(parent, os.W_OK) or (

@@ -271,16 +271,17 @@ def check_numa(m: Machine) -> Finding | None:
             "Drive each GPU from its own node: torchrun --numa-binding=node ... (PyTorch 2.9+; "
             f"PyTorch reports 1-10% typical gains), or {binds}.",
         )
-    if len(my_nodes) > 1 and len({g.numa_node for g in placed}) > 1:
+    gpu_nodes = sorted({g.numa_node for g in placed if g.numa_node is not None})
+    if len(my_nodes) > 1 and len(gpu_nodes) > 1:
         return _finding(
             "numa-unbound",
             Severity.INFO,
             f"this process may run on all {len(my_nodes)} NUMA nodes; its GPUs sit on "
-            f"{len({g.numa_node for g in placed})}",
+            f"{len(gpu_nodes)}",
             f"affinity {m.cpu.affinity_list}; GPUs by node: "
             + "; ".join(
                 f"node {n}: GPU {_gpu_list([g for g in placed if g.numa_node == n])}"
-                for n in sorted({g.numa_node for g in placed if g.numa_node is not None})
+                for n in gpu_nodes
             )
             + ". Unbound, a rank and its DataLoader workers may run on the other socket.",
             "Bind each rank to its GPU's node: torchrun --numa-binding=node ... (PyTorch 2.9+).",

@@ -88,7 +88,7 @@ def scan_sysfs(root: SysRoot) -> list[PciGpu]:
         ):
             continue
         numa = read("numa_node")
-        numa_node = int(numa) if re.fullmatch(r"\d+", numa) else None  # -1: no NUMA info
+        numa_node = int(numa) if is_uint(numa) else None  # -1: no NUMA info
         gpus.append(
             PciGpu(
                 bus_id=normalise_bus_id(bdf) or bdf,

@@ -26,10 +26,11 @@ def _or(value: Any, text: str | None = None, missing: str = "unknown") -> str:
     return missing if value is None else (text if text is not None else str(value))
 
 
-def _bytes(m: Mapping[str, Any], key: str, none: str = "unknown") -> str:
+def _bytes(m: Mapping[str, Any], key: str, absent: str = "none") -> str:
+    """A size, or `absent` when it does not apply here (no limit), or "unknown"."""
     value = _get(m, key)
     if value is None:
-        return none if key not in m.get("not_applicable", {}) else "none"
+        return absent if key in m.get("not_applicable", {}) else "unknown"
     return format_bytes(value)
 
 
@@ -96,8 +97,7 @@ def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     lim = m.get("limits", {})
     nofile = f"{lim['nofile']:,}" if lim.get("nofile") is not None else "unknown"
     nofile_hard = f"{lim['nofile_hard']:,}" if lim.get("nofile_hard") is not None else "unknown"
-    memlock = _bytes(m, "limits.memlock_bytes")
-    memlock = "unlimited" if memlock == "none" else memlock
+    memlock = _bytes(m, "limits.memlock_bytes", absent="unlimited")
     pids = lim.get("pids_max")
     pids_text = (
         f"{pids:,}" if pids is not None else ("unlimited" if "limits.pids_max" in na else "unknown")
