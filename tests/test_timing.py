@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from starvecheck.timing import mad, outliers, repeat, stability_warnings
+from starvecheck.timing import mad, outliers, percentile, repeat, stability_warnings
 
 
 def test_repeat_separates_warmups_with_a_fake_clock():
@@ -25,6 +25,22 @@ def test_mad_and_outliers():
     assert mad(values) == pytest.approx(0.1)
     assert outliers(values) == [4]
     assert outliers([1.0, 1.0, 1.0]) == []
+    # Too few values to call one an outlier: two equal values and a third would be.
+    assert outliers([1.0, 1.0, 2.0]) == []
+    assert outliers([1.0, 1.0, 1.0, 1.0, 2.0]) == [4]
+
+
+def test_percentile_interpolates_between_ranks():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 4.0
+    assert percentile(values, 50) == pytest.approx(2.5)
+    assert percentile(values, 90) == pytest.approx(3.7)  # numpy.percentile(..., 90)
+    assert percentile([7.0], 99) == 7.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile(values, 101)
 
 
 def test_stability_warnings():

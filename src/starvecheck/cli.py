@@ -8,10 +8,11 @@ with --debug (or STARVECHECK_DEBUG=1).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
-from collections.abc import Sequence
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -23,8 +24,10 @@ from starvecheck import __version__
 from starvecheck.advice import rank, verdict
 from starvecheck.context import Context
 from starvecheck.model import Report, Severity, StageResult, at_or_above
+from starvecheck.scratch import Terminated
 from starvecheck.status import ExitStatus, StarvecheckError, UsageError
 from starvecheck.sysroot import ENV_VAR, SysRoot
+from starvecheck.units import parse_size
 
 app = typer.Typer(
     name="starvecheck",
@@ -222,6 +225,214 @@ def env(
     return _emit(_build_report("env", machine.to_dict(), [result], c), out, c)
 
 
+# `io` sizes: (samples, runs) by default and with --quick; --existing reads real
+# files, fewer by default (each may be large, and the storage may be remote).
+IO_DEFAULTS = {"generated": (10_000, 5), "existing": (1_000, 5)}
+IO_QUICK = {"generated": (2_000, 3), "existing": (200, 3)}
+MAX_SAMPLE_SIZE = 1 << 30
+
+
+@app.command()
+def io(
+    ctx: typer.Context,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Directory on the storage to test (default: the working directory). "
+            "starvecheck writes its data in a new directory there and removes it; with "
+            "--existing, the dataset (directory or file) to sample, read-only.",
+            show_default=False,
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples",
+            min=1,
+            max=10_000_000,
+            help="Samples to write and read [default: 10000; 2000 with --quick]. With "
+            "--existing: files (or byte ranges) to read [default: 1000; 200 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    sample_size: Annotated[
+        str,
+        typer.Option(
+            "--sample-size",
+            metavar="SIZE",
+            help="Bytes per sample: 16K, 4MiB, 1.5M (binary multiples). With --existing: "
+            "the byte ranges read from files over 8 MiB.",
+        ),
+    ] = "16K",
+    runs: Annotated[
+        int | None,
+        typer.Option(
+            "--runs",
+            min=1,
+            max=1000,
+            help="Measured runs per pattern, after a warm-up [default: 5; 3 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    threads: Annotated[
+        str | None,
+        typer.Option(
+            "--threads",
+            metavar="N[,N...]",
+            help="Concurrent readers, e.g. 1,4,16 [default: 1 and the effective CPU count].",
+            show_default=False,
+        ),
+    ] = None,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold/--no-cold",
+            help="Also measure with the page cache emptied (posix_fadvise, checked with mincore).",
+        ),
+    ] = True,
+    drop_caches: Annotated[
+        bool,
+        typer.Option(
+            "--drop-caches",
+            help="Before each cold run, also drop the whole machine's page cache, inodes "
+            "and dentries (root only; affects every process).",
+        ),
+    ] = False,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave the generated data in place for inspection.")
+    ] = False,
+    existing: Annotated[
+        bool,
+        typer.Option(
+            "--existing",
+            help="Read a sample of the real files under PATH instead of generating data. "
+            "Never writes, renames or deletes anything there.",
+        ),
+    ] = False,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Storage read throughput for training data: small files vs shards, cold and warm.
+
+    Writes the same samples as one file per sample and as one shard, then reads them
+    as a shuffling loader does (small_files.random, shard.random) and as a stream
+    (shard.sequential), with the page cache emptied (cold, verified with mincore)
+    and full (warm), by 1 to N concurrent readers. Says which layout, how many
+    readers, and what the storage itself costs.
+    """
+    from starvecheck import cache
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import io as io_stage
+
+    c = _context(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    mode = "existing" if existing else "generated"
+    size = parse_size(sample_size)
+    if size is None or size < 1:
+        raise UsageError(f"--sample-size {sample_size!r}: expected a size such as 16K or 4MiB")
+    if size > MAX_SAMPLE_SIZE:
+        raise UsageError(f"--sample-size {sample_size}: at most 1GiB")
+    if keep and existing:
+        raise UsageError("--keep: nothing is written with --existing, so there is nothing to keep")
+    if drop_caches and not cold:
+        raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
+    if drop_caches and (problem := cache.drop_caches_problem()):
+        raise UsageError(f"--drop-caches: {problem}")
+    target = _io_path(path, existing)
+    # io measures this machine, never a fake sysroot: facts and figures must match.
+    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
+    default_samples, default_runs = (IO_QUICK if quick else IO_DEFAULTS)[mode]
+    n_samples = samples or default_samples
+    if not existing and (problem := io_stage.space_problem(target, n_samples, size)):
+        raise UsageError(problem)
+    plan = io_stage.Plan(
+        samples=n_samples,
+        sample_size=size,
+        runs=runs or default_runs,
+        threads=_threads(threads, machine.cpu.effective_cpus),
+        cold=cold,
+        drop_caches=drop_caches,
+        keep=keep,
+    )
+    with _progress(c, out) as progress:
+        result = io_stage.run(
+            target,
+            plan,
+            existing=existing,
+            storage=machine.to_dict()["storage"],
+            progress=progress,
+            warn=lambda msg: _warning(c, msg),
+        )
+    return _emit(_build_report("io", machine.to_dict(), [result], c), out, c)
+
+
+def _io_path(path: str | None, existing: bool) -> str:
+    """PATH as an absolute, checked directory (or file, with --existing)."""
+    shown = path if path is not None else "."
+    target = os.path.realpath(path if path is not None else os.getcwd())
+    if not os.path.exists(target):
+        raise UsageError(f"{shown}: no such file or directory")
+    if existing:
+        if not (os.path.isdir(target) or os.path.isfile(target)):
+            raise UsageError(f"{shown}: not a directory or regular file")
+        if not os.access(target, os.R_OK | (os.X_OK if os.path.isdir(target) else 0)):
+            raise UsageError(f"{shown}: not readable")
+        return target
+    if not os.path.isdir(target):
+        raise UsageError(
+            f"{shown}: not a directory (io writes its test data in a new "
+            "directory there; to read an existing file use --existing)"
+        )
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{shown}: not writable (io writes its test data in a new directory "
+            "there; use --existing to read files without writing)"
+        )
+    return target
+
+
+def _threads(text: str | None, effective: int | None) -> tuple[int, ...]:
+    if text is None:
+        return tuple(sorted({1, max(1, effective or 1)}))
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 or v > 1024 for v in values):
+        raise UsageError(f"--threads {text!r}: expected counts from 1 to 1024, e.g. 1,4,16")
+    return tuple(sorted(set(values)))
+
+
+@contextmanager
+def _progress(c: Context, out: Outputs) -> Iterator[Callable[[str, int, int], None]]:
+    """A transient progress bar on stderr, when a person is watching (DESIGN.md)."""
+    isatty = getattr(c.stderr, "isatty", lambda: False)()
+    if not (isatty and out.terminal):
+        yield lambda what, done, total: None
+        return
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+    console = c.console(c.stderr)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            phase = "writing" if what.startswith("writing") else "measuring"
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(what, total=total)
+            bar.update(tasks[phase], completed=done, total=total, description=what)
+
+        yield update
+
+
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
     """Run the CLI; return the exit status instead of exiting (tests call this)."""
     c = context or Context()
@@ -240,6 +451,9 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     except (typer.Abort, KeyboardInterrupt):
         _error(c, "interrupted")
         return ExitStatus.INTERRUPTED
+    except Terminated as e:
+        _error(c, f"terminated by {signal.Signals(e.signum).name}")
+        return ExitStatus.TERMINATED
     except StarvecheckError as e:
         if debug:
             traceback.print_exc(file=c.stderr)
@@ -267,6 +481,11 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _warning(c: Context, message: str) -> None:
+    c.stderr.write(f"starvecheck: warning: {message}\n")
+    c.stderr.flush()
 
 
 def _error(c: Context, message: str) -> None:

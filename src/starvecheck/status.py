@@ -15,6 +15,7 @@ class ExitStatus(IntEnum):
     USAGE = 2  # bad usage or input
     UNAVAILABLE = 3  # the stage cannot run here (no CUDA device, ...)
     INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+    TERMINATED = 143  # SIGTERM (or SIGHUP), as shells report 128 + 15
 
 
 class StarvecheckError(Exception):

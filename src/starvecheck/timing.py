@@ -15,6 +15,9 @@ from dataclasses import dataclass
 # which one slow run (a page-cache miss, a neighbour's burst) moves less.
 UNSTABLE_SPREAD = 0.10
 MIN_RUNS = 3
+# Below this many values, MAD-based outlier tests flag any value that differs from
+# two equal ones; the spread warning covers small sets instead.
+MIN_OUTLIER_VALUES = 5
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def mad(values: Sequence[float]) -> float:
 
 def outliers(values: Sequence[float], threshold: float = 3.5) -> list[int]:
     """Indices of values whose modified z-score (Iglewicz and Hoaglin) exceeds `threshold`."""
-    if len(values) < 3:
+    if len(values) < MIN_OUTLIER_VALUES:
         return []
     med = statistics.median(values)
     spread = mad(values)
@@ -76,10 +79,23 @@ def stability_warnings(values: Sequence[float], what: str = "runs") -> list[str]
         spread = statistics.stdev(values) / med
         if spread >= UNSTABLE_SPREAD:
             warnings.append(
-                f"{what} vary by {spread:.0%} of the median (stdev/median): the machine is "
-                "noisy or the cache state changed between runs; close other work and add runs"
+                f"{what} vary by {spread:.0%} of the median (stdev/median): a noisy machine "
+                "or a changing cache; close other work and add runs"
             )
     bad = outliers(values)
     if bad:
         warnings.append(f"{len(bad)} of {n} {what} are outliers (modified z-score > 3.5)")
     return warnings
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The p-th percentile (0..100) of already sorted values, interpolating linearly
+    between the two nearest ranks (numpy's default, 'linear')."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0 <= p <= 100:
+        raise ValueError("p must be within 0..100")
+    pos = (len(sorted_values) - 1) * p / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)

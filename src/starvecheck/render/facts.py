@@ -34,7 +34,26 @@ def _bytes(m: Mapping[str, Any], key: str, absent: str = "none") -> str:
     return format_bytes(value)
 
 
-def machine_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
+# The facts each command's report shows (all of them go to JSON); commands not
+# listed show every row.
+_SHOWN = {
+    "io": ("CPU", "Memory", "Container", "Storage"),
+}
+# Unknown facts worth listing, by key prefix, for commands that show only some rows.
+_UNKNOWN_SHOWN = {"io": ("cpu.", "memory.", "storage.")}
+
+
+def shows_gpus(command: str) -> bool:
+    return command not in _SHOWN
+
+
+def machine_rows(m: Mapping[str, Any], command: str | None = None) -> list[tuple[str, str]]:
+    rows = _all_rows(m)
+    shown = _SHOWN.get(command or "")
+    return [r for r in rows if r[0] in shown] if shown else rows
+
+
+def _all_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
     na = m.get("not_applicable", {})
     cpu = m.get("cpu", {})
     quota = cpu.get("quota_cpus")
@@ -224,5 +243,10 @@ def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def unknown_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:
-    return sorted(m.get("unknown", {}).items())
+def unknown_rows(m: Mapping[str, Any], command: str | None = None) -> list[tuple[str, str]]:
+    prefixes = _UNKNOWN_SHOWN.get(command or "")
+    return sorted(
+        (k, v)
+        for k, v in m.get("unknown", {}).items()
+        if prefixes is None or k.startswith(prefixes)
+    )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows
+from starvecheck.render import throughput
+from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
 
@@ -40,16 +41,20 @@ def serialize(report: Report) -> str:
     out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
     if report.machine:
         out += ["### Machine", ""]
-        out += _table(("", ""), [(f"**{k}**", v) for k, v in machine_rows(report.machine)])
+        rows = machine_rows(report.machine, report.command)
+        out += _table(("", ""), [(f"**{k}**", v) for k, v in rows])
         out.append("")
-        if report.machine.get("gpus"):
+        if report.machine.get("gpus") and shows_gpus(report.command):
             out += ["### GPUs", "", *_table(GPU_HEADERS, gpu_rows(report.machine)), ""]
     for stage in report.stages:
+        rates, rest = throughput.split(stage.metrics)
         if stage.metrics:
             out += [f"### {stage.stage}", ""]
-            out += _table(
-                ("metric", "value", "unit", "spread"), [_metric(m) for m in stage.metrics]
-            )
+        if rates:
+            out += _table(throughput.HEADERS, [r.cells() for r in rates])
+            out.append("")
+        if rest:
+            out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")
         for caveat in stage.caveats:
             out.append(f"> ⚠️ {stage.stage}: {caveat}")

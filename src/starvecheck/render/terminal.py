@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, unknown_rows
+from starvecheck.render import throughput
+from starvecheck.render.facts import (
+    GPU_HEADERS,
+    gpu_rows,
+    machine_rows,
+    shows_gpus,
+    unknown_rows,
+)
 
 STYLE = {
     Severity.CRITICAL: "bold red",
@@ -30,10 +37,10 @@ def render(report: Report, console: Any) -> None:
         facts = Table.grid(padding=(0, 2))
         facts.add_column(style="bold", no_wrap=True)
         facts.add_column(overflow="fold")  # fold long cgroup paths rather than cut them
-        for label, value in machine_rows(report.machine):
+        for label, value in machine_rows(report.machine, report.command):
             facts.add_row(label, value)
         console.print(facts)
-        rows = gpu_rows(report.machine)
+        rows = gpu_rows(report.machine) if shows_gpus(report.command) else []
         if rows:
             gpus = Table(*GPU_HEADERS, box=None, header_style="bold", pad_edge=False)
             gpus.columns[1].no_wrap = True
@@ -41,7 +48,7 @@ def render(report: Report, console: Any) -> None:
                 gpus.add_row(*row)
             console.print()
             console.print(gpus)
-        unknown = unknown_rows(report.machine)
+        unknown = unknown_rows(report.machine, report.command)
         if unknown:
             console.print()
             console.print(Text("Unknown (could not be read):", style="bold"))
@@ -49,9 +56,13 @@ def render(report: Report, console: Any) -> None:
                 console.print(Text(f"  {key}: {reason}", style="dim"))
 
     for stage in report.stages:
-        if stage.metrics:
+        rates, rest = throughput.split(stage.metrics)
+        if rates:
             console.print()
-            console.print(_metrics_table(stage.stage, stage.metrics))
+            console.print(_rates_table(stage.stage, rates))
+        if rest:
+            console.print()
+            console.print(_metrics_table(stage.stage if not rates else "", tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
 
@@ -93,17 +104,35 @@ def _finding_block(i: int, f: Finding) -> Any:
     return grid
 
 
+def _rates_table(stage: str, rows: list[throughput.Row]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        *throughput.HEADERS,
+        title=stage,
+        title_justify="left",
+        box=None,
+        header_style="bold",
+        pad_edge=False,
+    )
+    for col in table.columns[3:]:
+        col.justify = "right"
+    for row in rows:
+        table.add_row(*row.cells(), style="dim" if row.rate.value is None else None)
+    return table
+
+
 def _metrics_table(stage: str, metrics: tuple[Metric, ...]) -> Any:
     from rich.table import Table
 
     table = Table(
         "metric",
-        "median",
+        "value",
         "unit",
         "min … max",
         "σ",
         "n",
-        title=stage,
+        title=stage or None,
         title_justify="left",
         box=None,
         header_style="bold",

@@ -1,0 +1,294 @@
+"""Judging `io` results: small-files penalty, cold-cache gap, reader concurrency,
+and the storage under the data (network, rotational).
+
+Every check reads the metrics by their JSON names, so it works the same on a fresh
+run and on a stored report. Ratios compare figures measured in the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+
+# A layout change worth making: the sharded read is this much faster.
+SMALL_FILES_WARNING = 1.5
+SMALL_FILES_CRITICAL = 4.0
+# Warm over cold: above this, a benchmark on a warm cache misleads.
+COLD_GAP_NOTE = 1.5
+# N readers over one: above this, concurrency hides the storage's latency.
+READERS_NOTE = 1.5
+# A cold small read slower than this at the median looks like a seek.
+SEEK_MS = 2.0
+
+SHARDING = (
+    "Pack samples into shards of 64-256 MB and read them sequentially with a shuffle "
+    "buffer: MosaicML Streaming (`MDSWriter(out=..., columns=...)`, then "
+    "`StreamingDataset(local=..., shuffle=True)`) or WebDataset tar shards "
+    "(`wds.WebDataset(urls).shuffle(1000)`)."
+)
+
+
+def _value(metrics: Mapping[str, Metric], name: str) -> float | None:
+    m = metrics.get(name)
+    return m.value if m is not None and m.value else None
+
+
+def _best(metrics: Mapping[str, Metric], base: str) -> tuple[str, float] | None:
+    """The cold figure of `base`, else the warm one (said in the evidence)."""
+    for temp in ("cold", "warm"):
+        v = _value(metrics, f"{base}.{temp}")
+        if v is not None:
+            return temp, v
+    return None
+
+
+def advise(
+    metrics: Sequence[Metric],
+    parameters: Mapping[str, Any],
+    storage: Mapping[str, Any],
+) -> tuple[Finding, ...]:
+    by_name = {m.name: m for m in metrics}
+    threads = sorted(parameters.get("threads", [1]))
+    checks = (
+        _small_files_generated(by_name)
+        if not parameters.get("existing")
+        else _small_files_existing(by_name, parameters),
+        _cold_gap(by_name),
+        _readers(by_name, threads, "files" if parameters.get("existing") else "small_files"),
+        _network(by_name, storage, parameters),
+        _rotational(by_name, storage, parameters),
+    )
+    return tuple(f for f in checks if f is not None)
+
+
+def _small_files_generated(m: Mapping[str, Metric]) -> Finding | None:
+    small = _best(m, "small_files.random")
+    seq = _best(m, "shard.sequential")
+    rand = _best(m, "shard.random")
+    if small is None or seq is None:
+        return None
+    temp, small_v = small
+    if seq[0] != temp:
+        return None  # one cold, one warm: not comparable
+    ratio = seq[1] / small_v
+    rand_text = ""
+    if rand is not None and rand[0] == temp:
+        rand_text = (
+            f"; the shard read at shuffled offsets {rand[1]:,.0f} MB/s ({rand[1] / small_v:.1f}x)"
+        )
+    warm_note = "" if temp == "cold" else " (warm cache: cold storage widens the gap)"
+    evidence = (
+        f"{temp}, 1 reader: one file per sample in shuffled order {small_v:,.0f} MB/s; "
+        f"the same samples as one shard read sequentially {seq[1]:,.0f} MB/s "
+        f"({ratio:.1f}x){rand_text}{warm_note}"
+    )
+    if ratio < SMALL_FILES_WARNING:
+        return Finding(
+            "io.small-files",
+            Severity.OK,
+            f"Small files cost little on this storage ({ratio:.1f}x)",
+            evidence,
+            stage="io",
+        )
+    return Finding(
+        "io.small-files",
+        Severity.CRITICAL if ratio >= SMALL_FILES_CRITICAL else Severity.WARNING,
+        f"One file per sample reads {ratio:.1f}x slower than a shard",
+        evidence,
+        SHARDING
+        + (
+            " Reading one big file at random offsets is not the fix: shuffle shard order "
+            "and within a buffer instead."
+            if rand is not None and rand[0] == temp and seq[1] / rand[1] >= SMALL_FILES_WARNING
+            else ""
+        ),
+        Gain(
+            GainKind.THROUGHPUT,
+            round(ratio, 2),
+            f"sequential shard vs shuffled small files, {temp}, 1 reader, measured here",
+        ),
+        stage="io",
+    )
+
+
+def _small_files_existing(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
+    median = params.get("median_file_bytes")
+    files = _best(m, "files.random")
+    if median is None or files is None:
+        return None
+    temp, v = files
+    per_s = _value(m, f"files.random.{temp}.samples_per_s")
+    p50 = _value(m, f"files.random.{temp}.p50_ms")
+    evidence = (
+        f"{params.get('small_files_seen', 0):,} files of at most 8 MiB, median "
+        f"{median / 1024:,.0f} KiB; {temp}, 1 reader: {v:,.1f} MB/s"
+        + (f", {per_s:,.0f} files/s" if per_s else "")
+        + (f", {p50:.2f} ms p50 per file" if p50 else "")
+    )
+    if median >= 1 << 20:
+        return Finding(
+            "io.small-files",
+            Severity.OK,
+            "Files are large enough that per-file cost is small",
+            evidence,
+            stage="io",
+        )
+    return Finding(
+        "io.small-files",
+        Severity.WARNING,
+        f"Dataset is one small file per sample (median {median / 1024:,.0f} KiB)",
+        evidence,
+        SHARDING,
+        Gain(
+            GainKind.THROUGHPUT,
+            None,
+            "run `starvecheck io` (without --existing) on this mount to measure the sharded layout",
+        ),
+        stage="io",
+    )
+
+
+def _cold_gap(m: Mapping[str, Metric]) -> Finding | None:
+    gaps = []
+    for base in (
+        "small_files.random",
+        "shard.random",
+        "shard.sequential",
+        "files.random",
+        "ranges.random",
+    ):
+        cold, warm = _value(m, f"{base}.cold"), _value(m, f"{base}.warm")
+        if cold and warm:
+            gaps.append((warm / cold, base, cold, warm))
+    if not gaps:
+        return None
+    ratio, base, cold, warm = max(gaps)
+    evidence = f"{base}, 1 reader: cold {cold:,.0f} MB/s, warm {warm:,.0f} MB/s ({ratio:.1f}x)"
+    if ratio < COLD_GAP_NOTE:
+        return Finding(
+            "io.cold-cache-gap",
+            Severity.OK,
+            f"Cold and warm reads are close ({ratio:.1f}x)",
+            evidence,
+            stage="io",
+        )
+    return Finding(
+        "io.cold-cache-gap",
+        Severity.INFO,
+        f"A warm page cache makes this storage look {ratio:.1f}x faster than it is",
+        evidence + "; benchmarks run twice on the same files measure the cache, not the disk",
+        "Judge loaders on cold data (`starvecheck io --cold`). If the dataset fits in free "
+        "memory, warm it before the first epoch (`vmtouch -t DIR`, or `cat` the files to "
+        "/dev/null); otherwise every epoch reads at the cold figure.",
+        Gain(
+            GainKind.THROUGHPUT,
+            None,
+            f"up to {ratio:.1f}x for epochs that would read cold; depends on dataset size "
+            "vs page cache",
+        ),
+        stage="io",
+    )
+
+
+def _readers(m: Mapping[str, Metric], threads: list[int], layout: str) -> Finding | None:
+    if len(threads) < 2 or threads[-1] < 2:
+        return None
+    n = threads[-1]
+    for temp in ("cold", "warm"):
+        one = _value(m, f"{layout}.random.{temp}")
+        many = _value(m, f"{layout}.random.{temp}.t{n}")
+        if one and many:
+            break
+    else:
+        return None
+    scale = many / one
+    p50 = _value(m, f"{layout}.random.{temp}.p50_ms")
+    evidence = (
+        f"{layout}.random, {temp}: 1 reader {one:,.0f} MB/s, {n} readers {many:,.0f} MB/s "
+        f"({scale:.1f}x)" + (f"; {p50:.2f} ms p50 per sample" if p50 else "")
+    )
+    if scale < READERS_NOTE:
+        return Finding(
+            "io.few-readers",
+            Severity.OK,
+            f"More readers add little ({scale:.1f}x with {n}): reads are bandwidth-bound",
+            evidence,
+            stage="io",
+        )
+    flat = scale < 0.8 * n
+    return Finding(
+        "io.few-readers",
+        Severity.INFO,
+        f"{n} concurrent readers read {scale:.1f}x faster than one",
+        evidence + ("" if flat else f"; still rising at {n}: more readers would help further"),
+        f"Read with at least {n} concurrent readers: `DataLoader(num_workers={n}, ...)`, "
+        "or a thread pool inside each worker for latency-bound storage; a single-process "
+        "loader (num_workers=0) gets the 1-reader figure.",
+        Gain(GainKind.THROUGHPUT, round(scale, 2), f"{n} readers vs 1, {temp}, measured here"),
+        stage="io",
+    )
+
+
+def _cold_small(m: Mapping[str, Metric], params: Mapping[str, Any]) -> tuple[float, float] | None:
+    layout = "files" if params.get("existing") else "small_files"
+    v = _value(m, f"{layout}.random.cold")
+    p50 = _value(m, f"{layout}.random.cold.p50_ms")
+    return (v, p50) if v and p50 else None
+
+
+def _network(
+    m: Mapping[str, Metric], storage: Mapping[str, Any], params: Mapping[str, Any]
+) -> Finding | None:
+    if storage.get("network") is not True:
+        return None
+    cold = _cold_small(m, params)
+    figures = f"; cold small reads {cold[0]:,.0f} MB/s at {cold[1]:.2f} ms p50" if cold else ""
+    fs = storage.get("fstype") or "network filesystem"
+    return Finding(
+        "io.network-storage",
+        Severity.WARNING,
+        f"Training data is on {fs}, a network or FUSE filesystem",
+        f"{storage.get('path')} is on {storage.get('mount_point')} ({fs}, "
+        f"{storage.get('source')}){figures}",
+        "Copy the dataset to local NVMe on each node before training (s5cmd, rsync, "
+        "or Streaming's `StreamingDataset(remote=..., local='/local_nvme/cache')`), "
+        "and measure it with `starvecheck io /local_nvme`.",
+        Gain(GainKind.THROUGHPUT, None, "measure the local disk to compare"),
+        stage="io",
+    )
+
+
+def _rotational(
+    m: Mapping[str, Metric], storage: Mapping[str, Any], params: Mapping[str, Any]
+) -> Finding | None:
+    if storage.get("rotational") is not True:
+        return None
+    cold = _cold_small(m, params)
+    if cold is None:
+        return None
+    mbps, p50 = cold
+    if p50 < SEEK_MS:
+        return Finding(
+            "io.rotational",
+            Severity.INFO,
+            "Disk reports itself as rotational, but reads like flash",
+            f"queue/rotational is 1, yet cold small reads take {p50:.2f} ms at the median "
+            f"({mbps:,.0f} MB/s); virtual disks (virtio, many cloud volumes) report 1 by "
+            "default",
+            "Nothing to change for the disk; trust the measured figures over the flag.",
+            Gain(GainKind.THROUGHPUT, None, "no change needed"),
+            stage="io",
+        )
+    return Finding(
+        "io.rotational",
+        Severity.WARNING,
+        f"Data is on a spinning disk: {p50:.1f} ms per cold random read",
+        f"queue/rotational is 1 and cold small reads take {p50:.2f} ms at the median "
+        f"({mbps:,.0f} MB/s): each one waits for a seek",
+        "Move the data to SSD/NVMe, or shard it (" + SHARDING.split(":")[0].lower() + ") so "
+        "the disk streams instead of seeking.",
+        Gain(GainKind.THROUGHPUT, None, "shard or move to flash, then measure again"),
+        stage="io",
+    )

@@ -1,0 +1,226 @@
+"""The one place that creates benchmark data on disk, and removes it again.
+
+Rules (DESIGN.md, "Do no harm"):
+- Everything lives in a fresh directory made here with mkdir (never reused);
+  every later path is opened relative to that directory's descriptor, with
+  O_NOFOLLOW, so a symlink planted inside cannot send a write or an unlink
+  anywhere else.
+- Every name is recorded *before* it is created (with O_EXCL), so an interrupt at
+  any point leaves nothing unrecorded; cleanup unlinks exactly the recorded names
+  and then rmdirs. Nothing is ever removed recursively: a directory holding
+  something starvecheck did not put there is left in place and reported.
+- SIGTERM and SIGHUP become exceptions (as Ctrl-C already is) while scratch data
+  exists, so `finally` runs; signals arriving during creation of the directory
+  or during cleanup are held and delivered afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised like KeyboardInterrupt so cleanup code runs.
+
+    A BaseException, as KeyboardInterrupt is, so `except Exception` does not swallow it.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While inside: SIGTERM/SIGHUP raise `Terminated` (SIGINT already raises
+    KeyboardInterrupt). Handlers are restored on the way out."""
+    if not _in_main_thread():  # signal.signal only works in the main thread
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP until the block ends, then deliver the first one.
+
+    Python-level handlers, not pthread_sigmask: a signal caught by any thread runs
+    its Python handler in the main thread, so masking one thread would not help.
+    """
+    if not _in_main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if pending:
+            signal.raise_signal(pending[0])
+
+
+@dataclass
+class Scratch:
+    """A fresh directory under `parent` and the files made in it.
+
+    Use as a context manager; `keep=True` leaves the data (for --keep).
+    """
+
+    parent: str
+    prefix: str = "starvecheck-"
+    keep: bool = False
+    name: str = ""
+    _parent_fd: int | None = None
+    _dirs: dict[str, int] = field(default_factory=dict)  # "" is the scratch root
+    _subdirs: list[str] = field(default_factory=list)
+    _files: list[tuple[str, str]] = field(default_factory=list)  # (subdir, name)
+    leftovers: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.parent, self.name)
+
+    def __enter__(self) -> Scratch:
+        try:
+            self.create()
+        except BaseException:
+            self.cleanup()  # __exit__ does not run when __enter__ raises
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.keep:
+            self.cleanup()
+        else:
+            self._close_fds()
+
+    def create(self) -> None:
+        with signals_held():
+            self._parent_fd = os.open(self.parent, _DIR_FLAGS & ~os.O_NOFOLLOW)
+            for _ in range(100):
+                name = f"{self.prefix}{secrets.token_hex(4)}"
+                try:
+                    os.mkdir(name, 0o700, dir_fd=self._parent_fd)
+                except FileExistsError:
+                    continue
+                self.name = name  # recorded at once: signals are held here
+                break
+            else:  # 100 collisions of 32 random bits: something else is going on
+                raise FileExistsError(f"no free name for a scratch directory in {self.parent}")
+            self._dirs[""] = os.open(name, _DIR_FLAGS, dir_fd=self._parent_fd)
+
+    def mkdir(self, name: str) -> None:
+        """A subdirectory of the scratch root (one level; enough for our layouts)."""
+        self._check_name(name)
+        with signals_held():
+            os.mkdir(name, 0o700, dir_fd=self._dirs[""])
+            self._subdirs.append(name)
+            self._dirs[name] = os.open(name, _DIR_FLAGS, dir_fd=self._dirs[""])
+
+    def dir_fd(self, subdir: str = "") -> int:
+        return self._dirs[subdir]
+
+    def new_file(self, name: str, subdir: str = "") -> int:
+        """Create `name` (exclusively) and return a descriptor open for writing."""
+        self._check_name(name)
+        self._files.append((subdir, name))  # recorded first: see the module docstring
+        try:
+            return os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=self._dirs[subdir])
+        except OSError:
+            # Not created by us (EEXIST, ENOSPC, ...): forget the name. Only OSError:
+            # an interrupt arriving just after a successful open must keep the record.
+            self._files.pop()
+            raise
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"scratch names are single path components, not {name!r}")
+
+    def syncfs(self) -> None:
+        """Write back everything on the scratch filesystem at once: one flush instead
+        of an fsync per file (10,000 fsyncs can take minutes on a journaling fs)."""
+        fd = self._dirs[""]
+        try:
+            import ctypes
+            import ctypes.util
+
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            if libc.syncfs(fd) == 0:
+                return
+        except (OSError, AttributeError):  # no libc syncfs: fall back to a global sync
+            pass
+        os.sync()
+
+    def cleanup(self) -> None:
+        """Remove exactly what was created, innermost first; signals wait until done."""
+        if not self.name or self._parent_fd is None:
+            self._close_fds()
+            return
+        with signals_held():
+            for subdir, name in reversed(self._files):
+                try:
+                    os.unlink(name, dir_fd=self._dirs[subdir])
+                except FileNotFoundError:
+                    pass  # recorded but never created (interrupted), or already gone
+                except OSError as e:
+                    self.leftovers.append(f"{self._rel(subdir, name)}: {e.strerror}")
+            self._files.clear()
+            for subdir in reversed(self._subdirs):
+                self._rmdir(subdir, self._dirs[""], self._rel(subdir))
+            self._subdirs.clear()
+            self._close_fds(keep_parent=True)
+            self._rmdir(self.name, self._parent_fd, self.path)
+            os.close(self._parent_fd)
+            self._parent_fd = None
+
+    def _rmdir(self, name: str, dir_fd: int, shown: str) -> None:
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            # Not empty: something starvecheck did not create is inside. Leave it.
+            self.leftovers.append(f"{shown}: {e.strerror}")
+
+    def _rel(self, subdir: str, name: str = "") -> str:
+        return os.path.join(self.path, subdir, name).rstrip("/")
+
+    def _close_fds(self, keep_parent: bool = False) -> None:
+        for fd in self._dirs.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._dirs.clear()
+        if not keep_parent and self._parent_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._parent_fd)
+            self._parent_fd = None
