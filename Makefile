@@ -32,8 +32,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# BENCH_DIR: a directory on the storage to measure (io writes and removes its data there).
+# io_vs_fio.py needs fio (apt-get install fio).
+BENCH_DIR ?= .
 bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/env_startup.py
+	$(BIN)/python benchmarks/io_overhead.py --dir $(BENCH_DIR)
+	$(BIN)/python benchmarks/io_vs_fio.py --dir $(BENCH_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -53,6 +53,9 @@ def serialize(report: Report) -> str:
         if rates:
             out += _table(throughput.HEADERS, [r.cells() for r in rates])
             out.append("")
+            out += [f"_{line}_" for line in throughput.missing_reasons(rates)]
+            if throughput.missing_reasons(rates):
+                out.append("")
         if rest:
             out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")

@@ -60,6 +60,8 @@ def render(report: Report, console: Any) -> None:
         if rates:
             console.print()
             console.print(_rates_table(stage.stage, rates))
+            for line in throughput.missing_reasons(rates):
+                console.print(Text(line, style="dim"))
         if rest:
             console.print()
             console.print(_metrics_table(stage.stage if not rates else "", tuple(rest)))
@@ -115,6 +117,7 @@ def _rates_table(stage: str, rows: list[throughput.Row]) -> Any:
         header_style="bold",
         pad_edge=False,
     )
+    table.columns[0].no_wrap = True
     for col in table.columns[3:]:
         col.justify = "right"
     for row in rows:

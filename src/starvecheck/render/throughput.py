@@ -39,8 +39,8 @@ class Row:
     def cells(self) -> tuple[str, ...]:
         r = self.rate
         if r.value is None:
-            blank = ("",) * 6
-            return (self.what, self.temp, str(self.threads), "n/a", r.reason or "", *blank)
+            # The reason is long and the same for many rows: `missing_reasons` lists it once.
+            return (self.what, self.temp, str(self.threads), "n/a", *("",) * 6)
 
         def comp(key: str, fmt: str) -> str:
             m = self.companions.get(key)
@@ -77,3 +77,14 @@ def split(metrics: tuple[Metric, ...]) -> tuple[list[Row], list[Metric]]:
         rows.append(Row(match["what"], match["temp"], int(match["threads"] or 1), m, comps))
     rest = [m for m in metrics if m.name not in used]
     return rows, rest
+
+
+def missing_reasons(rows: list[Row]) -> list[str]:
+    """Why rows show n/a, each reason once, naming the rows it applies to."""
+    by_reason: dict[str, list[str]] = {}
+    for row in rows:
+        if row.rate.value is None:
+            labels = by_reason.setdefault(row.rate.reason or "not measured", [])
+            if f"{row.what} {row.temp}" not in labels:  # every reader count alike
+                labels.append(f"{row.what} {row.temp}")
+    return [f"n/a ({', '.join(labels)}): {reason}" for reason, labels in by_reason.items()]

@@ -255,7 +255,9 @@ def metric_name(layout: str, pattern: str, temp: str, threads: int) -> str:
     return f"{layout}.{pattern}.{temp}" + (f".t{threads}" if threads > 1 else "")
 
 
-def summarize(layouts: Sequence[Layout], plan: Plan, m: Measured) -> tuple[list[Metric], list[str]]:
+def summarize(
+    layouts: Sequence[Layout], plan: Plan, m: Measured, fs_kind: str | None = None
+) -> tuple[list[Metric], list[str]]:
     """Metrics and caveats from the raw runs. Cold figures of a layout that was not
     cold before its runs are withheld, with the reason."""
     metrics: list[Metric] = []
@@ -286,7 +288,12 @@ def summarize(layouts: Sequence[Layout], plan: Plan, m: Measured) -> tuple[list[
                 "after a full read, so the warm figures are partly cold (the data is larger "
                 "than the memory the page cache can use)"
             )
-    if not_cold:
+    if not_cold and fs_kind == "memory":
+        caveats.append(
+            "this path is on tmpfs (memory): its data cannot be cold, so the cold figures are "
+            "withheld; run io on the filesystem the dataset really lives on"
+        )
+    elif not_cold:
         caveats.append(
             "the page cache could not be emptied for "
             + ", ".join(sorted(not_cold))
@@ -389,13 +396,13 @@ def run(
             params["scratch"] = scratch.path
             if plan.keep:
                 caveats.append(f"test data kept in {scratch.path} (--keep); remove it with rm -r")
-    metrics, more = summarize(layouts, plan, measured)
+    metrics, more = summarize(layouts, plan, measured, storage.get("kind"))
     caveats += more
-    if (
-        plan.cold
-        and not plan.drop_caches
-        and any(lay.name in ("small_files", "files") for lay in layouts)
-    ):
+    cold_small = any(
+        x.value is not None and x.name in ("small_files.random.cold", "files.random.cold")
+        for x in metrics
+    )
+    if cold_small and not plan.drop_caches:
         caveats.append(
             "cold means the data's pages were evicted; file metadata (inodes, directory "
             "entries) stays cached, so a first epoch on a fresh node opens files slower "
