@@ -99,6 +99,16 @@ def parse_cpuinfo(text: str) -> CpuInfo | None:
     return CpuInfo(model, processors, len(cores) if complete and cores else None)
 
 
+def parse_hypervisor(text: str) -> bool | None:
+    """Whether /proc/cpuinfo says this kernel runs under a hypervisor (the x86
+    "hypervisor" CPU flag). None when it lists no flags at all (Arm lists
+    "Features"; there the question stays open)."""
+    flags = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    if flags is None:
+        return None
+    return "hypervisor" in flags.group(1).split()
+
+
 @dataclass(frozen=True)
 class CpuFacts:
     model: Fact[str]

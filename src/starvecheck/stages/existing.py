@@ -153,6 +153,7 @@ def layouts(path: str, plan: Plan) -> tuple[list[Layout], dict, list[str]]:
                 plan.sample_size,
                 sync=False,
                 evict_flags=flags,
+                ranges=ranges,
             )
         )
     small_sizes = sorted(sizes[p] for p in small_paths)

@@ -35,6 +35,8 @@ COLD_MAX_RESIDENT = 0.05
 # A warm run is warm when at least this share was resident (less: data > page cache).
 WARM_MIN_RESIDENT = 0.95
 MB = 1e6  # MB/s as fio and dd print it: 10^6 bytes
+# A first cold run this much slower than the later ones points to a cache below ours.
+FIRST_COLD_SLOWER = 1.5
 
 # Free space starvecheck leaves untouched on the filesystem it writes to.
 MARGIN_BYTES = 256 << 20
@@ -114,6 +116,31 @@ class Layout:
     buffer_size: int
     sync: bool  # fsync before evicting: only for files starvecheck wrote
     evict_flags: int = os.O_RDONLY
+    # Where only byte ranges of big files are read, residency is checked on those
+    # ranges ((file index, offset, length)); otherwise on whole files.
+    ranges: Sequence[tuple[int, int, int]] | None = None
+
+    def residency(self) -> cache.Residency:
+        if self.ranges is None:
+            return cache.residency(self.paths, dir_fd=self.dir_fd)
+        total = cache.Residency(0, 0)
+        by_file: dict[int, list[tuple[int, int]]] = {}
+        for index, offset, length in self.ranges:
+            by_file.setdefault(index, []).append((offset, length))
+        for index, spans in by_file.items():
+            try:
+                fd = os.open(
+                    self.paths[index], self.evict_flags | os.O_NOFOLLOW, dir_fd=self.dir_fd
+                )
+            except OSError as e:
+                total = total + cache.Residency(0, 0, 1, f"{self.paths[index]}: {e.strerror}")
+                continue
+            try:
+                for offset, length in spans:
+                    total = total + cache.residency_fd(fd, offset, length)
+            finally:
+                os.close(fd)
+        return total
 
 
 @dataclass
@@ -245,7 +272,7 @@ def _evict(layout: Layout, plan: Plan) -> None:
 
 
 def _residency(layout: Layout, out: Measured) -> float | None:
-    res = cache.residency(layout.paths, dir_fd=layout.dir_fd)
+    res = layout.residency()
     if res.reason and res.reason not in out.residency_errors:
         out.residency_errors.append(res.reason)
     return res.fraction
@@ -325,6 +352,15 @@ def summarize(
                 metrics.append(Metric.single(f"{name}.p{p}_ms", percentile(lat, p) / 1e6, "ms"))
             else:
                 metrics.append(Metric.missing(f"{name}.p{p}_ms", "ms", "no reads completed"))
+        if temp == "cold" and len(mbps) >= 3:
+            rest = statistics.median(mbps[1:])
+            if mbps[0] * FIRST_COLD_SLOWER < rest:
+                caveats.append(
+                    f"{name}: the first cold run read at {mbps[0]:,.0f} MB/s, later ones at "
+                    f"{rest:,.0f}: a cache below this kernel (hypervisor, storage array, "
+                    "NFS server) kept the data after the first read, so the median is "
+                    "optimistic for a first epoch"
+                )
         for warning in stability_warnings(mbps):
             if not warning.startswith("only"):
                 caveats.append(f"{name}: {warning}")
@@ -402,6 +438,12 @@ def run(
         x.value is not None and x.name in ("small_files.random.cold", "files.random.cold")
         for x in metrics
     )
+    if plan.cold and _under_hypervisor():
+        caveats.append(
+            "this is a virtual machine: cold means evicted from this kernel's page cache, "
+            "but the hypervisor may cache the virtual disk (virtio cache=writeback), which "
+            "makes cold reads faster than the physical device"
+        )
     if cold_small and not plan.drop_caches:
         caveats.append(
             "cold means the data's pages were evicted; file metadata (inodes, directory "
@@ -436,6 +478,14 @@ def run(
         capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
     )
+
+
+def _under_hypervisor() -> bool:
+    from starvecheck.probe.cpu import parse_hypervisor
+    from starvecheck.sysroot import SysRoot
+
+    text = SysRoot.from_environ({}).read("/proc/cpuinfo")
+    return bool(text.known and parse_hypervisor(text.value or ""))
 
 
 def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) -> Measured:
