@@ -11,7 +11,13 @@ from starvecheck.probe.cgroup import (
     parse_proc_cgroup,
 )
 from starvecheck.probe.container import detect_runtime_from_cgroup
-from starvecheck.probe.cpu import format_cpulist, parse_cpuinfo, parse_cpulist, parse_status_field
+from starvecheck.probe.cpu import (
+    format_cpulist,
+    parse_cpuinfo,
+    parse_cpulist,
+    parse_hypervisor,
+    parse_status_field,
+)
 from starvecheck.probe.gpu import parse_link_speed, parse_link_width, theoretical_gbps
 from starvecheck.probe.memory import parse_meminfo, parse_proc_limits
 from starvecheck.probe.mounts import classify_fs, mount_for, parse_mountinfo, parse_tmpfs_size
@@ -334,3 +340,13 @@ def test_installed_versions_from_dist_info_names(tmp_path):
     assert package_version("mosaicml-streaming", found).value == "0.13.0"
     missing = package_version("surely-not-installed-starvecheck-test", found)
     assert missing.value is None and missing.not_applicable
+
+
+def test_parse_hypervisor_reads_the_x86_flag():
+    vm = "processor\t: 0\nflags\t\t: fpu vme sse2 hypervisor lahf_lm\n"
+    metal = "processor\t: 0\nflags\t\t: fpu vme sse2 lahf_lm\n"
+    arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm\n"
+    assert parse_hypervisor(vm) is True
+    assert parse_hypervisor(metal) is False
+    assert parse_hypervisor(arm) is None  # Arm lists no flags: unknown, not "no"
+    assert parse_hypervisor("flags : hypervisor_x\n") is False  # whole words only
