@@ -27,7 +27,7 @@ from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import Scratch, signals_raise
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.status import Unavailable, UsageError
-from starvecheck.timing import percentile, stability_warnings
+from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
 from starvecheck.units import format_bytes
 
 # A cold run is cold when at most this share of its data was resident before it.
@@ -328,6 +328,7 @@ def summarize(
             "data lives in memory and cannot be cold; elsewhere use --drop-caches as root, "
             "or more --samples than the memory holds"
         )
+    unstable: list[str] = []
     for (layout, pattern, temp, threads), runs in m.runs.items():
         name = metric_name(layout, pattern, temp, threads)
         if temp == "cold" and layout in not_cold:
@@ -361,9 +362,17 @@ def summarize(
                     "NFS server) kept the data after the first read, so the median is "
                     "optimistic for a first epoch"
                 )
-        for warning in stability_warnings(mbps):
-            if not warning.startswith("only"):
-                caveats.append(f"{name}: {warning}")
+        if len(mbps) >= 2 and statistics.median(mbps) > 0:
+            spread = statistics.stdev(mbps) / statistics.median(mbps)
+            if spread >= UNSTABLE_SPREAD or outliers(mbps):
+                unstable.append(f"{name} {spread:.0%}")
+    if unstable:
+        caveats.append(
+            "runs vary by 10% or more of the median (stdev/median), or hold outliers: "
+            + ", ".join(unstable)
+            + "; a noisy machine or a cache changing under the runs: close other work and "
+            "add --runs"
+        )
     if plan.runs < 3:
         caveats.append(
             f"only {plan.runs} run(s) per pattern: too few to judge the spread; use --runs 3 "
