@@ -116,12 +116,16 @@ def residency_fd(fd: int, offset: int = 0, length: int | None = None) -> Residen
     return Residency(resident, total)
 
 
-def residency(paths: Iterable[str | bytes], dir_fd: int | None = None) -> Residency:
-    """Residency summed over files (opened relative to `dir_fd` where given)."""
+def residency(
+    paths: Iterable[str | bytes], dir_fd: int | None = None, flags: int = os.O_RDONLY
+) -> Residency:
+    """Residency summed over files (opened relative to `dir_fd` where given, with
+    `flags`: pass O_NOATIME for other people's files, since the mmap counts as an
+    access)."""
     total = Residency(0, 0)
     for path in paths:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            fd = os.open(path, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
         except OSError as e:
             total = total + Residency(0, 0, 1, f"{os.fsdecode(path)}: {e.strerror}")
             continue

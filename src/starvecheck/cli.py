@@ -397,8 +397,8 @@ def _threads(text: str | None, effective: int | None) -> tuple[int, ...]:
     if text is None:
         return tuple(sorted({1, max(1, effective or 1)}))
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:  # also "1,,4": an empty item is a typo, not nothing
         values = []
     if not values or any(v < 1 or v > 1024 for v in values):
         raise UsageError(f"--threads {text!r}: expected counts from 1 to 1024, e.g. 1,4,16")

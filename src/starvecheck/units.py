@@ -30,4 +30,7 @@ def parse_size(text: str) -> int | None:
     if not m:
         return None
     mult = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[m.group(2).lower()]
-    return int(float(m.group(1)) * mult)
+    try:
+        return int(float(m.group(1)) * mult)
+    except (OverflowError, ValueError):  # 1e400 is inf as a float: no size at all
+        return None

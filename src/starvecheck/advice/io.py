@@ -64,14 +64,18 @@ def advise(
 
 
 def _small_files_generated(m: Mapping[str, Metric]) -> Finding | None:
-    small = _best(m, "small_files.random")
-    seq = _best(m, "shard.sequential")
-    rand = _best(m, "shard.random")
-    if small is None or seq is None:
+    # The same cache state for both layouts: cold where both are, else warm (one
+    # layout's cold figures can be withheld while the other's are not).
+    for temp in ("cold", "warm"):
+        small_v = _value(m, f"small_files.random.{temp}")
+        seq_v = _value(m, f"shard.sequential.{temp}")
+        if small_v and seq_v:
+            break
+    else:
         return None
-    temp, small_v = small
-    if seq[0] != temp:
-        return None  # one cold, one warm: not comparable
+    seq = (temp, seq_v)
+    rand_v = _value(m, f"shard.random.{temp}")
+    rand = (temp, rand_v) if rand_v else None
     ratio = seq[1] / small_v
     rand_text = ""
     if rand is not None and rand[0] == temp:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from starvecheck.model import Metric
 
-_BASE = re.compile(r"(?P<what>.+)\.(?P<temp>cold|warm)(?:\.t(?P<threads>\d+))?")
+_BASE = re.compile(r"(?P<what>.+)\.(?P<temp>cold|warm)(?:\.t(?P<threads>\d{1,6}))?")
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
 HEADERS = (
     "pattern",

@@ -76,12 +76,12 @@ def discover(path: str, samples: int, rng: random.Random) -> Found:
                 elif entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
                 elif entry.is_file(follow_symlinks=False):
+                    if found.small_seen + found.large_seen >= SCAN_LIMIT:
+                        found.truncated = True  # a file beyond the limit exists
+                        return found
                     take(entry.path, entry.stat(follow_symlinks=False))
             except OSError:
                 found.unreadable += 1
-            if found.small_seen + found.large_seen >= SCAN_LIMIT:
-                found.truncated = True
-                return found
     return found
 
 

@@ -122,7 +122,7 @@ class Layout:
 
     def residency(self) -> cache.Residency:
         if self.ranges is None:
-            return cache.residency(self.paths, dir_fd=self.dir_fd)
+            return cache.residency(self.paths, dir_fd=self.dir_fd, flags=self.evict_flags)
         total = cache.Residency(0, 0)
         by_file: dict[int, list[tuple[int, int]]] = {}
         for index, offset, length in self.ranges:
