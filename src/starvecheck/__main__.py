@@ -1,3 +1,3 @@
-from starvecheck.cli import main
+from starvecheck import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

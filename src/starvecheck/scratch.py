@@ -46,16 +46,29 @@ def _in_main_thread() -> bool:
 
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """While inside: SIGTERM/SIGHUP raise `Terminated` (SIGINT already raises
-    KeyboardInterrupt). Handlers are restored on the way out."""
+    """While inside: SIGINT raises KeyboardInterrupt and SIGTERM/SIGHUP raise
+    `Terminated`, so `finally` blocks run. From the first signal on, further ones are
+    ignored until the block is left: a second Ctrl-C while the first unwinds must not
+    cut the cleanup short. Signals ignored on entry (SIGHUP under nohup, SIGINT in a
+    background job) stay ignored. Handlers are restored on the way out."""
     if not _in_main_thread():  # signal.signal only works in the main thread
         yield
         return
 
+    def ignore(signum: int, frame: object) -> None:
+        pass
+
     def handler(signum: int, frame: object) -> None:
+        for s in old:
+            signal.signal(s, ignore)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Terminated(signum)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.getsignal(s) for s in SIGNALS}
+    old = {s: h for s, h in old.items() if h is not signal.SIG_IGN}
+    for s in old:
+        signal.signal(s, handler)
     try:
         yield
     finally:
