@@ -636,3 +636,27 @@ def test_a_second_signal_cannot_cut_the_cleanup_short(tmp_path: Path) -> None:
         signal.raise_signal(signal.SIGINT)  # the first: raises here
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_path_keeps_its_own_times(tmp_path: Path) -> None:
+    """Making and removing the scratch directory moves PATH's mtime; it is put back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    os.utime(data, ns=(1_600_000_000_000_000_000, 1_500_000_000_000_000_000))
+    _small_io(data)
+    st = data.stat()
+    assert (st.st_atime_ns, st.st_mtime_ns) == (
+        1_600_000_000_000_000_000,
+        1_500_000_000_000_000_000,
+    )
+    assert list(data.iterdir()) == []
+
+
+def test_times_are_not_restored_over_leftovers(tmp_path: Path) -> None:
+    """When something foreign stays behind, PATH did change: its mtime is left alone."""
+    s = Scratch(str(tmp_path), prefix="starvecheck-io-")
+    os.utime(tmp_path, ns=(1_600_000_000_000_000_000, 1_500_000_000_000_000_000))
+    with s:
+        (Path(s.path) / "foreign").write_text("not ours")
+    assert s.leftovers
+    assert tmp_path.stat().st_mtime_ns != 1_500_000_000_000_000_000

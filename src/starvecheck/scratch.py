@@ -113,6 +113,7 @@ class Scratch:
     keep: bool = False
     name: str = ""
     _parent_fd: int | None = None
+    _parent_times: tuple[int, int] | None = None  # (atime, mtime) in ns, before we began
     _dirs: dict[str, int] = field(default_factory=dict)  # "" is the scratch root
     _subdirs: list[str] = field(default_factory=list)
     _files: list[tuple[str, str]] = field(default_factory=list)  # (subdir, name)
@@ -139,6 +140,8 @@ class Scratch:
     def create(self) -> None:
         with signals_held():
             self._parent_fd = os.open(self.parent, _DIR_FLAGS & ~os.O_NOFOLLOW)
+            st = os.fstat(self._parent_fd)
+            self._parent_times = (st.st_atime_ns, st.st_mtime_ns)
             for _ in range(100):
                 name = f"{self.prefix}{secrets.token_hex(4)}"
                 try:
@@ -212,18 +215,29 @@ class Scratch:
                 self._rmdir(subdir, self._dirs[""], self._rel(subdir))
             self._subdirs.clear()
             self._close_fds(keep_parent=True)
-            self._rmdir(self.name, self._parent_fd, self.path)
+            if self._rmdir(self.name, self._parent_fd, self.path) and not self.leftovers:
+                self._restore_parent_times()
             os.close(self._parent_fd)
             self._parent_fd = None
 
-    def _rmdir(self, name: str, dir_fd: int, shown: str) -> None:
+    def _rmdir(self, name: str, dir_fd: int, shown: str) -> bool:
         try:
             os.rmdir(name, dir_fd=dir_fd)
         except FileNotFoundError:
-            pass
+            return False
         except OSError as e:
             # Not empty: something starvecheck did not create is inside. Leave it.
             self.leftovers.append(f"{shown}: {e.strerror}")
+            return False
+        return True
+
+    def _restore_parent_times(self) -> None:
+        """Creating and removing the scratch directory moved the parent's modification
+        time; put it back, so PATH is left as it was (its ctime cannot be restored)."""
+        if self._parent_times is None or self._parent_fd is None:
+            return
+        with contextlib.suppress(OSError):  # not the owner: the times stay moved
+            os.utime(self._parent_fd, ns=self._parent_times)
 
     def _rel(self, subdir: str, name: str = "") -> str:
         return os.path.join(self.path, subdir, name).rstrip("/")
