@@ -217,7 +217,7 @@ def _readers(m: Mapping[str, Metric], threads: list[int], layout: str) -> Findin
         return Finding(
             "io.few-readers",
             Severity.OK,
-            f"More readers add little ({scale:.1f}x with {n}): reads are bandwidth-bound",
+            f"More readers add little ({scale:.1f}x with {n}): latency is not the limit",
             evidence,
             stage="io",
         )
