@@ -38,13 +38,8 @@ BARS = {"shard.sequential.cold": 0.10, "small_files.random.cold": 0.15}
 
 
 def evicted(layout: Layout) -> float | None:
-    for path in layout.paths:
-        fd = os.open(path, os.O_RDONLY, dir_fd=layout.dir_fd)
-        try:
-            cache.evict_fd(fd, sync=False)
-        finally:
-            os.close(fd)
-    return cache.residency(layout.paths, dir_fd=layout.dir_fd).fraction
+    cache.evict(layout.paths, dir_fd=layout.dir_fd, sync=False)
+    return layout.residency().fraction
 
 
 def starvecheck_mbps(layout: Layout, pattern: str) -> float:

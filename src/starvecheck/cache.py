@@ -144,9 +144,15 @@ def evict_fd(fd: int, *, sync: bool) -> None:
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
-def evict(paths: Iterable[str | bytes], *, dir_fd: int | None = None, sync: bool) -> None:
+def evict(
+    paths: Iterable[str | bytes],
+    *,
+    dir_fd: int | None = None,
+    sync: bool,
+    flags: int = os.O_RDONLY,
+) -> None:
     for path in paths:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        fd = os.open(path, flags | os.O_NOFOLLOW, dir_fd=dir_fd)
         try:
             evict_fd(fd, sync=sync)
         finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starvecheck.stages.io import BLOCK, Layout, Plan
 from starvecheck.stages.reads import READ_FLAGS, FileOps, RangeOps
@@ -36,19 +36,17 @@ class Found:
     symlinks: int = 0
     unreadable: int = 0
     truncated: bool = False
-    owners: set[int] | None = None
+    owners: set[int] = field(default_factory=set)  # uids of the files seen
 
 
 def discover(path: str, samples: int, rng: random.Random) -> Found:
     """Walk `path` without following symlinks; reservoir-sample its regular files."""
     found = Found([], [])
-    owners: set[int] = set()
-    found.owners = owners
 
     def take(p: str, st: os.stat_result) -> None:
         if st.st_size == 0:
             return
-        owners.add(st.st_uid)
+        found.owners.add(st.st_uid)
         if st.st_size > LARGE_FILE:
             found.large_seen += 1
             _reservoir(found.large, (p, st.st_size), found.large_seen, MAX_LARGE_FILES, rng)
@@ -95,10 +93,10 @@ def _reservoir(keep: list, item: object, seen: int, size: int, rng: random.Rando
             keep[j] = item
 
 
-def read_flags(owners: set[int] | None) -> int:
+def read_flags(owners: set[int]) -> int:
     """O_NOATIME needs ownership (or CAP_FOWNER); without it open() fails with EPERM."""
     euid = os.geteuid()
-    if euid == 0 or (owners is not None and owners <= {euid}):
+    if euid == 0 or owners <= {euid}:
         return READ_FLAGS | os.O_NOATIME
     return READ_FLAGS
 

@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck import cache
@@ -263,12 +263,7 @@ def _head(ops: Ops, n: int) -> Ops:
 def _evict(layout: Layout, plan: Plan) -> None:
     if plan.drop_caches:
         cache.drop_all_caches()
-    for path in layout.paths:
-        fd = os.open(path, layout.evict_flags | os.O_NOFOLLOW, dir_fd=layout.dir_fd)
-        try:
-            cache.evict_fd(fd, sync=layout.sync)
-        finally:
-            os.close(fd)
+    cache.evict(layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags)
 
 
 def _residency(layout: Layout, out: Measured) -> float | None:
@@ -467,16 +462,7 @@ def run(
             name = metric_name(layout, "random", temp, n) + ".samples_per_s"
             m = next((x for x in metrics if x.name == name and x.value), None)
             if m is not None:
-                capacity = Metric(
-                    f"capacity ({name})",
-                    m.value,
-                    "samples/s",
-                    m.values,
-                    m.median,
-                    m.min,
-                    m.max,
-                    m.stdev,
-                )
+                capacity = replace(m, name=f"capacity ({name})")
                 break
     return StageResult(
         stage="io",
