@@ -396,12 +396,19 @@ def _io_path(path: str | None, existing: bool) -> str:
 def _threads(text: str | None, effective: int | None) -> tuple[int, ...]:
     if text is None:
         return tuple(sorted({1, max(1, effective or 1)}))
+    return _counts("--threads", text, 1, 1024)
+
+
+def _counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16), sorted and unique; anything else is one usage error."""
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:  # also "1,,4": an empty item is a typo, not nothing
         values = []
-    if not values or any(v < 1 or v > 1024 for v in values):
-        raise UsageError(f"--threads {text!r}: expected counts from 1 to 1024, e.g. 1,4,16")
+    if not values or any(v < low or v > high for v in values):
+        raise UsageError(
+            f"{option} {text!r}: expected counts from {low} to {high}, e.g. {low},4,16"
+        )
     return tuple(sorted(set(values)))
 
 
@@ -431,6 +438,140 @@ def _progress(c: Context, out: Outputs) -> Iterator[Callable[[str, int, int], No
             bar.update(tasks[phase], completed=done, total=total, description=what)
 
         yield update
+
+
+@app.command()
+def starve(
+    ctx: typer.Context,
+    sample_ms: Annotated[
+        float,
+        typer.Option(
+            "--sample-ms",
+            min=0.0,
+            max=10_000.0,
+            help="D: CPU milliseconds of work per sample in a worker.",
+        ),
+    ] = 5.0,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=100_000, help="B: samples per batch.")
+    ] = 32,
+    step_ms: Annotated[
+        float,
+        typer.Option(
+            "--step-ms",
+            min=0.0,
+            max=60_000.0,
+            help="G: milliseconds the consumer (the GPU step) takes per batch.",
+        ),
+    ] = 50.0,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="N[,N...]",
+            help="num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
+            "effective CPUs, at least 4].",
+            show_default=False,
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            max=100_000,
+            help="Measured steps per point, after 3 warm-up steps [default: 20; 8 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    sleep: Annotated[
+        bool,
+        typer.Option(
+            "--sleep",
+            help="Samples sleep D ms instead of working: the simpler "
+            "sleep-based model, for comparison.",
+        ),
+    ] = False,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="NAME",
+            help="Real tokenization by this transformers tokenizer (a local "
+            "directory or a cached name; never downloaded) instead of a busy loop.",
+        ),
+    ] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            metavar="PATH",
+            help="Write a PNG of GPU idle share against workers (extra 'plot').",
+        ),
+    ] = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Is the input pipeline fast enough for the GPU? A producer/consumer run.
+
+    Each sample costs D ms of real CPU work in a DataLoader worker, batches of B feed
+    a consumer that takes G ms per step. For each num_workers: the measured wait per
+    step and the GPU idle share, next to what a CPU-aware model and a sleep-based
+    model predict, so you see where more workers stop helping on this machine.
+    """
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import starve as starve_stage
+
+    c = _context(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    if sleep and tokenizer:
+        raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
+    plot_path = _plot_path(plot)
+    machine = collect(SysRoot(Path("/")), environ=c.environ)
+    eff = max(1, machine.cpu.effective_cpus or 1)
+    plan = starve_stage.Plan(
+        sample_ms=sample_ms,
+        batch_size=batch_size,
+        step_ms=step_ms,
+        workers=_counts("--workers", workers, 0, 1024) if workers else _default_workers(eff),
+        steps=steps or (8 if quick else 20),
+        sleep=sleep,
+        effective_cpus=eff,
+        tokenizer=tokenizer,
+    )
+    with _progress(c, out) as progress:
+        result = starve_stage.run(plan, progress)
+    if plot_path:
+        from starvecheck.render.plot import sweep_plot
+
+        sweep_plot(result, plot_path)
+    return _emit(_build_report("starve", machine.to_dict(), [result], c), out, c)
+
+
+def _default_workers(effective: int) -> tuple[int, ...]:
+    counts, w = [0, 1], 2
+    while w <= max(4, 2 * effective):
+        counts.append(w)
+        w *= 2
+    return tuple(counts)
+
+
+def _plot_path(value: str | None) -> str | None:
+    """Check --plot before anything runs: its directory, and that matplotlib is there."""
+    if value is None:
+        return None
+    target = Path(value)
+    if value == "" or target.is_dir():
+        raise UsageError(f"--plot {value!r}: needs a file path, such as idle.png")
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        raise UsageError(f"--plot {value}: directory {target.parent} is missing or not writable")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
+    return value
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:

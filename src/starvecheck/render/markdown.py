@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import throughput
+from starvecheck.render import sweep, throughput
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -56,6 +56,10 @@ def serialize(report: Report) -> str:
             out += [f"_{line}_" for line in throughput.missing_reasons(rates)]
             if throughput.missing_reasons(rates):
                 out.append("")
+        headers, rows, rest = sweep.split(tuple(rest))
+        if rows:
+            out += _table(headers, rows)
+            out.append("")
         if rest:
             out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")

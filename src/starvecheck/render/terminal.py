@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import throughput
+from starvecheck.render import sweep, throughput
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -62,9 +62,25 @@ def render(report: Report, console: Any) -> None:
             console.print(_rates_table(stage.stage, rates))
             for line in throughput.missing_reasons(rates):
                 console.print(Text(line, style="dim"))
+        headers, rows, rest = sweep.split(tuple(rest))
+        if rows:
+            console.print()
+            table = Table(
+                *headers,
+                title=stage.stage,
+                title_justify="left",
+                box=None,
+                header_style="bold",
+                pad_edge=False,
+            )
+            for col in table.columns[1:]:
+                col.justify = "right"
+            for row in rows:
+                table.add_row(*row)
+            console.print(table)
         if rest:
             console.print()
-            console.print(_metrics_table(stage.stage if not rates else "", tuple(rest)))
+            console.print(_metrics_table(stage.stage if not (rates or rows) else "", tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
 

@@ -1,0 +1,189 @@
+"""Judging a `starve` sweep: is the GPU starved at num_workers=0, how many workers
+this machine needs, whether any count is enough, and what workers past the CPUs do.
+
+Reads metrics by name (wait_ms.w<N>, idle_share.w<N>, ...), so a stored report is
+judged as a fresh one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+
+STARVED_CRITICAL = 0.50
+STARVED_WARNING = 0.10
+FED = 0.05  # idle share below which the GPU counts as fed
+AS_GOOD = 0.02
+SLOW_FIRST_BATCH_S = 1.0
+
+_W = re.compile(r"idle_share\.w(\d+)")
+
+
+def _idle(metrics: Mapping[str, Metric]) -> dict[int, float]:
+    out = {}
+    for name, m in metrics.items():
+        match = _W.fullmatch(name)
+        if match and m.value is not None:
+            out[int(match.group(1))] = m.value
+    return dict(sorted(out.items()))
+
+
+def _v(metrics: Mapping[str, Metric], name: str) -> float | None:
+    m = metrics.get(name)
+    return m.value if m is not None else None
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    m = {x.name: x for x in metrics}
+    idle = _idle(m)
+    if not idle:
+        return ()
+    cpus = int(params.get("effective_cpus") or 1)
+    d, b, g = params["sample_ms"], params["batch_size"], params["step_ms"]
+    d = _v(m, "sample_cpu_ms") or d
+    rec = _v(m, "recommended_num_workers")
+    findings = [
+        _workers_zero(m, idle, rec),
+        _enough(idle, rec, cpus, d, b, g),
+        _above_cpus(m, idle, cpus),
+        _first_batch(m, rec),
+    ]
+    return tuple(f for f in findings if f is not None)
+
+
+def _dataloader_line(w: int) -> str:
+    return (
+        f"`DataLoader(dataset, batch_size=..., num_workers={w}, pin_memory=True, "
+        f"persistent_workers={w > 0}, prefetch_factor={2 if w else None})`"
+    )
+
+
+def _workers_zero(
+    m: Mapping[str, Metric], idle: dict[int, float], rec: float | None
+) -> Finding | None:
+    if 0 not in idle or rec is None:
+        return None
+    w0, wr, r = idle[0], idle.get(int(rec), idle[0]), int(rec)
+    wait0 = _v(m, "wait_ms.w0")
+    evidence = (
+        f"num_workers=0: the GPU waits {wait0:,.0f} ms per step, idle {w0:.0%} of the time; "
+        f"num_workers={r}: idle {wr:.0%}"
+    )
+    if w0 < STARVED_WARNING:
+        return Finding(
+            "starve.workers-zero",
+            Severity.OK,
+            f"Even num_workers=0 keeps the GPU fed ({w0:.0%} idle)",
+            evidence,
+            stage="starve",
+        )
+    return Finding(
+        "starve.workers-zero",
+        Severity.CRITICAL if w0 >= STARVED_CRITICAL else Severity.WARNING,
+        f"num_workers=0 leaves the GPU idle {w0:.0%} of each step",
+        evidence,
+        f"Load in worker processes: {_dataloader_line(r)}."
+        if r
+        else "More workers do not help on this machine; see the other findings.",
+        Gain(
+            GainKind.STEP_SHARE,
+            round(max(0.0, w0 - wr), 3),
+            f"idle share at num_workers=0 minus at {r}, measured here",
+        ),
+        stage="starve",
+    )
+
+
+def _enough(
+    idle: dict[int, float], rec: float | None, cpus: int, d: float, b: int, g: float
+) -> Finding | None:
+    if rec is None:
+        return None
+    r = int(rec)
+    best = idle[r]
+    need = d * b / g if g > 0 else float("inf")
+    evidence = (
+        f"each batch costs {d:g} ms x {b} = {d * b:,.0f} ms of CPU; the step takes {g:g} ms, "
+        f"so keeping up needs {need:.1f} CPUs of preprocessing; {cpus} effective here; "
+        f"best measured: {best:.0%} idle at num_workers={r}"
+    )
+    if best <= FED:
+        return Finding(
+            "starve.workers-needed",
+            Severity.OK,
+            f"num_workers={r} keeps the GPU fed ({best:.0%} idle)",
+            evidence + f"; use {_dataloader_line(r)}",
+            stage="starve",
+        )
+    return Finding(
+        "starve.not-enough-cpu",
+        Severity.CRITICAL if best >= STARVED_CRITICAL else Severity.WARNING,
+        f"No worker count is enough here: the GPU stays {best:.0%} idle",
+        evidence,
+        f"Preprocessing needs {need:.1f} CPUs and this machine gives {cpus}: pre-tokenize or "
+        "pre-decode offline (store token ids in shards), make transforms cheaper, move "
+        f"augmentation to the GPU, or run on a node with at least {int(need) + 1} CPUs per GPU.",
+        Gain(
+            GainKind.STEP_SHARE,
+            round(best, 3),
+            "the idle share left at the best worker count, measured here",
+        ),
+        stage="starve",
+    )
+
+
+def _above_cpus(m: Mapping[str, Metric], idle: dict[int, float], cpus: int) -> Finding | None:
+    over = [w for w in idle if w > cpus]
+    at = [w for w in idle if 0 < w <= cpus]
+    if not over or not at:
+        return None
+    w_at, w_over = max(at), max(over)
+    gained = idle[w_at] - idle[w_over]
+    pred = _v(m, f"predicted_wait_ms.w{w_over}")
+    naive = _v(m, f"sleep_model_wait_ms.w{w_over}")
+    waited = _v(m, f"wait_ms.w{w_over}")
+    evidence = (
+        f"num_workers={w_at}: {idle[w_at]:.0%} idle; num_workers={w_over}: {idle[w_over]:.0%} "
+        f"idle, {waited:,.0f} ms wait per step (CPU-aware model {pred:,.0f} ms; a sleep-based "
+        f"model would promise {naive:,.0f} ms)"
+    )
+    if gained > AS_GOOD:
+        return Finding(
+            "starve.workers-above-cpus",
+            Severity.OK,
+            f"Workers past the {cpus} CPUs still helped ({gained:.0%} less idle)",
+            evidence,
+            stage="starve",
+        )
+    return Finding(
+        "starve.workers-above-cpus",
+        Severity.WARNING,
+        f"{w_over} workers are no better than {w_at}: this machine has {cpus} effective CPUs",
+        evidence,
+        f"Set num_workers to at most {cpus} (the effective CPUs: affinity and cgroup quota, "
+        "not os.cpu_count()); extra workers only add memory and start-up time.",
+        Gain(GainKind.STEP_SHARE, 0.0, "no throughput: saves memory and worker start-up"),
+        stage="starve",
+    )
+
+
+def _first_batch(m: Mapping[str, Metric], rec: float | None) -> Finding | None:
+    if not rec:
+        return None
+    r = int(rec)
+    first = _v(m, f"first_batch_s.w{r}")
+    if first is None or first < SLOW_FIRST_BATCH_S:
+        return None
+    return Finding(
+        "starve.first-batch-slow",
+        Severity.INFO,
+        f"The first batch takes {first:.1f} s with {r} workers",
+        f"time to the first batch at num_workers={r}: {first:.2f} s (worker start-up and "
+        "the first prefetch), paid again at every epoch without persistent workers",
+        "Keep workers between epochs: `DataLoader(..., persistent_workers=True)`.",
+        Gain(GainKind.STEP_SHARE, None, "per epoch: depends on steps per epoch"),
+        stage="starve",
+    )

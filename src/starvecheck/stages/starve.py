@@ -1,0 +1,353 @@
+"""`starve`: does the input pipeline keep up with the GPU? A producer/consumer run.
+
+Each sample costs D ms of real CPU work in a DataLoader worker (a busy loop that
+counts this thread's CPU time, not wall time, so workers sharing a core really take
+longer; or real tokenization with --tokenizer); batches of B go to a consumer that
+takes G ms per step (a sleep, as a GPU step leaves the host CPU free). Per step,
+after warm-up: the time blocked waiting for the batch and the compute time; the GPU
+idle share is wait / (wait + compute).
+
+Next to each measurement, two predictions of the steady-state wait:
+  CPU-aware:   max(0, D*B / min(W, effective CPUs) - G)   (W = 0: D*B, all on the main process)
+  sleep model: max(0, D*B / W - G)                        (what a sleep-based benchmark predicts)
+so a person sees where adding workers stops helping on this machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starvecheck.model import Metric, StageResult
+from starvecheck.status import UsageError
+
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    sample_ms: float = 5.0  # D
+    batch_size: int = 32  # B
+    step_ms: float = 50.0  # G
+    workers: tuple[int, ...] = (0, 1, 2, 4)
+    steps: int = 20
+    warmup_steps: int = 3
+    sleep: bool = False  # the sleep-based model: samples wait instead of working
+    effective_cpus: int = 1
+    tokenizer: str | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "sample_ms": self.sample_ms,
+            "batch_size": self.batch_size,
+            "step_ms": self.step_ms,
+            "workers": list(self.workers),
+            "steps": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "work": "sleep" if self.sleep else ("tokenize" if self.tokenizer else "cpu"),
+            "tokenizer": self.tokenizer,
+            "effective_cpus": self.effective_cpus,
+        }
+
+
+def predicted_wait_ms(d_ms: float, b: int, g_ms: float, w: int, cpus: int) -> float:
+    """Steady-state wait per step when W workers share `cpus` CPUs (CPU-bound work)."""
+    if w == 0:
+        return d_ms * b  # the main process makes every batch itself, between steps
+    return max(0.0, d_ms * b / min(w, max(1, cpus)) - g_ms)
+
+
+def sleep_model_wait_ms(d_ms: float, b: int, g_ms: float, w: int) -> float:
+    """The same, if samples only waited (I/O, sleep): workers never compete for CPUs."""
+    if w == 0:
+        return d_ms * b
+    return max(0.0, d_ms * b / w - g_ms)
+
+
+def burn_cpu(ms: float) -> None:
+    """Busy-loop until this thread has used `ms` of CPU time. CPU time, not wall
+    time: a worker that shares its core with another needs twice the wall time."""
+    end = time.thread_time() + ms / 1000
+    x = 0
+    while time.thread_time() < end:
+        for _ in range(100):
+            x += 1
+
+
+class _Samples:
+    """A map-style dataset whose samples cost CPU (or sleep, or tokenization).
+    Module level and plain, so DataLoader workers can receive it."""
+
+    def __init__(
+        self,
+        n: int,
+        sample_ms: float,
+        sleep: bool,
+        texts: Sequence[str] | None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.n = n
+        self.sample_ms = sample_ms
+        self.sleep = sleep
+        self.texts = texts
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        if self.tokenizer is not None and self.texts:
+            ids = self.tokenizer(self.texts[i % len(self.texts)], truncation=True, max_length=512)[
+                "input_ids"
+            ]
+            out = torch.zeros(512, dtype=torch.long)
+            out[: len(ids)] = torch.tensor(ids[:512], dtype=torch.long)
+            return out
+        if self.sleep:
+            time.sleep(self.sample_ms / 1000)
+        else:
+            burn_cpu(self.sample_ms)
+        return torch.full((64,), float(i))
+
+
+@dataclass
+class Point:
+    """One worker count: raw per-step figures after warm-up."""
+
+    workers: int
+    waits_ms: list[float] = field(default_factory=list)
+    computes_ms: list[float] = field(default_factory=list)
+    first_batch_s: float = 0.0
+
+    @property
+    def idle_share(self) -> float:
+        total = sum(self.waits_ms) + sum(self.computes_ms)
+        return sum(self.waits_ms) / total if total > 0 else 0.0
+
+
+PREFETCH = 2
+
+
+def warmup_steps(plan: Plan, workers: int) -> int:
+    """Steps to throw away before measuring. The workers' first batches queue up (up to
+    W x prefetch_factor) while the main process waits for the first one, and the
+    consumer eats that queue before the steady state shows; three times its length
+    drains it whenever production is meaningfully slower than the step."""
+    return max(plan.warmup_steps, 3 * workers * PREFETCH)
+
+
+def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
+    import torch
+
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=plan.batch_size,
+        num_workers=workers,
+        shuffle=False,
+        prefetch_factor=PREFETCH if workers else None,
+        persistent_workers=False,
+    )
+    point = Point(workers)
+    clock = time.perf_counter
+    with warnings.catch_warnings():
+        # torch warns when workers exceed the CPUs; going past them is the point here.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        it = iter(loader)
+    try:
+        start = clock()
+        next(it)
+        point.first_batch_s = clock() - start
+        warmup = warmup_steps(plan, workers)
+        for step in range(warmup + plan.steps):
+            t0 = clock()
+            next(it)
+            t1 = clock()
+            time.sleep(plan.step_ms / 1000)  # the GPU step: the host CPU is free meanwhile
+            t2 = clock()
+            if step >= warmup:
+                point.waits_ms.append((t1 - t0) * 1000)
+                point.computes_ms.append((t2 - t1) * 1000)
+    finally:
+        # Shut the workers down now, not at garbage collection: also on Ctrl-C.
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        del it
+    return point
+
+
+def calibrate_tokenizer_ms(tokenizer: Any, texts: Sequence[str], n: int = 64) -> float:
+    """Median CPU ms per sample of real tokenization, measured in this process."""
+    costs = []
+    for i in range(min(n, len(texts))):
+        t0 = time.thread_time()
+        tokenizer(texts[i], truncation=True, max_length=512)
+        costs.append((time.thread_time() - t0) * 1000)
+    return statistics.median(costs)
+
+
+def sweep(
+    plan: Plan,
+    progress: Progress = _no_progress,
+    tokenizer: Any = None,
+    texts: Sequence[str] | None = None,
+) -> list[Point]:
+    most = max(plan.workers, default=0)
+    n = (plan.steps + warmup_steps(plan, most) + 2 + most * PREFETCH) * plan.batch_size
+    dataset = _Samples(n, plan.sample_ms, plan.sleep, texts, tokenizer)
+    points = []
+    for i, w in enumerate(plan.workers):
+        progress(f"{w} worker(s)", i, len(plan.workers))
+        points.append(measure_point(dataset, plan, w))
+    progress("done", len(plan.workers), len(plan.workers))
+    return points
+
+
+def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> list[Metric]:
+    """Metrics named as the README promises: wait_ms.w<N>, predicted_wait_ms.w<N>, ..."""
+    metrics: list[Metric] = [Metric.single("sample_cpu_ms", round(d_ms, 4), "ms")]
+    for p in points:
+        w = p.workers
+        metrics += [
+            _mean_metric(f"wait_ms.w{w}", p.waits_ms, "ms"),
+            Metric.single(
+                f"predicted_wait_ms.w{w}",
+                round(
+                    predicted_wait_ms(d_ms, plan.batch_size, plan.step_ms, w, plan.effective_cpus),
+                    3,
+                ),
+                "ms",
+            ),
+            Metric.single(
+                f"sleep_model_wait_ms.w{w}",
+                round(sleep_model_wait_ms(d_ms, plan.batch_size, plan.step_ms, w), 3),
+                "ms",
+            ),
+            _mean_metric(f"compute_ms.w{w}", p.computes_ms, "ms"),
+            Metric.single(f"idle_share.w{w}", round(p.idle_share, 4), "fraction"),
+            Metric.single(f"first_batch_s.w{w}", round(p.first_batch_s, 4), "s"),
+        ]
+    rec = recommended_workers(points, plan.effective_cpus)
+    if rec is not None:
+        metrics.append(Metric.single("recommended_num_workers", rec, "workers"))
+    return metrics
+
+
+def _mean_metric(name: str, values: Sequence[float], unit: str) -> Metric:
+    """Per-step figures headed by their mean, not their median: with W workers batches
+    arrive in bursts (a long wait, then W-1 short ones), so the median wait can be 0
+    while the GPU idles; the mean is what the idle share is made of."""
+    m = Metric.repeated(name, values, unit)
+    return replace(m, value=statistics.fmean(values)) if values else m
+
+
+# Worker counts whose idle share is within this of the best are "as good".
+AS_GOOD = 0.02
+
+
+def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | None:
+    """The fewest workers whose GPU idle share is within 2 points of the best measured
+    at or below the effective CPU count (more workers than CPUs only compete)."""
+    eligible = [p for p in points if p.workers <= max(1, effective_cpus)]
+    if not eligible:
+        return None
+    best = min(p.idle_share for p in eligible)
+    return min(p.workers for p in eligible if p.idle_share <= best + AS_GOOD)
+
+
+def load_tokenizer(name: str) -> Any:
+    """A transformers tokenizer from local files only: starvecheck never downloads.
+    NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), or
+    a model name already in the local Hugging Face cache."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, ... by case
+        raise UsageError(
+            f"--tokenizer {name}: no tokenizer found in local files (starvecheck never "
+            f"downloads; pass a directory with tokenizer.json): {type(e).__name__}"
+        ) from e
+
+
+def default_texts(n: int, chars: int = 2000) -> list[str]:
+    """Real English prose without a download: docstrings of the standard library's
+    own modules, cut into samples of about `chars` characters."""
+    import ast
+    import os
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    texts: list[str] = []
+    buf = ""
+    for name in sorted(os.listdir(stdlib)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            with open(os.path.join(stdlib, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+                doc = ast.get_docstring(node)
+                if doc:
+                    buf += " " + " ".join(doc.split())
+                    while len(buf) >= chars:
+                        texts.append(buf[:chars])
+                        buf = buf[chars:]
+                        if len(texts) >= n:
+                            return texts
+    return texts or ["starvecheck " * (chars // 12)]
+
+
+def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
+    from starvecheck.advice.starve import advise
+    from starvecheck.scratch import signals_raise
+
+    start = time.perf_counter()
+    caveats: list[str] = []
+    tokenizer = texts = None
+    d_ms = plan.sample_ms
+    if plan.tokenizer:
+        tokenizer = load_tokenizer(plan.tokenizer)
+        texts = default_texts(256)
+        d_ms = calibrate_tokenizer_ms(tokenizer, texts)
+        caveats.append(
+            f"each sample is real tokenization of ~2,000 characters of English (standard "
+            f"library docstrings) by {plan.tokenizer}: {d_ms:.3f} ms of CPU per sample, "
+            "measured here; --sample-ms does not apply"
+        )
+    if plan.sleep:
+        caveats.append(
+            "--sleep: samples sleep instead of working, so workers never compete for CPUs; "
+            "the sleep model's predictions hold, and real preprocessing will not match them"
+        )
+    with signals_raise():  # SIGTERM ends the sweep like Ctrl-C: workers are shut down
+        points = sweep(plan, progress, tokenizer, texts)
+    metrics = summarize(plan, d_ms, points)
+    params = {**plan.parameters(), "sample_cpu_ms": round(d_ms, 4)}
+    return StageResult(
+        stage="starve",
+        parameters=params,
+        metrics=tuple(metrics),
+        findings=advise(metrics, params),
+        caveats=tuple(caveats),
+        duration_s=round(time.perf_counter() - start, 3),
+    )
