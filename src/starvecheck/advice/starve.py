@@ -165,7 +165,7 @@ def _above_cpus(m: Mapping[str, Metric], idle: dict[int, float], cpus: int) -> F
         evidence,
         f"Set num_workers to at most {cpus} (the effective CPUs: affinity and cgroup quota, "
         "not os.cpu_count()); extra workers only add memory and start-up time.",
-        Gain(GainKind.STEP_SHARE, 0.0, "no throughput: saves memory and worker start-up"),
+        Gain(GainKind.STEP_SHARE, None, "no throughput; saves memory and worker start-up"),
         stage="starve",
     )
 

@@ -41,6 +41,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
     if cpus:
         ax.axvline(cpus, color="grey", linewidth=0.8, linestyle=":")
         ax.annotate(f"{cpus} effective CPUs", (cpus, 0.95), fontsize=8, color="grey")
+    ax.set_xticks(sorted(series["measured"]))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("GPU idle share")
     ax.set_ylim(0, 1)

@@ -149,19 +149,19 @@ def warmup_steps(plan: Plan, workers: int) -> int:
 def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
     import torch
 
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=plan.batch_size,
-        num_workers=workers,
-        shuffle=False,
-        prefetch_factor=PREFETCH if workers else None,
-        persistent_workers=False,
-    )
     point = Point(workers)
     clock = time.perf_counter
     with warnings.catch_warnings():
         # torch warns when workers exceed the CPUs; going past them is the point here.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=plan.batch_size,
+            num_workers=workers,
+            shuffle=False,
+            prefetch_factor=PREFETCH if workers else None,
+            persistent_workers=False,
+        )
         it = iter(loader)
     try:
         start = clock()
