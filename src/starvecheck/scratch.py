@@ -8,7 +8,9 @@ Rules (DESIGN.md, "Do no harm"):
 - Every name is recorded *before* it is created (with O_EXCL), so an interrupt at
   any point leaves nothing unrecorded; cleanup unlinks exactly the recorded names
   and then rmdirs. Nothing is ever removed recursively: a directory holding
-  something starvecheck did not put there is left in place and reported.
+  something starvecheck did not put there is left in place and reported. The one
+  exception to "recorded before": files a library writes itself (MDSWriter) into a
+  subdirectory made here, recorded by `adopt` right after, or on the way out.
 - SIGTERM and SIGHUP become exceptions (as Ctrl-C already is) while scratch data
   exists, so `finally` runs; signals arriving during creation of the directory
   or during cleanup are held and delivered afterwards.
@@ -176,6 +178,21 @@ class Scratch:
             # an interrupt arriving just after a successful open must keep the record.
             self._files.pop()
             raise
+
+    def adopt(self, subdir: str) -> None:
+        """Record the regular files a library wrote itself into `subdir` (MDSWriter
+        opens its own files), so cleanup removes them. `subdir` was made here (mode 0700,
+        fresh), so only this process writes there; call this in a `finally`, so that a
+        write interrupted half-way is removed too. Anything but a regular file is not
+        recorded, and is left in place and reported like any foreign file."""
+        if subdir not in self._dirs:  # never made (interrupted first, or not needed)
+            return
+        with signals_held():
+            known = {name for d, name in self._files if d == subdir}
+            with os.scandir(self._dirs[subdir]) as entries:
+                for entry in entries:
+                    if entry.name not in known and entry.is_file(follow_symlinks=False):
+                        self._files.append((subdir, entry.name))
 
     @staticmethod
     def _check_name(name: str) -> None:

@@ -38,9 +38,14 @@ def _bytes(m: Mapping[str, Any], key: str, absent: str = "none") -> str:
 # listed show every row.
 _SHOWN = {
     "io": ("CPU", "Memory", "Container", "Storage"),
+    # DataLoader workers hand batches over through /dev/shm.
+    "loader": ("CPU", "Memory", "/dev/shm", "Container", "Storage"),
 }
 # Unknown facts worth listing, by key prefix, for commands that show only some rows.
-_UNKNOWN_SHOWN = {"io": ("cpu.", "memory.", "storage.")}
+_UNKNOWN_SHOWN = {
+    "io": ("cpu.", "memory.", "storage."),
+    "loader": ("cpu.", "memory.", "shm.", "storage."),
+}
 
 
 def shows_gpus(command: str) -> bool:

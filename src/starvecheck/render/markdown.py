@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import sweep, throughput
+from starvecheck.render import loader, sweep, throughput
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -55,6 +55,13 @@ def serialize(report: Report) -> str:
             out.append("")
             out += [f"_{line}_" for line in throughput.missing_reasons(rates)]
             if throughput.missing_reasons(rates):
+                out.append("")
+        loader_rows, rest, notes = loader.split(rest, stage.parameters)
+        if loader_rows:
+            out += _table(loader.HEADERS, loader_rows)
+            out.append("")
+            out += [f"_{line}_" for line in notes]
+            if notes:
                 out.append("")
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import sweep, throughput
+from starvecheck.render import loader, sweep, throughput
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -62,6 +62,12 @@ def render(report: Report, console: Any) -> None:
             console.print(_rates_table(stage.stage, rates))
             for line in throughput.missing_reasons(rates):
                 console.print(Text(line, style="dim"))
+        loader_rows, rest, notes = loader.split(rest, stage.parameters)
+        if loader_rows:
+            console.print()
+            console.print(_loader_table(stage.stage, loader_rows))
+            for line in notes:
+                console.print(Text(line, style="dim"))
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             console.print()
@@ -80,7 +86,8 @@ def render(report: Report, console: Any) -> None:
             console.print(table)
         if rest:
             console.print()
-            console.print(_metrics_table(stage.stage if not (rates or rows) else "", tuple(rest)))
+            titled = rates or rows or loader_rows
+            console.print(_metrics_table("" if titled else stage.stage, tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
 
@@ -138,6 +145,25 @@ def _rates_table(stage: str, rows: list[throughput.Row]) -> Any:
         col.justify = "right"
     for row in rows:
         table.add_row(*row.cells(), style="dim" if row.rate.value is None else None)
+    return table
+
+
+def _loader_table(stage: str, rows: list[tuple[str, ...]]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        *loader.HEADERS,
+        title=stage,
+        title_justify="left",
+        box=None,
+        header_style="bold",
+        pad_edge=False,
+    )
+    table.columns[0].no_wrap = True
+    for col in table.columns[2:-1]:
+        col.justify = "right"
+    for row in rows:
+        table.add_row(*row, style="dim" if row[3] == "n/a" else None)
     return table
 
 

@@ -84,9 +84,10 @@ def space_needed(samples: int, sample_size: int) -> int:
     return samples * per_file + samples * sample_size + BLOCK * (samples // 64 + 4)
 
 
-def space_problem(path: str, samples: int, sample_size: int) -> str | None:
-    """Why the data cannot be written under `path`, or None."""
-    need = space_needed(samples, sample_size)
+def space_problem(path: str, samples: int, sample_size: int, need: int | None = None) -> str | None:
+    """Why the data cannot be written under `path`, or None. `need`: bytes the data
+    takes, where not io's own layouts (`space_needed`)."""
+    need = space_needed(samples, sample_size) if need is None else need
     margin = MARGIN_BYTES + int(need * MARGIN_SHARE)
     try:
         st = os.statvfs(path)
@@ -442,7 +443,7 @@ def run(
         x.value is not None and x.name in ("small_files.random.cold", "files.random.cold")
         for x in metrics
     )
-    if plan.cold and _under_hypervisor():
+    if plan.cold and under_hypervisor():
         caveats.append(
             "this is a virtual machine: cold means evicted from this kernel's page cache, "
             "but the hypervisor may cache the virtual disk (virtio cache=writeback), which "
@@ -475,7 +476,7 @@ def run(
     )
 
 
-def _under_hypervisor() -> bool:
+def under_hypervisor() -> bool:
     from starvecheck.probe.cpu import parse_hypervisor
     from starvecheck.sysroot import SysRoot
 

@@ -1,0 +1,276 @@
+"""Judging a `loader` sweep: how many workers, what workers past the CPUs do, what
+worker start-up costs, and what one file per sample costs through a DataLoader.
+
+Reads metrics by their JSON names (throughput.<layout>.<cache>.w<N>,
+recommended_num_workers, ...), so a stored report is judged as a fresh one. Every
+comparison is between figures of one layout in one cache state, from one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.stages.loader import curves, headline
+
+# num_workers=N over 0: above this, workers are worth a warning.
+WORKERS_WARNING = 1.5
+# More workers than CPUs count as helping only above this gain.
+AS_GOOD = 1.05
+SLOW_FIRST_BATCH_S = 1.0
+# The shard layouts over one file per sample, each at its own recommended workers.
+SMALL_FILES_WARNING = 1.5
+SMALL_FILES_CRITICAL = 4.0
+# A plain indexed shard over MDS shards: above this, StreamingDataset's own cost shows.
+MDS_OVERHEAD_NOTE = 1.5
+
+LABEL = {
+    "small_files": "one file per sample",
+    "shard": "one shard (map-style, pread)",
+    "mds": "MDS shards (StreamingDataset)",
+    "files": "your files",
+}
+
+
+def _v(m: Mapping[str, Metric], name: str) -> float | None:
+    x = m.get(name)
+    return x.value if x is not None else None
+
+
+def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
+    batch = params.get("batch_size", 32)
+    if workers == 0:
+        return f"`DataLoader(dataset, batch_size={batch}, num_workers=0, pin_memory=True)`"
+    return (
+        f"`DataLoader(dataset, batch_size={batch}, num_workers={workers}, pin_memory=True, "
+        f"persistent_workers=True, prefetch_factor={params.get('prefetch_factor', 2)})`"
+    )
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    m = {x.name: x for x in metrics}
+    judged = curves(metrics)
+    recommended = {
+        layout: int(v)
+        for layout in judged
+        if (v := _v(m, f"recommended_num_workers.{layout}")) is not None
+    }
+    top = headline(recommended)
+    if top is None:
+        return ()
+    cpus = int(params.get("effective_cpus") or 1)
+    temp, curve = judged[top]
+    rec = recommended[top]
+    findings = [
+        _workers(top, temp, curve, rec, params),
+        _above_cpus(top, temp, curve, rec, cpus),
+        _first_batch(m, top, rec, params),
+        _small_files(judged, recommended),
+        _mds_overhead(judged, recommended),
+    ]
+    return tuple(f for f in findings if f is not None)
+
+
+def _curve_text(curve: Mapping[int, float]) -> str:
+    return ", ".join(f"{w}: {v:,.0f}" for w, v in curve.items())
+
+
+def _workers(
+    layout: str, temp: str, curve: Mapping[int, float], rec: int, params: Mapping[str, Any]
+) -> Finding | None:
+    evidence = (
+        f"{LABEL.get(layout, layout)}, {temp} cache, samples/s by num_workers: "
+        f"{_curve_text(curve)}; the fewest workers within 5% of the best at or below "
+        f"{params.get('effective_cpus')} effective CPUs: {rec}"
+    )
+    if rec == 0:
+        return Finding(
+            "loader.workers",
+            Severity.OK,
+            f"num_workers=0 delivers as much as any worker count ({curve[0]:,.0f} samples/s)",
+            evidence,
+            stage="loader",
+        )
+    if not curve.get(0):  # 0 not in the sweep: nothing to compare with
+        return None
+    speedup = curve[rec] / curve[0]
+    return Finding(
+        "loader.workers",
+        Severity.WARNING if speedup >= WORKERS_WARNING else Severity.INFO,
+        f"num_workers={rec} loads {speedup:.1f}x faster than num_workers=0",
+        evidence,
+        f"Use {dataloader_line(params, rec)}.",
+        Gain(
+            GainKind.THROUGHPUT,
+            round(speedup, 2),
+            f"num_workers={rec} vs 0, {LABEL.get(layout, layout)}, {temp}, measured here",
+        ),
+        stage="loader",
+    )
+
+
+def _above_cpus(
+    layout: str, temp: str, curve: Mapping[int, float], rec: int, cpus: int
+) -> Finding | None:
+    over = [w for w in curve if w > cpus]
+    if not over:
+        return None
+    most = max(over)
+    best_at = max(v for w, v in curve.items() if w <= cpus)
+    best_over = max(curve[w] for w in over)
+    evidence = (
+        f"{LABEL.get(layout, layout)}, {temp} cache: num_workers={rec}: {curve[rec]:,.0f} "
+        f"samples/s; " + "; ".join(f"num_workers={w}: {curve[w]:,.0f}" for w in over)
+    )
+    if best_over > best_at * AS_GOOD:
+        w_best = max(over, key=lambda w: curve[w])
+        if layout == "mds":
+            why = " (waiting in the dataset's own code: Streaming's reader polls for samples "
+            why += "with short sleeps; or on storage)"
+        else:
+            why = " (waiting on storage)" if temp == "cold" else ""
+        return Finding(
+            "loader.workers-above-cpus",
+            Severity.INFO,
+            f"{w_best} workers delivered {best_over / curve[rec]:.1f}x more than {rec} on "
+            f"{cpus} CPUs: the workers wait more than they compute",
+            evidence + why,
+            f"num_workers={w_best} is worth a try where the training process leaves CPU time "
+            f"free; {rec} stays the safe choice, since workers past the CPUs take it from the "
+            "training loop and each holds its own memory.",
+            Gain(GainKind.THROUGHPUT, None, "loader alone; depends on the CPU training needs"),
+            stage="loader",
+        )
+    slower = curve[most] < curve[rec] / AS_GOOD
+    return Finding(
+        "loader.workers-above-cpus",
+        Severity.WARNING,
+        f"{most} workers are {'slower than' if slower else 'no faster than'} {rec}: this "
+        f"machine has {cpus} effective CPUs",
+        evidence,
+        f"Set num_workers to at most {cpus} (the effective CPUs: affinity and cgroup quota, not "
+        "os.cpu_count()); extra workers compete for the CPUs and add memory and start-up time.",
+        Gain(
+            GainKind.THROUGHPUT,
+            round(curve[rec] / curve[most], 2) if slower else None,
+            f"num_workers={rec} instead of {most}, measured here"
+            if slower
+            else "no throughput; saves memory and worker start-up",
+        ),
+        stage="loader",
+    )
+
+
+def _first_batch(
+    m: Mapping[str, Metric], layout: str, rec: int, params: Mapping[str, Any]
+) -> Finding | None:
+    first = _v(m, f"first_batch_s.{layout}.w{rec}")
+    if first is None or rec == 0:
+        return None
+    evidence = (
+        f"{LABEL.get(layout, layout)}: {first:.2f} s from iter(loader) to the first batch with "
+        f"num_workers={rec} (starting the workers and filling their first batches)"
+    )
+    if first < SLOW_FIRST_BATCH_S:
+        return Finding(
+            "loader.first-batch-slow",
+            Severity.OK,
+            f"Workers deliver the first batch in {first:.2f} s",
+            evidence,
+            stage="loader",
+        )
+    return Finding(
+        "loader.first-batch-slow",
+        Severity.INFO,
+        f"The first batch takes {first:.1f} s with {rec} workers",
+        evidence + "; without persistent workers this is paid again at every epoch",
+        "Keep the workers between epochs: `DataLoader(..., persistent_workers=True)`.",
+        Gain(GainKind.STEP_SHARE, None, "per epoch: depends on the steps in an epoch"),
+        stage="loader",
+    )
+
+
+def _small_files(
+    judged: Mapping[str, tuple[str, dict[int, float]]], recommended: Mapping[str, int]
+) -> Finding | None:
+    if "small_files" not in recommended:
+        return None
+    small_temp, small_curve = judged["small_files"]
+    small = small_curve[recommended["small_files"]]
+    shards = []
+    for name in ("shard", "mds"):
+        # Compared in one cache state only: a warm shard against cold small files
+        # would flatter the shard.
+        if name in recommended and judged[name][0] == small_temp:
+            shards.append((judged[name][1][recommended[name]], name))
+    if not shards or small <= 0:
+        return None
+    best, name = max(shards)
+    ratio = best / small
+    evidence = (
+        f"{small_temp} cache, each at its recommended num_workers: one file per sample "
+        f"{small:,.0f} samples/s (num_workers={recommended['small_files']}); "
+        + "; ".join(
+            f"{LABEL[n]} {v:,.0f} (num_workers={recommended[n]})" for v, n in sorted(shards)
+        )
+    )
+    if ratio < SMALL_FILES_WARNING:
+        return Finding(
+            "loader.small-files",
+            Severity.OK,
+            f"One file per sample costs little through the DataLoader here ({ratio:.1f}x)",
+            evidence,
+            stage="loader",
+        )
+    return Finding(
+        "loader.small-files",
+        Severity.CRITICAL if ratio >= SMALL_FILES_CRITICAL else Severity.WARNING,
+        f"One file per sample loads {ratio:.1f}x slower than {LABEL[name]}",
+        evidence,
+        "Write the dataset as shards once and stream them: "
+        "`with MDSWriter(out=DIR, columns={'image': 'jpeg', 'label': 'int'}) as w: "
+        "w.write(sample)`, then `StreamingDataset(local=DIR, shuffle=True, "
+        "batch_size=...)` in the DataLoader (MosaicML Streaming; WebDataset tar shards work "
+        "the same way).",
+        Gain(
+            GainKind.THROUGHPUT,
+            round(ratio, 2),
+            f"{LABEL[name]} vs one file per sample, {small_temp}, measured here",
+        ),
+        stage="loader",
+    )
+
+
+def _mds_overhead(
+    judged: Mapping[str, tuple[str, dict[int, float]]], recommended: Mapping[str, int]
+) -> Finding | None:
+    """StreamingDataset does more per sample than a read (it opens the shard file for
+    every sample, and hands samples between threads that poll with short sleeps); on
+    fast local storage that can cost more than the reads it organises."""
+    if "mds" not in recommended or "shard" not in recommended:
+        return None
+    temp, mds_curve = judged["mds"]
+    if judged["shard"][0] != temp:
+        return None
+    shard = judged["shard"][1][recommended["shard"]]
+    mds = mds_curve[recommended["mds"]]
+    if mds <= 0 or shard / mds < MDS_OVERHEAD_NOTE:
+        return None
+    best_w = max(mds_curve, key=lambda w: mds_curve[w])
+    return Finding(
+        "loader.mds-overhead",
+        Severity.INFO,
+        f"StreamingDataset delivers {shard / mds:.1f}x fewer samples/s than a plain shard here",
+        f"{temp} cache, each at its recommended num_workers: one shard (map-style, pread) "
+        f"{shard:,.0f} samples/s (num_workers={recommended['shard']}); MDS shards "
+        f"(StreamingDataset) {mds:,.0f} (num_workers={recommended['mds']}); its best: "
+        f"{mds_curve[best_w]:,.0f} with num_workers={best_w}",
+        "StreamingDataset does more per sample than the read (it opens the shard file for "
+        "each sample, and its threads poll for ready samples with short sleeps), so it needs "
+        "more workers than the reads alone: size num_workers from its own figures "
+        "(recommended_num_workers.mds). Where the data is on local disk, a map-style dataset "
+        "over an indexed shard file reads the same bytes with less work.",
+        Gain(GainKind.THROUGHPUT, None, "depends on the storage: compare with `starvecheck io`"),
+        stage="loader",
+    )

@@ -1,0 +1,822 @@
+"""`loader`: samples per second through a real torch DataLoader, per data layout and
+num_workers, cold and warm.
+
+The same samples, stored three ways in a fresh scratch directory under PATH:
+  small_files  one file per sample; a map-style dataset under DataLoader(shuffle=True)
+  shard        one contiguous file and an index of offsets; map-style, shuffled, each
+               worker opening the file once (lazily) and reading samples with pread
+  mds          MosaicML Streaming MDS shards written by MDSWriter and read by
+               StreamingDataset(local=..., shuffle=True, batch_size=...)
+or, with --existing, a sample of the user's own files (`files`), read-only.
+
+Every sample becomes a uint8 tensor and batches are collated as a training job's
+are (stacked; in shared memory when workers make them). Each measured epoch runs
+through a fresh DataLoader (persistent_workers=False) and records when every batch
+arrived:
+  throughput     samples/s once started: from the batch that drains the prefetch
+                 queue (1 + workers x prefetch_factor) to the last one; start-up is
+                 paid once per epoch and reported on its own
+  first_batch_s  from iter(loader) to the first batch: worker start-up
+  batch_wait_ms  time blocked in next(iterator) for every later batch (p50, p99)
+A cold epoch starts with the layout's files evicted and `mincore` checked, as in `io`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import statistics
+import struct
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from starvecheck import cache
+from starvecheck.model import Metric, StageResult
+from starvecheck.scratch import Scratch, signals_held, signals_raise
+from starvecheck.stages.io import (
+    BLOCK,
+    COLD_MAX_RESIDENT,
+    MB,
+    WARM_MIN_RESIDENT,
+    Layout,
+    Progress,
+    under_hypervisor,
+)
+from starvecheck.stages.reads import READ_FLAGS, FileOps, timed_run
+from starvecheck.status import Unavailable, UsageError
+from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
+
+# The layout a recommendation is headlined for: the one a person should use.
+HEADLINE_ORDER = ("mds", "shard", "files", "small_files")
+# The knee: the fewest workers that reach this share of the best throughput.
+KNEE_SHARE = 0.95
+# Batches read in this process before measuring each layout (first-use costs).
+WARMUP_BATCHES = 4
+SHARD_INDEX = struct.Struct("<Q")  # one little-endian u64 offset per sample, plus the end
+MDS_OVERHEAD = 64  # bytes per sample an MDS shard adds (offsets, column sizes), rounded up
+
+_THROUGHPUT = re.compile(r"throughput\.(?P<layout>[a-z_]+)\.(?P<temp>cold|warm)\.w(?P<w>\d+)")
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    samples: int
+    sample_size: int
+    workers: tuple[int, ...]
+    runs: int
+    batch_size: int = 32
+    prefetch_factor: int = 2
+    pin_memory: bool | None = None  # None: when CUDA is available
+    cold: bool = True
+    effective_cpus: int = 1
+    seed: int = 0
+
+    @property
+    def temperatures(self) -> tuple[str, ...]:
+        return ("cold", "warm") if self.cold else ("warm",)
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "sample_size_bytes": self.sample_size,
+            "batch_size": self.batch_size,
+            "workers": list(self.workers),
+            "prefetch_factor": self.prefetch_factor,
+            "runs": self.runs,
+            "cold": self.cold,
+            "effective_cpus": self.effective_cpus,
+            "persistent_workers": False,
+            "seed": self.seed,
+        }
+
+
+def space_needed(samples: int, sample_size: int) -> int:
+    """Bytes the three layouts take: each small file in whole blocks, the shard and
+    its index, the MDS shards."""
+    per_file = -(-sample_size // BLOCK) * BLOCK
+    shard = samples * sample_size + SHARD_INDEX.size * (samples + 1)
+    mds = samples * (sample_size + MDS_OVERHEAD) + (1 << 20)
+    return samples * per_file + shard + mds + BLOCK * (samples // 64 + 8)
+
+
+# --- knee and recommendation (pure) ---------------------------------------------------
+
+
+def knee(curve: Mapping[int, float], effective_cpus: int, share: float = KNEE_SHARE) -> int | None:
+    """The fewest workers whose throughput reaches `share` of the best measured at or
+    below the effective CPUs. Counts above the CPUs are never recommended: they take
+    CPU time from the training process (loader.workers-above-cpus says what they won)."""
+    eligible = {w: v for w, v in curve.items() if w <= max(1, effective_cpus)}
+    if not eligible:
+        return None
+    best = max(eligible.values())
+    return min(w for w, v in eligible.items() if v >= share * best)
+
+
+def curves(metrics: Sequence[Metric]) -> dict[str, tuple[str, dict[int, float]]]:
+    """Per layout: the cache state to judge it in and its samples/s by num_workers.
+    Cold where every cold point was measured (first epochs, datasets larger than
+    memory), else warm."""
+    points: dict[str, dict[str, dict[int, float | None]]] = {}
+    for m in metrics:
+        match = _THROUGHPUT.fullmatch(m.name)
+        if match:
+            by_temp = points.setdefault(match["layout"], {})
+            by_temp.setdefault(match["temp"], {})[int(match["w"])] = m.value
+    out: dict[str, tuple[str, dict[int, float]]] = {}
+    for layout, by_temp in points.items():
+        for temp in ("cold", "warm"):
+            curve = by_temp.get(temp, {})
+            if curve and all(v is not None for v in curve.values()):
+                out[layout] = (temp, {w: v for w, v in sorted(curve.items()) if v is not None})
+                break
+    return out
+
+
+def headline(recommended: Mapping[str, int]) -> str | None:
+    return next((name for name in HEADLINE_ORDER if name in recommended), None)
+
+
+def steady(
+    started: float, arrivals: Sequence[float], workers: int, prefetch: int
+) -> tuple[int, float]:
+    """The loader once running: (index of the first batch counted, seconds). Counting
+    starts after the batch that empties the queue filled during start-up (1 + workers
+    x prefetch batches) and ends at the last arrival. Short epochs keep at least their
+    second half; a one-batch epoch counts from `started`."""
+    n = len(arrivals)
+    skip = max(0, min(1 + workers * prefetch, n // 2))
+    if n == 0:
+        return 0, 0.0
+    return skip, arrivals[-1] - (arrivals[skip - 1] if skip else started)
+
+
+# --- datasets: module level, so DataLoader workers can receive them -------------------
+
+
+def _pread_full(fd: int, buf: bytearray, offset: int) -> int:
+    view = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:  # the file shrank under us
+            break
+        got += n
+    return got
+
+
+def _tensor(buf: bytearray, got: int) -> Any:
+    import torch
+
+    if got == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(buf, dtype=torch.uint8, count=got)
+
+
+class FileSamples:
+    """One file per sample, read whole (an ImageFolder-style dataset before decoding)."""
+
+    def __init__(self, names: Sequence[str], dir_fd: int | None, flags: int = READ_FLAGS):
+        self.names = list(names)
+        self.dir_fd = dir_fd  # inherited by forked workers
+        self.flags = flags
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, i: int) -> Any:
+        fd = os.open(self.names[i], self.flags | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+        try:
+            buf = bytearray(os.fstat(fd).st_size)
+            got = _pread_full(fd, buf, 0)
+        finally:
+            os.close(fd)
+        return _tensor(buf, got)
+
+
+class ShardSamples:
+    """Samples at offsets of one shard, found through its index. Each process opens the
+    shard once, on its first sample, and reads with pread (no shared file offset)."""
+
+    def __init__(self, name: str, dir_fd: int, index_name: str):
+        self.name = name
+        self.dir_fd = dir_fd
+        fd = os.open(index_name, READ_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+        try:
+            raw = bytearray(os.fstat(fd).st_size)
+            _pread_full(fd, raw, 0)
+        finally:
+            os.close(fd)
+        self.offsets = [v for (v,) in SHARD_INDEX.iter_unpack(raw)]
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> Any:
+        if self._fd is None or self._pid != os.getpid():
+            self._fd = os.open(self.name, READ_FLAGS | os.O_NOFOLLOW, dir_fd=self.dir_fd)
+            self._pid = os.getpid()
+        start, end = self.offsets[i], self.offsets[i + 1]
+        buf = bytearray(end - start)
+        return _tensor(buf, _pread_full(self._fd, buf, start))
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None, "_pid": None}
+
+
+def collate_flat(batch: list[Any]) -> tuple[Any, Any]:
+    """Samples of different sizes (a user's files) cannot be stacked: one flat tensor of
+    their bytes and a tensor of their lengths. In a worker the bytes go straight into
+    shared memory, one block per batch, as default_collate's stack does for samples
+    of one size (a list of tensors would cost a shared-memory block per sample)."""
+    import torch
+
+    out = None
+    if torch.utils.data.get_worker_info() is not None:
+        numel = sum(int(t.numel()) for t in batch)
+        storage = batch[0]._typed_storage()._new_shared(numel, device=batch[0].device)
+        out = batch[0].new(storage).resize_(numel)
+    return torch.cat(batch, out=out), torch.tensor([int(t.numel()) for t in batch])
+
+
+def _worker_init(worker_id: int) -> None:
+    """Workers are forked while starvecheck turns SIGTERM and SIGHUP into exceptions;
+    in a worker those would print tracebacks. Give workers the defaults back (torch
+    handles Ctrl-C in workers itself)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _batch_size(batch: Any) -> tuple[int, int]:
+    """(samples, bytes) of a collated batch: a stacked tensor, a dict of one (MDS), or
+    `collate_flat`'s (bytes, lengths)."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, tuple):
+        data, lengths = batch
+        return int(lengths.numel()), int(data.numel())
+    return int(batch.shape[0]), int(batch.numel())
+
+
+# --- layouts ---------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """One layout: its files (for eviction and residency) and how to open it as a dataset."""
+
+    layout: Layout  # io's description of files on disk; no read patterns here
+    make: Callable[[int], Any]  # run number -> a fresh dataset
+    release: Callable[[Any], None] = lambda dataset: None
+    shuffle: bool = True  # DataLoader(shuffle=): map-style; StreamingDataset shuffles itself
+    collate: Callable[[list[Any]], Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+
+def generate(
+    scratch: Scratch,
+    plan: Plan,
+    streaming: Any | None,
+    progress: Progress = _no_progress,
+) -> list[Source]:
+    """Write every sample as its own file, into one shard with an index, and (where
+    mosaicml-streaming is installed) into MDS shards; return the layouts."""
+    import numpy as np
+
+    size = plan.sample_size
+    scratch.mkdir("samples")
+    names = [f"{i:07d}.bin" for i in range(plan.samples)]
+    offsets = [i * size for i in range(plan.samples + 1)]
+    writer = None
+    if streaming is not None:
+        scratch.mkdir("mds")
+        # The writer opens its own files in mds/: Scratch.adopt records them below, and
+        # again in run()'s `finally` should writing be interrupted.
+        writer = streaming.MDSWriter(
+            out=os.path.join(scratch.path, "mds"), columns={"data": f"ndarray:uint8:{size}"}
+        )
+    shard_fd = scratch.new_file("shard.bin")
+    try:
+        for i, name in enumerate(names):
+            data = os.urandom(size)  # incompressible: no fs compression tricks
+            fd = scratch.new_file(name, "samples")
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+            _write_all(shard_fd, data)
+            if writer is not None:
+                writer.write({"data": np.frombuffer(data, np.uint8)})
+            if i % 256 == 0:
+                progress("writing samples", i, plan.samples)
+        if writer is not None:
+            writer.finish()
+    finally:
+        os.close(shard_fd)
+    index_fd = scratch.new_file("shard.idx")
+    try:
+        _write_all(index_fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
+    finally:
+        os.close(index_fd)
+    progress("writing samples", plan.samples, plan.samples)
+    scratch.syncfs()
+
+    total = plan.samples * size
+    root_fd, samples_fd = scratch.dir_fd(), scratch.dir_fd("samples")
+    sources = [
+        Source(
+            Layout("small_files", {}, names, samples_fd, total, size, sync=True),
+            lambda run: FileSamples(names, samples_fd),
+        ),
+        Source(
+            Layout("shard", {}, ["shard.bin", "shard.idx"], root_fd, total, size, sync=True),
+            lambda run: ShardSamples("shard.bin", root_fd, "shard.idx"),
+            release=lambda dataset: dataset.close(),
+        ),
+    ]
+    if streaming is not None:
+        from starvecheck.stages import mds
+
+        scratch.adopt("mds")
+        mds_dir = os.path.join(scratch.path, "mds")
+        mds_fd = scratch.dir_fd("mds")
+        files = sorted(os.listdir(mds_fd))
+        sources.append(
+            Source(
+                Layout("mds", {}, files, mds_fd, total, size, sync=True),
+                lambda run: streaming.StreamingDataset(
+                    local=mds_dir,
+                    shuffle=True,
+                    batch_size=plan.batch_size,
+                    shuffle_seed=plan.seed + run,
+                ),
+                release=lambda dataset: mds.release(dataset, streaming),
+                shuffle=False,
+            )
+        )
+    return sources
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any], list[str]]:
+    """A uniform sample of the user's files up to 8 MiB, read whole, read-only."""
+    from starvecheck.stages import existing
+
+    rng = random.Random(plan.seed)
+    found = existing.discover(path, plan.samples, rng)
+    flags = existing.read_flags(found.owners)
+    paths, bad = existing.readable([p for p, _ in found.small], flags)
+    if not paths:
+        raise UsageError(
+            f"{path}: no readable, non-empty regular files of at most 8 MiB to sample "
+            "(loader reads whole files as samples; for shards use `starvecheck io --existing`)"
+        )
+    sizes = dict(found.small)
+    total = sum(sizes[p] for p in paths)
+    by_size = sorted(sizes[p] for p in paths)
+    source = Source(
+        Layout("files", {}, paths, None, total, 1 << 20, sync=False, evict_flags=flags),
+        lambda run: FileSamples(paths, None, flags),
+        collate=collate_flat,
+    )
+    params = {
+        "existing": True,
+        "files_seen": found.small_seen + found.large_seen,
+        "files_read": len(paths),
+        "median_file_bytes": by_size[len(by_size) // 2],
+        "large_files_skipped": found.large_seen,
+    }
+    caveats = []
+    if found.large_seen:
+        caveats.append(
+            f"{found.large_seen:,} files over 8 MiB (shards, archives) were not read: loader "
+            "reads whole files as samples; `starvecheck io --existing` reads ranges of them"
+        )
+    if found.truncated:
+        caveats.append(
+            f"listing stopped after {existing.SCAN_LIMIT:,} files; the sample is drawn from those"
+        )
+    if found.symlinks:
+        caveats.append(f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)")
+    if found.unreadable + bad:
+        caveats.append(
+            f"{found.unreadable + bad:,} files or directories could not be read and were skipped"
+        )
+    if not flags & os.O_NOATIME:
+        caveats.append(
+            "files owned by other users were read without O_NOATIME: their access times may "
+            "change (contents and modification times do not)"
+        )
+    caveats.append(
+        "the files are read as raw bytes, each batch collated into one flat tensor (they "
+        "differ in size): decoding (JPEG, tokenizing) costs CPU on top, which "
+        "`starvecheck starve` measures"
+    )
+    return [source], params, caveats
+
+
+# --- measuring -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Epoch:
+    seconds: float  # steady state (see `steady`)
+    steady_samples: int
+    steady_bytes: int
+    first_batch_s: float
+    waits_s: tuple[float, ...]  # every batch after the first
+
+
+@dataclass
+class Measured:
+    epochs: dict[tuple[str, str, int], list[Epoch]] = field(default_factory=dict)
+    resident_cold: dict[str, list[float | None]] = field(default_factory=dict)
+    resident_warm: dict[str, list[float | None]] = field(default_factory=dict)
+    residency_errors: list[str] = field(default_factory=list)
+
+
+def run_epoch(
+    source: Source, plan: Plan, workers: int, pin_memory: bool, run: int, limit: int = 0
+) -> Epoch:
+    """One epoch (or `limit` batches) through a fresh DataLoader. Workers are shut down
+    and the dataset released on every way out, Ctrl-C included."""
+    import torch
+
+    clock = time.perf_counter
+    dataset = None
+    try:
+        with signals_held():  # the dataset exists only once it can be released
+            dataset = source.make(run)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=plan.batch_size,
+            shuffle=source.shuffle,
+            num_workers=workers,
+            collate_fn=source.collate,
+            pin_memory=pin_memory,
+            prefetch_factor=plan.prefetch_factor if workers else None,
+            persistent_workers=False,
+            worker_init_fn=_worker_init if workers else None,
+            generator=torch.Generator().manual_seed(plan.seed + run),
+        )
+        arrivals: list[float] = []
+        waits: list[float] = []  # time blocked in next(it), every batch after the first
+        counts: list[int] = []
+        sizes: list[int] = []
+        started = clock()
+        it = iter(loader)
+        try:
+            while not limit or len(arrivals) < limit:
+                asked = clock()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                arrivals.append(clock())
+                if len(arrivals) > 1:
+                    waits.append(arrivals[-1] - asked)
+                n, nbytes = _batch_size(batch)
+                counts.append(n)
+                sizes.append(nbytes)
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:  # now, not at garbage collection
+                shutdown()
+            del it
+    finally:
+        if dataset is not None:
+            with signals_held():
+                source.release(dataset)
+    skip, seconds = steady(started, arrivals, workers, plan.prefetch_factor)
+    return Epoch(
+        seconds=seconds,
+        steady_samples=sum(counts[skip:]),
+        steady_bytes=sum(sizes[skip:]),
+        first_batch_s=(arrivals[0] - started) if arrivals else 0.0,
+        waits_s=tuple(waits),
+    )
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Warnings that are the point of the measurement, not news: more workers than
+    CPUs (the sweep goes past them on purpose) and read-only arrays from MDS (the
+    tensors are only counted). Forked workers inherit the filters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*worker processes in total.*")
+        warnings.filterwarnings("ignore", message=r".*NumPy array is not writable.*")
+        yield
+
+
+def measure(
+    sources: Sequence[Source], plan: Plan, pin_memory: bool, progress: Progress = _no_progress
+) -> Measured:
+    """Every (cache, layout, num_workers): `plan.runs` epochs, each cold one evicted
+    and checked first; warm ones after a full unmeasured read."""
+    out = Measured()
+    for source in sources:  # first-use costs (imports, code paths) out of the figures
+        run_epoch(source, plan, 0, pin_memory, run=0, limit=WARMUP_BATCHES)
+    configs = [(t, s, w) for t in plan.temperatures for s in sources for w in plan.workers]
+    total = len(configs) * plan.runs
+    done = 0
+    warmed: set[str] = set()
+    for temp, source, workers in configs:
+        layout = source.layout
+        if temp == "warm" and layout.name not in warmed:
+            files = FileOps(layout.paths, layout.dir_fd, layout.evict_flags)
+            timed_run(files, threads=1, buffer_size=1 << 20, contiguous=True)
+            out.resident_warm.setdefault(layout.name, []).append(_residency(layout, out))
+            warmed.add(layout.name)
+        epochs = out.epochs.setdefault((layout.name, temp, workers), [])
+        for run in range(plan.runs):
+            if temp == "cold":
+                cache.evict(
+                    layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags
+                )
+                out.resident_cold.setdefault(layout.name, []).append(_residency(layout, out))
+            progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
+            epochs.append(run_epoch(source, plan, workers, pin_memory, run))
+            done += 1
+    progress("measuring", total, total)
+    return out
+
+
+def _residency(layout: Layout, out: Measured) -> float | None:
+    res = layout.residency()
+    if res.reason and res.reason not in out.residency_errors:
+        out.residency_errors.append(res.reason)
+    return res.fraction
+
+
+# --- summarising -------------------------------------------------------------------------
+
+
+def summarize(
+    names: Sequence[str], plan: Plan, m: Measured, fs_kind: str | None = None
+) -> tuple[list[Metric], list[str], dict[str, str]]:
+    """Metrics (named as the README promises), caveats, and the cache state each
+    layout's first_batch_s comes from."""
+    metrics: list[Metric] = []
+    caveats: list[str] = []
+    not_cold: dict[str, str] = {}
+    for name in names:
+        fractions = [f for f in m.resident_cold.get(name, []) if f is not None]
+        if fractions:
+            metrics.append(_resident_metric(f"resident_before.{name}", fractions))
+            if max(fractions) > COLD_MAX_RESIDENT:
+                not_cold[name] = (
+                    f"not cold: {max(fractions):.0%} of the data was still in the page cache "
+                    "before a cold epoch"
+                )
+        elif m.resident_cold.get(name):
+            caveats.append(
+                f"{name}: could not check that the cache was cold "
+                f"({'; '.join(m.residency_errors) or 'mincore failed'}); compare the cold and "
+                "warm figures before trusting the cold ones"
+            )
+        warm = [f for f in m.resident_warm.get(name, []) if f is not None]
+        if warm and min(warm) < WARM_MIN_RESIDENT:
+            caveats.append(
+                f"{name}: only {min(warm):.0%} of the data stayed in the page cache after a full "
+                "read, so the warm figures are partly cold"
+            )
+    if not_cold and fs_kind == "memory":
+        caveats.append(
+            f"this path is on tmpfs (memory), where data cannot be cold: the cold figures of "
+            f"{', '.join(sorted(not_cold))} are withheld; run loader on the filesystem the "
+            "dataset really lives on"
+        )
+    elif not_cold:
+        caveats.append(
+            f"the page cache could not be emptied for {', '.join(sorted(not_cold))}, so its "
+            "cold figures are withheld: pages not yet written back cannot be evicted (files "
+            "written moments ago: run `sync` first), and some filesystems keep their pages "
+            "(FUSE daemons, network caches)"
+        )
+    unstable: list[str] = []
+    first_cache: dict[str, str] = {}
+    for name in names:
+        for temp in plan.temperatures:
+            for w in plan.workers:
+                epochs = m.epochs.get((name, temp, w), [])
+                base = f"{name}.{temp}.w{w}"
+                if temp == "cold" and name in not_cold:
+                    reason = not_cold[name]
+                    metrics += [
+                        Metric.missing(f"throughput.{base}", "samples/s", reason),
+                        Metric.missing(f"mbps.{base}", "MB/s", reason),
+                        Metric.missing(f"batch_wait_ms.{base}.p50", "ms", reason),
+                        Metric.missing(f"batch_wait_ms.{base}.p99", "ms", reason),
+                    ]
+                    continue
+                rates = [e.steady_samples / e.seconds for e in epochs if e.seconds > 0]
+                metrics.append(Metric.repeated(f"throughput.{base}", rates, "samples/s"))
+                metrics.append(
+                    Metric.repeated(
+                        f"mbps.{base}",
+                        [e.steady_bytes / e.seconds / MB for e in epochs if e.seconds > 0],
+                        "MB/s",
+                    )
+                )
+                waits = sorted(x * 1000 for e in epochs for x in e.waits_s)
+                for p in (50, 99):
+                    name_p = f"batch_wait_ms.{base}.p{p}"
+                    metrics.append(
+                        Metric.single(name_p, round(percentile(waits, p), 4), "ms")
+                        if waits
+                        else Metric.missing(name_p, "ms", "one batch per epoch: no waits after it")
+                    )
+                if len(rates) >= 2 and statistics.median(rates) > 0:
+                    spread = statistics.stdev(rates) / statistics.median(rates)
+                    if spread >= UNSTABLE_SPREAD or outliers(rates):
+                        unstable.append(f"{base} {spread:.0%}")
+        # Start-up is a property of the workers, not the cache: one figure per count,
+        # from the cold epochs where they count, else the warm ones.
+        temp = "cold" if plan.cold and name not in not_cold else "warm"
+        first_cache[name] = temp
+        for w in plan.workers:
+            metrics.append(
+                Metric.repeated(
+                    f"first_batch_s.{name}.w{w}",
+                    [round(e.first_batch_s, 5) for e in m.epochs.get((name, temp, w), [])],
+                    "s",
+                )
+            )
+    if unstable:
+        caveats.append(
+            "epochs vary by 10% or more of the median (stdev/median), or hold outliers: "
+            + ", ".join(unstable)
+            + "; a noisy machine or a cache changing under the runs: close other work and "
+            "add --runs"
+        )
+    if plan.runs < 3:
+        caveats.append(
+            f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
+        )
+    return metrics, caveats, first_cache
+
+
+def _resident_metric(name: str, fractions: list[float]) -> Metric:
+    """The largest fraction seen (the figure that decides), every value kept."""
+    m = Metric.repeated(name, [round(f, 6) for f in fractions], "fraction")
+    return replace(m, value=m.max)
+
+
+def recommend(
+    metrics: Sequence[Metric], effective_cpus: int
+) -> tuple[list[Metric], Metric | None, list[str]]:
+    """recommended_num_workers per layout and overall, the capacity, and caveats."""
+    out: list[Metric] = []
+    caveats: list[str] = []
+    recommended: dict[str, int] = {}
+    by_name = {m.name: m for m in metrics}
+    for layout, (_, curve) in curves(metrics).items():
+        k = knee(curve, effective_cpus)
+        if k is None:
+            caveats.append(
+                f"{layout}: no num_workers at or below the {effective_cpus} effective CPUs was "
+                "measured, so none is recommended; add them to --workers"
+            )
+            continue
+        recommended[layout] = k
+        out.append(Metric.single(f"recommended_num_workers.{layout}", k, "workers"))
+    top = headline(recommended)
+    capacity = None
+    if top is not None:
+        out.append(Metric.single("recommended_num_workers", recommended[top], "workers"))
+        temp, _ = curves(metrics)[top]
+        name = f"throughput.{top}.{temp}.w{recommended[top]}"
+        capacity = replace(by_name[name], name=f"capacity ({name})")
+    return out, capacity, caveats
+
+
+# --- the stage ---------------------------------------------------------------------------
+
+
+def run(
+    path: str,
+    plan: Plan,
+    *,
+    existing: bool,
+    storage: Mapping[str, Any],
+    progress: Progress = _no_progress,
+    warn: Callable[[str], None] = lambda _msg: None,
+) -> StageResult:
+    """Measure, summarise, recommend and judge. SIGTERM/SIGHUP raise like Ctrl-C while
+    this runs: workers are shut down, Streaming's shared memory and the scratch data
+    removed on every way out."""
+    import multiprocessing
+
+    import torch
+
+    from starvecheck.advice.loader import advise
+
+    start = time.perf_counter()
+    params: dict[str, Any] = {"path": path, **plan.parameters()}
+    caveats: list[str] = []
+    extra_metrics: list[Metric] = []
+    cuda = torch.cuda.is_available()
+    pin = cuda if plan.pin_memory is None else plan.pin_memory
+    if pin and not cuda:
+        caveats.append("--pin-memory: no CUDA device here, so memory was not pinned")
+        pin = False
+    params.update(pin_memory=pin, start_method=multiprocessing.get_start_method())
+    with signals_raise(), quiet_torch():
+        if existing:
+            sources, extra, more = existing_sources(path, plan)
+            params.update(extra)
+            caveats += more
+            measured = _measure_or_fail(sources, plan, pin, progress)
+        else:
+            streaming, why = _streaming()
+            if streaming is None:
+                extra_metrics.append(Metric.missing("throughput.mds", "samples/s", why))
+            scratch = Scratch(path, prefix="starvecheck-loader-")
+            try:
+                with scratch:
+                    try:
+                        sources = generate(scratch, plan, streaming, progress)
+                        measured = _measure_or_fail(sources, plan, pin, progress)
+                    except OSError as e:
+                        raise UsageError(
+                            f"writing test data in {scratch.path} failed: {e.strerror}"
+                        ) from e
+                    finally:
+                        scratch.adopt("mds")  # MDSWriter's files, also after an interrupt
+            finally:
+                if scratch.leftovers:
+                    warn(
+                        "could not remove everything starvecheck created (it holds something "
+                        "else, or permissions changed): " + "; ".join(scratch.leftovers)
+                    )
+            params["scratch"] = scratch.path
+    names = [s.name for s in sources]
+    metrics, more, first_cache = summarize(names, plan, measured, storage.get("kind"))
+    caveats += more
+    params["first_batch_cache"] = first_cache
+    rec, capacity, more = recommend(metrics, plan.effective_cpus)
+    metrics += extra_metrics + rec
+    caveats += more
+    if plan.cold and under_hypervisor():
+        caveats.append(
+            "this is a virtual machine: the hypervisor may cache the virtual disk, which makes "
+            "cold epochs faster than the physical device would"
+        )
+    return StageResult(
+        stage="loader",
+        parameters=params,
+        metrics=tuple(metrics),
+        findings=advise(metrics, params),
+        caveats=tuple(caveats),
+        capacity=capacity,
+        duration_s=round(time.perf_counter() - start, 3),
+    )
+
+
+def _streaming() -> tuple[Any | None, str]:
+    from starvecheck.stages.mds import StreamingUnavailable, load_streaming
+
+    try:
+        return load_streaming(), ""
+    except StreamingUnavailable as e:
+        return None, str(e)
+
+
+def _measure_or_fail(
+    sources: Sequence[Source], plan: Plan, pin: bool, progress: Progress
+) -> Measured:
+    try:
+        return measure(sources, plan, pin, progress)
+    except OSError as e:
+        where = f" ({os.fsdecode(e.filename)})" if e.filename else ""
+        raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
+    except RuntimeError as e:
+        # torch reports a worker killed by a signal (out of memory, a bus error when
+        # /dev/shm is full) as a RuntimeError: say so in one line.
+        raise Unavailable(f"the DataLoader failed: {' '.join(str(e).split())}") from e
