@@ -291,3 +291,10 @@ def test_interrupt_shuts_the_workers_down(sig, code):
     assert "Traceback" not in err
     time.sleep(0.2)
     assert not [w for w in workers if _alive(w)], "workers left running"
+
+
+def test_pin_memory_advice_only_with_a_gpu():
+    metrics, params = _metrics([_point(0, 160), _point(2, 30)])
+    assert "starve.pin-memory" not in {f.id for f in advise(metrics, params)}
+    found = {f.id: f for f in advise(metrics, {**params, "cuda": True})}
+    assert "pin_memory=True" in found["starve.pin-memory"].recommendation

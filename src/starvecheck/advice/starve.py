@@ -50,6 +50,7 @@ def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Findin
         _enough(idle, rec, cpus, d, b, g),
         _above_cpus(m, idle, cpus),
         _first_batch(m, rec),
+        _pin_memory(params, rec),
     ]
     return tuple(f for f in findings if f is not None)
 
@@ -185,5 +186,22 @@ def _first_batch(m: Mapping[str, Metric], rec: float | None) -> Finding | None:
         "the first prefetch), paid again at every epoch without persistent workers",
         "Keep workers between epochs: `DataLoader(..., persistent_workers=True)`.",
         Gain(GainKind.STEP_SHARE, None, "per epoch: depends on steps per epoch"),
+        stage="starve",
+    )
+
+
+def _pin_memory(params: Mapping[str, Any], rec: float | None) -> Finding | None:
+    """Only where there is a GPU to copy to: without CUDA, pinning does not apply."""
+    if not params.get("cuda") or not rec:
+        return None
+    return Finding(
+        "starve.pin-memory",
+        Severity.INFO,
+        "Batches here are pageable: pin them so the copy to the GPU can overlap",
+        "this run hands batches over without pin_memory; with a CUDA device, pageable "
+        "host memory is staged through a bounce buffer and `.to(device, non_blocking=True)` "
+        "cannot overlap with compute",
+        "`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`.",
+        Gain(GainKind.STEP_SHARE, None, "`starvecheck pcie` measures pinned vs pageable"),
         stage="starve",
     )

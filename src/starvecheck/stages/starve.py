@@ -342,7 +342,13 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
     with signals_raise():  # SIGTERM ends the sweep like Ctrl-C: workers are shut down
         points = sweep(plan, progress, tokenizer, texts)
     metrics = summarize(plan, d_ms, points)
-    params = {**plan.parameters(), "sample_cpu_ms": round(d_ms, 4)}
+    import torch
+
+    params = {
+        **plan.parameters(),
+        "sample_cpu_ms": round(d_ms, 4),
+        "cuda": bool(torch.cuda.is_available()),
+    }
     return StageResult(
         stage="starve",
         parameters=params,
