@@ -59,31 +59,21 @@ def render(report: Report, console: Any) -> None:
         rates, rest = throughput.split(stage.metrics)
         if rates:
             console.print()
-            console.print(_rates_table(stage.stage, rates))
+            cells = [r.cells() for r in rates]
+            console.print(_table(stage.stage, throughput.HEADERS, cells, right=range(3, 10)))
             for line in throughput.missing_reasons(rates):
                 console.print(Text(line, style="dim"))
         loader_rows, rest, notes = loader.split(rest, stage.parameters)
         if loader_rows:
             console.print()
-            console.print(_loader_table(stage.stage, loader_rows))
+            right = range(2, len(loader.HEADERS) - 1)
+            console.print(_table(stage.stage, loader.HEADERS, loader_rows, right=right))
             for line in notes:
                 console.print(Text(line, style="dim"))
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             console.print()
-            table = Table(
-                *headers,
-                title=stage.stage,
-                title_justify="left",
-                box=None,
-                header_style="bold",
-                pad_edge=False,
-            )
-            for col in table.columns[1:]:
-                col.justify = "right"
-            for row in rows:
-                table.add_row(*row)
-            console.print(table)
+            console.print(_table(stage.stage, headers, rows, right=range(1, len(headers))))
         if rest:
             console.print()
             titled = rates or rows or loader_rows
@@ -129,41 +119,24 @@ def _finding_block(i: int, f: Finding) -> Any:
     return grid
 
 
-def _rates_table(stage: str, rows: list[throughput.Row]) -> Any:
+def _table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], right: range) -> Any:
+    """A measurement table: first column never wrapped, numbers right-aligned, rows whose
+    figure is n/a dimmed (their reason is printed below the table)."""
     from rich.table import Table
 
     table = Table(
-        *throughput.HEADERS,
-        title=stage,
+        *headers,
+        title=title,
         title_justify="left",
         box=None,
         header_style="bold",
         pad_edge=False,
     )
     table.columns[0].no_wrap = True
-    for col in table.columns[3:]:
-        col.justify = "right"
+    for i in right:
+        table.columns[i].justify = "right"
     for row in rows:
-        table.add_row(*row.cells(), style="dim" if row.rate.value is None else None)
-    return table
-
-
-def _loader_table(stage: str, rows: list[tuple[str, ...]]) -> Any:
-    from rich.table import Table
-
-    table = Table(
-        *loader.HEADERS,
-        title=stage,
-        title_justify="left",
-        box=None,
-        header_style="bold",
-        pad_edge=False,
-    )
-    table.columns[0].no_wrap = True
-    for col in table.columns[2:-1]:
-        col.justify = "right"
-    for row in rows:
-        table.add_row(*row, style="dim" if row[3] == "n/a" else None)
+        table.add_row(*row, style="dim" if "n/a" in row else None)
     return table
 
 

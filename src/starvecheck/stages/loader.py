@@ -27,7 +27,6 @@ import contextlib
 import os
 import random
 import re
-import signal
 import statistics
 import struct
 import time
@@ -49,6 +48,7 @@ from starvecheck.stages.io import (
     under_hypervisor,
 )
 from starvecheck.stages.reads import READ_FLAGS, FileOps, timed_run
+from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
 
@@ -254,15 +254,6 @@ def collate_flat(batch: list[Any]) -> tuple[Any, Any]:
         storage = batch[0]._typed_storage()._new_shared(numel, device=batch[0].device)
         out = batch[0].new(storage).resize_(numel)
     return torch.cat(batch, out=out), torch.tensor([int(t.numel()) for t in batch])
-
-
-def _worker_init(worker_id: int) -> None:
-    """Workers are forked while starvecheck turns SIGTERM and SIGHUP into exceptions;
-    in a worker those would print tracebacks. Give workers the defaults back (torch
-    handles Ctrl-C in workers itself)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _batch_size(batch: Any) -> tuple[int, int]:
@@ -482,7 +473,7 @@ def run_epoch(
             pin_memory=pin_memory,
             prefetch_factor=plan.prefetch_factor if workers else None,
             persistent_workers=False,
-            worker_init_fn=_worker_init if workers else None,
+            worker_init_fn=worker_init if workers else None,
             generator=torch.Generator().manual_seed(plan.seed + run),
         )
         arrivals: list[float] = []

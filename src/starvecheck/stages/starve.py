@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.model import Metric, StageResult
+from starvecheck.stages.workers import worker_init
 from starvecheck.status import UsageError
 
 Progress = Callable[[str, int, int], None]
@@ -161,6 +162,7 @@ def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
             shuffle=False,
             prefetch_factor=PREFETCH if workers else None,
             persistent_workers=False,
+            worker_init_fn=worker_init if workers else None,
         )
         it = iter(loader)
     try:
