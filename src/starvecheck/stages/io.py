@@ -164,10 +164,10 @@ def generate(scratch: Scratch, plan: Plan, progress: Progress = _no_progress) ->
             data = os.urandom(plan.sample_size)  # incompressible: no fs compression tricks
             fd = scratch.new_file(name, "samples")
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
             finally:
                 os.close(fd)
-            _write_all(shard_fd, data)
+            write_all(shard_fd, data)
             if i % 256 == 0:
                 progress("writing samples", i, plan.samples)
     finally:
@@ -208,7 +208,7 @@ def generate(scratch: Scratch, plan: Plan, progress: Progress = _no_progress) ->
     ]
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -291,7 +291,7 @@ def summarize(
         known = [f for f in fractions if f is not None]
         if fractions:
             if known:
-                metrics.append(_resident_metric(f"resident_before.{layout.name}", known))
+                metrics.append(resident_metric(f"resident_before.{layout.name}", known))
             worst = max(known, default=None)
             if worst is None:
                 caveats.append(
@@ -377,19 +377,10 @@ def summarize(
     return metrics, caveats
 
 
-def _resident_metric(name: str, fractions: list[float]) -> Metric:
-    """Largest fraction seen (the figure that decides), with every value kept."""
-    vals = tuple(round(f, 6) for f in fractions)
-    return Metric(
-        name,
-        max(vals),
-        "fraction",
-        vals,
-        statistics.median(vals),
-        min(vals),
-        max(vals),
-        statistics.stdev(vals) if len(vals) > 1 else 0.0,
-    )
+def resident_metric(name: str, fractions: list[float]) -> Metric:
+    """The largest fraction seen (the figure that decides), every value kept."""
+    m = Metric.repeated(name, [round(f, 6) for f in fractions], "fraction")
+    return replace(m, value=m.max)
 
 
 def run(

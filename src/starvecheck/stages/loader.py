@@ -28,7 +28,6 @@ import os
 import random
 import re
 import statistics
-import struct
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +37,13 @@ from typing import Any
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import Scratch, signals_held, signals_raise
+from starvecheck.stages.datasets import (
+    SHARD_INDEX,
+    FileSamples,
+    ShardSamples,
+    batch_size_of,
+    collate_flat,
+)
 from starvecheck.stages.io import (
     BLOCK,
     COLD_MAX_RESIDENT,
@@ -45,9 +51,11 @@ from starvecheck.stages.io import (
     WARM_MIN_RESIDENT,
     Layout,
     Progress,
+    resident_metric,
     under_hypervisor,
+    write_all,
 )
-from starvecheck.stages.reads import READ_FLAGS, FileOps, timed_run
+from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
@@ -58,7 +66,6 @@ HEADLINE_ORDER = ("mds", "shard", "files", "small_files")
 KNEE_SHARE = 0.95
 # Batches read in this process before measuring each layout (first-use costs).
 WARMUP_BATCHES = 4
-SHARD_INDEX = struct.Struct("<Q")  # one little-endian u64 offset per sample, plus the end
 MDS_OVERHEAD = 64  # bytes per sample an MDS shard adds (offsets, column sizes), rounded up
 
 _THROUGHPUT = re.compile(r"throughput\.(?P<layout>[a-z_]+)\.(?P<temp>cold|warm)\.w(?P<w>\d+)")
@@ -161,112 +168,6 @@ def steady(
     return skip, arrivals[-1] - (arrivals[skip - 1] if skip else started)
 
 
-# --- datasets: module level, so DataLoader workers can receive them -------------------
-
-
-def _pread_full(fd: int, buf: bytearray, offset: int) -> int:
-    view = memoryview(buf)
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:  # the file shrank under us
-            break
-        got += n
-    return got
-
-
-def _tensor(buf: bytearray, got: int) -> Any:
-    import torch
-
-    if got == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.frombuffer(buf, dtype=torch.uint8, count=got)
-
-
-class FileSamples:
-    """One file per sample, read whole (an ImageFolder-style dataset before decoding)."""
-
-    def __init__(self, names: Sequence[str], dir_fd: int | None, flags: int = READ_FLAGS):
-        self.names = list(names)
-        self.dir_fd = dir_fd  # inherited by forked workers
-        self.flags = flags
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-    def __getitem__(self, i: int) -> Any:
-        fd = os.open(self.names[i], self.flags | os.O_NOFOLLOW, dir_fd=self.dir_fd)
-        try:
-            buf = bytearray(os.fstat(fd).st_size)
-            got = _pread_full(fd, buf, 0)
-        finally:
-            os.close(fd)
-        return _tensor(buf, got)
-
-
-class ShardSamples:
-    """Samples at offsets of one shard, found through its index. Each process opens the
-    shard once, on its first sample, and reads with pread (no shared file offset)."""
-
-    def __init__(self, name: str, dir_fd: int, index_name: str):
-        self.name = name
-        self.dir_fd = dir_fd
-        fd = os.open(index_name, READ_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
-        try:
-            raw = bytearray(os.fstat(fd).st_size)
-            _pread_full(fd, raw, 0)
-        finally:
-            os.close(fd)
-        self.offsets = [v for (v,) in SHARD_INDEX.iter_unpack(raw)]
-        self._fd: int | None = None
-        self._pid: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> Any:
-        if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.name, READ_FLAGS | os.O_NOFOLLOW, dir_fd=self.dir_fd)
-            self._pid = os.getpid()
-        start, end = self.offsets[i], self.offsets[i + 1]
-        buf = bytearray(end - start)
-        return _tensor(buf, _pread_full(self._fd, buf, start))
-
-    def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None, "_pid": None}
-
-
-def collate_flat(batch: list[Any]) -> tuple[Any, Any]:
-    """Samples of different sizes (a user's files) cannot be stacked: one flat tensor of
-    their bytes and a tensor of their lengths. In a worker the bytes go straight into
-    shared memory, one block per batch, as default_collate's stack does for samples
-    of one size (a list of tensors would cost a shared-memory block per sample)."""
-    import torch
-
-    out = None
-    if torch.utils.data.get_worker_info() is not None:
-        numel = sum(int(t.numel()) for t in batch)
-        storage = batch[0]._typed_storage()._new_shared(numel, device=batch[0].device)
-        out = batch[0].new(storage).resize_(numel)
-    return torch.cat(batch, out=out), torch.tensor([int(t.numel()) for t in batch])
-
-
-def _batch_size(batch: Any) -> tuple[int, int]:
-    """(samples, bytes) of a collated batch: a stacked tensor, a dict of one (MDS), or
-    `collate_flat`'s (bytes, lengths)."""
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
-    if isinstance(batch, tuple):
-        data, lengths = batch
-        return int(lengths.numel()), int(data.numel())
-    return int(batch.shape[0]), int(batch.numel())
-
-
 # --- layouts ---------------------------------------------------------------------------
 
 
@@ -313,10 +214,10 @@ def generate(
             data = os.urandom(size)  # incompressible: no fs compression tricks
             fd = scratch.new_file(name, "samples")
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
             finally:
                 os.close(fd)
-            _write_all(shard_fd, data)
+            write_all(shard_fd, data)
             if writer is not None:
                 writer.write({"data": np.frombuffer(data, np.uint8)})
             if i % 256 == 0:
@@ -327,7 +228,7 @@ def generate(
         os.close(shard_fd)
     index_fd = scratch.new_file("shard.idx")
     try:
-        _write_all(index_fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
+        write_all(index_fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
     finally:
         os.close(index_fd)
     progress("writing samples", plan.samples, plan.samples)
@@ -367,12 +268,6 @@ def generate(
             )
         )
     return sources
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any], list[str]]:
@@ -492,7 +387,7 @@ def run_epoch(
                 arrivals.append(clock())
                 if len(arrivals) > 1:
                     waits.append(arrivals[-1] - asked)
-                n, nbytes = _batch_size(batch)
+                n, nbytes = batch_size_of(batch)
                 counts.append(n)
                 sizes.append(nbytes)
         finally:
@@ -579,7 +474,7 @@ def summarize(
     for name in names:
         fractions = [f for f in m.resident_cold.get(name, []) if f is not None]
         if fractions:
-            metrics.append(_resident_metric(f"resident_before.{name}", fractions))
+            metrics.append(resident_metric(f"resident_before.{name}", fractions))
             if max(fractions) > COLD_MAX_RESIDENT:
                 not_cold[name] = (
                     f"not cold: {max(fractions):.0%} of the data was still in the page cache "
@@ -671,12 +566,6 @@ def summarize(
             f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
         )
     return metrics, caveats, first_cache
-
-
-def _resident_metric(name: str, fractions: list[float]) -> Metric:
-    """The largest fraction seen (the figure that decides), every value kept."""
-    m = Metric.repeated(name, [round(f, 6) for f in fractions], "fraction")
-    return replace(m, value=m.max)
 
 
 def recommend(
