@@ -660,3 +660,22 @@ def test_times_are_not_restored_over_leftovers(tmp_path: Path) -> None:
         (Path(s.path) / "foreign").write_text("not ours")
     assert s.leftovers
     assert tmp_path.stat().st_mtime_ns != 1_500_000_000_000_000_000
+
+
+def test_a_swallowed_interrupt_is_raised_again(capsys: pytest.CaptureFixture[str]) -> None:
+    """Python drops an exception raised in __del__ or an at-fork callback (logging's
+    runs at every DataLoader worker fork) and prints 'Exception ignored': the Ctrl-C
+    would be lost and the run would go on. check_signals raises it again."""
+
+    class Swallows:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # the handler raises here, inside __del__
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt), signals_raise():
+        Swallows()
+        reached.append(True)  # the interrupt did not propagate by itself
+        scratch_mod.check_signals()
+    assert reached == [True]
+    assert "Exception ignored" not in capsys.readouterr().err
+    scratch_mod.check_signals()  # outside the block: nothing pending any more

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from starvecheck.cli import _threads
+from starvecheck.args import thread_counts as _threads
 from starvecheck.model import Metric
 from starvecheck.render import throughput
 from starvecheck.status import UsageError

@@ -20,14 +20,13 @@ from typing import Annotated, Any
 
 import typer
 
-from starvecheck import __version__
+from starvecheck import __version__, args
 from starvecheck.advice import rank, verdict
 from starvecheck.context import Context
 from starvecheck.model import Report, Severity, StageResult, at_or_above
 from starvecheck.scratch import Terminated
 from starvecheck.status import ExitStatus, StarvecheckError, UsageError
 from starvecheck.sysroot import ENV_VAR, SysRoot
-from starvecheck.units import parse_size
 
 app = typer.Typer(
     name="starvecheck",
@@ -229,7 +228,6 @@ def env(
 # files, fewer by default (each may be large, and the storage may be remote).
 IO_DEFAULTS = {"generated": (10_000, 5), "existing": (1_000, 5)}
 IO_QUICK = {"generated": (2_000, 3), "existing": (200, 3)}
-MAX_SAMPLE_SIZE = 1 << 30
 
 
 @app.command()
@@ -329,18 +327,14 @@ def io(
     c = _context(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
     mode = "existing" if existing else "generated"
-    size = parse_size(sample_size)
-    if size is None or size < 1:
-        raise UsageError(f"--sample-size {sample_size!r}: expected a size such as 16K or 4MiB")
-    if size > MAX_SAMPLE_SIZE:
-        raise UsageError(f"--sample-size {sample_size}: at most 1GiB")
+    size = args.sample_size(sample_size)
     if keep and existing:
         raise UsageError("--keep: nothing is written with --existing, so there is nothing to keep")
     if drop_caches and not cold:
         raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
     if drop_caches and (problem := cache.drop_caches_problem()):
         raise UsageError(f"--drop-caches: {problem}")
-    target = _io_path(path, existing)
+    target = args.data_path(path, existing)
     # io measures this machine, never a fake sysroot: facts and figures must match.
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     default_samples, default_runs = (IO_QUICK if quick else IO_DEFAULTS)[mode]
@@ -351,7 +345,7 @@ def io(
         samples=n_samples,
         sample_size=size,
         runs=runs or default_runs,
-        threads=_threads(threads, machine.cpu.effective_cpus),
+        threads=args.thread_counts(threads, machine.cpu.effective_cpus),
         cold=cold,
         drop_caches=drop_caches,
         keep=keep,
@@ -479,14 +473,10 @@ def loader(
 
     c = _context(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    size = parse_size(sample_size)
-    if size is None or size < 1:
-        raise UsageError(f"--sample-size {sample_size!r}: expected a size such as 16K or 4MiB")
-    if size > MAX_SAMPLE_SIZE:
-        raise UsageError(f"--sample-size {sample_size}: at most 1GiB")
-    sweep = _counts("--workers", workers, 0, 1024) if workers else None
-    plot_path = _plot_path(plot)
-    target = _io_path(path, existing, "loader")
+    size = args.sample_size(sample_size)
+    sweep = args.counts("--workers", workers, 0, 1024) if workers else None
+    plot_path = args.plot_path(plot)
+    target = args.data_path(path, existing, "loader")
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     eff = max(1, machine.cpu.effective_cpus or 1)
     mode = "existing" if existing else "generated"
@@ -501,7 +491,7 @@ def loader(
     plan = loader_stage.Plan(
         samples=n_samples,
         sample_size=size,
-        workers=sweep or _default_workers(eff),
+        workers=sweep or args.default_workers(eff),
         runs=runs or default_runs,
         batch_size=batch_size,
         prefetch_factor=prefetch_factor,
@@ -523,50 +513,6 @@ def loader(
 
         loader_plot(result, plot_path)
     return _emit(_build_report("loader", machine.to_dict(), [result], c), out, c)
-
-
-def _io_path(path: str | None, existing: bool, command: str = "io") -> str:
-    """PATH as an absolute, checked directory (or file, with --existing)."""
-    shown = path if path is not None else "."
-    target = os.path.realpath(path if path is not None else os.getcwd())
-    if not os.path.exists(target):
-        raise UsageError(f"{shown}: no such file or directory")
-    if existing:
-        if not (os.path.isdir(target) or os.path.isfile(target)):
-            raise UsageError(f"{shown}: not a directory or regular file")
-        if not os.access(target, os.R_OK | (os.X_OK if os.path.isdir(target) else 0)):
-            raise UsageError(f"{shown}: not readable")
-        return target
-    if not os.path.isdir(target):
-        raise UsageError(
-            f"{shown}: not a directory ({command} writes its test data in a new "
-            "directory there; to read an existing file use --existing)"
-        )
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"{shown}: not writable ({command} writes its test data in a new directory "
-            "there; use --existing to read files without writing)"
-        )
-    return target
-
-
-def _threads(text: str | None, effective: int | None) -> tuple[int, ...]:
-    if text is None:
-        return tuple(sorted({1, max(1, effective or 1)}))
-    return _counts("--threads", text, 1, 1024)
-
-
-def _counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
-    """'1,4,16' -> (1, 4, 16), sorted and unique; anything else is one usage error."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:  # also "1,,4": an empty item is a typo, not nothing
-        values = []
-    if not values or any(v < low or v > high for v in values):
-        raise UsageError(
-            f"{option} {text!r}: expected counts from {low} to {high}, e.g. {low},4,16"
-        )
-    return tuple(sorted(set(values)))
 
 
 @contextmanager
@@ -685,14 +631,16 @@ def starve(
     out = Outputs.check(json_path, markdown_path, fail_on)
     if sleep and tokenizer:
         raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
-    plot_path = _plot_path(plot)
+    plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
     eff = max(1, machine.cpu.effective_cpus or 1)
     plan = starve_stage.Plan(
         sample_ms=sample_ms,
         batch_size=batch_size,
         step_ms=step_ms,
-        workers=_counts("--workers", workers, 0, 1024) if workers else _default_workers(eff),
+        workers=args.counts("--workers", workers, 0, 1024)
+        if workers
+        else args.default_workers(eff),
         steps=steps or (8 if quick else 20),
         sleep=sleep,
         effective_cpus=eff,
@@ -707,39 +655,15 @@ def starve(
     return _emit(_build_report("starve", machine.to_dict(), [result], c), out, c)
 
 
-def _default_workers(effective: int) -> tuple[int, ...]:
-    counts, w = [0, 1], 2
-    while w <= max(4, 2 * effective):
-        counts.append(w)
-        w *= 2
-    return tuple(counts)
-
-
-def _plot_path(value: str | None) -> str | None:
-    """Check --plot before anything runs: its directory, and that matplotlib is there."""
-    if value is None:
-        return None
-    target = Path(value)
-    if value == "" or target.is_dir():
-        raise UsageError(f"--plot {value!r}: needs a file path, such as idle.png")
-    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
-        raise UsageError(f"--plot {value}: directory {target.parent} is missing or not writable")
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
-    return value
-
-
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
     """Run the CLI; return the exit status instead of exiting (tests call this)."""
     c = context or Context()
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or bool(c.environ.get("STARVECHECK_DEBUG"))
+    words = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in words or bool(c.environ.get("STARVECHECK_DEBUG"))
     try:
         # click writes help and --version with its own echo to sys.stdout/err.
         with redirect_stdout(c.stdout), redirect_stderr(c.stderr):
-            rv = app(args=args, prog_name="starvecheck", standalone_mode=False, obj=c)
+            rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
     except typer.TyperException as e:
         # Typer's (vendored) click errors: bad option, bad choice, missing argument.
         command = getattr(getattr(e, "ctx", None), "command_path", None)

@@ -22,6 +22,7 @@ import contextlib
 import os
 import secrets
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +47,24 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+# The signal caught inside `signals_raise`, kept until the block is left. Python drops
+# an exception raised where it cannot propagate (an at-fork callback, such as the one
+# logging registers, which runs as each DataLoader worker is forked; __del__; weakref
+# callbacks) and prints "Exception ignored"; `check_signals` raises it again.
+_caught: list[int] = []
+
+
+def _exception(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
+def check_signals() -> None:
+    """Raise the signal caught earlier, if its exception was swallowed. Measuring loops
+    call this between units of work; code that is already unwinding never reaches it."""
+    if _caught:
+        raise _exception(_caught[0])
+
+
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
     """While inside: SIGINT raises KeyboardInterrupt and SIGTERM/SIGHUP raise
@@ -63,12 +82,19 @@ def signals_raise() -> Iterator[None]:
     def handler(signum: int, frame: object) -> None:
         for s in old:
             signal.signal(s, ignore)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signum)
+        _caught.append(signum)
+        raise _exception(signum)
+
+    def unraisable(info: sys.UnraisableHookArgs) -> None:
+        # A swallowed interrupt is not news: check_signals raises it again.
+        if _caught and isinstance(info.exc_value, KeyboardInterrupt | Terminated):
+            return
+        previous_hook(info)
 
     old = {s: signal.getsignal(s) for s in SIGNALS}
     old = {s: h for s, h in old.items() if h is not signal.SIG_IGN}
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = unraisable
     for s in old:
         signal.signal(s, handler)
     try:
@@ -76,6 +102,8 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        sys.unraisablehook = previous_hook
+        _caught.clear()
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from typing import Any
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
-from starvecheck.scratch import Scratch, signals_raise
+from starvecheck.scratch import Scratch, check_signals, signals_raise
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
@@ -241,6 +241,7 @@ def measure(layouts: Sequence[Layout], plan: Plan, progress: Progress = _no_prog
         timed_run(warm_up, threads=threads, buffer_size=layout.buffer_size, contiguous=contiguous)
         results = out.runs.setdefault((layout.name, pattern, temp, threads), [])
         for _ in range(plan.runs):
+            check_signals()
             if temp == "cold":
                 _evict(layout, plan)
                 out.resident_cold.setdefault(layout.name, []).append(_residency(layout, out))

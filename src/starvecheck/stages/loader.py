@@ -36,7 +36,7 @@ from typing import Any
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
-from starvecheck.scratch import Scratch, signals_held, signals_raise
+from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.datasets import (
     SHARD_INDEX,
     FileSamples,
@@ -379,6 +379,7 @@ def run_epoch(
         it = iter(loader)
         try:
             while not limit or len(arrivals) < limit:
+                check_signals()  # an interrupt swallowed while forking workers
                 asked = clock()
                 try:
                     batch = next(it)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.model import Metric, StageResult
+from starvecheck.scratch import check_signals
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import UsageError
 
@@ -171,6 +172,7 @@ def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
         point.first_batch_s = clock() - start
         warmup = warmup_steps(plan, workers)
         for step in range(warmup + plan.steps):
+            check_signals()  # an interrupt swallowed while forking workers
             t0 = clock()
             next(it)
             t1 = clock()

@@ -1,0 +1,90 @@
+"""Command-line values, parsed and checked before anything runs: each bad one is a
+`UsageError`, one line and exit 2 (pure functions of their text, so tests feed them
+text)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from starvecheck.status import UsageError
+from starvecheck.units import parse_size
+
+MAX_SAMPLE_SIZE = 1 << 30
+
+
+def sample_size(text: str) -> int:
+    size = parse_size(text)
+    if size is None or size < 1:
+        raise UsageError(f"--sample-size {text!r}: expected a size such as 16K or 4MiB")
+    if size > MAX_SAMPLE_SIZE:
+        raise UsageError(f"--sample-size {text}: at most 1GiB")
+    return size
+
+
+def data_path(path: str | None, existing: bool, command: str = "io") -> str:
+    """PATH as an absolute, checked directory (or file, with --existing)."""
+    shown = path if path is not None else "."
+    target = os.path.realpath(path if path is not None else os.getcwd())
+    if not os.path.exists(target):
+        raise UsageError(f"{shown}: no such file or directory")
+    if existing:
+        if not (os.path.isdir(target) or os.path.isfile(target)):
+            raise UsageError(f"{shown}: not a directory or regular file")
+        if not os.access(target, os.R_OK | (os.X_OK if os.path.isdir(target) else 0)):
+            raise UsageError(f"{shown}: not readable")
+        return target
+    if not os.path.isdir(target):
+        raise UsageError(
+            f"{shown}: not a directory ({command} writes its test data in a new "
+            "directory there; to read an existing file use --existing)"
+        )
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{shown}: not writable ({command} writes its test data in a new directory "
+            "there; use --existing to read files without writing)"
+        )
+    return target
+
+
+def thread_counts(text: str | None, effective: int | None) -> tuple[int, ...]:
+    if text is None:
+        return tuple(sorted({1, max(1, effective or 1)}))
+    return counts("--threads", text, 1, 1024)
+
+
+def counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
+    """'1,4,16' -> (1, 4, 16), sorted and unique; anything else is one usage error."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:  # also "1,,4": an empty item is a typo, not nothing
+        values = []
+    if not values or any(v < low or v > high for v in values):
+        raise UsageError(
+            f"{option} {text!r}: expected counts from {low} to {high}, e.g. {low},4,16"
+        )
+    return tuple(sorted(set(values)))
+
+
+def default_workers(effective: int) -> tuple[int, ...]:
+    counts, w = [0, 1], 2
+    while w <= max(4, 2 * effective):
+        counts.append(w)
+        w *= 2
+    return tuple(counts)
+
+
+def plot_path(value: str | None) -> str | None:
+    """Check --plot before anything runs: its directory, and that matplotlib is there."""
+    if value is None:
+        return None
+    target = Path(value)
+    if value == "" or target.is_dir():
+        raise UsageError(f"--plot {value!r}: needs a file path, such as idle.png")
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        raise UsageError(f"--plot {value}: directory {target.parent} is missing or not writable")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
+    return value
