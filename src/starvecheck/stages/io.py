@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
@@ -233,7 +233,9 @@ def measure(layouts: Sequence[Layout], plan: Plan, progress: Progress = _no_prog
         if temp == "warm" and layout.name not in warmed:
             # Fill the page cache: one full read, unmeasured.
             timed_run(ops, threads=1, buffer_size=layout.buffer_size, contiguous=contiguous)
-            out.resident_warm.setdefault(layout.name, []).append(_residency(layout, out))
+            out.resident_warm.setdefault(layout.name, []).append(
+                record_residency(layout, out.residency_errors)
+            )
             warmed.add(layout.name)
         # Warm-up: a slice of the same reads, unmeasured (first-touch costs: buffers,
         # thread start, code paths), then the measured runs.
@@ -244,7 +246,9 @@ def measure(layouts: Sequence[Layout], plan: Plan, progress: Progress = _no_prog
             check_signals()
             if temp == "cold":
                 _evict(layout, plan)
-                out.resident_cold.setdefault(layout.name, []).append(_residency(layout, out))
+                out.resident_cold.setdefault(layout.name, []).append(
+                    record_residency(layout, out.residency_errors)
+                )
             progress(f"{layout.name}.{pattern} {temp}, {threads} thread(s)", done, total_runs)
             results.append(
                 timed_run(
@@ -268,11 +272,72 @@ def _evict(layout: Layout, plan: Plan) -> None:
     cache.evict(layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags)
 
 
-def _residency(layout: Layout, out: Measured) -> float | None:
+def record_residency(layout: Layout, errors: list[str]) -> float | None:
+    """The layout's resident fraction; why it could not be read goes to `errors`, once."""
     res = layout.residency()
-    if res.reason and res.reason not in out.residency_errors:
-        out.residency_errors.append(res.reason)
+    if res.reason and res.reason not in errors:
+        errors.append(res.reason)
     return res.fraction
+
+
+class CacheRecord(Protocol):
+    resident_cold: dict[str, list[float | None]]
+    resident_warm: dict[str, list[float | None]]
+    residency_errors: list[str]
+
+
+def judge_cache(
+    names: Sequence[str],
+    m: CacheRecord,
+    fs_kind: str | None,
+    *,
+    command: str,
+    unit: str,
+    fix: str,
+) -> tuple[list[Metric], list[str], dict[str, str]]:
+    """What the residency checks say, for io and loader alike: `resident_before.<name>`
+    metrics, caveats, and the layouts whose cold figures must be withheld (with the
+    reason). `unit` is what one measurement is called ("run", "epoch"); `fix` what to
+    do where the cache could not be emptied."""
+    metrics: list[Metric] = []
+    caveats: list[str] = []
+    not_cold: dict[str, str] = {}
+    for name in names:
+        fractions = m.resident_cold.get(name, [])
+        known = [f for f in fractions if f is not None]
+        if known:
+            metrics.append(resident_metric(f"resident_before.{name}", known))
+            if max(known) > COLD_MAX_RESIDENT:
+                not_cold[name] = (
+                    f"not cold: {max(known):.0%} of the data was still in the page cache "
+                    f"before a cold {unit}"
+                )
+        elif fractions:
+            caveats.append(
+                f"{name}: could not check that the cache was cold "
+                f"({'; '.join(m.residency_errors) or 'mincore failed'}); "
+                "compare the cold and warm figures before trusting the cold ones"
+            )
+        warm = [f for f in m.resident_warm.get(name, []) if f is not None]
+        if warm and min(warm) < WARM_MIN_RESIDENT:
+            caveats.append(
+                f"{name}: only {min(warm):.0%} of the data stayed in the page cache "
+                "after a full read, so the warm figures are partly cold (the data is larger "
+                "than the memory the page cache can use)"
+            )
+    if not_cold and fs_kind == "memory":
+        caveats.append(
+            f"this path is on tmpfs (memory), where data cannot be cold: the cold figures of "
+            f"{', '.join(sorted(not_cold))} are withheld; run {command} on the filesystem "
+            "the dataset really lives on"
+        )
+    elif not_cold:
+        caveats.append(
+            f"the page cache could not be emptied for {', '.join(sorted(not_cold))}: the "
+            f"cold figures would have been warm ones and are withheld. {fix[0].upper()}"
+            f"{fix[1:]}"
+        )
+    return metrics, caveats, not_cold
 
 
 def metric_name(layout: str, pattern: str, temp: str, threads: int) -> str:
@@ -284,47 +349,14 @@ def summarize(
 ) -> tuple[list[Metric], list[str]]:
     """Metrics and caveats from the raw runs. Cold figures of a layout that was not
     cold before its runs are withheld, with the reason."""
-    metrics: list[Metric] = []
-    caveats: list[str] = []
-    not_cold: dict[str, str] = {}
-    for layout in layouts:
-        fractions = m.resident_cold.get(layout.name, [])
-        known = [f for f in fractions if f is not None]
-        if fractions:
-            if known:
-                metrics.append(resident_metric(f"resident_before.{layout.name}", known))
-            worst = max(known, default=None)
-            if worst is None:
-                caveats.append(
-                    f"{layout.name}: could not check that the cache was cold "
-                    f"({'; '.join(m.residency_errors) or 'mincore failed'}); "
-                    "compare the cold and warm figures before trusting the cold ones"
-                )
-            elif worst > COLD_MAX_RESIDENT:
-                not_cold[layout.name] = (
-                    f"not cold: {worst:.0%} of the data was still in the page cache before a "
-                    "cold run"
-                )
-        warm = [f for f in m.resident_warm.get(layout.name, []) if f is not None]
-        if warm and min(warm) < WARM_MIN_RESIDENT:
-            caveats.append(
-                f"{layout.name}: only {min(warm):.0%} of the data stayed in the page cache "
-                "after a full read, so the warm figures are partly cold (the data is larger "
-                "than the memory the page cache can use)"
-            )
-    if not_cold and fs_kind == "memory":
-        caveats.append(
-            "this path is on tmpfs (memory): its data cannot be cold, so the cold figures are "
-            "withheld; run io on the filesystem the dataset really lives on"
-        )
-    elif not_cold:
-        caveats.append(
-            "the page cache could not be emptied for "
-            + ", ".join(sorted(not_cold))
-            + ": the cold figures would have been warm ones and are withheld. On tmpfs the "
-            "data lives in memory and cannot be cold; elsewhere use --drop-caches as root, "
-            "or more --samples than the memory holds"
-        )
+    metrics, caveats, not_cold = judge_cache(
+        [layout.name for layout in layouts],
+        m,
+        fs_kind,
+        command="io",
+        unit="run",
+        fix="use --drop-caches as root, or more --samples than the memory holds",
+    )
     unstable: list[str] = []
     for (layout, pattern, temp, threads), runs in m.runs.items():
         name = metric_name(layout, pattern, temp, threads)

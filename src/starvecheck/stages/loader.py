@@ -46,12 +46,11 @@ from starvecheck.stages.datasets import (
 )
 from starvecheck.stages.io import (
     BLOCK,
-    COLD_MAX_RESIDENT,
     MB,
-    WARM_MIN_RESIDENT,
     Layout,
     Progress,
-    resident_metric,
+    judge_cache,
+    record_residency,
     under_hypervisor,
     write_all,
 )
@@ -438,7 +437,9 @@ def measure(
         if temp == "warm" and layout.name not in warmed:
             files = FileOps(layout.paths, layout.dir_fd, layout.evict_flags)
             timed_run(files, threads=1, buffer_size=1 << 20, contiguous=True)
-            out.resident_warm.setdefault(layout.name, []).append(_residency(layout, out))
+            out.resident_warm.setdefault(layout.name, []).append(
+                record_residency(layout, out.residency_errors)
+            )
             warmed.add(layout.name)
         epochs = out.epochs.setdefault((layout.name, temp, workers), [])
         for run in range(plan.runs):
@@ -446,19 +447,14 @@ def measure(
                 cache.evict(
                     layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags
                 )
-                out.resident_cold.setdefault(layout.name, []).append(_residency(layout, out))
+                out.resident_cold.setdefault(layout.name, []).append(
+                    record_residency(layout, out.residency_errors)
+                )
             progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
             epochs.append(run_epoch(source, plan, workers, pin_memory, run))
             done += 1
     progress("measuring", total, total)
     return out
-
-
-def _residency(layout: Layout, out: Measured) -> float | None:
-    res = layout.residency()
-    if res.reason and res.reason not in out.residency_errors:
-        out.residency_errors.append(res.reason)
-    return res.fraction
 
 
 # --- summarising -------------------------------------------------------------------------
@@ -469,43 +465,15 @@ def summarize(
 ) -> tuple[list[Metric], list[str], dict[str, str]]:
     """Metrics (named as the README promises), caveats, and the cache state each
     layout's first_batch_s comes from."""
-    metrics: list[Metric] = []
-    caveats: list[str] = []
-    not_cold: dict[str, str] = {}
-    for name in names:
-        fractions = [f for f in m.resident_cold.get(name, []) if f is not None]
-        if fractions:
-            metrics.append(resident_metric(f"resident_before.{name}", fractions))
-            if max(fractions) > COLD_MAX_RESIDENT:
-                not_cold[name] = (
-                    f"not cold: {max(fractions):.0%} of the data was still in the page cache "
-                    "before a cold epoch"
-                )
-        elif m.resident_cold.get(name):
-            caveats.append(
-                f"{name}: could not check that the cache was cold "
-                f"({'; '.join(m.residency_errors) or 'mincore failed'}); compare the cold and "
-                "warm figures before trusting the cold ones"
-            )
-        warm = [f for f in m.resident_warm.get(name, []) if f is not None]
-        if warm and min(warm) < WARM_MIN_RESIDENT:
-            caveats.append(
-                f"{name}: only {min(warm):.0%} of the data stayed in the page cache after a full "
-                "read, so the warm figures are partly cold"
-            )
-    if not_cold and fs_kind == "memory":
-        caveats.append(
-            f"this path is on tmpfs (memory), where data cannot be cold: the cold figures of "
-            f"{', '.join(sorted(not_cold))} are withheld; run loader on the filesystem the "
-            "dataset really lives on"
-        )
-    elif not_cold:
-        caveats.append(
-            f"the page cache could not be emptied for {', '.join(sorted(not_cold))}, so its "
-            "cold figures are withheld: pages not yet written back cannot be evicted (files "
-            "written moments ago: run `sync` first), and some filesystems keep their pages "
-            "(FUSE daemons, network caches)"
-        )
+    metrics, caveats, not_cold = judge_cache(
+        names,
+        m,
+        fs_kind,
+        command="loader",
+        unit="epoch",
+        fix="pages not yet written back cannot be evicted (files written moments ago: run "
+        "`sync` first), and some filesystems keep their pages (FUSE daemons, network caches)",
+    )
     unstable: list[str] = []
     first_cache: dict[str, str] = {}
     for name in names:
