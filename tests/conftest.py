@@ -29,7 +29,7 @@ class Result:
         return json.loads(self.stdout)
 
 
-def run(*args: str, env: dict[str, str] | None = None, width: int = 100) -> Result:
+def run(*args: str, env: dict[str, str] | None = None, width: int = 100, stdin: str = "") -> Result:
     """Run `starvecheck ARGS` in this process, as a non-terminal with no colour."""
     out, err = io.StringIO(), io.StringIO()
     environ = {
@@ -41,6 +41,7 @@ def run(*args: str, env: dict[str, str] | None = None, width: int = 100) -> Resu
     context = Context(
         stdout=out,
         stderr=err,
+        stdin=io.StringIO(stdin),
         environ=environ,
         stdout_isatty=False,
         width=width,
@@ -57,3 +58,19 @@ def sysroot_env(name: str) -> dict[str, str]:
 @pytest.fixture
 def cli():
     return run
+
+
+def tiny_tokenizer(path: Path) -> Path:
+    """A real fast tokenizer, built here (no download): one token per word or
+    punctuation mark, the words of a pangram known, anything else [UNK]."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    trainer = tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"])
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]"
+    )
+    fast.save_pretrained(str(path))
+    return path

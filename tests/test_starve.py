@@ -23,7 +23,7 @@ from starvecheck.stages.starve import (
     sleep_model_wait_ms,
     summarize,
 )
-from tests.conftest import run
+from tests.conftest import run, tiny_tokenizer
 
 # Fast settings for end-to-end runs: 1 ms per sample, batches of 4, a 5 ms step.
 FAST = ["--sample-ms", "1", "--batch-size", "4", "--step-ms", "5", "--steps", "3"]
@@ -198,21 +198,8 @@ def test_plot_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _tiny_tokenizer(path) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    trainer = tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"])
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]"
-    )
-    fast.save_pretrained(str(path))
-
-
 def test_real_tokenization_is_measured_and_used(tmp_path):
-    _tiny_tokenizer(tmp_path / "tok")
+    tiny_tokenizer(tmp_path / "tok")
     r = run(
         "starve",
         "--tokenizer",

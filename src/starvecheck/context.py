@@ -23,6 +23,7 @@ def _utc_now() -> str:
 class Context:
     stdout: TextIO = field(default_factory=lambda: sys.stdout)
     stderr: TextIO = field(default_factory=lambda: sys.stderr)
+    stdin: TextIO = field(default_factory=lambda: sys.stdin)
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     stdout_isatty: bool | None = None
     width: int | None = None  # None: the terminal's

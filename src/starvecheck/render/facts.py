@@ -40,11 +40,14 @@ _SHOWN = {
     "io": ("CPU", "Memory", "Container", "Storage"),
     # DataLoader workers hand batches over through /dev/shm.
     "loader": ("CPU", "Memory", "/dev/shm", "Container", "Storage"),
+    # Padding is a property of the data and the batching, not of this machine.
+    "pad": (),
 }
 # Unknown facts worth listing, by key prefix, for commands that show only some rows.
 _UNKNOWN_SHOWN = {
     "io": ("cpu.", "memory.", "storage."),
     "loader": ("cpu.", "memory.", "shm.", "storage."),
+    "pad": (),
 }
 
 
@@ -55,7 +58,7 @@ def shows_gpus(command: str) -> bool:
 def machine_rows(m: Mapping[str, Any], command: str | None = None) -> list[tuple[str, str]]:
     rows = _all_rows(m)
     shown = _SHOWN.get(command or "")
-    return [r for r in rows if r[0] in shown] if shown else rows
+    return [r for r in rows if r[0] in shown] if shown is not None else rows
 
 
 def _all_rows(m: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, sweep, throughput
+from starvecheck.render import loader, pad, sweep, throughput
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -39,9 +39,9 @@ def _finding(i: int, f: Finding) -> tuple[str, ...]:
 
 def serialize(report: Report) -> str:
     out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
-    if report.machine:
+    rows = machine_rows(report.machine, report.command) if report.machine else []
+    if rows:
         out += ["### Machine", ""]
-        rows = machine_rows(report.machine, report.command)
         out += _table(("", ""), [(f"**{k}**", v) for k, v in rows])
         out.append("")
         if report.machine.get("gpus") and shows_gpus(report.command):
@@ -63,6 +63,9 @@ def serialize(report: Report) -> str:
             out += [f"_{line}_" for line in notes]
             if notes:
                 out.append("")
+        pad_rows, rest, pad_notes = pad.split(rest, stage.parameters)
+        if pad_rows:
+            out += [*_table(pad.HEADERS, pad_rows), "", *(f"_{n}_" for n in pad_notes), ""]
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             out += _table(headers, rows)

@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from starvecheck.model import StageResult
+
+
+def _save(fig: Any, path: str) -> None:
+    """Render in memory, then write the file whole: Ctrl-C while drawing leaves no
+    half-written PNG behind, and one during the short write waits for it to end."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from starvecheck.scratch import signals_held
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png")
+    finally:
+        plt.close(fig)
+    with signals_held(), open(path, "wb") as f:
+        f.write(buf.getvalue())
 
 
 def sweep_plot(result: StageResult, path: str) -> None:
@@ -51,8 +70,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
     )
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def loader_plot(result: StageResult, path: str) -> None:
@@ -116,5 +134,111 @@ def loader_plot(result: StageResult, path: str) -> None:
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    _save(fig, path)
+
+
+MAX_PLOT_ROWS = 64
+_NOT_COMPUTED, _PADDING, _TOKEN_A, _TOKEN_B = 0, 1, 2, 3
+
+
+def _median_batch(layout: Any, lengths: Any) -> int:
+    """The batch whose share of real tokens is the median one: a typical batch, not
+    the first (length grouping puts the longest sample first on purpose)."""
+    import numpy as np
+
+    per_row = layout.row_tokens(lengths)
+    starts = np.arange(0, layout.rows, layout.rows_per_batch)
+    tokens = np.add.reduceat(per_row, starts)
+    positions = np.add.reduceat(layout.row_len, starts)
+    share = tokens / np.maximum(positions, 1)
+    full = share[:-1] if share.size > 1 and layout.rows % layout.rows_per_batch else share
+    ranked = np.argsort(full, kind="stable")
+    return int(ranked[(ranked.size - 1) // 2])
+
+
+def _batch_image(layout: Any, lengths: Any, batch: int, width: int) -> Any:
+    import numpy as np
+
+    r0 = batch * layout.rows_per_batch
+    r1 = min(layout.rows, r0 + min(layout.rows_per_batch, MAX_PLOT_ROWS))
+    image = np.full((r1 - r0, width), _NOT_COMPUTED, np.int8)
+    for r in range(r0, r1):
+        image[r - r0, : int(layout.row_len[r])] = _PADDING
+    i0, i1 = np.searchsorted(layout.row, [r0, r1])
+    used: dict[int, int] = {}
+    for k, (sample, row) in enumerate(
+        zip(layout.order[i0:i1].tolist(), layout.row[i0:i1].tolist(), strict=True)
+    ):
+        at = used.get(row, 0)
+        n = int(lengths[sample])
+        image[row - r0, at : at + n] = _TOKEN_A if k % 2 == 0 else _TOKEN_B
+        used[row] = at + n
+    return image
+
+
+def pad_plot(run: Any, path: str) -> None:
+    """One heatmap per strategy: a typical batch, rows by positions, real tokens (two
+    shades, so packed samples show their boundaries) against padding."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    from starvecheck.stages.strategies import LABELS
+
+    params = run.result.parameters
+    layouts = run.layouts
+    context = int(params["context"])
+    width = max([context] + [int(lay.row_len.max()) for lay in layouts.values() if lay.rows])
+    colors = ["#ffffff", "#e4572e", "#1f5f8b", "#7cb8de"]
+    cmap = ListedColormap(colors)
+    fig, axes = plt.subplots(
+        len(layouts),
+        1,
+        figsize=(12, 1.25 * len(layouts) + 1.0),
+        dpi=110,
+        sharex=True,
+        squeeze=False,
+    )
+    for ax, (name, lay) in zip(axes[:, 0], layouts.items(), strict=True):
+        batch = _median_batch(lay, run.lengths) if lay.rows else 0
+        image = _batch_image(lay, run.lengths, batch, width)
+        ax.imshow(image, cmap=cmap, vmin=0, vmax=3, aspect="auto", interpolation="nearest")
+        eff = run.result.metric(f"efficiency.{name}")
+        shown = image.shape[0]
+        rows = f"{shown} rows" + (
+            f" of {lay.rows_per_batch}" if shown < min(lay.rows_per_batch, lay.rows) else ""
+        )
+        current = " (current)" if name == params.get("current") else ""
+        ax.set_title(
+            f"{name}{current}: {LABELS[name]}, {eff.value:.1%} real tokens over the epoch"
+            f"  ·  batch {batch + 1:,} of {lay.batches:,} (median), {rows}",
+            loc="left",
+            fontsize=9,
+        )
+        ax.set_yticks([])
+        ax.set_ylabel("rows", fontsize=8)
+    axes[-1, 0].set_xlabel("position in row (tokens)")
+    axes[-1, 0].set_xlim(-0.5, width - 0.5)
+    fig.legend(
+        handles=[
+            Patch(color=colors[2], label="real tokens (shades alternate per sample)"),
+            Patch(color=colors[1], label="padding (computed, wasted)"),
+            Patch(facecolor=colors[0], edgecolor="#999999", label="not computed"),
+        ],
+        loc="upper right",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle(
+        f"starvecheck pad: {run.result.metric('samples').value:,.0f} samples, "
+        f"context {context:,}, batch {params['batch_size']}",
+        x=0.01,
+        ha="left",
+        fontsize=11,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    _save(fig, path)

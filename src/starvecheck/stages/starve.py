@@ -24,8 +24,8 @@ from typing import Any
 
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import check_signals
+from starvecheck.stages.textdata import load_tokenizer
 from starvecheck.stages.workers import worker_init
-from starvecheck.status import UsageError
 
 Progress = Callable[[str, int, int], None]
 
@@ -267,27 +267,6 @@ def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | N
         return None
     best = min(p.idle_share for p in eligible)
     return min(p.workers for p in eligible if p.idle_share <= best + AS_GOOD)
-
-
-def load_tokenizer(name: str) -> Any:
-    """A transformers tokenizer from local files only: starvecheck never downloads.
-    NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), or
-    a model name already in the local Hugging Face cache."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as e:
-        raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except Exception as e:  # transformers raises OSError, ValueError, ... by case
-        raise UsageError(
-            f"--tokenizer {name}: no tokenizer found in local files (starvecheck never "
-            f"downloads; pass a directory with tokenizer.json): {type(e).__name__}"
-        ) from e
 
 
 def default_texts(n: int, chars: int = 2000) -> list[str]:

@@ -1,0 +1,165 @@
+"""Judging a `pad` run: how much of each step the current batching spends on
+padding, the strategy that wastes least, and the one-line change to get there.
+
+Reads metrics by name (efficiency.<strategy>, ...), so a stored report is judged as a
+fresh one. The gain is a ratio of efficiencies: the same real tokens in fewer
+computed positions, with step time taken as proportional to positions (true of the
+linear layers, which dominate; attention is reported on its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.stages.strategies import LABELS, SHARES_ROWS, STRATEGIES
+
+CRITICAL_GAIN = 2.0
+WARNING_GAIN = 1.25
+INFO_GAIN = 1.05
+CUT_WARNING = 0.01  # share of all tokens cut by the context
+
+
+def change(strategy: str, context: int) -> str:
+    """The one-line change that trains with `strategy`, in Hugging Face / PyTorch terms."""
+    return {
+        "pad_to_context": f'tokenize with `padding="max_length", max_length={context}`',
+        "dynamic": "tokenize with `padding=False` and batch with "
+        "`DataCollatorWithPadding(tokenizer)`",
+        "dynamic_mult8": "`DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)`",
+        "dynamic_mult64": "`DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64)`",
+        "length_grouped": "`TrainingArguments(group_by_length=True)` with "
+        "`DataCollatorWithPadding(tokenizer)` (plain PyTorch: a batch sampler that sorts "
+        "mega-batches of 50 batches by length)",
+        "padding_free": "`DataCollatorWithFlattening()` and "
+        '`from_pretrained(..., attn_implementation="flash_attention_2")` (TRL: '
+        "`SFTConfig(padding_free=True)`)",
+        "greedy_pack": f"concatenate samples in order into rows of {context} tokens, a new "
+        "row when the next does not fit, with `position_ids` restarting at each sample",
+        "ffd_pack": f'TRL `SFTConfig(packing=True, packing_strategy="bfd", '
+        f"max_length={context})` (best-fit decreasing packs as tightly as first-fit)",
+        "bfd_pack": f'TRL `SFTConfig(packing=True, packing_strategy="bfd", max_length={context})`',
+    }[strategy]
+
+
+def _v(m: Mapping[str, Metric], name: str) -> float | None:
+    x = m.get(name)
+    return x.value if x is not None else None
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    m = {x.name: x for x in metrics}
+    eff = {s: _v(m, f"efficiency.{s}") for s in STRATEGIES}
+    eff = {s: v for s, v in eff.items() if v is not None}
+    if not eff:
+        return ()
+    findings = [_waste(m, eff, params), _truncated(m, params)]
+    return tuple(f for f in findings if f is not None)
+
+
+def _best(eff: Mapping[str, float], among: Sequence[str]) -> str | None:
+    names = [s for s in STRATEGIES if s in among and s in eff]
+    # Ties go to the first listed: the simpler strategy.
+    return max(names, key=lambda s: (round(eff[s], 4), -STRATEGIES.index(s)), default=None)
+
+
+def _waste(
+    m: Mapping[str, Metric], eff: Mapping[str, float], params: Mapping[str, Any]
+) -> Finding | None:
+    current = params.get("current", "dynamic")
+    if current not in eff or eff[current] <= 0:
+        return None
+    context = int(params.get("context") or 0)
+    best = _best(eff, STRATEGIES)
+    assert best is not None
+    gain = eff[best] / eff[current]
+    padded_best = _best(eff, [s for s in STRATEGIES if s not in SHARES_ROWS])
+    mean, p90 = _v(m, "length.mean"), _v(m, "length.p90")
+    padding = _v(m, f"padding_positions.{current}")
+    others = ", ".join(
+        f"{s} {eff[s]:.1%}" for s in STRATEGIES if s in eff and s not in (current, best)
+    )
+    evidence = (
+        f"{current}: {eff[current]:.1%} of computed positions are real tokens"
+        + (f" ({padding:,.0f} padding positions per epoch)" if padding is not None else "")
+        + f"; {best}: {eff[best]:.1%}; {others}."
+        + (
+            f" Samples: mean {mean:,.0f} tokens, p90 {p90:,.0f}; context {context:,}, "
+            f"batch {params.get('batch_size')}."
+            if mean is not None and p90 is not None
+            else ""
+        )
+    )
+    basis = (
+        f"real tokens per computed position, {best} over {current}; step time taken as "
+        "proportional to positions"
+    )
+    if gain < INFO_GAIN:
+        return Finding(
+            "pad.waste",
+            Severity.OK,
+            f"{LABELS[current].capitalize()} wastes little: {eff[current]:.0%} of positions "
+            "are real tokens",
+            evidence=evidence,
+            gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),
+            stage="pad",
+        )
+    severity = (
+        Severity.CRITICAL
+        if gain >= CRITICAL_GAIN
+        else Severity.WARNING
+        if gain >= WARNING_GAIN
+        else Severity.INFO
+    )
+    recommendation = f"Switch to {LABELS[best]}: {change(best, context)}."
+    if best in SHARES_ROWS:
+        unmasked = _v(m, f"attention_unmasked_vs_ideal.{best}")
+        recommendation += (
+            " It needs attention that keeps samples apart (FlashAttention 2/3 with "
+            "position_ids): without it samples attend to each other"
+            + (f" and attention costs {unmasked:,.1f}x the ideal." if unmasked else ".")
+        )
+        if padded_best is not None and padded_best != current:
+            alt = eff[padded_best] / eff[current]
+            if alt >= INFO_GAIN:
+                recommendation += (
+                    f" If your model cannot: {LABELS[padded_best]}, {change(padded_best, context)}"
+                    f" ({eff[padded_best]:.1%} real, {alt:.2f}x)."
+                )
+    return Finding(
+        "pad.waste",
+        severity,
+        f"{LABELS[current].capitalize()} spends {1 - eff[current]:.0%} of each step on "
+        f"padding; {LABELS[best]} would do {gain:.2f}x the real work",
+        evidence=evidence,
+        recommendation=recommendation,
+        gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),
+        stage="pad",
+    )
+
+
+def _truncated(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
+    n = _v(m, "truncated_samples")
+    cut = _v(m, "truncated_tokens")
+    samples, tokens = _v(m, "samples"), _v(m, "tokens")
+    if not n or cut is None or not samples or tokens is None:
+        return None
+    context = int(params.get("context") or 0)
+    share = cut / (tokens + cut)
+    longest, p99 = _v(m, "length.max"), _v(m, "length.p99")
+    return Finding(
+        "pad.truncated",
+        Severity.WARNING if share >= CUT_WARNING else Severity.INFO,
+        f"{n:,.0f} samples ({n / samples:.1%}) are longer than the context of {context:,} tokens",
+        evidence=(
+            f"{cut:,.0f} tokens ({share:.1%} of all) would be cut; longest {longest:,.0f} "
+            f"tokens, p99 {p99:,.0f}. Every strategy above counts them cut to {context:,}."
+        ),
+        recommendation=(
+            f"Raise max_length to cover them (p99 is {p99:,.0f}), or split long documents "
+            f"into {context:,}-token pieces before batching (TRL "
+            '`packing_strategy="wrapped"` splits; "bfd" cuts)'
+        ),
+        stage="pad",
+    )

@@ -1,0 +1,145 @@
+"""Metrics of a `pad` run (`<figure>.<strategy>`) as one row per strategy.
+
+The JSON keeps one flat metric per figure; people compare strategies, so the
+terminal and Markdown show a table, with each strategy's work per step against the
+strategy trained with today (--current).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from starvecheck.model import Metric
+from starvecheck.stages.strategies import STRATEGIES
+
+HEADERS = (
+    "strategy",
+    "real",
+    "padding",
+    "pos/batch",
+    "max pos",
+    "batches",
+    "attention",
+    "no mask",
+    "gain",
+)
+_FIGURES = (
+    "efficiency",
+    "padding_positions",
+    "positions_per_batch",
+    "max_positions_per_batch",
+    "batches",
+    "attention_vs_ideal",
+    "attention_unmasked_vs_ideal",
+    "attention_cost",
+)
+NOTE = (
+    "real: share of computed positions that are tokens; padding: padded positions per "
+    "epoch; attention: work against per-sample attention (1x); no mask: if samples "
+    "sharing a sequence attend to each other; gain: real tokens per step against "
+    "--current"
+)
+_SUMMARY = frozenset(
+    {
+        "samples",
+        "tokens",
+        "length.mean",
+        "length.median",
+        "length.p90",
+        "length.p99",
+        "length.min",
+        "length.max",
+        "truncated_samples",
+        "truncated_tokens",
+        "empty_samples",
+        "attention_cost.ideal",
+    }
+)
+
+
+def _count(m: Metric | None) -> str:
+    return "-" if m is None or m.value is None else f"{m.value:,.0f}"
+
+
+def _times(m: Metric | None) -> str:
+    return "-" if m is None or m.value is None else f"{m.value:,.2f}x"
+
+
+def _share(m: Metric | None) -> str:
+    if m is None or m.value is None:
+        return "-"
+    if m.n > 1 and m.min is not None and m.max is not None and m.max - m.min >= 0.0005:
+        return f"{m.value:.1%}".replace("%", f"±{(m.max - m.min) / 2 * 100:.1f}%")
+    return f"{m.value:.1%}"
+
+
+def summary(m: dict[str, Metric], context: Any) -> str:
+    """The lengths in one line: what every strategy above was fed."""
+
+    def v(name: str) -> float:
+        x = m.get(name)
+        return float(x.value) if x is not None and x.value is not None else 0.0
+
+    text = (
+        f"{v('samples'):,.0f} samples, {v('tokens'):,.0f} tokens; length median "
+        f"{v('length.median'):,.0f}, mean {v('length.mean'):,.1f}, p90 {v('length.p90'):,.0f}, "
+        f"p99 {v('length.p99'):,.0f}, range {v('length.min'):,.0f}-{v('length.max'):,.0f}"
+    )
+    cut = v("truncated_samples")
+    text += (
+        f"; {cut:,.0f} longer than the context ({context}), cut to it"
+        if cut
+        else f"; none longer than the context ({context})"
+    )
+    if v("empty_samples"):
+        text += f"; {v('empty_samples'):,.0f} empty, left out"
+    return text
+
+
+def split(
+    metrics: tuple[Metric, ...] | list[Metric], params: Mapping[str, Any]
+) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+    """(rows, other metrics, notes); no rows unless the metrics are a pad run's."""
+    cells: dict[str, dict[str, Metric]] = {}
+    rest: list[Metric] = []
+    lengths: dict[str, Metric] = {}
+    for m in metrics:
+        what, _, strategy = m.name.partition(".")
+        if strategy in STRATEGIES and what in _FIGURES:
+            cells.setdefault(strategy, {})[what] = m
+        elif m.name in _SUMMARY:
+            lengths[m.name] = m
+        else:
+            rest.append(m)
+    if not cells:
+        return [], list(metrics), []
+    current = params.get("current")
+    base = cells.get(str(current), {}).get("efficiency")
+    rows = []
+    for s in STRATEGIES:
+        if s not in cells:
+            continue
+        c = cells[s]
+        eff = c.get("efficiency")
+        relative = (
+            f"{eff.value / base.value:,.2f}x"
+            if eff is not None and eff.value and base is not None and base.value
+            else "-"
+        )
+        name = f"{s} (current)" if s == current else s
+        rows.append(
+            (
+                name,
+                _share(eff),
+                _count(c.get("padding_positions")),
+                _count(c.get("positions_per_batch")),
+                _count(c.get("max_positions_per_batch")),
+                _count(c.get("batches")),
+                _times(c.get("attention_vs_ideal")),
+                _times(c.get("attention_unmasked_vs_ideal")),
+                relative,
+            )
+        )
+    notes = [summary(lengths, f"{params.get('context', '?'):,}")] if lengths else []
+    return rows, rest, [*notes, NOTE]

@@ -1,0 +1,255 @@
+"""`pad`: the padding tax of a dataset under every common batching strategy.
+
+Token lengths come from a dataset tokenized here (--dataset, --tokenizer), a file of
+lengths (--lengths), or the embedded Alpaca-like default. Lengths past --context are
+cut to it, as training would; then each strategy of `packing` lays the samples out
+and its cost is counted: real tokens per computed position (efficiency), padding,
+positions per batch, batches per epoch, and attention work against the ideal.
+
+Strategies that shuffle (dynamic padding, length grouping, padding-free) are laid
+out over several shuffles, so their figures carry a median and a spread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from starvecheck.model import Metric, StageResult
+from starvecheck.stages import packing, textdata
+from starvecheck.stages.packing import Figures, Layout
+from starvecheck.stages.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
+from starvecheck.status import UsageError
+
+Progress = Callable[[str, int, int | None], None]
+SHUFFLES = 5
+SHUFFLE_BUDGET = 2_000_000  # lengths laid out per shuffled strategy, over all shuffles
+QUICK_LIMIT = 20_000
+
+
+def _no_progress(what: str, done: int, total: int | None) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    context: int = 4096
+    batch_size: int = 32
+    current: str = "dynamic"
+    seed: int = 0
+    limit: int | None = None
+    dataset: str | None = None
+    fmt: str | None = None  # None: from the file name
+    fields: tuple[str, ...] = ()
+    tokenizer: str | None = None
+    lengths: str | None = None  # a file of lengths, or "-" for stdin
+
+    @property
+    def source(self) -> str:
+        return "dataset" if self.dataset else ("lengths" if self.lengths else "default")
+
+    def shuffles(self, n: int) -> int:
+        """Shuffles per shuffled strategy: 5, fewer on big data (where they agree anyway)."""
+        return max(1, min(SHUFFLES, SHUFFLE_BUDGET // max(1, n)))
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "dataset": self.dataset,
+            "format": self.fmt,
+            "fields": list(self.fields),
+            "tokenizer": self.tokenizer,
+            "lengths": self.lengths,
+            "context": self.context,
+            "batch_size": self.batch_size,
+            "current": self.current,
+            "seed": self.seed,
+            "limit": self.limit,
+        }
+
+
+@dataclass
+class Input:
+    lengths: np.ndarray  # as read: before dropping empty samples and cutting to context
+    caveats: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = None) -> Input:
+    if plan.lengths is not None:
+        lengths = textdata.read_lengths(plan.lengths, stdin, plan.limit)
+        if lengths.size == 0:
+            raise UsageError(f"--lengths {plan.lengths}: no lengths (one count per line)")
+        return Input(lengths)
+    if plan.dataset is None:
+        n = plan.limit or textdata.ALPACA_SAMPLES
+        lo, hi = textdata.ALPACA_RANGE
+        return Input(
+            textdata.alpaca_like(n, plan.seed),
+            [
+                f"no --dataset or --lengths: {n:,} synthetic lengths from the embedded "
+                f"Alpaca-like distribution (log-normal cut to {lo}-{hi} tokens, median 83, "
+                "mean 95); measure your own data with --dataset or --lengths"
+            ],
+        )
+    fmt = plan.fmt or textdata.detect_format(plan.dataset)
+    progress("reading", 0, plan.limit)
+    samples = textdata.read_samples(plan.dataset, fmt, plan.fields, plan.limit)
+    caveats: list[str] = []
+    details: dict[str, Any] = {"format": fmt, "fields": list(samples.fields)}
+    for name, n in samples.missing.items():
+        caveats.append(
+            f"field {name!r} is missing from {n:,} of {samples.records:,} records (taken as empty)"
+        )
+    tokenizer = None
+    if plan.tokenizer:
+        tokenizer = textdata.load_tokenizer(plan.tokenizer)
+        if not getattr(tokenizer, "is_fast", True):
+            caveats.append(
+                f"{plan.tokenizer} is a slow (Python) tokenizer: the lengths are right, "
+                "but tokenizing took long; a tokenizer.json gives the fast one"
+            )
+    elif not samples.pretokenized:
+        raise UsageError(
+            f"--dataset {plan.dataset}: field {', '.join(samples.fields) or 'text'} holds "
+            "text; name the tokenizer you train with: --tokenizer DIR_OR_CACHED_NAME"
+        )
+    elif plan.tokenizer is None:
+        details["pretokenized"] = True
+    lengths = textdata.token_lengths(samples.items, tokenizer, progress)
+    return Input(lengths, caveats, details)
+
+
+def _metric_figures(name: str, figs: list[Figures], ideal: float) -> list[Metric]:
+    """One metric per figure of a strategy; repeated when it was laid out per shuffle."""
+
+    def m(what: str, values: list[float], unit: str) -> Metric:
+        full = f"{what}.{name}"
+        return (
+            Metric.repeated(full, values, unit)
+            if len(values) > 1
+            else Metric.single(full, values[0], unit)
+        )
+
+    out = [
+        m("efficiency", [f.efficiency for f in figs], "fraction"),
+        m("padding_positions", [f.padding for f in figs], "positions"),
+        m("positions_per_batch", [f.positions_per_batch for f in figs], "positions"),
+        m("max_positions_per_batch", [f.max_batch_positions for f in figs], "positions"),
+        m("batches", [f.batches for f in figs], "batches"),
+        m("attention_cost", [f.attention for f in figs], "token²"),
+        m("attention_vs_ideal", [f.attention / ideal if ideal else 1.0 for f in figs], "x"),
+    ]
+    if figs[0].attention_unmasked is not None:
+        out.append(
+            m(
+                "attention_unmasked_vs_ideal",
+                [(f.attention_unmasked or 0.0) / ideal if ideal else 1.0 for f in figs],
+                "x",
+            )
+        )
+    return out
+
+
+def _length_metrics(raw: np.ndarray, cut: np.ndarray, context: int, empty: int) -> list[Metric]:
+    s = np.sort(raw[raw > 0])
+    out = [
+        Metric.single("samples", int(cut.size), "samples"),
+        Metric.single("tokens", int(cut.sum()), "tokens"),
+        Metric.single("length.mean", float(s.mean()), "tokens"),
+        Metric.single("length.median", float(np.median(s)), "tokens"),
+        Metric.single("length.p90", float(np.percentile(s, 90)), "tokens"),
+        Metric.single("length.p99", float(np.percentile(s, 99)), "tokens"),
+        Metric.single("length.min", int(s[0]), "tokens"),
+        Metric.single("length.max", int(s[-1]), "tokens"),
+        Metric.single("truncated_samples", int((s > context).sum()), "samples"),
+        Metric.single("truncated_tokens", int((s - np.minimum(s, context)).sum()), "tokens"),
+    ]
+    if empty:
+        out.append(Metric.single("empty_samples", empty, "samples"))
+    return out
+
+
+@dataclass(frozen=True)
+class Run:
+    result: StageResult
+    lengths: np.ndarray  # as laid out: empty samples dropped, cut to the context
+    layouts: dict[str, Layout]  # the first shuffle's, for pictures
+
+
+def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = None) -> Run:
+    from starvecheck.advice.pad import advise
+
+    if plan.current not in STRATEGIES:
+        raise UsageError(f"--current {plan.current}: one of {', '.join(STRATEGIES)}")
+    start = time.perf_counter()
+    data = load(plan, progress, stdin)
+    raw = data.lengths
+    empty = int((raw == 0).sum())
+    if empty == raw.size:
+        raise UsageError("every sample has 0 tokens: nothing to batch")
+    lengths = np.minimum(raw[raw > 0], plan.context)
+    caveats = list(data.caveats)
+    if empty:
+        caveats.append(f"{empty:,} samples with 0 tokens left out (nothing to train on)")
+
+    ideal = float((lengths.astype(np.float64) ** 2).sum())
+    metrics = _length_metrics(raw, lengths, plan.context, empty)
+    metrics.append(Metric.single("attention_cost.ideal", ideal, "token²"))
+    shuffles = plan.shuffles(int(lengths.size))
+    layouts: dict[str, Layout] = {}
+    laid_out = time.perf_counter()
+    for i, name in enumerate(STRATEGIES):
+        seeds = [plan.seed + k for k in range(shuffles if name in SHUFFLED else 1)]
+        figs = []
+        for seed in seeds:
+            lay = packing.layout(name, lengths, plan.context, plan.batch_size, seed)
+            layouts.setdefault(name, lay)
+            figs.append(packing.figures(lay, lengths))
+        metrics += _metric_figures(name, figs, ideal)
+        progress("laying out batches", i + 1, len(STRATEGIES))
+    layout_s = time.perf_counter() - laid_out
+
+    unmasked = [
+        f"{n} {_x(_value(metrics, f'attention_unmasked_vs_ideal.{n}'))}"
+        for n in STRATEGIES
+        if n in SHARES_ROWS
+    ]
+    caveats.append(
+        "padding_free and the packing strategies put several samples in one sequence: "
+        "without a per-document attention mask (FlashAttention varlen through position_ids "
+        "or cu_seqlens) samples attend to each other, and attention costs "
+        f"{', '.join(unmasked)} the ideal instead of 1x"
+    )
+    if shuffles < SHUFFLES:
+        caveats.append(
+            f"shuffled strategies laid out over {shuffles} shuffle(s), not {SHUFFLES}: "
+            f"{lengths.size:,} samples vary little from one shuffle to the next"
+        )
+    params = {
+        **plan.parameters(),
+        **data.details,
+        "shuffles": shuffles,
+        "layout_s": round(layout_s, 3),
+    }
+    result = StageResult(
+        stage="pad",
+        parameters=params,
+        metrics=tuple(metrics),
+        findings=advise(metrics, params),
+        caveats=tuple(caveats),
+        duration_s=round(time.perf_counter() - start, 3),
+    )
+    return Run(result, lengths, layouts)
+
+
+def _value(metrics: list[Metric], name: str) -> float | None:
+    return next((m.value for m in metrics if m.name == name), None)
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.1f}x"

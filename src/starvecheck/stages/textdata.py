@@ -1,0 +1,454 @@
+"""Token lengths for `pad`: a dataset file tokenized here, a file of lengths, or the
+embedded Alpaca-like default. Also the one place that loads a tokenizer (local
+files only: starvecheck never downloads).
+
+Every problem with the user's input is a `UsageError` naming the file, the line or
+record, and what was expected: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from starvecheck.status import UsageError
+
+FORMATS = ("jsonl", "json", "parquet", "csv", "tsv", "text")
+_SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".txt": "text",
+}
+MAX_LENGTH = 1 << 40  # a token count past this is a typo, not a document
+TOKENIZE_BATCH = 1000
+
+Progress = Callable[[str, int, int | None], None]
+
+# The embedded default: a log-normal cut to [13, 307] tokens whose median is 83 and
+# mean 95, the figures published for 2,000 Alpaca samples (context 4,096, batch 32).
+# mu and sigma were fitted so that 2,000 evenly spaced quantiles have exactly that
+# median, mean, minimum and maximum.
+ALPACA_MU = 4.428
+ALPACA_SIGMA = 0.552
+ALPACA_RANGE = (13, 307)
+ALPACA_SAMPLES = 2000
+
+
+def alpaca_like(n: int = ALPACA_SAMPLES, seed: int = 0) -> np.ndarray:
+    """n token lengths from the Alpaca-like distribution: its quantiles at evenly
+    spaced probabilities (the lowest and highest are the range's ends), shuffled with
+    `seed`. The same on every run and every machine."""
+    from statistics import NormalDist
+
+    if n < 1:
+        return np.zeros(0, np.int64)
+    normal = NormalDist()
+    low, high = (normal.cdf((np.log(end) - ALPACA_MU) / ALPACA_SIGMA) for end in ALPACA_RANGE)
+    # inv_cdf is exact but scalar: evaluate at most 10,001 points and interpolate
+    # between them for larger n (a smooth curve, rounded to whole tokens anyway).
+    grid = min(n, 10_001)
+    u = np.linspace(0.0, 1.0, grid) if grid > 1 else np.array([0.5])
+    z = np.array([normal.inv_cdf(min(max(low + p * (high - low), 1e-15), 1 - 1e-15)) for p in u])
+    q = np.exp(ALPACA_MU + ALPACA_SIGMA * z)
+    if grid < n:
+        q = np.interp(np.linspace(0.0, 1.0, n), u, q)
+    lengths = np.rint(q).astype(np.int64)
+    return lengths[np.random.RandomState(seed).permutation(n)]
+
+
+_COUNT = re.compile(r"[0-9]+")
+
+
+def parse_lengths(lines: Iterable[str], name: str, limit: int | None = None) -> np.ndarray:
+    """One token count per line; blank lines and lines starting with # are skipped."""
+    out: list[int] = []
+    for lineno, raw in enumerate(lines, 1):
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        if not _COUNT.fullmatch(text):
+            shown = text if len(text) <= 20 else text[:20] + "..."
+            raise UsageError(
+                f"--lengths {name}: line {lineno}: {shown!r} is not a token count "
+                "(one whole number per line)"
+            )
+        value = int(text)
+        if value > MAX_LENGTH:
+            raise UsageError(f"--lengths {name}: line {lineno}: {text[:20]} tokens is too many")
+        out.append(value)
+        if limit is not None and len(out) >= limit:
+            break
+    return np.array(out, dtype=np.int64)
+
+
+def read_lengths(path: str, stdin: IO[str] | None = None, limit: int | None = None) -> np.ndarray:
+    if path == "-":
+        return parse_lengths(stdin if stdin is not None else sys.stdin, "-", limit)
+    with _open_text(path, "--lengths") as f:
+        return parse_lengths(f, path, limit)
+
+
+def detect_format(path: str) -> str:
+    name = path.lower()
+    if name.endswith(".gz"):
+        name = name[:-3]
+    return _SUFFIXES.get(os.path.splitext(name)[1], "text")
+
+
+def _open_text(path: str, option: str) -> IO[str]:
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path}: is a directory (name a file)")
+    try:
+        raw: IO[Any] = gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        raise UsageError(f"{option} {path}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
+    return _Checked(raw, f"{option} {path}")
+
+
+class _Checked(io.TextIOWrapper):
+    """UTF-8 text whose decoding and gzip errors become one usage line."""
+
+    def __init__(self, raw: IO[bytes], where: str) -> None:
+        super().__init__(raw, encoding="utf-8", newline="")  # type: ignore[arg-type]
+        self._where = where
+
+    def __next__(self) -> str:
+        try:
+            return super().__next__()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise UsageError(f"{self._where}: cannot read: {e}") from None
+
+    def read(self, size: int | None = -1) -> str:
+        try:
+            return super().read(size)
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise UsageError(f"{self._where}: cannot read: {e}") from None
+
+
+# --- records ----------------------------------------------------------------------
+
+
+def _jsonl(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
+    for lineno, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(
+                f"--dataset {path}: line {lineno}: not JSON ({e.msg}); JSON Lines has one "
+                "object per line"
+            ) from None
+        yield f"line {lineno}", value
+
+
+def _json(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
+    head = f.read(1)
+    while head and head.isspace():
+        head = f.read(1)
+    if head != "[":  # a .json file that is JSON Lines after all
+        rest = head + f.read()
+        yield from _jsonl(path, io.StringIO(rest))
+        return
+    try:
+        data = json.loads(head + f.read())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--dataset {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    for i, value in enumerate(data):
+        yield f"record {i + 1}", value
+
+
+def _delimited(path: str, f: IO[str], delimiter: str) -> Iterator[tuple[str, Any]]:
+    csv.field_size_limit(2**31 - 1)  # one long document per cell is normal here
+    reader = csv.DictReader(f, delimiter=delimiter)
+    try:
+        for row in reader:
+            yield f"line {reader.line_num}", row
+    except csv.Error as e:
+        raise UsageError(f"--dataset {path}: line {reader.line_num}: {e}") from None
+
+
+def _text(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
+    for lineno, line in enumerate(f, 1):
+        text = line.rstrip("\r\n")
+        if text.strip():
+            yield f"line {lineno}", text
+
+
+def _parquet(
+    path: str, columns: Sequence[str] | None, schema_only: bool = False
+) -> Iterator[tuple[str, Any]]:
+    if os.path.isdir(path):
+        raise UsageError(f"--dataset {path}: is a directory (name a file)")
+    if not os.path.exists(path):
+        raise UsageError(f"--dataset {path}: no such file")
+    try:
+        import pyarrow.parquet as pq  # an optional extra: starvecheck[parquet]
+    except ImportError:
+        raise UsageError(
+            f"--dataset {path}: Parquet needs pyarrow: pip install 'starvecheck[parquet]'"
+        ) from None
+    try:
+        table = pq.ParquetFile(path)
+        names = table.schema_arrow.names
+        if schema_only:
+            yield "schema", names
+            return
+        wanted = [c for c in columns if c in names] if columns else None
+        if columns and not wanted:
+            yield "record 1", dict.fromkeys(names)  # let the field check name the columns
+            return
+        n = 0
+        for batch in table.iter_batches(batch_size=4096, columns=wanted):
+            for row in batch.to_pylist():
+                n += 1
+                yield f"record {n}", row
+    except OSError as e:  # pyarrow's ArrowInvalid and ArrowIOError are OSErrors too
+        raise UsageError(f"--dataset {path}: not a readable Parquet file ({e})") from None
+
+
+def parquet_columns(path: str) -> list[str]:
+    return next(iter(_parquet(path, None, schema_only=True)))[1]
+
+
+def records(path: str, fmt: str, columns: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
+    """(where, record) for each record of the file: a dict, or a string for text."""
+    if fmt == "parquet":
+        yield from _parquet(path, columns)
+        return
+    with _open_text(path, "--dataset") as f:
+        if fmt == "jsonl":
+            yield from _jsonl(path, f)
+        elif fmt == "json":
+            yield from _json(path, f)
+        elif fmt in ("csv", "tsv"):
+            yield from _delimited(path, f, "," if fmt == "csv" else "\t")
+        else:
+            yield from _text(path, f)
+
+
+# --- samples ----------------------------------------------------------------------
+
+Sample = str | int | list  # text, a token count (pre-tokenized), or chat messages
+
+
+@dataclass
+class Samples:
+    """What was read: one entry per sample, and what had to be assumed on the way."""
+
+    items: list[Sample] = field(default_factory=list)
+    fields: tuple[str, ...] = ()
+    missing: dict[str, int] = field(default_factory=dict)  # field -> records without it
+    records: int = 0
+
+    @property
+    def pretokenized(self) -> bool:
+        return bool(self.items) and all(isinstance(s, int) for s in self.items)
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value[:64]
+    )
+
+
+def _is_chat(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and "content" in m for m in value[:64])
+    )
+
+
+def _value(path: str, where: str, name: str, value: Any) -> Sample:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return str(value)
+    if _is_ids(value) and value:
+        return len(value)
+    if _is_chat(value):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    kind = "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+    raise UsageError(
+        f"--dataset {path}: {where}: field {name!r} holds {kind}; --field names text, "
+        "token ids or chat messages"
+    )
+
+
+def read_samples(path: str, fmt: str, fields: Sequence[str], limit: int | None = None) -> Samples:
+    """The samples of a dataset file: each record's fields joined by a newline.
+
+    With no --field: `text` if the first record has it, else `input_ids`, else an
+    error listing the fields there are. A field may hold text, token ids (counted,
+    not tokenized) or chat messages (a list of {"role", "content"})."""
+    out = Samples(fields=tuple(fields))
+    if fmt == "text":
+        if fields:
+            raise UsageError(
+                f"--field: {path} is plain text, one sample per line; --field applies to "
+                "JSON Lines, JSON, Parquet and CSV (use --format to say which it is)"
+            )
+        for _, line in records(path, fmt):
+            out.items.append(line)
+            out.records += 1
+            if limit is not None and out.records >= limit:
+                break
+        if not out.items:
+            raise UsageError(f"--dataset {path}: no samples (every line is blank)")
+        return out
+    chosen: tuple[str, ...] = tuple(fields)
+    columns: Sequence[str] | None = chosen or None
+    if not chosen and fmt == "parquet":  # read one column, not the whole table
+        names = parquet_columns(path)
+        columns = next(([g] for g in ("text", "input_ids") if g in names), names[:1])
+    for where, record in records(path, fmt, columns):
+        if not isinstance(record, dict):
+            kind = "a list" if isinstance(record, list) else type(record).__name__
+            raise UsageError(
+                f"--dataset {path}: {where}: expected an object with named fields, found {kind}"
+            )
+        if not chosen:
+            for guess in ("text", "input_ids"):
+                if guess in record:
+                    chosen = (guess,)
+                    break
+            else:
+                raise UsageError(
+                    f"--dataset {path}: no 'text' field; name the field(s) to measure with "
+                    f"--field (the first record has: {_names(record)})"
+                )
+            out.fields = chosen
+        if out.records == 0:
+            absent = [f for f in chosen if f not in record]
+            if len(absent) == len(chosen):
+                raise UsageError(
+                    f"--field {', '.join(absent)}: not in {path} (the first record has: "
+                    f"{_names(record)})"
+                )
+        out.records += 1
+        parts: list[Sample] = []
+        for name in chosen:
+            if name not in record:
+                out.missing[name] = out.missing.get(name, 0) + 1
+                continue
+            parts.append(_value(path, where, name, record[name]))
+        out.items.append(_join(path, where, parts))
+        if limit is not None and out.records >= limit:
+            break
+    if not out.items:
+        raise UsageError(f"--dataset {path}: no records")
+    for name, n in out.missing.items():
+        if n == out.records:
+            raise UsageError(f"--field {name}: in no record of {path}")
+    return out
+
+
+def _names(record: dict[str, Any]) -> str:
+    names = list(record)
+    shown = ", ".join(str(n) for n in names[:12])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > 12 else "") or "no fields"
+
+
+def _join(path: str, where: str, parts: list[Sample]) -> Sample:
+    if len(parts) == 1:
+        return parts[0]
+    if any(not isinstance(p, str) for p in parts):
+        raise UsageError(
+            f"--dataset {path}: {where}: only text fields can be joined; token ids and chat "
+            "messages go in a --field of their own"
+        )
+    return "\n".join(p for p in parts if isinstance(p, str))
+
+
+# --- tokenizing -------------------------------------------------------------------
+
+
+def load_tokenizer(name: str) -> Any:
+    """A transformers tokenizer from local files only: starvecheck never downloads.
+    NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), or
+    a model name already in the local Hugging Face cache."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, ... by case
+        raise UsageError(
+            f"--tokenizer {name}: no tokenizer found in local files (starvecheck never "
+            f"downloads; pass a directory with tokenizer.json): {type(e).__name__}"
+        ) from e
+
+
+def token_lengths(
+    samples: Sequence[Sample],
+    tokenizer: Any,
+    progress: Progress | None = None,
+    batch: int = TOKENIZE_BATCH,
+) -> np.ndarray:
+    """Token count of each sample as the model would see it: special tokens added for
+    text; chat messages through the tokenizer's chat template when it has one."""
+    out = np.zeros(len(samples), np.int64)
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    for start in range(0, len(samples), batch):
+        chunk = samples[start : start + batch]
+        texts: list[str] = []
+        chats: list[str] = []
+        where_text: list[int] = []
+        where_chat: list[int] = []
+        for i, s in enumerate(chunk, start):
+            if isinstance(s, int):
+                out[i] = s
+            elif isinstance(s, str):
+                texts.append(s)
+                where_text.append(i)
+            elif template:
+                chats.append(tokenizer.apply_chat_template(s, tokenize=False))
+                where_chat.append(i)
+            else:  # no template: the messages' text, one per line
+                texts.append("\n".join(str(m.get("content") or "") for m in s))
+                where_text.append(i)
+        for where, batch_texts, special in (
+            (where_text, texts, True),
+            (where_chat, chats, False),  # the template already holds the special tokens
+        ):
+            if batch_texts:
+                ids = tokenizer(
+                    batch_texts,
+                    add_special_tokens=special,
+                    return_attention_mask=False,
+                    return_token_type_ids=False,
+                    verbose=False,
+                )["input_ids"]
+                out[where] = [len(x) for x in ids]
+        if progress is not None:
+            progress("tokenizing", min(start + batch, len(samples)), len(samples))
+    return out

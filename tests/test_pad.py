@@ -1,0 +1,422 @@
+"""`starvecheck pad`: each strategy against hand-computed cases, the inputs it reads,
+its advice, and the command end to end."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from starvecheck.advice.pad import advise
+from starvecheck.stages import packing, pad, textdata
+from starvecheck.stages.strategies import STRATEGIES
+from starvecheck.status import UsageError
+from tests.conftest import run, tiny_tokenizer
+
+L = np.array([1, 2, 3, 4])  # 10 tokens; sum of squares 30
+
+
+def fig(name, lengths=L, context=8, batch=2, seed=0):
+    return packing.figures(packing.layout(name, lengths, context, batch, seed), lengths)
+
+
+# --- strategies against hand-computed cases ------------------------------------
+
+
+def test_pad_to_context():
+    f = fig("pad_to_context")
+    assert (f.positions, f.batches, f.max_batch_positions) == (32, 2, 16)
+    assert f.efficiency == 10 / 32 and f.padding == 22
+    assert f.attention == 4 * 8**2 and f.attention_unmasked is None
+
+
+@pytest.mark.parametrize(
+    ("name", "width"), [("dynamic", 4), ("dynamic_mult8", 8), ("dynamic_mult64", 64)]
+)
+def test_dynamic_padding_in_one_batch_pads_to_the_longest(name, width):
+    f = fig(name, batch=4)  # one batch: the shuffle cannot matter
+    assert f.positions == 4 * width and f.efficiency == 10 / (4 * width)
+    assert f.attention == 4 * width**2
+
+
+def test_dynamic_padding_pads_each_batch_to_its_own_longest():
+    lay = packing._padded_rows("dynamic", np.array([1, 9, 2, 3, 8, 1]), np.arange(6), 2)
+    assert lay.row_len.tolist() == [9, 9, 3, 3, 8, 8]
+    assert lay.batch_positions().tolist() == [18, 6, 16]
+
+
+def test_pad_to_multiple_may_pass_the_context_as_transformers_does():
+    assert fig("dynamic_mult64", np.array([5, 70]), context=100, batch=2).positions == 2 * 128
+
+
+def test_padding_free_has_no_padding_and_spans_the_batch_without_a_mask():
+    f = fig("padding_free", batch=4)
+    assert f.efficiency == 1.0 and f.positions == 10
+    assert f.attention == 30 and f.attention_unmasked == 10**2  # one flat sequence of 10
+
+
+def test_greedy_packing_fills_rows_in_arrival_order():
+    lengths = np.array([5, 4, 3, 2, 6])
+    lay = packing.layout("greedy_pack", lengths, 8, 2, 0)
+    assert lay.row.tolist() == [0, 1, 1, 2, 2]  # 5 | 4 3 | 2 6
+    f = packing.figures(lay, lengths)
+    assert f.positions == 24 and f.efficiency == 20 / 24 and f.batches == 2
+    assert f.attention == 25 + 16 + 9 + 4 + 36 and f.attention_unmasked == 3 * 64
+
+
+def test_first_fit_decreasing_packs_longest_first():
+    lengths = np.array([5, 4, 3, 2, 6])
+    lay = packing.layout("ffd_pack", lengths, 8, 2, 0)
+    rows = [sorted(lengths[lay.order[lay.row == r]].tolist()) for r in range(lay.rows)]
+    assert rows == [[2, 6], [3, 5], [4]]
+
+
+def test_best_fit_goes_to_the_fullest_row_first_fit_to_the_first():
+    # Longest first (context 10): 7 opens row 0 (room 3), 5 opens row 1 (room 5), 4
+    # joins row 1 (room 1). The 1 fits both: first-fit takes row 0, best-fit row 1.
+    lengths = np.array([5, 7, 4, 1])
+    for best, last in ((False, 0), (True, 1)):
+        order, row = packing.fit_decreasing(lengths, 10, best)
+        assert dict(zip(order.tolist(), row.tolist(), strict=True)) == {1: 0, 0: 1, 2: 1, 3: last}
+
+
+def test_length_grouped_is_transformers_group_by_length(monkeypatch):
+    torch = pytest.importorskip("torch")
+    trainer_pt_utils = pytest.importorskip("transformers.trainer_pt_utils")
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 500, 1000)
+    ours = packing.length_grouped_order(lengths, 8, seed=11)
+    perm = np.random.RandomState(11).permutation(lengths.size)
+    monkeypatch.setattr(torch, "randperm", lambda n, generator=None: torch.tensor(perm))
+    theirs = trainer_pt_utils.get_length_grouped_indices(lengths.tolist(), 8)
+    # Equal lengths may sit in either order; the batches' lengths are what count.
+    assert lengths[ours].tolist() == lengths[theirs].tolist()
+
+
+def test_length_grouping_beats_random_batches_on_varied_lengths():
+    lengths = textdata.alpaca_like(4000)
+    grouped = fig("length_grouped", lengths, context=4096, batch=32).efficiency
+    assert grouped > 1.5 * fig("dynamic", lengths, context=4096, batch=32).efficiency
+
+
+def test_lengths_outside_the_context_are_refused():
+    with pytest.raises(ValueError):
+        packing.layout("greedy_pack", np.array([3, 9]), 8, 2, 0)
+    with pytest.raises(ValueError):
+        packing.layout("dynamic", np.array([0, 2]), 8, 2, 0)
+
+
+# --- the embedded default ----------------------------------------------------------
+
+
+def test_the_default_matches_the_published_alpaca_figures():
+    lengths = textdata.alpaca_like()
+    assert lengths.size == 2000
+    assert (lengths.min(), lengths.max(), float(np.median(lengths))) == (13, 307, 83.0)
+    assert abs(lengths.mean() - 95) < 0.1
+    assert np.array_equal(lengths, textdata.alpaca_like())  # the same every run
+    assert not np.array_equal(lengths, np.sort(lengths))  # shuffled: arrival order is random
+    assert textdata.alpaca_like(10**5).max() == 307
+
+
+# --- reading datasets ---------------------------------------------------------------
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_jsonl_fields_are_joined_with_a_newline(tmp_path):
+    p = write_jsonl(
+        tmp_path / "a.jsonl",
+        [{"instruction": "fix", "input": "", "output": "ok"}, {"instruction": "go", "output": "x"}],
+    )
+    s = textdata.read_samples(str(p), "jsonl", ("instruction", "input", "output"))
+    assert s.items == ["fix\n\nok", "go\nx"]
+    assert s.missing == {"input": 1}
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv", "tsv", "text", "jsonl.gz"])
+def test_every_format_gives_the_same_samples(tmp_path, fmt):
+    texts = ["the quick fox", 'a "quoted", comma', "lazy dog"]
+    if fmt == "json":
+        p = tmp_path / "d.json"
+        p.write_text(json.dumps([{"text": t} for t in texts], indent=1))
+    elif fmt in ("csv", "tsv"):
+        import csv
+
+        p = tmp_path / f"d.{fmt}"
+        with p.open("w", newline="") as f:
+            w = csv.writer(f, delimiter="," if fmt == "csv" else "\t")
+            w.writerow(["id", "text"])
+            w.writerows([i, t] for i, t in enumerate(texts))
+    elif fmt == "text":
+        p = tmp_path / "d.txt"
+        p.write_text("\n".join([*texts[:1], "", *texts[1:]]) + "\n")  # blank lines skipped
+    else:
+        p = tmp_path / "d.jsonl.gz"
+        with gzip.open(p, "wt") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    detected = textdata.detect_format(str(p))
+    assert textdata.read_samples(str(p), detected, ()).items == texts
+
+
+def test_parquet_reads_only_the_field(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "text": ["a b", "c"], "input_ids": [[1, 2], [3]]}), p)
+    assert textdata.read_samples(str(p), "parquet", ()).items == ["a b", "c"]
+    ids = textdata.read_samples(str(p), "parquet", ("input_ids",))
+    assert ids.items == [2, 1] and ids.pretokenized
+
+
+def test_token_ids_and_chat_messages(tmp_path):
+    p = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"input_ids": [5, 6, 7], "messages": [{"role": "user", "content": "hi"}]},
+            {"input_ids": [1], "messages": [{"role": "user", "content": "a b"}]},
+        ],
+    )
+    assert textdata.read_samples(str(p), "jsonl", ()).items == [3, 1]  # input_ids by default
+    chats = textdata.read_samples(str(p), "jsonl", ("messages",)).items
+    assert chats[1] == [{"role": "user", "content": "a b"}]
+
+
+@pytest.mark.parametrize(
+    ("content", "fields", "message"),
+    [
+        ('{"text": "a"}\nnot json\n', (), "line 2: not JSON"),
+        ("[1, 2]\n", (), "line 1: expected an object"),
+        ('{"body": "a"}\n', (), "no 'text' field; name the field(s) to measure with --field"),
+        ('{"body": "a"}\n', ("title",), "--field title: not in"),
+        ('{"text": {"a": 1}}\n', (), "holds an object"),
+        ('{"a": "x", "b": [1, 2]}\n', ("a", "b"), "only text fields can be joined"),
+        ("\n\n", (), "no records"),
+    ],
+)
+def test_bad_datasets_are_one_usage_line(tmp_path, content, fields, message):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content)
+    with pytest.raises(UsageError) as e:
+        textdata.read_samples(str(p), "jsonl", fields)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_undecodable_and_missing_files(tmp_path):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes(b"caf\xe9\n")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        textdata.read_samples(str(p), "text", ())
+    with pytest.raises(UsageError, match="no such file"):
+        textdata.read_samples(str(tmp_path / "nope.jsonl"), "jsonl", ())
+    with pytest.raises(UsageError, match="is a directory"):
+        textdata.read_samples(str(tmp_path), "jsonl", ())
+    bad_gz = tmp_path / "x.jsonl.gz"
+    bad_gz.write_bytes(b"not gzip at all")
+    with pytest.raises(UsageError, match="cannot read"):
+        textdata.read_samples(str(bad_gz), "jsonl", ())
+
+
+def test_lengths_file_parsing(tmp_path):
+    assert textdata.parse_lengths(["# n", "3", " 7 ", "", "0"], "f").tolist() == [3, 7, 0]
+    assert textdata.parse_lengths(["1", "2", "3"], "f", limit=2).tolist() == [1, 2]
+    for bad, line in (("-3", 1), ("4.5", 1), ("x", 1), ("1e3", 1)):
+        with pytest.raises(UsageError, match=f"line {line}: "):
+            textdata.parse_lengths([bad], "f")
+
+
+def test_tokenized_lengths_count_special_tokens_as_training_does(tmp_path):
+    tiny_tokenizer(tmp_path / "tok")
+    tok = textdata.load_tokenizer(str(tmp_path / "tok"))
+    samples = ["the quick fox", "lazy dog jumps over the dog", 17]
+    got = textdata.token_lengths(samples, tok, batch=2).tolist()
+    want = [len(tok(t)["input_ids"]) for t in samples[:2]] + [17]
+    assert got == want == [3, 6, 17]
+
+
+# --- advice -------------------------------------------------------------------------
+
+
+def advise_on(lengths, **plan):
+    return {f.id: f for f in pad_run(lengths, **plan).result.findings}
+
+
+def pad_run(lengths, **plan):
+    path = plan.pop("path")
+    path.write_text("\n".join(map(str, lengths)) + "\n")
+    return pad.run(pad.Plan(lengths=str(path), **plan))
+
+
+def test_padding_to_the_context_on_short_samples_is_critical(tmp_path):
+    f = advise_on(textdata.alpaca_like(), path=tmp_path / "l", current="pad_to_context")
+    waste = f["pad.waste"]
+    assert waste.severity.value == "critical"
+    assert waste.gain.value == pytest.approx(1 / 0.0232, rel=0.02)  # 100% over 2.3%
+    assert "DataCollatorWithFlattening" in waste.recommendation
+    assert "group_by_length=True" in waste.recommendation  # the fallback without varlen
+    assert "pad.truncated" not in f
+
+
+def test_packing_already_is_passed(tmp_path):
+    f = advise_on(textdata.alpaca_like(), path=tmp_path / "l", current="bfd_pack")
+    assert f["pad.waste"].severity.value == "ok"
+
+
+def test_equal_lengths_need_no_change(tmp_path):
+    f = advise_on([64] * 100, path=tmp_path / "l", current="pad_to_context", context=64)
+    assert f["pad.waste"].severity.value == "ok"
+
+
+def test_samples_past_the_context_are_counted_and_cut(tmp_path):
+    r = pad_run([10, 20, 300, 500], path=tmp_path / "l", context=100, batch_size=2)
+    m = {x.name: x.value for x in r.result.metrics}
+    assert m["truncated_samples"] == 2 and m["truncated_tokens"] == 200 + 400
+    assert m["tokens"] == 10 + 20 + 100 + 100 and m["length.max"] == 500
+    f = {x.id: x for x in r.result.findings}["pad.truncated"]
+    assert f.severity.value == "warning" and "2 samples (50.0%)" in f.title
+    assert r.lengths.max() == 100
+
+
+def test_stored_reports_are_judged_as_fresh_ones(tmp_path):
+    r = pad_run(textdata.alpaca_like(), path=tmp_path / "l")
+    again = advise(r.result.metrics, r.result.parameters)
+    assert [f.to_dict() for f in again] == [f.to_dict() for f in r.result.findings]
+
+
+# --- end to end ---------------------------------------------------------------------
+
+
+def metrics(r):
+    return {m["name"]: m for m in r.json["stages"][0]["metrics"]}
+
+
+def test_default_run_reports_every_strategy():
+    r = run("pad", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    m = metrics(r)
+    for s in STRATEGIES:
+        for what in ("efficiency", "batches", "attention_cost"):
+            assert m[f"{what}.{s}"]["value"] is not None, (what, s)
+    assert 0.021 < m["efficiency.pad_to_context"]["value"] < 0.025  # published: 2.3%
+    for s in ("greedy_pack", "ffd_pack", "bfd_pack", "padding_free"):
+        assert m[f"efficiency.{s}"]["value"] > 0.95
+    assert m["efficiency.dynamic"]["n"] == 5  # five shuffles, median and spread
+    assert m["batches.bfd_pack"]["value"] < m["batches.dynamic"]["value"]
+    assert r.json["stages"][0]["parameters"]["source"] == "default"
+
+
+def test_terminal_output_is_a_table_and_a_checklist():
+    r = run("pad", "--current", "pad_to_context")
+    assert r.exit_code == 0, r.stderr
+    assert "pad_to_context (current)" in r.stdout and "bfd_pack" in r.stdout
+    assert "2,000 samples, 189,998 tokens" in r.stdout
+    assert "[pad.waste]" in r.stdout and "CRITICAL" in r.stdout
+
+
+def test_markdown_has_the_strategy_table():
+    r = run("pad", "--markdown", "-")
+    assert "| strategy | real |" in r.stdout and "| dynamic (current) |" in r.stdout
+
+
+def test_fail_on_critical_gates_ci():
+    assert run("pad", "--json", "/dev/null", "--fail-on", "critical").exit_code == 1
+    r = run("pad", "--json", "/dev/null", "--fail-on", "critical", "--current", "bfd_pack")
+    assert r.exit_code == 0
+
+
+def test_a_real_dataset_with_a_local_tokenizer(tmp_path):
+    tok_dir = tiny_tokenizer(tmp_path / "tok")
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
+    rng = np.random.default_rng(0)
+    records = [
+        {"instruction": " ".join(rng.choice(words, rng.integers(1, 30))), "output": "dog"}
+        for _ in range(300)
+    ]
+    data = write_jsonl(tmp_path / "train.jsonl", records)
+    r = run(
+        "pad",
+        "--dataset", str(data),
+        "--field", "instruction,output",
+        "--tokenizer", str(tok_dir),
+        "--context", "32",
+        "--batch-size", "8",
+        "--json", "-",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    m = metrics(r)
+    want = sum(len(rec["instruction"].split()) + 1 for rec in records)  # one token a word
+    assert m["samples"]["value"] == 300 and m["tokens"]["value"] == want
+    stage = r.json["stages"][0]
+    assert stage["parameters"]["fields"] == ["instruction", "output"]
+    assert stage["parameters"]["format"] == "jsonl"
+    # --limit reads the first N records only
+    r = run("pad", "--dataset", str(data), "--field", "instruction", "--tokenizer",
+            str(tok_dir), "--limit", "10", "--json", "-")  # fmt: skip
+    assert metrics(r)["samples"]["value"] == 10
+
+
+def test_pretokenized_data_needs_no_tokenizer(tmp_path):
+    data = write_jsonl(tmp_path / "t.jsonl", [{"input_ids": list(range(n))} for n in (3, 5, 8)])
+    r = run("pad", "--dataset", str(data), "--context", "8", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert metrics(r)["tokens"]["value"] == 16
+
+
+def test_lengths_from_stdin():
+    r = run("pad", "--lengths", "-", "--context", "10", "--json", "-", stdin="4\n6\n10\n")
+    assert r.exit_code == 0, r.stderr
+    assert metrics(r)["efficiency.greedy_pack"]["value"] == 1.0  # 4+6 | 10
+
+
+def test_plot_shows_padding_at_a_glance(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    png = tmp_path / "pad.png"
+    r = run("pad", "--plot", str(png), "--json", "/dev/null")
+    assert r.exit_code == 0, r.stderr
+    image = matplotlib.image.imread(str(png))[..., :3]
+    orange = np.all(np.abs(image - np.array([0xE4, 0x57, 0x2E]) / 255) < 0.02, axis=-1)
+    blue = np.all(np.abs(image - np.array([0x1F, 0x5F, 0x8B]) / 255) < 0.02, axis=-1)
+    height = image.shape[0]
+    # pad_to_context's panel (top) is mostly padding; the packing panels (bottom) mostly tokens.
+    assert orange[: height // 6].sum() > 5 * blue[: height // 6].sum()
+    assert blue[-height // 4 :].sum() > 5 * orange[-height // 4 :].sum()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "a.jsonl", "--lengths", "b"], "choose one source"),
+        (["--tokenizer", "t"], "--tokenizer applies to --dataset"),
+        (["--field", "text"], "--field applies to --dataset"),
+        (["--format", "csv"], "--format applies to --dataset"),
+        (["--lengths", "/nonexistent/l"], "no such file"),
+        (["--dataset", "/nonexistent/d.jsonl"], "no such file"),
+        (["--context", "0"], "--context"),
+        (["--current", "sorted"], "--current"),
+        (["--dataset", "x.jsonl", "--field", ","], "empty field name"),
+        (["--plot", "/nonexistent/dir/p.png"], "--plot"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message):
+    r = run("pad", *argv)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert message in r.stderr and r.stderr.count("\n") == 1 and not r.stdout
+
+
+def test_text_without_a_tokenizer_says_what_to_pass(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
+    r = run("pad", "--dataset", str(data))
+    assert r.exit_code == 2 and "--tokenizer" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_tokenizer_that_is_not_local_is_refused_without_network(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
+    r = run("pad", "--dataset", str(data), "--tokenizer", "no-such-org/no-such-model")
+    assert r.exit_code == 2 and "never downloads" in r.stderr

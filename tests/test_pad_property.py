@@ -1,0 +1,114 @@
+"""Property tests of the batching strategies and of the lengths parser.
+
+Packing never puts more than the context in a row and never loses or duplicates a
+sample; the vectorised packers place every sample exactly where the textbook
+one-sample-at-a-time algorithms do; the parser meets garbage with a usage error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from starvecheck.stages import packing, textdata
+from starvecheck.stages.strategies import SHARES_ROWS, STRATEGIES
+from starvecheck.status import UsageError
+
+
+@st.composite
+def cases(draw):
+    context = draw(st.integers(1, 300))
+    lengths = draw(st.lists(st.integers(1, context), min_size=0, max_size=300))
+    batch = draw(st.integers(1, 40))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return np.array(lengths, dtype=np.int64), context, batch, seed
+
+
+def naive_next_fit(lengths, context):
+    rows, used, r = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i and used + n > context:
+            r, used = r + 1, 0
+        used += n
+        rows.append(r)
+    return rows
+
+
+def naive_fit_decreasing(lengths, context, best):
+    """One sample at a time, longest first (ties by index): first row with room, or
+    the row with the least room that still fits (ties to the lower row)."""
+    room: list[int] = []
+    row_of = {}
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        fits = [r for r in range(len(room)) if room[r] >= n]
+        if not fits:
+            room.append(context)
+            target = len(room) - 1
+        elif best:
+            target = min(fits, key=lambda r: (room[r], r))
+        else:
+            target = fits[0]
+        room[target] -= n
+        row_of[i] = target
+    return row_of
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_every_strategy_places_each_sample_once_within_its_row(case):
+    lengths, context, batch, seed = case
+    for name in STRATEGIES:
+        lay = packing.layout(name, lengths, context, batch, seed)
+        assert sorted(lay.order.tolist()) == list(range(lengths.size)), name  # none lost or doubled
+        assert np.all(np.diff(lay.row) >= 0), name
+        tokens = lay.row_tokens(lengths)
+        assert np.all(tokens <= lay.row_len), name
+        if name in SHARES_ROWS - {"padding_free"}:
+            assert np.all(lay.row_len == context) and np.all(tokens <= context), name
+            assert np.all(tokens > 0), name  # no empty rows
+        fig = packing.figures(lay, lengths)
+        assert fig.tokens == int(lengths.sum())
+        assert 0 < fig.efficiency <= 1.0, name
+        assert fig.batches == -(-lay.rows // batch)
+        ideal = float((lengths.astype(float) ** 2).sum())
+        assert fig.attention >= ideal * (1 - 1e-12), name  # nothing beats per-sample attention
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_greedy_packing_is_next_fit(case):
+    lengths, context, _, _ = case
+    assert packing.next_fit_rows(lengths, context).tolist() == naive_next_fit(
+        lengths.tolist(), context
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@pytest.mark.parametrize("best", [False, True])
+@given(case=cases())
+def test_fit_decreasing_matches_the_one_at_a_time_algorithm(best, case):
+    lengths, context, _, _ = case
+    order, row = packing.fit_decreasing(lengths, context, best)
+    got = dict(zip(order.tolist(), row.tolist(), strict=True))
+    assert got == naive_fit_decreasing(lengths.tolist(), context, best)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_lengths_parser_meets_garbage_with_a_usage_error(text):
+    try:
+        out = textdata.parse_lengths(text.splitlines(), "x")
+    except UsageError as e:
+        assert "\n" not in str(e) and str(e).startswith("--lengths x: line ")
+    else:
+        assert out.dtype == np.int64 and np.all(out >= 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**12), max_size=50))
+def test_lengths_parser_reads_what_was_written(values):
+    text = "\n".join(["# lengths", *map(str, values), ""])
+    assert textdata.parse_lengths(text.splitlines(), "x").tolist() == values
