@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -682,3 +683,36 @@ def test_a_swallowed_interrupt_is_raised_again(capsys: pytest.CaptureFixture[str
     assert reached == [True]
     assert "Exception ignored" not in capsys.readouterr().err
     scratch_mod.check_signals()  # outside the block: nothing pending any more
+
+
+def test_a_half_built_loader_iterator_is_quiet_after_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C inside DataLoader's iterator __init__ leaves an object whose __del__
+    fails once the traceback is freed, after signals_raise: that is dropped; any
+    other object's failure still prints."""
+    printed: list[str] = []
+    monkeypatch.setattr(
+        sys, "unraisablehook", lambda info: printed.append(info.object.__qualname__)
+    )
+
+    class _MultiProcessingDataLoaderIter:
+        def __del__(self) -> None: ...
+
+    class Other:
+        def __del__(self) -> None: ...
+
+    with pytest.raises(KeyboardInterrupt), signals_raise():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    for owner in (_MultiProcessingDataLoaderIter, Other):
+        sys.unraisablehook(
+            SimpleNamespace(
+                exc_type=AttributeError,
+                exc_value=AttributeError("_workers_status"),
+                exc_traceback=None,
+                err_msg=None,
+                object=owner.__del__,
+            )
+        )
+    assert printed == [Other.__del__.__qualname__]

@@ -54,6 +54,11 @@ def _in_main_thread() -> bool:
 _caught: list[int] = []
 
 
+def _destroying_loader_iterator(info: sys.UnraisableHookArgs) -> bool:
+    name = getattr(info.object, "__qualname__", "")
+    return name.endswith("DataLoaderIter.__del__")
+
+
 def _exception(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
@@ -91,6 +96,14 @@ def signals_raise() -> Iterator[None]:
             return
         previous_hook(info)
 
+    def after_interrupt(info: sys.UnraisableHookArgs) -> None:
+        # An interrupt that cut a DataLoader iterator's __init__ short leaves a
+        # half-built iterator; its __del__ fails (a missing attribute) when the
+        # traceback holding it is freed, after this block. Not news either.
+        if _destroying_loader_iterator(info):
+            return
+        previous_hook(info)
+
     old = {s: signal.getsignal(s) for s in SIGNALS}
     old = {s: h for s, h in old.items() if h is not signal.SIG_IGN}
     previous_hook = sys.unraisablehook
@@ -102,7 +115,7 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        sys.unraisablehook = previous_hook
+        sys.unraisablehook = after_interrupt if _caught else previous_hook
         _caught.clear()
 
 
