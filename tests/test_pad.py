@@ -420,3 +420,33 @@ def test_tokenizer_that_is_not_local_is_refused_without_network(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"text": "a b"}])
     r = run("pad", "--dataset", str(data), "--tokenizer", "no-such-org/no-such-model")
     assert r.exit_code == 2 and "never downloads" in r.stderr
+
+
+def test_ctrl_c_while_reading_lengths_is_one_line_and_leaves_no_plot(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    png = tmp_path / "pad.png"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "starvecheck", "pad", "--lengths", "-", "--plot", str(png)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc.stdin.write("12\n40\n")  # and the pipe stays open: pad waits for more
+        proc.stdin.flush()
+        time.sleep(2.0)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err == "starvecheck: error: interrupted\n" and out == ""
+    assert list(tmp_path.iterdir()) == []

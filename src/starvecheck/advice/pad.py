@@ -148,18 +148,32 @@ def _truncated(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | 
     context = int(params.get("context") or 0)
     share = cut / (tokens + cut)
     longest, p99 = _v(m, "length.max"), _v(m, "length.p99")
+    if p99 is not None and p99 > context:
+        change = (
+            f"Raise max_length to cover most of them (p99 is {p99:,.0f} tokens), or split "
+            f"long documents into {context:,}-token pieces before batching (TRL "
+            '`packing_strategy="wrapped"` splits; "bfd" cuts)'
+        )
+    else:
+        change = (
+            f"Keep max_length: fewer than 1% of samples pass it. To lose nothing, split "
+            f"those into {context:,}-token pieces before batching (TRL "
+            '`packing_strategy="wrapped"` splits; "bfd" cuts)'
+        )
     return Finding(
         "pad.truncated",
         Severity.WARNING if share >= CUT_WARNING else Severity.INFO,
-        f"{n:,.0f} samples ({n / samples:.1%}) are longer than the context of {context:,} tokens",
+        f"{n:,.0f} samples ({_share(n / samples)}) are longer than the context of "
+        f"{context:,} tokens",
         evidence=(
-            f"{cut:,.0f} tokens ({share:.1%} of all) would be cut; longest {longest:,.0f} "
-            f"tokens, p99 {p99:,.0f}. Every strategy above counts them cut to {context:,}."
+            f"{cut:,.0f} tokens ({_share(share)} of all) would be cut; longest "
+            f"{longest:,.0f} tokens, p99 {p99:,.0f}. Every strategy above counts them cut "
+            f"to {context:,}."
         ),
-        recommendation=(
-            f"Raise max_length to cover them (p99 is {p99:,.0f}), or split long documents "
-            f"into {context:,}-token pieces before batching (TRL "
-            '`packing_strategy="wrapped"` splits; "bfd" cuts)'
-        ),
+        recommendation=change,
         stage="pad",
     )
+
+
+def _share(x: float) -> str:
+    return "<0.1%" if 0 < x < 0.001 else f"{x:.1%}"
