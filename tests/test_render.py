@@ -123,3 +123,38 @@ def test_io_markdown_rendering(tmp_path):
 def test_io_report_round_trips(tmp_path):
     report = stored_io_report(tmp_path)
     assert Report.from_dict(json.loads(json_export.serialize(report))) == report
+
+
+# A `pad` report on the embedded default, stored once like the io report.
+PAD_GOLDEN = GOLDEN / "pad-default.json"
+
+
+def stored_pad_report() -> Report:
+    if UPDATE and not PAD_GOLDEN.exists():
+        data = run("pad", "--json", "-").json
+        data["machine"]["hostname"] = "devbox"
+        data["stages"][0]["duration_s"] = 0.05
+        data["stages"][0]["parameters"]["layout_s"] = 0.02
+        PAD_GOLDEN.write_text(json.dumps(data, indent=2) + "\n")
+    return Report.from_dict(json.loads(PAD_GOLDEN.read_text()))
+
+
+def test_pad_terminal_rendering():
+    text = terminal_text(stored_pad_report())
+    check(GOLDEN / "pad-default.txt", text)
+    # Padding is about the data: no machine facts, one row per strategy, the checklist.
+    assert "CPU" not in text and "GPU" not in text.split("pad\n")[0]
+    rows = [line.split()[0] for line in text.splitlines() if line.split()]
+    assert all(s in rows for s in ("pad_to_context", "greedy_pack", "ffd_pack", "bfd_pack"))
+    assert "[pad.waste]" in text
+
+
+def test_pad_markdown_rendering():
+    text = markdown.serialize(stored_pad_report())
+    check(GOLDEN / "pad-default.md", text)
+    assert "### Machine" not in text and "| strategy | real | padding |" in text
+
+
+def test_pad_report_round_trips():
+    report = stored_pad_report()
+    assert Report.from_dict(json.loads(json_export.serialize(report))) == report
