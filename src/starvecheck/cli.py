@@ -68,6 +68,16 @@ FailOnOpt = Annotated[
         help="Exit 1 when a finding is at or above this severity.",
     ),
 ]
+
+
+def PlotOpt(what: str) -> Any:  # capitalised: it reads like the other option types
+    """--plot PATH, described by what the picture shows."""
+    return Annotated[
+        str | None,
+        typer.Option("--plot", metavar="PATH", help=f"Write a PNG of {what} (extra 'plot')."),
+    ]
+
+
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
 ]
@@ -448,14 +458,7 @@ def loader(
             "of generating data. Never writes, renames or deletes anything there.",
         ),
     ] = False,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            metavar="PATH",
-            help="Write a PNG of samples/s against num_workers per layout (extra 'plot').",
-        ),
-    ] = None,
+    plot: PlotOpt("samples/s against num_workers per layout") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -605,14 +608,7 @@ def starve(
             "directory or a cached name; never downloaded) instead of a busy loop.",
         ),
     ] = None,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            metavar="PATH",
-            help="Write a PNG of GPU idle share against workers (extra 'plot').",
-        ),
-    ] = None,
+    plot: PlotOpt("GPU idle share against workers") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -755,14 +751,7 @@ def pad(
         int,
         typer.Option("--seed", min=0, max=2**32 - 1, help="Seed of the shuffles."),
     ] = 0,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            metavar="PATH",
-            help="Write a PNG heatmap of a typical batch per strategy (extra 'plot').",
-        ),
-    ] = None,
+    plot: PlotOpt("a typical batch per strategy, as a heatmap") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,

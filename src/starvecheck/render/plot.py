@@ -138,6 +138,7 @@ def loader_plot(result: StageResult, path: str) -> None:
 
 
 MAX_PLOT_ROWS = 64
+MAX_PLOT_COLUMNS = 8192
 _NOT_COMPUTED, _PADDING, _TOKEN_A, _TOKEN_B = 0, 1, 2, 3
 
 
@@ -157,22 +158,26 @@ def _median_batch(layout: Any, lengths: Any) -> int:
 
 
 def _batch_image(layout: Any, lengths: Any, batch: int, width: int) -> Any:
+    """Rows of one batch as cells: not computed, padding, or a sample's tokens. Past
+    MAX_PLOT_COLUMNS positions a cell stands for several (a long context stays small
+    in memory); a sample or padding run covers every cell it touches."""
     import numpy as np
 
+    scale = -(-width // MAX_PLOT_COLUMNS)
     r0 = batch * layout.rows_per_batch
     r1 = min(layout.rows, r0 + min(layout.rows_per_batch, MAX_PLOT_ROWS))
-    image = np.full((r1 - r0, width), _NOT_COMPUTED, np.int8)
+    image = np.full((r1 - r0, -(-width // scale)), _NOT_COMPUTED, np.int8)
     for r in range(r0, r1):
-        image[r - r0, : int(layout.row_len[r])] = _PADDING
+        image[r - r0, : -(-int(layout.row_len[r]) // scale)] = _PADDING
     i0, i1 = np.searchsorted(layout.row, [r0, r1])
     used: dict[int, int] = {}
     for k, (sample, row) in enumerate(
         zip(layout.order[i0:i1].tolist(), layout.row[i0:i1].tolist(), strict=True)
     ):
         at = used.get(row, 0)
-        n = int(lengths[sample])
-        image[row - r0, at : at + n] = _TOKEN_A if k % 2 == 0 else _TOKEN_B
-        used[row] = at + n
+        end = at + int(lengths[sample])
+        image[row - r0, at // scale : -(-end // scale)] = _TOKEN_A if k % 2 == 0 else _TOKEN_B
+        used[row] = end
     return image
 
 
@@ -205,7 +210,15 @@ def pad_plot(run: Any, path: str) -> None:
     for ax, (name, lay) in zip(axes[:, 0], layouts.items(), strict=True):
         batch = _median_batch(lay, run.lengths) if lay.rows else 0
         image = _batch_image(lay, run.lengths, batch, width)
-        ax.imshow(image, cmap=cmap, vmin=0, vmax=3, aspect="auto", interpolation="nearest")
+        ax.imshow(
+            image,
+            cmap=cmap,
+            vmin=0,
+            vmax=3,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(0, width, image.shape[0], 0),  # x in tokens, whatever the cell size
+        )
         eff = run.result.metric(f"efficiency.{name}")
         shown = image.shape[0]
         rows = f"{shown} rows" + (
@@ -221,7 +234,7 @@ def pad_plot(run: Any, path: str) -> None:
         ax.set_yticks([])
         ax.set_ylabel("rows", fontsize=8)
     axes[-1, 0].set_xlabel("position in row (tokens)")
-    axes[-1, 0].set_xlim(-0.5, width - 0.5)
+    axes[-1, 0].set_xlim(0, width)
     fig.legend(
         handles=[
             Patch(color=colors[2], label="real tokens (shades alternate per sample)"),
