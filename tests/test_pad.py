@@ -450,3 +450,14 @@ def test_ctrl_c_while_reading_lengths_is_one_line_and_leaves_no_plot(tmp_path):
     assert proc.returncode == 130, err
     assert err == "starvecheck: error: interrupted\n" and out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_deeply_nested_json_is_a_usage_error(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(UsageError, match="nested too deeply"):
+        textdata.read_samples(str(p), "jsonl", ())
+    q = tmp_path / "deep.json"
+    q.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UsageError, match="nested too deeply"):
+        textdata.read_samples(str(q), "json", ())

@@ -112,3 +112,20 @@ def test_lengths_parser_meets_garbage_with_a_usage_error(text):
 def test_lengths_parser_reads_what_was_written(values):
     text = "\n".join(["# lengths", *map(str, values), ""])
     assert textdata.parse_lengths(text.splitlines(), "x").tolist() == values
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.binary(max_size=400) | st.text(max_size=400).map(str.encode),
+    st.sampled_from(["jsonl", "json", "csv", "tsv", "text"]),
+    st.sampled_from([(), ("text",), ("a", "b")]),
+)
+def test_dataset_reader_meets_garbage_with_a_usage_error(tmp_path_factory, data, fmt, fields):
+    path = tmp_path_factory.mktemp("garbage") / f"d.{fmt}"
+    path.write_bytes(data)
+    try:
+        samples = textdata.read_samples(str(path), fmt, fields)
+    except UsageError as e:
+        assert "\n" not in str(e)
+    else:
+        assert samples.items and all(isinstance(s, str | int | list) for s in samples.items)

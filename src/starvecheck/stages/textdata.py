@@ -160,6 +160,8 @@ def _jsonl(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
                 f"--dataset {path}: line {lineno}: not JSON ({e.msg}); JSON Lines has one "
                 "object per line"
             ) from None
+        except RecursionError:
+            raise UsageError(f"--dataset {path}: line {lineno}: JSON nested too deeply") from None
         yield f"line {lineno}", value
 
 
@@ -175,6 +177,8 @@ def _json(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
         data = json.loads(head + f.read())
     except json.JSONDecodeError as e:
         raise UsageError(f"--dataset {path}: not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise UsageError(f"--dataset {path}: JSON nested too deeply") from None
     for i, value in enumerate(data):
         yield f"record {i + 1}", value
 
