@@ -88,3 +88,23 @@ def plot_path(value: str | None) -> str | None:
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
     return value
+
+
+def output_dir(option: str, value: str) -> str:
+    """A directory for files the user asked to keep: made if missing (its parent must
+    exist), refused if it is a file or not writable."""
+    if value == "":
+        raise UsageError(f"{option} needs a directory")
+    target = Path(value)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{option} {value}: not a directory")
+    if not target.exists():
+        if not target.parent.is_dir():
+            raise UsageError(f"{option} {value}: directory {target.parent} does not exist")
+        try:
+            target.mkdir()
+        except OSError as e:
+            raise UsageError(f"{option} {value}: cannot create it: {e.strerror}") from e
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {value}: not writable")
+    return str(target.resolve())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, sweep, throughput
+from starvecheck.render import loader, pad, profile, sweep, throughput
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -66,6 +66,9 @@ def serialize(report: Report) -> str:
         pad_rows, rest, pad_notes = pad.split(rest, stage.parameters)
         if pad_rows:
             out += [*_table(pad.HEADERS, pad_rows), "", *(f"_{n}_" for n in pad_notes), ""]
+        profile_rows, rest = profile.split(rest)
+        if profile_rows:
+            out += [*_table(profile.HEADERS, profile_rows), ""]
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             out += _table(headers, rows)

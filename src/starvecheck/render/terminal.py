@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, sweep, throughput
+from starvecheck.render import loader, pad, profile, sweep, throughput
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -77,13 +77,18 @@ def render(report: Report, console: Any) -> None:
             console.print(_table(stage.stage, pad.HEADERS, pad_rows, right=right))
             for line in pad_notes:
                 console.print(Text(line, style="dim"))
+        profile_rows, rest = profile.split(rest)
+        if profile_rows:
+            console.print()
+            right = range(1, len(profile.HEADERS))
+            console.print(_table(stage.stage, profile.HEADERS, profile_rows, right=right))
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             console.print()
             console.print(_table(stage.stage, headers, rows, right=range(1, len(headers))))
         if rest:
             console.print()
-            titled = rates or rows or loader_rows or pad_rows
+            titled = rates or rows or loader_rows or pad_rows or profile_rows
             console.print(_metrics_table("" if titled else stage.stage, tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))

@@ -1,0 +1,128 @@
+"""Judging a `profile` run: how much of each training step waits for data, in which
+layout and at which num_workers, and what to change.
+
+Reads metrics by name (data_wait_share.<layout>.w<N>, step_ms...), so a stored
+report is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
+PyTorch profiler guides use them: data wait above 5% of the step is input-bound,
+above 20% highly input-bound.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+
+INPUT_BOUND = 0.05
+HIGHLY_INPUT_BOUND = 0.20
+LAYOUT_GAP = 0.05
+
+_SHARE = re.compile(r"data_wait_share\.(?P<layout>[a-z_]+)\.w(?P<w>\d+)")
+
+
+def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
+    out = {}
+    for m in metrics:
+        match = _SHARE.fullmatch(m.name)
+        if match and m.value is not None:
+            out[(match["layout"], int(match["w"]))] = m.value
+    return out
+
+
+def severity(share: float) -> Severity:
+    if share > HIGHLY_INPUT_BOUND:
+        return Severity.CRITICAL
+    return Severity.WARNING if share > INPUT_BOUND else Severity.OK
+
+
+def _line(workers: int) -> str:
+    return (
+        f"`DataLoader(dataset, batch_size=..., num_workers={workers}, pin_memory=True, "
+        f"persistent_workers={workers > 0}, prefetch_factor={2 if workers else None})`"
+    )
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    s = shares(metrics)
+    if not s:
+        return ()
+    findings = [_best(s), _workers(s), _layout(s)]
+    return tuple(f for f in findings if f is not None)
+
+
+def _best(s: Mapping[tuple[str, int], float]) -> Finding:
+    (layout, w), share = min(s.items(), key=lambda kv: kv[1])
+    sev = severity(share)
+    where = f"{layout} with num_workers={w}"
+    if sev is Severity.OK:
+        return Finding(
+            "profile.data-bound",
+            Severity.OK,
+            f"The training step is fed: {share:.1%} of it waits for data ({where})",
+            stage="profile",
+        )
+    kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
+    return Finding(
+        "profile.data-bound",
+        sev,
+        f"Even the best configuration is {kind}: {share:.0%} of each step waits for data",
+        evidence=f"best measured: {where}; every configuration: "
+        + ", ".join(f"{lay} w{n} {v:.0%}" for (lay, n), v in sorted(s.items())),
+        recommendation="More workers do not close the gap here: find the slow link with "
+        "`starvecheck starve` (CPU preprocessing per sample), `starvecheck io` (storage, "
+        "cold cache) and `starvecheck loader` (layouts and workers).",
+        gain=Gain(GainKind.STEP_SHARE, round(share, 4), "data wait of the best configuration"),
+        stage="profile",
+    )
+
+
+def _workers(s: Mapping[tuple[str, int], float]) -> Finding | None:
+    worst = None
+    for layout in sorted({lay for lay, _ in s}):
+        counts = {w: v for (lay, w), v in s.items() if lay == layout}
+        if len(counts) < 2:
+            continue
+        low = min(counts)
+        best_w = min(counts, key=lambda w: (counts[w], w))
+        gap = counts[low] - counts[best_w]
+        if gap >= INPUT_BOUND and (worst is None or gap > worst[0]):
+            worst = (gap, layout, low, best_w, counts[low], counts[best_w])
+    if worst is None:
+        return None
+    gap, layout, low, best_w, share_low, share_best = worst
+    return Finding(
+        "profile.workers",
+        severity(share_low),
+        f"num_workers={low} leaves {share_low:.0%} of each step waiting for data; "
+        f"{best_w} workers bring it to {share_best:.0%}",
+        evidence=f"{layout}: data wait {share_low:.1%} of the step at num_workers={low}, "
+        f"{share_best:.1%} at {best_w}",
+        recommendation=f"Load in worker processes: {_line(best_w)}.",
+        gain=Gain(GainKind.STEP_SHARE, round(gap, 4), "data-wait share recovered, measured here"),
+        stage="profile",
+    )
+
+
+def _layout(s: Mapping[tuple[str, int], float]) -> Finding | None:
+    files = {w: v for (lay, w), v in s.items() if lay == "small_files"}
+    shards = {w: v for (lay, w), v in s.items() if lay == "mds"}
+    common = sorted(set(files) & set(shards))
+    if not common:
+        return None
+    w = max(common)
+    gap = files[w] - shards[w]
+    if gap < LAYOUT_GAP:
+        return None
+    return Finding(
+        "profile.small-files",
+        severity(files[w]),
+        f"One file per sample waits {gap:.0%} of the step longer than MDS shards",
+        evidence=f"num_workers={w}: data wait {files[w]:.1%} with one file per sample, "
+        f"{shards[w]:.1%} with MDS shards",
+        recommendation="Store samples in shards: `streaming.MDSWriter` then "
+        "`StreamingDataset(local=..., shuffle=True)`, or WebDataset tar shards.",
+        gain=Gain(GainKind.STEP_SHARE, round(gap, 4), "data-wait share, files against shards"),
+        stage="profile",
+    )

@@ -1,0 +1,229 @@
+"""What every command shares: the Typer app, the common options, output checks,
+report assembly and emission, the progress bar, warnings and errors."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from starvecheck import __version__
+from starvecheck.advice import rank, verdict
+from starvecheck.context import Context
+from starvecheck.model import Report, Severity, StageResult, at_or_above
+from starvecheck.status import ExitStatus, UsageError
+from starvecheck.sysroot import ENV_VAR, SysRoot
+
+app = typer.Typer(
+    name="starvecheck",
+    help="Why is my GPU waiting? Measures each link of the input pipeline and says what "
+    "to change first.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class FailOn(str, Enum):
+    never = "never"
+    warning = "warning"
+    critical = "critical"
+
+
+# Options every command takes (DESIGN.md, "Command-line conventions").
+JsonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--json", metavar="PATH", help="Write the report as JSON to PATH ('-' for stdout)."
+    ),
+]
+MarkdownOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--markdown", metavar="PATH", help="Write a Markdown summary to PATH ('-' for stdout)."
+    ),
+]
+FailOnOpt = Annotated[
+    FailOn,
+    typer.Option(
+        "--fail-on",
+        case_sensitive=False,
+        help="Exit 1 when a finding is at or above this severity.",
+    ),
+]
+
+
+def PlotOpt(what: str) -> Any:  # capitalised: it reads like the other option types
+    """--plot PATH, described by what the picture shows."""
+    return Annotated[
+        str | None,
+        typer.Option("--plot", metavar="PATH", help=f"Write a PNG of {what} (extra 'plot')."),
+    ]
+
+
+QuickOpt = Annotated[
+    bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"starvecheck {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    if debug:
+        context_of(ctx).debug = True
+
+
+@dataclass(frozen=True)
+class Outputs:
+    json: str | None
+    markdown: str | None
+    fail_on: FailOn
+
+    @property
+    def terminal(self) -> bool:
+        return "-" not in (self.json, self.markdown)
+
+    @classmethod
+    def check(cls, json_path: str | None, markdown_path: str | None, fail_on: FailOn) -> Outputs:
+        """Refuse unwritable destinations before anything is measured."""
+        if json_path == "-" and markdown_path == "-":
+            raise UsageError("--json - and --markdown - cannot both write to stdout")
+        for option, value in (("--json", json_path), ("--markdown", markdown_path)):
+            if value is None or value == "-":
+                continue
+            if value == "":
+                raise UsageError(f"{option} needs a path, or '-' for stdout")
+            target = Path(value)
+            if target.is_dir():
+                raise UsageError(f"{option} {value}: is a directory")
+            parent = target.parent  # Path("r.json").parent is Path(".")
+            if not parent.is_dir():
+                raise UsageError(f"{option} {value}: directory {parent} does not exist")
+            if not os.access(parent, os.W_OK) or (
+                target.exists() and not os.access(target, os.W_OK)
+            ):
+                raise UsageError(f"{option} {value}: not writable")
+        return cls(json_path, markdown_path, fail_on)
+
+
+def context_of(ctx: typer.Context) -> Context:
+    root = ctx.find_root()
+    if not isinstance(root.obj, Context):
+        root.obj = Context()
+    return root.obj
+
+
+def sysroot_of(c: Context) -> SysRoot:
+    root = SysRoot.from_environ(dict(c.environ))
+    if not root.root.is_dir():
+        raise UsageError(f"{ENV_VAR}={root.root}: not a directory")
+    return root
+
+
+def build_report(
+    command: str, machine: dict[str, Any], stages: list[StageResult], c: Context
+) -> Report:
+    findings = [f for s in stages for f in s.findings]
+    checklist = rank(findings)
+    return Report(
+        command=command,
+        machine=machine,
+        stages=tuple(stages),
+        checklist=checklist,
+        verdict=verdict(checklist, len(findings)),
+        tool_version=__version__,
+        created_at=c.now(),
+    )
+
+
+def emit(report: Report, out: Outputs, c: Context) -> int:
+    from starvecheck.render import json as json_export
+    from starvecheck.render import markdown as markdown_export
+
+    for path, serialize in (
+        (out.json, json_export.serialize),
+        (out.markdown, markdown_export.serialize),
+    ):
+        if path == "-":
+            c.stdout.write(serialize(report))
+            c.stdout.flush()
+        elif path is not None:
+            try:
+                Path(path).write_text(serialize(report), encoding="utf-8")
+            except OSError as e:
+                raise UsageError(f"cannot write {path}: {e.strerror}") from e
+    if out.terminal:
+        from starvecheck.render.terminal import render
+
+        console = c.console()
+        with console.capture() as captured:
+            render(report, console)
+        # rich pads table cells to the full width; trailing blanks only get in the way
+        # of copy-paste and diffs.
+        c.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        c.stdout.flush()
+    if out.fail_on is not FailOn.never and at_or_above(
+        report.findings, Severity(out.fail_on.value)
+    ):
+        return ExitStatus.FINDINGS
+    return ExitStatus.OK
+
+
+@contextmanager
+def progress_bar(c: Context, out: Outputs) -> Iterator[Callable[[str, int, int], None]]:
+    """A transient progress bar on stderr, when a person is watching (DESIGN.md)."""
+    isatty = getattr(c.stderr, "isatty", lambda: False)()
+    if not (isatty and out.terminal):
+        yield lambda what, done, total: None
+        return
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+    console = c.console(c.stderr)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(what: str, done: int, total: int) -> None:
+            phase = "writing" if what.startswith("writing") else "measuring"
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(what, total=total)
+            bar.update(tasks[phase], completed=done, total=total, description=what)
+
+        yield update
+
+
+def warning(c: Context, message: str) -> None:
+    c.stderr.write(f"starvecheck: warning: {message}\n")
+    c.stderr.flush()
+
+
+def error(c: Context, message: str) -> None:
+    c.stderr.write(f"starvecheck: error: {message}\n")
+    c.stderr.flush()

@@ -1,0 +1,165 @@
+"""`starvecheck io`: storage and page cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    progress_bar,
+    warning,
+)
+from starvecheck.status import UsageError
+from starvecheck.sysroot import SysRoot
+
+IO_DEFAULTS = {"generated": (10_000, 5), "existing": (1_000, 5)}
+IO_QUICK = {"generated": (2_000, 3), "existing": (200, 3)}
+
+
+@app.command()
+def io(
+    ctx: typer.Context,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Directory on the storage to test (default: the working directory). "
+            "starvecheck writes its data in a new directory there and removes it; with "
+            "--existing, the dataset (directory or file) to sample, read-only.",
+            show_default=False,
+        ),
+    ] = None,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples",
+            min=1,
+            max=10_000_000,
+            help="Samples to write and read [default: 10000; 2000 with --quick]. With "
+            "--existing: files (or byte ranges) to read [default: 1000; 200 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    sample_size: Annotated[
+        str,
+        typer.Option(
+            "--sample-size",
+            metavar="SIZE",
+            help="Bytes per sample: 16K, 4MiB, 1.5M (binary multiples). With --existing: "
+            "the byte ranges read from files over 8 MiB.",
+        ),
+    ] = "16K",
+    runs: Annotated[
+        int | None,
+        typer.Option(
+            "--runs",
+            min=1,
+            max=1000,
+            help="Measured runs per pattern, after a warm-up [default: 5; 3 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    threads: Annotated[
+        str | None,
+        typer.Option(
+            "--threads",
+            metavar="N[,N...]",
+            help="Concurrent readers, e.g. 1,4,16 [default: 1 and the effective CPU count].",
+            show_default=False,
+        ),
+    ] = None,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold/--no-cold",
+            help="Also measure with the page cache emptied (posix_fadvise, checked with mincore).",
+        ),
+    ] = True,
+    drop_caches: Annotated[
+        bool,
+        typer.Option(
+            "--drop-caches",
+            help="Before each cold run, also drop the whole machine's page cache, inodes "
+            "and dentries (root only; affects every process).",
+        ),
+    ] = False,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Leave the generated data in place for inspection.")
+    ] = False,
+    existing: Annotated[
+        bool,
+        typer.Option(
+            "--existing",
+            help="Read a sample of the real files under PATH instead of generating data. "
+            "Never writes, renames or deletes anything there.",
+        ),
+    ] = False,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Storage read throughput for training data: small files vs shards, cold and warm.
+
+    Writes the same samples as one file per sample and as one shard, then reads them
+    as a shuffling loader does (small_files.random, shard.random) and as a stream
+    (shard.sequential), with the page cache emptied (cold, verified with mincore)
+    and full (warm), by 1 to N concurrent readers. Says which layout, how many
+    readers, and what the storage itself costs.
+    """
+    from starvecheck import cache
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import io as io_stage
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    mode = "existing" if existing else "generated"
+    size = args.sample_size(sample_size)
+    if keep and existing:
+        raise UsageError("--keep: nothing is written with --existing, so there is nothing to keep")
+    if drop_caches and not cold:
+        raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
+    if drop_caches and (problem := cache.drop_caches_problem()):
+        raise UsageError(f"--drop-caches: {problem}")
+    target = args.data_path(path, existing)
+    # io measures this machine, never a fake sysroot: facts and figures must match.
+    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
+    default_samples, default_runs = (IO_QUICK if quick else IO_DEFAULTS)[mode]
+    n_samples = samples or default_samples
+    if not existing and (problem := io_stage.space_problem(target, n_samples, size)):
+        raise UsageError(problem)
+    plan = io_stage.Plan(
+        samples=n_samples,
+        sample_size=size,
+        runs=runs or default_runs,
+        threads=args.thread_counts(threads, machine.cpu.effective_cpus),
+        cold=cold,
+        drop_caches=drop_caches,
+        keep=keep,
+    )
+    with progress_bar(c, out) as progress:
+        result = io_stage.run(
+            target,
+            plan,
+            existing=existing,
+            storage=machine.to_dict()["storage"],
+            progress=progress,
+            warn=lambda msg: warning(c, msg),
+        )
+    return emit(build_report("io", machine.to_dict(), [result], c), out, c)
+
+
+# `loader` sizes: (samples, runs), as for io. Every run is an epoch through a fresh
+# DataLoader per layout, cache state and worker count; --quick fits in 30 s on 2 cores.

@@ -1,0 +1,170 @@
+"""`starvecheck loader`: samples/s through a real DataLoader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    PlotOpt,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    progress_bar,
+    warning,
+)
+from starvecheck.status import UsageError
+from starvecheck.sysroot import SysRoot
+
+LOADER_DEFAULTS = {"generated": (5_000, 3), "existing": (1_000, 3)}
+LOADER_QUICK = {"generated": (1_000, 3), "existing": (200, 3)}
+
+
+@app.command()
+def loader(
+    ctx: typer.Context,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Directory on the storage to test (default: the working directory). "
+            "starvecheck writes its data in a new directory there and removes it; with "
+            "--existing, the dataset to sample, read-only.",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="N[,N...]",
+            help="num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
+            "effective CPUs, at least 4].",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=100_000, help="Samples per batch.")
+    ] = 32,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples",
+            min=1,
+            max=10_000_000,
+            help="Samples to write and read per epoch [default: 5000; 1000 with --quick]. "
+            "With --existing: files to read [default: 1000; 200 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    sample_size: Annotated[
+        str,
+        typer.Option(
+            "--sample-size", metavar="SIZE", help="Bytes per sample: 16K, 1MiB, 1.5M, ..."
+        ),
+    ] = "16K",
+    prefetch_factor: Annotated[
+        int,
+        typer.Option("--prefetch-factor", min=1, max=1024, help="Batches each worker loads ahead."),
+    ] = 2,
+    pin_memory: Annotated[
+        bool | None,
+        typer.Option(
+            "--pin-memory/--no-pin-memory",
+            help="Pin batches in page-locked memory [default: when a CUDA device is present].",
+            show_default=False,
+        ),
+    ] = None,
+    runs: Annotated[
+        int | None,
+        typer.Option(
+            "--runs",
+            min=1,
+            max=1000,
+            help="Epochs per layout, cache state and worker count [default: 3].",
+            show_default=False,
+        ),
+    ] = None,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            "--cold/--no-cold",
+            help="Also measure with the page cache emptied (posix_fadvise, checked with mincore).",
+        ),
+    ] = True,
+    existing: Annotated[
+        bool,
+        typer.Option(
+            "--existing",
+            help="Read a sample of the real files under PATH, one file per sample, instead "
+            "of generating data. Never writes, renames or deletes anything there.",
+        ),
+    ] = False,
+    plot: PlotOpt("samples/s against num_workers per layout") = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Samples per second through a real DataLoader: layouts, num_workers, cold and warm.
+
+    The same samples as one file per sample, one indexed shard and MosaicML Streaming
+    MDS shards, each read through torch.utils.data.DataLoader with shuffling, for
+    num_workers 0, 1, 2, 4, ...: samples/s, MB/s, time to the first batch, wait per
+    batch. Recommends the fewest workers that reach 95% of the best throughput.
+    """
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import io as io_stage
+    from starvecheck.stages import loader as loader_stage
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    size = args.sample_size(sample_size)
+    sweep = args.counts("--workers", workers, 0, 1024) if workers else None
+    plot_path = args.plot_path(plot)
+    target = args.data_path(path, existing, "loader")
+    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
+    eff = max(1, machine.cpu.effective_cpus or 1)
+    mode = "existing" if existing else "generated"
+    default_samples, default_runs = (LOADER_QUICK if quick else LOADER_DEFAULTS)[mode]
+    n_samples = samples or default_samples
+    if not existing and (
+        problem := io_stage.space_problem(
+            target, n_samples, size, loader_stage.space_needed(n_samples, size)
+        )
+    ):
+        raise UsageError(problem)
+    plan = loader_stage.Plan(
+        samples=n_samples,
+        sample_size=size,
+        workers=sweep or args.default_workers(eff),
+        runs=runs or default_runs,
+        batch_size=batch_size,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        cold=cold,
+        effective_cpus=eff,
+    )
+    with progress_bar(c, out) as progress:
+        result = loader_stage.run(
+            target,
+            plan,
+            existing=existing,
+            storage=machine.to_dict()["storage"],
+            progress=progress,
+            warn=lambda msg: warning(c, msg),
+        )
+    if plot_path:
+        from starvecheck.render.plot import loader_plot
+
+        loader_plot(result, plot_path)
+    return emit(build_report("loader", machine.to_dict(), [result], c), out, c)

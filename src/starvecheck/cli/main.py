@@ -1,0 +1,78 @@
+"""The command line: one thin function per subcommand, one module per command.
+
+options -> stage -> advice -> render -> exit status. Every error becomes one line
+and an exit status in `main`, the one place that decides them; tracebacks only
+with --debug (or STARVECHECK_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from contextlib import redirect_stderr, redirect_stdout
+
+import typer
+
+from starvecheck.cli.common import app, error
+
+# isort: off
+# Each module registers its command when imported; `starvecheck --help` lists them
+# in this order: the machine, then the chain from storage to the GPU step.
+from starvecheck.cli import env, io, loader, starve, pad, profile  # noqa: F401
+
+# isort: on
+from starvecheck.context import Context
+from starvecheck.scratch import Terminated
+from starvecheck.status import ExitStatus, StarvecheckError
+
+
+def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
+    """Run the CLI; return the exit status instead of exiting (tests call this)."""
+    c = context or Context()
+    words = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in words or bool(c.environ.get("STARVECHECK_DEBUG"))
+    try:
+        # click writes help and --version with its own echo to sys.stdout/err.
+        with redirect_stdout(c.stdout), redirect_stderr(c.stderr):
+            rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
+    except typer.TyperException as e:
+        # Typer's (vendored) click errors: bad option, bad choice, missing argument.
+        command = getattr(getattr(e, "ctx", None), "command_path", None)
+        hint = f" (see '{command} --help')" if command and e.exit_code == 2 else ""
+        error(c, f"{_one_line(e.format_message())}{hint}")
+        return e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        error(c, "interrupted")
+        return ExitStatus.INTERRUPTED
+    except Terminated as e:
+        error(c, f"terminated by {signal.Signals(e.signum).name}")
+        return ExitStatus.TERMINATED
+    except StarvecheckError as e:
+        if debug:
+            traceback.print_exc(file=c.stderr)
+        error(c, str(e))
+        return e.status
+    except BrokenPipeError:
+        # `starvecheck env --json - | head`: the reader left; not an error of ours.
+        sys.stdout = None  # type: ignore[assignment]  # keep Python from flushing at exit
+        return ExitStatus.OK
+    except Exception as e:
+        if debug:
+            traceback.print_exc(file=c.stderr)
+            error(c, f"internal error: {type(e).__name__}: {e}")
+        else:
+            error(
+                c,
+                f"internal error: {type(e).__name__}: {_one_line(str(e))} "
+                "(rerun with --debug for the traceback, and please report it)",
+            )
+        return 70  # EX_SOFTWARE
+    if rv == ExitStatus.INTERRUPTED:  # Typer turns KeyboardInterrupt into a silent 130
+        error(c, "interrupted")
+    return ExitStatus.OK if rv is None else int(rv)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,0 +1,184 @@
+"""`starvecheck pad`: the padding tax of a dataset."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    PlotOpt,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    progress_bar,
+)
+from starvecheck.stages.strategies import STRATEGIES
+from starvecheck.status import UsageError
+from starvecheck.sysroot import SysRoot
+
+
+class DataFormat(str, Enum):
+    auto = "auto"
+    jsonl = "jsonl"
+    json = "json"
+    parquet = "parquet"
+    csv = "csv"
+    tsv = "tsv"
+    text = "text"
+
+
+# --current's choices; the ids live in one place, stages/strategies.py (no numpy there).
+Strategy = Enum("Strategy", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
+
+
+@app.command()
+def pad(
+    ctx: typer.Context,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            "--dataset",
+            metavar="PATH",
+            help="Dataset file to measure: JSON Lines, JSON, Parquet, CSV/TSV or plain text "
+            "(one sample per line); .gz is read as it is.",
+            show_default=False,
+        ),
+    ] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--field",
+            metavar="NAME",
+            help="Field holding the sample: text, token ids or chat messages [default: text]. "
+            "Repeat (or separate with commas) to join several with a newline, e.g. "
+            "--field instruction,input,output.",
+            show_default=False,
+        ),
+    ] = None,
+    data_format: Annotated[
+        DataFormat,
+        typer.Option("--format", case_sensitive=False, help="Dataset format (auto: by suffix)."),
+    ] = DataFormat.auto,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="NAME",
+            help="transformers tokenizer to count tokens with: a local directory or a "
+            "cached name; never downloaded.",
+            show_default=False,
+        ),
+    ] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--lengths",
+            metavar="PATH",
+            help="File of token lengths, one per line ('-' for stdin), instead of --dataset.",
+            show_default=False,
+        ),
+    ] = None,
+    context: Annotated[
+        int,
+        typer.Option(
+            "--context", min=1, max=10_000_000, help="Context length (max_length) in tokens."
+        ),
+    ] = 4096,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            max=1_000_000,
+            help="Samples per batch; rows of --context tokens per batch when packing.",
+        ),
+    ] = 32,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            min=1,
+            max=1_000_000_000,
+            help="Measure the first N samples [default: all; 20,000 with --quick; the "
+            "embedded default has 2,000].",
+            show_default=False,
+        ),
+    ] = None,
+    current: Annotated[
+        Strategy,
+        typer.Option(
+            "--current",
+            case_sensitive=False,
+            help="The strategy you train with today; gains are counted against it.",
+        ),
+    ] = Strategy.dynamic,  # type: ignore[attr-defined]
+    seed: Annotated[
+        int,
+        typer.Option("--seed", min=0, max=2**32 - 1, help="Seed of the shuffles."),
+    ] = 0,
+    plot: PlotOpt("a typical batch per strategy, as a heatmap") = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """How much of each step is padding? Every common batching strategy on your data.
+
+    Token lengths from --dataset (tokenized here with --tokenizer), --lengths, or an
+    embedded Alpaca-like default. For each strategy (pad to context, dynamic padding,
+    pad_to_multiple_of, length grouping, padding-free, greedy and bin packing): the
+    share of computed positions that are real tokens, positions per batch, batches
+    per epoch and attention work, and the gain over the strategy you use today.
+    """
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import pad as pad_stage
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    names = tuple(n.strip() for f in fields or () for n in f.split(","))
+    if any(not n for n in names):
+        raise UsageError("--field: empty field name")
+    if dataset is not None and lengths is not None:
+        raise UsageError("--dataset and --lengths: choose one source of lengths")
+    if dataset is None:
+        for option, given in (
+            ("--tokenizer", tokenizer),
+            ("--field", names),
+            ("--format", data_format is not DataFormat.auto),
+        ):
+            if given:
+                raise UsageError(f"{option} applies to --dataset")
+    if lengths == "" or dataset == "":
+        raise UsageError(f"{'--lengths' if lengths == '' else '--dataset'} needs a path")
+    plot_path = args.plot_path(plot)
+    plan = pad_stage.Plan(
+        context=context,
+        batch_size=batch_size,
+        current=current.value,
+        seed=seed,
+        limit=limit or (pad_stage.QUICK_LIMIT if quick and (dataset or lengths) else None),
+        dataset=dataset,
+        fmt=None if data_format is DataFormat.auto else data_format.value,
+        fields=names,
+        tokenizer=tokenizer,
+        lengths=lengths,
+    )
+    with progress_bar(c, out) as progress:
+        run = pad_stage.run(plan, progress, c.stdin)
+    if plot_path:
+        from starvecheck.render.plot import pad_plot
+
+        pad_plot(run, plot_path)
+    machine = collect(SysRoot(Path("/")), environ=c.environ)
+    return emit(build_report("pad", machine.to_dict(), [run.result], c), out, c)

@@ -1,0 +1,139 @@
+"""`starvecheck profile`: a training loop under torch.profiler, or a trace."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    progress_bar,
+    warning,
+)
+from starvecheck.sysroot import SysRoot
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ModelSize(str, Enum):
+    auto = "auto"
+    tiny = "tiny"
+    small = "small"
+    base = "base"
+
+
+@app.command()
+def profile(
+    ctx: typer.Context,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Directory on the storage to train from (default: the working directory). "
+            "starvecheck writes its token data in a new directory there and removes it.",
+            show_default=False,
+        ),
+    ] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="N[,N...]",
+            help="num_workers values [default: 0 and the effective CPUs, at most 8].",
+            show_default=False,
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            max=100_000,
+            help="Profiled steps per scenario, after warm-up [default: 20; 6 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    model_size: Annotated[
+        ModelSize,
+        typer.Option(
+            "--model-size",
+            case_sensitive=False,
+            help="GPT-2 configuration to train: tiny (2 layers, width 128), small (4, 256) "
+            "or base (GPT-2 small); auto: tiny on CPU, small on CUDA.",
+        ),
+    ] = ModelSize.auto,
+    device: Annotated[
+        Device, typer.Option("--device", case_sensitive=False, help="Where to train.")
+    ] = Device.auto,
+    cold: Annotated[
+        bool,
+        typer.Option("--cold", help="Evict the data from the page cache after the warm-up."),
+    ] = False,
+    trace_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-dir",
+            metavar="DIR",
+            help="Keep each scenario's Chrome trace here (TensorBoard, Perfetto, --trace).",
+            show_default=False,
+        ),
+    ] = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """How do the links add up in a training step? A real loop under torch.profiler.
+
+    A small GPT-2 (random weights, nothing downloaded) trains on token sequences stored
+    one file per sample and as MDS shards, for each num_workers; each step is timed in
+    five phases: data wait, host-to-device copy, forward, backward, optimizer.
+    """
+    from starvecheck.probe.machine import collect
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    from starvecheck.stages import profile as profile_stage
+
+    target = args.data_path(path, False, "profile")
+    if trace_dir is not None:
+        trace_dir = args.output_dir("--trace-dir", trace_dir)
+    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
+    eff = max(1, machine.cpu.effective_cpus or 1)
+    where = profile_stage.resolve_device(device.value)
+    size = (
+        model_size.value
+        if model_size is not ModelSize.auto
+        else ("small" if where == "cuda" else "tiny")
+    )
+    plan = profile_stage.Plan(
+        workers=args.counts("--workers", workers, 0, 64)
+        if workers
+        else tuple(sorted({0, min(eff, 8)})),
+        steps=steps or (6 if quick else 20),
+        warmup_steps=2 if quick else 3,
+        model_size=size,
+        device=where,
+        cold=cold,
+        trace_dir=trace_dir,
+        effective_cpus=eff,
+    )
+    with progress_bar(c, out) as progress:
+        result = profile_stage.run(target, plan, progress, warn=lambda m: warning(c, m))
+    return emit(build_report("profile", machine.to_dict(), [result], c), out, c)

@@ -1,0 +1,131 @@
+"""`starvecheck starve`: CPU preprocessing against the GPU step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    PlotOpt,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    progress_bar,
+)
+from starvecheck.status import UsageError
+from starvecheck.sysroot import SysRoot
+
+
+@app.command()
+def starve(
+    ctx: typer.Context,
+    sample_ms: Annotated[
+        float,
+        typer.Option(
+            "--sample-ms",
+            min=0.0,
+            max=10_000.0,
+            help="D: CPU milliseconds of work per sample in a worker.",
+        ),
+    ] = 5.0,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, max=100_000, help="B: samples per batch.")
+    ] = 32,
+    step_ms: Annotated[
+        float,
+        typer.Option(
+            "--step-ms",
+            min=0.0,
+            max=60_000.0,
+            help="G: milliseconds the consumer (the GPU step) takes per batch.",
+        ),
+    ] = 50.0,
+    workers: Annotated[
+        str | None,
+        typer.Option(
+            "--workers",
+            metavar="N[,N...]",
+            help="num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
+            "effective CPUs, at least 4].",
+            show_default=False,
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            max=100_000,
+            help="Measured steps per point, after 3 warm-up steps [default: 20; 8 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    sleep: Annotated[
+        bool,
+        typer.Option(
+            "--sleep",
+            help="Samples sleep D ms instead of working: the simpler "
+            "sleep-based model, for comparison.",
+        ),
+    ] = False,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="NAME",
+            help="Real tokenization by this transformers tokenizer (a local "
+            "directory or a cached name; never downloaded) instead of a busy loop.",
+        ),
+    ] = None,
+    plot: PlotOpt("GPU idle share against workers") = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Is the input pipeline fast enough for the GPU? A producer/consumer run.
+
+    Each sample costs D ms of real CPU work in a DataLoader worker, batches of B feed
+    a consumer that takes G ms per step. For each num_workers: the measured wait per
+    step and the GPU idle share, next to what a CPU-aware model and a sleep-based
+    model predict, so you see where more workers stop helping on this machine.
+    """
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages import starve as starve_stage
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    if sleep and tokenizer:
+        raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
+    plot_path = args.plot_path(plot)
+    machine = collect(SysRoot(Path("/")), environ=c.environ)
+    eff = max(1, machine.cpu.effective_cpus or 1)
+    plan = starve_stage.Plan(
+        sample_ms=sample_ms,
+        batch_size=batch_size,
+        step_ms=step_ms,
+        workers=args.counts("--workers", workers, 0, 1024)
+        if workers
+        else args.default_workers(eff),
+        steps=steps or (8 if quick else 20),
+        sleep=sleep,
+        effective_cpus=eff,
+        tokenizer=tokenizer,
+    )
+    with progress_bar(c, out) as progress:
+        result = starve_stage.run(plan, progress)
+    if plot_path:
+        from starvecheck.render.plot import sweep_plot
+
+        sweep_plot(result, plot_path)
+    return emit(build_report("starve", machine.to_dict(), [result], c), out, c)

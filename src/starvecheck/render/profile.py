@@ -1,0 +1,71 @@
+"""Metrics of a `profile` loop (`<figure>.<layout>.w<N>`) as one row per scenario.
+
+The JSON keeps one flat metric per figure (`phase_ms.forward.mds.w2`, ...); people
+read a step across its phases, so the terminal and Markdown show one row per
+layout and num_workers: medians over the profiled steps, ± their standard deviation.
+"""
+
+from __future__ import annotations
+
+import re
+
+from starvecheck.model import Metric
+
+HEADERS = (
+    "layout",
+    "workers",
+    "wait ms",
+    "h2d ms",
+    "fwd ms",
+    "bwd ms",
+    "optim ms",
+    "step ms",
+    "waiting",
+    "samples/s",
+)
+_NAME = re.compile(
+    r"(?P<what>phase_ms\.[a-z_0-9]+|step_ms|data_wait_share|samples_per_s)"
+    r"\.(?P<layout>[a-z_]+)\.w(?P<w>\d{1,4})"
+)
+_COLUMNS = (
+    "phase_ms.dataloader_wait",
+    "phase_ms.h2d_transfer",
+    "phase_ms.forward",
+    "phase_ms.backward",
+    "phase_ms.optimizer",
+    "step_ms",
+)
+
+
+def _ms(m: Metric | None) -> str:
+    if m is None or m.value is None:
+        return "-"
+    digits = 1 if m.value < 100 else 0
+    text = f"{m.value:,.{digits}f}"
+    return text + (f"±{m.stdev:,.{digits}f}" if m.n > 1 and m.stdev is not None else "")
+
+
+def split(metrics: tuple[Metric, ...] | list[Metric]) -> tuple[list[tuple[str, ...]], list[Metric]]:
+    """(rows, other metrics); no rows unless the metrics are a profile loop's."""
+    cells: dict[tuple[str, int], dict[str, Metric]] = {}
+    rest: list[Metric] = []
+    for m in metrics:
+        match = _NAME.fullmatch(m.name)
+        if match is None:
+            rest.append(m)
+            continue
+        cells.setdefault((match["layout"], int(match["w"])), {})[match["what"]] = m
+    rows = []
+    for (layout, w), c in cells.items():
+        share = c.get("data_wait_share")
+        rate = c.get("samples_per_s")
+        rows.append(
+            (
+                layout,
+                str(w),
+                *(_ms(c.get(k)) for k in _COLUMNS),
+                "-" if share is None or share.value is None else f"{share.value:.1%}",
+                "-" if rate is None or rate.value is None else f"{rate.value:,.1f}",
+            )
+        )
+    return rows, rest

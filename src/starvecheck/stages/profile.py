@@ -1,0 +1,397 @@
+"""`profile`: a real training loop under torch.profiler, to see how the links add up.
+
+A small causal language model (a GPT-2 configuration from transformers, randomly
+initialised: nothing is downloaded) trains on token sequences stored two ways in a
+fresh scratch directory: one file per sample, and MosaicML Streaming MDS shards
+read by `StreamingDataset`. Each step is five `record_function` phases:
+
+    DATALOADER_WAIT  next(iter(DataLoader))
+    H2D_TRANSFER     batch.to(device, non_blocking=True)
+    FORWARD          model(input_ids, labels=input_ids)
+    BACKWARD         loss.backward()
+    OPTIMIZER        optimizer.step(); optimizer.zero_grad()
+
+timed by the wall clock (on CUDA with a synchronize at the end of each phase, so
+the GPU's work lands in its phase). Warm-up steps first, then with --cold the page
+cache is evicted, then the profiled steps. Scenarios: every layout, every
+num_workers. With --trace-dir each scenario's Chrome trace is kept for TensorBoard
+or Perfetto (and for `starvecheck profile --trace`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starvecheck import cache
+from starvecheck.model import Metric, StageResult
+from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
+from starvecheck.stages.io import COLD_MAX_RESIDENT, record_residency, resident_metric
+from starvecheck.stages.workers import worker_init
+from starvecheck.status import Unavailable, UsageError
+
+Progress = Callable[[str, int, int], None]
+PHASES = ("DATALOADER_WAIT", "H2D_TRANSFER", "FORWARD", "BACKWARD", "OPTIMIZER")
+LAYOUTS = ("small_files", "mds")
+# (layers, heads, embedding width, vocabulary, sequence length, batch size)
+MODEL_SIZES = {
+    "tiny": (2, 2, 128, 4096, 128, 8),
+    "small": (4, 4, 256, 8192, 256, 16),
+    "base": (12, 12, 768, 50257, 1024, 8),  # GPT-2 small itself
+}
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    workers: tuple[int, ...]
+    steps: int = 20
+    warmup_steps: int = 3
+    model_size: str = "tiny"
+    device: str = "cpu"
+    cold: bool = False
+    trace_dir: str | None = None
+    effective_cpus: int = 1
+    seed: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, int]:
+        return MODEL_SIZES[self.model_size]
+
+    @property
+    def batch_size(self) -> int:
+        return self.shape[5]
+
+    @property
+    def seq_len(self) -> int:
+        return self.shape[4]
+
+    @property
+    def samples(self) -> int:
+        """Enough for the warm-up and profiled steps of one scenario, once through."""
+        return self.batch_size * (self.warmup_steps + self.steps + 1)
+
+    def parameters(self) -> dict[str, Any]:
+        layers, heads, width, vocab, seq, batch = self.shape
+        return {
+            "model": f"GPT-2 configuration, {layers} layers, {heads} heads, width {width}",
+            "model_size": self.model_size,
+            "vocab_size": vocab,
+            "seq_len": seq,
+            "batch_size": batch,
+            "device": self.device,
+            "workers": list(self.workers),
+            "steps": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "cold": self.cold,
+            "trace_dir": self.trace_dir,
+            "effective_cpus": self.effective_cpus,
+            "seed": self.seed,
+        }
+
+
+def collate_tokens(batch: list[Any], vocab: int) -> Any:
+    """Stored samples (raw bytes: a tensor, or MDS's {"data": ndarray}) -> token ids
+    [batch, seq_len]: the bytes read as little-endian u16, modulo the vocabulary."""
+    import numpy as np
+    import torch
+
+    rows = []
+    for sample in batch:
+        if isinstance(sample, dict):
+            sample = sample["data"]
+        if isinstance(sample, np.ndarray):
+            sample = torch.from_numpy(np.ascontiguousarray(sample))
+        rows.append(sample)
+    data = torch.stack(rows)
+    return data.view(torch.int16).to(torch.int64).remainder_(vocab)
+
+
+class _Collate:
+    """Picklable collate_fn (a closure would not survive a spawn start method)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def __call__(self, batch: list[Any]) -> Any:
+        return collate_tokens(batch, self.vocab)
+
+
+def build_model(plan: Plan) -> tuple[Any, Any]:
+    import torch
+
+    try:
+        import transformers.utils.import_utils as transformers_imports
+
+        # A text model needs no torchvision, but transformers imports it whenever it is
+        # installed, and a torchvision built for another torch fails to import (as with
+        # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
+        if hasattr(transformers_imports, "_torchvision_available"):
+            transformers_imports._torchvision_available = False
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        raise UsageError("profile needs transformers: pip install 'starvecheck[text]'") from e
+    layers, heads, width, vocab, seq, _ = plan.shape
+    torch.manual_seed(plan.seed)
+    config = GPT2Config(
+        vocab_size=vocab, n_positions=seq, n_embd=width, n_layer=layers, n_head=heads
+    )
+    model = GPT2LMHeadModel(config).to(plan.device)
+    model.train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+@dataclass
+class Steps:
+    """Per profiled step, seconds in each phase."""
+
+    phases: dict[str, list[float]]
+    resident: float | None = None  # --cold: the fraction still cached after eviction
+
+    @property
+    def totals(self) -> list[float]:
+        return [sum(p) for p in zip(*self.phases.values(), strict=True)]
+
+
+def run_scenario(
+    source: Any,
+    plan: Plan,
+    workers: int,
+    model: Any,
+    optimizer: Any,
+    trace_name: str,
+    residency_errors: list[str],
+) -> Steps:
+    """Warm-up, eviction (with --cold), profiled steps; workers shut down and the
+    dataset released on every way out."""
+    import torch
+    from torch.profiler import ProfilerActivity, record_function, schedule
+
+    cuda = plan.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter
+    phases: dict[str, list[float]] = {p: [] for p in PHASES}
+    resident: float | None = None
+    dataset = None
+    try:
+        with signals_held():
+            dataset = source.make(0)
+        loader = torch.utils.data.DataLoader(
+            dataset,
+            batch_size=plan.batch_size,
+            shuffle=source.shuffle,
+            num_workers=workers,
+            collate_fn=_Collate(plan.shape[3]),
+            pin_memory=cuda,
+            prefetch_factor=2 if workers else None,
+            persistent_workers=False,
+            worker_init_fn=worker_init if workers else None,
+            generator=torch.Generator().manual_seed(plan.seed),
+        )
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        handler = (
+            torch.profiler.tensorboard_trace_handler(plan.trace_dir, worker_name=trace_name)
+            if plan.trace_dir
+            else None
+        )
+        it = iter(loader)
+        try:
+            with torch.profiler.profile(
+                activities=activities,
+                schedule=schedule(wait=0, warmup=plan.warmup_steps, active=plan.steps),
+                on_trace_ready=handler,
+            ) as prof:
+                for step in range(plan.warmup_steps + plan.steps):
+                    check_signals()
+                    if step == plan.warmup_steps and plan.cold:
+                        layout = source.layout
+                        cache.evict(
+                            layout.paths,
+                            dir_fd=layout.dir_fd,
+                            sync=layout.sync,
+                            flags=layout.evict_flags,
+                        )
+                        resident = record_residency(layout, residency_errors)
+                    marks = [clock()]
+                    with record_function("DATALOADER_WAIT"):
+                        batch = next(it)
+                    marks.append(clock())
+                    with record_function("H2D_TRANSFER"):
+                        batch = batch.to(plan.device, non_blocking=True)
+                        sync()
+                    marks.append(clock())
+                    with record_function("FORWARD"):
+                        loss = model(input_ids=batch, labels=batch).loss
+                        sync()
+                    marks.append(clock())
+                    with record_function("BACKWARD"):
+                        loss.backward()
+                        sync()
+                    marks.append(clock())
+                    with record_function("OPTIMIZER"):
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        sync()
+                    marks.append(clock())
+                    prof.step()
+                    if step >= plan.warmup_steps:
+                        for name, a, b in zip(PHASES, marks, marks[1:], strict=False):
+                            phases[name].append(b - a)
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            del it
+    finally:
+        if dataset is not None:
+            with signals_held():
+                source.release(dataset)
+    return Steps(phases, resident)
+
+
+def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]:
+    out: list[Metric] = []
+    for (layout, workers), steps in results.items():
+        key = f"{layout}.w{workers}"
+        for name in PHASES:
+            out.append(
+                Metric.repeated(
+                    f"phase_ms.{name.lower()}.{key}", [s * 1e3 for s in steps.phases[name]], "ms"
+                )
+            )
+        totals = steps.totals
+        wait = sum(steps.phases["DATALOADER_WAIT"])
+        out.append(Metric.repeated(f"step_ms.{key}", [t * 1e3 for t in totals], "ms"))
+        out.append(Metric.single(f"data_wait_share.{key}", wait / sum(totals), "fraction"))
+        out.append(
+            Metric.single(
+                f"samples_per_s.{key}", plan.batch_size * len(totals) / sum(totals), "samples/s"
+            )
+        )
+    return out
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    available = torch.cuda.is_available()
+    if requested == "auto":
+        return "cuda" if available else "cpu"
+    if requested == "cuda" and not available:
+        raise Unavailable("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    return requested
+
+
+def run(
+    path: str,
+    plan: Plan,
+    progress: Progress = _no_progress,
+    warn: Callable[[str], None] = lambda _msg: None,
+) -> StageResult:
+    from starvecheck.advice.profile import advise
+    from starvecheck.stages import loader as loader_stage
+
+    start = time.perf_counter()
+    # Kineto logs each profiler start and stop to stderr at its default level, and
+    # transformers warns about config fields: neither is news to the person reading.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    caveats: list[str] = []
+    params: dict[str, Any] = {"path": path, **plan.parameters()}
+    streaming, why = loader_stage._streaming()
+    if streaming is None:
+        raise Unavailable(f"profile reads MDS shards and cannot load mosaicml-streaming: {why}")
+    model, optimizer = build_model(plan)
+    data_plan = loader_stage.Plan(
+        samples=plan.samples,
+        sample_size=plan.seq_len * 2,  # u16 tokens
+        workers=plan.workers,
+        runs=1,
+        batch_size=plan.batch_size,
+        seed=plan.seed,
+    )
+    results: dict[tuple[str, int], Steps] = {}
+    residency_errors: list[str] = []
+    scratch = Scratch(path, prefix="starvecheck-profile-")
+    try:
+        with signals_raise(), loader_stage.quiet_torch(), warnings.catch_warnings(), scratch:
+            warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
+            try:
+                sources = loader_stage.generate(scratch, data_plan, streaming, progress)
+            finally:
+                scratch.adopt("mds")
+            chosen = [s for s in sources if s.name in LAYOUTS]
+            total = len(chosen) * len(plan.workers)
+            for source in chosen:
+                for workers in plan.workers:
+                    progress(f"{source.name}, {workers} worker(s)", len(results), total)
+                    try:
+                        results[(source.name, workers)] = run_scenario(
+                            source,
+                            plan,
+                            workers,
+                            model,
+                            optimizer,
+                            f"{source.name}-w{workers}",
+                            residency_errors,
+                        )
+                    except RuntimeError as e:
+                        reason = " ".join(str(e).split())
+                        raise Unavailable(f"the training loop failed: {reason}") from e
+            progress("profiling", total, total)
+    except OSError as e:
+        raise UsageError(f"writing test data in {scratch.path} failed: {e.strerror}") from e
+    finally:
+        if scratch.leftovers:
+            warn("could not remove everything starvecheck created: " + "; ".join(scratch.leftovers))
+    params["scratch"] = scratch.path
+    if plan.device == "cuda":
+        caveats.append(
+            "phases are timed with torch.cuda.synchronize() at the end of each, so the GPU's "
+            "work lands in its phase; an unsynchronised loop overlaps them a little more"
+        )
+    metrics = summarize(results, plan)
+    if plan.cold:
+        caveats.append("the page cache was evicted after the warm-up steps (--cold)")
+        caveats += residency_errors
+        for layout in LAYOUTS:
+            known = [
+                st.resident
+                for (name, _), st in results.items()
+                if name == layout and st.resident is not None
+            ]
+            if not known:
+                continue
+            metrics.append(resident_metric(f"resident_before.{layout}", known))
+            if max(known) > COLD_MAX_RESIDENT:
+                caveats.append(
+                    f"--cold: {max(known):.0%} of {layout} was still in the page cache after "
+                    "eviction (tmpfs, or memory the kernel would not drop): its data waits "
+                    "are not cold"
+                )
+    if plan.trace_dir:
+        caveats.append(
+            f"Chrome traces in {plan.trace_dir}: open in TensorBoard or https://ui.perfetto.dev, "
+            "or read back with starvecheck profile --trace FILE"
+        )
+    return StageResult(
+        stage="profile",
+        parameters=params,
+        metrics=tuple(metrics),
+        findings=advise(metrics, params),
+        caveats=tuple(caveats),
+        duration_s=round(time.perf_counter() - start, 3),
+    )
+
+
+def trace_files(trace_dir: str) -> Sequence[str]:
+    return sorted(
+        os.path.join(trace_dir, n) for n in os.listdir(trace_dir) if n.endswith(".pt.trace.json")
+    )

@@ -1,0 +1,102 @@
+"""`starvecheck profile`: the training loop end to end on the CPU, its advice, and
+its refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from starvecheck.advice.profile import advise
+from starvecheck.model import Metric
+from starvecheck.stages import profile as profile_stage
+from tests.conftest import run
+
+PHASES = ("dataloader_wait", "h2d_transfer", "forward", "backward", "optimizer")
+
+
+def metrics(r):
+    return {m["name"]: m for m in r.json["stages"][0]["metrics"]}
+
+
+def test_quick_loop_reports_both_layouts_with_five_phases(tmp_path):
+    pytest.importorskip("transformers")
+    traces = tmp_path / "traces"
+    r = run("profile", "--quick", "--workers", "0,1", "--steps", "3", "--trace-dir",
+            str(traces), "--json", "-", str(tmp_path))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    m = metrics(r)
+    for layout in ("small_files", "mds"):
+        for w in (0, 1):
+            key = f"{layout}.w{w}"
+            for phase in PHASES:
+                assert m[f"phase_ms.{phase}.{key}"]["n"] == 3
+            share = m[f"data_wait_share.{key}"]["value"]
+            assert 0 <= share < 1
+            total = sum(m[f"phase_ms.{p}.{key}"]["value"] for p in PHASES)
+            assert m[f"step_ms.{key}"]["value"] == pytest.approx(total, rel=0.5)
+    assert not list(tmp_path.glob("starvecheck-profile-*"))  # the token data is removed
+    assert len(list(traces.glob("*.pt.trace.json"))) == 4  # one trace per scenario, kept
+    assert "USDT" not in r.stderr and "Warning" not in r.stderr
+
+
+def test_collate_reads_bytes_as_u16_tokens_modulo_the_vocabulary():
+    torch = pytest.importorskip("torch")
+    raw = np.array([1, 0, 2, 0, 0xFF, 0x7F], np.uint8)  # 1, 2, 32767
+    batch = [torch.from_numpy(raw.copy()), {"data": raw.copy()}]
+    tokens = profile_stage.collate_tokens(batch, vocab=1000)
+    assert tokens.tolist() == [[1, 2, 767], [1, 2, 767]]
+    assert tokens.dtype == torch.int64
+
+
+def test_no_cuda_device_is_exit_3(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    r = run("profile", "--device", "cuda", str(tmp_path))
+    assert r.exit_code == 3 and "no CUDA device" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace-dir", "/nonexistent/a/b"], "does not exist"),
+        (["--model-size", "huge"], "--model-size"),
+        (["--workers", "x"], "--workers"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(argv, message):
+    r = run("profile", *argv)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def advice(values):
+    ms = [Metric.single(f"data_wait_share.{k}", v, "fraction") for k, v in values.items()]
+    return {f.id: f for f in advise(ms, {})}
+
+
+def test_data_wait_thresholds_follow_five_and_twenty_percent():
+    assert advice({"mds.w0": 0.04})["profile.data-bound"].severity.value == "ok"
+    assert advice({"mds.w0": 0.06})["profile.data-bound"].severity.value == "warning"
+    assert advice({"mds.w0": 0.25})["profile.data-bound"].severity.value == "critical"
+
+
+def test_workers_and_small_files_findings():
+    f = advice({"small_files.w0": 0.45, "small_files.w2": 0.15, "mds.w0": 0.30, "mds.w2": 0.02})
+    assert f["profile.workers"].severity.value == "critical"
+    assert "num_workers=2" in f["profile.workers"].recommendation
+    assert f["profile.workers"].gain.value == pytest.approx(0.30)
+    assert f["profile.small-files"].gain.value == pytest.approx(0.13)
+    assert f["profile.data-bound"].severity.value == "ok"  # mds with 2 workers is fed
+
+
+def test_cold_says_whether_the_cache_was_really_emptied(tmp_path):
+    pytest.importorskip("transformers")
+    r = run("profile", "--quick", "--cold", "--workers", "0", "--steps", "2", "--json", "-",
+            str(tmp_path))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    m = metrics(r)
+    caveats = r.json["stages"][0]["caveats"]
+    for layout in ("small_files", "mds"):
+        resident = m[f"resident_before.{layout}"]["value"]
+        warned = any(c.startswith("--cold: ") and f"of {layout} was still" in c for c in caveats)
+        assert warned == (resident > 0.05)  # tmpfs keeps it all, and says so
