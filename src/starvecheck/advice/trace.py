@@ -1,0 +1,234 @@
+"""Judging a trace read by `profile --trace`: how much of each step waits for data,
+how much the GPU sits idle for other reasons, what copies cost, and whether the
+first step stalled.
+
+Reads metrics by name (data_wait_share, step_ms, gpu_idle_other_share, ...), so a
+stored report is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
+PyTorch profiler guides use them: data wait above 5% of the step is input-bound,
+above 20% highly input-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+
+INPUT_BOUND = 0.05
+HIGHLY_INPUT_BOUND = 0.20
+GPU_IDLE = 0.20  # GPU idle share worth a finding, when data wait does not explain most of it
+GPU_IDLE_CRITICAL = 0.50  # idle for other reasons over half the step
+MEMCPY = 0.10
+FIRST_STEP_STALL = 3.0  # first step over the median of the rest
+SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
+LOADER_LINE = (
+    "`DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True, "
+    "prefetch_factor=2)`"
+)
+
+
+def _get(m: Mapping[str, Metric], name: str) -> Metric | None:
+    x = m.get(name)
+    return x if x is not None and x.value is not None else None
+
+
+def _v(m: Mapping[str, Metric], name: str) -> float | None:
+    x = _get(m, name)
+    return x.value if x is not None else None
+
+
+def severity(share: float) -> Severity:
+    if share > HIGHLY_INPUT_BOUND:
+        return Severity.CRITICAL
+    return Severity.WARNING if share > INPUT_BOUND else Severity.OK
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    m = {x.name: x for x in metrics}
+    findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
+    return tuple(f for f in findings if f is not None)
+
+
+def steps_waiting(m: Mapping[str, Metric]) -> tuple[int, int] | None:
+    """(steps whose own data wait is over 5% of them, steps measured), from the
+    per-step values of data_wait_ms and step_ms."""
+    wait, step = _get(m, "data_wait_ms"), _get(m, "step_ms")
+    if wait is None or step is None or not step.values or wait.n != step.n:
+        return None
+    over = sum(
+        1 for w, s in zip(wait.values, step.values, strict=True) if s > 0 and w / s > INPUT_BOUND
+    )
+    return over, step.n
+
+
+def workers_needed(wait_ms: float, step_ms: float) -> int | None:
+    """num_workers that keep up with a loop that now loads in its own process: each
+    worker makes a batch in about the time the loop now waits for one (W), and the
+    loop takes one every R = step - W, so W / R workers keep level; one spare."""
+    rest = step_ms - wait_ms
+    if rest <= 0 or wait_ms <= 0:
+        return None
+    return max(2, math.ceil(wait_ms / rest) + 1)
+
+
+def _single_process_line(wait_ms: float | None, step_ms: float | None) -> str:
+    n = workers_needed(wait_ms, step_ms) if wait_ms is not None and step_ms is not None else None
+    if n is None or wait_ms is None or step_ms is None:
+        return f"{LOADER_LINE.format(n='N')}, N up to the CPU cores you have"
+    return (
+        f"{LOADER_LINE.format(n=n)}: a batch takes {wait_ms:,.1f} ms to load and the "
+        f"rest of the step {step_ms - wait_ms:,.1f} ms, so "
+        f"{wait_ms / (step_ms - wait_ms):.1f} workers keep level; one spare, and no more "
+        "than the CPU cores you have"
+    )
+
+
+def _data_bound(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
+    share = _v(m, "data_wait_share")
+    if share is None:
+        return None
+    sev = severity(share)
+    wait_ms, step_ms = _v(m, "data_wait_ms"), _v(m, "step_ms")
+    counted = steps_waiting(m)
+    evidence = f"{share:.1%} of step time waits for data"
+    if wait_ms is not None and step_ms is not None:
+        evidence += f" ({wait_ms:,.1f} ms of a {step_ms:,.1f} ms median step)"
+    if counted is not None:
+        evidence += f"; {counted[0]} of {counted[1]} steps wait more than {INPUT_BOUND:.0%}"
+    source = params.get("data_wait_source")
+    loader = params.get("dataloader")
+    if source or loader:
+        evidence += f"; measured from {source or 'DataLoader.__next__'}" + (
+            f" ({loader})" if loader else ""
+        )
+    if sev is Severity.OK:
+        return Finding(
+            "profile.data-bound",
+            Severity.OK,
+            f"The training step is fed: {share:.1%} of it waits for data",
+            evidence=evidence + ".",
+            recommendation="The input keeps up; step time is compute. For text, "
+            "`starvecheck pad` shows how much of that compute goes on padding.",
+            gain=Gain(GainKind.STEP_SHARE, round(share, 4), "data wait inside the steps"),
+            stage="profile",
+        )
+    kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
+    if loader == SINGLE_PROCESS:
+        recommendation = (
+            "The DataLoader loads in the training process (num_workers=0): load in worker "
+            f"processes, {_single_process_line(wait_ms, step_ms)}. `starvecheck loader` "
+            "measures each num_workers on your storage; if more workers do not close the "
+            "gap, `starvecheck starve` (CPU preprocessing per sample) and `starvecheck io` "
+            "(storage, cold cache) find the slow link."
+        )
+    else:
+        recommendation = (
+            "Find the slow link: `starvecheck loader` (num_workers and file layout), "
+            "`starvecheck starve` (CPU preprocessing per sample), `starvecheck io` "
+            "(storage, cold cache); for text, `starvecheck pad` (padding). Keep the loader "
+            f"ahead of the step: {LOADER_LINE.format(n='N')}, N up to the CPU cores you have."
+        )
+    return Finding(
+        "profile.data-bound",
+        sev,
+        f"The training step is {kind}: {share:.0%} of it waits for data",
+        evidence=evidence + ".",
+        recommendation=recommendation,
+        gain=Gain(
+            GainKind.STEP_SHARE,
+            round(share, 4),
+            "data wait inside the steps: what a loader that keeps ahead of the step recovers",
+        ),
+        stage="profile",
+    )
+
+
+def _gpu_idle(m: Mapping[str, Metric]) -> Finding | None:
+    idle = _v(m, "gpu_idle_share")
+    if idle is None or idle <= GPU_IDLE:
+        return None
+    host = _v(m, "gpu_idle_host_wait_share")
+    other = _v(m, "gpu_idle_other_share")
+    if other is None:  # no fetch in the trace: nothing explains the idle time
+        other = idle
+    if other <= idle / 2:
+        return None  # mostly waiting for data: profile.data-bound says it
+    evidence = f"the GPU is idle {idle:.1%} of step time"
+    if host is not None:
+        evidence += f": {host:.1%} while the host waits for data, {other:.1%} otherwise"
+    else:
+        evidence += " (no DataLoader fetch in the trace to set data wait apart)"
+    return Finding(
+        "profile.gpu-idle",
+        Severity.CRITICAL if other > GPU_IDLE_CRITICAL else Severity.WARNING,
+        f"The GPU sits idle {other:.0%} of each step, and not for data",
+        evidence=evidence + ".",
+        recommendation=(
+            "Look at what the host runs in the GPU's gaps (the trace in TensorBoard or "
+            "https://ui.perfetto.dev). Usual causes: calls that synchronise every step "
+            "(`loss.item()`, `.cpu()`, `print(tensor)`, `torch.cuda.synchronize()`): log "
+            "every N steps instead; many small kernels that take longer to launch than to "
+            'run: `torch.compile(model)` (`mode="reduce-overhead"` adds CUDA graphs) or a '
+            "larger batch; Python work between steps (metrics, logging, checkpoints)."
+        ),
+        gain=Gain(
+            GainKind.STEP_SHARE,
+            round(other, 4),
+            "GPU idle time not spent waiting for data; at most, as some host work cannot overlap",
+        ),
+        stage="profile",
+    )
+
+
+def _memcpy(m: Mapping[str, Metric]) -> Finding | None:
+    share = _v(m, "memcpy_share")
+    if share is None or share <= MEMCPY:
+        return None
+    pageable = _v(m, "memcpy_pageable_share") or 0.0
+    evidence = f"copies take {share:.1%} of step time on the GPU"
+    if pageable > 0:
+        evidence += f", {pageable:.1%} from pageable (unpinned) host memory"
+        fix = (
+            "Pin the batches so copies run at full speed and asynchronously: "
+            "`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`. "
+        )
+    else:
+        fix = (
+            "The copies come from pinned memory already: overlap them with compute by "
+            "copying the next batch on a side CUDA stream (a prefetcher) with "
+            "`non_blocking=True`. "
+        )
+    return Finding(
+        "profile.memcpy",
+        Severity.WARNING,
+        f"Memory copies take {share:.0%} of each step",
+        evidence=evidence + ".",
+        recommendation=fix
+        + "Send less: uint8 images normalised on the GPU, int32 token ids; and look for "
+        "device-to-host copies in the loop (`.item()`, `.cpu()`, `.numpy()`).",
+        gain=Gain(
+            GainKind.STEP_SHARE,
+            round(share, 4),
+            "copy time on the GPU timeline; at most, if every copy overlaps compute",
+        ),
+        stage="profile",
+    )
+
+
+def _first_step(m: Mapping[str, Metric]) -> Finding | None:
+    first, rest = _v(m, "first_step_ms"), _get(m, "step_ms")
+    if first is None or rest is None or not rest.median or first <= FIRST_STEP_STALL * rest.median:
+        return None
+    return Finding(
+        "profile.first-step-stall",
+        Severity.INFO,
+        f"The first step took {first / rest.median:.1f}x the others",
+        evidence=f"first step {first:,.1f} ms; the other {rest.n}: median {rest.median:,.1f} ms. "
+        "It is left out of every figure above.",
+        recommendation="Once per run this is start-up (CUDA context, cuDNN autotuning, "
+        "torch.compile, DataLoader workers starting). If it comes back every epoch, keep "
+        "the workers alive between epochs: `DataLoader(..., persistent_workers=True)`.",
+        stage="profile",
+    )

@@ -1,0 +1,522 @@
+"""`profile --trace`: reading a Chrome trace someone already has, the shares of step
+time it holds, the advice on them, and the one-line refusals of files that are not
+traces. The hand-made traces' figures are worked out in fixtures/traces/README.md."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from starvecheck.advice.trace import advise, workers_needed
+from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.stages import trace
+from starvecheck.status import UsageError
+from tests.conftest import FIXTURES
+
+TRACES = FIXTURES / "traces"
+LOADER_LINE = (
+    "DataLoader(..., num_workers=N, pin_memory=True, persistent_workers=True, prefetch_factor=2)"
+)
+GPU_METRICS = (
+    "gpu_idle_share",
+    "gpu_idle_host_wait_share",
+    "gpu_idle_other_share",
+    "memcpy_share",
+)
+
+
+def read(name: str) -> StageResult:
+    return trace.run(TRACES / name)
+
+
+def values(r: StageResult) -> dict[str, float | None]:
+    return {m.name: m.value for m in r.metrics}
+
+
+def finding(r: StageResult | tuple, fid: str):
+    found = r.findings if isinstance(r, StageResult) else r
+    return next((f for f in found if f.id == fid), None)
+
+
+# The hand-made traces
+
+
+def test_cpu_only_trace_waits_30_percent():
+    r = read("cpu_only.json")
+    v = values(r)
+    assert r.stage == "profile"
+    assert r.parameters["trace"] == str(TRACES / "cpu_only.json")
+    assert r.parameters["steps"] == 4 and r.parameters["warmup_steps"] == 1
+    assert v["steps"] == 4
+    assert v["data_wait_share"] == pytest.approx(0.30)
+    assert r.metric("step_ms").values == (100.0, 100.0, 100.0)
+    assert r.metric("data_wait_ms").values == (30.0, 30.0, 30.0)
+    for name in GPU_METRICS:
+        m = r.metric(name)
+        assert m.value is None and m.reason == "no GPU kernels in the trace: a CPU-only run"
+    assert not [m for m in r.metrics if m.name.startswith("phase_ms.")]
+    assert any("left out as a warm-up" in c for c in r.caveats)
+    data = finding(r, "profile.data-bound")
+    assert data.severity is Severity.CRITICAL
+    assert "3 of 3 steps" in data.evidence
+    assert "num_workers=2, pin_memory=True, persistent_workers=True" in data.recommendation
+    assert finding(r, "profile.gpu-idle") is None
+
+
+@pytest.mark.parametrize("name", ["gpu.json", "gpu.json.gz"])
+def test_gpu_trace_splits_idle_time(name):
+    r = read(name)
+    v = values(r)
+    assert v["steps"] == 3 and r.metric("step_ms").values == (100.0, 100.0)
+    assert v["first_step_ms"] == pytest.approx(400.0)
+    assert v["data_wait_share"] == pytest.approx(0.30)
+    assert v["gpu_idle_share"] == pytest.approx(0.41)
+    assert v["gpu_idle_host_wait_share"] == pytest.approx(0.30)
+    assert v["gpu_idle_other_share"] == pytest.approx(0.11)
+    assert v["memcpy_share"] == pytest.approx(0.12)
+    assert v["memcpy_pageable_share"] == pytest.approx(0.12)
+    phases = {"dataloader_wait": 30, "h2d_transfer": 12, "forward": 28, "backward": 20}
+    for phase, ms in {**phases, "optimizer": 10}.items():
+        assert r.metric(f"phase_ms.{phase}").values == (pytest.approx(ms), pytest.approx(ms))
+    assert r.parameters["data_wait_source"] == "DATALOADER_WAIT and DataLoader.__next__"
+    ids = {f.id: f.severity for f in r.findings}
+    assert ids == {
+        "profile.data-bound": Severity.CRITICAL,
+        "profile.memcpy": Severity.WARNING,
+        "profile.first-step-stall": Severity.INFO,
+    }
+    assert "pin_memory=True" in finding(r, "profile.memcpy").recommendation
+
+
+def test_nested_and_overlapping_fetches_count_once():
+    r = read("nested.json")
+    assert values(r)["data_wait_share"] == pytest.approx(0.40)
+    assert r.metric("data_wait_ms").values == (pytest.approx(50.0), pytest.approx(30.0))
+    assert r.parameters["warmup_steps"] == 0
+    assert r.parameters["dataloader"] == "_MultiProcessingDataLoaderIter"
+    assert any("20.0 ms of DataLoader fetches fall outside" in c for c in r.caveats)
+    assert any("only 2 steps" in c for c in r.caveats)
+    assert "`starvecheck starve`" in finding(r, "profile.data-bound").recommendation
+
+
+def test_interval_union_and_clip():
+    merged = trace.union([(15, 35), (10, 40), (30, 50), (90, 120), (150, 160), (150, 160)])
+    assert merged == [(10, 50), (90, 120), (150, 160)]
+    assert trace.clip(merged, 100, 200) == [(100, 120), (150, 160)]
+    assert trace.clip(merged, 40, 95) == [(40, 50), (90, 95)]
+    assert trace.clip(merged, 50, 90) == []
+    assert trace.overlap(merged, [(0, 20), (45, 155)]) == 10 + 5 + 30 + 5
+
+
+def test_without_profiler_steps_the_trace_is_one_step():
+    events = [
+        e for e in trace.load_events(TRACES / "cpu_only.json") if "ProfilerStep" not in e["name"]
+    ]
+    a = trace.analyze(events)
+    assert a.whole_trace and len(a.steps) == 1
+    # From the first fetch at 5 ms to the last aten::mm's end at 390 ms; 4 fetches of 30 ms.
+    assert a.steps[0].dur == pytest.approx(385_000)
+    assert a.data_wait_share == pytest.approx(120 / 385)
+    assert any("no ProfilerStep events" in c for c in a.caveats)
+
+
+def test_a_trace_that_starts_after_step_0_has_no_warmup_to_leave_out():
+    events = [
+        {**e, "name": f"ProfilerStep#{int(e['name'][-1]) + 3}"}
+        if e["name"].startswith("ProfilerStep")
+        else e
+        for e in trace.load_events(TRACES / "cpu_only.json")
+    ]
+    a = trace.analyze(events)
+    assert a.warmup == 0 and len(a.measured) == 4
+    assert a.data_wait_share == pytest.approx(0.30)
+    assert trace.result(a, "x.json").metric("first_step_ms") is None
+
+
+def test_gpu_user_annotations_are_not_steps():
+    a = trace.analyze(trace.load_events(TRACES / "gpu.json"))
+    assert [s.name for s in a.steps] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+
+
+def test_no_dataloader_in_the_trace_means_no_data_figure():
+    events = [
+        e for e in trace.load_events(TRACES / "cpu_only.json") if "DataLoader" not in e["name"]
+    ]
+    r = trace.result(trace.analyze(events), "x.json")
+    m = r.metric("data_wait_share")
+    assert m.value is None and "no DataLoader fetch" in m.reason
+    assert finding(r, "profile.data-bound") is None
+    assert any("DATALOADER_WAIT" in c for c in r.caveats)
+
+
+def test_steps_of_several_processes_keep_the_busiest():
+    events = trace.load_events(TRACES / "cpu_only.json")
+    other = [{**e, "pid": 2} for e in events if e["name"] == "ProfilerStep#0"]
+    a = trace.analyze(events + other)
+    assert len(a.steps) == 4
+    assert any("2 processes" in c for c in a.caveats)
+
+
+def test_a_stored_report_is_judged_as_a_fresh_one():
+    r = read("gpu.json")
+    back = StageResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert advise(back.metrics, back.parameters) == r.findings
+
+
+# Refusals: one line naming the file
+
+
+def _refused(path: Path, *expected: str) -> str:
+    with pytest.raises(UsageError) as e:
+        trace.load_events(path)
+    message = str(e.value)
+    assert message.startswith(f"--trace {path}: ") and "\n" not in message
+    for text in expected:
+        assert text in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"displayTimeUnit": "ms"}', "not a Chrome trace (no traceEvents)"),
+        (b'{"traceEvents": {"ph": "X"}}', "traceEvents is not a list"),
+        (b"42", "a JSON int"),
+        (b"[]", "no timed events"),
+        (b'{"traceEvents": [{"ph": "i", "ts": 1}, {"ph": "X", "ts": 1}, 3]}', "no timed events"),
+        (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2},', "not JSON"),
+        (b'[{"ph": "X", "ts": 1' + b"0" * 400 + b', "dur": 1}]', "no timed events"),
+        (b'[{"ph": "X", "ts": 1e999, "dur": 1}, {"ph": "X", "ts": 1, "dur": -1}]', "no timed"),
+        (b'[{"ph": "X", "ts": true, "dur": 1}, {"ph": "X", "ts": "1", "dur": 1}]', "no timed"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+        (b"", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"\x1f\x8b\x08\x00 not really gzip", "gzip"),
+        (gzip.compress(b'{"traceEvents": [')[:-10], "gzip"),
+        (gzip.compress(b"not json"), "not JSON"),
+    ],
+)
+def test_files_that_are_not_traces_are_one_line(tmp_path, content, expected):
+    path = tmp_path / "x.json"
+    path.write_bytes(content)
+    _refused(path, expected)
+
+
+def test_traces_kineto_writes_not_quite_as_json_are_mended(tmp_path):
+    """Windows paths unescaped in with_stack frames, bytes that are not UTF-8 and raw
+    control characters in names: the names suffer, the times are read."""
+    step = b'{"ph": "X", "name": "ProfilerStep#1", "ts": 0, "dur": 100},'
+    names = b'"torch\\cuda\\__init__.py(219): _lazy_init \xff\x01 C:\\users"'
+    fetch = b'{"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"'
+    path = tmp_path / "windows.json"
+    path.write_bytes(
+        b'{"traceEvents": [' + step + b'{"ph": "X", "cat": "python_function", "name": '
+        + names + b', "ts": 1, "dur": 2},' + fetch + b', "ts": 10, "dur": 40}]}'
+    )  # fmt: skip
+    events = trace.load_events(path)
+    assert "_lazy_init" in events[1]["name"]
+    assert trace.analyze(events).data_wait_share == pytest.approx(0.4)
+
+
+def test_missing_file_and_directory_are_one_line(tmp_path):
+    _refused(tmp_path / "absent.json", "no such file")
+    _refused(tmp_path, "is a directory")
+
+
+def test_a_trace_spanning_no_time_is_refused_by_name(tmp_path):
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps([{"ph": "X", "name": "a", "ts": 5, "dur": 0}]))
+    with pytest.raises(UsageError, match=r"^--trace .*zero\.json: the trace's events span"):
+        trace.run(path)
+
+
+# Advice thresholds, from metrics alone
+
+
+def judged(**figures) -> tuple:
+    metrics = []
+    for name, v in figures.items():
+        if isinstance(v, tuple):
+            metrics.append(Metric.repeated(name, v, "ms"))
+        else:
+            metrics.append(Metric.single(name, v, "fraction"))
+    return advise(metrics, {})
+
+
+@pytest.mark.parametrize(
+    ("share", "severity"),
+    [
+        (0.0, Severity.OK),
+        (0.05, Severity.OK),
+        (0.0501, Severity.WARNING),
+        (0.20, Severity.WARNING),
+        (0.2001, Severity.CRITICAL),
+    ],
+)
+def test_data_bound_thresholds(share, severity):
+    f = finding(judged(data_wait_share=share), "profile.data-bound")
+    assert f.severity is severity
+    assert f.gain.value == pytest.approx(share)
+    if severity is Severity.CRITICAL:
+        assert "highly input-bound" in f.title
+    elif severity is Severity.WARNING:
+        assert "moderately input-bound" in f.title
+        assert LOADER_LINE in f.recommendation
+        for command in ("loader", "starve", "io", "pad"):
+            assert f"`starvecheck {command}`" in f.recommendation
+
+
+def test_data_bound_counts_the_steps_that_wait():
+    f = finding(
+        judged(
+            data_wait_share=0.1,
+            data_wait_ms=(1.0, 5.0, 6.0, 30.0),
+            step_ms=(100.0, 100.0, 100.0, 100.0),
+        ),
+        "profile.data-bound",
+    )
+    assert "2 of 4 steps wait more than 5%" in f.evidence
+
+
+def test_workers_needed():
+    assert workers_needed(30, 100) == 2  # 0.43 workers keep level: at least 2
+    assert workers_needed(80, 100) == 5  # 4 keep level, one spare
+    assert workers_needed(100, 100) is None
+
+
+@pytest.mark.parametrize(
+    ("idle", "host", "other", "severity"),
+    [
+        (0.20, 0.0, 0.20, None),  # not above 20%
+        (0.30, 0.20, 0.10, None),  # mostly waiting for data
+        (0.30, 0.15, 0.15, None),  # half: not mostly other
+        (0.30, 0.05, 0.25, Severity.WARNING),
+        (0.70, 0.10, 0.60, Severity.CRITICAL),
+    ],
+)
+def test_gpu_idle_thresholds(idle, host, other, severity):
+    f = finding(
+        judged(
+            gpu_idle_share=idle,
+            gpu_idle_host_wait_share=host,
+            gpu_idle_other_share=other,
+        ),
+        "profile.gpu-idle",
+    )
+    assert (f.severity if f else None) is severity
+    if f:
+        assert f.gain.value == pytest.approx(other)
+
+
+def test_gpu_idle_without_a_fetch_is_all_unexplained():
+    f = finding(judged(gpu_idle_share=0.4), "profile.gpu-idle")
+    assert f.severity is Severity.WARNING and f.gain.value == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(
+    ("share", "pageable", "fires"),
+    [(0.10, 0.10, False), (0.11, 0.11, True), (0.11, 0.0, True)],
+)
+def test_memcpy_threshold(share, pageable, fires):
+    f = finding(judged(memcpy_share=share, memcpy_pageable_share=pageable), "profile.memcpy")
+    assert (f is not None) is fires
+    if f:
+        assert f.severity is Severity.WARNING
+        assert ("pin_memory=True" in f.recommendation) is (pageable > 0)
+        assert "non_blocking=True" in f.recommendation
+
+
+@pytest.mark.parametrize(("first", "fires"), [(300.0, False), (301.0, True)])
+def test_first_step_stall(first, fires):
+    f = finding(
+        judged(first_step_ms=first, step_ms=(90.0, 100.0, 110.0)), "profile.first-step-stall"
+    )
+    assert (f is not None) is fires
+    if f:
+        assert f.severity is Severity.INFO
+
+
+def test_nothing_measured_nothing_said():
+    assert judged() == ()
+
+
+# A real trace, written by torch.profiler here
+
+
+def test_a_real_torch_profiler_trace(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, record_function, schedule
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int):
+            time.sleep(0.005)  # 5 ms a sample, 20 ms a batch of 4
+            return torch.zeros(8)
+
+    loader = torch.utils.data.DataLoader(Slow(), batch_size=4, num_workers=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle"
+        with torch.profiler.profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=0, warmup=1, active=4),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(tmp_path)),
+        ) as prof:
+            for i, batch in enumerate(loader):
+                with record_function("FORWARD"):
+                    time.sleep(0.02)
+                    batch.sum()
+                prof.step()
+                if i == 4:  # one warm-up step and four active ones
+                    break
+    (path,) = tmp_path.glob("*.pt.trace.json")
+    r = trace.run(path)
+    v = values(r)
+    assert v["steps"] == 4
+    # ProfilerStep#1 to #4: the schedule's warm-up step was #0, so all four are measured.
+    assert r.parameters["warmup_steps"] == 0 and r.metric("step_ms").n == 4
+    assert 0.3 < v["data_wait_share"] < 0.7
+    assert r.parameters["dataloader"] == "_SingleProcessDataLoaderIter"
+    assert r.metric("gpu_idle_share").reason == trace.NO_GPU
+    assert r.metric("phase_ms.forward").median == pytest.approx(20, abs=15)
+    assert finding(r, "profile.data-bound").severity is Severity.CRITICAL
+
+
+# Garbage in: a usage error, nothing else
+
+
+def _load_or_refuse(path: Path) -> None:
+    try:
+        events = trace.load_events(path)
+    except UsageError as e:
+        assert "\n" not in str(e)
+        return
+    assert events and all(isinstance(e, dict) for e in events)
+    _analyze_or_refuse(events)
+
+
+def _analyze_or_refuse(events) -> None:
+    try:
+        a = trace.analyze(events)
+    except UsageError:
+        return
+    r = trace.result(a, "x.json")
+    for name in ("data_wait_share", *GPU_METRICS):
+        v = r.metric(name).value
+        assert v is None or -1e-9 <= v <= 1 + 1e-9, (name, v)
+    idle, host, other = (r.metric(n).value for n in GPU_METRICS[:3])
+    if idle is not None and host is not None and host <= idle:
+        assert host + other == pytest.approx(idle)
+
+
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner),
+    max_leaves=20,
+)
+NAMES = [
+    "ProfilerStep#x",
+    "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+    "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__",
+    "DATALOADER_WAIT",
+    "FORWARD",
+    "Memcpy HtoD (Pageable -> Device)",
+    "aten::mm",
+]
+CATEGORIES = ["user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"]
+numbers = st.one_of(
+    st.integers(0, 1000),  # twice as likely: timed events, so steps, fetches and kernels meet
+    st.integers(0, 1000),
+    st.integers(-10, 10**18),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.text(max_size=3),
+)
+events = st.lists(
+    st.fixed_dictionaries(
+        {
+            "ph": st.sampled_from(["X", "X", "X", "i", "M", "B"]),
+            "name": st.sampled_from(["ProfilerStep#0", "ProfilerStep#1", *NAMES]),
+            "cat": st.sampled_from([*CATEGORIES, 3]),
+            "ts": numbers,
+            "dur": numbers,
+            "pid": st.sampled_from([0, 1, "1", None]),
+        }
+    ),
+    max_size=30,
+)
+
+
+@SETTINGS
+@given(content=st.binary(max_size=300))
+def test_random_bytes_are_a_usage_error_at_worst(tmp_path, content):
+    path = tmp_path / "random.json"
+    path.write_bytes(content)
+    _load_or_refuse(path)
+    path.write_bytes(gzip.compress(content))
+    _load_or_refuse(path)
+
+
+@SETTINGS
+@given(value=json_values, wrap=st.booleans())
+def test_random_json_is_a_usage_error_at_worst(tmp_path, value, wrap):
+    path = tmp_path / "random.json"
+    path.write_text(json.dumps({"traceEvents": value} if wrap else value))
+    _load_or_refuse(path)
+
+
+@SETTINGS
+@given(evs=events)
+def test_random_events_give_shares_between_0_and_1(tmp_path, evs):
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps({"traceEvents": evs}))
+    _load_or_refuse(path)
+
+
+timed_events = st.lists(
+    st.builds(
+        lambda name, cat, ts, dur, pid: {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": ts,
+            "dur": dur,
+            "pid": pid,
+        },
+        st.sampled_from(["ProfilerStep#1", "ProfilerStep#2", *NAMES]),
+        st.sampled_from(CATEGORIES),
+        st.integers(0, 1000) | st.floats(0, 1000),
+        st.integers(0, 300) | st.floats(0, 300),
+        st.sampled_from([0, 1]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@SETTINGS
+@given(evs=timed_events)
+def test_every_step_share_is_a_share(evs):
+    """Whatever overlaps whatever, no step waits or idles longer than it lasts."""
+    _analyze_or_refuse(evs)
+    try:
+        a = trace.analyze(evs)
+    except UsageError:
+        return  # every event of no length
+    for s in a.steps:
+        assert 0 <= s.data_wait <= s.dur * (1 + 1e-9)
+        if s.gpu_busy is not None:
+            assert 0 <= s.gpu_idle_host_wait <= s.data_wait * (1 + 1e-9) + 1e-9
+            assert s.gpu_busy <= s.dur * (1 + 1e-9)
+            assert s.memcpy <= s.gpu_busy * (1 + 1e-9) + 1e-9
