@@ -38,6 +38,28 @@ def test_quick_loop_reports_both_layouts_with_five_phases(tmp_path):
     assert len(list(traces.glob("*.pt.trace.json"))) == 4  # one trace per scenario, kept
     assert "USDT" not in r.stderr and "Warning" not in r.stderr
 
+    # Each trace, read back by `profile --trace`, gives the loop's own figures: the
+    # same steps (the schedule's warm-up is not in the trace), the same phases.
+    for path in sorted(traces.glob("*.pt.trace.json")):
+        key = path.name.split(".", 1)[0].replace(
+            "-", "."
+        )  # small_files-w0.<host>... -> small_files.w0
+        back = run("profile", "--trace", str(path), "--json", "-")
+        assert back.exit_code == 0, back.stderr
+        t = metrics(back)
+        assert t["step_ms"]["n"] == 3 and "first_step_ms" not in t
+        assert back.json["stages"][0]["parameters"]["data_wait_source"].startswith(
+            "DATALOADER_WAIT"
+        )
+        for phase in PHASES:
+            assert t[f"phase_ms.{phase}"]["median"] == pytest.approx(
+                m[f"phase_ms.{phase}.{key}"]["median"], rel=0.1, abs=1.0
+            ), (path.name, phase)
+        assert t["data_wait_share"]["value"] == pytest.approx(
+            m[f"data_wait_share.{key}"]["value"], abs=0.03
+        )
+        assert t["gpu_idle_share"]["value"] is None  # a CPU run: no kernels
+
 
 def test_collate_reads_bytes_as_u16_tokens_modulo_the_vocabulary():
     torch = pytest.importorskip("torch")

@@ -18,7 +18,7 @@ from starvecheck.advice.trace import advise, workers_needed
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.stages import trace
 from starvecheck.status import UsageError
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, run
 
 TRACES = FIXTURES / "traces"
 LOADER_LINE = (
@@ -520,3 +520,56 @@ def test_every_step_share_is_a_share(evs):
             assert 0 <= s.gpu_idle_host_wait <= s.data_wait * (1 + 1e-9) + 1e-9
             assert s.gpu_busy <= s.dur * (1 + 1e-9)
             assert s.memcpy <= s.gpu_busy * (1 + 1e-9) + 1e-9
+
+
+# The command line: `starvecheck profile --trace FILE`
+
+
+def test_cli_reports_the_known_shares_of_a_gzipped_trace():
+    r = run("profile", "--trace", str(TRACES / "gpu.json.gz"), "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    (stage,) = r.json["stages"]
+    got = {m["name"]: m["value"] for m in stage["metrics"]}
+    assert got["step_ms"] == pytest.approx(100)
+    assert got["data_wait_share"] == pytest.approx(0.30)
+    assert got["gpu_idle_share"] == pytest.approx(0.41)
+    assert got["gpu_idle_host_wait_share"] == pytest.approx(0.30)
+    assert got["memcpy_share"] == pytest.approx(0.12)
+    assert r.json["machine"] == {}  # the trace is another machine's run, not this one's
+    assert r.json["checklist"][0]["id"] == "profile.data-bound"
+
+
+def test_cli_terminal_report_breaks_the_step_down():
+    r = run("profile", "--trace", str(TRACES / "gpu.json"))
+    assert r.exit_code == 0, r.stderr
+    rows = {line.strip().split("  ")[0]: line for line in r.stdout.splitlines()}
+    assert rows["step (2 of 3 measured)"].rstrip().endswith("100.0%")
+    assert rows["GPU idle"].rstrip().endswith("41.0%")
+    assert rows["↳ other (launches, syncs, host code)"].rstrip().endswith("11.0%")
+    assert "400.0" in rows["first step (left out)"]
+    assert "[profile.first-step-stall]" in r.stdout
+
+
+def test_cli_fail_on_gates_a_ci_job_on_a_trace():
+    r = run("profile", "--trace", str(TRACES / "cpu_only.json"), "--fail-on", "critical")
+    assert r.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "drop --workers"),
+        (["--cold", "--steps", "3"], "drop --steps, --cold"),
+        (["--device", "cpu"], "drop --device"),
+        (["somewhere"], "drop PATH"),
+    ],
+)
+def test_cli_trace_with_loop_options_is_one_line(argv, message):
+    r = run("profile", "--trace", str(TRACES / "gpu.json"), *argv)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_cli_missing_trace_is_one_line(tmp_path):
+    r = run("profile", "--trace", str(tmp_path / "nope.json"))
+    assert r.exit_code == 2
+    assert r.stderr == f"starvecheck: error: --trace {tmp_path / 'nope.json'}: no such file\n"

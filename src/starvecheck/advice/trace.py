@@ -14,10 +14,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from starvecheck.advice.profile import INPUT_BOUND, severity
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
 
-INPUT_BOUND = 0.05
-HIGHLY_INPUT_BOUND = 0.20
 GPU_IDLE = 0.20  # GPU idle share worth a finding, when data wait does not explain most of it
 GPU_IDLE_CRITICAL = 0.50  # idle for other reasons over half the step
 MEMCPY = 0.10
@@ -37,12 +36,6 @@ def _get(m: Mapping[str, Metric], name: str) -> Metric | None:
 def _v(m: Mapping[str, Metric], name: str) -> float | None:
     x = _get(m, name)
     return x.value if x is not None else None
-
-
-def severity(share: float) -> Severity:
-    if share > HIGHLY_INPUT_BOUND:
-        return Severity.CRITICAL
-    return Severity.WARNING if share > INPUT_BOUND else Severity.OK
 
 
 def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:

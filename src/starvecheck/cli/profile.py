@@ -23,6 +23,7 @@ from starvecheck.cli.common import (
     progress_bar,
     warning,
 )
+from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
 
@@ -94,6 +95,16 @@ def profile(
             show_default=False,
         ),
     ] = None,
+    trace: Annotated[
+        str | None,
+        typer.Option(
+            "--trace",
+            metavar="FILE",
+            help="Analyse this torch.profiler (Kineto) Chrome trace, .json or .json.gz, "
+            "instead of running a loop: step time, data wait, GPU idle, copies.",
+            show_default=False,
+        ),
+    ] = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -104,11 +115,30 @@ def profile(
     A small GPT-2 (random weights, nothing downloaded) trains on token sequences stored
     one file per sample and as MDS shards, for each num_workers; each step is timed in
     five phases: data wait, host-to-device copy, forward, backward, optimizer.
+    With --trace FILE, your own run's trace is analysed instead.
     """
-    from starvecheck.probe.machine import collect
-
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
+    if trace is not None:
+        loop_options = {
+            "PATH": path is not None,
+            "--workers": workers is not None,
+            "--steps": steps is not None,
+            "--model-size": model_size is not ModelSize.auto,
+            "--device": device is not Device.auto,
+            "--cold": cold,
+            "--trace-dir": trace_dir is not None,
+        }
+        given = [name for name, set_ in loop_options.items() if set_]
+        if given:
+            raise UsageError(f"--trace reads a trace and runs no loop: drop {', '.join(given)}")
+        from starvecheck.stages import trace as trace_stage
+
+        result = trace_stage.run(trace)
+        # The trace describes the machine it was recorded on, not this one.
+        return emit(build_report("profile", {}, [result], c), out, c)
+
+    from starvecheck.probe.machine import collect
     from starvecheck.stages import profile as profile_stage
 
     target = args.data_path(path, False, "profile")

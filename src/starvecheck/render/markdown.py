@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, profile, sweep, throughput
+from starvecheck.render import loader, pad, profile, sweep, throughput, trace
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -69,6 +69,10 @@ def serialize(report: Report) -> str:
         profile_rows, rest = profile.split(rest)
         if profile_rows:
             out += [*_table(profile.HEADERS, profile_rows), ""]
+        trace_rows, rest, trace_notes = trace.split(rest)
+        if trace_rows:
+            out += [*_table(trace.HEADERS, trace_rows), ""]
+            out += [*(f"_{n}_" for n in trace_notes), ""] if trace_notes else []
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             out += _table(headers, rows)

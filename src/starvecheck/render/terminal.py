@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, profile, sweep, throughput
+from starvecheck.render import loader, pad, profile, sweep, throughput, trace
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -82,13 +82,19 @@ def render(report: Report, console: Any) -> None:
             console.print()
             right = range(1, len(profile.HEADERS))
             console.print(_table(stage.stage, profile.HEADERS, profile_rows, right=right))
+        trace_rows, rest, trace_notes = trace.split(rest)
+        if trace_rows:
+            console.print()
+            console.print(_table(stage.stage, trace.HEADERS, trace_rows, right=range(1, 3)))
+            for line in trace_notes:
+                console.print(Text(line, style="dim"))
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             console.print()
             console.print(_table(stage.stage, headers, rows, right=range(1, len(headers))))
         if rest:
             console.print()
-            titled = rates or rows or loader_rows or pad_rows or profile_rows
+            titled = rates or rows or loader_rows or pad_rows or profile_rows or trace_rows
             console.print(_metrics_table("" if titled else stage.stage, tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))

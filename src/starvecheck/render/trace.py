@@ -1,0 +1,80 @@
+"""Where a step's time goes, for a trace read by `profile --trace` and for `watch`.
+
+Both stages report plain names (`step_ms`, `data_wait_share`, `gpu_idle_share`, ...);
+a person reads them as one breakdown of the step: each figure in ms per step where
+it was timed per step, and as a share of the step.
+"""
+
+from __future__ import annotations
+
+from starvecheck.model import Metric
+
+HEADERS = ("per step", "ms (median ± σ)", "share of step")
+# (metric, label, indented under the row above); the order people read a step in.
+_SHARES = (
+    ("data_wait_share", "data wait", False),
+    ("gpu_idle_share", "GPU idle", False),
+    ("gpu_idle_host_wait_share", "while the host waits for data", True),
+    ("gpu_idle_other_share", "other (launches, syncs, host code)", True),
+    ("memcpy_share", "GPU copies (memcpy)", False),
+    ("memcpy_pageable_share", "from pageable memory", True),
+)
+_MS = {"data_wait_share": "data_wait_ms"}
+_PHASE = "phase_ms."
+
+
+def _ms(m: Metric | None) -> str:
+    if m is None or m.value is None:
+        return ""
+    digits = 1 if m.value < 1000 else 0
+    text = f"{m.value:,.{digits}f}"
+    return text + (f" ± {m.stdev:,.{digits}f}" if m.n > 1 and m.stdev is not None else "")
+
+
+def split(
+    metrics: tuple[Metric, ...] | list[Metric],
+) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+    """(rows, other metrics, notes); no rows unless the metrics are a step breakdown
+    (a plain `step_ms` beside a plain `data_wait_share`)."""
+    by_name = {m.name: m for m in metrics}
+    step = by_name.get("step_ms")
+    if step is None or "data_wait_share" not in by_name:
+        return [], list(metrics), []
+    used = {"step_ms", "steps", "first_step_ms"}
+    steps = by_name.get("steps")
+    label = "step"
+    if steps is not None and steps.value is not None and step.n and steps.value != step.n:
+        label = f"step ({step.n} of {int(steps.value)} measured)"
+    elif step.n:
+        label = f"step ({step.n} measured)"
+    rows: list[tuple[str, ...]] = [(label, _ms(step), "100.0%")]
+    notes: list[str] = []
+    for name, text, nested in _SHARES:
+        m = by_name.get(name)
+        if m is None:
+            continue
+        used.add(name)
+        ms = by_name.get(_MS.get(name, ""))
+        if ms is not None:
+            used.add(ms.name)
+        label = f"  ↳ {text}" if nested else text
+        if m.value is None:
+            rows.append((label, "", "n/a"))
+            note = f"n/a: {m.reason or 'not measured'}"
+            if note not in notes:
+                notes.append(note)
+            continue
+        rows.append((label, _ms(ms), f"{m.value:.1%}"))
+    total = sum(step.values) if step.values else 0.0
+    for m in metrics:
+        if not m.name.startswith(_PHASE) or m.value is None:
+            continue
+        used.add(m.name)
+        share = sum(m.values) / total if total and m.n == step.n else None
+        rows.append(
+            (f"phase {m.name[len(_PHASE) :]}", _ms(m), "" if share is None else f"{share:.1%}")
+        )
+    first = by_name.get("first_step_ms")
+    if first is not None and first.value is not None:
+        rows.append(("first step (left out)", _ms(first), ""))
+    return rows, [m for m in metrics if m.name not in used], notes
