@@ -1,6 +1,23 @@
 """starvecheck: why is my GPU waiting, and what do I change first?"""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starvecheck.watcher import Watch
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "watch"]
+
+
+def watch(iterable: Any, **options: Any) -> Watch[Any]:
+    """Time your own training loop's wait for data: `for batch in watch(loader): ...`.
+    Options: sync (torch.cuda.synchronize() each step), every (print every N steps),
+    file (default stderr), show (print at the end). See starvecheck.watcher."""
+    from starvecheck.watcher import watch as _watch
+
+    return _watch(iterable, **options)
 
 
 def entry() -> int:

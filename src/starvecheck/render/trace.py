@@ -20,6 +20,7 @@ _SHARES = (
     ("memcpy_pageable_share", "from pageable memory", True),
 )
 _MS = {"data_wait_share": "data_wait_ms"}
+_FIRST = (("first_step_ms", "first step (left out)"), ("first_wait_ms", "  ↳ its data wait"))
 _PHASE = "phase_ms."
 
 
@@ -31,6 +32,10 @@ def _ms(m: Metric | None) -> str:
     return text + (f" ± {m.stdev:,.{digits}f}" if m.n > 1 and m.stdev is not None else "")
 
 
+def _share(value: float | None) -> str:
+    return "" if value is None else f"{value:.1%}"
+
+
 def split(
     metrics: tuple[Metric, ...] | list[Metric],
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
@@ -40,7 +45,7 @@ def split(
     step = by_name.get("step_ms")
     if step is None or "data_wait_share" not in by_name:
         return [], list(metrics), []
-    used = {"step_ms", "steps", "first_step_ms"}
+    used = {"step_ms", "steps"}
     steps = by_name.get("steps")
     label = "step"
     if steps is not None and steps.value is not None and step.n and steps.value != step.n:
@@ -66,15 +71,25 @@ def split(
             continue
         rows.append((label, _ms(ms), f"{m.value:.1%}"))
     total = sum(step.values) if step.values else 0.0
+    compute = by_name.get("compute_ms")  # watch: the loop's own step, after its batch came
+    if compute is not None and compute.value is not None:
+        used.add(compute.name)
+        share = sum(compute.values) / total if total and compute.n == step.n else None
+        rows.append(
+            ("compute (the loop's step)", _ms(compute), "" if share is None else f"{share:.1%}")
+        )
     for m in metrics:
         if not m.name.startswith(_PHASE) or m.value is None:
             continue
         used.add(m.name)
         share = sum(m.values) / total if total and m.n == step.n else None
-        rows.append(
-            (f"phase {m.name[len(_PHASE) :]}", _ms(m), "" if share is None else f"{share:.1%}")
-        )
-    first = by_name.get("first_step_ms")
-    if first is not None and first.value is not None:
-        rows.append(("first step (left out)", _ms(first), ""))
+        rows.append((f"phase {m.name[len(_PHASE) :]}", _ms(m), _share(share)))
+    for name, text in (
+        ("first_step_ms", "first step (left out)"),
+        ("first_wait_ms", "  ↳ its data wait"),
+    ):
+        first = by_name.get(name)
+        if first is not None and first.value is not None:
+            used.add(name)
+            rows.append((text, _ms(first), ""))
     return rows, [m for m in metrics if m.name not in used], notes

@@ -1,0 +1,237 @@
+"""`starvecheck.watch(loader)`: how long your own training loop waits for data.
+
+Wrap the iterable your loop already uses; nothing else changes:
+
+    for batch in starvecheck.watch(loader, sync=True):
+        train_step(batch)
+
+For each batch it times two things with `time.perf_counter`:
+
+  wait     the call to `next()` on your iterable: the loop waits for data
+  compute  from receiving a batch to asking for the next one: your step
+
+so a step is wait + compute and the data-wait share is the summed waits over the
+summed steps. With `sync=True` it calls `torch.cuda.synchronize()` before it starts
+timing each wait, so a step's queued GPU work counts as compute instead of showing
+up later as time spent in `next()`. The first step (worker start-up, CUDA
+context, first-batch prefetch) is left out of every figure and reported on its own.
+
+At the end of each pass (and every `every` steps) it prints the step breakdown and
+the checklist that `starvecheck profile --trace` gives for a trace, to stderr, or
+returns it: `report()`, `result()`, `summary()`. The per-step cost is a few
+perf_counter calls and two list appends (see benchmarks/watch_overhead.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TextIO, TypeVar
+
+from starvecheck.model import Metric, Report, StageResult
+
+T = TypeVar("T")
+SOURCE = "starvecheck.watch"
+
+
+class Watch(Generic[T]):
+    """An iterable over `iterable`'s items that times the loop consuming them."""
+
+    def __init__(
+        self,
+        iterable: Iterable[T],
+        *,
+        sync: bool = False,
+        every: int | None = None,
+        file: TextIO | None = None,
+        show: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError(f"every must be a positive number of steps, not {every!r}")
+        self.iterable = iterable
+        self.sync = sync
+        self.every = every
+        self.file = file
+        self.show = show
+        self.clock = clock
+        self.waits = array("d")  # seconds, one per completed step
+        self.computes = array("d")
+        self.passes = 0
+        self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
+        self.notes: list[str] = []
+        self._synchronize: Callable[[], None] | None = None
+        self._printed_at = 0  # steps completed when the report was last printed
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[T]:
+        sync = self._sync()
+        clock = self.clock
+        waits, computes = self.waits, self.computes
+        every = self.every
+        it = iter(self.iterable)
+        self.iterator = type(it).__name__
+        self.passes += 1
+        received = None  # when the loop got its last batch; None before the first
+        try:
+            while True:
+                sync()
+                asked = clock()
+                if received is not None:
+                    computes.append(asked - received)
+                    if every and len(computes) % every == 0:
+                        self._print()
+                        self._printed_at = len(computes)
+                        asked = clock()  # printing is ours: counted in neither figure
+                try:
+                    item = next(it)
+                except StopIteration:
+                    break
+                received = clock()
+                waits.append(received - asked)
+                yield item
+        except GeneratorExit:
+            # The loop stopped early (break, an exception): its last step ends now.
+            if received is not None and len(computes) < len(waits):
+                computes.append(clock() - received)
+            raise
+        finally:
+            if len(waits) > len(computes):  # a batch whose step never finished
+                waits.pop()
+            if self.show and len(computes) != self._printed_at:
+                self._print()
+                self._printed_at = len(computes)
+
+    def _sync(self) -> Callable[[], None]:
+        if self._synchronize is not None:
+            return self._synchronize
+        self._synchronize = _nothing
+        if self.sync:
+            import torch
+
+            if torch.cuda.is_available():
+                self._synchronize = torch.cuda.synchronize
+            else:
+                self.notes.append(
+                    "sync=True, but torch sees no CUDA device: nothing to synchronise"
+                )
+        return self._synchronize
+
+    # What it found
+
+    def metrics(self) -> list[Metric]:
+        steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
+        out = [Metric.single("steps", len(steps), "steps")]
+        if not steps:
+            return [
+                *out,
+                Metric.missing("step_ms", "ms", "no step completed"),
+                Metric.missing("data_wait_share", "fraction", "no step completed"),
+            ]
+        first, rest = (1, steps[1:]) if len(steps) > 1 else (0, steps)
+        waits, computes = self.waits[first:], self.computes[first:]
+        total = sum(rest)
+        out += [
+            Metric.repeated("step_ms", [s * 1e3 for s in rest], "ms"),
+            Metric.repeated("data_wait_ms", [w * 1e3 for w in waits], "ms"),
+            Metric.repeated("compute_ms", [c * 1e3 for c in computes], "ms"),
+            Metric.single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
+        ]
+        if first:
+            out += [
+                Metric.single("first_step_ms", steps[0] * 1e3, "ms"),
+                Metric.single("first_wait_ms", self.waits[0] * 1e3, "ms"),
+            ]
+        return out
+
+    def result(self) -> StageResult:
+        from starvecheck.advice.trace import advise
+
+        metrics = self.metrics()
+        params: dict[str, Any] = {
+            "data_wait_source": SOURCE,
+            "dataloader": self.iterator,
+            "sync": self.sync,
+            "passes": self.passes,
+        }
+        caveats = list(self.notes)
+        if len(self.computes) > 1:
+            caveats.append(
+                "the first step is left out of every figure as a warm-up (worker start-up, "
+                "CUDA context, the first prefetch)"
+            )
+        if not self.sync and _cuda_in_use():
+            caveats.append(
+                "sync=False: on a GPU, work the step queued but did not wait for shows up as "
+                "data wait in the next next(); pass sync=True to time each step to its end"
+            )
+        return StageResult(
+            stage="watch",
+            parameters=params,
+            metrics=tuple(metrics),
+            findings=advise(metrics, params) if len(self.computes) else (),
+            caveats=tuple(caveats),
+        )
+
+    def report(self) -> Report:
+        from starvecheck import __version__
+        from starvecheck.advice import rank, verdict
+        from starvecheck.context import _utc_now
+
+        result = self.result()
+        checklist = rank(result.findings)
+        return Report(
+            command="watch",
+            machine={},
+            stages=(result,),
+            checklist=checklist,
+            verdict=verdict(checklist, len(result.findings)),
+            tool_version=__version__,
+            created_at=_utc_now(),
+        )
+
+    def summary(self, color: bool = False, width: int | None = 100) -> str:
+        """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
+        import os
+
+        from starvecheck.context import Context
+        from starvecheck.render.terminal import render
+
+        c = Context(stdout_isatty=color, width=width, environ=os.environ)
+        console = c.console()
+        with console.capture() as captured:
+            render(self.report(), console)
+        return "\n".join(line.rstrip() for line in captured.get().split("\n"))
+
+    def _print(self) -> None:
+        stream = self.file or sys.stderr
+        isatty = bool(getattr(stream, "isatty", lambda: False)())
+        stream.write(self.summary(color=isatty, width=None if isatty else 100))
+        stream.flush()
+
+
+def _nothing() -> None:
+    pass
+
+
+def watch(
+    iterable: Iterable[T],
+    *,
+    sync: bool = False,
+    every: int | None = None,
+    file: TextIO | None = None,
+    show: bool = True,
+) -> Watch[T]:
+    """Wrap the iterable a training loop consumes; see the module docstring."""
+    return Watch(iterable, sync=sync, every=every, file=file, show=show)
+
+
+def _cuda_in_use() -> bool:
+    """Whether the loop could be queueing GPU work: torch loaded and a device there.
+    Never imports torch itself."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
