@@ -122,3 +122,20 @@ def test_cold_says_whether_the_cache_was_really_emptied(tmp_path):
         resident = m[f"resident_before.{layout}"]["value"]
         warned = any(c.startswith("--cold: ") and f"of {layout} was still" in c for c in caveats)
         assert warned == (resident > 0.05)  # tmpfs keeps it all, and says so
+
+
+def _h2d(h2d_ms, step_ms, device="cuda"):
+    ms = [
+        Metric.single("data_wait_share.mds.w2", 0.01, "fraction"),
+        Metric.repeated("phase_ms.h2d_transfer.mds.w2", h2d_ms, "ms"),
+        Metric.repeated("step_ms.mds.w2", step_ms, "ms"),
+    ]
+    return {f.id: f for f in advise(ms, {"device": device})}.get("profile.h2d")
+
+
+def test_h2d_copies_over_a_tenth_of_the_step_are_a_finding():
+    assert _h2d([1.0, 1.0], [100.0, 100.0]) is None
+    assert _h2d([10.0, 10.0], [100.0, 100.0]) is None  # exactly 10%: not over
+    f = _h2d([30.0, 10.0], [100.0, 100.0])  # summed: 40 of 200
+    assert f is not None and f.gain.value == pytest.approx(0.20)
+    assert "non_blocking=True" in f.recommendation and "mds with num_workers=2" in f.evidence

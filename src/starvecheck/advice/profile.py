@@ -18,6 +18,7 @@ from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
 INPUT_BOUND = 0.05
 HIGHLY_INPUT_BOUND = 0.20
 LAYOUT_GAP = 0.05
+H2D_SHARE = 0.10  # copies over a tenth of the step are worth overlapping
 
 _SHARE = re.compile(r"data_wait_share\.(?P<layout>[a-z_]+)\.w(?P<w>\d+)")
 
@@ -48,8 +49,42 @@ def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Findin
     s = shares(metrics)
     if not s:
         return ()
-    findings = [_best(s), _workers(s), _layout(s)]
+    findings = [_best(s), _workers(s), _layout(s), _h2d(metrics, params)]
     return tuple(f for f in findings if f is not None)
+
+
+def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
+    """Copies the loop waits for: the loop times H2D_TRANSFER to its end (synchronised on
+    CUDA), which is what a loop pays when the copy does not overlap compute."""
+    by_name = {m.name: m for m in metrics}
+    worst = None
+    for m in metrics:
+        if not m.name.startswith("phase_ms.h2d_transfer.") or not m.values:
+            continue
+        key = m.name.removeprefix("phase_ms.h2d_transfer.")
+        step = by_name.get(f"step_ms.{key}")
+        if step is None or not step.values or sum(step.values) <= 0:
+            continue
+        share = sum(m.values) / sum(step.values)
+        if worst is None or share > worst[0]:
+            worst = (share, key)
+    if worst is None or worst[0] <= H2D_SHARE:
+        return None
+    share, key = worst
+    pinned = params.get("device") == "cuda"  # the loop pins its batches on CUDA
+    return Finding(
+        "profile.h2d",
+        Severity.WARNING,
+        f"Host-to-device copies take {share:.0%} of each step, not overlapped with compute",
+        evidence=f"{key.replace('.w', ' with num_workers=')}: H2D_TRANSFER is {share:.1%} of the "
+        "summed step time" + (" (pinned batches, timed to the copy's end)" if pinned else ""),
+        recommendation="Overlap the copy with compute: `DataLoader(..., pin_memory=True)`, "
+        "`batch.to(device, non_blocking=True)`, and copy the next batch on a side "
+        "`torch.cuda.Stream()` while this one trains (a prefetcher); send less (int32 token "
+        "ids, uint8 images normalised on the GPU). `starvecheck pcie` measures the link.",
+        gain=Gain(GainKind.STEP_SHARE, round(share, 4), "copy time in the step; at most"),
+        stage="profile",
+    )
 
 
 def _best(s: Mapping[tuple[str, int], float]) -> Finding:
