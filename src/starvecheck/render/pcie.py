@@ -145,9 +145,16 @@ def _sweep_table(
         notes.append(f"size sweep: {why}")
         return
     order = {"h2d": 0, "d2h": 1}
+    memories = {
+        "pinned": 0,
+        "pageable": 1,
+        "pageable, fresh buffer": 2,
+        "pinned, CUDA runtime": 3,
+    }
     rows = []
     for (d, memory, size, _ref), cells in sorted(
-        sweep.items(), key=lambda kv: (order[kv[0][0]], _size_key(kv[0][2]), kv[0][1])
+        sweep.items(),
+        key=lambda kv: (order[kv[0][0]], _size_key(kv[0][2]), memories.get(kv[0][1], 9)),
     ):
         wall = cells.get("wall")
         rows.append(
