@@ -172,3 +172,14 @@ def test_the_command_on_the_stand_in_exits_0_with_a_json_report(fake, monkeypatc
     assert st["parameters"]["sizes"] == ["1MiB", "2MiB"]
     text = run("pcie", "--sizes", "1M", "--runs", "3").stdout
     assert "size sweep" in text and "overlap" in text and "under load" in text
+
+
+def test_a_fake_sysroot_is_reported_not_measured(fake):
+    from tests.conftest import sysroot_env
+
+    r = run("pcie", "--quick", "--json", "-", env=sysroot_env("baremetal-numa-8gpu"))
+    assert r.exit_code == 3
+    (line,) = r.stderr.splitlines()
+    assert "pcie measures this machine's GPU: STARVECHECK_SYSROOT=" in line
+    assert r.json["stages"][0]["parameters"]["cuda"] is False
+    assert sys.modules["torch"].calls["pinned"] == 0  # nothing was measured

@@ -71,12 +71,18 @@ def pcie(
         plan = pcie_stage.Plan(plan.sizes, runs, plan.warmup, quick, plan.load_s)
     machine = collect(sysroot_of(c), environ=c.environ)
     reason = pcie_stage.cuda_unavailable()
+    message = f"pcie needs a CUDA device: {reason}"
+    if reason is None and not machine.real:
+        # Binding to a fake machine's NUMA nodes, or judging this GPU by another's link,
+        # would mix two machines in one report.
+        reason = f"STARVECHECK_SYSROOT={machine.sysroot} describes another machine"
+        message = f"pcie measures this machine's GPU: {reason}; unset it to measure"
     if reason is not None:
         # The host-side report first (JSON stays valid for scripts), then the one line
         # and exit 3 from cli.main: the measurement itself could not run here.
         result = pcie_stage.cpu_side(machine, reason=reason, plan=plan)
         emit(build_report("pcie", machine.to_dict(), [result], c), out, c)
-        raise Unavailable(f"pcie needs a CUDA device: {reason}")
+        raise Unavailable(message)
     with progress_bar(c, out) as progress:
         result = pcie_stage.run(plan, machine, progress, warn=lambda m: warning(c, m))
     return emit(build_report("pcie", machine.to_dict(), [result], c), out, c)

@@ -5,6 +5,7 @@ Called only by stages/pcie.run once a device is known to be there."""
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from starvecheck.model import Metric
 from starvecheck.stages import bandwidth as bw
 from starvecheck.stages import copies
 from starvecheck.stages.bandwidth import size_name
+from starvecheck.timing import stability_warnings
 
 
 class Measurement:
@@ -31,6 +33,7 @@ class Measurement:
         self.parameters: dict[str, Any] = {}
         self.steps = len(sizes.sizes) + 4 + 1 + 1 + (2 if len(facts.nodes) > 1 else 0)
         self.done = 0
+        self.unstable: list[str] = []
 
     def _step(self, what: str) -> None:
         self.progress(what, self.done, self.steps)
@@ -49,6 +52,13 @@ class Measurement:
             torch_cuda=torch.version.cuda,
         )
         self.sweep()
+        if self.unstable:
+            self.caveats.append(
+                "runs vary by 10% or more of the median (stdev/median), or hold outliers: "
+                + ", ".join(self.unstable)
+                + "; other work on this GPU or CPU, or a link changing speed: close it and "
+                "add --runs"
+            )
         ref = bw.reference_size(self.sp.sizes)
         self.parameters["reference_size"] = size_name(ref) if ref else None
         self.reference(ref)
@@ -85,6 +95,10 @@ class Measurement:
                     continue
                 self.metrics.append(Metric.repeated(full, t.wall_gbps, "GB/s"))
                 self.metrics.append(Metric.repeated(f"{full}.events", t.event_gbps, "GB/s"))
+            for key, t in timings.items():
+                if t.wall_gbps and stability_warnings(t.wall_gbps):
+                    spread = statistics.stdev(t.wall_gbps) / statistics.median(t.wall_gbps)
+                    self.unstable.append(f"{key}.{name} {spread:.0%}")
             fresh = timings.get("d2h.pageable.fresh")
             if fresh is not None:
                 self.metrics.append(
@@ -256,6 +270,10 @@ class Measurement:
             )
             return
         local = self.parameters.get("gpu_numa_node")
+        if local is None and len(self.machine.gpus) == 1:
+            # NVML could not name the GPU; with one GPU on the machine it is that one.
+            local = self.machine.gpus[0].numa_node
+            self.parameters["gpu_numa_node"] = local
         if local is None or local not in nodes:
             for where in ("local", "remote"):
                 self.metrics.append(
