@@ -214,6 +214,14 @@ def test_reference_size():
     assert bw.reference_size(()) is None
 
 
+def test_the_overlap_size_halves_until_its_buffers_fit():
+    assert bw.overlap_size(None) == 256 * MiB
+    assert bw.overlap_size(3 * 256 * MiB) == 256 * MiB
+    assert bw.overlap_size(3 * 256 * MiB - 1) == 128 * MiB
+    assert bw.overlap_size(3 * MiB) == MiB
+    assert bw.overlap_size(3 * MiB - 1) is None
+
+
 def test_other_node_and_penalty():
     nodes = {0: frozenset({0, 1}), 1: frozenset({2, 3}), 2: frozenset()}
     assert bw.other_node(nodes, 0) == 1

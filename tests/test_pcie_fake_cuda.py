@@ -49,7 +49,10 @@ def machine_with(numa_cpus: list[str] | None = None):
         utilization_pct=None,
         source="nvml",
     )
-    m = dataclasses.replace(m, gpus=[gpu])
+    # 48 MiB left: a budget of 24 MiB, so the overlap, link and NUMA copies shrink
+    # from 256 MiB to 8 MiB (three buffers each) and the tests stay quick.
+    memory = dataclasses.replace(m.memory, available_bytes=48 * MiB, limit_bytes=None)
+    m = dataclasses.replace(m, gpus=[gpu], memory=memory)
     if numa_cpus:
         nodes = [NumaNodeInfo(i, cpus, None) for i, cpus in enumerate(numa_cpus)]
         m = dataclasses.replace(m, numa=Numa(len(nodes), nodes))
@@ -93,6 +96,7 @@ def test_every_step_reports_its_names(fake, monkeypatch):
     assert m["link.nvml_rx_gbps"].value == pytest.approx(2_000_000 * 1024 / 1e9)
     p = result.parameters
     assert p["cuda"] is True and p["reference_size"] == "4MiB" and p["pci_bus_id"]
+    assert p["overlap_size"] == "8MiB" and p["load_size"] == "8MiB"
     assert p["link_gens_seen"] == [1, 4]
     assert seen[-1][1] == seen[-1][2]  # the progress bar ends full
     assert sys.modules["pynvml"].initialised == 0  # NVML shut down again

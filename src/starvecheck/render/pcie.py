@@ -200,6 +200,7 @@ def _overlap_table(
         notes.append(f"overlap: {why}")
         return
     rows = []
+    unknown: dict[str, list[str]] = {}
     for mem in ("pageable", "pinned"):
         for mode in ("blocking", "non_blocking"):
             c = overlaps.get((mem, mode), {})
@@ -224,7 +225,8 @@ def _overlap_table(
                 )
             )
             if ratio is not None and ratio.value is None and ratio.reason:
-                notes.append(f"overlap {mem} {mode}: {ratio.reason}")
+                unknown.setdefault(ratio.reason, []).append(f"{mem} {mode}")
+    notes += [f"overlap {', '.join(which)}: {why}" for why, which in unknown.items()]
     tables.append(Table("overlap", OVERLAP_HEADERS, rows, 2))
     notes.append(
         "overlap = (sequential - together) / (sequential - the longer of the two): "

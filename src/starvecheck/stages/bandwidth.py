@@ -224,6 +224,18 @@ def reference_size(sizes: Sequence[int]) -> int | None:
     return max(below) if below else min(sizes)
 
 
+def overlap_size(budget: int | None) -> int | None:
+    """The copy size of the overlap experiment, the NUMA comparison and the link under
+    load, whatever --sizes says: long enough (REFERENCE_SIZE: 5 ms even at 55 GB/s) for
+    the CPU work to be timed against it, halved until its buffers fit the budget."""
+    size = REFERENCE_SIZE
+    while budget is not None and HOST_COPIES * size > budget:
+        size //= 2
+        if size < MiB:
+            return None
+    return size
+
+
 def other_node(nodes: dict[int, frozenset[int]], local: int) -> int | None:
     """A NUMA node with CPUs other than `local`: the nearest id above, else below."""
     others = sorted(n for n, cpus in nodes.items() if n != local and cpus)

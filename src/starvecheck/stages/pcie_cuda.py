@@ -62,9 +62,10 @@ class Measurement:
         ref = bw.reference_size(self.sp.sizes)
         self.parameters["reference_size"] = size_name(ref) if ref else None
         self.reference(ref)
-        self.overlap(ref)
-        self.link(max(self.sp.sizes) if self.sp.sizes else None, props)
-        self.numa(ref)
+        big = bw.overlap_size(self.sp.budget_bytes)
+        self.overlap(big)
+        self.link(max([*self.sp.sizes, big]) if big else None, props)
+        self.numa(big)
         self.progress("done", self.steps, self.steps)
 
     # 1. the size sweep
@@ -146,7 +147,8 @@ class Measurement:
                 key = f"overlap.{mem}.{mode}"
                 self._step(f"overlap, {mem}, {mode}")
                 if size is None:
-                    self.metrics.append(Metric.missing(key, "fraction", "no size measured"))
+                    why = "host memory too short for 1 MiB buffers"
+                    self.metrics.append(Metric.missing(key, "fraction", why))
                     continue
                 try:
                     med, cpu_s, copy_s, both_s = copies.overlap(
@@ -194,8 +196,9 @@ class Measurement:
                 self.metrics.append(Metric.missing(name, unit, why))
 
         if size is None:
-            missing("no size measured")
+            missing("host memory too short for 1 MiB buffers")
             return
+        self.parameters["load_size"] = size_name(size)
         try:
             import pynvml
 
