@@ -187,3 +187,10 @@ def test_a_fake_sysroot_is_reported_not_measured(fake):
     assert "pcie measures this machine's GPU: STARVECHECK_SYSROOT=" in line
     assert r.json["stages"][0]["parameters"]["cuda"] is False
     assert sys.modules["torch"].calls["pinned"] == 0  # nothing was measured
+
+
+def test_metric_names_put_the_size_before_the_variant():
+    from starvecheck.stages.pcie_cuda import metric_name
+
+    assert metric_name("h2d.pinned", "1MiB") == "h2d.pinned.1MiB"
+    assert metric_name("d2h.pageable.fresh", "256MiB") == "d2h.pageable.256MiB.fresh"

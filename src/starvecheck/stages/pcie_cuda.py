@@ -16,6 +16,13 @@ from starvecheck.stages.bandwidth import size_name
 from starvecheck.timing import stability_warnings
 
 
+def metric_name(key: str, size: str) -> str:
+    """ "h2d.pinned", "1MiB" -> "h2d.pinned.1MiB"; "d2h.pageable.fresh" ->
+    "d2h.pageable.1MiB.fresh" (the size before the variant, as the JSON names it)."""
+    direction, memory, *variant = key.split(".")
+    return ".".join([direction, memory, size, *variant])
+
+
 class Measurement:
     def __init__(
         self,
@@ -99,11 +106,13 @@ class Measurement:
             for key, t in timings.items():
                 if t.wall_gbps and stability_warnings(t.wall_gbps):
                     spread = statistics.stdev(t.wall_gbps) / statistics.median(t.wall_gbps)
-                    self.unstable.append(f"{key}.{name} {spread:.0%}")
+                    self.unstable.append(f"{metric_name(key, name)} {spread:.0%}")
             fresh = timings.get("d2h.pageable.fresh")
             if fresh is not None:
                 self.metrics.append(
-                    Metric.repeated(f"d2h.pageable.{name}.fresh", fresh.wall_gbps, "GB/s")
+                    Metric.repeated(
+                        metric_name("d2h.pageable.fresh", name), fresh.wall_gbps, "GB/s"
+                    )
                 )
 
     # 2. the CUDA runtime reference
