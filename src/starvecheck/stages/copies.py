@@ -114,8 +114,10 @@ def release(torch: Any) -> None:
     buffers do not stay pinned while the next is measured (torch's host allocator
     keeps freed pinned blocks for reuse)."""
     torch.cuda.empty_cache()
+    accelerator = getattr(torch, "accelerator", None)
     for owner, name in (
-        (getattr(getattr(torch, "accelerator", None), "memory", None), "empty_host_cache"),
+        (accelerator, "empty_host_cache"),
+        (getattr(accelerator, "memory", None), "empty_host_cache"),
         (torch._C, "_host_emptyCache"),
     ):
         fn = getattr(owner, name, None)

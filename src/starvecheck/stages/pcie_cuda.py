@@ -7,13 +7,17 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Metric
 from starvecheck.stages import bandwidth as bw
 from starvecheck.stages import copies
 from starvecheck.stages.bandwidth import size_name
 from starvecheck.timing import stability_warnings
+
+if TYPE_CHECKING:
+    from starvecheck.probe.machine import Machine
+    from starvecheck.stages.pcie import HostFacts, Plan
 
 
 def metric_name(key: str, size: str) -> str:
@@ -24,11 +28,13 @@ def metric_name(key: str, size: str) -> str:
 
 
 class Measurement:
+    """One run's steps in order; `metrics`, `caveats` and `parameters` fill as they go."""
+
     def __init__(
         self,
-        plan: Any,
-        machine: Any,
-        facts: Any,
+        plan: Plan,
+        machine: Machine,
+        facts: HostFacts,
         sizes: bw.SizePlan,
         progress: Callable[[str, int, int], None],
         warn: Callable[[str], None],
