@@ -74,3 +74,22 @@ def tiny_tokenizer(path: Path) -> Path:
     )
     fast.save_pretrained(str(path))
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip `gpu`-marked tests without a CUDA device; torch is imported only when such a
+    test was collected, so a run of CPU tests never pays for it."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    try:
+        import torch
+
+        available = bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken CUDA install: no device either way
+        available = False
+    if available:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

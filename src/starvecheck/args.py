@@ -108,3 +108,18 @@ def output_dir(option: str, value: str) -> str:
     if not os.access(target, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {value}: not writable")
     return str(target.resolve())
+
+
+MIN_COPY_SIZE = 4 << 10
+MAX_COPY_SIZE = 16 << 30
+
+
+def copy_sizes(text: str) -> tuple[int, ...]:
+    """--sizes '64K,1M,256MiB' -> bytes, sorted and unique; each 4KiB to 16GiB."""
+    sizes = [parse_size(part) for part in text.split(",")]
+    if not text.strip() or any(s is None for s in sizes):
+        raise UsageError(f"--sizes {text!r}: expected sizes such as 64K,1M,256MiB")
+    bad = [s for s in sizes if s is None or not MIN_COPY_SIZE <= s <= MAX_COPY_SIZE]
+    if bad:
+        raise UsageError(f"--sizes {text!r}: each size must be from 4KiB to 16GiB")
+    return tuple(sorted({s for s in sizes if s is not None}))

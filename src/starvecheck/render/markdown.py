@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, profile, sweep, throughput, trace
+from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -73,6 +73,12 @@ def serialize(report: Report) -> str:
         if trace_rows:
             out += [*_table(trace.HEADERS, trace_rows), ""]
             out += [*(f"_{n}_" for n in trace_notes), ""] if trace_notes else []
+        pcie_tables, rest, pcie_notes = pcie.split(rest, stage.parameters)
+        for t in pcie_tables:
+            out += [f"**{t.title}**", "", *_table(t.headers, t.rows), ""]
+            out += [*(f"_{n}_" for n in t.notes), ""] if t.notes else []
+        if pcie_notes:
+            out += [*(f"_{n}_" for n in pcie_notes), ""]
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             out += _table(headers, rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, profile, sweep, throughput, trace
+from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -88,13 +88,26 @@ def render(report: Report, console: Any) -> None:
             console.print(_table(stage.stage, trace.HEADERS, trace_rows, right=range(1, 3)))
             for line in trace_notes:
                 console.print(Text(line, style="dim"))
+        pcie_tables, rest, pcie_notes = pcie.split(rest, stage.parameters)
+        if pcie_notes and not pcie_tables:
+            console.print()
+            console.print(Text(stage.stage, style="bold"))
+        for t in pcie_tables:
+            console.print()
+            right = range(t.numbers_from, len(t.headers))
+            console.print(_table(t.title, t.headers, t.rows, right=right))
+            for line in t.notes:
+                console.print(Text(line, style="dim"))
+        for line in pcie_notes:
+            console.print(Text(line, style="dim"))
         headers, rows, rest = sweep.split(tuple(rest))
         if rows:
             console.print()
             console.print(_table(stage.stage, headers, rows, right=range(1, len(headers))))
         if rest:
             console.print()
-            titled = rates or rows or loader_rows or pad_rows or profile_rows or trace_rows
+            tables = (rates, rows, loader_rows, pad_rows, profile_rows, trace_rows, pcie_tables)
+            titled = any(tables)
             console.print(_metrics_table("" if titled else stage.stage, tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))

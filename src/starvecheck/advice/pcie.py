@@ -1,0 +1,315 @@
+"""Judging a `pcie` run: is the link as fast as the hardware allows, and is the CPU
+free while batches cross it?
+
+Reads metrics by name (h2d.pinned.<size>, overlap.<memory>.<mode>, link.*, numa.*),
+so a stored report is judged as a fresh one. A finding needs its figures measured:
+with a metric missing (no GPU, no NVML) the finding is not made at all.
+
+Thresholds:
+  link below max       generation or width under load below what GPU and slot support
+  low efficiency       measured H2D under load below 60% of the negotiated link's
+                       theoretical peak (healthy links reach 75-90%: an H100 on PCIe 5.0
+                       x16, 52-57 of 63 GB/s)
+  pageable D2H         pageable D2H at the largest size below half of pinned D2H
+  overlap              PARALLEL at a ratio of 0.8 or more, SEQUENTIAL at 0.2 or less
+  NUMA                 a thread on another node loses 20% or more of pinned H2D
+  reference            torch's pinned H2D more than 10% below the CUDA runtime's
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.stages.bandwidth import PARALLEL_AT, SEQUENTIAL_AT, verdict
+
+LOW_EFFICIENCY = 0.6
+PAGEABLE_D2H_COLLAPSE = 0.5
+NUMA_PENALTY = 0.2
+REFERENCE_GAP = 0.9
+# What a healthy link delivers of its theoretical peak, for the gain estimate.
+HEALTHY_EFFICIENCY = 0.8
+
+_SIZE = re.compile(r"(?P<d>h2d|d2h)\.(?P<mem>pinned|pageable)\.(?P<size>\d+(?:B|KiB|MiB|GiB))")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def size_bytes(name: str) -> int:
+    """ "256MiB" -> 268435456 (the inverse of bandwidth.size_name)."""
+    m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB)", name)
+    if m is None:
+        raise ValueError(f"not a size name: {name!r}")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _values(metrics: Sequence[Metric]) -> dict[str, float]:
+    return {m.name: m.value for m in metrics if m.value is not None}
+
+
+def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    v = _values(metrics)
+    found = [
+        link_below_max(v),
+        low_efficiency(v),
+        pageable_d2h(v),
+        overlap(v),
+        numa_penalty(v, params),
+        reference_gap(v, params),
+    ]
+    return tuple(f for f in found if f is not None)
+
+
+def link_below_max(v: Mapping[str, float]) -> Finding | None:
+    keys = ("link.gen_under_load", "link.width_under_load", "link.gen_max", "link.width_max")
+    if not all(k in v for k in keys):
+        return None
+    gen, width, gen_max, width_max = (int(v[k]) for k in keys)
+    now = f"gen{gen} x{width}"
+    best = f"gen{gen_max} x{width_max}"
+    if gen >= gen_max and width >= width_max:
+        return Finding(
+            "pcie.link-below-max",
+            Severity.OK,
+            f"under load the link runs at its maximum ({now})",
+            stage="pcie",
+        )
+    from starvecheck.stages.bandwidth import link_peak
+
+    peak_now, peak_max = link_peak(gen, width), link_peak(gen_max, width_max)
+    gain = (
+        Gain(GainKind.THROUGHPUT, round(peak_max / peak_now, 2), "theoretical peaks of the links")
+        if peak_now and peak_max
+        else None
+    )
+    return Finding(
+        "pcie.link-below-max",
+        Severity.WARNING,
+        f"under load the PCIe link runs at {now}, below its maximum {best}",
+        evidence=f"NVML read gen{gen} x{width} while pinned copies ran back to back; GPU and "
+        f"slot support {best}"
+        + (f" ({peak_now:.1f} against {peak_max:.1f} GB/s per direction)" if gain else ""),
+        recommendation="Reseat the card, or move it to a slot wired for the full width; check "
+        "the BIOS PCIe link speed setting (Auto or the highest generation), risers and "
+        "retimers; `nvidia-smi -q -d PCIE` while a job runs should show the maximum.",
+        gain=gain,
+        stage="pcie",
+    )
+
+
+def low_efficiency(v: Mapping[str, float]) -> Finding | None:
+    if "link.efficiency" not in v or "link.theoretical_gbps" not in v:
+        return None
+    eff, peak = v["link.efficiency"], v["link.theoretical_gbps"]
+    measured = v.get("link.h2d_under_load", eff * peak)
+    if eff >= LOW_EFFICIENCY:
+        return Finding(
+            "pcie.low-efficiency",
+            Severity.OK,
+            f"pinned H2D reaches {eff:.0%} of the link's theoretical peak",
+            stage="pcie",
+        )
+    return Finding(
+        "pcie.low-efficiency",
+        Severity.WARNING,
+        f"pinned host-to-device copies reach only {eff:.0%} of the link's theoretical peak",
+        evidence=f"{measured:.1f} GB/s measured under load against {peak:.1f} GB/s for the "
+        f"negotiated link; healthy links reach 75-90%",
+        recommendation="Check the IOMMU (boot with iommu=pt, or intel_iommu=off where policy "
+        "allows), PCIe ACS on the switch above the GPU (it routes peer traffic through the "
+        "root complex), and NUMA placement: run the copying process on the GPU's node "
+        "(`numactl --cpunodebind=N --membind=N`).",
+        gain=Gain(
+            GainKind.THROUGHPUT,
+            round(HEALTHY_EFFICIENCY / eff, 2) if eff > 0 else None,
+            f"to {HEALTHY_EFFICIENCY:.0%} of the theoretical peak, what healthy links reach",
+        ),
+        stage="pcie",
+    )
+
+
+def _largest(v: Mapping[str, float], direction: str) -> str | None:
+    sizes = [
+        m["size"]
+        for name in v
+        if (m := _SIZE.fullmatch(name)) and m["d"] == direction and m["mem"] == "pinned"
+    ]
+    candidates = [s for s in sizes if f"{direction}.pageable.{s}" in v]
+    return max(candidates, key=size_bytes) if candidates else None
+
+
+def pageable_d2h(v: Mapping[str, float]) -> Finding | None:
+    size = _largest(v, "d2h")
+    if size is None:
+        return None
+    pinned = v[f"d2h.pinned.{size}"]
+    fresh = v.get(f"d2h.pageable.{size}.fresh")
+    pageable = min(v[f"d2h.pageable.{size}"], fresh if fresh is not None else float("inf"))
+    share = pageable / pinned if pinned > 0 else 1.0
+    if share >= PAGEABLE_D2H_COLLAPSE:
+        return Finding(
+            "pcie.pageable-d2h",
+            Severity.OK,
+            f"pageable device-to-host copies keep {share:.0%} of pinned speed at {size}",
+            stage="pcie",
+        )
+    return Finding(
+        "pcie.pageable-d2h",
+        Severity.WARNING,
+        f"device-to-host copies into pageable memory collapse to {pageable:.1f} GB/s at {size}",
+        evidence=f"{size}: pinned {pinned:.1f} GB/s, pageable {v[f'd2h.pageable.{size}']:.1f} "
+        "GB/s"
+        + (f", into a fresh buffer as .to('cpu') does {fresh:.1f} GB/s" if fresh else "")
+        + f" ({share:.0%} of pinned)",
+        recommendation="Copy checkpoints, activations and optimizer state offloaded to the host "
+        "into pinned buffers allocated once: `buf = torch.empty(shape, dtype=..., "
+        "pin_memory=True)` then `buf.copy_(t, non_blocking=True)` and one synchronize, instead "
+        "of `t.cpu()` per tensor.",
+        gain=Gain(
+            GainKind.THROUGHPUT,
+            round(pinned / pageable, 2) if pageable > 0 else None,
+            "D2H copies, pinned over pageable, measured here",
+        ),
+        stage="pcie",
+    )
+
+
+def overlap(v: Mapping[str, float]) -> Finding | None:
+    keys = {
+        (mem, mode): f"overlap.{mem}.{mode}"
+        for mem in ("pinned", "pageable")
+        for mode in ("blocking", "non_blocking")
+    }
+    if keys[("pinned", "non_blocking")] not in v:
+        return None
+    ratios = {k: v.get(name) for k, name in keys.items()}
+    best = ratios[("pinned", "non_blocking")]
+    table = ", ".join(
+        f"{mem} {mode} {verdict(r)}" + (f" {r:.0%}" if r is not None else "")
+        for (mem, mode), r in ratios.items()
+    )
+    line = (
+        "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True), with "
+        "nothing that synchronizes (.item(), .cpu(), print of a tensor) before the step "
+        "needs the batch"
+    )
+    others = [r for k, r in ratios.items() if k != ("pinned", "non_blocking")]
+    if (
+        best is not None
+        and best >= PARALLEL_AT
+        and all(r is not None and r >= PARALLEL_AT for r in others)
+    ):
+        return Finding(
+            "pcie.overlap",
+            Severity.OK,
+            "every combination overlaps CPU work with the copy",
+            evidence=table,
+            stage="pcie",
+        )
+    if best is not None and best >= PARALLEL_AT:
+        known = all(r is not None for r in others)
+        return Finding(
+            "pcie.overlap",
+            Severity.WARNING if known else Severity.INFO,
+            (
+                "only pinned memory with non_blocking=True"
+                if known
+                else "pinned memory with non_blocking=True"
+            )
+            + " lets the CPU work while a batch crosses the bus",
+            evidence=table,
+            recommendation=f"Use {line}; a pageable or blocking copy holds the Python thread "
+            "for the whole transfer.",
+            gain=_overlap_gain(v),
+            stage="pcie",
+        )
+    if best is not None and best > SEQUENTIAL_AT:
+        sev, title = (
+            Severity.WARNING,
+            "even pinned non_blocking copies overlap CPU work only partly",
+        )
+    else:
+        sev, title = Severity.WARNING, "no combination overlaps CPU work with the copy"
+    return Finding(
+        "pcie.overlap",
+        sev,
+        title,
+        evidence=table,
+        recommendation=f"Use {line}. If pinned non_blocking still waits, the CPU side is the "
+        "limit: another thread holding the GIL, or CPUs shared with DataLoader workers "
+        "(`starvecheck env`: effective CPUs, throttling).",
+        gain=_overlap_gain(v),
+        stage="pcie",
+    )
+
+
+def _overlap_gain(v: Mapping[str, float]) -> Gain | None:
+    slow = v.get("overlap.pageable.blocking.both_ms")
+    fast = v.get("overlap.pinned.non_blocking.both_ms")
+    if slow is None or fast is None or slow <= 0 or fast >= slow:
+        return None
+    return Gain(
+        GainKind.STEP_SHARE,
+        round((slow - fast) / slow, 4),
+        "copy plus CPU work, pageable blocking against pinned non_blocking, measured here",
+    )
+
+
+def numa_penalty(v: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
+    if "numa.remote_penalty" not in v:
+        return None
+    penalty = v["numa.remote_penalty"]
+    local, remote = params.get("numa_local_node"), params.get("numa_remote_node")
+    if penalty < NUMA_PENALTY:
+        return Finding(
+            "pcie.numa-remote",
+            Severity.OK,
+            f"a copying thread on NUMA node {remote} loses {penalty:.0%} against node {local}",
+            stage="pcie",
+        )
+    lg, rg = v.get("numa.h2d.pinned.local"), v.get("numa.h2d.pinned.remote")
+    return Finding(
+        "pcie.numa-remote",
+        Severity.WARNING,
+        f"copies from NUMA node {remote} lose {penalty:.0%} of the bandwidth of node {local}, "
+        "the GPU's",
+        evidence=f"pinned H2D with the thread and its buffer on node {local}: "
+        f"{lg:.1f} GB/s; on node {remote}: {rg:.1f} GB/s"
+        if lg is not None and rg is not None
+        else f"penalty {penalty:.0%}",
+        recommendation=f"Run each GPU's process on the GPU's node: `numactl --cpunodebind={local} "
+        f"--membind={local} python train.py` (one process per GPU), or set the DataLoader "
+        "workers' affinity to that node's CPUs (`os.sched_setaffinity` in worker_init_fn).",
+        gain=Gain(
+            GainKind.THROUGHPUT,
+            round(lg / rg, 2) if lg and rg else None,
+            "pinned H2D, local node over remote, measured here",
+        ),
+        stage="pcie",
+    )
+
+
+def reference_gap(v: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
+    if "reference_ratio" not in v:
+        return None
+    ratio = v["reference_ratio"]
+    size = params.get("reference_size", "256MiB")
+    if ratio >= REFERENCE_GAP:
+        return Finding(
+            "pcie.reference",
+            Severity.OK,
+            f"torch's pinned H2D at {size} runs at {ratio:.0%} of the CUDA runtime's",
+            stage="pcie",
+        )
+    return Finding(
+        "pcie.reference",
+        Severity.INFO,
+        f"torch's pinned H2D at {size} runs at {ratio:.0%} of a plain cudaMemcpy",
+        evidence=f"reference_ratio {ratio:.2f} (medians of the wall clock, same size, same "
+        "device, same run)",
+        recommendation="Nothing to change in your code; rerun to see whether it holds. A "
+        "steady gap points at torch's copy path (its pinned-memory allocator, a device "
+        "synchronize) rather than at the link.",
+        stage="pcie",
+    )

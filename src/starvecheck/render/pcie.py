@@ -1,0 +1,330 @@
+"""Metrics of a `pcie` run as three tables: the size sweep, the overlap experiment,
+and the link (idle, under load, maximum), plus NUMA when measured.
+
+The JSON keeps one flat metric per figure (`h2d.pinned.256MiB`, `.events`,
+`overlap.pinned.non_blocking`, `link.gen_under_load`, ...); people compare sizes
+and memories side by side, so the terminal and Markdown pivot them. A table whose
+figures are all missing for one reason (no CUDA device) becomes one line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starvecheck.model import Metric
+from starvecheck.stages.bandwidth import verdict
+from starvecheck.units import format_bytes
+
+SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
+OVERLAP_HEADERS = ("memory", "mode", "copy ms", "CPU ms", "sequential ms", "together ms",
+                   "overlap", "verdict")  # fmt: skip
+LINK_HEADERS = ("link", "gen", "width", "peak GB/s", "measured GB/s", "efficiency")
+NUMA_HEADERS = ("copying thread", "GB/s", "min … max", "n")
+
+_SWEEP = re.compile(
+    r"(?P<ref>reference\.)?(?P<d>h2d|d2h)\.(?P<mem>pinned|pageable)\."
+    r"(?P<size>\d+(?:B|KiB|MiB|GiB))(?P<suffix>\.events|\.fresh)?"
+)
+_OVERLAP = re.compile(
+    r"overlap\.(?P<mem>pinned|pageable)\.(?P<mode>blocking|non_blocking)"
+    r"(?:\.(?P<part>cpu_ms|copy_ms|both_ms))?"
+)
+_LINK = re.compile(r"link\.[a-z0-9_]+")
+_NUMA = re.compile(r"numa\.(?:h2d\.pinned\.(?:local|remote)|remote_penalty)")
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    headers: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+    numbers_from: int  # the first right-aligned column
+    notes: list[str] = field(default_factory=list)  # printed under the table
+
+
+def _gbps(m: Metric | None) -> str:
+    if m is None:
+        return "-"
+    if m.value is None:
+        return "n/a"
+    return f"{m.value:,.2f}" if m.value < 100 else f"{m.value:,.0f}"
+
+
+def _range(m: Metric | None) -> str:
+    if m is None or m.value is None or not m.values:
+        return ""
+    return f"{m.min:,.2f} … {m.max:,.2f}"
+
+
+def _collapsed(metrics: Sequence[Metric]) -> str | None:
+    """The one reason shared by every metric, when all are missing for it."""
+    reasons = {m.reason for m in metrics}
+    if metrics and all(m.value is None for m in metrics) and len(reasons) == 1:
+        return next(iter(reasons)) or "not measured"
+    return None
+
+
+def _size_key(size: str) -> int:
+    from starvecheck.advice.pcie import size_bytes
+
+    return size_bytes(size)
+
+
+def split(
+    metrics: Sequence[Metric], params: Mapping[str, Any]
+) -> tuple[list[Table], list[Metric], list[str]]:
+    """(tables, other metrics, notes); nothing unless the metrics are a pcie run's."""
+    sweep: dict[tuple[str, str, str, str], dict[str, Metric]] = {}
+    overlaps: dict[tuple[str, str], dict[str, Metric]] = {}
+    link: dict[str, Metric] = {}
+    numa: dict[str, Metric] = {}
+    groups: dict[str, list[Metric]] = {"sweep": [], "overlap": [], "link": [], "numa": []}
+    rest: list[Metric] = []
+    ratio: Metric | None = None
+    for m in metrics:
+        if match := _SWEEP.fullmatch(m.name):
+            memory = match["mem"] + (", CUDA runtime" if match["ref"] else "")
+            if match["suffix"] == ".fresh":
+                memory += ", fresh buffer"
+            key = (match["d"], memory, match["size"], "ref" if match["ref"] else "")
+            cell = "events" if match["suffix"] == ".events" else "wall"
+            sweep.setdefault(key, {})[cell] = m
+            groups["sweep"].append(m)
+        elif match := _OVERLAP.fullmatch(m.name):
+            overlaps.setdefault((match["mem"], match["mode"]), {})[match["part"] or "ratio"] = m
+            groups["overlap"].append(m)
+        elif m.name == "reference_ratio":
+            groups["sweep"].append(m)
+            ratio = m
+        elif _LINK.fullmatch(m.name):
+            link[m.name] = m
+            groups["link"].append(m)
+        elif _NUMA.fullmatch(m.name):
+            numa[m.name] = m
+            groups["numa"].append(m)
+        else:
+            rest.append(m)
+    if not any(groups.values()):
+        return [], list(metrics), []
+    tables: list[Table] = []
+    notes: list[str] = []
+    present = [g for g in groups.values() if g]
+    whole = _collapsed([m for g in present for m in g])
+    if whole is not None:  # no device: one line, not one per table
+        return [], rest, [whole, *_host_notes(params)]
+    steps = (
+        lambda: _sweep_table(sweep, groups["sweep"], ratio, params, tables, notes),
+        lambda: _overlap_table(overlaps, groups["overlap"], tables, notes),
+        lambda: _link_table(link, groups["link"], params, tables, notes),
+        lambda: _numa_table(numa, params, tables, notes),
+    )
+    for step in steps:
+        before_tables, before_notes = len(tables), len(notes)
+        step()
+        if len(tables) > before_tables:  # the step's notes go under its table
+            tables[-1].notes.extend(notes[before_notes:])
+            del notes[before_notes:]
+    notes += _host_notes(params)
+    return tables, rest, notes
+
+
+def _sweep_table(
+    sweep: dict,
+    group: list[Metric],
+    ratio: Metric | None,
+    params: Mapping[str, Any],
+    tables: list[Table],
+    notes: list[str],
+) -> None:
+    if not group:
+        return
+    if (why := _collapsed(group)) is not None:
+        notes.append(f"size sweep: {why}")
+        return
+    order = {"h2d": 0, "d2h": 1}
+    memories = {
+        "pinned": 0,
+        "pageable": 1,
+        "pageable, fresh buffer": 2,
+        "pinned, CUDA runtime": 3,
+    }
+    rows = []
+    for (d, memory, size, _ref), cells in sorted(
+        sweep.items(),
+        key=lambda kv: (order[kv[0][0]], _size_key(kv[0][2]), memories.get(kv[0][1], 9)),
+    ):
+        wall = cells.get("wall")
+        rows.append(
+            (
+                d.upper(),
+                memory,
+                size,
+                _gbps(wall),
+                _range(wall),
+                _gbps(cells.get("events")),
+                str(wall.n) if wall is not None and wall.values else "",
+            )
+        )
+    tables.append(Table("size sweep", SWEEP_HEADERS, rows, 3))
+    for m in group:
+        if m.value is None and m.reason and m is not ratio:
+            notes.append(f"{m.name}: {m.reason}")
+    if ratio is not None:
+        size = params.get("reference_size") or "256MiB"
+        notes.append(
+            f"reference_ratio: {ratio.value:.2f} (torch's pinned H2D at {size} over the CUDA "
+            "runtime's cudaMemcpy, medians)"
+            if ratio.value is not None
+            else f"reference_ratio: n/a ({ratio.reason})"
+        )
+    notes.append(
+        "GB/s: 10^9 bytes/s by the wall clock around torch.cuda.synchronize(), what a "
+        "training loop waits for; events GB/s: CUDA events, the device's part alone (a "
+        "pageable copy's CPU staging is missing from it)"
+    )
+
+
+def _ms(m: Metric | None) -> str:
+    return "-" if m is None or m.value is None else f"{m.value:,.2f}"
+
+
+def _overlap_table(
+    overlaps: dict, group: list[Metric], tables: list[Table], notes: list[str]
+) -> None:
+    if not group:
+        return
+    if (why := _collapsed(group)) is not None:
+        notes.append(f"overlap: {why}")
+        return
+    rows = []
+    unknown: dict[str, list[str]] = {}
+    for mem in ("pageable", "pinned"):
+        for mode in ("blocking", "non_blocking"):
+            c = overlaps.get((mem, mode), {})
+            ratio = c.get("ratio")
+            cpu, copy = c.get("cpu_ms"), c.get("copy_ms")
+            seq = (
+                f"{cpu.value + copy.value:,.2f}"
+                if cpu is not None and copy is not None and None not in (cpu.value, copy.value)
+                else "-"
+            )
+            value = ratio.value if ratio is not None else None
+            rows.append(
+                (
+                    mem,
+                    mode,
+                    _ms(copy),
+                    _ms(cpu),
+                    seq,
+                    _ms(c.get("both_ms")),
+                    "n/a" if value is None else f"{value:.0%}",
+                    verdict(value),
+                )
+            )
+            if ratio is not None and ratio.value is None and ratio.reason:
+                unknown.setdefault(ratio.reason, []).append(f"{mem} {mode}")
+    notes += [f"overlap {', '.join(which)}: {why}" for why, which in unknown.items()]
+    tables.append(Table("overlap", OVERLAP_HEADERS, rows, 2))
+    notes.append(
+        "overlap = (sequential - together) / (sequential - the longer of the two): "
+        "PARALLEL at 80% or more, SEQUENTIAL at 20% or less; medians in ms"
+    )
+
+
+def _num(m: Metric | None) -> str:
+    return "?" if m is None or m.value is None else f"{m.value:g}"
+
+
+def _link_table(
+    link: dict[str, Metric],
+    group: list[Metric],
+    params: Mapping[str, Any],
+    tables: list[Table],
+    notes: list[str],
+) -> None:
+    if not group:
+        return
+    if (why := _collapsed(group)) is not None:
+        notes.append(f"link under load: {why}")
+        return
+    from starvecheck.stages.bandwidth import link_peak
+
+    def peak(gen: str, width: str) -> str:
+        g, w = link.get(gen), link.get(width)
+        p = link_peak(
+            int(g.value) if g and g.value else None, int(w.value) if w and w.value else None
+        )
+        return "-" if p is None else f"{p:.1f}"
+
+    eff = link.get("link.efficiency")
+    rows = [
+        ("idle (at start)", _num(link.get("link.gen_idle")), _num(link.get("link.width_idle")),
+         peak("link.gen_idle", "link.width_idle"), "", ""),
+        ("under load", _num(link.get("link.gen_under_load")),
+         _num(link.get("link.width_under_load")), peak("link.gen_under_load",
+         "link.width_under_load"), _gbps(link.get("link.h2d_under_load")),
+         "n/a" if eff is None or eff.value is None else f"{eff.value:.0%}"),
+        ("maximum", _num(link.get("link.gen_max")), _num(link.get("link.width_max")),
+         peak("link.gen_max", "link.width_max"), "", ""),
+    ]  # fmt: skip
+    tables.append(Table("link", LINK_HEADERS, rows, 1))
+    for m in group:
+        if m.value is None and m.reason:
+            notes.append(f"{m.name}: {m.reason}")
+    rx, tx = link.get("link.nvml_rx_gbps"), link.get("link.nvml_tx_gbps")
+    if rx is not None and rx.value is not None:
+        notes.append(
+            f"NVML PCIe counters while loaded (median, 20 ms windows): RX {rx.value:.1f} GB/s, "
+            f"TX {_gbps(tx)} GB/s; {params.get('link_samples', '?')} samples"
+        )
+
+
+def _numa_table(
+    numa: dict[str, Metric], params: Mapping[str, Any], tables: list[Table], notes: list[str]
+) -> None:
+    if not numa:
+        return
+    rows = []
+    for where in ("local", "remote"):
+        m = numa.get(f"numa.h2d.pinned.{where}")
+        node = params.get(f"numa_{where}_node")
+        label = f"node {node} ({'the GPU' if where == 'local' else 'another'}'s)"
+        rows.append((label, _gbps(m), _range(m), str(m.n) if m and m.values else ""))
+        if m is not None and m.value is None and m.reason:
+            notes.append(f"NUMA {where}: {m.reason}")
+    tables.append(Table("pinned H2D by NUMA node", NUMA_HEADERS, rows, 1))
+    pen = numa.get("numa.remote_penalty")
+    if pen is not None and pen.value is not None:
+        notes.append(f"remote node penalty: {pen.value:.0%} of the local bandwidth")
+
+
+def _host_notes(params: Mapping[str, Any]) -> list[str]:
+    room = params.get("host_headroom_bytes")
+    if "host_headroom_source" not in params:
+        return []
+    memlock = (
+        "unlimited"
+        if params.get("memlock_unlimited")
+        else format_bytes(params.get("memlock_bytes"))
+    )
+    line = (
+        f"host memory for pinned buffers: {format_bytes(room)} left "
+        f"({params.get('host_headroom_source')}), budget "
+        f"{format_bytes(params.get('pinned_budget_bytes'))}; RLIMIT_MEMLOCK {memlock}"
+    )
+    skipped = params.get("sizes_skipped") or {}
+    if skipped:
+        line += "; skipped: " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
+    else:
+        line += "; every size fits"
+    lines = [line]
+    nodes = params.get("numa_nodes")
+    if nodes and nodes > 1 and not params.get("cuda"):
+        lines.append(
+            f"NUMA: {nodes} nodes; with a CUDA device, pinned H2D is measured from a thread "
+            "on the GPU's node and from one on another node"
+        )
+    return lines
