@@ -92,7 +92,9 @@ def gather(report: Report, rank: Rank, environ: Mapping[str, str]) -> list[dict[
 
 def judge(
     gathered: list[dict[str, Any]], demand: float | None
-) -> tuple[list[dict[str, Any]], list[Finding]]:
+) -> tuple[list[dict[str, Any]], list[Finding], list[str]]:
+    """Rows per rank, straggler findings, and caveats."""
     from starvecheck.advice import nodes
 
-    return nodes.judge(gathered, demand)
+    table, findings = nodes.judge(gathered, demand)
+    return table, findings, nodes.shared_hosts(table)

@@ -106,3 +106,17 @@ def judge(
             )
         )
     return table, findings
+
+
+def shared_hosts(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Caveats for ranks that measured one machine at the same time (torchrun with
+    --nproc-per-node above 1): they shared its CPUs and storage while measuring."""
+    by_host: dict[str, list[int]] = {}
+    for row in table:
+        by_host.setdefault(str(row.get("host", "")), []).append(int(row["rank"]))
+    return [
+        f"ranks {', '.join(map(str, ranks))} measured {host or 'one host'} at the same time, "
+        "sharing its CPUs and storage: each figure is what a rank gets beside the others"
+        for host, ranks in by_host.items()
+        if len(ranks) > 1
+    ]

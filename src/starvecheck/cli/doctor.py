@@ -221,8 +221,8 @@ def doctor(
         gathered = distributed.gather(report, rank, c.environ)
         if gathered is None:  # not rank 0: nothing on stdout, the same exit status
             return exit_status(report, out.fail_on)
-        nodes, finding = distributed.judge(gathered, outcome.workload.demand)
-        results = doctor_stage.add_findings(results, finding)
+        nodes, findings, caveats = distributed.judge(gathered, outcome.workload.demand)
+        results = doctor_stage.add_findings(results, findings, caveats)
         report = doctor_stage.finish(
             build_report("doctor", machine.to_dict(), results, c), outcome, nodes
         )

@@ -311,8 +311,13 @@ def finish(report: Report, outcome: Outcome, nodes: Sequence[Mapping[str, Any]] 
     )
 
 
-def add_findings(results: Sequence[StageResult], more: Sequence[Finding]) -> list[StageResult]:
+def add_findings(
+    results: Sequence[StageResult], more: Sequence[Finding], caveats: Sequence[str] = ()
+) -> list[StageResult]:
     """Findings doctor makes after the stages ran (stragglers) join its own result."""
     return [
-        replace(r, findings=r.findings + tuple(more)) if r.stage == "doctor" else r for r in results
+        replace(r, findings=(*r.findings, *more), caveats=(*r.caveats, *caveats))
+        if r.stage == "doctor"
+        else r
+        for r in results
     ]
