@@ -207,8 +207,11 @@ def test_interrupt_leaves_the_directory_as_it_was(tmp_path):
 # --- rendering against a stored report -----------------------------------------------
 
 
-def _stored() -> Report:
-    return Report.from_dict(json.loads((GOLDEN / "doctor-quick.json").read_text()))
+STORED = ["doctor-quick", "doctor-nodes"]  # a --quick run; a torchrun with a slowed rank
+
+
+def _stored(name: str) -> Report:
+    return Report.from_dict(json.loads((GOLDEN / f"{name}.json").read_text()))
 
 
 def _check(path: Path, text: str) -> None:
@@ -217,16 +220,107 @@ def _check(path: Path, text: str) -> None:
     assert text == path.read_text(), f"{path.name} differs; UPDATE_GOLDEN=1 if intended"
 
 
-def test_terminal_rendering_golden():
+@pytest.mark.parametrize("name", STORED)
+def test_terminal_rendering_golden(name):
     out = io.StringIO()
-    render(_stored(), Context(stdout=out, stdout_isatty=False, width=100, environ={}).console())
-    _check(GOLDEN / "doctor-quick.txt", "\n".join(x.rstrip() for x in out.getvalue().split("\n")))
+    render(_stored(name), Context(stdout=out, stdout_isatty=False, width=100, environ={}).console())
+    _check(GOLDEN / f"{name}.txt", "\n".join(x.rstrip() for x in out.getvalue().split("\n")))
 
 
-def test_markdown_rendering_golden():
-    _check(GOLDEN / "doctor-quick.md", markdown.serialize(_stored()))
+@pytest.mark.parametrize("name", STORED)
+def test_markdown_rendering_golden(name):
+    _check(GOLDEN / f"{name}.md", markdown.serialize(_stored(name)))
 
 
-def test_stored_report_round_trips():
-    data = json.loads((GOLDEN / "doctor-quick.json").read_text())
+@pytest.mark.parametrize("name", STORED)
+def test_stored_report_round_trips(name):
+    data = json.loads((GOLDEN / f"{name}.json").read_text())
     assert Report.from_dict(data).to_dict() == data
+
+
+# --- the pcie stage, through its interface (it lives on another branch) ----------------
+
+
+def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
+    """A stand-in `starvecheck.stages.pcie` with the agreed interface; records calls."""
+    import types
+
+    from starvecheck.model import Metric, StageResult
+
+    calls: list = []
+
+    class Plan:
+        @staticmethod
+        def default(quick: bool) -> str:
+            return f"plan(quick={quick})"
+
+    def run_stage(plan, machine, progress, warn):
+        calls.append(plan)
+        rates = {"64KiB": 6.0, "1MiB": 12.0, "16MiB": 20.0}
+        return StageResult(
+            "pcie",
+            metrics=tuple(
+                Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s") for k, v in rates.items()
+            ),
+        )
+
+    module = types.ModuleType("starvecheck.stages.pcie")
+    module.cuda_unavailable = lambda: unavailable
+    module.Plan = Plan
+    module.run = run_stage
+    monkeypatch.setitem(sys.modules, "starvecheck.stages.pcie", module)
+    return calls
+
+
+def test_pcie_link_from_the_pcie_stage(monkeypatch):
+    calls = _fake_pcie(monkeypatch, None)
+    r = run("doctor", "--only", "pad,pcie", "--step-ms", "100", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert calls == ["plan(quick=True)"]
+    d = r.json
+    assert [s["stage"] for s in d["stages"]] == ["env", "pad", "pcie", "doctor"]
+    pcie = next(x for x in d["chain"] if x["link"] == "pcie")
+    # 16 samples x 2,048 tokens x 8 bytes = 256 KiB a batch: between 64 KiB and 1 MiB on a
+    # log scale, the smaller wins: 6 GB/s over 16 KiB a sample.
+    assert pcie["capacity_samples_per_s"] == pytest.approx(6e9 / 16384)
+    assert "64KiB" in pcie["basis"]
+
+
+def test_pcie_link_null_with_the_stages_reason_or_when_it_is_missing(monkeypatch):
+    calls = _fake_pcie(monkeypatch, "no CUDA device (torch.cuda.is_available() is False)")
+    r = run("doctor", "--only", "pcie", "--step-ms", "100", "--json", "-")
+    pcie = next(x for x in r.json["chain"] if x["link"] == "pcie")
+    assert pcie["capacity_samples_per_s"] is None and calls == []
+    assert pcie["reason"] == "not measured: no CUDA device (torch.cuda.is_available() is False)"
+    monkeypatch.setitem(sys.modules, "starvecheck.stages.pcie", None)  # import fails
+    r = run("doctor", "--only", "pcie", "--step-ms", "100", "--json", "-")
+    pcie = next(x for x in r.json["chain"] if x["link"] == "pcie")
+    assert pcie["reason"] == "not measured: pcie stage not available"
+    assert r.json["weakest_link"] is None  # only the GPU measured: too few links
+
+
+# --- the GPU step -------------------------------------------------------------------------
+
+
+def test_gpu_step_needs_cuda():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    from starvecheck.stages import gpustep
+    from starvecheck.status import Unavailable
+
+    with pytest.raises(Unavailable, match="give --step-ms"):
+        gpustep.measure(16, 2048, quick=True)
+
+
+@pytest.mark.gpu
+def test_gpu_step_is_measured_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    r = run("doctor", "--only", "pad", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    step = r.json["workload"]["step_ms"]
+    assert step["source"] == "measured" and step["value"] > 0
+    caveats = r.json["stages"][-1]["caveats"]
+    assert any(c.startswith("step_ms measured: GPT-2 small") for c in caveats)

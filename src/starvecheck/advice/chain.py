@@ -207,7 +207,7 @@ def weakest(chain: Sequence[Link]) -> Weakest:
         headroom = nxt.capacity / low.capacity if nxt and nxt.capacity and low.capacity else None
         text = "Weakest link: gpu: the input pipeline keeps up, the GPU step is the limit"
         if nxt is not None and headroom is not None:
-            text += f" (next: {nxt.link} at {headroom:.1f}x what the GPU consumes)"
+            text += f" (next: {nxt.link} at {headroom:,.1f}x what the GPU consumes)"
         return Weakest(
             "gpu",
             low.capacity,

@@ -144,6 +144,7 @@ def _doctor(report: Report, console: Any) -> None:
         for row in rows:
             table.add_row(*row, style="bold red" if row[-1] else None)
         console.print(table)
+    console.print()
 
 
 def _finding_block(i: int, f: Finding) -> Any:

@@ -236,7 +236,7 @@ def run(
         from starvecheck.stages import pad as pad_stage
 
         results["pad"] = pad_stage.run(p.pad, progress).result
-    pcie_reason = "not selected (--only/--skip)"
+    pcie_reason = "pcie not selected (--only/--skip)"
     if "pcie" in stages:
         pcie, pcie_reason = pcie_module()
         if pcie is not None:
