@@ -205,6 +205,9 @@ def test_reweigh_caps_a_stage_gain_at_what_training_gets():
         links,
     )
     assert io_f.gain.value == 1.0 and "already delivers more" in io_f.gain.basis
+    # True of storage, but buys this workload nothing: info here, and says so.
+    assert io_f.severity is Severity.INFO and "critical for storage alone" in io_f.gain.basis
+    assert pad_f.severity is Severity.CRITICAL
     assert pad_f.gain.value == 2.0  # padding at 200 -> 400: the whole 2x
     assert env_f.gain is None
     assert chain.headroom(links, "padding") == pytest.approx(2.0)

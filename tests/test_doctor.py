@@ -18,7 +18,7 @@ from starvecheck.context import Context
 from starvecheck.model import Report
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render
-from tests.conftest import run
+from tests.conftest import run, tiny_tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
@@ -103,6 +103,42 @@ def test_workload_file_and_options_reach_the_stages(tmp_path):
     )
     # The best strategy already: padding is exactly at demand; on a tie the GPU is the weakest.
     assert d["weakest_link"] == "gpu"
+
+
+def test_tokenizer_measures_the_cpu_per_sample_and_counts_the_datasets_tokens(tmp_path):
+    tok = tiny_tokenizer(tmp_path / "tok")
+    data = tmp_path / "train.jsonl"
+    rows = [{"instruction": "the quick brown fox " * n, "output": "dog"} for n in range(1, 40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(
+        "doctor",
+        "--only",
+        "starve,pad",
+        "--tokenizer",
+        str(tok),
+        "--dataset",
+        str(data),
+        "--field",
+        "instruction,output",
+        "--step-ms",
+        "20",
+        "--quick",
+        "--json",
+        "-",
+    )
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    by = {s["stage"]: s for s in d["stages"]}
+    measured = by["starve"]["parameters"]["sample_cpu_ms"]
+    assert by["starve"]["parameters"]["work"] == "tokenize"
+    assert d["workload"]["cpu_ms_per_sample"] == {"value": measured, "source": "measured"}
+    assert by["pad"]["parameters"]["tokenizer"] == str(tok)
+    assert by["pad"]["parameters"]["fields"] == ["instruction", "output"]
+    assert next(m for m in by["pad"]["metrics"] if m["name"] == "samples")["value"] == 39
+    loader = next(x for x in d["chain"] if x["link"] == "loader")
+    assert loader["limited_by"] == "cpu" and loader["capacity_samples_per_s"] > 0
+    both = run("doctor", "--tokenizer", str(tok), "--cpu-ms-per-sample", "3")
+    assert both.exit_code == 2 and "the tokenizer measures the CPU per sample" in both.stderr
 
 
 def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():

@@ -50,9 +50,10 @@ def test_slowed_rank_is_named_the_straggler(tmp_path):
     assert list(tmp_path.iterdir()) == []  # both ranks' scratch data removed
 
 
-def test_bad_hook_is_one_line_on_every_rank_and_nothing_is_gathered(tmp_path):
+def test_bad_hook_is_one_line_and_nothing_is_gathered(tmp_path):
     p = _torchrun(tmp_path, "x", "--only", "pad")
     assert p.returncode != 0
     assert p.stdout == ""
-    assert p.stderr.count("starvecheck: error: STARVECHECK_SLOW_RANKS='x'") == 2
-    # (torchrun then reports the failed ranks with a traceback of its own.)
+    # Each rank stops with the one line (torchrun may stop the other rank before it
+    # prints, then reports the failure with a traceback of its own).
+    assert p.stderr.count("starvecheck: error: STARVECHECK_SLOW_RANKS='x': expected") >= 1

@@ -298,7 +298,9 @@ def reweigh(findings: Sequence[Finding], chain: Sequence[Link]) -> list[Finding]
 
     A stage's gain is the speed-up of its own link (a shard reads 15x faster than small
     files); training only gets it where that link is what holds the GPU back, and only
-    up to the next limit. Doctor ranks its checklist by the capped gain, and says so."""
+    up to the next limit. Doctor ranks its checklist by the capped gain, and says so.
+    A finding whose fix would not speed this workload up at all is kept, as info: true
+    of the link, but not what to spend time on (nor what should fail a CI job)."""
     out = []
     for f in findings:
         name = STAGE_LINK.get(f.stage)
@@ -319,5 +321,10 @@ def reweigh(findings: Sequence[Finding], chain: Sequence[Link]) -> list[Finding]
                 else "then the next link limits it"
             )
         )
-        out.append(replace(f, gain=Gain(GainKind.THROUGHPUT, round(room, 3), basis)))
+        severity = f.severity
+        if room <= 1.0 + SAME and severity.rank > Severity.INFO.rank:
+            severity = Severity.INFO
+            basis += f" (info here, {f.severity.value} for {name} alone)"
+        gain = Gain(GainKind.THROUGHPUT, round(room, 3), basis)
+        out.append(replace(f, severity=severity, gain=gain))
     return out

@@ -296,10 +296,15 @@ def build_chain(
 
 def finish(report: Report, outcome: Outcome, nodes: Sequence[Mapping[str, Any]] = ()) -> Report:
     """The report with doctor's own parts: the workload, the chain, the weakest link,
-    and the checklist ranked by what each fix buys this workload (chain.reweigh)."""
+    and every stage's findings weighed by what each fix buys this workload
+    (chain.reweigh), so the checklist, the verdict and --fail-on agree."""
     from starvecheck.advice import rank, verdict
 
-    checklist = rank(chain.reweigh(report.findings, outcome.chain))
+    stages = tuple(
+        replace(s, findings=tuple(chain.reweigh(s.findings, outcome.chain))) for s in report.stages
+    )
+    report = replace(report, stages=stages)
+    checklist = rank(report.findings)
     return replace(
         report,
         checklist=checklist,
