@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from starvecheck.status import UsageError
 from starvecheck.workload import ASSUMED_STEP_MS, Workload, check, read_file, resolve
+from tests.conftest import run
 
 
 def test_defaults_describe_a_small_llm_fine_tune():
@@ -142,3 +143,18 @@ def test_wellformed_toml_with_any_values_is_checked_or_refused(tmp_path, pairs):
         return
     assert 1 <= w.batch_size <= 1_000_000 and 1 <= w.sample_size <= 1 << 30
     assert w.step_ms is None or w.step_ms > 0
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.one_of(st.binary(max_size=120), st.text(max_size=120).map(str.encode)))
+def test_garbage_workload_through_the_cli_is_one_line_or_a_run(tmp_path, data):
+    f = tmp_path / "g.toml"
+    f.write_bytes(data)
+    r = run("doctor", "--only", "pad", "--step-ms", "100", "--workload", str(f), "--json", "-")
+    assert r.exit_code in (0, 2), r.stderr
+    if r.exit_code == 2:
+        assert r.stderr.startswith("starvecheck: error: --workload ") and r.stderr.count("\n") == 1
+    else:
+        assert r.json["command"] == "doctor"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,6 +25,10 @@ from starvecheck.cli.common import (
     warning,
 )
 from starvecheck.status import UsageError
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
 
 
 @app.command()
@@ -162,10 +167,9 @@ def doctor(
     link's capacity in samples per second next to what the GPU consumes, names the
     weakest link and how much faster training would run with it fixed, and ranks every
     stage's findings in one checklist. Under torchrun, every rank measures its own node
-    and rank 0 reports them all, with stragglers.
+    and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
     from starvecheck import distributed
-    from starvecheck.probe.machine import collect
     from starvecheck.stages import doctor as doctor_stage
     from starvecheck.stages import env as env_stage
     from starvecheck.sysroot import SysRoot
@@ -202,9 +206,10 @@ def doctor(
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None
     root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
-    machine = collect(root, path=target, environ=c.environ)
-    _, env_result = env_stage.run(root, path=target, environ=c.environ)
-    with progress_bar(c, out) as progress:
+    machine, env_result = env_stage.run(root, path=target, environ=c.environ)
+    # Under torchrun only rank 0 draws a progress bar (the ranks share the terminal).
+    quiet = rank is not None and rank.rank != 0
+    with nullcontext(_no_progress) if quiet else progress_bar(c, out) as progress:
         outcome = doctor_stage.run(
             target or str(Path.cwd()),
             w,
