@@ -360,3 +360,13 @@ def test_gpu_step_is_measured_on_cuda():
     assert step["source"] == "measured" and step["value"] > 0
     caveats = r.json["stages"][-1]["caveats"]
     assert any(c.startswith("step_ms measured: GPT-2 small") for c in caveats)
+
+
+def test_a_dataset_that_cannot_be_read_stops_before_anything_is_measured(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "plain words"}\n')
+    r = run("doctor", "--dataset", str(data), str(tmp_path))  # text, and no --tokenizer
+    assert r.exit_code == 2 and "--tokenizer" in r.stderr and r.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+    missing = run("doctor", "--tokenizer", str(tmp_path / "no-such-tokenizer"), str(tmp_path))
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1, missing.stderr

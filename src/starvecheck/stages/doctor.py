@@ -213,6 +213,19 @@ def run(
     p = plans(w, stages, quick, eff, delay_ms)
     space_problems(path, p)
     results: dict[str, StageResult] = {}
+    # pad and starve first: a dataset or tokenizer that cannot be read is one line
+    # before minutes of measuring, not after.
+    if p.pad is not None:
+        from starvecheck.stages import pad as pad_stage
+
+        results["pad"] = pad_stage.run(p.pad, progress).result
+    if p.starve is not None:
+        from starvecheck.stages import starve as starve_stage
+
+        results["starve"] = starve_stage.run(p.starve, progress)
+        if w.tokenizer:
+            d = results["starve"].parameters["sample_cpu_ms"]
+            w = w.set("cpu_ms_per_sample", d, "measured")
     if p.io is not None:
         from starvecheck.stages import io as io_stage
 
@@ -225,17 +238,6 @@ def run(
         results["loader"] = loader_stage.run(
             path, p.loader, existing=False, storage=storage, progress=progress, warn=warn
         )
-    if p.starve is not None:
-        from starvecheck.stages import starve as starve_stage
-
-        results["starve"] = starve_stage.run(p.starve, progress)
-        if w.tokenizer:
-            d = results["starve"].parameters["sample_cpu_ms"]
-            w = w.set("cpu_ms_per_sample", d, "measured")
-    if p.pad is not None:
-        from starvecheck.stages import pad as pad_stage
-
-        results["pad"] = pad_stage.run(p.pad, progress).result
     pcie_reason = "pcie not selected (--only/--skip)"
     if "pcie" in stages:
         pcie, pcie_reason = pcie_module()
