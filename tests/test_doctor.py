@@ -139,6 +139,10 @@ def test_tokenizer_measures_the_cpu_per_sample_and_counts_the_datasets_tokens(tm
     assert loader["limited_by"] == "cpu" and loader["capacity_samples_per_s"] > 0
     both = run("doctor", "--tokenizer", str(tok), "--cpu-ms-per-sample", "3")
     assert both.exit_code == 2 and "the tokenizer measures the CPU per sample" in both.stderr
+    f = tmp_path / "w.toml"
+    f.write_text("cpu_ms_per_sample = 3\n")
+    mixed = run("doctor", "--workload", str(f), "--tokenizer", str(tok))
+    assert mixed.exit_code == 2 and "give one of them" in mixed.stderr
 
 
 def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():

@@ -197,9 +197,10 @@ def doctor(
     w = resolve(from_file, given)
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
-    if cpu_ms is not None and w.tokenizer:
+    if w.tokenizer and w.source("cpu_ms_per_sample") != "default":
         raise UsageError(
-            "--cpu-ms-per-sample and --tokenizer: the tokenizer measures the CPU per sample"
+            "cpu_ms_per_sample and tokenizer: the tokenizer measures the CPU per sample; "
+            "give one of them"
         )
     rank = distributed.from_environ(c.environ)
     delay_ms = distributed.slow_ms(c.environ, rank.rank if rank else 0)

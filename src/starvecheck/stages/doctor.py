@@ -16,13 +16,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck import args
 from starvecheck.advice import chain
 from starvecheck.model import Finding, Link, Report, StageResult
 from starvecheck.status import UsageError
 from starvecheck.workload import ASSUMED_STEP_MS, Workload
+
+if TYPE_CHECKING:  # the stages import numpy or torch where they need them
+    from starvecheck.stages import io as io_stage
+    from starvecheck.stages import loader as loader_stage
+    from starvecheck.stages import pad as pad_stage
+    from starvecheck.stages import starve as starve_stage
 
 Progress = Callable[[str, int, int], None]
 Warn = Callable[[str], None]
@@ -59,11 +65,10 @@ def select(only: str | None, skip: str | None) -> tuple[str, ...]:
 class Plans:
     """Each selected stage's plan (None: not run)."""
 
-    io: Any = None
-    loader: Any = None
-    starve: Any = None
-    pad: Any = None
-    quick: bool = False
+    io: io_stage.Plan | None = None
+    loader: loader_stage.Plan | None = None
+    starve: starve_stage.Plan | None = None
+    pad: pad_stage.Plan | None = None
 
 
 def plans(
@@ -122,7 +127,7 @@ def plans(
             fields=w.field,
             tokenizer=w.tokenizer if w.dataset else None,
         )
-    return Plans(io, loader, starve, pad, quick)
+    return Plans(io, loader, starve, pad)
 
 
 def space_problems(path: str, p: Plans) -> None:
