@@ -212,7 +212,10 @@ def test_help_lists_doctor_and_imports_nothing_heavy():
     assert p.stderr.strip().splitlines()[-1] == "[]"
 
 
-def test_interrupt_leaves_the_directory_as_it_was(tmp_path):
+@pytest.mark.parametrize(
+    "marker", ["starvecheck-io-*/shard.bin", "starvecheck-loader-*/shard.idx"], ids=["io", "loader"]
+)
+def test_interrupt_leaves_the_directory_as_it_was(tmp_path, marker):
     (tmp_path / "mine.txt").write_text("the user's file")
     before = sorted(p.name for p in tmp_path.iterdir())
     proc = subprocess.Popen(
@@ -224,14 +227,14 @@ def test_interrupt_leaves_the_directory_as_it_was(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # interrupt while io's data is on disk
-            if list(tmp_path.glob("starvecheck-io-*/shard.bin")):
+        while time.monotonic() < deadline:  # interrupt while the stage's data is on disk
+            if list(tmp_path.glob(marker)):
                 break
             assert proc.poll() is None, proc.communicate()
-            time.sleep(0.02)
+            time.sleep(0.01)
         else:
-            pytest.fail("io never wrote its data")
-        time.sleep(0.5)
+            pytest.fail(f"{marker} never appeared")
+        time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
