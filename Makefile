@@ -1,5 +1,5 @@
 # The README's two set-up commands. On a fresh machine they are all the set-up there is.
-#   make run   venv with every extra, then the main job on the embedded default
+#   make run   venv with every extra, then `starvecheck doctor --quick` on the embedded default
 #   make test  venv with every extra and the test tools, then the whole suite (what CI runs)
 PYTHON ?= python3
 VENV   := .venv
@@ -22,7 +22,7 @@ $(VENV)/.installed-all: pyproject.toml constraints.txt | $(BIN)/python
 	touch $@ $(VENV)/.installed-test
 
 run: $(VENV)/.installed-all
-	$(BIN)/starvecheck env
+	$(BIN)/starvecheck doctor --quick
 
 # Tests run with every extra: the tokenizer, Streaming and plot paths are tested, not skipped.
 test: $(VENV)/.installed-all

@@ -7,6 +7,11 @@ written as JSON loads back into the same objects.
 JSON schema versions (`Report.to_dict()["schema_version"]`):
   1  first release: machine, stages (metrics, findings, caveats, capacity),
      checklist, weakest_link, verdict.
+     Added since, without a version change (new keys, present only where they
+     apply, so readers of version 1 are unaffected): `doctor` reports carry
+     `workload` (the figures judged against, each with its source), `chain` (one
+     `Link` per link: link, capacity_samples_per_s, demand_samples_per_s, basis,
+     reason, parts, limited_by) and, under torchrun, `nodes` (one row per rank).
 """
 
 from __future__ import annotations
@@ -219,6 +224,52 @@ class StageResult:
 
 
 @dataclass(frozen=True)
+class Link:
+    """One link of the chain (storage, loader, padding, pcie, gpu) against one workload:
+    the samples per second it can deliver next to what the GPU consumes. `capacity`
+    is None only when the link was not measured, and `reason` says why."""
+
+    link: str
+    capacity: float | None
+    demand: float | None
+    basis: str = ""  # what the capacity came from, in a short phrase
+    reason: str | None = None  # why capacity is None
+    # Where a link is the lower of several limits (loader: reading vs CPU work): each.
+    parts: Mapping[str, float | None] = field(default_factory=dict)
+    limited_by: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """Capacity over demand: below 1 the GPU waits for this link."""
+        if self.capacity is None or not self.demand:
+            return None
+        return self.capacity / self.demand
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "link": self.link,
+            "capacity_samples_per_s": self.capacity,
+            "demand_samples_per_s": self.demand,
+            "basis": self.basis,
+            "reason": self.reason,
+            "parts": dict(self.parts),
+            "limited_by": self.limited_by,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Link:
+        return cls(
+            link=d["link"],
+            capacity=d.get("capacity_samples_per_s"),
+            demand=d.get("demand_samples_per_s"),
+            basis=d.get("basis", ""),
+            reason=d.get("reason"),
+            parts=dict(d.get("parts", {})),
+            limited_by=d.get("limited_by"),
+        )
+
+
+@dataclass(frozen=True)
 class Report:
     """Everything one command found: machine facts, stage results, the ranked checklist."""
 
@@ -230,6 +281,10 @@ class Report:
     verdict: str = ""
     tool_version: str = ""
     created_at: str = ""
+    # doctor only (empty elsewhere, and then left out of the JSON):
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    chain: tuple[Link, ...] = ()
+    nodes: tuple[Mapping[str, Any], ...] = ()  # one per rank under torchrun
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -249,7 +304,17 @@ class Report:
             "checklist": [f.to_dict() for f in self.checklist],
             "weakest_link": self.weakest_link,
             "verdict": self.verdict,
-        }
+        } | self._doctor_dict()
+
+    def _doctor_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.workload:
+            d["workload"] = dict(self.workload)
+        if self.chain:
+            d["chain"] = [link.to_dict() for link in self.chain]
+        if self.nodes:
+            d["nodes"] = [dict(n) for n in self.nodes]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
@@ -265,6 +330,9 @@ class Report:
             verdict=d.get("verdict", ""),
             tool_version=d.get("tool", {}).get("version", ""),
             created_at=d.get("created_at", ""),
+            workload=dict(d.get("workload", {})),
+            chain=tuple(Link.from_dict(x) for x in d.get("chain", ())),
+            nodes=tuple(dict(n) for n in d.get("nodes", ())),
         )
 
 

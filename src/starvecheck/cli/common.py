@@ -184,9 +184,11 @@ def emit(report: Report, out: Outputs, c: Context) -> int:
         # of copy-paste and diffs.
         c.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
         c.stdout.flush()
-    if out.fail_on is not FailOn.never and at_or_above(
-        report.findings, Severity(out.fail_on.value)
-    ):
+    return exit_status(report, out.fail_on)
+
+
+def exit_status(report: Report, fail_on: FailOn) -> int:
+    if fail_on is not FailOn.never and at_or_above(report.findings, Severity(fail_on.value)):
         return ExitStatus.FINDINGS
     return ExitStatus.OK
 

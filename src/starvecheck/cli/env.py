@@ -56,7 +56,3 @@ def env(
         raise UsageError(f"{path}: no such file or directory{where}")
     machine, result = env_stage.run(root, path=path, environ=c.environ)
     return emit(build_report("env", machine.to_dict(), [result], c), out, c)
-
-
-# `io` sizes: (samples, runs) by default and with --quick; --existing reads real
-# files, fewer by default (each may be large, and the storage may be remote).

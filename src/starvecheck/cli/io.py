@@ -25,9 +25,6 @@ from starvecheck.cli.common import (
 from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
-IO_DEFAULTS = {"generated": (10_000, 5), "existing": (1_000, 5)}
-IO_QUICK = {"generated": (2_000, 3), "existing": (200, 3)}
-
 
 @app.command()
 def io(
@@ -136,7 +133,7 @@ def io(
     target = args.data_path(path, existing)
     # io measures this machine, never a fake sysroot: facts and figures must match.
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    default_samples, default_runs = (IO_QUICK if quick else IO_DEFAULTS)[mode]
+    default_samples, default_runs = io_stage.SIZES[quick][mode]
     n_samples = samples or default_samples
     if not existing and (problem := io_stage.space_problem(target, n_samples, size)):
         raise UsageError(problem)
@@ -159,7 +156,3 @@ def io(
             warn=lambda msg: warning(c, msg),
         )
     return emit(build_report("io", machine.to_dict(), [result], c), out, c)
-
-
-# `loader` sizes: (samples, runs), as for io. Every run is an epoch through a fresh
-# DataLoader per layout, cache state and worker count; --quick fits in 30 s on 2 cores.

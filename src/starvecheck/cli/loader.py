@@ -26,9 +26,6 @@ from starvecheck.cli.common import (
 from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
-LOADER_DEFAULTS = {"generated": (5_000, 3), "existing": (1_000, 3)}
-LOADER_QUICK = {"generated": (1_000, 3), "existing": (200, 3)}
-
 
 @app.command()
 def loader(
@@ -135,7 +132,7 @@ def loader(
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     eff = max(1, machine.cpu.effective_cpus or 1)
     mode = "existing" if existing else "generated"
-    default_samples, default_runs = (LOADER_QUICK if quick else LOADER_DEFAULTS)[mode]
+    default_samples, default_runs = loader_stage.SIZES[quick][mode]
     n_samples = samples or default_samples
     if not existing and (
         problem := io_stage.space_problem(

@@ -20,7 +20,7 @@ from starvecheck.cli.common import app, error
 # isort: off
 # Each module registers its command when imported; `starvecheck --help` lists them
 # in this order: the machine, then the chain from storage to the GPU step.
-from starvecheck.cli import env, io, loader, starve, pad, profile, pcie  # noqa: F401
+from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor  # noqa: F401
 
 # isort: on
 from starvecheck.context import Context

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.render import chain, loader, pad, pcie, profile, sweep, throughput, trace
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -37,8 +37,37 @@ def _finding(i: int, f: Finding) -> tuple[str, ...]:
     )
 
 
+def _doctor(report: Report) -> list[str]:
+    """The workload, the chain (weakest link in bold, marked), the nodes."""
+    out = [
+        "### Workload",
+        "",
+        *_table(chain.WORKLOAD_HEADERS, chain.workload_rows(report.workload)),
+    ]
+    if report.chain:
+        rows = [
+            tuple(f"**{c}**" if row[-1] and c else c for c in row)
+            for row in chain.chain_rows(report.chain, report.weakest_link)
+        ]
+        out += [
+            "",
+            "### Chain",
+            "",
+            chain.demand_line(report),
+            "",
+            *_table(chain.CHAIN_HEADERS, rows),
+        ]
+        out += ["", f"**{chain.weakest_line(report)}**"]
+    if report.nodes:
+        headers = chain.node_headers(report.nodes)
+        out += ["", "### Nodes", "", *_table(headers, chain.node_rows(report.nodes))]
+    return [*out, ""]
+
+
 def serialize(report: Report) -> str:
     out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
+    if chain.shows(report):
+        out += _doctor(report)
     rows = machine_rows(report.machine, report.command) if report.machine else []
     if rows:
         out += ["### Machine", ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.render import chain, loader, pad, pcie, profile, sweep, throughput, trace
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -32,6 +32,8 @@ def render(report: Report, console: Any) -> None:
     if report.machine.get("kernel"):
         title.append(f" · Linux {report.machine['kernel']}")
     console.print(title)
+    if chain.shows(report):
+        _doctor(report, console)
 
     if report.machine:
         facts = Table.grid(padding=(0, 2))
@@ -130,6 +132,38 @@ def render(report: Report, console: Any) -> None:
     console.print()
     worst = report.checklist[0].severity if report.checklist else Severity.OK
     console.print(Text(report.verdict, style=f"bold {STYLE[worst]}"))
+
+
+def _doctor(report: Report, console: Any) -> None:
+    """The workload, then the chain with its weakest link in bold red, then the nodes."""
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print()
+    grid = Table(*chain.WORKLOAD_HEADERS, box=None, header_style="bold", pad_edge=False)
+    grid.columns[2].style = "dim"
+    for row in chain.workload_rows(report.workload):
+        grid.add_row(*row)
+    console.print(grid)
+    if report.chain:
+        console.print()
+        console.print(Text(chain.demand_line(report)))
+        table = _table("chain", chain.CHAIN_HEADERS, [], right=range(1, 3))
+        table.columns[3].overflow = "fold"
+        for row in chain.chain_rows(report.chain, report.weakest_link):
+            style = "bold red" if row[-1] else ("dim" if row[1] == "n/a" else None)
+            table.add_row(*row, style=style)
+        console.print(table)
+        console.print(Text(chain.weakest_line(report), style="bold"))
+    if report.nodes:
+        console.print()
+        rows = chain.node_rows(report.nodes)
+        headers = chain.node_headers(report.nodes)
+        table = _table("nodes", headers, [], right=range(1, len(headers) - 1))
+        for row in rows:
+            table.add_row(*row, style="bold red" if row[-1] else None)
+        console.print(table)
+    console.print()
 
 
 def _finding_block(i: int, f: Finding) -> Any:

@@ -45,6 +45,14 @@ BLOCK = 4096
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
+# (samples, runs) by default and with --quick (SIZES[quick][mode]), for `io` and
+# `doctor`; existing mode reads real files, fewer by default (each may be large, and
+# the storage may be remote).
+SIZES = {
+    False: {"generated": (10_000, 5), "existing": (1_000, 5)},
+    True: {"generated": (2_000, 3), "existing": (200, 3)},
+}
+
 
 def _no_progress(what: str, done: int, total: int) -> None:
     pass

@@ -67,6 +67,14 @@ KNEE_SHARE = 0.95
 WARMUP_BATCHES = 4
 MDS_OVERHEAD = 64  # bytes per sample an MDS shard adds (offsets, column sizes), rounded up
 
+# (samples, runs) by default and with --quick (SIZES[quick][mode]), for `loader` and
+# `doctor`. Every run is an epoch through a fresh DataLoader per layout, cache state and
+# worker count; --quick fits in 30 s on 2 cores.
+SIZES = {
+    False: {"generated": (5_000, 3), "existing": (1_000, 3)},
+    True: {"generated": (1_000, 3), "existing": (200, 3)},
+}
+
 _THROUGHPUT = re.compile(r"throughput\.(?P<layout>[a-z_]+)\.(?P<temp>cold|warm)\.w(?P<w>\d+)")
 
 
@@ -86,13 +94,26 @@ class Plan:
     cold: bool = True
     effective_cpus: int = 1
     seed: int = 0
+    # doctor measures only the workload's layout; None: every layout.
+    layouts: tuple[str, ...] | None = None
+    # Testing hook (STARVECHECK_SLOW_RANKS, read in cli/doctor.py): every sample of the
+    # generated map-style layouts takes this much longer, as a slow node's would.
+    sample_delay_ms: float = 0.0
 
     @property
     def temperatures(self) -> tuple[str, ...]:
         return ("cold", "warm") if self.cold else ("warm",)
 
+    def wants(self, layout: str) -> bool:
+        return self.layouts is None or layout in self.layouts
+
     def parameters(self) -> dict[str, Any]:
-        return {
+        extra: dict[str, Any] = {}
+        if self.layouts is not None:
+            extra["layouts"] = list(self.layouts)
+        if self.sample_delay_ms:
+            extra["sample_delay_ms"] = self.sample_delay_ms
+        return extra | {
             "samples": self.samples,
             "sample_size_bytes": self.sample_size,
             "batch_size": self.batch_size,
@@ -113,6 +134,26 @@ def space_needed(samples: int, sample_size: int) -> int:
     shard = samples * sample_size + SHARD_INDEX.size * (samples + 1)
     mds = samples * (sample_size + MDS_OVERHEAD) + (1 << 20)
     return samples * per_file + shard + mds + BLOCK * (samples // 64 + 8)
+
+
+class Slowed:
+    """A map-style dataset whose every sample takes `delay_ms` longer (a sleep in the
+    worker): the testing hook behind STARVECHECK_SLOW_RANKS. Module level, so DataLoader
+    workers can receive it."""
+
+    def __init__(self, inner: Any, delay_ms: float) -> None:
+        self.inner = inner
+        self.delay_ms = delay_ms
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        time.sleep(self.delay_ms / 1000)
+        return self.inner[i]
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 # --- knee and recommendation (pure) ---------------------------------------------------
@@ -246,6 +287,10 @@ def generate(
             release=lambda dataset: dataset.close(),
         ),
     ]
+    sources = [s for s in sources if plan.wants(s.name)]
+    if plan.sample_delay_ms:
+        for source in sources:
+            source.make = _slowed(source.make, plan.sample_delay_ms)
     if streaming is not None:
         from starvecheck.stages import mds
 
@@ -267,6 +312,10 @@ def generate(
             )
         )
     return sources
+
+
+def _slowed(make: Callable[[int], Any], delay_ms: float) -> Callable[[int], Any]:
+    return lambda run: Slowed(make(run), delay_ms)
 
 
 def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any], list[str]]:
@@ -603,8 +652,8 @@ def run(
             caveats += more
             measured = _measure_or_fail(sources, plan, pin, progress)
         else:
-            streaming, why = _streaming()
-            if streaming is None:
+            streaming, why = _streaming() if plan.wants("mds") else (None, "")
+            if streaming is None and plan.wants("mds"):
                 extra_metrics.append(Metric.missing("throughput.mds", "samples/s", why))
             scratch = Scratch(path, prefix="starvecheck-loader-")
             try:

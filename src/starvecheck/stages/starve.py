@@ -45,6 +45,9 @@ class Plan:
     sleep: bool = False  # the sleep-based model: samples wait instead of working
     effective_cpus: int = 1
     tokenizer: str | None = None
+    # doctor: after the sweep, measure the preprocessing capacity this many times
+    # (0: not at all; the `starve` command does not).
+    capacity_runs: int = 0
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -300,6 +303,31 @@ def default_texts(n: int, chars: int = 2000) -> list[str]:
     return texts or ["starvecheck " * (chars // 12)]
 
 
+def capacity_workers(points: Sequence[Point], effective_cpus: int) -> int:
+    """Where doctor measures the capacity: the recommended count, at most the CPUs."""
+    rec = recommended_workers(points, effective_cpus)
+    most = max((p.workers for p in points), default=0)
+    return min(rec if rec is not None else most, max(1, effective_cpus))
+
+
+def measure_capacity(
+    dataset: _Samples, plan: Plan, workers: int, runs: int, progress: Progress = _no_progress
+) -> Metric:
+    """Samples per second `workers` deliver when nothing waits for the consumer (the
+    step takes 0 ms): the production rate of the preprocessing itself, which a run
+    against a real step hides whenever the workers keep up. Each run is a fresh
+    DataLoader; per run, batch_size x steps over the time spent waiting for them."""
+    fast = replace(plan, step_ms=0.0)
+    rates = []
+    for i in range(runs):
+        progress(f"capacity, {workers} worker(s)", i, runs)
+        point = measure_point(dataset, fast, workers)
+        spent_ms = sum(point.waits_ms) + sum(point.computes_ms)
+        if spent_ms > 0:
+            rates.append(plan.batch_size * len(point.waits_ms) * 1000 / spent_ms)
+    return Metric.repeated(f"capacity.w{workers}", rates, "samples/s")
+
+
 def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
     from starvecheck.advice.starve import advise
     from starvecheck.scratch import signals_raise
@@ -322,8 +350,16 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
             "--sleep: samples sleep instead of working, so workers never compete for CPUs; "
             "the sleep model's predictions hold, and real preprocessing will not match them"
         )
+    capacity = None
+    extra: dict[str, Any] = {}
     with signals_raise():  # SIGTERM ends the sweep like Ctrl-C: workers are shut down
         points = sweep(plan, progress, tokenizer, texts)
+        if plan.capacity_runs:
+            w = capacity_workers(points, plan.effective_cpus)
+            n = (plan.steps + warmup_steps(plan, w) + 2 + w * PREFETCH) * plan.batch_size
+            dataset = _Samples(n, plan.sample_ms, plan.sleep, texts, tokenizer)
+            capacity = measure_capacity(dataset, plan, w, plan.capacity_runs, progress)
+            extra = {"capacity_workers": w, "capacity_runs": plan.capacity_runs}
     metrics = summarize(plan, d_ms, points)
     import torch
 
@@ -331,6 +367,7 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
         **plan.parameters(),
         "sample_cpu_ms": round(d_ms, 4),
         "cuda": bool(torch.cuda.is_available()),
+        **extra,
     }
     return StageResult(
         stage="starve",
@@ -338,5 +375,6 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
         metrics=tuple(metrics),
         findings=advise(metrics, params),
         caveats=tuple(caveats),
+        capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
     )

@@ -1,0 +1,235 @@
+"""`starvecheck doctor`: the whole chain against one workload, and its weakest link."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from starvecheck import args
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    QuickOpt,
+    app,
+    build_report,
+    context_of,
+    emit,
+    exit_status,
+    progress_bar,
+    warning,
+)
+from starvecheck.status import UsageError
+
+
+def _no_progress(what: str, done: int, total: int) -> None:
+    pass
+
+
+@app.command()
+def doctor(
+    ctx: typer.Context,
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            help="Directory on the storage to test (default: the working directory). "
+            "io and loader write their data in new directories there and remove them.",
+            show_default=False,
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None,
+        typer.Option("--batch-size", help="Samples per batch [default: 16].", show_default=False),
+    ] = None,
+    sample_size: Annotated[
+        str | None,
+        typer.Option(
+            "--sample-size",
+            metavar="SIZE",
+            help="Bytes per sample on disk: 8K, 1MiB, ... [default: 8KiB].",
+            show_default=False,
+        ),
+    ] = None,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context",
+            "--seq-len",
+            help="Context length (max_length) in tokens [default: 2048].",
+            show_default=False,
+        ),
+    ] = None,
+    cpu_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--cpu-ms-per-sample",
+            help="CPU milliseconds of preprocessing per sample in a worker [default: 2].",
+            show_default=False,
+        ),
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="NAME",
+            help="transformers tokenizer (a local directory or a cached name; never "
+            "downloaded): measures the CPU cost per sample by real tokenization, and "
+            "counts tokens of --dataset.",
+            show_default=False,
+        ),
+    ] = None,
+    step_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--step-ms",
+            help="GPU milliseconds per training step [default: measured with GPT-2 on a "
+            "CUDA device; 400, assumed, without one].",
+            show_default=False,
+        ),
+    ] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            "--layout",
+            metavar="shard|small_files",
+            help="How the data is stored: one shard file, or one file per sample [default: shard].",
+            show_default=False,
+        ),
+    ] = None,
+    current: Annotated[
+        str | None,
+        typer.Option(
+            "--current",
+            metavar="STRATEGY",
+            help="The batching strategy trained with today (as pad's --current) "
+            "[default: dynamic].",
+            show_default=False,
+        ),
+    ] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            "--dataset",
+            metavar="PATH",
+            help="Dataset for pad to measure (else its embedded Alpaca-like default).",
+            show_default=False,
+        ),
+    ] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--field", metavar="NAME", help="Field of --dataset holding the sample (as pad's)."
+        ),
+    ] = None,
+    workload_file: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            metavar="FILE.toml",
+            help="The workload from a TOML file with the same keys (batch_size, "
+            "sample_size, context, cpu_ms_per_sample, step_ms, layout, current, dataset, "
+            "field, tokenizer); options override it.",
+            show_default=False,
+        ),
+    ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            metavar="STAGE[,STAGE...]",
+            help="Run only these of io, loader, starve, pad, pcie (env always runs).",
+            show_default=False,
+        ),
+    ] = None,
+    skip: Annotated[
+        str | None,
+        typer.Option(
+            "--skip",
+            metavar="STAGE[,STAGE...]",
+            help="Run all stages but these.",
+            show_default=False,
+        ),
+    ] = None,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """The whole chain against one workload: each link's capacity, the weakest, what to fix.
+
+    Runs env, io, loader, starve, pad and (with a CUDA device) pcie against one workload
+    (batch size, bytes per sample, context, CPU per sample, GPU step time), states each
+    link's capacity in samples per second next to what the GPU consumes, names the
+    weakest link and how much faster training would run with it fixed, and ranks every
+    stage's findings in one checklist. Under torchrun, every rank measures its own node
+    and rank 0 reports them all, with stragglers (the other ranks write nothing).
+    """
+    from starvecheck import distributed
+    from starvecheck.stages import doctor as doctor_stage
+    from starvecheck.stages import env as env_stage
+    from starvecheck.sysroot import SysRoot
+    from starvecheck.workload import check, read_file, resolve
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    stages = doctor_stage.select(only, skip)
+    given: dict[str, Any] = {}
+    for key, option, value in (
+        ("batch_size", "--batch-size", batch_size),
+        ("sample_size", "--sample-size", sample_size),
+        ("context", "--context", context),
+        ("cpu_ms_per_sample", "--cpu-ms-per-sample", cpu_ms),
+        ("step_ms", "--step-ms", step_ms),
+        ("layout", "--layout", layout),
+        ("current", "--current", current),
+        ("dataset", "--dataset", dataset),
+        ("field", "--field", fields or None),
+        ("tokenizer", "--tokenizer", tokenizer),
+    ):
+        if value is not None:
+            given[key] = check(key, value, option)
+    from_file = read_file(workload_file) if workload_file is not None else {}
+    w = resolve(from_file, given)
+    if w.field and not w.dataset:
+        raise UsageError("--field applies to --dataset")
+    if w.tokenizer and w.source("cpu_ms_per_sample") != "default":
+        raise UsageError(
+            "cpu_ms_per_sample and tokenizer: the tokenizer measures the CPU per sample; "
+            "give one of them"
+        )
+    rank = distributed.from_environ(c.environ)
+    delay_ms = distributed.slow_ms(c.environ, rank.rank if rank else 0)
+    needs_disk = any(s in stages for s in ("io", "loader"))
+    target = args.data_path(path, False, "doctor") if needs_disk or path else None
+    root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
+    machine, env_result = env_stage.run(root, path=target, environ=c.environ)
+    # Under torchrun only rank 0 draws a progress bar (the ranks share the terminal).
+    quiet = rank is not None and rank.rank != 0
+    with nullcontext(_no_progress) if quiet else progress_bar(c, out) as progress:
+        outcome = doctor_stage.run(
+            target or str(Path.cwd()),
+            w,
+            stages,
+            quick,
+            machine,
+            progress,
+            lambda msg: warning(c, msg),
+            delay_ms,
+        )
+    results = [env_result, *outcome.results]
+    report = doctor_stage.finish(build_report("doctor", machine.to_dict(), results, c), outcome)
+    if rank is not None:
+        gathered = distributed.gather(report, rank, c.environ)
+        if gathered is None:  # not rank 0: nothing on stdout, the same exit status
+            return exit_status(report, out.fail_on)
+        nodes, findings, caveats = distributed.judge(gathered, outcome.workload.demand)
+        results = doctor_stage.add_findings(results, findings, caveats)
+        report = doctor_stage.finish(
+            build_report("doctor", machine.to_dict(), results, c), outcome, nodes
+        )
+    return emit(report, out, c)

@@ -1,0 +1,89 @@
+"""The GPU step of a workload, measured: GPT-2 small (profile's build_model, random
+weights, nothing downloaded) trained on random token ids at the workload's batch size
+and context, on the CUDA device.
+
+GPT-2 has 1,024 positions, so a longer context is measured at 1,024 tokens; a batch
+that does not fit in GPU memory is halved until it does. Either way the report says
+what was measured, and the step time is scaled to the workload's batch size
+(samples per second is what the chain compares, and it is the measured figure).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starvecheck.model import Metric
+from starvecheck.status import Unavailable
+
+GPT2_POSITIONS = 1024
+
+
+@dataclass(frozen=True)
+class Measured:
+    step_ms: Metric  # per step at `batch` x `seq_len`
+    batch: int
+    seq_len: int
+    scaled_ms: float  # the step time scaled to the workload's batch size
+    description: str
+
+
+def measure(batch_size: int, context: int, quick: bool) -> Measured:
+    import torch
+
+    from starvecheck.stages import profile as profile_stage
+
+    if not torch.cuda.is_available():
+        raise Unavailable("measuring the GPU step needs a CUDA device; give --step-ms")
+    seq = min(context, GPT2_POSITIONS)
+    plan = profile_stage.Plan(workers=(0,), model_size="base", device="cuda")
+    model, optimizer = profile_stage.build_model(plan)
+    vocab = plan.shape[3]
+    warmup, steps = (2, 5) if quick else (3, 20)
+    batch = batch_size
+    try:
+        while True:
+            try:
+                times = _time_steps(model, optimizer, batch, seq, vocab, warmup, steps)
+                break
+            except torch.cuda.OutOfMemoryError:
+                optimizer.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                if batch == 1:
+                    raise Unavailable(
+                        "GPT-2 small does not fit in GPU memory at batch 1; give --step-ms"
+                    ) from None
+                batch //= 2
+    finally:
+        del model, optimizer
+        torch.cuda.empty_cache()
+    metric = Metric.repeated("gpu_step_ms", times, "ms")
+    assert metric.value is not None
+    scaled = metric.value * batch_size / batch
+    what = f"GPT-2 small (124M, random weights) training steps at batch {batch} x {seq} tokens"
+    if seq < context:
+        what += f" (GPT-2 has {GPT2_POSITIONS:,} positions; the context is {context:,})"
+    if batch < batch_size:
+        what += f", scaled to batch {batch_size} (batch {batch_size} did not fit)"
+    what += f" on {torch.cuda.get_device_name()}: {warmup} warm-up, median of {steps}"
+    return Measured(metric, batch, seq, scaled, what)
+
+
+def _time_steps(
+    model: object, optimizer: object, batch: int, seq: int, vocab: int, warmup: int, steps: int
+) -> list[float]:
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss  # type: ignore[operator]
+        loss.backward()
+        optimizer.step()  # type: ignore[attr-defined]
+        optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        torch.cuda.synchronize()
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1000)
+    return times

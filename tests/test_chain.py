@@ -1,0 +1,274 @@
+"""doctor's chain maths against hand-computed cases: each link's capacity, the weakest
+link and what fixing it buys, the checklist reweighed for the workload, stragglers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from starvecheck.advice import chain, nodes
+from starvecheck.distributed import from_environ, slow_ms
+from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Report, Severity, StageResult
+from starvecheck.stages.doctor import build_chain
+from starvecheck.status import UsageError
+from starvecheck.workload import Workload
+
+
+def _io(cold: float | None, warm: float, reason: str = "tmpfs") -> StageResult:
+    cold_m = (
+        Metric.repeated("shard.random.cold.t2.samples_per_s", [cold], "samples/s")
+        if cold is not None
+        else Metric.missing("shard.random.cold.t2.samples_per_s", "samples/s", reason)
+    )
+    return StageResult(
+        "io",
+        parameters={"threads": [1, 2]},
+        metrics=(
+            Metric.repeated("shard.random.cold.samples_per_s", [50.0], "samples/s"),
+            cold_m,
+            Metric.repeated("shard.random.warm.t2.samples_per_s", [warm], "samples/s"),
+            Metric.repeated("small_files.random.cold.t2.samples_per_s", [7.0], "samples/s"),
+        ),
+    )
+
+
+def test_storage_is_the_layouts_cold_random_read_with_the_most_readers():
+    link = chain.storage(_io(1000.0, 9000.0), "shard", demand=400.0)
+    assert link.capacity == 1000.0 and link.demand == 400.0
+    assert "shard.random.cold, 2 reader(s)" in link.basis
+    assert chain.storage(_io(1000.0, 9000.0), "small_files", 400.0).capacity == 7.0
+
+
+def test_storage_falls_back_to_warm_and_says_why():
+    link = chain.storage(_io(None, 9000.0, "this path is on tmpfs"), "shard", 400.0)
+    assert link.capacity == 9000.0
+    assert "warm" in link.basis and "this path is on tmpfs" in link.basis
+
+
+def test_storage_without_figures_is_null_with_a_reason():
+    link = chain.storage(StageResult("io", parameters={"threads": [1]}), "shard", 400.0)
+    assert link.capacity is None and "no shard.random" in (link.reason or "")
+
+
+def _loader(rec: int, **curve: float) -> StageResult:
+    metrics = [
+        Metric.repeated(f"throughput.shard.warm.w{w[1:]}", [v], "samples/s")
+        for w, v in curve.items()
+    ]
+    metrics.append(Metric.single("recommended_num_workers.shard", rec, "workers"))
+    return StageResult("loader", metrics=tuple(metrics))
+
+
+def test_loader_is_the_lower_of_reading_and_cpu_and_names_it():
+    read = chain.read_capacity(_loader(2, w0=900.0, w1=1500.0, w2=2000.0), "shard")
+    assert read[0] == 2000.0 and "2 worker(s)" in read[1]
+    link = chain.loader(read, (800.0, "starve"), demand=400.0)
+    assert link.capacity == 800.0 and link.limited_by == "cpu"
+    assert link.parts == {"reading": 2000.0, "cpu": 800.0}
+    link = chain.loader(read, (5000.0, "starve"), 400.0)
+    assert link.capacity == 2000.0 and link.limited_by == "reading"
+
+
+def test_loader_with_one_part_missing_uses_the_other_and_says_so():
+    link = chain.loader((None, "loader not selected"), (800.0, "starve"), 400.0)
+    assert link.capacity == 800.0 and "reading not measured (loader not selected)" in link.basis
+    both = chain.loader((None, "loader not selected"), (None, "starve not selected"), 400.0)
+    assert both.capacity is None
+    assert both.reason == "loader not selected; starve not selected"
+
+
+def test_cpu_capacity_comes_from_starves_capacity():
+    starve = StageResult(
+        "starve",
+        parameters={"sample_cpu_ms": 2.0, "capacity_workers": 2},
+        capacity=Metric.repeated("capacity.w2", [950.0, 1000.0, 990.0], "samples/s"),
+    )
+    assert chain.cpu_capacity(starve) == (990.0, "starve, 2.0 ms CPU per sample in 2 worker(s)")
+    assert chain.cpu_capacity(StageResult("starve"))[0] is None
+
+
+def _pad(**eff: float) -> StageResult:
+    return StageResult(
+        "pad",
+        metrics=tuple(Metric.single(f"efficiency.{k}", v, "fraction") for k, v in eff.items()),
+    )
+
+
+def test_padding_is_demand_scaled_by_the_efficiency_ratio():
+    link = chain.padding(_pad(dynamic=0.4, length_grouped=0.8, bfd_pack=0.99), "dynamic", 100.0)
+    assert link.capacity == pytest.approx(100 * 0.4 / 0.99)
+    assert link.ratio == pytest.approx(0.4 / 0.99)
+    # Already the best: exactly at demand.
+    assert chain.padding(_pad(dynamic=0.4), "dynamic", 100.0).capacity == 100.0
+    assert chain.padding(_pad(dynamic=0.4), "bfd_pack", 100.0).capacity is None
+    assert chain.padding(_pad(dynamic=0.4), "dynamic", None).capacity is None
+
+
+def test_best_strategy_ties_go_to_the_simpler():
+    assert chain.best_strategy({"padding_free": 1.0, "bfd_pack": 1.0}) == "padding_free"
+    assert chain.best_strategy({}) is None
+
+
+def _pcie() -> StageResult:
+    rates = {"64KiB": 5.0, "1MiB": 10.0, "16MiB": 20.0, "256MiB": 24.0, "1GiB": 25.0}
+    return StageResult(
+        "pcie",
+        metrics=(
+            *(Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s") for k, v in rates.items()),
+            Metric.repeated("h2d.pageable.1MiB", [3.0], "GB/s"),
+        ),
+    )
+
+
+def test_pcie_uses_pinned_bandwidth_at_the_size_nearest_a_batch():
+    # 2,048 tokens x 8 bytes = 16 KiB a sample; 32 of them 512 KiB, nearest 1 MiB.
+    link = chain.pcie(_pcie(), 16384, 32, demand=80.0)
+    assert link.capacity == pytest.approx(10e9 / 16384)
+    assert "1MiB" in link.basis
+    assert chain.nearest_size(["64KiB", "1MiB"], 300 << 10) == "1MiB"
+    assert chain.nearest_size(["64KiB", "1MiB"], 256 << 10) == "64KiB"  # a tie: the smaller
+    assert chain.pcie(StageResult("pcie"), 16384, 32, 80.0).capacity is None
+
+
+def test_build_chain_with_a_pcie_result_and_skipped_stages():
+    w = Workload(step_ms=200.0)  # 16 per 0.2 s: 80 samples/s
+    links = build_chain(w, {"pcie": _pcie()}, "step_ms 200 (option)", "")
+    by = {x.link: x for x in links}
+    assert [x.link for x in links] == list(chain.LINKS)
+    # 16 x 16 KiB = 256 KiB: as far from 64 KiB as from 1 MiB; the smaller, 5 GB/s.
+    assert by["pcie"].capacity == pytest.approx(5e9 / 16384)
+    assert by["gpu"].capacity == by["gpu"].demand == 80.0
+    assert by["storage"].capacity is None and "io not selected" in (by["storage"].reason or "")
+    skipped = build_chain(w, {}, "", "no CUDA device")
+    assert skipped[3].reason == "not measured: no CUDA device"
+
+
+def _chain(**caps: float | None) -> list[Link]:
+    demand = caps.pop("demand")
+    out = [Link(name, cap, demand) for name, cap in caps.items()]
+    return [*out, Link("gpu", demand, demand)]
+
+
+def test_weakest_and_what_fixing_it_buys():
+    w = chain.weakest(_chain(storage=1000, loader=500, padding=300, pcie=None, demand=400))
+    assert w.link == "padding"
+    assert w.speedup == pytest.approx(400 / 300)  # until the GPU's demand
+    assert w.next_link == "the GPU's demand"
+    w = chain.weakest(_chain(storage=1000, loader=200, padding=300, demand=400))
+    assert (w.link, w.next_link) == ("loader", "padding")
+    assert w.speedup == pytest.approx(1.5)  # until padding, not the GPU
+    assert "1.5x faster (until padding at 300 samples/s)" in w.message
+
+
+def test_a_fed_gpu_is_the_weakest_and_says_so():
+    w = chain.weakest(_chain(storage=1000, loader=800, demand=400))
+    assert w.link == "gpu" and w.speedup == 1.0 and w.headroom == pytest.approx(2.0)
+    assert "keeps up" in w.message and "loader at 2.0x" in w.message
+
+
+def test_ties_go_to_the_gpu_then_upstream():
+    assert chain.weakest(_chain(storage=1000, loader=400, demand=400)).link == "gpu"
+    w = chain.weakest(_chain(storage=200, loader=200, demand=400))
+    assert (w.link, w.next_link, w.speedup) == ("storage", "loader", 1.0)
+
+
+def test_null_links_are_never_the_weakest_and_too_few_say_so():
+    w = chain.weakest(_chain(storage=None, loader=500, demand=400))
+    assert w.link == "gpu"
+    few = chain.weakest(_chain(storage=None, loader=None, demand=400))
+    assert few.link is None and "too few links" in few.message
+
+
+def test_weakest_link_finding_only_when_it_matters():
+    links = _chain(storage=1000, loader=100, demand=400)
+    (f,) = chain.advise(links, chain.weakest(links))
+    assert f.id == "doctor.weakest-link" and f.severity is Severity.CRITICAL
+    assert f.gain == Gain(GainKind.THROUGHPUT, 4.0, f.gain.basis)
+    links = _chain(storage=1000, loader=300, demand=400)
+    assert chain.advise(links, chain.weakest(links))[0].severity is Severity.WARNING
+    fed = _chain(storage=1000, loader=800, demand=400)
+    assert chain.advise(fed, chain.weakest(fed)) == ()
+
+
+def test_reweigh_caps_a_stage_gain_at_what_training_gets():
+    links = _chain(storage=8000, loader=600, padding=200, demand=400)
+    big = Finding("io.small-files", Severity.CRITICAL, "t", gain=Gain(GainKind.THROUGHPUT, 15.8))
+    pad = Finding("pad.waste", Severity.CRITICAL, "t", gain=Gain(GainKind.THROUGHPUT, 2.0))
+    env = Finding("env.x", Severity.WARNING, "t")
+    io_f, pad_f, env_f = chain.reweigh(
+        [
+            Finding(**{**big.__dict__, "stage": "io"}),
+            Finding(**{**pad.__dict__, "stage": "pad"}),
+            Finding(**{**env.__dict__, "stage": "env"}),
+        ],
+        links,
+    )
+    assert io_f.gain.value == 1.0 and "already delivers more" in io_f.gain.basis
+    # True of storage, but buys this workload nothing: info here, and says so.
+    assert io_f.severity is Severity.INFO and "critical for storage alone" in io_f.gain.basis
+    assert pad_f.severity is Severity.CRITICAL
+    assert pad_f.gain.value == 2.0  # padding at 200 -> 400: the whole 2x
+    assert env_f.gain is None
+    assert chain.headroom(links, "padding") == pytest.approx(2.0)
+    assert chain.headroom(links, "pcie") is None
+
+
+def test_link_and_doctor_report_round_trip_and_other_reports_are_unchanged():
+    link = Link("loader", 800.0, 400.0, "b", None, {"reading": 2000.0, "cpu": 800.0}, "cpu")
+    d = link.to_dict()
+    assert d["capacity_samples_per_s"] == 800.0 and d["demand_samples_per_s"] == 400.0
+    assert Link.from_dict(json.loads(json.dumps(d))) == link
+    report = Report(
+        "doctor",
+        {},
+        chain=(link, Link("pcie", None, 400.0, reason="no CUDA device")),
+        weakest_link="loader",
+        workload=Workload().to_dict(),
+        nodes=({"rank": 0, "host": "a"},),
+    )
+    again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again == report
+    assert again.to_dict()["chain"][1]["reason"] == "no CUDA device"
+    plain = Report("env", {}).to_dict()
+    assert not {"chain", "workload", "nodes"} & plain.keys()
+
+
+def test_stragglers_below_80_percent_of_the_median():
+    assert nodes.stragglers({0: 1000.0, 1: 100.0}) == (550.0, [1])
+    assert nodes.stragglers({0: 1000.0, 1: 1000.0, 2: 790.0}) == (1000.0, [2])
+    assert nodes.stragglers({0: 1000.0, 1: 1000.0, 2: 800.0}) == (1000.0, [])  # exactly 80%
+    assert nodes.stragglers({0: 1000.0, 1: None, 2: 950.0}) == (975.0, [])
+    assert nodes.stragglers({0: 1000.0}) == (None, [])
+
+
+def _payload(rank: int, storage: float | None, loader: float | None) -> dict:
+    links = [Link("storage", storage, 400.0), Link("loader", loader, 400.0)]
+    return {"rank": rank, "host": f"node{rank}", "report": {"chain": [x.to_dict() for x in links]}}
+
+
+def test_judge_marks_the_straggler_with_severity_by_demand():
+    table, (f,) = nodes.judge([_payload(1, 5000.0, 300.0), _payload(0, 5000.0, 3000.0)], 400.0)
+    assert [r["rank"] for r in table] == [0, 1]
+    assert table[1]["straggler"] and not table[0]["straggler"]
+    assert table[1]["data_pipeline_samples_per_s"] == 300.0
+    assert f.id == "doctor.straggler" and f.severity is Severity.CRITICAL
+    assert "Rank 1 on node1" in f.title and f.gain.value == pytest.approx(400 / 300, abs=1e-3)
+    _, (g,) = nodes.judge([_payload(0, 5000.0, 3000.0), _payload(1, 5000.0, 1000.0)], 400.0)
+    assert g.severity is Severity.WARNING and g.gain is None
+    assert nodes.data_pipeline({"storage": None, "loader": 7.0, "gpu": 1.0}) == 7.0
+
+
+def test_rank_environment_and_the_slow_ranks_hook():
+    assert from_environ({}) is None
+    r = from_environ({"RANK": "1", "WORLD_SIZE": "2"})
+    assert (r.rank, r.world) == (1, 2)
+    for bad in ({"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}):
+        with pytest.raises(UsageError, match="RANK"):
+            from_environ(bad)
+    env = {"STARVECHECK_SLOW_RANKS": "1,3:20"}
+    assert (slow_ms(env, 1), slow_ms(env, 3), slow_ms(env, 0)) == (20.0, 20.0, 0.0)
+    assert slow_ms({}, 1) == 0.0
+    for bad in ("1", "1:", ":5", "a:5", "1:-5", "1:nan", "-1:5"):
+        with pytest.raises(UsageError, match="STARVECHECK_SLOW_RANKS"):
+            slow_ms({"STARVECHECK_SLOW_RANKS": bad}, 1)

@@ -1,0 +1,392 @@
+"""`starvecheck doctor` end to end: the report, the chain and weakest link, options and
+the workload file, usage errors, Ctrl-C, and its rendering against a stored report."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from starvecheck.context import Context
+from starvecheck.model import Report
+from starvecheck.render import markdown
+from starvecheck.render.terminal import render
+from tests.conftest import run, tiny_tokenizer
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
+LINKS = ["storage", "loader", "padding", "pcie", "gpu"]
+
+
+def test_quick_json_holds_every_stage_the_chain_and_the_weakest_link(tmp_path):
+    r = run("doctor", "--quick", "--json", "-", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    assert d["command"] == "doctor"
+    assert [s["stage"] for s in d["stages"]] == ["env", "io", "loader", "starve", "pad", "doctor"]
+    chain = {x["link"]: x for x in d["chain"]}
+    assert [x["link"] for x in d["chain"]] == LINKS
+    demand = 16 / 0.4  # the defaults, with the assumed step on this CPU-only machine
+    for name, link in chain.items():
+        assert link["demand_samples_per_s"] == pytest.approx(demand)
+        if name == "pcie":
+            assert link["capacity_samples_per_s"] is None and link["reason"]
+        else:
+            assert link["capacity_samples_per_s"] > 0 and link["basis"], name
+    assert chain["gpu"]["capacity_samples_per_s"] == pytest.approx(demand)
+    assert d["weakest_link"] in LINKS
+    lowest = min(
+        (x for x in d["chain"] if x["capacity_samples_per_s"] is not None),
+        key=lambda x: (x["capacity_samples_per_s"], x["link"] != "gpu"),
+    )
+    assert d["weakest_link"] == lowest["link"]
+    assert d["workload"]["step_ms"] == {"value": 400.0, "source": "assumed"}
+    doctor = d["stages"][-1]
+    assert any("assumed figure, not measured" in c for c in doctor["caveats"])
+    # Each stage ran with the workload's figures.
+    by = {s["stage"]: s for s in d["stages"]}
+    assert by["io"]["parameters"]["sample_size_bytes"] == 8192
+    assert by["loader"]["parameters"]["layouts"] == ["shard"]
+    assert by["starve"]["parameters"]["step_ms"] == 400.0
+    assert by["starve"]["parameters"]["batch_size"] == 16
+    assert by["pad"]["parameters"]["context"] == 2048
+    # The checklist is the stages' findings, deduplicated and ranked.
+    ids = [f["id"] for f in d["checklist"]]
+    assert len(ids) == len(set(ids))
+    stage_ids = {f["id"] for s in d["stages"] for f in s["findings"] if f["severity"] != "ok"}
+    assert set(ids) == stage_ids
+    assert list(tmp_path.iterdir()) == []  # scratch data removed
+
+
+def test_only_pad_judges_padding_and_leaves_the_rest_null_with_reasons():
+    r = run("doctor", "--only", "pad", "--step-ms", "100", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    assert [s["stage"] for s in d["stages"]] == ["env", "pad", "doctor"]
+    chain = {x["link"]: x for x in d["chain"]}
+    assert chain["storage"]["reason"] == "not measured: io not selected (--only/--skip)"
+    assert chain["loader"]["capacity_samples_per_s"] is None
+    pad = {m["name"]: m["value"] for m in d["stages"][1]["metrics"]}
+    demand = 16 / 0.1
+    assert chain["padding"]["capacity_samples_per_s"] == pytest.approx(
+        demand * pad["efficiency.dynamic"] / pad["efficiency.padding_free"]
+    )
+    assert d["workload"]["step_ms"] == {"value": 100.0, "source": "option"}
+    assert d["weakest_link"] == "padding"  # dynamic padding of the embedded default
+    (weakest,) = [f for f in d["checklist"] if f["id"] == "doctor.weakest-link"]
+    assert weakest["gain"]["value"] == pytest.approx(
+        pad["efficiency.padding_free"] / pad["efficiency.dynamic"], rel=1e-3
+    )
+
+
+def test_workload_file_and_options_reach_the_stages(tmp_path):
+    f = tmp_path / "w.toml"
+    f.write_text('batch_size = 64\ncontext = 512\ncurrent = "padding_free"\nstep_ms = 1000\n')
+    r = run("doctor", "--only", "pad", "--workload", str(f), "--context", "1024", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    w = d["workload"]
+    assert w["batch_size"] == {"value": 64, "source": "file"}
+    assert w["context"] == {"value": 1024, "source": "option"}
+    params = d["stages"][1]["parameters"]
+    assert (params["batch_size"], params["context"], params["current"]) == (
+        64,
+        1024,
+        "padding_free",
+    )
+    # The best strategy already: padding is exactly at demand; on a tie the GPU is the weakest.
+    assert d["weakest_link"] == "gpu"
+
+
+def test_tokenizer_measures_the_cpu_per_sample_and_counts_the_datasets_tokens(tmp_path):
+    tok = tiny_tokenizer(tmp_path / "tok")
+    data = tmp_path / "train.jsonl"
+    rows = [{"instruction": "the quick brown fox " * n, "output": "dog"} for n in range(1, 40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run(
+        "doctor",
+        "--only",
+        "starve,pad",
+        "--tokenizer",
+        str(tok),
+        "--dataset",
+        str(data),
+        "--field",
+        "instruction,output",
+        "--step-ms",
+        "20",
+        "--quick",
+        "--json",
+        "-",
+    )
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    by = {s["stage"]: s for s in d["stages"]}
+    measured = by["starve"]["parameters"]["sample_cpu_ms"]
+    assert by["starve"]["parameters"]["work"] == "tokenize"
+    assert d["workload"]["cpu_ms_per_sample"] == {"value": measured, "source": "measured"}
+    assert by["pad"]["parameters"]["tokenizer"] == str(tok)
+    assert by["pad"]["parameters"]["fields"] == ["instruction", "output"]
+    assert next(m for m in by["pad"]["metrics"] if m["name"] == "samples")["value"] == 39
+    loader = next(x for x in d["chain"] if x["link"] == "loader")
+    assert loader["limited_by"] == "cpu" and loader["capacity_samples_per_s"] > 0
+    both = run("doctor", "--tokenizer", str(tok), "--cpu-ms-per-sample", "3")
+    assert both.exit_code == 2 and "the tokenizer measures the CPU per sample" in both.stderr
+    f = tmp_path / "w.toml"
+    f.write_text("cpu_ms_per_sample = 3\n")
+    mixed = run("doctor", "--workload", str(f), "--tokenizer", str(tok))
+    assert mixed.exit_code == 2 and "give one of them" in mixed.stderr
+
+
+def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():
+    r = run("doctor", "--only", "pad", "--step-ms", "100")
+    assert r.exit_code == 0, r.stderr
+    out = r.stdout
+    assert out.index("workload") < out.index("chain") < out.index("Checklist")
+    assert "<- weakest" in out and "Weakest link: padding: fixing it would make training" in out
+    assert "step_ms            100 ms per step                     option" in out
+    md = run("doctor", "--only", "pad", "--step-ms", "100", "--markdown", "-")
+    assert "### Chain" in md.stdout and "| **padding** |" in md.stdout
+    assert "**<- weakest**" in md.stdout
+
+
+def test_fail_on_gates_on_findings():
+    assert (
+        run("doctor", "--only", "pad", "--step-ms", "100", "--fail-on", "critical").exit_code == 1
+    )
+    ok = run("doctor", "--only", "pad", "--current", "padding_free", "--step-ms", "100")
+    assert ok.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--only", "io,disk"], "--only 'io,disk': unknown stage disk; choose from io, loader"),
+        (["--only", "io", "--skip", "pad"], "--only and --skip: choose one"),
+        (["--skip", ""], "unknown stage"),
+        (["--batch-size", "0"], "--batch-size: batch_size = 0: expected 1 to 1,000,000"),
+        (["--sample-size", "huge"], "--sample-size: sample_size = 'huge'"),
+        (["--layout", "tar"], "--layout: layout = 'tar': expected one of shard, small_files"),
+        (["--current", "x"], "--current: current = 'x'"),
+        (["--field", "text"], "--field applies to --dataset"),
+        (["--workload", "/nonexistent.toml"], "--workload /nonexistent.toml: no such file"),
+        (["--step-ms", "0"], "--step-ms: step_ms = 0.0"),
+        (["/nonexistent-dir"], "/nonexistent-dir: no such file or directory"),
+    ],
+)
+def test_usage_errors_are_one_line(args, needle):
+    r = run("doctor", *args)
+    assert r.exit_code == 2, r.stderr
+    assert needle in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"STARVECHECK_SLOW_RANKS": "one:20"}, "STARVECHECK_SLOW_RANKS='one:20': expected"),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK='3', WORLD_SIZE='2'"),
+    ],
+)
+def test_bad_environment_is_one_line(env, needle):
+    r = run("doctor", "--only", "pad", env=env)
+    assert r.exit_code == 2 and needle in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_help_lists_doctor_and_imports_nothing_heavy():
+    code = (
+        "import sys\nfrom starvecheck.cli import main\n"
+        "try:\n    main(['doctor', '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'numpy', 'transformers', 'streaming', 'matplotlib')"
+        " if m in sys.modules]\nprint(heavy, file=sys.stderr)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "--workload" in p.stdout and "--cpu-ms-per-sample" in p.stdout
+    assert p.stderr.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "marker", ["starvecheck-io-*/shard.bin", "starvecheck-loader-*/shard.idx"], ids=["io", "loader"]
+)
+def test_interrupt_leaves_the_directory_as_it_was(tmp_path, marker):
+    (tmp_path / "mine.txt").write_text("the user's file")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "starvecheck", "doctor", "--quick", "--json", "-", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # interrupt while the stage's data is on disk
+            if list(tmp_path.glob(marker)):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.01)
+        else:
+            pytest.fail(f"{marker} never appeared")
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert err.strip() == "starvecheck: error: interrupted"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "mine.txt").read_text() == "the user's file"
+
+
+# --- rendering against a stored report -----------------------------------------------
+
+
+STORED = ["doctor-quick", "doctor-nodes"]  # a --quick run; a torchrun with a slowed rank
+
+
+def _stored(name: str) -> Report:
+    return Report.from_dict(json.loads((GOLDEN / f"{name}.json").read_text()))
+
+
+def _check(path: Path, text: str) -> None:
+    if UPDATE:
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} differs; UPDATE_GOLDEN=1 if intended"
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_terminal_rendering_golden(name):
+    out = io.StringIO()
+    render(_stored(name), Context(stdout=out, stdout_isatty=False, width=100, environ={}).console())
+    _check(GOLDEN / f"{name}.txt", "\n".join(x.rstrip() for x in out.getvalue().split("\n")))
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_markdown_rendering_golden(name):
+    _check(GOLDEN / f"{name}.md", markdown.serialize(_stored(name)))
+
+
+@pytest.mark.parametrize("name", STORED)
+def test_stored_report_round_trips(name):
+    data = json.loads((GOLDEN / f"{name}.json").read_text())
+    assert Report.from_dict(data).to_dict() == data
+
+
+# --- the pcie stage: through its interface (a stand-in: no CUDA here), and the real one --
+
+
+def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
+    """A stand-in `starvecheck.stages.pcie` with the agreed interface; records calls."""
+    import types
+
+    from starvecheck.model import Metric, StageResult
+
+    calls: list = []
+
+    class Plan:
+        @staticmethod
+        def default(quick: bool) -> str:
+            return f"plan(quick={quick})"
+
+    def run_stage(plan, machine, progress, warn):
+        calls.append(plan)
+        rates = {"64KiB": 6.0, "1MiB": 12.0, "16MiB": 20.0}
+        return StageResult(
+            "pcie",
+            metrics=tuple(
+                Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s") for k, v in rates.items()
+            ),
+        )
+
+    module = types.ModuleType("starvecheck.stages.pcie")
+    module.cuda_unavailable = lambda: unavailable
+    module.Plan = Plan
+    module.run = run_stage
+    monkeypatch.setitem(sys.modules, "starvecheck.stages.pcie", module)
+    import starvecheck.stages
+
+    # `from starvecheck.stages import pcie` finds the package attribute first, once
+    # the real module has been imported by another test.
+    monkeypatch.setattr(starvecheck.stages, "pcie", module, raising=False)
+    return calls
+
+
+def test_pcie_link_from_the_pcie_stage(monkeypatch):
+    calls = _fake_pcie(monkeypatch, None)
+    r = run("doctor", "--only", "pad,pcie", "--step-ms", "100", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert calls == ["plan(quick=True)"]
+    d = r.json
+    assert [s["stage"] for s in d["stages"]] == ["env", "pad", "pcie", "doctor"]
+    pcie = next(x for x in d["chain"] if x["link"] == "pcie")
+    # 16 samples x 2,048 tokens x 8 bytes = 256 KiB a batch: between 64 KiB and 1 MiB on a
+    # log scale, the smaller wins: 6 GB/s over 16 KiB a sample.
+    assert pcie["capacity_samples_per_s"] == pytest.approx(6e9 / 16384)
+    assert "64KiB" in pcie["basis"]
+
+
+def test_pcie_link_null_with_the_stages_reason(monkeypatch):
+    calls = _fake_pcie(monkeypatch, "no CUDA device (torch.cuda.is_available() is False)")
+    r = run("doctor", "--only", "pcie", "--step-ms", "100", "--json", "-")
+    pcie = next(x for x in r.json["chain"] if x["link"] == "pcie")
+    assert pcie["capacity_samples_per_s"] is None and calls == []
+    assert pcie["reason"] == "not measured: no CUDA device (torch.cuda.is_available() is False)"
+    assert r.json["weakest_link"] is None  # only the GPU measured: too few links
+
+
+def test_pcie_link_without_cuda_says_why_from_the_real_stage():
+    from starvecheck.stages import pcie
+
+    why = pcie.cuda_unavailable()
+    if why is None:
+        pytest.skip("a CUDA device is present")
+    r = run("doctor", "--only", "pcie", "--step-ms", "100", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    link = next(x for x in r.json["chain"] if x["link"] == "pcie")
+    assert link["capacity_samples_per_s"] is None and link["reason"] == f"not measured: {why}"
+
+
+# --- the GPU step -------------------------------------------------------------------------
+
+
+def test_gpu_step_needs_cuda():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    from starvecheck.stages import gpustep
+    from starvecheck.status import Unavailable
+
+    with pytest.raises(Unavailable, match="give --step-ms"):
+        gpustep.measure(16, 2048, quick=True)
+
+
+@pytest.mark.gpu
+def test_gpu_step_is_measured_on_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    r = run("doctor", "--only", "pad", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    step = r.json["workload"]["step_ms"]
+    assert step["source"] == "measured" and step["value"] > 0
+    caveats = r.json["stages"][-1]["caveats"]
+    assert any(c.startswith("step_ms measured: GPT-2 small") for c in caveats)
+
+
+def test_a_dataset_that_cannot_be_read_stops_before_anything_is_measured(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "plain words"}\n')
+    r = run("doctor", "--dataset", str(data), str(tmp_path))  # text, and no --tokenizer
+    assert r.exit_code == 2 and "--tokenizer" in r.stderr and r.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+    missing = run("doctor", "--tokenizer", str(tmp_path / "no-such-tokenizer"), str(tmp_path))
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1, missing.stderr
