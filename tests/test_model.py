@@ -55,6 +55,21 @@ def test_rank_orders_by_gain_then_severity_and_drops_ok():
     ]
 
 
+def test_a_gain_not_estimated_ranks_with_no_gain_so_severity_decides():
+    findings = [
+        _f("a.info-unestimated", Severity.INFO, Gain(GainKind.THROUGHPUT, None, "depends")),
+        _f("b.info-none", Severity.INFO, Gain(GainKind.THROUGHPUT, 1.0)),
+        _f("c.warn", Severity.WARNING),
+        _f("d.info-small", Severity.INFO, Gain(GainKind.STEP_SHARE, 0.05)),
+    ]
+    assert [f.id for f in rank(findings)] == [
+        "d.info-small",
+        "c.warn",
+        "a.info-unestimated",
+        "b.info-none",
+    ]
+
+
 def test_rank_deduplicates_keeping_the_larger_gain():
     small = _f("io.small-files", Severity.WARNING, Gain(GainKind.THROUGHPUT, 1.5))
     big = _f("io.small-files", Severity.WARNING, Gain(GainKind.THROUGHPUT, 20.0))

@@ -26,7 +26,8 @@ def rank(findings: Iterable[Finding]) -> tuple[Finding, ...]:
 
 
 def _key(f: Finding) -> tuple[float, int, str]:
-    score = f.gain.score if f.gain else -1.0
+    # A gain not estimated ranks with a measured zero: severity orders them.
+    score = f.gain.score if f.gain else 0.0
     return (-score, -f.severity.rank, f.id)
 
 
