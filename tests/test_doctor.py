@@ -343,6 +343,24 @@ def test_pcie_link_null_with_the_stages_reason(monkeypatch):
     assert r.json["weakest_link"] is None  # only the GPU measured: too few links
 
 
+def test_pcie_failing_mid_way_leaves_the_link_null_and_the_rest_of_the_report(monkeypatch):
+    from starvecheck.status import Unavailable
+
+    _fake_pcie(monkeypatch, None)
+    import starvecheck.stages
+
+    def broken(plan, machine, progress, warn):
+        raise Unavailable("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(starvecheck.stages.pcie, "run", broken)
+    r = run("doctor", "--only", "pad,pcie", "--step-ms", "100", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    link = next(x for x in r.json["chain"] if x["link"] == "pcie")
+    assert link["capacity_samples_per_s"] is None
+    assert link["reason"] == "not measured: CUDA error: an illegal memory access was encountered"
+    assert r.json["weakest_link"] == "padding"
+
+
 def test_pcie_link_without_cuda_says_why_from_the_real_stage():
     from starvecheck.stages import pcie
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck import args
 from starvecheck.advice import chain
 from starvecheck.model import Finding, Link, Report, StageResult
-from starvecheck.status import UsageError
+from starvecheck.status import Unavailable, UsageError
 from starvecheck.workload import ASSUMED_STEP_MS, Workload
 
 if TYPE_CHECKING:  # the stages import numpy or torch where they need them
@@ -244,7 +244,10 @@ def run(
     if "pcie" in stages:
         pcie, pcie_reason = pcie_module()
         if pcie is not None:
-            results["pcie"] = pcie.run(pcie.Plan.default(quick), machine, progress, warn)
+            try:
+                results["pcie"] = pcie.run(pcie.Plan.default(quick), machine, progress, warn)
+            except Unavailable as e:  # CUDA failing mid-way: the link says why, the rest stands
+                pcie_reason = str(e)
     links = build_chain(w, results, gpu_basis, pcie_reason)
     weakest = chain.weakest(links)
     if delay_ms:
