@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import chain, loader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.render import chain
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
+from starvecheck.render.sections import stage_sections
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
 
@@ -76,42 +77,16 @@ def serialize(report: Report) -> str:
         if report.machine.get("gpus") and shows_gpus(report.command):
             out += ["### GPUs", "", *_table(GPU_HEADERS, gpu_rows(report.machine)), ""]
     for stage in report.stages:
-        rates, rest = throughput.split(stage.metrics)
+        sections, rest = stage_sections(stage)
         if stage.metrics:
             out += [f"### {stage.stage}", ""]
-        if rates:
-            out += _table(throughput.HEADERS, [r.cells() for r in rates])
-            out.append("")
-            out += [f"_{line}_" for line in throughput.missing_reasons(rates)]
-            if throughput.missing_reasons(rates):
-                out.append("")
-        loader_rows, rest, notes = loader.split(rest, stage.parameters)
-        if loader_rows:
-            out += _table(loader.HEADERS, loader_rows)
-            out.append("")
-            out += [f"_{line}_" for line in notes]
-            if notes:
-                out.append("")
-        pad_rows, rest, pad_notes = pad.split(rest, stage.parameters)
-        if pad_rows:
-            out += [*_table(pad.HEADERS, pad_rows), "", *(f"_{n}_" for n in pad_notes), ""]
-        profile_rows, rest = profile.split(rest)
-        if profile_rows:
-            out += [*_table(profile.HEADERS, profile_rows), ""]
-        trace_rows, rest, trace_notes = trace.split(rest)
-        if trace_rows:
-            out += [*_table(trace.HEADERS, trace_rows), ""]
-            out += [*(f"_{n}_" for n in trace_notes), ""] if trace_notes else []
-        pcie_tables, rest, pcie_notes = pcie.split(rest, stage.parameters)
-        for t in pcie_tables:
-            out += [f"**{t.title}**", "", *_table(t.headers, t.rows), ""]
-            out += [*(f"_{n}_" for n in t.notes), ""] if t.notes else []
-        if pcie_notes:
-            out += [*(f"_{n}_" for n in pcie_notes), ""]
-        headers, rows, rest = sweep.split(tuple(rest))
-        if rows:
-            out += _table(headers, rows)
-            out.append("")
+        for section in sections:
+            if section.rows:
+                if section.title:
+                    out += [f"**{section.title}**", ""]
+                out += [*_table(section.headers, section.rows), ""]
+            if section.notes:
+                out += [*(f"_{n}_" for n in section.notes), ""]
         if rest:
             out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")

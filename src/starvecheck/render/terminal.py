@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import Finding, Metric, Report, Severity
-from starvecheck.render import chain, loader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.render import chain
 from starvecheck.render.facts import (
     GPU_HEADERS,
     gpu_rows,
@@ -13,6 +13,7 @@ from starvecheck.render.facts import (
     shows_gpus,
     unknown_rows,
 )
+from starvecheck.render.sections import stage_sections
 
 STYLE = {
     Severity.CRITICAL: "bold red",
@@ -58,59 +59,22 @@ def render(report: Report, console: Any) -> None:
                 console.print(Text(f"  {key}: {reason}", style="dim"))
 
     for stage in report.stages:
-        rates, rest = throughput.split(stage.metrics)
-        if rates:
-            console.print()
-            cells = [r.cells() for r in rates]
-            console.print(_table(stage.stage, throughput.HEADERS, cells, right=range(3, 10)))
-            for line in throughput.missing_reasons(rates):
+        sections, rest = stage_sections(stage)
+        tables = False
+        for section in sections:
+            if section.rows:
+                console.print()
+                title = section.title or stage.stage
+                console.print(_table(title, section.headers, section.rows, right=section.right))
+                tables = True
+            elif not tables:  # notes without a table above them: name the stage first
+                console.print()
+                console.print(Text(stage.stage, style="bold"))
+            for line in section.notes:
                 console.print(Text(line, style="dim"))
-        loader_rows, rest, notes = loader.split(rest, stage.parameters)
-        if loader_rows:
-            console.print()
-            right = range(2, len(loader.HEADERS) - 1)
-            console.print(_table(stage.stage, loader.HEADERS, loader_rows, right=right))
-            for line in notes:
-                console.print(Text(line, style="dim"))
-        pad_rows, rest, pad_notes = pad.split(rest, stage.parameters)
-        if pad_rows:
-            console.print()
-            right = range(1, len(pad.HEADERS))
-            console.print(_table(stage.stage, pad.HEADERS, pad_rows, right=right))
-            for line in pad_notes:
-                console.print(Text(line, style="dim"))
-        profile_rows, rest = profile.split(rest)
-        if profile_rows:
-            console.print()
-            right = range(1, len(profile.HEADERS))
-            console.print(_table(stage.stage, profile.HEADERS, profile_rows, right=right))
-        trace_rows, rest, trace_notes = trace.split(rest)
-        if trace_rows:
-            console.print()
-            console.print(_table(stage.stage, trace.HEADERS, trace_rows, right=range(1, 3)))
-            for line in trace_notes:
-                console.print(Text(line, style="dim"))
-        pcie_tables, rest, pcie_notes = pcie.split(rest, stage.parameters)
-        if pcie_notes and not pcie_tables:
-            console.print()
-            console.print(Text(stage.stage, style="bold"))
-        for t in pcie_tables:
-            console.print()
-            right = range(t.numbers_from, len(t.headers))
-            console.print(_table(t.title, t.headers, t.rows, right=right))
-            for line in t.notes:
-                console.print(Text(line, style="dim"))
-        for line in pcie_notes:
-            console.print(Text(line, style="dim"))
-        headers, rows, rest = sweep.split(tuple(rest))
-        if rows:
-            console.print()
-            console.print(_table(stage.stage, headers, rows, right=range(1, len(headers))))
         if rest:
             console.print()
-            tables = (rates, rows, loader_rows, pad_rows, profile_rows, trace_rows, pcie_tables)
-            titled = any(tables)
-            console.print(_metrics_table("" if titled else stage.stage, tuple(rest)))
+            console.print(_metrics_table("" if tables else stage.stage, tuple(rest)))
         for caveat in stage.caveats:
             console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
 
