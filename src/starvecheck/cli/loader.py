@@ -122,6 +122,7 @@ def loader(
     from starvecheck.probe.machine import collect
     from starvecheck.stages import io as io_stage
     from starvecheck.stages import loader as loader_stage
+    from starvecheck.stages import sources
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
@@ -136,7 +137,7 @@ def loader(
     n_samples = samples or default_samples
     if not existing and (
         problem := io_stage.space_problem(
-            target, n_samples, size, loader_stage.space_needed(n_samples, size)
+            target, n_samples, size, sources.space_needed(n_samples, size)
         )
     ):
         raise UsageError(problem)

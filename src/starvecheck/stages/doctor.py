@@ -133,14 +133,14 @@ def plans(
 def space_problems(path: str, p: Plans) -> None:
     """Refuse before anything is written when io's or loader's data would not fit."""
     from starvecheck.stages import io as io_stage
-    from starvecheck.stages import loader as loader_stage
+    from starvecheck.stages import sources
 
     if p.io is not None and (
         problem := io_stage.space_problem(path, p.io.samples, p.io.sample_size)
     ):
         raise UsageError(problem)
     if p.loader is not None:
-        need = loader_stage.space_needed(p.loader.samples, p.loader.sample_size)
+        need = sources.space_needed(p.loader.samples, p.loader.sample_size)
         if problem := io_stage.space_problem(path, p.loader.samples, p.loader.sample_size, need):
             raise UsageError(problem)
 

@@ -297,6 +297,7 @@ def run(
 ) -> StageResult:
     from starvecheck.advice.profile import advise
     from starvecheck.stages import loader as loader_stage
+    from starvecheck.stages import sources
 
     start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
@@ -324,7 +325,7 @@ def run(
         with signals_raise(), loader_stage.quiet_torch(), warnings.catch_warnings(), scratch:
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
             try:
-                sources = loader_stage.generate(scratch, data_plan, streaming, progress)
+                sources = sources.generate(scratch, data_plan, streaming, progress)
             finally:
                 scratch.adopt("mds")
             chosen = [s for s in sources if s.name in LAYOUTS]
