@@ -42,6 +42,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/io_vs_fio.py --dir $(BENCH_DIR)
 	$(BIN)/python benchmarks/pad_strategies.py
 	$(BIN)/python benchmarks/watch_overhead.py
+	$(BIN)/python benchmarks/doctor_quick.py --dir $(BENCH_DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
