@@ -371,6 +371,21 @@ def test_libcudart_candidates_prefer_the_wheel_then_torch_then_the_loader(tmp_pa
     assert cudart.candidates([str(tmp_path / "nothing")], find_library=lambda name: None) == []
 
 
+def test_libcudart_torch_already_loaded_comes_first_and_cu13_wheels_are_found(tmp_path):
+    cu13 = tmp_path / "site" / "nvidia" / "cu13" / "lib"
+    cu13.mkdir(parents=True)
+    (cu13 / "libcudart.so.13").write_bytes(b"")
+    maps = (
+        "7f00-7f01 r-xp 00000000 fd:01 123 /venv/nvidia/cu13/lib/libcudart.so.13\n"
+        "7f01-7f02 r--p 00001000 fd:01 123 /venv/nvidia/cu13/lib/libcudart.so.13\n"
+        "7f02-7f03 rw-p 00000000 00:00 0 \n"
+        "7f03-7f04 r-xp 00000000 fd:01 456 /usr/lib/libcudnn.so.9\n"
+    )
+    found = cudart.candidates([str(tmp_path / "site")], find_library=lambda name: None, maps=maps)
+    assert found == ["/venv/nvidia/cu13/lib/libcudart.so.13", str(cu13 / "libcudart.so.13")]
+    assert cudart.loaded("garbage\n\n  \n") == []
+
+
 def test_libcudart_that_cannot_be_loaded_is_a_reason_not_a_crash(tmp_path):
     with pytest.raises(cudart.CudartUnavailable, match="libcudart not found"):
         cudart.load([])

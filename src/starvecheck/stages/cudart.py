@@ -3,9 +3,10 @@
 The same pinned host-to-device copy as starvecheck's, made with cudaMallocHost,
 cudaMalloc and cudaMemcpy, and timed the same two ways (CUDA events, and the wall
 clock around the blocking call), so a user sees whether torch adds overhead. The
-runtime is the one torch's CUDA build brings (the nvidia-cuda-runtime wheel,
-site-packages/nvidia/cuda_runtime/lib/libcudart.so.*, or torch/lib), else whatever
-the dynamic loader finds. It shares the device's primary context with torch.
+runtime is the one torch has already loaded (found in /proc/self/maps), else the one
+its CUDA build brings (the nvidia-cuda-runtime wheel: site-packages/nvidia/cuda_runtime
+or nvidia/cu13, or torch/lib), else whatever the dynamic loader finds. It shares the
+device's primary context with torch.
 """
 
 from __future__ import annotations
@@ -26,16 +27,40 @@ class CudartUnavailable(Exception):
     """The runtime library could not be loaded or used; str() is the reason."""
 
 
+def loaded(maps: str) -> list[str]:
+    """The libcudart files this process has mapped (torch loaded its own when CUDA
+    started): the very runtime torch copies with, whatever its wheel's layout."""
+    found = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path
+        path = fields[5] if len(fields) == 6 else ""
+        if os.path.basename(path).startswith("libcudart") and ".so" in path:
+            found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def _maps() -> str:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def candidates(
     search_dirs: Iterable[str],
     find_library: Callable[[str], str | None] = ctypes.util.find_library,
+    maps: str = "",
 ) -> list[str]:
-    """libcudart paths to try, best first: the wheel's, then torch's own copy, then
-    the loader's (`ctypes.util.find_library`)."""
-    found: list[str] = []
+    """libcudart paths to try, best first: the one this process already has mapped
+    (`maps`, /proc/self/maps' text), the wheel's (CUDA 12's nvidia/cuda_runtime,
+    CUDA 13's nvidia/cu13), torch's own copy, then the loader's
+    (`ctypes.util.find_library`)."""
+    found: list[str] = loaded(maps)
     for base in search_dirs:
         for pattern in (
             os.path.join(base, "nvidia", "cuda_runtime", "lib", "libcudart.so*"),
+            os.path.join(base, "nvidia", "cu*", "lib", "libcudart.so*"),
             os.path.join(base, "torch", "lib", "libcudart*.so*"),
         ):
             found += sorted(glob.glob(pattern), reverse=True)  # .so.12 before .so.11
@@ -109,7 +134,7 @@ def reference_h2d(
 ) -> tuple[list[float], list[float], str]:
     """Pinned host-to-device copies of `size` bytes: (wall-clock GB/s per run, event
     GB/s per run, the library's path). Every buffer and event is freed on the way out."""
-    lib, path = load(candidates(site_dirs()))
+    lib, path = load(candidates(site_dirs(), maps=_maps()))
     rt = Runtime(lib, path)
     rt.check(lib.cudaSetDevice(device), "cudaSetDevice")
     host, dev = ctypes.c_void_p(), ctypes.c_void_p()
