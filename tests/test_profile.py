@@ -139,3 +139,68 @@ def test_h2d_copies_over_a_tenth_of_the_step_are_a_finding():
     f = _h2d([30.0, 10.0], [100.0, 100.0])  # summed: 40 of 200
     assert f is not None and f.gain.value == pytest.approx(0.20)
     assert "non_blocking=True" in f.recommendation and "mds with num_workers=2" in f.evidence
+
+
+# --- the text layout: raw text tokenized on the data path ---------------------------
+
+
+def test_tokenizer_adds_a_text_layout_tokenized_in_the_loader(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.conftest import tiny_tokenizer
+
+    tok = tiny_tokenizer(tmp_path / "tok")
+    data = tmp_path / "data"
+    data.mkdir()
+    r = run("profile", "--quick", "--workers", "0,1", "--steps", "2", "--tokenizer", str(tok),
+            "--json", "-", str(data))  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    m = metrics(r)
+    for w in (0, 1):
+        for phase in PHASES:
+            assert m[f"phase_ms.{phase}.text.w{w}"]["n"] == 2
+        assert 0 <= m[f"data_wait_share.text.w{w}"]["value"] < 1
+    assert r.json["stages"][0]["parameters"]["layouts"] == ["small_files", "mds", "text"]
+    assert list(data.iterdir()) == []  # the text shard went with the rest
+    assert "TOKENIZERS_PARALLELISM" not in r.stderr and "huggingface/tokenizers" not in r.stderr
+
+
+def test_text_samples_are_token_ids_cut_or_padded_to_the_row(tmp_path):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from starvecheck.scratch import Scratch
+    from starvecheck.stages.sources import text_source
+    from starvecheck.stages.textdata import load_tokenizer
+    from tests.conftest import tiny_tokenizer
+
+    tok = load_tokenizer(str(tiny_tokenizer(tmp_path / "tok")))
+    texts = ["the quick brown fox", "the lazy dog " * 20, "zebra"]
+    with Scratch(str(tmp_path), prefix="t-") as scratch:
+        source = text_source(scratch, texts, tok, seq_len=8, vocab=5)
+        dataset = source.make(0)
+        rows = [dataset[i] for i in range(len(dataset))]
+        batch = source.collate(rows)
+        source.release(dataset)
+    assert batch.shape == (3, 8) and batch.dtype == torch.int64
+    assert int(batch.max()) < 5  # modulo the model's vocabulary
+    assert rows[0][4:].tolist() == [0, 0, 0, 0]  # four words, then padding
+    assert rows[1].count_nonzero() > 4  # a long text fills the row
+    assert source.layout.name == "text" and source.layout.paths == ["text.bin", "text.idx"]
+
+
+def test_a_tokenizer_that_is_not_there_is_one_line_before_anything_is_written(tmp_path):
+    r = run("profile", "--quick", "--tokenizer", str(tmp_path / "nope"), str(tmp_path))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "no tokenizer found in local files" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def _tokenize_finding(text, mds):
+    return advice({"text.w2": text, "mds.w2": mds, "mds.w0": mds}).get("profile.tokenize")
+
+
+def test_tokenizing_five_points_longer_than_shards_is_a_finding():
+    assert _tokenize_finding(0.06, 0.02) is None  # 4 points
+    f = _tokenize_finding(0.30, 0.02)
+    assert f is not None and f.severity.value == "critical"
+    assert f.gain.value == pytest.approx(0.28)
+    assert "dataset.map(tokenize, batched=True" in f.recommendation

@@ -13,7 +13,7 @@ import pytest
 from starvecheck.advice.starve import advise
 from starvecheck.model import Metric, Severity
 from starvecheck.render import sweep
-from starvecheck.stages import starve
+from starvecheck.stages import textdata
 from starvecheck.stages.starve import (
     Plan,
     Point,
@@ -224,7 +224,7 @@ def test_real_tokenization_is_measured_and_used(tmp_path):
 
 
 def test_default_texts_are_real_prose():
-    texts = starve.default_texts(5, chars=500)
+    texts = textdata.default_texts(5, chars=500)
     assert len(texts) == 5 and all(len(t) == 500 for t in texts)
     assert sum(t.count(" the ") for t in texts) > 5  # English, not noise
 

@@ -562,6 +562,7 @@ def test_cli_fail_on_gates_a_ci_job_on_a_trace():
         (["--cold", "--steps", "3"], "drop --steps, --cold"),
         (["--device", "cpu"], "drop --device"),
         (["somewhere"], "drop PATH"),
+        (["--tokenizer", "gpt2"], "drop --tokenizer"),
     ],
 )
 def test_cli_trace_with_loop_options_is_one_line(argv, message):

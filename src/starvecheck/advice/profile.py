@@ -49,8 +49,35 @@ def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Findin
     s = shares(metrics)
     if not s:
         return ()
-    findings = [_best(s), _workers(s), _layout(s), _h2d(metrics, params)]
+    findings = [_best(s), _workers(s), _layout(s), _tokenize(s), _h2d(metrics, params)]
     return tuple(f for f in findings if f is not None)
+
+
+def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
+    """Raw text tokenized in the loader against the same number of pre-tokenized
+    samples in shards, at the most workers both were measured with."""
+    text = {w: v for (lay, w), v in s.items() if lay == "text"}
+    shards = {w: v for (lay, w), v in s.items() if lay == "mds"}
+    common = sorted(set(text) & set(shards))
+    if not common:
+        return None
+    w = max(common)
+    gap = text[w] - shards[w]
+    if gap < LAYOUT_GAP:
+        return None
+    return Finding(
+        "profile.tokenize",
+        severity(text[w]),
+        f"Tokenizing in the loader waits {gap:.0%} of the step longer than pre-tokenized shards",
+        evidence=f"num_workers={w}: data wait {text[w]:.1%} tokenizing raw text per sample, "
+        f"{shards[w]:.1%} reading token ids from MDS shards",
+        recommendation="Tokenize once, before training: `dataset.map(tokenize, batched=True, "
+        "num_proc=N)` and save the token ids (`save_to_disk`, or MDS with "
+        "`streaming.MDSWriter`); or tokenize in more DataLoader workers "
+        "(`starvecheck starve --tokenizer` sizes them).",
+        gain=Gain(GainKind.STEP_SHARE, round(gap, 4), "data-wait share, raw text against shards"),
+        stage="profile",
+    )
 
 
 def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:

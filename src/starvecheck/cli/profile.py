@@ -95,6 +95,16 @@ def profile(
             show_default=False,
         ),
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            metavar="NAME",
+            help="Add a third layout, raw text tokenized in the DataLoader by this "
+            "transformers tokenizer (a local directory or a cached name; never downloaded).",
+            show_default=False,
+        ),
+    ] = None,
     trace: Annotated[
         str | None,
         typer.Option(
@@ -113,8 +123,9 @@ def profile(
     """How do the links add up in a training step? A real loop under torch.profiler.
 
     A small GPT-2 (random weights, nothing downloaded) trains on token sequences stored
-    one file per sample and as MDS shards, for each num_workers; each step is timed in
-    five phases: data wait, host-to-device copy, forward, backward, optimizer.
+    one file per sample and as MDS shards (and, with --tokenizer, as raw text tokenized
+    in the loader), for each num_workers; each step is timed in five phases: data wait,
+    host-to-device copy, forward, backward, optimizer.
     With --trace FILE, your own run's trace is analysed instead.
     """
     c = context_of(ctx)
@@ -128,6 +139,7 @@ def profile(
             "--device": device is not Device.auto,
             "--cold": cold,
             "--trace-dir": trace_dir is not None,
+            "--tokenizer": tokenizer is not None,
         }
         given = [name for name, set_ in loop_options.items() if set_]
         if given:
@@ -163,6 +175,7 @@ def profile(
         cold=cold,
         trace_dir=trace_dir,
         effective_cpus=eff,
+        tokenizer=tokenizer,
     )
     with progress_bar(c, out) as progress:
         result = profile_stage.run(target, plan, progress, warn=lambda m: warning(c, m))

@@ -42,7 +42,12 @@ def _ms(m: Metric | None) -> str:
         return "-"
     digits = 1 if m.value < 100 else 0
     text = f"{m.value:,.{digits}f}"
-    return text + (f"±{m.stdev:,.{digits}f}" if m.n > 1 and m.stdev is not None else "")
+    if m.n < 2 or m.stdev is None:
+        return text
+    # The spread to the value's precision, and no finer than whole ms from 10 ms up:
+    # ten columns have to fit a 100-character terminal without cutting a figure.
+    spread = 1 if digits and m.stdev < 10 else 0
+    return f"{text}±{m.stdev:,.{spread}f}"
 
 
 def split(metrics: tuple[Metric, ...] | list[Metric]) -> tuple[list[tuple[str, ...]], list[Metric]]:

@@ -162,6 +162,8 @@ def _table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], ri
         pad_edge=False,
     )
     table.columns[0].no_wrap = True
+    for column in table.columns[1:]:
+        column.overflow = "fold"  # a figure too wide for its cell wraps; it is never cut
     for i in right:
         table.columns[i].justify = "right"
     for row in rows:

@@ -1,4 +1,5 @@
-"""The datasets `loader` times: module level, so DataLoader workers can receive them."""
+"""The datasets `loader` and `profile` read: module level, so DataLoader workers can
+receive them."""
 
 from __future__ import annotations
 
@@ -87,6 +88,43 @@ class ShardSamples:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": None, "_pid": None}
+
+
+class TextSamples:
+    """Raw text at offsets of a shard, tokenized where it is read (in the DataLoader
+    worker, or in the training process with num_workers=0): `profile`'s text layout,
+    the tokenizer on the data path as in a loop that tokenizes on the fly. Token ids
+    are cut or padded (with 0) to `seq_len`, modulo the model's vocabulary."""
+
+    def __init__(self, shard: ShardSamples, tokenizer: Any, seq_len: int, vocab: int):
+        self.shard = shard
+        self.tokenizer = tokenizer
+        self.seq_len = seq_len
+        self.vocab = vocab
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        text = self.shard[i].numpy().tobytes().decode("utf-8", errors="replace")
+        ids = self.tokenizer(
+            text, truncation=True, max_length=self.seq_len, add_special_tokens=False
+        )["input_ids"]
+        ids = [t % self.vocab for t in ids] + [0] * (self.seq_len - len(ids))
+        return torch.tensor(ids, dtype=torch.int64)
+
+    def close(self) -> None:
+        self.shard.close()
+
+
+def stack_tokens(batch: list[Any]) -> Any:
+    """Token tensors of one length -> [batch, seq_len] (default_collate's stack, without
+    its type dispatch)."""
+    import torch
+
+    return torch.stack(batch)
 
 
 def collate_flat(batch: list[Any]) -> tuple[Any, Any]:

@@ -31,12 +31,14 @@ from starvecheck import cache
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.io import COLD_MAX_RESIDENT, record_residency, resident_metric
+from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
 
 Progress = Callable[[str, int, int], None]
 PHASES = ("DATALOADER_WAIT", "H2D_TRANSFER", "FORWARD", "BACKWARD", "OPTIMIZER")
 LAYOUTS = ("small_files", "mds")
+TEXT_CHARS_PER_TOKEN = 5  # English runs ~4 characters a BPE token: enough text to fill a row
 # (layers, heads, embedding width, vocabulary, sequence length, batch size)
 MODEL_SIZES = {
     "tiny": (2, 2, 128, 4096, 128, 8),
@@ -60,6 +62,11 @@ class Plan:
     trace_dir: str | None = None
     effective_cpus: int = 1
     seed: int = 0
+    tokenizer: str | None = None  # adds the text layout: raw text tokenized in the loader
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return (*LAYOUTS, "text") if self.tokenizer else LAYOUTS
 
     @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
@@ -94,6 +101,8 @@ class Plan:
             "trace_dir": self.trace_dir,
             "effective_cpus": self.effective_cpus,
             "seed": self.seed,
+            "layouts": list(self.layouts),
+            "tokenizer": self.tokenizer,
         }
 
 
@@ -188,7 +197,7 @@ def run_scenario(
             batch_size=plan.batch_size,
             shuffle=source.shuffle,
             num_workers=workers,
-            collate_fn=_Collate(plan.shape[3]),
+            collate_fn=source.collate or _Collate(plan.shape[3]),
             pin_memory=cuda,
             prefetch_factor=2 if workers else None,
             persistent_workers=False,
@@ -297,7 +306,7 @@ def run(
 ) -> StageResult:
     from starvecheck.advice.profile import advise
     from starvecheck.stages import loader as loader_stage
-    from starvecheck.stages import sources
+    from starvecheck.stages.sources import generate, text_source
 
     start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
@@ -309,6 +318,13 @@ def run(
     streaming, why = loader_stage._streaming()
     if streaming is None:
         raise Unavailable(f"profile reads MDS shards and cannot load mosaicml-streaming: {why}")
+    tokenizer = None
+    if plan.tokenizer:
+        # Loaded before anything is written: a name that is not there is one line.
+        # Workers fork after the tokenizer has run in this process (num_workers=0):
+        # without this, tokenizers warns on every fork and turns its threads off anyway.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        tokenizer = load_tokenizer(plan.tokenizer)
     model, optimizer = build_model(plan)
     data_plan = loader_stage.Plan(
         samples=plan.samples,
@@ -325,10 +341,14 @@ def run(
         with signals_raise(), loader_stage.quiet_torch(), warnings.catch_warnings(), scratch:
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
             try:
-                sources = sources.generate(scratch, data_plan, streaming, progress)
+                sources = generate(scratch, data_plan, streaming, progress)
             finally:
                 scratch.adopt("mds")
-            chosen = [s for s in sources if s.name in LAYOUTS]
+            if tokenizer is not None:
+                texts = default_texts(plan.samples, chars=TEXT_CHARS_PER_TOKEN * plan.seq_len)
+                texts = [texts[i % len(texts)] for i in range(plan.samples)]  # if prose ran out
+                sources.append(text_source(scratch, texts, tokenizer, plan.seq_len, plan.shape[3]))
+            chosen = [s for s in sources if s.name in plan.layouts]
             total = len(chosen) * len(plan.workers)
             for source in chosen:
                 for workers in plan.workers:

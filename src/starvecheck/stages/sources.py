@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.scratch import Scratch
-from starvecheck.stages.datasets import SHARD_INDEX, FileSamples, ShardSamples, collate_flat
+from starvecheck.stages.datasets import (
+    SHARD_INDEX,
+    FileSamples,
+    ShardSamples,
+    TextSamples,
+    collate_flat,
+    stack_tokens,
+)
 from starvecheck.stages.io import BLOCK, Layout, Progress, write_all
 from starvecheck.status import UsageError
 
@@ -219,3 +226,35 @@ def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any
         "`starvecheck starve` measures"
     )
     return [source], params, caveats
+
+
+def text_source(
+    scratch: Scratch, texts: list[str], tokenizer: Any, seq_len: int, vocab: int
+) -> Source:
+    """Raw UTF-8 text, one sample per text, in one shard with an index (as the shard
+    layout stores bytes), read back and tokenized per sample: `profile`'s text layout."""
+    encoded = [t.encode("utf-8") for t in texts]
+    offsets = [0]
+    for data in encoded:
+        offsets.append(offsets[-1] + len(data))
+    fd = scratch.new_file("text.bin")
+    try:
+        write_all(fd, b"".join(encoded))
+    finally:
+        os.close(fd)
+    fd = scratch.new_file("text.idx")
+    try:
+        write_all(fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
+    finally:
+        os.close(fd)
+    scratch.syncfs()
+    root_fd = scratch.dir_fd()
+    mean = offsets[-1] // max(1, len(texts))
+    return Source(
+        Layout("text", {}, ["text.bin", "text.idx"], root_fd, offsets[-1], mean, sync=True),
+        lambda run: TextSamples(
+            ShardSamples("text.bin", root_fd, "text.idx"), tokenizer, seq_len, vocab
+        ),
+        release=lambda dataset: dataset.close(),
+        collate=stack_tokens,
+    )

@@ -24,7 +24,7 @@ from typing import Any
 
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import check_signals
-from starvecheck.stages.textdata import load_tokenizer
+from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
 
 Progress = Callable[[str, int, int], None]
@@ -270,37 +270,6 @@ def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | N
         return None
     best = min(p.idle_share for p in eligible)
     return min(p.workers for p in eligible if p.idle_share <= best + AS_GOOD)
-
-
-def default_texts(n: int, chars: int = 2000) -> list[str]:
-    """Real English prose without a download: docstrings of the standard library's
-    own modules, cut into samples of about `chars` characters."""
-    import ast
-    import os
-    import sysconfig
-
-    stdlib = sysconfig.get_paths()["stdlib"]
-    texts: list[str] = []
-    buf = ""
-    for name in sorted(os.listdir(stdlib)):
-        if not name.endswith(".py"):
-            continue
-        try:
-            with open(os.path.join(stdlib, name), encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
-                doc = ast.get_docstring(node)
-                if doc:
-                    buf += " " + " ".join(doc.split())
-                    while len(buf) >= chars:
-                        texts.append(buf[:chars])
-                        buf = buf[chars:]
-                        if len(texts) >= n:
-                            return texts
-    return texts or ["starvecheck " * (chars // 12)]
 
 
 def capacity_workers(points: Sequence[Point], effective_cpus: int) -> int:

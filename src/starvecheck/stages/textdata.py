@@ -393,6 +393,37 @@ def _join(path: str, where: str, parts: list[Sample]) -> Sample:
 # --- tokenizing -------------------------------------------------------------------
 
 
+def default_texts(n: int, chars: int = 2000) -> list[str]:
+    """Real English prose without a download: docstrings of the standard library's
+    own modules, cut into samples of about `chars` characters."""
+    import ast
+    import os
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    texts: list[str] = []
+    buf = ""
+    for name in sorted(os.listdir(stdlib)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            with open(os.path.join(stdlib, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
+                doc = ast.get_docstring(node)
+                if doc:
+                    buf += " " + " ".join(doc.split())
+                    while len(buf) >= chars:
+                        texts.append(buf[:chars])
+                        buf = buf[chars:]
+                        if len(texts) >= n:
+                            return texts
+    return texts or ["starvecheck " * (chars // 12)]
+
+
 def load_tokenizer(name: str) -> Any:
     """A transformers tokenizer from local files only: starvecheck never downloads.
     NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), or
