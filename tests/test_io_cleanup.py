@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import starvecheck.scratch as scratch_mod
+from starvecheck import scratch as scratch_module
 from starvecheck.scratch import Scratch, Terminated, signals_held, signals_raise
 from starvecheck.stages import io as io_stage
 from tests.conftest import run
@@ -262,8 +263,9 @@ def test_sighup_during_measurement_leaves_nothing_behind(
 
 
 class _OsWithFailingWrite:
-    """`os` as starvecheck.stages.io sees it, where write fails with ENOSPC after
-    `ok_writes` successful calls; everything else is the real os."""
+    """`os` as starvecheck.scratch sees it (its write_all writes every sample file and
+    the shard), where write fails with ENOSPC after `ok_writes` successful calls;
+    everything else is the real os."""
 
     def __init__(self, ok_writes: int) -> None:
         self.ok_writes = ok_writes
@@ -288,7 +290,7 @@ def test_write_error_removes_the_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ok_writes: int
 ) -> None:
     fake_os = _OsWithFailingWrite(ok_writes)
-    monkeypatch.setattr(io_stage, "os", fake_os)
+    monkeypatch.setattr(scratch_module, "os", fake_os)
     before = open_fds()
 
     r = run("io", "--samples", "500", "--runs", "1", str(tmp_path))

@@ -220,6 +220,14 @@ class Scratch:
             self._files.pop()
             raise
 
+    def write_file(self, name: str, data: bytes, subdir: str = "") -> None:
+        """Create `name` (exclusively, as new_file does) holding `data`."""
+        fd = self.new_file(name, subdir)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+
     def adopt(self, subdir: str) -> None:
         """Record the regular files a library wrote itself into `subdir` (MDSWriter
         opens its own files), so cleanup removes them. `subdir` was made here (mode 0700,
@@ -309,3 +317,10 @@ class Scratch:
             with contextlib.suppress(OSError):
                 os.close(self._parent_fd)
             self._parent_fd = None
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written (a write may take only part)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

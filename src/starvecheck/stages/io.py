@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
-from starvecheck.scratch import Scratch, check_signals, signals_raise
+from starvecheck.scratch import Scratch, check_signals, signals_raise, write_all
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
@@ -170,11 +170,7 @@ def generate(scratch: Scratch, plan: Plan, progress: Progress = _no_progress) ->
     try:
         for i, name in enumerate(names):
             data = os.urandom(plan.sample_size)  # incompressible: no fs compression tricks
-            fd = scratch.new_file(name, "samples")
-            try:
-                write_all(fd, data)
-            finally:
-                os.close(fd)
+            scratch.write_file(name, data, "samples")
             write_all(shard_fd, data)
             if i % 256 == 0:
                 progress("writing samples", i, plan.samples)
@@ -214,12 +210,6 @@ def generate(scratch: Scratch, plan: Plan, progress: Progress = _no_progress) ->
             sync=True,
         ),
     ]
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def measure(layouts: Sequence[Layout], plan: Plan, progress: Progress = _no_progress) -> Measured:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.scratch import Scratch
+from starvecheck.scratch import Scratch, write_all
 from starvecheck.stages.datasets import (
     SHARD_INDEX,
     FileSamples,
@@ -22,7 +22,7 @@ from starvecheck.stages.datasets import (
     collate_flat,
     stack_tokens,
 )
-from starvecheck.stages.io import BLOCK, Layout, Progress, write_all
+from starvecheck.stages.io import BLOCK, Layout, Progress
 from starvecheck.status import UsageError
 
 if TYPE_CHECKING:
@@ -105,11 +105,7 @@ def generate(
     try:
         for i, name in enumerate(names):
             data = os.urandom(size)  # incompressible: no fs compression tricks
-            fd = scratch.new_file(name, "samples")
-            try:
-                write_all(fd, data)
-            finally:
-                os.close(fd)
+            scratch.write_file(name, data, "samples")
             write_all(shard_fd, data)
             if writer is not None:
                 writer.write({"data": np.frombuffer(data, np.uint8)})
@@ -119,11 +115,7 @@ def generate(
             writer.finish()
     finally:
         os.close(shard_fd)
-    index_fd = scratch.new_file("shard.idx")
-    try:
-        write_all(index_fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
-    finally:
-        os.close(index_fd)
+    scratch.write_file("shard.idx", b"".join(SHARD_INDEX.pack(o) for o in offsets))
     progress("writing samples", plan.samples, plan.samples)
     scratch.syncfs()
 
@@ -237,16 +229,8 @@ def text_source(
     offsets = [0]
     for data in encoded:
         offsets.append(offsets[-1] + len(data))
-    fd = scratch.new_file("text.bin")
-    try:
-        write_all(fd, b"".join(encoded))
-    finally:
-        os.close(fd)
-    fd = scratch.new_file("text.idx")
-    try:
-        write_all(fd, b"".join(SHARD_INDEX.pack(o) for o in offsets))
-    finally:
-        os.close(fd)
+    scratch.write_file("text.bin", b"".join(encoded))
+    scratch.write_file("text.idx", b"".join(SHARD_INDEX.pack(o) for o in offsets))
     scratch.syncfs()
     root_fd = scratch.dir_fd()
     mean = offsets[-1] // max(1, len(texts))
