@@ -153,6 +153,9 @@ def build_model(plan: Plan) -> tuple[Any, Any]:
         vocab_size=vocab, n_positions=seq, n_embd=width, n_layer=layers, n_head=heads
     )
     model = GPT2LMHeadModel(config).to(plan.device)
+    # transformers 5 leaves loss_type unset and warns on the first step ("`loss_type=None`
+    # was set in the config but it is unrecognized"); name the loss it falls back to.
+    model.loss_type = "ForCausalLM"
     model.train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
