@@ -14,7 +14,8 @@ samples per second; every link is stated in the same unit so they compare direct
   padding  demand x e_current / e_best, pad's real-token share of the strategy
            trained with and of the best one: demand / capacity is the speed-up pad
            reports for switching
-  pcie     pinned host-to-device GB/s at the transfer size nearest one batch, over
+  pcie     pinned host-to-device GB/s at the transfer size nearest one batch (doctor
+           measures one batch's own size), over
            the bytes one sample takes on the wire (context token ids)
   gpu      demand itself: the GPU is a link too, and the weakest when it is fed
 
