@@ -157,35 +157,47 @@ def overlap(
     torch: Any, size: int, device: Any, pinned: bool, non_blocking: bool, warmup: int, runs: int
 ) -> tuple[Overlap, list[float], list[float], list[float]]:
     """The copy alone, the calibrated CPU work alone, and both: the copy issued first,
-    then the CPU work, then a synchronize. Returns the medians and the raw seconds."""
+    then the CPU work, then a synchronize. Returns the medians and the raw seconds, the
+    three lists aligned by round.
+
+    The three are interleaved, one of each per round, so a drift in the link or the CPU
+    (a pageable 256 MiB copy varied from 3.9 to 8.6 GB/s on a lent H100) hits all three
+    alike; measured one after the other, such a drift once read as 69% overlap for a
+    pageable blocking copy that another run put at 0%. Each round gives its own ratio."""
     b = allocate(torch, size, device, pinned=pinned)
     if pinned and b.pinned is None:
         raise Failed(b.pinned_error or "pinned allocation failed")
     src = b.pinned if pinned else b.pageable
     sync = torch.cuda.synchronize
 
-    def timed(fn: Callable[[], object]) -> list[float]:
-        values = []
-        for i in range(warmup + runs):
-            check_signals()
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            if i >= warmup:
-                values.append(time.perf_counter() - t0)
-        return values
+    def once(fn: Callable[[], object]) -> float:
+        check_signals()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
 
-    copy_s = timed(lambda: b.device.copy_(src, non_blocking=non_blocking))
-    target = min(CPU_WORK_MAX_S, max(CPU_WORK_S, statistics.median(copy_s)))
+    def copy() -> None:
+        b.device.copy_(src, non_blocking=non_blocking)
+
+    for _ in range(warmup):
+        once(copy)
+    target = min(CPU_WORK_MAX_S, max(CPU_WORK_S, once(copy)))
     n = calibrate(target)
-    cpu_s = timed(lambda: spin(n))
 
     def both() -> None:
         b.device.copy_(src, non_blocking=non_blocking)
         spin(n)
 
-    both_s = timed(both)
+    cpu_s: list[float] = []
+    copy_s: list[float] = []
+    both_s: list[float] = []
+    for i in range(warmup + runs):
+        times = (once(copy), once(lambda: spin(n)), once(both))
+        if i >= warmup:
+            for values, t in zip((copy_s, cpu_s, both_s), times, strict=True):
+                values.append(t)
     b.drop()
     release(torch)
     med = Overlap(statistics.median(cpu_s), statistics.median(copy_s), statistics.median(both_s))

@@ -178,7 +178,17 @@ class Measurement:
                 except copies.Failed as e:
                     self.metrics.append(Metric.missing(key, "fraction", str(e)))
                     continue
-                ratio = med.ratio
+                # The median of each round's own ratio: the rounds interleave the copy,
+                # the CPU work and both, so a round's three figures share its conditions.
+                rounds = [
+                    r
+                    for r in (
+                        bw.Overlap(c, p, t).ratio
+                        for c, p, t in zip(cpu_s, copy_s, both_s, strict=True)
+                    )
+                    if r is not None
+                ]
+                ratio = statistics.median(rounds) if rounds else med.ratio
                 if ratio is None:
                     self.metrics.append(
                         Metric.missing(
