@@ -199,3 +199,29 @@ def test_fail_on_against_real_findings(name, fail_on, code):
 def test_path_that_exists_only_on_this_machine_is_refused_for_a_fake_one(tmp_path):
     r = run("env", str(tmp_path), env=sysroot_env("k8s-pod-v2"))
     assert r.exit_code == 2 and "no such file or directory in STARVECHECK_SYSROOT" in r.stderr
+
+
+def test_one_node_vm_with_a_gpu_has_no_numa_node_to_miss(tmp_path):
+    """As on a lent H100 (Firecracker VM): sysfs numa_node is -1 and NVML answers "Not
+    Supported". With one NUMA node that is not applicable, not "could not be read"."""
+    import json
+
+    copy = tmp_path / "m"
+    shutil.copytree(SYSROOTS / "docker-v1-shm64", copy, symlinks=True)
+    src = SYSROOTS / "baremetal-numa-8gpu" / "sys/bus/pci/devices/0000:18:00.0"
+    dst = copy / "sys/bus/pci/devices/0000:00:06.0"
+    shutil.copytree(src, dst)
+    (dst / "numa_node").write_text("-1\n")
+    snapshot = json.loads((SYSROOTS / "baremetal-numa-8gpu/starvecheck-fake-nvml.json").read_text())
+    gpu = dict(snapshot["devices"][0], pci_bus_id="00000000:00:06.0", numa_node=None)
+    gpu["errors"] = {"numa_node": "NVML: Not Supported"}
+    snapshot["devices"] = [gpu]
+    (copy / "starvecheck-fake-nvml.json").write_text(json.dumps(snapshot))
+    r = run("env", "--json", "-", env={"STARVECHECK_SYSROOT": str(copy)})
+    m = r.json["machine"]
+    assert len(m["gpus"]) == 1 and m["gpus"][0]["numa_node"] is None
+    assert "gpus[0].numa_node" not in m["unknown"]
+    assert m["not_applicable"]["gpus[0].numa_node"].startswith("one NUMA node")
+    text = run("env", env={"STARVECHECK_SYSROOT": str(copy)}).stdout
+    assert "Unknown (could not be read)" in text  # the fake's free space, still unknown
+    assert "numa_node" not in text.split("Unknown (could not be read)")[1]

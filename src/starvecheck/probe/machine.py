@@ -322,6 +322,16 @@ def collect(
         led,
         "not readable in /sys/devices/system/node",
     )
+    if len(numa_rec.node_list) <= 1:
+        # A one-node machine (most VMs: sysfs numa_node is -1 and NVML answers "Not
+        # Supported") has no remote memory: the GPU's node is not a fact to miss.
+        for position, gpu_info in enumerate(gpus):
+            key = f"gpus[{position}].numa_node"
+            if gpu_info.numa_node is None:
+                reason = led.unknown.pop(key, None)
+                led.not_applicable[key] = "one NUMA node: every CPU and all memory are local" + (
+                    f" ({reason})" if reason else ""
+                )
     if not gpus:
         led.not_applicable["gpus"] = (
             f"no NVIDIA GPU: NVML: {g.nvml.reason or 'lists none'}; sysfs: no device "
