@@ -199,8 +199,8 @@ def _refused(path: Path, *expected: str) -> str:
         (b"", "not JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b"\x1f\x8b\x08\x00 not really gzip", "gzip"),
-        (gzip.compress(b'{"traceEvents": [')[:-10], "gzip"),
-        (gzip.compress(b"not json"), "not JSON"),
+        (gzip.compress(b'{"traceEvents": [', mtime=0)[:-10], "gzip"),
+        (gzip.compress(b"not json", mtime=0), "not JSON"),
     ],
 )
 def test_files_that_are_not_traces_are_one_line(tmp_path, content, expected):
