@@ -12,17 +12,23 @@ JSON schema versions (`Report.to_dict()["schema_version"]`):
      `workload` (the figures judged against, each with its source), `chain` (one
      `Link` per link: link, capacity_samples_per_s, demand_samples_per_s, basis,
      reason, parts, limited_by) and, under torchrun, `nodes` (one row per rank).
+  2  every metric carries `labels`: the dimensions it was measured under
+     (`quantity`, what the figure is, and e.g. layout, pattern, cache, threads,
+     workers, size, direction, memory), so scripts select figures by label instead
+     of parsing names. Every name of version 1 is kept. Version 1 files still load
+     (their metrics without labels).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class Severity(str, Enum):
@@ -83,9 +89,20 @@ class Gain:
         return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
 
 
+# A label's value: a layout name, a worker count, a size in bytes, ...
+LabelValue = str | int | float | bool
+Labels = Mapping[str, LabelValue]
+
+
 @dataclass(frozen=True)
 class Metric:
-    """A named figure. Repeated measurements keep their raw values and statistics."""
+    """A named figure. Repeated measurements keep their raw values and statistics.
+
+    `labels` are the dimensions the figure was measured under; code selects metrics
+    by them (`select`, `one`, `value` below), never by taking `name` apart. The
+    `quantity` label says what the figure is (`samples_per_s`, `wait_ms`, `gbps`,
+    ...), the others under which conditions (`layout`, `cache`, `workers`, ...).
+    The flat name is for people and for scripts written against schema 1."""
 
     name: str
     value: float | None
@@ -96,31 +113,49 @@ class Metric:
     max: float | None = None
     stdev: float | None = None
     reason: str | None = None  # why `value` is None
+    labels: Labels = field(default_factory=dict, hash=False)
 
     @classmethod
-    def single(cls, name: str, value: float, unit: str) -> Metric:
-        return cls(name, value, unit)
+    def single(cls, name: str, value: float, unit: str, labels: Labels | None = None) -> Metric:
+        return cls(name, value, unit, labels=dict(labels or {}))
 
     @classmethod
-    def repeated(cls, name: str, values: Iterable[float], unit: str) -> Metric:
+    def repeated(
+        cls, name: str, values: Iterable[float], unit: str, labels: Labels | None = None
+    ) -> Metric:
         """Summarise repeated runs; the headline value is the median."""
         vals = tuple(float(v) for v in values)
         if not vals:
-            return cls.missing(name, unit, "no runs completed")
+            return cls.missing(name, unit, "no runs completed", labels)
         median = statistics.median(vals)
         stdev = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        return cls(name, median, unit, vals, median, min(vals), max(vals), stdev)
+        return cls(
+            name, median, unit, vals, median, min(vals), max(vals), stdev, labels=dict(labels or {})
+        )
 
     @classmethod
-    def missing(cls, name: str, unit: str, reason: str) -> Metric:
-        return cls(name, None, unit, reason=reason)
+    def missing(cls, name: str, unit: str, reason: str, labels: Labels | None = None) -> Metric:
+        return cls(name, None, unit, reason=reason, labels=dict(labels or {}))
+
+    def labelled(self, **labels: LabelValue) -> Metric:
+        """The same figure with these labels added (or replaced)."""
+        return replace(self, labels={**self.labels, **labels})
+
+    def matches(self, **want: LabelValue) -> bool:
+        """True when every label asked for has that value (`None` asks for absence)."""
+        return all(self.labels.get(k) == v for k, v in want.items())
 
     @property
     def n(self) -> int:
         return len(self.values)
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit}
+        d: dict[str, Any] = {
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "labels": dict(self.labels),
+        }
         if self.values:
             d.update(
                 n=self.n,
@@ -146,7 +181,42 @@ class Metric:
             max=d.get("max"),
             stdev=d.get("stdev"),
             reason=d.get("reason"),
+            labels=dict(d.get("labels") or {}),
         )
+
+
+def select(metrics: Iterable[Metric], **want: LabelValue) -> list[Metric]:
+    """Every metric whose labels hold these values, in order."""
+    return [m for m in metrics if m.matches(**want)]
+
+
+def one(metrics: Iterable[Metric], **want: LabelValue) -> Metric | None:
+    """The first metric whose labels hold these values, or None."""
+    return next((m for m in metrics if m.matches(**want)), None)
+
+
+def value(metrics: Iterable[Metric], **want: LabelValue) -> float | None:
+    """The value of `one(...)`, None when there is no such metric or no value."""
+    m = one(metrics, **want)
+    return None if m is None else m.value
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """Why a figure should be read with care: a stable id (`timing.unstable`,
+    `io.not-cold`, ...) that code tests for, and the sentence people read. Built by
+    `timing` for the kinds several stages share; the JSON keeps the sentence."""
+
+    id: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def caveat(c: Caveat | str) -> Caveat:
+    """A caveat from a plain sentence (a stage's own, one of a kind)."""
+    return c if isinstance(c, Caveat) else Caveat("note", str(c))
 
 
 @dataclass(frozen=True)
@@ -187,17 +257,36 @@ class Finding:
 
 @dataclass(frozen=True)
 class StageResult:
+    """What one stage measured. Stages leave `findings` empty: judging (advice.judge)
+    runs once over every result of the run and fills them in."""
+
     stage: str
     parameters: Mapping[str, Any] = field(default_factory=dict)
     metrics: tuple[Metric, ...] = ()
     findings: tuple[Finding, ...] = ()
-    caveats: tuple[str, ...] = ()
+    caveats: tuple[Caveat, ...] = ()
     # Samples per second this link can deliver for the workload, where it can say.
     capacity: Metric | None = None
     duration_s: float | None = None
 
+    def __post_init__(self) -> None:
+        # Plain sentences are accepted and become caveats of their own kind.
+        object.__setattr__(self, "caveats", tuple(caveat(c) for c in self.caveats))
+
     def metric(self, name: str) -> Metric | None:
         return next((m for m in self.metrics if m.name == name), None)
+
+    def select(self, **want: LabelValue) -> list[Metric]:
+        return select(self.metrics, **want)
+
+    def one(self, **want: LabelValue) -> Metric | None:
+        return one(self.metrics, **want)
+
+    def value(self, **want: LabelValue) -> float | None:
+        return value(self.metrics, **want)
+
+    def has_caveat(self, caveat_id: str) -> bool:
+        return any(c.id == caveat_id for c in self.caveats)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -205,7 +294,7 @@ class StageResult:
             "parameters": dict(self.parameters),
             "metrics": [m.to_dict() for m in self.metrics],
             "findings": [f.to_dict() for f in self.findings],
-            "caveats": list(self.caveats),
+            "caveats": [c.text for c in self.caveats],
             "capacity": self.capacity.to_dict() if self.capacity else None,
             "duration_s": self.duration_s,
         }
@@ -319,7 +408,7 @@ class Report:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise ValueError(f"unsupported report schema_version {version!r}")
         return cls(
             command=d["command"],

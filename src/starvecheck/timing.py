@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from starvecheck.model import Caveat
+
 # pyperf warns at a standard deviation of 10% of the mean; we use the median,
 # which one slow run (a page-cache miss, a neighbour's burst) moves less.
 UNSTABLE_SPREAD = 0.10
@@ -99,3 +101,58 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(sorted_values) - 1)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+# --- caveats several stages share, built in one place (as hyperfine's warnings enum) --
+# Each is a `Caveat` with a stable id that judging can test for; the text is what
+# people read. Stages pass what differs (what they repeat, what likely disturbed it).
+
+NOISY_MACHINE = (
+    "a noisy machine or a cache changing under the runs: close other work and add --runs"
+)
+NOISY_GPU = "other work on this GPU or CPU, or a link changing speed: close it and add --runs"
+
+
+def unstable(entries: Sequence[str], what: str = "runs", cause: str = NOISY_MACHINE) -> Caveat:
+    """`entries` ("shard.random.cold.t2 12%", ...) varied by UNSTABLE_SPREAD or more,
+    or held outliers."""
+    return Caveat(
+        "timing.unstable",
+        f"{what} vary by 10% or more of the median (stdev/median), or hold outliers: "
+        + ", ".join(entries)
+        + f"; {cause}",
+    )
+
+
+def too_few_runs(text: str) -> Caveat:
+    """Too few repeats to judge the spread; `text` says how many and the fix."""
+    return Caveat("timing.too-few-runs", text)
+
+
+def first_cold_slower(name: str, first_mbps: float, rest_mbps: float) -> Caveat:
+    return Caveat(
+        "cache.first-cold-slower",
+        f"{name}: the first cold run read at {first_mbps:,.0f} MB/s, later ones at "
+        f"{rest_mbps:,.0f}: a cache below this kernel (hypervisor, storage array, "
+        "NFS server) kept the data after the first read, so the median is "
+        "optimistic for a first epoch",
+    )
+
+
+def not_cold(text: str) -> Caveat:
+    """Pages were still cached when a cold run began; `text` says how much and where."""
+    return Caveat("cache.not-cold", text)
+
+
+HYPERVISOR_TEXT = {
+    "io": "this is a virtual machine: cold means evicted from this kernel's page cache, "
+    "but the hypervisor may cache the virtual disk (virtio cache=writeback), which "
+    "makes cold reads faster than the physical device",
+    "loader": "this is a virtual machine: the hypervisor may cache the virtual disk, which "
+    "makes cold epochs faster than the physical device would",
+}
+
+
+def hypervisor_cache(stage: str) -> Caveat:
+    """Cold figures under a hypervisor, which may cache the virtual disk itself."""
+    return Caveat("cache.hypervisor", HYPERVISOR_TEXT[stage])

@@ -1,0 +1,32 @@
+"""The one list of stages: commands and doctor find a stage here by name.
+
+Modules are imported on first use, so `starvecheck env` and `--help` never load
+what `loader` or `pcie` need. Each module exposes `STAGE`, an object that keeps
+the `Stage` protocol of stages/base.py. Adding a stage: write its module with a
+`STAGE`, name it below, add its rules to advice/ and its tables to render/.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from starvecheck.stages.base import Stage
+
+MODULES = {
+    "env": "starvecheck.stages.env",
+    "io": "starvecheck.stages.io",
+    "loader": "starvecheck.stages.loader",
+    "starve": "starvecheck.stages.starve",
+    "pad": "starvecheck.stages.pad",
+    "pcie": "starvecheck.stages.pcie",
+    "profile": "starvecheck.stages.profile",
+    "trace": "starvecheck.stages.trace",
+}
+# The order doctor runs its stages in: cheap ones that can refuse bad input first.
+DOCTOR_ORDER = ("pad", "starve", "io", "loader", "pcie")
+
+
+def get(name: str) -> Stage:
+    if name not in MODULES:
+        raise KeyError(f"no stage {name!r}")
+    return importlib.import_module(MODULES[name]).STAGE  # type: ignore[no-any-return]
