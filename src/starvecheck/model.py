@@ -201,17 +201,28 @@ def value(metrics: Iterable[Metric], **want: LabelValue) -> float | None:
     return None if m is None else m.value
 
 
-@dataclass(frozen=True)
-class Caveat:
-    """Why a figure should be read with care: a stable id (`timing.unstable`,
-    `io.not-cold`, ...) that code tests for, and the sentence people read. Built by
-    `timing` for the kinds several stages share; the JSON keeps the sentence."""
+class Caveat(str):
+    """Why a figure should be read with care: the sentence people read, carrying a
+    stable id (`timing.unstable`, `cache.not-cold`, ...) that code tests for. Built by
+    `timing` for the kinds several stages share. A caveat is its text wherever text is
+    wanted (printing, JSON, `in`); the JSON keeps the sentence."""
 
     id: str
-    text: str
 
-    def __str__(self) -> str:
-        return self.text
+    def __new__(cls, id: str, text: str) -> Caveat:
+        self = super().__new__(cls, text)
+        self.id = id
+        return self
+
+    @property
+    def text(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Caveat({self.id!r}, {self.text!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Caveat, (self.id, self.text))
 
 
 def caveat(c: Caveat | str) -> Caveat:

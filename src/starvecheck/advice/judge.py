@@ -1,7 +1,7 @@
 """Judging, once per report: every stage result of the run in, findings out.
 
 Commands and doctor measure first, then call `judge` once with everything they
-measured. Each advice module (`advice/<stage>.py`) exposes `advise(results)`, which
+measured. Each advice module (`advice/<stage>.py`) exposes `rules(results)`, which
 reads the stages it needs from `results` (its own, and any other it wants: io's
 measured read speed against env's rotational flag, say) and returns findings; a
 module whose stage is not in the run returns nothing. Cross-stage rules live here,
@@ -66,10 +66,13 @@ class Judgement:
 
 def advise_all(results: Results) -> list[Finding]:
     found: list[Finding] = []
-    for stage, module in MODULES.items():
-        if stage in results:
-            advise = importlib.import_module(module).advise
-            found += [_stamped(f, stage) for f in advise(results)]
+    for stage, result in results.stages.items():
+        module = MODULES.get(stage)
+        rules = getattr(importlib.import_module(module), "rules", None) if module else None
+        if rules is None:  # TRANSITION: a stage that still judges itself keeps its findings
+            found += [_stamped(f, stage) for f in result.findings]
+            continue
+        found += [_stamped(f, stage) for f in rules(results)]
     return found
 
 
@@ -84,9 +87,7 @@ def judge(results: Results) -> Judgement:
 
         chain, weakest, findings = chain_rules.judge(results, findings)
     checklist = rank(findings)
-    return Judgement(
-        tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest
-    )
+    return Judgement(tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest)
 
 
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:

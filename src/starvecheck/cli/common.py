@@ -4,21 +4,23 @@ report assembly and emission, the progress bar, warnings and errors."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from starvecheck import __version__
-from starvecheck.advice import rank, verdict
 from starvecheck.context import Context
 from starvecheck.model import Report, Severity, StageResult, at_or_above
 from starvecheck.status import ExitStatus, UsageError
 from starvecheck.sysroot import ENV_VAR, SysRoot
+
+if TYPE_CHECKING:
+    from starvecheck.probe.machine import Machine
 
 app = typer.Typer(
     name="starvecheck",
@@ -142,17 +144,40 @@ def sysroot_of(c: Context) -> SysRoot:
     return root
 
 
+def measure_one(
+    name: str, options: Mapping[str, Any], c: Context, out: Outputs, machine: Machine | None
+) -> StageResult:
+    """A command's one stage, through the registry: plan from the options (bad ones
+    are one line and exit 2 before anything runs), then measure with a progress bar."""
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
+
+    stage = registry.get(name)
+    ctx = RunContext(machine=machine, environ=c.environ, warn=lambda msg: warning(c, msg))
+    plan = stage.plan(options, ctx)
+    with progress_bar(c, out) as progress:
+        return stage.measure(plan, replace(ctx, progress=progress))
+
+
 def build_report(
-    command: str, machine: dict[str, Any], stages: list[StageResult], c: Context
+    command: str,
+    machine: Machine | Mapping[str, Any] | None,
+    stages: list[StageResult],
+    c: Context,
 ) -> Report:
-    findings = [f for s in stages for f in s.findings]
-    checklist = rank(findings)
+    """Judge every stage result of the run once, together, and assemble the report."""
+    from starvecheck.advice.judge import Results, attach, judge
+    from starvecheck.probe.machine import Machine
+
+    facts = machine if isinstance(machine, Machine) else None
+    judgement = judge(Results({s.stage: s for s in stages}, machine=facts))
+    stages = attach(stages, judgement)
     return Report(
         command=command,
-        machine=machine,
+        machine=machine.to_dict() if isinstance(machine, Machine) else dict(machine or {}),
         stages=tuple(stages),
-        checklist=checklist,
-        verdict=verdict(checklist, len(findings)),
+        checklist=judgement.checklist,
+        verdict=judgement.verdict,
         tool_version=__version__,
         created_at=c.now(),
     )
