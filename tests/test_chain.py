@@ -8,27 +8,43 @@ import json
 import pytest
 
 from starvecheck.advice import chain, nodes
+from starvecheck.advice.judge import Results
 from starvecheck.distributed import from_environ, slow_ms
 from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Report, Severity, StageResult
-from starvecheck.stages.doctor import build_chain
 from starvecheck.status import UsageError
 from starvecheck.workload import Workload
 
 
+def _rate(layout: str, cache: str, threads: int) -> dict:
+    return dict(
+        quantity="samples_per_s", layout=layout, pattern="random", cache=cache, threads=threads
+    )
+
+
 def _io(cold: float | None, warm: float, reason: str = "tmpfs") -> StageResult:
+    name = "shard.random.cold.t2.samples_per_s"
     cold_m = (
-        Metric.repeated("shard.random.cold.t2.samples_per_s", [cold], "samples/s")
+        Metric.repeated(name, [cold], "samples/s", _rate("shard", "cold", 2))
         if cold is not None
-        else Metric.missing("shard.random.cold.t2.samples_per_s", "samples/s", reason)
+        else Metric.missing(name, "samples/s", reason, _rate("shard", "cold", 2))
     )
     return StageResult(
         "io",
         parameters={"threads": [1, 2]},
         metrics=(
-            Metric.repeated("shard.random.cold.samples_per_s", [50.0], "samples/s"),
+            Metric.repeated(
+                "shard.random.cold.samples_per_s", [50.0], "samples/s", _rate("shard", "cold", 1)
+            ),
             cold_m,
-            Metric.repeated("shard.random.warm.t2.samples_per_s", [warm], "samples/s"),
-            Metric.repeated("small_files.random.cold.t2.samples_per_s", [7.0], "samples/s"),
+            Metric.repeated(
+                "shard.random.warm.t2.samples_per_s", [warm], "samples/s", _rate("shard", "warm", 2)
+            ),
+            Metric.repeated(
+                "small_files.random.cold.t2.samples_per_s",
+                [7.0],
+                "samples/s",
+                _rate("small_files", "cold", 2),
+            ),
         ),
     )
 
@@ -53,10 +69,22 @@ def test_storage_without_figures_is_null_with_a_reason():
 
 def _loader(rec: int, **curve: float) -> StageResult:
     metrics = [
-        Metric.repeated(f"throughput.shard.warm.w{w[1:]}", [v], "samples/s")
+        Metric.repeated(
+            f"throughput.shard.warm.w{w[1:]}",
+            [v],
+            "samples/s",
+            dict(quantity="samples_per_s", layout="shard", cache="warm", workers=int(w[1:])),
+        )
         for w, v in curve.items()
     ]
-    metrics.append(Metric.single("recommended_num_workers.shard", rec, "workers"))
+    metrics.append(
+        Metric.single(
+            "recommended_num_workers.shard",
+            rec,
+            "workers",
+            dict(quantity="recommended_num_workers", layout="shard"),
+        )
+    )
     return StageResult("loader", metrics=tuple(metrics))
 
 
@@ -91,7 +119,10 @@ def test_cpu_capacity_comes_from_starves_capacity():
 def _pad(**eff: float) -> StageResult:
     return StageResult(
         "pad",
-        metrics=tuple(Metric.single(f"efficiency.{k}", v, "fraction") for k, v in eff.items()),
+        metrics=tuple(
+            Metric.single(f"efficiency.{k}", v, "fraction", dict(quantity="efficiency", strategy=k))
+            for k, v in eff.items()
+        ),
     )
 
 
@@ -110,13 +141,33 @@ def test_best_strategy_ties_go_to_the_simpler():
     assert chain.best_strategy({}) is None
 
 
+def _copy(memory: str, size: int, **more: str) -> dict:
+    labels = dict(quantity="gbps", direction="h2d", memory=memory, size=size)
+    return {**labels, "clock": "wall", "source": "torch", **more}
+
+
 def _pcie() -> StageResult:
     rates = {"64KiB": 5.0, "1MiB": 10.0, "16MiB": 20.0, "256MiB": 24.0, "1GiB": 25.0}
+    sizes = {"64KiB": 64 << 10, "1MiB": 1 << 20, "16MiB": 16 << 20, "256MiB": 256 << 20}
+    sizes["1GiB"] = 1 << 30
     return StageResult(
         "pcie",
         metrics=(
-            *(Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s") for k, v in rates.items()),
-            Metric.repeated("h2d.pageable.1MiB", [3.0], "GB/s"),
+            *(
+                Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s", _copy("pinned", sizes[k]))
+                for k, v in rates.items()
+            ),
+            Metric.repeated("h2d.pageable.1MiB", [3.0], "GB/s", _copy("pageable", 1 << 20)),
+            # Not the wall-clock figure of a torch copy: never the link's capacity.
+            Metric.repeated(
+                "h2d.pinned.1MiB.events", [99.0], "GB/s", _copy("pinned", 1 << 20, clock="events")
+            ),
+            Metric.repeated(
+                "reference.h2d.pinned.1MiB",
+                [98.0],
+                "GB/s",
+                _copy("pinned", 1 << 20, source="cudart"),
+            ),
         ),
     )
 
@@ -126,21 +177,24 @@ def test_pcie_uses_pinned_bandwidth_at_the_size_nearest_a_batch():
     link = chain.pcie(_pcie(), 16384, 32, demand=80.0)
     assert link.capacity == pytest.approx(10e9 / 16384)
     assert "1MiB" in link.basis
-    assert chain.nearest_size(["64KiB", "1MiB"], 300 << 10) == "1MiB"
-    assert chain.nearest_size(["64KiB", "1MiB"], 256 << 10) == "64KiB"  # a tie: the smaller
+    assert chain.nearest_size([64 << 10, 1 << 20], 300 << 10) == 1 << 20
+    assert chain.nearest_size([64 << 10, 1 << 20], 256 << 10) == 64 << 10  # a tie: the smaller
     assert chain.pcie(StageResult("pcie"), 16384, 32, 80.0).capacity is None
 
 
 def test_build_chain_with_a_pcie_result_and_skipped_stages():
     w = Workload(step_ms=200.0)  # 16 per 0.2 s: 80 samples/s
-    links = build_chain(w, {"pcie": _pcie()}, "step_ms 200 (option)", "")
+    why = {"io": "io not selected (--only/--skip)", "pad": "pad not selected (--only/--skip)"}
+    extra = {"gpu_basis": "step_ms 200 (option)", "unavailable": why}
+    links = chain.build(Results({"pcie": _pcie()}, workload=w, extra=extra))
     by = {x.link: x for x in links}
     assert [x.link for x in links] == list(chain.LINKS)
     # 16 x 16 KiB = 256 KiB: as far from 64 KiB as from 1 MiB; the smaller, 5 GB/s.
     assert by["pcie"].capacity == pytest.approx(5e9 / 16384)
     assert by["gpu"].capacity == by["gpu"].demand == 80.0
     assert by["storage"].capacity is None and "io not selected" in (by["storage"].reason or "")
-    skipped = build_chain(w, {}, "", "no CUDA device")
+    why["pcie"] = "no CUDA device"
+    skipped = chain.build(Results({}, workload=w, extra={"unavailable": why}))
     assert skipped[3].reason == "not measured: no CUDA device"
 
 

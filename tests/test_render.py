@@ -10,12 +10,13 @@ from __future__ import annotations
 import io
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from starvecheck.context import Context
-from starvecheck.model import Report
+from starvecheck.model import Finding, Report, Severity
 from starvecheck.render import json as json_export
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render
@@ -71,13 +72,37 @@ def test_json_export_round_trips_the_stored_report(name):
     assert Report.from_dict(json.loads(json_export.serialize(report))) == report
 
 
+def _cells(line: str) -> int:
+    """Columns of a Markdown table row, an escaped pipe not counting as a border."""
+    return line.replace("\\|", "").count("|") - 1
+
+
 def test_markdown_escapes_table_cells():
+    # A finding whose text holds a pipe and a line break, as a user's path or a shell
+    # snippet can: each must stay inside its cell.
     report = Report.from_dict(json.loads((GOLDEN / "k8s-pod-v2.json").read_text()))
+    tricky = Finding(
+        "test.pipes",
+        Severity.WARNING,
+        "a | b",
+        evidence="cat x | wc -l\nsecond line",
+        recommendation="`a || b`",
+    )
+    report = replace(report, checklist=(tricky, *report.checklist))
     text = markdown.serialize(report)
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = line.replace("\\|", "").count("|")
-            assert cells == line.split("\n")[0].replace("\\|", "").count("|")
+    tables = 0
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|---"):  # a table: its header above, its rows below
+            tables += 1
+            width = _cells(lines[i - 1])
+            for row in lines[i + 1 :]:
+                if not row.startswith("|"):
+                    break
+                assert _cells(row) == width, row
+    assert tables >= 2
+    row = next(x for x in lines if "test.pipes" in x)
+    assert "a \\| b" in row and "cat x \\| wc -l second line" in row and "a \\|\\| b" in row
 
 
 def test_terminal_shows_the_gpu_table_and_the_ranked_order():

@@ -16,7 +16,8 @@ JSON schema versions (`Report.to_dict()["schema_version"]`):
      (`quantity`, what the figure is, and e.g. layout, pattern, cache, threads,
      workers, size, direction, memory), so scripts select figures by label instead
      of parsing names. Every name of version 1 is kept. Version 1 files still load
-     (their metrics without labels).
+     (their metrics without labels). doctor reports add `weakest_summary`, the
+     sentence under the chain (judging writes it; renderers only print it).
 """
 
 from __future__ import annotations
@@ -323,6 +324,10 @@ class StageResult:
         )
 
 
+# The links of the chain, upstream first (DESIGN.md, "Result model").
+CHAIN_LINKS = ("storage", "loader", "padding", "pcie", "gpu")
+
+
 @dataclass(frozen=True)
 class Link:
     """One link of the chain (storage, loader, padding, pcie, gpu) against one workload:
@@ -384,6 +389,7 @@ class Report:
     # doctor only (empty elsewhere, and then left out of the JSON):
     workload: Mapping[str, Any] = field(default_factory=dict)
     chain: tuple[Link, ...] = ()
+    weakest_summary: str = ""  # the sentence judging wrote under the chain
     nodes: tuple[Mapping[str, Any], ...] = ()  # one per rank under torchrun
 
     @property
@@ -412,6 +418,7 @@ class Report:
             d["workload"] = dict(self.workload)
         if self.chain:
             d["chain"] = [link.to_dict() for link in self.chain]
+            d["weakest_summary"] = self.weakest_summary
         if self.nodes:
             d["nodes"] = [dict(n) for n in self.nodes]
         return d
@@ -432,6 +439,7 @@ class Report:
             created_at=d.get("created_at", ""),
             workload=dict(d.get("workload", {})),
             chain=tuple(Link.from_dict(x) for x in d.get("chain", ())),
+            weakest_summary=d.get("weakest_summary", ""),
             nodes=tuple(dict(n) for n in d.get("nodes", ())),
         )
 

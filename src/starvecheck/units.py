@@ -34,3 +34,13 @@ def parse_size(text: str) -> int | None:
         return int(float(m.group(1)) * mult)
     except (OverflowError, ValueError):  # 1e400 is inf as a float: no size at all
         return None
+
+
+def size_name(size: int) -> str:
+    """64 KiB -> "64KiB", 256 MiB -> "256MiB", 1 GiB -> "1GiB": how sizes are named in
+    metric names and tables. Sizes that are no whole multiple of a KiB are named in
+    bytes ("1000B")."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"

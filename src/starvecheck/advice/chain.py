@@ -1,8 +1,9 @@
 """The chain: each link's capacity in samples/s for one workload, and the weakest link.
 
-Pure functions of stage results (read by metric name, so a stored report is judged as
-a fresh one) and the workload. The GPU consumes demand = batch_size / step time
-samples per second; every link is stated in the same unit so they compare directly:
+Pure functions of stage results (metrics selected by their labels) and the workload;
+`judge` is the entry point advice.judge calls for a doctor run. The GPU consumes
+demand = batch_size / step time samples per second; every link is stated in the
+same unit so they compare directly:
 
   storage  io's cold samples/s for the workload's layout read as a shuffling loader
            reads it (shard.random or small_files.random), with the most readers
@@ -15,8 +16,8 @@ samples per second; every link is stated in the same unit so they compare direct
            trained with and of the best one: demand / capacity is the speed-up pad
            reports for switching
   pcie     pinned host-to-device GB/s at the transfer size nearest one batch (doctor
-           measures one batch's own size), over
-           the bytes one sample takes on the wire (context token ids)
+           measures one batch's own size), over the bytes one sample takes on the
+           wire (context token ids)
   gpu      demand itself: the GPU is a link too, and the weakest when it is fed
 
 The weakest link is the lowest capacity among the measured links; on a tie the GPU
@@ -29,26 +30,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Severity, StageResult
+from starvecheck.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 from starvecheck.stages.strategies import LABELS, STRATEGIES
-from starvecheck.units import parse_size
+from starvecheck.units import size_name
 
-LINKS = ("storage", "loader", "padding", "pcie", "gpu")
+LINKS = CHAIN_LINKS
 # Below this speed-up a fix is not worth a checklist line.
 WORTH = 1.05
 CRITICAL_SPEEDUP = 2.0
 WIRE_GB = 1e9  # pcie reports decimal GB/s, as bandwidths are quoted
 SAME = 0.01  # gains within 1% of the headroom are the same figure, rounded
-
-
-def _metrics(result: StageResult) -> dict[str, Metric]:
-    return {m.name: m for m in result.metrics}
-
-
-def _value(result: StageResult, name: str) -> float | None:
-    m = result.metric(name)
-    return m.value if m is not None else None
 
 
 def missing(link: str, demand: float | None, reason: str) -> Link:
@@ -57,13 +53,12 @@ def missing(link: str, demand: float | None, reason: str) -> Link:
 
 def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
-    m = _metrics(io)
     threads = max(io.parameters.get("threads") or [1])
-    suffix = f".t{threads}" if threads > 1 else ""
     withheld = None
     for temp in ("cold", "warm"):
-        name = f"{layout}.random.{temp}{suffix}.samples_per_s"
-        metric = m.get(name)
+        metric = io.one(
+            quantity="samples_per_s", layout=layout, pattern="random", cache=temp, threads=threads
+        )
         if metric is None:
             continue
         if metric.value is None:
@@ -83,12 +78,22 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     return missing("storage", demand, withheld or f"io measured no {layout}.random reads")
 
 
+def loader_curve(loader: StageResult, layout: str) -> tuple[str, dict[int, float]] | None:
+    """The cache state to judge a layout in and its samples/s by num_workers: cold
+    where every cold point was measured (first epochs, datasets larger than memory),
+    else warm."""
+    for temp in ("cold", "warm"):
+        points = loader.select(quantity="samples_per_s", layout=layout, cache=temp)
+        if points and all(m.value is not None for m in points):
+            curve = {int(m.labels["workers"]): m.value for m in points}
+            return temp, {w: v for w, v in sorted(curve.items()) if v is not None}
+    return None
+
+
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
     """The DataLoader's samples/s over the layout at its recommended num_workers."""
-    from starvecheck.stages.loader import curves
-
-    k = _value(loader, f"recommended_num_workers.{layout}")
-    found = curves(loader.metrics).get(layout)
+    k = loader.value(quantity="recommended_num_workers", layout=layout)
+    found = loader_curve(loader, layout)
     if k is None or found is None:
         return None, f"loader recommended no num_workers for {layout}"
     temp, curve = found
@@ -132,7 +137,9 @@ def best_strategy(efficiency: Mapping[str, float]) -> str | None:
 
 
 def padding(pad: StageResult, current: str, demand: float | None) -> Link:
-    eff = {s: v for s in STRATEGIES if (v := _value(pad, f"efficiency.{s}")) is not None}
+    eff = {
+        s: v for s in STRATEGIES if (v := pad.value(quantity="efficiency", strategy=s)) is not None
+    }
     best = best_strategy(eff)
     if demand is None:
         return missing("padding", None, "no GPU step time, so no demand to scale")
@@ -145,28 +152,28 @@ def padding(pad: StageResult, current: str, demand: float | None) -> Link:
     return Link("padding", demand * e_cur / e_best, demand, basis)
 
 
-def nearest_size(sizes: Sequence[str], nbytes: float) -> str | None:
-    """The size label (64KiB, 1MiB, ...) nearest `nbytes` on a log scale."""
-    parsed = [(s, parse_size(s)) for s in sizes]
-    valid = [(s, b) for s, b in parsed if b]
+def nearest_size(sizes: Sequence[int], nbytes: float) -> int | None:
+    """The size (bytes) nearest `nbytes` on a log scale; the smaller on a tie."""
+    valid = [b for b in sizes if b > 0]
     if not valid or nbytes <= 0:
         return None
-    return min(valid, key=lambda sb: (abs(math.log(sb[1] / nbytes)), sb[1]))[0]
+    return min(valid, key=lambda b: (abs(math.log(b / nbytes)), b))
 
 
 def pcie(result: StageResult, wire_bytes_per_sample: int, batch: int, demand: float | None) -> Link:
-    prefix = "h2d.pinned."
     rates = {
-        m.name[len(prefix) :]: m.value
-        for m in result.metrics
-        if m.name.startswith(prefix) and m.value is not None and m.name.count(".") == 2
+        int(m.labels["size"]): m.value
+        for m in result.select(
+            quantity="gbps", direction="h2d", memory="pinned", clock="wall", source="torch"
+        )
+        if m.value is not None and "variant" not in m.labels
     }
     size = nearest_size(list(rates), wire_bytes_per_sample * batch)
     if size is None:
         return missing("pcie", demand, "pcie measured no pinned host-to-device bandwidth")
     gbps = rates[size]
     basis = (
-        f"pcie h2d pinned {gbps:,.1f} GB/s at {size} (one batch is "
+        f"pcie h2d pinned {gbps:,.1f} GB/s at {size_name(size)} (one batch is "
         f"{wire_bytes_per_sample * batch:,} bytes), {wire_bytes_per_sample:,} bytes per sample"
     )
     return Link("pcie", gbps * WIRE_GB / wire_bytes_per_sample, demand, basis)
@@ -329,3 +336,46 @@ def reweigh(findings: Sequence[Finding], chain: Sequence[Link]) -> list[Finding]
         gain = Gain(GainKind.THROUGHPUT, round(room, 3), basis)
         out.append(replace(f, severity=severity, gain=gain))
     return out
+
+
+def build(results: Results) -> tuple[Link, ...]:
+    """The chain for a doctor run: each link from its stage's result, or missing with
+    the reason (not selected, no CUDA device, failed part-way)."""
+    w = results.workload
+    assert w is not None
+    demand = w.demand
+    why = results.extra.get("unavailable", {})
+    io, loader_r, starve, pad, pcie_r = (
+        results.get(s) for s in ("io", "loader", "starve", "pad", "pcie")
+    )
+    storage_link = (
+        storage(io, w.layout, demand)
+        if io is not None
+        else missing("storage", demand, f"not measured: {why.get('io', 'io not run')}")
+    )
+    read = (
+        read_capacity(loader_r, w.layout) if loader_r is not None else (None, "loader not selected")
+    )
+    cpu = cpu_capacity(starve) if starve is not None else (None, "starve not selected")
+    padding_link = (
+        padding(pad, w.current, demand)
+        if pad is not None
+        else missing("padding", demand, f"not measured: {why.get('pad', 'pad not run')}")
+    )
+    pcie_link = (
+        pcie(pcie_r, w.wire_bytes_per_sample, w.batch_size, demand)
+        if pcie_r is not None
+        else missing("pcie", demand, f"not measured: {why.get('pcie', 'no CUDA device')}")
+    )
+    gpu_link = gpu(demand, results.extra.get("gpu_basis", ""))
+    return (storage_link, loader(read, cpu, demand), padding_link, pcie_link, gpu_link)
+
+
+def judge(
+    results: Results, findings: Sequence[Finding]
+) -> tuple[tuple[Link, ...], Weakest, list[Finding]]:
+    """doctor's judgement over every stage's findings: the chain, its weakest link,
+    each finding's gain weighed by what it buys this workload, and doctor's own."""
+    links = build(results)
+    w = weakest(links)
+    return links, w, [*reweigh(findings, links), *advise(links, w)]

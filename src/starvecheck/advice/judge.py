@@ -59,6 +59,7 @@ class Judgement:
     verdict: str
     chain: tuple[Link, ...] = ()
     weakest_link: str | None = None
+    weakest_summary: str = ""  # the sentence under the chain table
 
     def for_stage(self, stage: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.stage == stage)
@@ -79,15 +80,19 @@ def advise_all(results: Results) -> list[Finding]:
 def judge(results: Results) -> Judgement:
     from starvecheck.advice import rank, verdict
 
-    findings = advise_all(results)
+    # Findings made outside the stages' rules (doctor's stragglers across ranks).
+    findings = [*advise_all(results), *results.extra.get("findings", ())]
     chain: tuple[Link, ...] = ()
-    weakest = None
+    weakest, summary = None, ""
     if results.workload is not None:
         from starvecheck.advice import chain as chain_rules
 
-        chain, weakest, findings = chain_rules.judge(results, findings)
+        chain, w, findings = chain_rules.judge(results, findings)
+        weakest, summary = w.link, w.message
     checklist = rank(findings)
-    return Judgement(tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest)
+    return Judgement(
+        tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest, summary
+    )
 
 
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:

@@ -4,7 +4,7 @@ report assembly and emission, the progress bar, warnings and errors."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -21,6 +21,7 @@ from starvecheck.sysroot import ENV_VAR, SysRoot
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
+    from starvecheck.workload import Workload
 
 app = typer.Typer(
     name="starvecheck",
@@ -164,22 +165,34 @@ def build_report(
     machine: Machine | Mapping[str, Any] | None,
     stages: list[StageResult],
     c: Context,
+    *,
+    workload: Workload | None = None,
+    extra: Mapping[str, Any] | None = None,
+    nodes: Sequence[Mapping[str, Any]] = (),
 ) -> Report:
-    """Judge every stage result of the run once, together, and assemble the report."""
+    """Judge every stage result of the run once, together, and assemble the report.
+    doctor passes its workload (then judging builds the chain), facts no stage holds
+    (`extra`: the GPU link's basis, why a stage did not run, findings across ranks)
+    and, under torchrun, one row per node."""
     from starvecheck.advice.judge import Results, attach, judge
     from starvecheck.probe.machine import Machine
 
     facts = machine if isinstance(machine, Machine) else None
-    judgement = judge(Results({s.stage: s for s in stages}, machine=facts))
-    stages = attach(stages, judgement)
+    results = Results({s.stage: s for s in stages}, facts, workload, dict(extra or {}))
+    judgement = judge(results)
     return Report(
         command=command,
         machine=machine.to_dict() if isinstance(machine, Machine) else dict(machine or {}),
-        stages=tuple(stages),
+        stages=tuple(attach(stages, judgement)),
         checklist=judgement.checklist,
+        weakest_link=judgement.weakest_link,
         verdict=judgement.verdict,
         tool_version=__version__,
         created_at=c.now(),
+        workload=workload.to_dict() if workload is not None else {},
+        chain=judgement.chain,
+        weakest_summary=judgement.weakest_summary,
+        nodes=tuple(nodes),
     )
 
 

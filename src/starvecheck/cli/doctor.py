@@ -24,11 +24,9 @@ from starvecheck.cli.common import (
     progress_bar,
     warning,
 )
+from starvecheck.model import Report, StageResult
+from starvecheck.stages.base import RunContext, no_progress
 from starvecheck.status import UsageError
-
-
-def _no_progress(what: str, done: int, total: int) -> None:
-    pass
 
 
 @app.command()
@@ -203,33 +201,33 @@ def doctor(
             "give one of them"
         )
     rank = distributed.from_environ(c.environ)
-    delay_ms = distributed.slow_ms(c.environ, rank.rank if rank else 0)
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None
     root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
     machine, env_result = env_stage.run(root, path=target, environ=c.environ)
     # Under torchrun only rank 0 draws a progress bar (the ranks share the terminal).
     quiet = rank is not None and rank.rank != 0
-    with nullcontext(_no_progress) if quiet else progress_bar(c, out) as progress:
-        outcome = doctor_stage.run(
-            target or str(Path.cwd()),
-            w,
-            stages,
-            quick,
-            machine,
-            progress,
-            lambda msg: warning(c, msg),
-            delay_ms,
+    with nullcontext(no_progress) if quiet else progress_bar(c, out) as progress:
+        run_ctx = RunContext(
+            machine=machine,
+            environ=c.environ,
+            progress=progress,
+            warn=lambda msg: warning(c, msg),
+            path=target or str(Path.cwd()),
+            slow_ms=distributed.slow_ms(c.environ, rank.rank if rank else 0),
         )
+        outcome = doctor_stage.run(w, stages, quick, run_ctx)
     results = [env_result, *outcome.results]
-    report = doctor_stage.finish(build_report("doctor", machine.to_dict(), results, c), outcome)
+
+    def report_of(results: list[StageResult], **more: Any) -> Report:
+        return build_report("doctor", machine, results, c, workload=outcome.workload, **more)
+
+    report = report_of(results, extra=outcome.extra)
     if rank is not None:
         gathered = distributed.gather(report, rank, c.environ)
         if gathered is None:  # not rank 0: nothing on stdout, the same exit status
             return exit_status(report, out.fail_on)
         nodes, findings, caveats = distributed.judge(gathered, outcome.workload.demand)
-        results = doctor_stage.add_findings(results, findings, caveats)
-        report = doctor_stage.finish(
-            build_report("doctor", machine.to_dict(), results, c), outcome, nodes
-        )
+        results = doctor_stage.with_caveats(results, caveats)
+        report = report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes)
     return emit(report, out, c)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starvecheck.advice.chain import LINKS, weakest
+from starvecheck.model import CHAIN_LINKS as LINKS
 from starvecheck.model import Link, Report
 from starvecheck.units import format_bytes
 
@@ -89,7 +89,7 @@ def chain_rows(chain: Sequence[Link], weakest_name: str | None) -> list[tuple[st
 
 
 def weakest_line(report: Report) -> str:
-    return weakest(report.chain).message
+    return report.weakest_summary
 
 
 def node_headers(nodes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:

@@ -42,6 +42,8 @@ class RunContext:
     environ: Mapping[str, str] = field(default_factory=dict)
     progress: Progress = no_progress
     warn: Warn = no_warning
+    path: str | None = None  # the directory a stage writes its data under (doctor's PATH)
+    slow_ms: float = 0.0  # testing hook (STARVECHECK_SLOW_RANKS): slower loader samples
 
 
 class Stage(Protocol):
@@ -63,3 +65,7 @@ class Stage(Protocol):
     def measure(self, plan: Any, ctx: RunContext) -> StageResult:
         """Measure; metrics carry labels, findings stay empty."""
         ...
+
+
+# Optional, where a stage measures part of doctor's workload (starve with a tokenizer
+# measures the CPU per sample): `measured_workload(workload, result) -> Workload`.
