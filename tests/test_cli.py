@@ -121,7 +121,6 @@ def test_fail_on(monkeypatch, fail_on, findings, expected):
 
     fake = tuple(Finding(f"env.t{i}", Severity(s), s) for i, s in enumerate(findings))
     monkeypatch.setattr(env_advice, "advise", lambda m: fake)
-    monkeypatch.setattr("starvecheck.stages.env.advise", lambda m: fake)
     assert run("env", "--fail-on", fail_on, "--json", "-").exit_code == expected
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from starvecheck.advice.pad import advise
+from starvecheck.advice.judge import Results
+from starvecheck.advice.pad import rules
+from starvecheck.model import StageResult
 from starvecheck.stages import packing, pad, textdata
-from starvecheck.stages.strategies import STRATEGIES
 from starvecheck.status import UsageError
+from starvecheck.strategies import STRATEGIES
 from tests.conftest import run, tiny_tokenizer
 
 L = np.array([1, 2, 3, 4])  # 10 tokens; sum of squares 30
@@ -242,8 +245,13 @@ def test_tokenized_lengths_count_special_tokens_as_training_does(tmp_path):
 # --- advice -------------------------------------------------------------------------
 
 
+def judged(result: StageResult) -> list:
+    """pad's rules over one result, as judging runs them once per report."""
+    return rules(Results({"pad": result}))
+
+
 def advise_on(lengths, **plan):
-    return {f.id: f for f in pad_run(lengths, **plan).result.findings}
+    return {f.id: f for f in judged(pad_run(lengths, **plan).result)}
 
 
 def pad_run(lengths, **plan):
@@ -277,15 +285,20 @@ def test_samples_past_the_context_are_counted_and_cut(tmp_path):
     m = {x.name: x.value for x in r.result.metrics}
     assert m["truncated_samples"] == 2 and m["truncated_tokens"] == 200 + 400
     assert m["tokens"] == 10 + 20 + 100 + 100 and m["length.max"] == 500
-    f = {x.id: x for x in r.result.findings}["pad.truncated"]
+    f = {x.id: x for x in judged(r.result)}["pad.truncated"]
     assert f.severity.value == "warning" and "2 samples (50.0%)" in f.title
     assert r.lengths.max() == 100
 
 
 def test_stored_reports_are_judged_as_fresh_ones(tmp_path):
     r = pad_run(textdata.alpaca_like(), path=tmp_path / "l")
-    again = advise(r.result.metrics, r.result.parameters)
-    assert [f.to_dict() for f in again] == [f.to_dict() for f in r.result.findings]
+    assert r.result.findings == ()  # the stage measures; judging comes after
+    stored = StageResult.from_dict(json.loads(json.dumps(r.result.to_dict())))
+    fresh = judged(r.result)
+    assert fresh and [f.to_dict() for f in judged(stored)] == [f.to_dict() for f in fresh]
+    # by labels: the same figures under other names are judged the same
+    renamed = replace(r.result, metrics=tuple(replace(m, name="?") for m in r.result.metrics))
+    assert [f.to_dict() for f in judged(renamed)] == [f.to_dict() for f in fresh]
 
 
 # --- end to end ---------------------------------------------------------------------

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from starvecheck.stages import packing, textdata
-from starvecheck.stages.strategies import SHARES_ROWS, STRATEGIES
 from starvecheck.status import UsageError
+from starvecheck.strategies import SHARES_ROWS, STRATEGIES
 
 
 @st.composite

@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
-from starvecheck.advice.starve import advise
-from starvecheck.model import Metric, Severity
+from starvecheck.advice.judge import Results
+from starvecheck.advice.starve import rules
+from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.render import sweep
 from starvecheck.stages import textdata
 from starvecheck.stages.starve import (
@@ -24,6 +26,12 @@ from starvecheck.stages.starve import (
     summarize,
 )
 from tests.conftest import run, tiny_tokenizer
+
+
+def advise(metrics, params):
+    """starve's rules over one result, as judging runs them."""
+    return rules(Results({"starve": StageResult("starve", params, tuple(metrics))}))
+
 
 # Fast settings for end-to-end runs: 1 ms per sample, batches of 4, a 5 ms step.
 FAST = ["--sample-ms", "1", "--batch-size", "4", "--step-ms", "5", "--steps", "3"]
@@ -285,3 +293,35 @@ def test_pin_memory_advice_only_with_a_gpu():
     assert "starve.pin-memory" not in {f.id for f in advise(metrics, params)}
     found = {f.id: f for f in advise(metrics, {**params, "cuda": True})}
     assert "pin_memory=True" in found["starve.pin-memory"].recommendation
+
+
+def test_rules_and_table_select_by_labels_not_names():
+    """A metric renamed but labelled the same lands in the same finding and column."""
+    metrics, params = _metrics([_point(0, 160), _point(1, 110), _point(2, 30), _point(4, 30)])
+    renamed = [replace(m, name=f"x{i}") for i, m in enumerate(metrics)]
+    assert [f.to_dict() for f in advise(renamed, params)] == [
+        f.to_dict() for f in advise(metrics, params)
+    ]
+    assert sweep.split(tuple(renamed))[1] == sweep.split(tuple(metrics))[1]
+    unlabelled = [replace(m, labels={}) for m in metrics]
+    assert advise(unlabelled, params) == [] and sweep.split(tuple(unlabelled))[1] == []
+
+
+def test_every_starve_metric_is_labelled():
+    r = run(
+        "starve",
+        "--quick",
+        "--workers",
+        "0,1",
+        "--sample-ms",
+        "1",
+        "--step-ms",
+        "5",
+        "--steps",
+        "2",
+        "--json",
+        "-",
+    )
+    (stage,) = r.json["stages"]
+    assert stage["metrics"] and all(m["labels"].get("quantity") for m in stage["metrics"])
+    assert {m["labels"].get("workers") for m in stage["metrics"]} >= {0, 1}

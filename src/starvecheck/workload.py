@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from starvecheck.stages.strategies import STRATEGIES
 from starvecheck.status import UsageError
+from starvecheck.strategies import STRATEGIES
 from starvecheck.units import format_bytes, parse_size
 
 LAYOUTS = ("shard", "small_files")

@@ -32,11 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from starvecheck.figures import loader_curve
 from starvecheck.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.judge import Results
-from starvecheck.stages.strategies import LABELS, STRATEGIES
+from starvecheck.strategies import LABELS, STRATEGIES
 from starvecheck.units import size_name
 
 LINKS = CHAIN_LINKS
@@ -76,18 +77,6 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
             )
         return Link("storage", metric.value, demand, basis)
     return missing("storage", demand, withheld or f"io measured no {layout}.random reads")
-
-
-def loader_curve(loader: StageResult, layout: str) -> tuple[str, dict[int, float]] | None:
-    """The cache state to judge a layout in and its samples/s by num_workers: cold
-    where every cold point was measured (first epochs, datasets larger than memory),
-    else warm."""
-    for temp in ("cold", "warm"):
-        points = loader.select(quantity="samples_per_s", layout=layout, cache=temp)
-        if points and all(m.value is not None for m in points):
-            curve = {int(m.labels["workers"]): m.value for m in points}
-            return temp, {w: v for w, v in sorted(curve.items()) if v is not None}
-    return None
 
 
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:

@@ -12,11 +12,15 @@ where a fault is a blocker (the job fails or runs on the wrong device).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starvecheck.model import Finding, Gain, GainKind, Severity
 from starvecheck.probe.cpu import format_cpulist, parse_cpulist
 from starvecheck.probe.machine import GpuInfo, Machine
 from starvecheck.units import format_bytes
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 STAGE = "env"
 SHM_CRITICAL_BYTES = 1024**3
@@ -439,3 +443,10 @@ CHECKS: tuple[Callable[[Machine], Finding | None], ...] = (
 
 def advise(m: Machine) -> tuple[Finding, ...]:
     return tuple(f for check in CHECKS if (f := check(m)) is not None)
+
+
+def rules(results: Results) -> list[Finding]:
+    """The machine's facts, judged, when the run includes the env stage."""
+    if "env" not in results or results.machine is None:
+        return []
+    return list(advise(results.machine))

@@ -1,8 +1,8 @@
 """Judging a `pad` run: how much of each step the current batching spends on
 padding, the strategy that wastes least, and the one-line change to get there.
 
-Reads metrics by name (efficiency.<strategy>, ...), so a stored report is judged as a
-fresh one. The gain is a ratio of efficiencies: the same real tokens in fewer
+Reads metrics by their labels (quantity, strategy, statistic), so a stored report is
+judged as a fresh one. The gain is a ratio of efficiencies: the same real tokens in fewer
 computed positions, with step time taken as proportional to positions (true of the
 linear layers, which dominate; attention is reported on its own).
 """
@@ -10,10 +10,13 @@ linear layers, which dominate; attention is reported on its own).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
-from starvecheck.stages.strategies import LABELS, SHARES_ROWS, STRATEGIES
+from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.strategies import LABELS, SHARES_ROWS, STRATEGIES
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 CRITICAL_GAIN = 2.0
 WARNING_GAIN = 1.25
@@ -43,19 +46,16 @@ def change(strategy: str, context: int) -> str:
     }[strategy]
 
 
-def _v(m: Mapping[str, Metric], name: str) -> float | None:
-    x = m.get(name)
-    return x.value if x is not None else None
-
-
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    m = {x.name: x for x in metrics}
-    eff = {s: _v(m, f"efficiency.{s}") for s in STRATEGIES}
+def rules(results: Results) -> list[Finding]:
+    m = results.get("pad")
+    if m is None:
+        return []
+    eff = {s: m.value(quantity="efficiency", strategy=s) for s in STRATEGIES}
     eff = {s: v for s, v in eff.items() if v is not None}
     if not eff:
-        return ()
-    findings = [_waste(m, eff, params), _truncated(m, params)]
-    return tuple(f for f in findings if f is not None)
+        return []
+    findings = [_waste(m, eff, m.parameters), _truncated(m, m.parameters)]
+    return [f for f in findings if f is not None]
 
 
 def _best(eff: Mapping[str, float], among: Sequence[str]) -> str | None:
@@ -64,9 +64,7 @@ def _best(eff: Mapping[str, float], among: Sequence[str]) -> str | None:
     return max(names, key=lambda s: (round(eff[s], 4), -STRATEGIES.index(s)), default=None)
 
 
-def _waste(
-    m: Mapping[str, Metric], eff: Mapping[str, float], params: Mapping[str, Any]
-) -> Finding | None:
+def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
     current = params.get("current", "dynamic")
     if current not in eff or eff[current] <= 0:
         return None
@@ -75,8 +73,9 @@ def _waste(
     assert best is not None
     gain = eff[best] / eff[current]
     padded_best = _best(eff, [s for s in STRATEGIES if s not in SHARES_ROWS])
-    mean, p90 = _v(m, "length.mean"), _v(m, "length.p90")
-    padding = _v(m, f"padding_positions.{current}")
+    mean = m.value(quantity="length", statistic="mean")
+    p90 = m.value(quantity="length", statistic="p90")
+    padding = m.value(quantity="padding_positions", strategy=current)
     others = ", ".join(
         f"{s} {eff[s]:.1%}" for s in STRATEGIES if s in eff and s not in (current, best)
     )
@@ -114,7 +113,7 @@ def _waste(
     )
     recommendation = f"Switch to {LABELS[best]}: {change(best, context)}."
     if best in SHARES_ROWS:
-        unmasked = _v(m, f"attention_unmasked_vs_ideal.{best}")
+        unmasked = m.value(quantity="attention_unmasked_vs_ideal", strategy=best)
         recommendation += (
             " It needs attention that keeps samples apart (FlashAttention 2/3 with "
             "position_ids): without it samples attend to each other"
@@ -139,15 +138,16 @@ def _waste(
     )
 
 
-def _truncated(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
-    n = _v(m, "truncated_samples")
-    cut = _v(m, "truncated_tokens")
-    samples, tokens = _v(m, "samples"), _v(m, "tokens")
+def _truncated(m: StageResult, params: Mapping[str, Any]) -> Finding | None:
+    n = m.value(quantity="truncated_samples")
+    cut = m.value(quantity="truncated_tokens")
+    samples, tokens = m.value(quantity="samples"), m.value(quantity="tokens")
     if not n or cut is None or not samples or tokens is None:
         return None
     context = int(params.get("context") or 0)
     share = cut / (tokens + cut)
-    longest, p99 = _v(m, "length.max"), _v(m, "length.p99")
+    longest = m.value(quantity="length", statistic="max")
+    p99 = m.value(quantity="length", statistic="p99")
     if p99 is not None and p99 > context:
         change = (
             f"Raise max_length to cover most of them (p99 is {p99:,.0f} tokens), or split "

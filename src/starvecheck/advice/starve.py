@@ -1,17 +1,19 @@
 """Judging a `starve` sweep: is the GPU starved at num_workers=0, how many workers
 this machine needs, whether any count is enough, and what workers past the CPUs do.
 
-Reads metrics by name (wait_ms.w<N>, idle_share.w<N>, ...), so a stored report is
-judged as a fresh one.
+Reads metrics by their labels (quantity and workers), so a stored report is judged
+as a fresh one.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 STARVED_CRITICAL = 0.50
 STARVED_WARNING = 0.10
@@ -19,40 +21,36 @@ FED = 0.05  # idle share below which the GPU counts as fed
 AS_GOOD = 0.02
 SLOW_FIRST_BATCH_S = 1.0
 
-_W = re.compile(r"idle_share\.w(\d+)")
 
-
-def _idle(metrics: Mapping[str, Metric]) -> dict[int, float]:
-    out = {}
-    for name, m in metrics.items():
-        match = _W.fullmatch(name)
-        if match and m.value is not None:
-            out[int(match.group(1))] = m.value
+def _idle(r: StageResult) -> dict[int, float]:
+    out = {
+        int(m.labels["workers"]): m.value
+        for m in r.select(quantity="idle_share")
+        if m.value is not None
+    }
     return dict(sorted(out.items()))
 
 
-def _v(metrics: Mapping[str, Metric], name: str) -> float | None:
-    m = metrics.get(name)
-    return m.value if m is not None else None
-
-
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    m = {x.name: x for x in metrics}
-    idle = _idle(m)
+def rules(results: Results) -> list[Finding]:
+    r = results.get("starve")
+    if r is None:
+        return []
+    idle = _idle(r)
     if not idle:
-        return ()
+        return []
+    params = r.parameters
     cpus = int(params.get("effective_cpus") or 1)
     d, b, g = params["sample_ms"], params["batch_size"], params["step_ms"]
-    d = _v(m, "sample_cpu_ms") or d
-    rec = _v(m, "recommended_num_workers")
+    d = r.value(quantity="sample_cpu_ms") or d
+    rec = r.value(quantity="recommended_num_workers")
     findings = [
-        _workers_zero(m, idle, rec),
+        _workers_zero(r, idle, rec),
         _enough(idle, rec, cpus, d, b, g),
-        _above_cpus(m, idle, cpus),
-        _first_batch(m, rec),
+        _above_cpus(r, idle, cpus),
+        _first_batch(r, rec),
         _pin_memory(params, rec),
     ]
-    return tuple(f for f in findings if f is not None)
+    return [f for f in findings if f is not None]
 
 
 def _dataloader_line(w: int) -> str:
@@ -62,13 +60,11 @@ def _dataloader_line(w: int) -> str:
     )
 
 
-def _workers_zero(
-    m: Mapping[str, Metric], idle: dict[int, float], rec: float | None
-) -> Finding | None:
+def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> Finding | None:
     if 0 not in idle or rec is None:
         return None
+    wait0 = r.value(quantity="wait_ms", workers=0)
     w0, wr, r = idle[0], idle.get(int(rec), idle[0]), int(rec)
-    wait0 = _v(m, "wait_ms.w0")
     evidence = (
         f"num_workers=0: the GPU waits {wait0:,.0f} ms per step, idle {w0:.0%} of the time; "
         f"num_workers={r}: idle {wr:.0%}"
@@ -136,16 +132,16 @@ def _enough(
     )
 
 
-def _above_cpus(m: Mapping[str, Metric], idle: dict[int, float], cpus: int) -> Finding | None:
+def _above_cpus(r: StageResult, idle: dict[int, float], cpus: int) -> Finding | None:
     over = [w for w in idle if w > cpus]
     at = [w for w in idle if 0 < w <= cpus]
     if not over or not at:
         return None
     w_at, w_over = max(at), max(over)
     gained = idle[w_at] - idle[w_over]
-    pred = _v(m, f"predicted_wait_ms.w{w_over}")
-    naive = _v(m, f"sleep_model_wait_ms.w{w_over}")
-    waited = _v(m, f"wait_ms.w{w_over}")
+    pred = r.value(quantity="predicted_wait_ms", workers=w_over)
+    naive = r.value(quantity="sleep_model_wait_ms", workers=w_over)
+    waited = r.value(quantity="wait_ms", workers=w_over)
     evidence = (
         f"num_workers={w_at}: {idle[w_at]:.0%} idle; num_workers={w_over}: {idle[w_over]:.0%} "
         f"idle, {waited:,.0f} ms wait per step (CPU-aware model {pred:,.0f} ms; a sleep-based "
@@ -171,11 +167,11 @@ def _above_cpus(m: Mapping[str, Metric], idle: dict[int, float], cpus: int) -> F
     )
 
 
-def _first_batch(m: Mapping[str, Metric], rec: float | None) -> Finding | None:
+def _first_batch(result: StageResult, rec: float | None) -> Finding | None:
     if not rec:
         return None
     r = int(rec)
-    first = _v(m, f"first_batch_s.w{r}")
+    first = result.value(quantity="first_batch_s", workers=r)
     if first is None or first < SLOW_FIRST_BATCH_S:
         return None
     return Finding(

@@ -55,4 +55,4 @@ def env(
         where = "" if root.real else f" in {ENV_VAR}={root.root}"
         raise UsageError(f"{path}: no such file or directory{where}")
     machine, result = env_stage.run(root, path=path, environ=c.environ)
-    return emit(build_report("env", machine.to_dict(), [result], c), out, c)
+    return emit(build_report("env", machine, [result], c), out, c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -22,9 +23,9 @@ from starvecheck.cli.common import (
     context_of,
     emit,
     progress_bar,
+    warning,
 )
-from starvecheck.stages.strategies import STRATEGIES
-from starvecheck.status import UsageError
+from starvecheck.strategies import STRATEGIES
 from starvecheck.sysroot import SysRoot
 
 
@@ -38,7 +39,7 @@ class DataFormat(str, Enum):
     text = "text"
 
 
-# --current's choices; the ids live in one place, stages/strategies.py (no numpy there).
+# --current's choices; the ids live in one place, strategies.py (no numpy there).
 Strategy = Enum("Strategy", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
 
 
@@ -142,43 +143,35 @@ def pad(
     per epoch and attention work, and the gain over the strategy you use today.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import pad as pad_stage
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    names = tuple(n.strip() for f in fields or () for n in f.split(","))
-    if any(not n for n in names):
-        raise UsageError("--field: empty field name")
-    if dataset is not None and lengths is not None:
-        raise UsageError("--dataset and --lengths: choose one source of lengths")
-    if dataset is None:
-        for option, given in (
-            ("--tokenizer", tokenizer),
-            ("--field", names),
-            ("--format", data_format is not DataFormat.auto),
-        ):
-            if given:
-                raise UsageError(f"{option} applies to --dataset")
-    if lengths == "" or dataset == "":
-        raise UsageError(f"{'--lengths' if lengths == '' else '--dataset'} needs a path")
+    options = {
+        "context": context,
+        "batch_size": batch_size,
+        "current": current.value,
+        "seed": seed,
+        "limit": limit,
+        "dataset": dataset,
+        "format": None if data_format is DataFormat.auto else data_format.value,
+        "fields": fields,
+        "tokenizer": tokenizer,
+        "lengths": lengths,
+        "stdin": c.stdin,
+        "quick": quick,
+    }
+    stage = registry.get("pad")
+    run_ctx = RunContext(environ=c.environ, warn=lambda msg: warning(c, msg))
+    plan = stage.plan(options, run_ctx)
     plot_path = args.plot_path(plot)
-    plan = pad_stage.Plan(
-        context=context,
-        batch_size=batch_size,
-        current=current.value,
-        seed=seed,
-        limit=limit or (pad_stage.QUICK_LIMIT if quick and (dataset or lengths) else None),
-        dataset=dataset,
-        fmt=None if data_format is DataFormat.auto else data_format.value,
-        fields=names,
-        tokenizer=tokenizer,
-        lengths=lengths,
-    )
     with progress_bar(c, out) as progress:
-        run = pad_stage.run(plan, progress, c.stdin)
+        # The layouts behind the figures too: --plot draws a batch of each.
+        run = stage.measure_run(plan, replace(run_ctx, progress=progress))  # type: ignore[attr-defined]
     if plot_path:
         from starvecheck.render.plot import pad_plot
 
         pad_plot(run, plot_path)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
-    return emit(build_report("pad", machine.to_dict(), [run.result], c), out, c)
+    return emit(build_report("pad", machine, [run.result], c), out, c)

@@ -20,9 +20,8 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
+    measure_one,
 )
-from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
 
@@ -101,31 +100,24 @@ def starve(
     model predict, so you see where more workers stop helping on this machine.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import starve as starve_stage
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    if sleep and tokenizer:
-        raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
     plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
-    eff = max(1, machine.cpu.effective_cpus or 1)
-    plan = starve_stage.Plan(
-        sample_ms=sample_ms,
-        batch_size=batch_size,
-        step_ms=step_ms,
-        workers=args.counts("--workers", workers, 0, 1024)
-        if workers
-        else args.default_workers(eff),
-        steps=steps or (8 if quick else 20),
-        sleep=sleep,
-        effective_cpus=eff,
-        tokenizer=tokenizer,
-    )
-    with progress_bar(c, out) as progress:
-        result = starve_stage.run(plan, progress)
+    options = {
+        "sample_ms": sample_ms,
+        "batch_size": batch_size,
+        "step_ms": step_ms,
+        "workers": workers,
+        "steps": steps,
+        "sleep": sleep,
+        "tokenizer": tokenizer,
+        "quick": quick,
+    }
+    result = measure_one("starve", options, c, out, machine)
     if plot_path:
         from starvecheck.render.plot import sweep_plot
 
         sweep_plot(result, plot_path)
-    return emit(build_report("starve", machine.to_dict(), [result], c), out, c)
+    return emit(build_report("starve", machine, [result], c), out, c)

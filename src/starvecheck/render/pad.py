@@ -1,4 +1,4 @@
-"""Metrics of a `pad` run (`<figure>.<strategy>`) as one row per strategy.
+"""Metrics of a `pad` run (labelled with a strategy) as one row per strategy.
 
 The JSON keeps one flat metric per figure; people compare strategies, so the
 terminal and Markdown show a table, with each strategy's work per step against the
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from starvecheck.model import Metric
-from starvecheck.stages.strategies import STRATEGIES
+from starvecheck.model import Metric, value
+from starvecheck.strategies import STRATEGIES
 
 HEADERS = (
     "strategy",
@@ -40,22 +40,17 @@ NOTE = (
     "sharing a sequence attend to each other; gain: real tokens per step against "
     "--current"
 )
+# The figures of the lengths themselves: the line under the table.
 _SUMMARY = frozenset(
-    {
-        "samples",
-        "tokens",
-        "length.mean",
-        "length.median",
-        "length.p90",
-        "length.p99",
-        "length.min",
-        "length.max",
-        "truncated_samples",
-        "truncated_tokens",
-        "empty_samples",
-        "attention_cost.ideal",
-    }
+    {"samples", "tokens", "length", "truncated_samples", "truncated_tokens", "empty_samples"}
 )
+
+
+def _is_summary(m: Metric) -> bool:
+    quantity = m.labels.get("quantity")
+    if quantity == "attention_cost":
+        return m.labels.get("strategy") == "ideal"
+    return quantity in _SUMMARY
 
 
 def _count(m: Metric | None) -> str:
@@ -74,17 +69,19 @@ def _share(m: Metric | None) -> str:
     return f"{m.value:.1%}"
 
 
-def summary(m: dict[str, Metric], context: Any) -> str:
+def summary(m: list[Metric], context: Any) -> str:
     """The lengths in one line: what every strategy above was fed."""
 
-    def v(name: str) -> float:
-        x = m.get(name)
-        return float(x.value) if x is not None and x.value is not None else 0.0
+    def v(quantity: str, statistic: str | None = None) -> float:
+        want = {"quantity": quantity, **({"statistic": statistic} if statistic else {})}
+        x = value(m, **want)
+        return float(x) if x is not None else 0.0
 
     text = (
         f"{v('samples'):,.0f} samples, {v('tokens'):,.0f} tokens; length median "
-        f"{v('length.median'):,.0f}, mean {v('length.mean'):,.1f}, p90 {v('length.p90'):,.0f}, "
-        f"p99 {v('length.p99'):,.0f}, range {v('length.min'):,.0f}-{v('length.max'):,.0f}"
+        f"{v('length', 'median'):,.0f}, mean {v('length', 'mean'):,.1f}, "
+        f"p90 {v('length', 'p90'):,.0f}, p99 {v('length', 'p99'):,.0f}, "
+        f"range {v('length', 'min'):,.0f}-{v('length', 'max'):,.0f}"
     )
     cut = v("truncated_samples")
     text += (
@@ -103,13 +100,13 @@ def split(
     """(rows, other metrics, notes); no rows unless the metrics are a pad run's."""
     cells: dict[str, dict[str, Metric]] = {}
     rest: list[Metric] = []
-    lengths: dict[str, Metric] = {}
+    lengths: list[Metric] = []
     for m in metrics:
-        what, _, strategy = m.name.partition(".")
+        what, strategy = m.labels.get("quantity"), m.labels.get("strategy")
         if strategy in STRATEGIES and what in _FIGURES:
-            cells.setdefault(strategy, {})[what] = m
-        elif m.name in _SUMMARY:
-            lengths[m.name] = m
+            cells.setdefault(str(strategy), {})[str(what)] = m
+        elif _is_summary(m):
+            lengths.append(m)
         else:
             rest.append(m)
     if not cells:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from starvecheck.model import StageResult
@@ -35,17 +34,16 @@ def sweep_plot(result: StageResult, path: str) -> None:
 
     g = float(result.parameters.get("step_ms", 0.0))
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
+    models = {"predicted_wait_ms": "CPU-aware model", "sleep_model_wait_ms": "sleep model"}
     for m in result.metrics:
-        match = re.fullmatch(r"(idle_share|predicted_wait_ms|sleep_model_wait_ms)\.w(\d+)", m.name)
-        if match is None or m.value is None:
+        quantity, w = m.labels.get("quantity"), m.labels.get("workers")
+        if w is None or m.value is None:
             continue
-        w = int(match.group(2))
-        if match.group(1) == "idle_share":
-            series["measured"][w] = m.value
-        else:
+        if quantity == "idle_share":
+            series["measured"][int(w)] = m.value
+        elif quantity in models:
             share = m.value / (m.value + g) if m.value + g > 0 else 0.0
-            key = "CPU-aware model" if match.group(1) == "predicted_wait_ms" else "sleep model"
-            series[key][w] = share
+            series[models[str(quantity)]][int(w)] = share
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, points in series.items():
         xs = sorted(points)
@@ -81,14 +79,13 @@ def loader_plot(result: StageResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from starvecheck.stages.loader import curves
+    from starvecheck.figures import loader_curve
 
     series: dict[tuple[str, str], dict[int, float]] = {}
-    for m in result.metrics:
-        match = re.fullmatch(r"throughput\.([a-z_]+)\.(cold|warm)\.w(\d+)", m.name)
-        if match and m.value is not None:
-            series.setdefault((match[1], match[2]), {})[int(match[3])] = m.value
-    judged = curves(result.metrics)  # the cache state each recommendation was made in
+    for m in result.select(quantity="samples_per_s"):
+        if m.value is not None:
+            key = (str(m.labels["layout"]), str(m.labels["cache"]))
+            series.setdefault(key, {})[int(m.labels["workers"])] = m.value
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     colours: dict[str, str] = {}
     for (layout, temp), points in series.items():
@@ -102,8 +99,9 @@ def loader_plot(result: StageResult, path: str) -> None:
             label=f"{layout} ({temp})",
         )
         colours[layout] = line.get_color()
-        rec = result.metric(f"recommended_num_workers.{layout}")
-        judged_in = judged.get(layout, ("",))[0]
+        rec = result.one(quantity="recommended_num_workers", layout=layout)
+        # The cache state the recommendation was made in.
+        judged_in = (loader_curve(result, layout) or ("",))[0]
         if rec is not None and rec.value in points and temp == judged_in:
             ax.plot(
                 [rec.value],
@@ -191,7 +189,7 @@ def pad_plot(run: Any, path: str) -> None:
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from starvecheck.stages.strategies import LABELS
+    from starvecheck.strategies import LABELS
 
     params = run.result.parameters
     layouts = run.layouts
@@ -219,7 +217,7 @@ def pad_plot(run: Any, path: str) -> None:
             interpolation="nearest",
             extent=(0, width, image.shape[0], 0),  # x in tokens, whatever the cell size
         )
-        eff = run.result.metric(f"efficiency.{name}")
+        eff = run.result.one(quantity="efficiency", strategy=name)
         shown = image.shape[0]
         rows = f"{shown} rows" + (
             f" of {lay.rows_per_batch}" if shown < min(lay.rows_per_batch, lay.rows) else ""
@@ -247,7 +245,7 @@ def pad_plot(run: Any, path: str) -> None:
         frameon=False,
     )
     fig.suptitle(
-        f"starvecheck pad: {run.result.metric('samples').value:,.0f} samples, "
+        f"starvecheck pad: {run.result.value(quantity='samples'):,.0f} samples, "
         f"context {context:,}, batch {params['batch_size']}",
         x=0.01,
         ha="left",

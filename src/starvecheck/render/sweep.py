@@ -1,16 +1,15 @@
-"""Metrics of a sweep over worker counts (`<what>.w<N>`) as one row per N.
+"""Metrics of a sweep over worker counts as one row per count.
 
 The JSON keeps one flat metric per figure (`wait_ms.w2`, `idle_share.w2`, ...);
-people compare them across N, so the terminal and Markdown show a pivot.
+people compare them across worker counts, so the terminal and Markdown show a pivot
+of the metrics whose only dimension is `workers` (labels `quantity` and `workers`).
 """
 
 from __future__ import annotations
 
-import re
-
 from starvecheck.model import Metric
 
-_SWEEP = re.compile(r"(?P<what>[a-z_]+)\.w(?P<n>\d{1,4})")
+SWEEP_LABELS = {"quantity", "workers"}
 MAX_COLUMNS = 7  # wider than this, a pivot is harder to read than the list
 # Short column labels for names people know from the README; others print as named.
 LABELS = {
@@ -44,14 +43,13 @@ def split(
     columns: list[str] = []
     rest: list[Metric] = []
     for m in metrics:
-        match = _SWEEP.fullmatch(m.name)
-        if match is None:
+        if set(m.labels) != SWEEP_LABELS:
             rest.append(m)
             continue
-        what = match["what"]
+        what = str(m.labels["quantity"])
         if what not in columns:
             columns.append(what)
-        cells.setdefault(int(match["n"]), {})[what] = m
+        cells.setdefault(int(m.labels["workers"]), {})[what] = m
     if not cells or len(columns) > MAX_COLUMNS:
         return (), [], list(metrics)
     units = {}

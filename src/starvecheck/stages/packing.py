@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from starvecheck.stages.strategies import SHARES_ROWS, STRATEGIES
+from starvecheck.strategies import SHARES_ROWS, STRATEGIES
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,21 @@ out over several shuffles, so their figures carry a median and a spread.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.model import Metric, StageResult, value
 from starvecheck.stages import packing, textdata
+from starvecheck.stages.base import RunContext
 from starvecheck.stages.packing import Figures, Layout
-from starvecheck.stages.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 from starvecheck.status import UsageError
+
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
+from starvecheck.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 
 Progress = Callable[[str, int, int | None], None]
 SHUFFLES = 5
@@ -47,6 +51,7 @@ class Plan:
     fields: tuple[str, ...] = ()
     tokenizer: str | None = None
     lengths: str | None = None  # a file of lengths, or "-" for stdin
+    stdin: IO[str] | None = field(default=None, compare=False, repr=False)  # for "-"
 
     @property
     def source(self) -> str:
@@ -129,10 +134,11 @@ def _metric_figures(name: str, figs: list[Figures], ideal: float) -> list[Metric
 
     def m(what: str, values: list[float], unit: str) -> Metric:
         full = f"{what}.{name}"
+        labels = {"quantity": what, "strategy": name}
         return (
-            Metric.repeated(full, values, unit)
+            Metric.repeated(full, values, unit, labels)
             if len(values) > 1
-            else Metric.single(full, values[0], unit)
+            else Metric.single(full, values[0], unit, labels)
         )
 
     out = [
@@ -157,20 +163,28 @@ def _metric_figures(name: str, figs: list[Figures], ideal: float) -> list[Metric
 
 def _length_metrics(raw: np.ndarray, cut: np.ndarray, context: int, empty: int) -> list[Metric]:
     s = np.sort(raw[raw > 0])
+
+    def count(name: str, value: float, unit: str) -> Metric:
+        return Metric.single(name, value, unit, {"quantity": name})
+
+    def length(statistic: str, value: float) -> Metric:
+        labels = {"quantity": "length", "statistic": statistic}
+        return Metric.single(f"length.{statistic}", value, "tokens", labels)
+
     out = [
-        Metric.single("samples", int(cut.size), "samples"),
-        Metric.single("tokens", int(cut.sum()), "tokens"),
-        Metric.single("length.mean", float(s.mean()), "tokens"),
-        Metric.single("length.median", float(np.median(s)), "tokens"),
-        Metric.single("length.p90", float(np.percentile(s, 90)), "tokens"),
-        Metric.single("length.p99", float(np.percentile(s, 99)), "tokens"),
-        Metric.single("length.min", int(s[0]), "tokens"),
-        Metric.single("length.max", int(s[-1]), "tokens"),
-        Metric.single("truncated_samples", int((s > context).sum()), "samples"),
-        Metric.single("truncated_tokens", int((s - np.minimum(s, context)).sum()), "tokens"),
+        count("samples", int(cut.size), "samples"),
+        count("tokens", int(cut.sum()), "tokens"),
+        length("mean", float(s.mean())),
+        length("median", float(np.median(s))),
+        length("p90", float(np.percentile(s, 90))),
+        length("p99", float(np.percentile(s, 99))),
+        length("min", int(s[0])),
+        length("max", int(s[-1])),
+        count("truncated_samples", int((s > context).sum()), "samples"),
+        count("truncated_tokens", int((s - np.minimum(s, context)).sum()), "tokens"),
     ]
     if empty:
-        out.append(Metric.single("empty_samples", empty, "samples"))
+        out.append(count("empty_samples", empty, "samples"))
     return out
 
 
@@ -182,8 +196,7 @@ class Run:
 
 
 def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = None) -> Run:
-    from starvecheck.advice.pad import advise
-
+    stdin = stdin if stdin is not None else plan.stdin
     if plan.current not in STRATEGIES:
         raise UsageError(f"--current {plan.current}: one of {', '.join(STRATEGIES)}")
     start = time.perf_counter()
@@ -199,7 +212,14 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
 
     ideal = float((lengths.astype(np.float64) ** 2).sum())
     metrics = _length_metrics(raw, lengths, plan.context, empty)
-    metrics.append(Metric.single("attention_cost.ideal", ideal, "token²"))
+    metrics.append(
+        Metric.single(
+            "attention_cost.ideal",
+            ideal,
+            "token²",
+            {"quantity": "attention_cost", "strategy": "ideal"},
+        )
+    )
     shuffles = plan.shuffles(int(lengths.size))
     layouts: dict[str, Layout] = {}
     laid_out = time.perf_counter()
@@ -215,7 +235,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     layout_s = time.perf_counter() - laid_out
 
     unmasked = [
-        f"{n} {_x(_value(metrics, f'attention_unmasked_vs_ideal.{n}'))}"
+        f"{n} {_x(value(metrics, quantity='attention_unmasked_vs_ideal', strategy=n))}"
         for n in STRATEGIES
         if n in SHARES_ROWS
     ]
@@ -240,16 +260,74 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
         stage="pad",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params),
         caveats=tuple(caveats),
         duration_s=round(time.perf_counter() - start, 3),
     )
     return Run(result, lengths, layouts)
 
 
-def _value(metrics: list[Metric], name: str) -> float | None:
-    return next((m.value for m in metrics if m.name == name), None)
-
-
 def _x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.1f}x"
+
+
+class PadStage:
+    """`pad` in the registry (stages/base.Stage)."""
+
+    name = "pad"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
+        names = tuple(n.strip() for f in options.get("fields") or () for n in f.split(","))
+        if any(not n for n in names):
+            raise UsageError("--field: empty field name")
+        dataset, lengths = options.get("dataset"), options.get("lengths")
+        if dataset is not None and lengths is not None:
+            raise UsageError("--dataset and --lengths: choose one source of lengths")
+        if dataset is None:
+            for option, given in (
+                ("--tokenizer", options.get("tokenizer")),
+                ("--field", names),
+                ("--format", options.get("format")),
+            ):
+                if given:
+                    raise UsageError(f"{option} applies to --dataset")
+        if lengths == "" or dataset == "":
+            raise UsageError(f"{'--lengths' if lengths == '' else '--dataset'} needs a path")
+        quick = options.get("quick") and (dataset or lengths)
+        return Plan(
+            context=options["context"],
+            batch_size=options["batch_size"],
+            current=options["current"],
+            seed=options.get("seed", 0),
+            limit=options.get("limit") or (QUICK_LIMIT if quick else None),
+            dataset=dataset,
+            fmt=options.get("format"),
+            fields=names,
+            tokenizer=options.get("tokenizer"),
+            lengths=lengths,
+            stdin=options.get("stdin"),
+        )
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
+        w = workload
+        return Plan(
+            context=w.context,
+            batch_size=w.batch_size,
+            current=w.current,
+            limit=QUICK_LIMIT if quick and w.dataset else None,
+            dataset=w.dataset,
+            fields=w.field,
+            tokenizer=w.tokenizer if w.dataset else None,
+        )
+
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        return self.measure_run(plan, ctx).result
+
+    def measure_run(self, plan: Plan, ctx: RunContext) -> Run:
+        """The result and the layouts behind it (pad --plot draws them)."""
+        return run(plan, ctx.progress)
+
+
+STAGE = PadStage()

@@ -18,14 +18,18 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import check_signals
+from starvecheck.stages.base import RunContext
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
+
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
 
 Progress = Callable[[str, int, int], None]
 
@@ -221,40 +225,48 @@ def sweep(
 
 
 def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> list[Metric]:
-    """Metrics named as the README promises: wait_ms.w<N>, predicted_wait_ms.w<N>, ..."""
-    metrics: list[Metric] = [Metric.single("sample_cpu_ms", round(d_ms, 4), "ms")]
+    """Metrics named as the README promises (wait_ms.w<N>, predicted_wait_ms.w<N>, ...),
+    each labelled with its quantity and worker count."""
+    metrics: list[Metric] = [
+        Metric.single("sample_cpu_ms", round(d_ms, 4), "ms", {"quantity": "sample_cpu_ms"})
+    ]
     for p in points:
         w = p.workers
+
+        def at(quantity: str) -> dict[str, Any]:
+            return {"quantity": quantity, "workers": w}  # noqa: B023 (used at once)
+
+        predicted = predicted_wait_ms(d_ms, plan.batch_size, plan.step_ms, w, plan.effective_cpus)
+        naive = sleep_model_wait_ms(d_ms, plan.batch_size, plan.step_ms, w)
         metrics += [
-            _mean_metric(f"wait_ms.w{w}", p.waits_ms, "ms"),
+            _mean_metric(f"wait_ms.w{w}", p.waits_ms, "ms", at("wait_ms")),
             Metric.single(
-                f"predicted_wait_ms.w{w}",
-                round(
-                    predicted_wait_ms(d_ms, plan.batch_size, plan.step_ms, w, plan.effective_cpus),
-                    3,
-                ),
-                "ms",
+                f"predicted_wait_ms.w{w}", round(predicted, 3), "ms", at("predicted_wait_ms")
             ),
             Metric.single(
-                f"sleep_model_wait_ms.w{w}",
-                round(sleep_model_wait_ms(d_ms, plan.batch_size, plan.step_ms, w), 3),
-                "ms",
+                f"sleep_model_wait_ms.w{w}", round(naive, 3), "ms", at("sleep_model_wait_ms")
             ),
-            _mean_metric(f"compute_ms.w{w}", p.computes_ms, "ms"),
-            Metric.single(f"idle_share.w{w}", round(p.idle_share, 4), "fraction"),
-            Metric.single(f"first_batch_s.w{w}", round(p.first_batch_s, 4), "s"),
+            _mean_metric(f"compute_ms.w{w}", p.computes_ms, "ms", at("compute_ms")),
+            Metric.single(f"idle_share.w{w}", round(p.idle_share, 4), "fraction", at("idle_share")),
+            Metric.single(
+                f"first_batch_s.w{w}", round(p.first_batch_s, 4), "s", at("first_batch_s")
+            ),
         ]
     rec = recommended_workers(points, plan.effective_cpus)
     if rec is not None:
-        metrics.append(Metric.single("recommended_num_workers", rec, "workers"))
+        metrics.append(
+            Metric.single(
+                "recommended_num_workers", rec, "workers", {"quantity": "recommended_num_workers"}
+            )
+        )
     return metrics
 
 
-def _mean_metric(name: str, values: Sequence[float], unit: str) -> Metric:
+def _mean_metric(name: str, values: Sequence[float], unit: str, labels: dict[str, Any]) -> Metric:
     """Per-step figures headed by their mean, not their median: with W workers batches
     arrive in bursts (a long wait, then W-1 short ones), so the median wait can be 0
     while the GPU idles; the mean is what the idle share is made of."""
-    m = Metric.repeated(name, values, unit)
+    m = Metric.repeated(name, values, unit, labels)
     return replace(m, value=statistics.fmean(values)) if values else m
 
 
@@ -294,15 +306,15 @@ def measure_capacity(
         spent_ms = sum(point.waits_ms) + sum(point.computes_ms)
         if spent_ms > 0:
             rates.append(plan.batch_size * len(point.waits_ms) * 1000 / spent_ms)
-    return Metric.repeated(f"capacity.w{workers}", rates, "samples/s")
+    labels = {"quantity": "samples_per_s", "workers": workers}
+    return Metric.repeated(f"capacity.w{workers}", rates, "samples/s", labels)
 
 
 def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
-    from starvecheck.advice.starve import advise
     from starvecheck.scratch import signals_raise
 
     start = time.perf_counter()
-    caveats: list[str] = []
+    caveats: list[Caveat] = []
     tokenizer = texts = None
     d_ms = plan.sample_ms
     if plan.tokenizer:
@@ -310,14 +322,21 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
         texts = default_texts(256)
         d_ms = calibrate_tokenizer_ms(tokenizer, texts)
         caveats.append(
-            f"each sample is real tokenization of ~2,000 characters of English (standard "
-            f"library docstrings) by {plan.tokenizer}: {d_ms:.3f} ms of CPU per sample, "
-            "measured here; --sample-ms does not apply"
+            Caveat(
+                "starve.tokenizer",
+                f"each sample is real tokenization of ~2,000 characters of English (standard "
+                f"library docstrings) by {plan.tokenizer}: {d_ms:.3f} ms of CPU per sample, "
+                "measured here; --sample-ms does not apply",
+            )
         )
     if plan.sleep:
         caveats.append(
-            "--sleep: samples sleep instead of working, so workers never compete for CPUs; "
-            "the sleep model's predictions hold, and real preprocessing will not match them"
+            Caveat(
+                "starve.sleep",
+                "--sleep: samples sleep instead of working, so workers never compete for "
+                "CPUs; the sleep model's predictions hold, and real preprocessing will not "
+                "match them",
+            )
         )
     capacity = None
     extra: dict[str, Any] = {}
@@ -342,8 +361,75 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
         stage="starve",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params),
         caveats=tuple(caveats),
         capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
     )
+
+
+# doctor: 4 measured steps with --quick, 20 without; the capacity from 3 runs.
+DOCTOR_STEPS = {True: 4, False: 20}
+CAPACITY_RUNS = 3
+
+
+class StarveStage:
+    """`starve` in the registry (stages/base.Stage)."""
+
+    name = "starve"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
+        from starvecheck import args
+        from starvecheck.status import UsageError
+
+        if options.get("sleep") and options.get("tokenizer"):
+            raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
+        eff = _effective_cpus(ctx)
+        workers = options.get("workers")
+        return Plan(
+            sample_ms=options["sample_ms"],
+            batch_size=options["batch_size"],
+            step_ms=options["step_ms"],
+            workers=args.counts("--workers", workers, 0, 1024)
+            if workers
+            else args.default_workers(eff),
+            steps=options.get("steps") or (8 if options.get("quick") else 20),
+            sleep=bool(options.get("sleep")),
+            effective_cpus=eff,
+            tokenizer=options.get("tokenizer"),
+        )
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
+        from starvecheck import args
+
+        eff = _effective_cpus(ctx)
+        assert workload.step_ms is not None
+        return Plan(
+            sample_ms=workload.cpu_ms_per_sample,
+            batch_size=workload.batch_size,
+            step_ms=workload.step_ms,
+            workers=(eff,) if quick else tuple(x for x in args.default_workers(eff) if x <= eff),
+            steps=DOCTOR_STEPS[quick],
+            effective_cpus=eff,
+            tokenizer=workload.tokenizer,
+            capacity_runs=CAPACITY_RUNS,
+        )
+
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        return run(plan, ctx.progress)
+
+    def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
+        """With a tokenizer, the CPU per sample is measured, not given."""
+        if not workload.tokenizer:
+            return workload
+        return workload.set("cpu_ms_per_sample", result.parameters["sample_cpu_ms"], "measured")
+
+
+def _effective_cpus(ctx: RunContext) -> int:
+    cpus = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
+    return max(1, cpus or 1)
+
+
+STAGE = StarveStage()
