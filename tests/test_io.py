@@ -16,15 +16,26 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck import cache
+from starvecheck import cache, scratch
 from starvecheck.advice import io as io_advice
-from starvecheck.model import Metric, Severity
+from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.render import throughput
 from starvecheck.stages import existing
 from starvecheck.stages import io as io_stage
 from starvecheck.stages.reads import FileOps, RangeOps, ReadError, RunResult, timed_run
+from starvecheck.stages.residency import COLD_MAX_RESIDENT
 from starvecheck.units import format_bytes
 from tests.conftest import run
+from tests.fixtures.labels.io import labels as io_labels
+
+
+def labelled(m: Metric) -> Metric:
+    """A hand-made metric with the labels io gives the figure of that name."""
+    try:
+        return m.labelled(**io_labels(m.name, m.unit))
+    except AssertionError:  # not one of io's figures: no labels
+        return m
+
 
 PAGE = mmap.PAGESIZE
 MiB = 1 << 20
@@ -317,18 +328,18 @@ def fake_statvfs(bavail: int, frsize: int = 4096, files: int = 10**6, favail: in
 
 def test_space_needed_counts_whole_blocks_and_the_shard():
     # 100 files of 5000 bytes take 2 blocks each; the shard 500,000 bytes; metadata 5 blocks.
-    assert io_stage.space_needed(100, 5000) == 100 * 8192 + 100 * 5000 + 4096 * 5
-    assert io_stage.space_needed(64, 4096) == 64 * 4096 + 64 * 4096 + 4096 * 5
-    assert io_stage.space_needed(1, 1) == 4096 + 1 + 4096 * 4
+    assert scratch.space_needed(100, 5000) == 100 * 8192 + 100 * 5000 + 4096 * 5
+    assert scratch.space_needed(64, 4096) == 64 * 4096 + 64 * 4096 + 4096 * 5
+    assert scratch.space_needed(1, 1) == 4096 + 1 + 4096 * 4
 
 
 def test_space_problem_reports_sizes(monkeypatch, tmp_path):
     monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(bavail=100))  # 400 KiB free
-    problem = io_stage.space_problem(str(tmp_path), 1000, 16384)
+    problem = scratch.space_problem(str(tmp_path), 1000, 16384)
     assert problem is not None
     assert problem.startswith(f"{tmp_path}: not enough free space")
-    need = io_stage.space_needed(1000, 16384)
-    margin = io_stage.MARGIN_BYTES + int(need * io_stage.MARGIN_SHARE)
+    need = scratch.space_needed(1000, 16384)
+    margin = scratch.MARGIN_BYTES + int(need * scratch.MARGIN_SHARE)
     assert format_bytes(need) in problem
     assert format_bytes(margin) in problem
     assert "400 KiB is free" in problem
@@ -336,26 +347,26 @@ def test_space_problem_reports_sizes(monkeypatch, tmp_path):
 
 
 def test_space_problem_boundary(monkeypatch, tmp_path):
-    need = io_stage.space_needed(10, 4096)
-    margin = io_stage.MARGIN_BYTES + int(need * io_stage.MARGIN_SHARE)
+    need = scratch.space_needed(10, 4096)
+    margin = scratch.MARGIN_BYTES + int(need * scratch.MARGIN_SHARE)
     monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(bavail=need + margin, frsize=1))
-    assert io_stage.space_problem(str(tmp_path), 10, 4096) is None
+    assert scratch.space_problem(str(tmp_path), 10, 4096) is None
     monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(bavail=need + margin - 1, frsize=1))
-    assert "not enough free space" in io_stage.space_problem(str(tmp_path), 10, 4096)
+    assert "not enough free space" in scratch.space_problem(str(tmp_path), 10, 4096)
 
 
 def test_space_problem_inodes(monkeypatch, tmp_path):
     plenty = 1 << 40
     monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(plenty, 1, files=1000, favail=50))
-    problem = io_stage.space_problem(str(tmp_path), 100, 4096)
+    problem = scratch.space_problem(str(tmp_path), 100, 4096)
     assert problem is not None and "not enough free inodes" in problem and "116" in problem
     # f_files 0: the filesystem has no inode limit (btrfs), so no inode check at all.
     monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(plenty, 1, files=0, favail=0))
-    assert io_stage.space_problem(str(tmp_path), 100, 4096) is None
+    assert scratch.space_problem(str(tmp_path), 100, 4096) is None
 
 
 def test_space_problem_statvfs_failure(tmp_path):
-    problem = io_stage.space_problem(str(tmp_path / "missing"), 10, 4096)
+    problem = scratch.space_problem(str(tmp_path / "missing"), 10, 4096)
     assert problem is not None and "cannot read free space" in problem
 
 
@@ -637,7 +648,13 @@ def test_existing_layouts_describe_the_sample(dataset):
 
 
 def rate(name: str, value: float | None, unit: str = "MB/s") -> Metric:
-    return Metric(name, value, unit) if value is not None else Metric.missing(name, unit, "x")
+    m = Metric(name, value, unit) if value is not None else Metric.missing(name, unit, "x")
+    return labelled(m)
+
+
+def advise_io(metrics, params, storage):
+    """io's judgement of these figures, as advice.judge runs it."""
+    return io_advice.advise(StageResult("io", params, tuple(metrics)), params, storage)
 
 
 def finding(findings, fid):
@@ -662,7 +679,7 @@ GEN = {"threads": [1]}
 )
 def test_small_files_severity_follows_the_ratio(small, seq, severity):
     metrics = [rate("small_files.random.cold", small), rate("shard.sequential.cold", seq)]
-    f = finding(io_advice.advise(metrics, GEN, {}), "io.small-files")
+    f = finding(advise_io(metrics, GEN, {}), "io.small-files")
     assert f is not None and f.severity is severity and f.stage == "io"
     if severity is Severity.OK:
         assert f.gain is None
@@ -679,7 +696,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
         rate("small_files.random.warm", 1000.0),
         rate("shard.sequential.warm", 1200.0),
     ]
-    f = finding(io_advice.advise(both, GEN, {}), "io.small-files")
+    f = finding(advise_io(both, GEN, {}), "io.small-files")
     assert f.severity is Severity.CRITICAL and f.gain.value == 5.0
     assert f.evidence.startswith("cold")
     warm_only = [
@@ -689,7 +706,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
         rate("shard.sequential.warm", 200.0),
         rate("shard.random.warm", 150.0),
     ]
-    f = finding(io_advice.advise(warm_only, GEN, {}), "io.small-files")
+    f = finding(advise_io(warm_only, GEN, {}), "io.small-files")
     assert f.severity is Severity.WARNING and f.gain.value == 2.0
     assert f.evidence.startswith("warm") and "warm cache" in f.evidence
     assert "shuffled offsets 150 MB/s" in f.evidence
@@ -698,7 +715,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
 
 def test_small_files_needs_both_figures():
     assert (
-        finding(io_advice.advise([rate("small_files.random.cold", 5.0)], GEN, {}), "io.small-files")
+        finding(advise_io([rate("small_files.random.cold", 5.0)], GEN, {}), "io.small-files")
         is None
     )
 
@@ -709,19 +726,19 @@ def test_small_files_needs_both_figures():
 )
 def test_few_readers(one, many, severity):
     metrics = [rate("small_files.random.cold", one), rate("small_files.random.cold.t4", many)]
-    f = finding(io_advice.advise(metrics, {"threads": [1, 4]}, {}), "io.few-readers")
+    f = finding(advise_io(metrics, {"threads": [1, 4]}, {}), "io.few-readers")
     assert f is not None and f.severity is severity
     if severity is Severity.INFO:
         assert f.gain.value == pytest.approx(round(many / one, 2))
         assert "num_workers=4" in f.recommendation
     # One thread count only: nothing to compare.
-    assert finding(io_advice.advise(metrics, {"threads": [4]}, {}), "io.few-readers") is None
+    assert finding(advise_io(metrics, {"threads": [4]}, {}), "io.few-readers") is None
 
 
 def test_few_readers_existing_uses_the_files_layout():
     metrics = [rate("files.random.warm", 10.0), rate("files.random.warm.t2", 30.0)]
     params = {"threads": [1, 2], "existing": True}
-    f = finding(io_advice.advise(metrics, params, {}), "io.few-readers")
+    f = finding(advise_io(metrics, params, {}), "io.few-readers")
     assert f.severity is Severity.INFO and "files.random, warm" in f.evidence
 
 
@@ -731,9 +748,9 @@ def test_network_storage_only_when_network_is_true():
         rate("small_files.random.cold.p50_ms", 3.0, "ms"),
     ]
     for storage in ({}, {"network": False}, {"network": None}, {"network": "yes"}):
-        assert finding(io_advice.advise(metrics, GEN, storage), "io.network-storage") is None
+        assert finding(advise_io(metrics, GEN, storage), "io.network-storage") is None
     storage = {"network": True, "fstype": "nfs4", "path": "/data", "mount_point": "/data"}
-    f = finding(io_advice.advise(metrics, GEN, storage), "io.network-storage")
+    f = finding(advise_io(metrics, GEN, storage), "io.network-storage")
     assert f.severity is Severity.WARNING and "nfs4" in f.title
     assert "3.00 ms p50" in f.evidence
 
@@ -747,12 +764,12 @@ def test_rotational(p50, severity):
         rate("small_files.random.cold", 20.0),
         rate("small_files.random.cold.p50_ms", p50, "ms"),
     ]
-    f = finding(io_advice.advise(metrics, GEN, {"rotational": True}), "io.rotational")
+    f = finding(advise_io(metrics, GEN, {"rotational": True}), "io.rotational")
     assert f is not None and f.severity is severity
-    assert finding(io_advice.advise(metrics, GEN, {"rotational": False}), "io.rotational") is None
+    assert finding(advise_io(metrics, GEN, {"rotational": False}), "io.rotational") is None
     # Without cold figures there is nothing to judge the disk by.
     warm = [rate("small_files.random.warm", 20.0)]
-    assert finding(io_advice.advise(warm, GEN, {"rotational": True}), "io.rotational") is None
+    assert finding(advise_io(warm, GEN, {"rotational": True}), "io.rotational") is None
 
 
 @pytest.mark.parametrize(
@@ -761,7 +778,7 @@ def test_rotational(p50, severity):
 )
 def test_cold_cache_gap(cold, warm, severity):
     metrics = [rate("shard.random.cold", cold), rate("shard.random.warm", warm)]
-    f = finding(io_advice.advise(metrics, GEN, {}), "io.cold-cache-gap")
+    f = finding(advise_io(metrics, GEN, {}), "io.cold-cache-gap")
     assert f is not None and f.severity is severity
     assert f"({warm / cold:.1f}x)" in f.evidence
 
@@ -773,13 +790,13 @@ def test_cold_cache_gap_reports_the_widest_gap():
         rate("small_files.random.cold", 10.0),
         rate("small_files.random.warm", 90.0),
     ]
-    f = finding(io_advice.advise(metrics, GEN, {}), "io.cold-cache-gap")
+    f = finding(advise_io(metrics, GEN, {}), "io.cold-cache-gap")
     assert f.severity is Severity.INFO and f.evidence.startswith("small_files.random")
     assert "9.0x" in f.title
 
 
 def test_no_figures_no_findings():
-    assert io_advice.advise([], {"threads": [1, 2]}, {"network": False}) == ()
+    assert advise_io([], {"threads": [1, 2]}, {"network": False}) == ()
 
 
 # --- render/throughput.py ---------------------------------------------------------------
@@ -799,7 +816,7 @@ def test_split_groups_rows_with_their_companions():
         Metric("other", 1.0, "x"),
         Metric("looks.cold", 1.0, "ms"),  # right name, wrong unit: not a row
     )
-    rows, rest = throughput.split(metrics)
+    rows, rest = throughput.split(tuple(labelled(m) for m in metrics))
     assert [(r.what, r.temp, r.threads) for r in rows] == [
         ("shard.random", "cold", 1),
         ("shard.random", "cold", 16),
@@ -829,7 +846,7 @@ def test_missing_rate_renders_na_with_its_reason():
         Metric.missing("shard.random.cold", "MB/s", reason),
         Metric.missing("files.random.warm", "MB/s", "no runs completed"),
     )
-    rows, rest = throughput.split(metrics)
+    rows, rest = throughput.split(tuple(labelled(m) for m in metrics))
     assert rest == []
     assert rows[0].cells() == ("small_files.random", "cold", "1", "n/a", *[""] * 6)
     assert throughput.missing_reasons(rows) == [
@@ -882,6 +899,9 @@ def test_io_quick_json_has_every_metric_and_leaves_nothing(tmp_path):
         for suffix in SUFFIXES
     } | {"resident_before.small_files", "resident_before.shard"}
     assert set(got) == expected
+    # Every figure carries the labels it was measured under (schema 2).
+    for name, m in got.items():
+        assert m["labels"] == io_labels(name, m["unit"]), name
     on_disk = fs_type(tmp_path) not in ("tmpfs", "ramfs")
     for name, m in got.items():
         if name.startswith("resident_before"):
@@ -889,7 +909,7 @@ def test_io_quick_json_has_every_metric_and_leaves_nothing(tmp_path):
             assert m["unit"] == "fraction"
             assert m["n"] == (4 if name.endswith("small_files") else 8)
             if on_disk:
-                assert m["value"] <= io_stage.COLD_MAX_RESIDENT, m
+                assert m["value"] <= COLD_MAX_RESIDENT, m
             continue
         if ".cold" in name and not on_disk:
             continue
@@ -1117,7 +1137,7 @@ def test_io_not_enough_space(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "statvfs", statvfs)
     r = run("io", "--quick", str(tmp_path))
     assert_usage_error(r, "not enough free space")
-    assert format_bytes(io_stage.space_needed(2000, 16384)) in r.stderr  # --quick's 2,000
+    assert format_bytes(scratch.space_needed(2000, 16384)) in r.stderr  # --quick's 2,000
     assert list(tmp_path.iterdir()) == []
 
 

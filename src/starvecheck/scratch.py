@@ -27,6 +27,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from starvecheck.units import format_bytes
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -324,3 +326,39 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
+
+
+# --- free space, checked before anything is written --------------------------------
+
+# Free space starvecheck leaves untouched on the filesystem it writes to.
+MARGIN_BYTES = 256 << 20
+MARGIN_SHARE = 0.10
+BLOCK = 4096
+
+
+def space_needed(samples: int, sample_size: int) -> int:
+    """Bytes the generated data takes: every sample twice (its own file and the
+    shard), each small file rounded up to whole blocks."""
+    per_file = -(-sample_size // BLOCK) * BLOCK
+    return samples * per_file + samples * sample_size + BLOCK * (samples // 64 + 4)
+
+
+def space_problem(path: str, samples: int, sample_size: int, need: int | None = None) -> str | None:
+    """Why the data cannot be written under `path`, or None. `need`: bytes the data
+    takes, where not io's own layouts (`space_needed`)."""
+    need = space_needed(samples, sample_size) if need is None else need
+    margin = MARGIN_BYTES + int(need * MARGIN_SHARE)
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return f"cannot read free space of {path}: {e.strerror}"
+    free = st.f_bavail * st.f_frsize
+    if free < need + margin:
+        return (
+            f"{path}: not enough free space: the test data needs {format_bytes(need)} plus a "
+            f"{format_bytes(margin)} margin, {format_bytes(free)} is free; use fewer --samples "
+            "or a smaller --sample-size"
+        )
+    if st.f_files and st.f_favail < samples + 16:  # f_files 0: no inode limit (btrfs, ...)
+        return f"{path}: not enough free inodes: {samples + 16:,} needed, {st.f_favail:,} free"
+    return None

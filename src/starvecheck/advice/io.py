@@ -1,16 +1,20 @@
 """Judging `io` results: small-files penalty, cold-cache gap, reader concurrency,
 and the storage under the data (network, rotational).
 
-Every check reads the metrics by their JSON names, so it works the same on a fresh
-run and on a stored report. Ratios compare figures measured in the same run.
+Every check selects metrics by their labels (quantity, layout, pattern, cache,
+threads), so it works the same on a fresh run and on a stored report. Ratios compare
+figures measured in the same run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 # A layout change worth making: the sharded read is this much faster.
 SMALL_FILES_WARNING = 1.5
@@ -30,26 +34,42 @@ SHARDING = (
 )
 
 
-def _value(metrics: Mapping[str, Metric], name: str) -> float | None:
-    m = metrics.get(name)
-    return m.value if m is not None and m.value else None
+def _value(
+    r: StageResult,
+    layout: str,
+    pattern: str,
+    cache: str,
+    quantity: str = "mb_per_s",
+    threads: int = 1,
+) -> float | None:
+    """A figure of one read pattern; None when missing or zero."""
+    v = r.value(quantity=quantity, layout=layout, pattern=pattern, cache=cache, threads=threads)
+    return v if v else None
 
 
-def _best(metrics: Mapping[str, Metric], base: str) -> tuple[str, float] | None:
-    """The cold figure of `base`, else the warm one (said in the evidence)."""
+def _best(r: StageResult, layout: str, pattern: str) -> tuple[str, float] | None:
+    """The cold MB/s of a pattern, else the warm one (said in the evidence)."""
     for temp in ("cold", "warm"):
-        v = _value(metrics, f"{base}.{temp}")
+        v = _value(r, layout, pattern, temp)
         if v is not None:
             return temp, v
     return None
 
 
+def rules(results: Results) -> list[Finding]:
+    r = results.get("io")
+    if r is None:
+        return []
+    machine = results.machine
+    storage = machine.to_dict()["storage"] if machine is not None else {}
+    return list(advise(r, r.parameters, storage))
+
+
 def advise(
-    metrics: Sequence[Metric],
+    by_name: StageResult,
     parameters: Mapping[str, Any],
     storage: Mapping[str, Any],
 ) -> tuple[Finding, ...]:
-    by_name = {m.name: m for m in metrics}
     threads = sorted(parameters.get("threads", [1]))
     checks = (
         _small_files_generated(by_name)
@@ -63,18 +83,18 @@ def advise(
     return tuple(f for f in checks if f is not None)
 
 
-def _small_files_generated(m: Mapping[str, Metric]) -> Finding | None:
+def _small_files_generated(m: StageResult) -> Finding | None:
     # The same cache state for both layouts: cold where both are, else warm (one
     # layout's cold figures can be withheld while the other's are not).
     for temp in ("cold", "warm"):
-        small_v = _value(m, f"small_files.random.{temp}")
-        seq_v = _value(m, f"shard.sequential.{temp}")
+        small_v = _value(m, "small_files", "random", temp)
+        seq_v = _value(m, "shard", "sequential", temp)
         if small_v and seq_v:
             break
     else:
         return None
     seq = (temp, seq_v)
-    rand_v = _value(m, f"shard.random.{temp}")
+    rand_v = _value(m, "shard", "random", temp)
     rand = (temp, rand_v) if rand_v else None
     ratio = seq[1] / small_v
     rand_text = ""
@@ -117,14 +137,14 @@ def _small_files_generated(m: Mapping[str, Metric]) -> Finding | None:
     )
 
 
-def _small_files_existing(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
+def _small_files_existing(m: StageResult, params: Mapping[str, Any]) -> Finding | None:
     median = params.get("median_file_bytes")
-    files = _best(m, "files.random")
+    files = _best(m, "files", "random")
     if median is None or files is None:
         return None
     temp, v = files
-    per_s = _value(m, f"files.random.{temp}.samples_per_s")
-    p50 = _value(m, f"files.random.{temp}.p50_ms")
+    per_s = _value(m, "files", "random", temp, "samples_per_s")
+    p50 = _value(m, "files", "random", temp, "p50_ms")
     evidence = (
         f"{params.get('small_files_seen', 0):,} files of at most 8 MiB, median "
         f"{median / 1024:,.0f} KiB; {temp}, 1 reader: {v:,.1f} MB/s"
@@ -154,16 +174,17 @@ def _small_files_existing(m: Mapping[str, Metric], params: Mapping[str, Any]) ->
     )
 
 
-def _cold_gap(m: Mapping[str, Metric]) -> Finding | None:
+def _cold_gap(m: StageResult) -> Finding | None:
     gaps = []
-    for base in (
-        "small_files.random",
-        "shard.random",
-        "shard.sequential",
-        "files.random",
-        "ranges.random",
+    for layout, pattern in (
+        ("small_files", "random"),
+        ("shard", "random"),
+        ("shard", "sequential"),
+        ("files", "random"),
+        ("ranges", "random"),
     ):
-        cold, warm = _value(m, f"{base}.cold"), _value(m, f"{base}.warm")
+        base = f"{layout}.{pattern}"
+        cold, warm = _value(m, layout, pattern, "cold"), _value(m, layout, pattern, "warm")
         if cold and warm:
             gaps.append((warm / cold, base, cold, warm))
     if not gaps:
@@ -196,19 +217,19 @@ def _cold_gap(m: Mapping[str, Metric]) -> Finding | None:
     )
 
 
-def _readers(m: Mapping[str, Metric], threads: list[int], layout: str) -> Finding | None:
+def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
     if len(threads) < 2 or threads[-1] < 2:
         return None
     n = threads[-1]
     for temp in ("cold", "warm"):
-        one = _value(m, f"{layout}.random.{temp}")
-        many = _value(m, f"{layout}.random.{temp}.t{n}")
+        one = _value(m, layout, "random", temp)
+        many = _value(m, layout, "random", temp, threads=n)
         if one and many:
             break
     else:
         return None
     scale = many / one
-    p50 = _value(m, f"{layout}.random.{temp}.p50_ms")
+    p50 = _value(m, layout, "random", temp, "p50_ms")
     evidence = (
         f"{layout}.random, {temp}: 1 reader {one:,.0f} MB/s, {n} readers {many:,.0f} MB/s "
         f"({scale:.1f}x)" + (f"; {p50:.2f} ms p50 per sample" if p50 else "")
@@ -235,15 +256,15 @@ def _readers(m: Mapping[str, Metric], threads: list[int], layout: str) -> Findin
     )
 
 
-def _cold_small(m: Mapping[str, Metric], params: Mapping[str, Any]) -> tuple[float, float] | None:
+def _cold_small(m: StageResult, params: Mapping[str, Any]) -> tuple[float, float] | None:
     layout = "files" if params.get("existing") else "small_files"
-    v = _value(m, f"{layout}.random.cold")
-    p50 = _value(m, f"{layout}.random.cold.p50_ms")
+    v = _value(m, layout, "random", "cold")
+    p50 = _value(m, layout, "random", "cold", "p50_ms")
     return (v, p50) if v and p50 else None
 
 
 def _network(
-    m: Mapping[str, Metric], storage: Mapping[str, Any], params: Mapping[str, Any]
+    m: StageResult, storage: Mapping[str, Any], params: Mapping[str, Any]
 ) -> Finding | None:
     if storage.get("network") is not True:
         return None
@@ -265,7 +286,7 @@ def _network(
 
 
 def _rotational(
-    m: Mapping[str, Metric], storage: Mapping[str, Any], params: Mapping[str, Any]
+    m: StageResult, storage: Mapping[str, Any], params: Mapping[str, Any]
 ) -> Finding | None:
     if storage.get("rotational") is not True:
         return None

@@ -19,8 +19,7 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
-    warning,
+    measure_one,
 )
 from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
@@ -118,11 +117,9 @@ def io(
     """
     from starvecheck import cache
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import io as io_stage
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    mode = "existing" if existing else "generated"
     size = args.sample_size(sample_size)
     if keep and existing:
         raise UsageError("--keep: nothing is written with --existing, so there is nothing to keep")
@@ -133,26 +130,17 @@ def io(
     target = args.data_path(path, existing)
     # io measures this machine, never a fake sysroot: facts and figures must match.
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    default_samples, default_runs = io_stage.SIZES[quick][mode]
-    n_samples = samples or default_samples
-    if not existing and (problem := io_stage.space_problem(target, n_samples, size)):
-        raise UsageError(problem)
-    plan = io_stage.Plan(
-        samples=n_samples,
-        sample_size=size,
-        runs=runs or default_runs,
-        threads=args.thread_counts(threads, machine.cpu.effective_cpus),
-        cold=cold,
-        drop_caches=drop_caches,
-        keep=keep,
-    )
-    with progress_bar(c, out) as progress:
-        result = io_stage.run(
-            target,
-            plan,
-            existing=existing,
-            storage=machine.to_dict()["storage"],
-            progress=progress,
-            warn=lambda msg: warning(c, msg),
-        )
-    return emit(build_report("io", machine.to_dict(), [result], c), out, c)
+    options = {
+        "path": target,
+        "existing": existing,
+        "sample_size": size,
+        "samples": samples,
+        "runs": runs,
+        "threads": threads,
+        "cold": cold,
+        "drop_caches": drop_caches,
+        "keep": keep,
+        "quick": quick,
+    }
+    result = measure_one("io", options, c, out, machine)
+    return emit(build_report("io", machine, [result], c), out, c)

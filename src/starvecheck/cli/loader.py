@@ -120,7 +120,7 @@ def loader(
     batch. Recommends the fewest workers that reach 95% of the best throughput.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import io as io_stage
+    from starvecheck.scratch import space_problem
     from starvecheck.stages import loader as loader_stage
     from starvecheck.stages import sources
 
@@ -136,9 +136,7 @@ def loader(
     default_samples, default_runs = loader_stage.SIZES[quick][mode]
     n_samples = samples or default_samples
     if not existing and (
-        problem := io_stage.space_problem(
-            target, n_samples, size, sources.space_needed(n_samples, size)
-        )
+        problem := space_problem(target, n_samples, size, sources.space_needed(n_samples, size))
     ):
         raise UsageError(problem)
     plan = loader_stage.Plan(

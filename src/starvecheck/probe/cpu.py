@@ -187,3 +187,10 @@ def probe_affinity(root: SysRoot) -> Fact[frozenset[int]]:
         except OSError as e:
             reason += f"; sched_getaffinity failed: {e}"
     return Fact.unknown(reason)
+
+
+def under_hypervisor() -> bool:
+    from starvecheck.sysroot import SysRoot
+
+    text = SysRoot.from_environ({}).read("/proc/cpuinfo")
+    return bool(text.known and parse_hypervisor(text.value or ""))

@@ -1,18 +1,17 @@
 """Throughput metrics as one row per measurement, for terminal and Markdown.
 
-A stage reports a throughput as `<what>.<cold|warm>[.t<threads>]` in MB/s with
-companions `<same>.samples_per_s` and `<same>.p50_ms`/`.p90_ms`/`.p99_ms` (the JSON
-keeps them flat, one metric each). People read them better side by side.
+A stage reports a read pattern's throughput in MB/s (labels: quantity `mb_per_s`,
+layout, pattern, cache, threads) with companions under the same labels
+(`samples_per_s`, `p50_ms`, `p90_ms`, `p99_ms`; the JSON keeps them flat, one metric
+each). People read them better side by side.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from starvecheck.model import Metric
 
-_BASE = re.compile(r"(?P<what>.+)\.(?P<temp>cold|warm)(?:\.t(?P<threads>\d{1,6}))?")
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
 HEADERS = (
     "pattern",
@@ -62,20 +61,28 @@ class Row:
         )
 
 
+def _where(m: Metric) -> tuple[object, ...]:
+    return tuple(m.labels.get(k) for k in ("layout", "pattern", "cache", "threads"))
+
+
 def split(metrics: tuple[Metric, ...]) -> tuple[list[Row], list[Metric]]:
-    """(throughput rows, every other metric) in the order the stage gave them."""
-    names = {m.name: m for m in metrics}
-    rows: list[Row] = []
-    used: set[str] = set()
+    """(throughput rows, every other metric) in the order the stage gave them: a read
+    pattern's MB/s (labels quantity mb_per_s, layout, pattern, cache, threads) with its
+    companions measured under the same labels."""
+    rates = [m for m in metrics if m.labels.get("quantity") == "mb_per_s" and "pattern" in m.labels]
+    companions: dict[tuple[object, ...], dict[str, Metric]] = {}
     for m in metrics:
-        match = _BASE.fullmatch(m.name)
-        if m.unit != "MB/s" or match is None:
-            continue
-        comps = {k: names[f"{m.name}.{k}"] for k in COMPANIONS if f"{m.name}.{k}" in names}
-        used.add(m.name)
-        used.update(c.name for c in comps.values())
-        rows.append(Row(match["what"], match["temp"], int(match["threads"] or 1), m, comps))
-    rest = [m for m in metrics if m.name not in used]
+        if m.labels.get("quantity") in COMPANIONS and "pattern" in m.labels:
+            companions.setdefault(_where(m), {})[str(m.labels["quantity"])] = m
+    rows: list[Row] = []
+    used: set[int] = set()
+    for m in rates:
+        comps = companions.get(_where(m), {})
+        used.add(id(m))
+        used.update(id(c) for c in comps.values())
+        what = f"{m.labels['layout']}.{m.labels['pattern']}"
+        rows.append(Row(what, str(m.labels["cache"]), int(m.labels.get("threads", 1)), m, comps))
+    rest = [m for m in metrics if id(m) not in used]
     return rows, rest
 
 

@@ -12,9 +12,13 @@ import os
 import random
 import stat
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from starvecheck.stages.io import BLOCK, Layout, Plan
+from starvecheck.stages.layouts import BLOCK, Layout
 from starvecheck.stages.reads import READ_FLAGS, FileOps, RangeOps
+
+if TYPE_CHECKING:  # io imports this module: its Plan only for the annotation
+    from starvecheck.stages.io import Plan
 
 # A file larger than this is a shard (or an archive, a video): read in --sample-size
 # byte ranges at shuffled offsets, as a shard-based loader does, not whole.

@@ -18,32 +18,39 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from starvecheck import cache
-from starvecheck.model import Metric, StageResult
-from starvecheck.scratch import Scratch, check_signals, signals_raise, write_all
+from starvecheck.model import Caveat, Metric, StageResult, one, select
+from starvecheck.probe.cpu import under_hypervisor
+from starvecheck.scratch import Scratch, check_signals, signals_raise, space_problem, write_all
+from starvecheck.stages.base import RunContext
+from starvecheck.stages.layouts import MB, Layout, Progress
+from starvecheck.stages.layouts import no_progress as _no_progress
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
+from starvecheck.stages.residency import (
+    judge_cache,
+    record_residency,
+)
 from starvecheck.status import Unavailable, UsageError
-from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
-from starvecheck.units import format_bytes
+from starvecheck.timing import (
+    UNSTABLE_SPREAD,
+    first_cold_slower,
+    hypervisor_cache,
+    outliers,
+    percentile,
+    too_few_runs,
+)
+from starvecheck.timing import unstable as timing_unstable
 
-# A cold run is cold when at most this share of its data was resident before it.
-COLD_MAX_RESIDENT = 0.05
-# A warm run is warm when at least this share was resident (less: data > page cache).
-WARM_MIN_RESIDENT = 0.95
-MB = 1e6  # MB/s as fio and dd print it: 10^6 bytes
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
+
 # A first cold run this much slower than the later ones points to a cache below ours.
 FIRST_COLD_SLOWER = 1.5
 
-# Free space starvecheck leaves untouched on the filesystem it writes to.
-MARGIN_BYTES = 256 << 20
-MARGIN_SHARE = 0.10
-BLOCK = 4096
-
-Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 # (samples, runs) by default and with --quick (SIZES[quick][mode]), for `io` and
 # `doctor`; existing mode reads real files, fewer by default (each may be large, and
@@ -52,10 +59,6 @@ SIZES = {
     False: {"generated": (10_000, 5), "existing": (1_000, 5)},
     True: {"generated": (2_000, 3), "existing": (200, 3)},
 }
-
-
-def _no_progress(what: str, done: int, total: int) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -83,73 +86,6 @@ class Plan:
             "drop_caches": self.drop_caches,
             "seed": self.seed,
         }
-
-
-def space_needed(samples: int, sample_size: int) -> int:
-    """Bytes the generated data takes: every sample twice (its own file and the
-    shard), each small file rounded up to whole blocks."""
-    per_file = -(-sample_size // BLOCK) * BLOCK
-    return samples * per_file + samples * sample_size + BLOCK * (samples // 64 + 4)
-
-
-def space_problem(path: str, samples: int, sample_size: int, need: int | None = None) -> str | None:
-    """Why the data cannot be written under `path`, or None. `need`: bytes the data
-    takes, where not io's own layouts (`space_needed`)."""
-    need = space_needed(samples, sample_size) if need is None else need
-    margin = MARGIN_BYTES + int(need * MARGIN_SHARE)
-    try:
-        st = os.statvfs(path)
-    except OSError as e:
-        return f"cannot read free space of {path}: {e.strerror}"
-    free = st.f_bavail * st.f_frsize
-    if free < need + margin:
-        return (
-            f"{path}: not enough free space: the test data needs {format_bytes(need)} plus a "
-            f"{format_bytes(margin)} margin, {format_bytes(free)} is free; use fewer --samples "
-            "or a smaller --sample-size"
-        )
-    if st.f_files and st.f_favail < samples + 16:  # f_files 0: no inode limit (btrfs, ...)
-        return f"{path}: not enough free inodes: {samples + 16:,} needed, {st.f_favail:,} free"
-    return None
-
-
-@dataclass
-class Layout:
-    """One way the samples sit on disk, and how to evict and check it."""
-
-    name: str  # small_files, shard, files, ranges
-    ops: dict[str, Ops]  # access pattern -> what to read, in order
-    paths: list[str]  # every file of the layout (for eviction and mincore)
-    dir_fd: int | None
-    bytes: int
-    buffer_size: int
-    sync: bool  # fsync before evicting: only for files starvecheck wrote
-    evict_flags: int = os.O_RDONLY
-    # Where only byte ranges of big files are read, residency is checked on those
-    # ranges ((file index, offset, length)); otherwise on whole files.
-    ranges: Sequence[tuple[int, int, int]] | None = None
-
-    def residency(self) -> cache.Residency:
-        if self.ranges is None:
-            return cache.residency(self.paths, dir_fd=self.dir_fd, flags=self.evict_flags)
-        total = cache.Residency(0, 0)
-        by_file: dict[int, list[tuple[int, int]]] = {}
-        for index, offset, length in self.ranges:
-            by_file.setdefault(index, []).append((offset, length))
-        for index, spans in by_file.items():
-            try:
-                fd = os.open(
-                    self.paths[index], self.evict_flags | os.O_NOFOLLOW, dir_fd=self.dir_fd
-                )
-            except OSError as e:
-                total = total + cache.Residency(0, 0, 1, f"{self.paths[index]}: {e.strerror}")
-                continue
-            try:
-                for offset, length in spans:
-                    total = total + cache.residency_fd(fd, offset, length)
-            finally:
-                os.close(fd)
-        return total
 
 
 @dataclass
@@ -270,74 +206,6 @@ def _evict(layout: Layout, plan: Plan) -> None:
     cache.evict(layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags)
 
 
-def record_residency(layout: Layout, errors: list[str]) -> float | None:
-    """The layout's resident fraction; why it could not be read goes to `errors`, once."""
-    res = layout.residency()
-    if res.reason and res.reason not in errors:
-        errors.append(res.reason)
-    return res.fraction
-
-
-class CacheRecord(Protocol):
-    resident_cold: dict[str, list[float | None]]
-    resident_warm: dict[str, list[float | None]]
-    residency_errors: list[str]
-
-
-def judge_cache(
-    names: Sequence[str],
-    m: CacheRecord,
-    fs_kind: str | None,
-    *,
-    command: str,
-    unit: str,
-    fix: str,
-) -> tuple[list[Metric], list[str], dict[str, str]]:
-    """What the residency checks say, for io and loader alike: `resident_before.<name>`
-    metrics, caveats, and the layouts whose cold figures must be withheld (with the
-    reason). `unit` is what one measurement is called ("run", "epoch"); `fix` what to
-    do where the cache could not be emptied."""
-    metrics: list[Metric] = []
-    caveats: list[str] = []
-    not_cold: dict[str, str] = {}
-    for name in names:
-        fractions = m.resident_cold.get(name, [])
-        known = [f for f in fractions if f is not None]
-        if known:
-            metrics.append(resident_metric(f"resident_before.{name}", known))
-            if max(known) > COLD_MAX_RESIDENT:
-                not_cold[name] = (
-                    f"not cold: {max(known):.0%} of the data was still in the page cache "
-                    f"before a cold {unit}"
-                )
-        elif fractions:
-            caveats.append(
-                f"{name}: could not check that the cache was cold "
-                f"({'; '.join(m.residency_errors) or 'mincore failed'}); "
-                "compare the cold and warm figures before trusting the cold ones"
-            )
-        warm = [f for f in m.resident_warm.get(name, []) if f is not None]
-        if warm and min(warm) < WARM_MIN_RESIDENT:
-            caveats.append(
-                f"{name}: only {min(warm):.0%} of the data stayed in the page cache "
-                "after a full read, so the warm figures are partly cold (the data is larger "
-                "than the memory the page cache can use)"
-            )
-    if not_cold and fs_kind == "memory":
-        caveats.append(
-            f"this path is on tmpfs (memory), where data cannot be cold: the cold figures of "
-            f"{', '.join(sorted(not_cold))} are withheld; run {command} on the filesystem "
-            "the dataset really lives on"
-        )
-    elif not_cold:
-        caveats.append(
-            f"the page cache could not be emptied for {', '.join(sorted(not_cold))}: the "
-            f"cold figures would have been warm ones and are withheld. {fix[0].upper()}"
-            f"{fix[1:]}"
-        )
-    return metrics, caveats, not_cold
-
-
 def metric_name(layout: str, pattern: str, temp: str, threads: int) -> str:
     return f"{layout}.{pattern}.{temp}" + (f".t{threads}" if threads > 1 else "")
 
@@ -358,60 +226,57 @@ def summarize(
     unstable: list[str] = []
     for (layout, pattern, temp, threads), runs in m.runs.items():
         name = metric_name(layout, pattern, temp, threads)
+        where = {"layout": layout, "pattern": pattern, "cache": temp, "threads": threads}
+
+        def labels(quantity: str) -> dict[str, Any]:
+            return {"quantity": quantity, **where}  # noqa: B023 (used within the iteration)
+
         if temp == "cold" and layout in not_cold:
             reason = not_cold[layout]
-            metrics.append(Metric.missing(name, "MB/s", reason))
-            metrics.append(Metric.missing(f"{name}.samples_per_s", "samples/s", reason))
+            metrics.append(Metric.missing(name, "MB/s", reason, labels("mb_per_s")))
+            metrics.append(
+                Metric.missing(
+                    f"{name}.samples_per_s", "samples/s", reason, labels("samples_per_s")
+                )
+            )
             for p in ("p50", "p90", "p99"):
-                metrics.append(Metric.missing(f"{name}.{p}_ms", "ms", reason))
+                metrics.append(Metric.missing(f"{name}.{p}_ms", "ms", reason, labels(f"{p}_ms")))
             continue
         mbps = [r.bytes / r.seconds / MB for r in runs if r.seconds > 0]
-        metrics.append(Metric.repeated(name, mbps, "MB/s"))
+        metrics.append(Metric.repeated(name, mbps, "MB/s", labels("mb_per_s")))
         metrics.append(
             Metric.repeated(
                 f"{name}.samples_per_s",
                 [r.ops / r.seconds for r in runs if r.seconds > 0],
                 "samples/s",
+                labels("samples_per_s"),
             )
         )
         lat = sorted(x for r in runs for x in r.latencies_ns)
         for p in (50, 90, 99):
+            q = labels(f"p{p}_ms")
             if lat:
-                metrics.append(Metric.single(f"{name}.p{p}_ms", percentile(lat, p) / 1e6, "ms"))
+                metrics.append(Metric.single(f"{name}.p{p}_ms", percentile(lat, p) / 1e6, "ms", q))
             else:
-                metrics.append(Metric.missing(f"{name}.p{p}_ms", "ms", "no reads completed"))
+                metrics.append(Metric.missing(f"{name}.p{p}_ms", "ms", "no reads completed", q))
         if temp == "cold" and len(mbps) >= 3:
             rest = statistics.median(mbps[1:])
             if mbps[0] * FIRST_COLD_SLOWER < rest:
-                caveats.append(
-                    f"{name}: the first cold run read at {mbps[0]:,.0f} MB/s, later ones at "
-                    f"{rest:,.0f}: a cache below this kernel (hypervisor, storage array, "
-                    "NFS server) kept the data after the first read, so the median is "
-                    "optimistic for a first epoch"
-                )
+                caveats.append(first_cold_slower(name, mbps[0], rest))
         if len(mbps) >= 2 and statistics.median(mbps) > 0:
             spread = statistics.stdev(mbps) / statistics.median(mbps)
             if spread >= UNSTABLE_SPREAD or outliers(mbps):
                 unstable.append(f"{name} {spread:.0%}")
     if unstable:
-        caveats.append(
-            "runs vary by 10% or more of the median (stdev/median), or hold outliers: "
-            + ", ".join(unstable)
-            + "; a noisy machine or a cache changing under the runs: close other work and "
-            "add --runs"
-        )
+        caveats.append(timing_unstable(unstable, "runs"))
     if plan.runs < 3:
         caveats.append(
-            f"only {plan.runs} run(s) per pattern: too few to judge the spread; use --runs 3 "
-            "or more"
+            too_few_runs(
+                f"only {plan.runs} run(s) per pattern: too few to judge the spread; use "
+                "--runs 3 or more"
+            )
         )
     return metrics, caveats
-
-
-def resident_metric(name: str, fractions: list[float]) -> Metric:
-    """The largest fraction seen (the figure that decides), every value kept."""
-    m = Metric.repeated(name, [round(f, 6) for f in fractions], "fraction")
-    return replace(m, value=m.max)
 
 
 def run(
@@ -423,10 +288,8 @@ def run(
     progress: Progress = _no_progress,
     warn: Callable[[str], None] = lambda _msg: None,
 ) -> StageResult:
-    """Measure, summarise and judge. SIGTERM/SIGHUP raise like Ctrl-C while this runs,
-    so the scratch data is removed on every way out."""
-    from starvecheck.advice.io import advise
-
+    """Measure and summarise. SIGTERM/SIGHUP raise like Ctrl-C while this runs, so the
+    scratch data is removed on every way out."""
     start = time.perf_counter()
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     caveats: list[str] = []
@@ -458,52 +321,53 @@ def run(
                     )
             params["scratch"] = scratch.path
             if plan.keep:
-                caveats.append(f"test data kept in {scratch.path} (--keep); remove it with rm -r")
+                caveats.append(
+                    Caveat(
+                        "io.kept",
+                        f"test data kept in {scratch.path} (--keep); remove it with rm -r",
+                    )
+                )
     metrics, more = summarize(layouts, plan, measured, storage.get("kind"))
     caveats += more
     cold_small = any(
-        x.value is not None and x.name in ("small_files.random.cold", "files.random.cold")
-        for x in metrics
+        x.value is not None and x.labels.get("layout") in ("small_files", "files")
+        for x in select(metrics, quantity="mb_per_s", pattern="random", cache="cold", threads=1)
     )
     if plan.cold and under_hypervisor():
-        caveats.append(
-            "this is a virtual machine: cold means evicted from this kernel's page cache, "
-            "but the hypervisor may cache the virtual disk (virtio cache=writeback), which "
-            "makes cold reads faster than the physical device"
-        )
+        caveats.append(hypervisor_cache("io"))
     if cold_small and not plan.drop_caches:
         caveats.append(
-            "cold means the data's pages were evicted; file metadata (inodes, directory "
-            "entries) stays cached, so a first epoch on a fresh node opens files slower "
-            "still (--drop-caches, as root, drops it too)"
+            Caveat(
+                "io.metadata-cached",
+                "cold means the data's pages were evicted; file metadata (inodes, directory "
+                "entries) stays cached, so a first epoch on a fresh node opens files slower "
+                "still (--drop-caches, as root, drops it too)",
+            )
         )
     capacity = None
     if existing:
         layout = layouts[0].name
         n = max(plan.threads)
         for temp in plan.temperatures:
-            name = metric_name(layout, "random", temp, n) + ".samples_per_s"
-            m = next((x for x in metrics if x.name == name and x.value), None)
-            if m is not None:
-                capacity = replace(m, name=f"capacity ({name})")
+            m = one(
+                metrics,
+                quantity="samples_per_s",
+                layout=layout,
+                pattern="random",
+                cache=temp,
+                threads=n,
+            )
+            if m is not None and m.value:
+                capacity = replace(m, name=f"capacity ({m.name})")
                 break
     return StageResult(
         stage="io",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params, storage),
         caveats=tuple(caveats),
         capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
     )
-
-
-def under_hypervisor() -> bool:
-    from starvecheck.probe.cpu import parse_hypervisor
-    from starvecheck.sysroot import SysRoot
-
-    text = SysRoot.from_environ({}).read("/proc/cpuinfo")
-    return bool(text.known and parse_hypervisor(text.value or ""))
 
 
 def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) -> Measured:
@@ -514,3 +378,80 @@ def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) 
     except OSError as e:
         where = f" ({os.fsdecode(e.filename)})" if e.filename else ""
         raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
+
+
+@dataclass(frozen=True)
+class IoRun:
+    """What `io` measures: where, how (generated or the user's files) and the Plan."""
+
+    path: str
+    existing: bool
+    plan: Plan
+
+
+class IoStage:
+    """`io` in the registry (stages/base.Stage)."""
+
+    name = "io"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> IoRun:
+        """`options` as the command parsed them; `path` already checked (args.data_path)
+        and the machine's facts in `ctx` collected for it."""
+        from starvecheck import args
+
+        existing = bool(options.get("existing"))
+        size = options["sample_size"]
+        default_samples, default_runs = SIZES[bool(options.get("quick"))][
+            "existing" if existing else "generated"
+        ]
+        n = options.get("samples") or default_samples
+        path = options["path"]
+        if not existing and (problem := space_problem(path, n, size)):
+            raise UsageError(problem)
+        eff = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
+        return IoRun(
+            path,
+            existing,
+            Plan(
+                samples=n,
+                sample_size=size,
+                runs=options.get("runs") or default_runs,
+                threads=args.thread_counts(options.get("threads"), eff),
+                cold=options.get("cold", True),
+                drop_caches=bool(options.get("drop_caches")),
+                keep=bool(options.get("keep")),
+            ),
+        )
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> IoRun:
+        from starvecheck import args
+
+        n, runs = SIZES[quick]["generated"]
+        path = ctx.path or os.getcwd()
+        if problem := space_problem(path, n, workload.sample_size):
+            raise UsageError(problem)
+        eff = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
+        plan = Plan(
+            samples=n,
+            sample_size=workload.sample_size,
+            runs=runs,
+            threads=args.thread_counts(None, max(1, eff or 1)),
+        )
+        return IoRun(path, False, plan)
+
+    def measure(self, plan: IoRun, ctx: RunContext) -> StageResult:
+        storage = ctx.machine.to_dict()["storage"] if ctx.machine is not None else {}
+        return run(
+            plan.path,
+            plan.plan,
+            existing=plan.existing,
+            storage=storage,
+            progress=ctx.progress,
+            warn=ctx.warn,
+        )
+
+
+STAGE = IoStage()

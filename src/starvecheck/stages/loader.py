@@ -35,18 +35,14 @@ from typing import Any
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
+from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.datasets import (
     batch_size_of,
 )
-from starvecheck.stages.io import (
-    MB,
-    Progress,
-    judge_cache,
-    record_residency,
-    under_hypervisor,
-)
+from starvecheck.stages.layouts import MB, Progress
 from starvecheck.stages.reads import FileOps, timed_run
+from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError

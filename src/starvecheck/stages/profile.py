@@ -30,7 +30,7 @@ from typing import Any
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
-from starvecheck.stages.io import COLD_MAX_RESIDENT, record_residency, resident_metric
+from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
@@ -393,7 +393,7 @@ def run(
             ]
             if not known:
                 continue
-            metrics.append(resident_metric(f"resident_before.{layout}", known))
+            metrics.append(resident_metric(layout, known))
             if max(known) > COLD_MAX_RESIDENT:
                 caveats.append(
                     f"--cold: {max(known):.0%} of {layout} was still in the page cache after "

@@ -22,7 +22,7 @@ from starvecheck.stages.datasets import (
     collate_flat,
     stack_tokens,
 )
-from starvecheck.stages.io import BLOCK, Layout, Progress
+from starvecheck.stages.layouts import BLOCK, Layout, Progress
 from starvecheck.status import UsageError
 
 if TYPE_CHECKING:
