@@ -15,13 +15,27 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.advice.loader import advise, dataloader_line
-from starvecheck.model import Metric, Severity
+from starvecheck.advice.loader import advise as advise_result
+from starvecheck.advice.loader import dataloader_line
+from starvecheck.figures import headline
+from starvecheck.figures import loader_curves as curves
+from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.render import loader as loader_render
 from starvecheck.scratch import Scratch
 from starvecheck.stages import mds
-from starvecheck.stages.loader import curves, headline, knee, steady
+from starvecheck.stages.loader import knee, steady
 from tests.conftest import run
+from tests.fixtures.labels.loader import labels as loader_labels
+
+
+def _labelled(m: Metric) -> Metric:
+    return m.labelled(**loader_labels(m.name, m.unit))
+
+
+def advise(metrics, params):
+    """loader's judgement of these figures, as advice.judge runs it."""
+    return advise_result(StageResult("loader", params, tuple(metrics)), params)
+
 
 # Small enough that a whole sweep takes a few seconds here.
 SMALL = ["--quick", "--samples", "256", "--sample-size", "4K", "--batch-size", "16"]
@@ -70,7 +84,10 @@ def test_steady_window_skips_the_start_up_queue():
 
 def _rate(layout: str, temp: str, w: int, v: float | None) -> Metric:
     name = f"throughput.{layout}.{temp}.w{w}"
-    return Metric.missing(name, "samples/s", "not cold") if v is None else Metric(name, v, "")
+    labels = loader_labels(name, "samples/s")
+    if v is None:
+        return Metric.missing(name, "samples/s", "not cold", labels)
+    return Metric(name, v, "", labels=labels)
 
 
 def test_curves_judge_cold_where_every_cold_point_exists():
@@ -102,8 +119,9 @@ PARAMS = {"effective_cpus": 2, "batch_size": 32, "prefetch_factor": 2}
 
 def _findings(metrics: list[Metric]) -> dict[str, object]:
     for layout, (_, curve) in curves(metrics).items():
+        name = f"recommended_num_workers.{layout}"
         metrics.append(
-            Metric.single(f"recommended_num_workers.{layout}", knee(curve, 2), "workers")
+            Metric.single(name, knee(curve, 2), "workers", loader_labels(name, "workers"))
         )
     return {f.id: f for f in advise(metrics, PARAMS)}
 
@@ -130,7 +148,7 @@ def test_advice_when_workers_do_not_help_or_help_past_the_cpus():
 
 def test_advice_small_files_and_first_batch():
     metrics = _sweep("small_files", {0: 1000, 2: 2000}) + _sweep("shard", {0: 5000, 2: 10000})
-    metrics.append(Metric.single("first_batch_s.shard.w2", 1.5, "s"))
+    metrics.append(_labelled(Metric.single("first_batch_s.shard.w2", 1.5, "s")))
     found = _findings(metrics)
     small = found["loader.small-files"]
     assert small.severity is Severity.CRITICAL and small.gain.value == 5.0
@@ -165,7 +183,8 @@ def test_table_has_a_row_per_layout_cache_and_workers():
         Metric.missing("throughput.mds", "samples/s", mds.INSTALL_HINT),
     ]
     rows, rest, notes = loader_render.split(
-        metrics, {"effective_cpus": 2, "first_batch_cache": {"shard": "cold"}}
+        [_labelled(m) for m in metrics],
+        {"effective_cpus": 2, "first_batch_cache": {"shard": "cold"}},
     )
     assert [r[:3] for r in rows] == [("shard", "cold", "0"), ("shard", "cold", "2")]
     assert rows[1][3:] == ("3,000", "", "50", "0.25", "", "7.500", "*")

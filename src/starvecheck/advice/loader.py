@@ -1,18 +1,21 @@
 """Judging a `loader` sweep: how many workers, what workers past the CPUs do, what
 worker start-up costs, and what one file per sample costs through a DataLoader.
 
-Reads metrics by their JSON names (throughput.<layout>.<cache>.w<N>,
-recommended_num_workers, ...), so a stored report is judged as a fresh one. Every
+Reads metrics by their labels (quantity, layout, cache, workers), so a stored report
+is judged as a fresh one. Every
 comparison is between figures of one layout in one cache state, from one run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
-from starvecheck.stages.loader import curves, headline
+from starvecheck.figures import headline, loader_curves
+from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 # num_workers=N over 0: above this, workers are worth a warning.
 WORKERS_WARNING = 1.5
@@ -33,11 +36,6 @@ LABEL = {
 }
 
 
-def _v(m: Mapping[str, Metric], name: str) -> float | None:
-    x = m.get(name)
-    return x.value if x is not None else None
-
-
 def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
     batch = params.get("batch_size", 32)
     if workers == 0:
@@ -48,13 +46,17 @@ def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
     )
 
 
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    m = {x.name: x for x in metrics}
-    judged = curves(metrics)
+def rules(results: Results) -> list[Finding]:
+    r = results.get("loader")
+    return [] if r is None else list(advise(r, r.parameters))
+
+
+def advise(m: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    judged = loader_curves(m)
     recommended = {
         layout: int(v)
         for layout in judged
-        if (v := _v(m, f"recommended_num_workers.{layout}")) is not None
+        if (v := m.value(quantity="recommended_num_workers", layout=layout)) is not None
     }
     top = headline(recommended)
     if top is None:
@@ -163,9 +165,9 @@ def _above_cpus(
 
 
 def _first_batch(
-    m: Mapping[str, Metric], layout: str, rec: int, params: Mapping[str, Any]
+    m: StageResult, layout: str, rec: int, params: Mapping[str, Any]
 ) -> Finding | None:
-    first = _v(m, f"first_batch_s.{layout}.w{rec}")
+    first = m.value(quantity="first_batch_s", layout=layout, workers=rec)
     if first is None or rec == 0:
         return None
     evidence = (

@@ -20,10 +20,8 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
-    warning,
+    measure_one,
 )
-from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
 
@@ -120,9 +118,6 @@ def loader(
     batch. Recommends the fewest workers that reach 95% of the best throughput.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.scratch import space_problem
-    from starvecheck.stages import loader as loader_stage
-    from starvecheck.stages import sources
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
@@ -131,36 +126,22 @@ def loader(
     plot_path = args.plot_path(plot)
     target = args.data_path(path, existing, "loader")
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    eff = max(1, machine.cpu.effective_cpus or 1)
-    mode = "existing" if existing else "generated"
-    default_samples, default_runs = loader_stage.SIZES[quick][mode]
-    n_samples = samples or default_samples
-    if not existing and (
-        problem := space_problem(target, n_samples, size, sources.space_needed(n_samples, size))
-    ):
-        raise UsageError(problem)
-    plan = loader_stage.Plan(
-        samples=n_samples,
-        sample_size=size,
-        workers=sweep or args.default_workers(eff),
-        runs=runs or default_runs,
-        batch_size=batch_size,
-        prefetch_factor=prefetch_factor,
-        pin_memory=pin_memory,
-        cold=cold,
-        effective_cpus=eff,
-    )
-    with progress_bar(c, out) as progress:
-        result = loader_stage.run(
-            target,
-            plan,
-            existing=existing,
-            storage=machine.to_dict()["storage"],
-            progress=progress,
-            warn=lambda msg: warning(c, msg),
-        )
+    options = {
+        "path": target,
+        "existing": existing,
+        "sample_size": size,
+        "samples": samples,
+        "workers": sweep,
+        "runs": runs,
+        "batch_size": batch_size,
+        "prefetch_factor": prefetch_factor,
+        "pin_memory": pin_memory,
+        "cold": cold,
+        "quick": quick,
+    }
+    result = measure_one("loader", options, c, out, machine)
     if plot_path:
         from starvecheck.render.plot import loader_plot
 
         loader_plot(result, plot_path)
-    return emit(build_report("loader", machine.to_dict(), [result], c), out, c)
+    return emit(build_report("loader", machine, [result], c), out, c)

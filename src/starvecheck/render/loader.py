@@ -2,18 +2,18 @@
 
 The JSON keeps one flat metric per figure (`throughput.shard.cold.w2`,
 `mbps.shard.cold.w2`, `first_batch_s.shard.w2`, `batch_wait_ms.shard.cold.w2.p50`,
-...); people compare them down a layout's worker counts.
+..., labelled with layout, cache and workers); people compare them down a layout's
+worker counts.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starvecheck.model import Metric
+from starvecheck.figures import loader_curves
+from starvecheck.model import Metric, one, select
 
-_RATE = re.compile(r"throughput\.(?P<layout>[a-z_]+)\.(?P<temp>cold|warm)\.w(?P<w>\d{1,4})")
 HEADERS = (
     "layout",
     "cache",
@@ -33,29 +33,27 @@ MARK = "*"
 def split(
     metrics: Sequence[Metric], parameters: Mapping[str, Any]
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
-    """(rows, every other metric, why some rows are n/a); no rows for other stages."""
-    from starvecheck.stages.loader import curves
-
-    names = {m.name: m for m in metrics}
+    """(rows, every other metric, why some rows are n/a); no rows for other stages.
+    A row is a DataLoader's samples/s at one (layout, cache, workers), with the
+    figures measured under the same labels."""
     first_cache = parameters.get("first_batch_cache") or {}
-    judged = curves(metrics)
+    judged = loader_curves(metrics)
     rows: list[tuple[str, ...]] = []
-    used: set[str] = set()
+    used: set[int] = set()
     reasons: dict[str, list[str]] = {}
     marks = 0
-    for m in metrics:
-        match = _RATE.fullmatch(m.name)
-        if match is None:
+    for m in select(metrics, quantity="samples_per_s"):
+        if not {"layout", "cache", "workers"} <= set(m.labels):
             continue
-        layout, temp, w = match["layout"], match["temp"], int(match["w"])
-        base = f"{layout}.{temp}.w{w}"
-        mbps = names.get(f"mbps.{base}")
-        p50 = names.get(f"batch_wait_ms.{base}.p50")
-        p99 = names.get(f"batch_wait_ms.{base}.p99")
-        first = names.get(f"first_batch_s.{layout}.w{w}")
-        used.update(x.name for x in (m, mbps, p50, p99) if x is not None)
+        layout, temp, w = str(m.labels["layout"]), str(m.labels["cache"]), int(m.labels["workers"])
+        where = {"layout": layout, "cache": temp, "workers": w}
+        mbps = one(metrics, quantity="mb_per_s", **where)
+        p50 = one(metrics, quantity="batch_wait_p50_ms", **where)
+        p99 = one(metrics, quantity="batch_wait_p99_ms", **where)
+        first = one(metrics, quantity="first_batch_s", layout=layout, workers=w)
+        used.update(id(x) for x in (m, mbps, p50, p99) if x is not None)
         if first is not None and first_cache.get(layout, temp) == temp:
-            used.add(first.name)
+            used.add(id(first))
         else:
             first = None
         if m.value is None:
@@ -64,7 +62,7 @@ def split(
                 where.append(f"{layout} {temp}")
             rows.append((layout, temp, str(w), "n/a", *("",) * 6))
             continue
-        rec = names.get(f"recommended_num_workers.{layout}")
+        rec = one(metrics, quantity="recommended_num_workers", layout=layout)
         marked = rec is not None and rec.value == w and judged.get(layout, ("",))[0] == temp
         marks += marked
         rows.append(
@@ -81,7 +79,7 @@ def split(
                 MARK if marked else "",
             )
         )
-    rest = [m for m in metrics if m.name not in used]
+    rest = [m for m in metrics if id(m) not in used]
     notes = [f"n/a ({', '.join(w)}): {reason}" for reason, w in reasons.items()]
     if marks:
         cpus = parameters.get("effective_cpus")

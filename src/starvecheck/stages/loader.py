@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck import cache
-from starvecheck.model import Metric, StageResult
+from starvecheck.figures import headline, loader_curves
+from starvecheck.model import Caveat, Metric, StageResult, one
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
+from starvecheck.stages.base import RunContext
 from starvecheck.stages.datasets import (
     batch_size_of,
 )
@@ -46,10 +47,13 @@ from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
-from starvecheck.timing import UNSTABLE_SPREAD, outliers, percentile
+from starvecheck.timing import UNSTABLE_SPREAD, hypervisor_cache, outliers, percentile, too_few_runs
+from starvecheck.timing import unstable as timing_unstable
+
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
 
 # The layout a recommendation is headlined for: the one a person should use.
-HEADLINE_ORDER = ("mds", "shard", "files", "small_files")
 # The knee: the fewest workers that reach this share of the best throughput.
 KNEE_SHARE = 0.95
 # Batches read in this process before measuring each layout (first-use costs).
@@ -62,8 +66,6 @@ SIZES = {
     False: {"generated": (5_000, 3), "existing": (1_000, 3)},
     True: {"generated": (1_000, 3), "existing": (200, 3)},
 }
-
-_THROUGHPUT = re.compile(r"throughput\.(?P<layout>[a-z_]+)\.(?P<temp>cold|warm)\.w(?P<w>\d+)")
 
 
 def _no_progress(what: str, done: int, total: int) -> None:
@@ -127,30 +129,6 @@ def knee(curve: Mapping[int, float], effective_cpus: int, share: float = KNEE_SH
         return None
     best = max(eligible.values())
     return min(w for w, v in eligible.items() if v >= share * best)
-
-
-def curves(metrics: Sequence[Metric]) -> dict[str, tuple[str, dict[int, float]]]:
-    """Per layout: the cache state to judge it in and its samples/s by num_workers.
-    Cold where every cold point was measured (first epochs, datasets larger than
-    memory), else warm."""
-    points: dict[str, dict[str, dict[int, float | None]]] = {}
-    for m in metrics:
-        match = _THROUGHPUT.fullmatch(m.name)
-        if match:
-            by_temp = points.setdefault(match["layout"], {})
-            by_temp.setdefault(match["temp"], {})[int(match["w"])] = m.value
-    out: dict[str, tuple[str, dict[int, float]]] = {}
-    for layout, by_temp in points.items():
-        for temp in ("cold", "warm"):
-            curve = by_temp.get(temp, {})
-            if curve and all(v is not None for v in curve.values()):
-                out[layout] = (temp, {w: v for w, v in sorted(curve.items()) if v is not None})
-                break
-    return out
-
-
-def headline(recommended: Mapping[str, int]) -> str | None:
-    return next((name for name in HEADLINE_ORDER if name in recommended), None)
 
 
 def steady(
@@ -325,31 +303,37 @@ def summarize(
             for w in plan.workers:
                 epochs = m.epochs.get((name, temp, w), [])
                 base = f"{name}.{temp}.w{w}"
+                where = {"layout": name, "cache": temp, "workers": w}
+                rate_l = {"quantity": "samples_per_s", **where}
+                mbps_l = {"quantity": "mb_per_s", **where}
+                wait_l = {p: {"quantity": f"batch_wait_p{p}_ms", **where} for p in (50, 99)}
                 if temp == "cold" and name in not_cold:
                     reason = not_cold[name]
                     metrics += [
-                        Metric.missing(f"throughput.{base}", "samples/s", reason),
-                        Metric.missing(f"mbps.{base}", "MB/s", reason),
-                        Metric.missing(f"batch_wait_ms.{base}.p50", "ms", reason),
-                        Metric.missing(f"batch_wait_ms.{base}.p99", "ms", reason),
+                        Metric.missing(f"throughput.{base}", "samples/s", reason, rate_l),
+                        Metric.missing(f"mbps.{base}", "MB/s", reason, mbps_l),
+                        Metric.missing(f"batch_wait_ms.{base}.p50", "ms", reason, wait_l[50]),
+                        Metric.missing(f"batch_wait_ms.{base}.p99", "ms", reason, wait_l[99]),
                     ]
                     continue
                 rates = [e.steady_samples / e.seconds for e in epochs if e.seconds > 0]
-                metrics.append(Metric.repeated(f"throughput.{base}", rates, "samples/s"))
+                metrics.append(Metric.repeated(f"throughput.{base}", rates, "samples/s", rate_l))
                 metrics.append(
                     Metric.repeated(
                         f"mbps.{base}",
                         [e.steady_bytes / e.seconds / MB for e in epochs if e.seconds > 0],
                         "MB/s",
+                        mbps_l,
                     )
                 )
                 waits = sorted(x * 1000 for e in epochs for x in e.waits_s)
                 for p in (50, 99):
                     name_p = f"batch_wait_ms.{base}.p{p}"
+                    none = "one batch per epoch: no waits after it"
                     metrics.append(
-                        Metric.single(name_p, round(percentile(waits, p), 4), "ms")
+                        Metric.single(name_p, round(percentile(waits, p), 4), "ms", wait_l[p])
                         if waits
-                        else Metric.missing(name_p, "ms", "one batch per epoch: no waits after it")
+                        else Metric.missing(name_p, "ms", none, wait_l[p])
                     )
                 if len(rates) >= 2 and statistics.median(rates) > 0:
                     spread = statistics.stdev(rates) / statistics.median(rates)
@@ -365,18 +349,16 @@ def summarize(
                     f"first_batch_s.{name}.w{w}",
                     [round(e.first_batch_s, 5) for e in m.epochs.get((name, temp, w), [])],
                     "s",
+                    {"quantity": "first_batch_s", "layout": name, "workers": w},
                 )
             )
     if unstable:
-        caveats.append(
-            "epochs vary by 10% or more of the median (stdev/median), or hold outliers: "
-            + ", ".join(unstable)
-            + "; a noisy machine or a cache changing under the runs: close other work and "
-            "add --runs"
-        )
+        caveats.append(timing_unstable(unstable, "epochs"))
     if plan.runs < 3:
         caveats.append(
-            f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
+            too_few_runs(
+                f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
+            )
         )
     return metrics, caveats, first_cache
 
@@ -388,8 +370,8 @@ def recommend(
     out: list[Metric] = []
     caveats: list[str] = []
     recommended: dict[str, int] = {}
-    by_name = {m.name: m for m in metrics}
-    for layout, (_, curve) in curves(metrics).items():
+    judged = loader_curves(metrics)
+    for layout, (_, curve) in judged.items():
         k = knee(curve, effective_cpus)
         if k is None:
             caveats.append(
@@ -398,14 +380,23 @@ def recommend(
             )
             continue
         recommended[layout] = k
-        out.append(Metric.single(f"recommended_num_workers.{layout}", k, "workers"))
+        labels = {"quantity": "recommended_num_workers", "layout": layout}
+        out.append(Metric.single(f"recommended_num_workers.{layout}", k, "workers", labels))
     top = headline(recommended)
     capacity = None
     if top is not None:
-        out.append(Metric.single("recommended_num_workers", recommended[top], "workers"))
-        temp, _ = curves(metrics)[top]
-        name = f"throughput.{top}.{temp}.w{recommended[top]}"
-        capacity = replace(by_name[name], name=f"capacity ({name})")
+        out.append(
+            Metric.single(
+                "recommended_num_workers",
+                recommended[top],
+                "workers",
+                {"quantity": "recommended_num_workers"},
+            )
+        )
+        temp, _ = judged[top]
+        m = one(metrics, quantity="samples_per_s", layout=top, cache=temp, workers=recommended[top])
+        assert m is not None
+        capacity = replace(m, name=f"capacity ({m.name})")
     return out, capacity, caveats
 
 
@@ -428,8 +419,6 @@ def run(
 
     import torch
 
-    from starvecheck.advice.loader import advise
-
     start = time.perf_counter()
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     caveats: list[str] = []
@@ -437,7 +426,11 @@ def run(
     cuda = torch.cuda.is_available()
     pin = cuda if plan.pin_memory is None else plan.pin_memory
     if pin and not cuda:
-        caveats.append("--pin-memory: no CUDA device here, so memory was not pinned")
+        caveats.append(
+            Caveat(
+                "loader.not-pinned", "--pin-memory: no CUDA device here, so memory was not pinned"
+            )
+        )
         pin = False
     params.update(pin_memory=pin, start_method=multiprocessing.get_start_method())
     with signals_raise(), quiet_torch():
@@ -449,7 +442,14 @@ def run(
         else:
             streaming, why = _streaming() if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
-                extra_metrics.append(Metric.missing("throughput.mds", "samples/s", why))
+                extra_metrics.append(
+                    Metric.missing(
+                        "throughput.mds",
+                        "samples/s",
+                        why,
+                        {"quantity": "samples_per_s", "layout": "mds"},
+                    )
+                )
             scratch = Scratch(path, prefix="starvecheck-loader-")
             try:
                 with scratch:
@@ -477,15 +477,11 @@ def run(
     metrics += extra_metrics + rec
     caveats += more
     if plan.cold and under_hypervisor():
-        caveats.append(
-            "this is a virtual machine: the hypervisor may cache the virtual disk, which makes "
-            "cold epochs faster than the physical device would"
-        )
+        caveats.append(hypervisor_cache("loader"))
     return StageResult(
         stage="loader",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params),
         caveats=tuple(caveats),
         capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
@@ -513,3 +509,94 @@ def _measure_or_fail(
         # torch reports a worker killed by a signal (out of memory, a bus error when
         # /dev/shm is full) as a RuntimeError: say so in one line.
         raise Unavailable(f"the DataLoader failed: {' '.join(str(e).split())}") from e
+
+
+@dataclass(frozen=True)
+class LoaderRun:
+    """What `loader` measures: where, how (generated layouts or the user's files), and
+    the Plan."""
+
+    path: str
+    existing: bool
+    plan: Plan
+
+
+class LoaderStage:
+    """`loader` in the registry (stages/base.Stage)."""
+
+    name = "loader"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> LoaderRun:
+        """`options` as the command parsed them (`path` checked, `workers` a tuple or
+        None); the machine's facts in `ctx`."""
+        from starvecheck import args
+        from starvecheck.scratch import space_problem
+        from starvecheck.stages import sources
+
+        existing = bool(options.get("existing"))
+        size = options["sample_size"]
+        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        mode = "existing" if existing else "generated"
+        default_samples, default_runs = SIZES[bool(options.get("quick"))][mode]
+        n = options.get("samples") or default_samples
+        path = options["path"]
+        if not existing and (
+            problem := space_problem(path, n, size, sources.space_needed(n, size))
+        ):
+            raise UsageError(problem)
+        plan = Plan(
+            samples=n,
+            sample_size=size,
+            workers=options.get("workers") or args.default_workers(eff),
+            runs=options.get("runs") or default_runs,
+            batch_size=options.get("batch_size", 32),
+            prefetch_factor=options.get("prefetch_factor", 2),
+            pin_memory=options.get("pin_memory"),
+            cold=options.get("cold", True),
+            effective_cpus=eff,
+        )
+        return LoaderRun(path, existing, plan)
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> LoaderRun:
+        from starvecheck import args
+        from starvecheck.scratch import space_problem
+        from starvecheck.stages import sources
+
+        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        n, runs = SIZES[quick]["generated"]
+        path = ctx.path or os.getcwd()
+        need = sources.space_needed(n, workload.sample_size)
+        if problem := space_problem(path, n, workload.sample_size, need):
+            raise UsageError(problem)
+        workers = args.default_workers(eff)
+        plan = Plan(
+            samples=n,
+            sample_size=workload.sample_size,
+            workers=tuple(x for x in workers if x <= eff) if quick else workers,
+            runs=runs,
+            batch_size=workload.batch_size,
+            # The storage link is io's cold read; with --quick the loader link is the
+            # DataLoader itself, warm.
+            cold=not quick,
+            effective_cpus=eff,
+            layouts=(workload.layout,),
+            sample_delay_ms=ctx.slow_ms,
+        )
+        return LoaderRun(path, False, plan)
+
+    def measure(self, plan: LoaderRun, ctx: RunContext) -> StageResult:
+        storage = ctx.machine.to_dict()["storage"] if ctx.machine is not None else {}
+        return run(
+            plan.path,
+            plan.plan,
+            existing=plan.existing,
+            storage=storage,
+            progress=ctx.progress,
+            warn=ctx.warn,
+        )
+
+
+STAGE = LoaderStage()
