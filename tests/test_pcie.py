@@ -15,12 +15,21 @@ import pytest
 from starvecheck.advice import pcie as advice
 from starvecheck.model import Metric, Report, Severity, StageResult
 from starvecheck.probe.machine import collect
-from starvecheck.stages import bandwidth as bw
-from starvecheck.stages import cudart, linkwatch
 from starvecheck.stages import pcie as stage
+from starvecheck.stages.pcie import bandwidth as bw
+from starvecheck.stages.pcie import cudart, linkwatch
+from starvecheck.stages.pcie.names import labelled
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.sysroot import SysRoot
+from starvecheck.units import parse_size
 from tests.conftest import SYSROOTS, run, sysroot_env
+
+
+def advise_pcie(metrics, params):
+    """pcie's judgement of these figures (labelled as the stage labels them)."""
+    ms = tuple(labelled(list(metrics)))
+    return advice.advise(StageResult("pcie", params, ms), params)
+
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -50,7 +59,7 @@ def no_cuda() -> str:
 )
 def test_size_names_are_the_json_names_and_round_trip(size, name):
     assert bw.size_name(size) == name
-    assert advice.size_bytes(name) == size
+    assert parse_size(name) == size
 
 
 def test_gbps_is_decimal_gigabytes_per_second():
@@ -418,13 +427,13 @@ def link(gen, width, gen_max=5, width_max=16):
 
 
 def test_link_below_max_under_load():
-    f = only(advice.advise(link(4, 16), {}), "pcie.link-below-max")
+    f = only(advise_pcie(link(4, 16), {}), "pcie.link-below-max")
     assert f.severity is Severity.WARNING and "gen4 x16" in f.title and "gen5 x16" in f.title
     assert f.gain.value == pytest.approx(2.0)  # 63.0 / 31.5
-    narrow = only(advice.advise(link(5, 8), {}), "pcie.link-below-max")
+    narrow = only(advise_pcie(link(5, 8), {}), "pcie.link-below-max")
     assert narrow.severity is Severity.WARNING and "x8" in narrow.title
-    assert only(advice.advise(link(5, 16), {}), "pcie.link-below-max").severity is Severity.OK
-    assert not [f for f in advice.advise(link(5, 16)[:2], {}) if f.id == "pcie.link-below-max"]
+    assert only(advise_pcie(link(5, 16), {}), "pcie.link-below-max").severity is Severity.OK
+    assert not [f for f in advise_pcie(link(5, 16)[:2], {}) if f.id == "pcie.link-below-max"]
 
 
 def eff(value, peak=63.01):
@@ -436,11 +445,11 @@ def eff(value, peak=63.01):
 
 
 def test_efficiency_below_sixty_percent():
-    low = only(advice.advise(eff(0.59), {}), "pcie.low-efficiency")
+    low = only(advise_pcie(eff(0.59), {}), "pcie.low-efficiency")
     assert low.severity is Severity.WARNING and "59%" in low.title
     assert "iommu" in low.recommendation.lower() and "numactl" in low.recommendation
     assert low.gain.value == pytest.approx(round(0.8 / 0.59, 2))
-    assert only(advice.advise(eff(0.6), {}), "pcie.low-efficiency").severity is Severity.OK
+    assert only(advise_pcie(eff(0.6), {}), "pcie.low-efficiency").severity is Severity.OK
 
 
 def sweep(d2h_pinned, d2h_pageable, fresh=None, size="256MiB"):
@@ -457,11 +466,11 @@ def sweep(d2h_pinned, d2h_pageable, fresh=None, size="256MiB"):
 
 
 def test_pageable_d2h_collapse_at_the_largest_size():
-    bad = only(advice.advise(sweep(12.0, 5.9), {}), "pcie.pageable-d2h")
+    bad = only(advise_pcie(sweep(12.0, 5.9), {}), "pcie.pageable-d2h")
     assert bad.severity is Severity.WARNING and "256MiB" in bad.title
     assert "pin_memory=True" in bad.recommendation
-    assert only(advice.advise(sweep(12.0, 6.0), {}), "pcie.pageable-d2h").severity is Severity.OK
-    fresh = only(advice.advise(sweep(12.0, 11.0, fresh=2.0), {}), "pcie.pageable-d2h")
+    assert only(advise_pcie(sweep(12.0, 6.0), {}), "pcie.pageable-d2h").severity is Severity.OK
+    fresh = only(advise_pcie(sweep(12.0, 11.0, fresh=2.0), {}), "pcie.pageable-d2h")
     assert fresh.severity is Severity.WARNING and fresh.gain.value == pytest.approx(6.0)
 
 
@@ -481,19 +490,19 @@ def ratios(pageable_b, pageable_nb, pinned_b, pinned_nb):
 
 
 def test_overlap_only_with_pinned_non_blocking_names_the_dataloader_line():
-    f = only(advice.advise(ratios(0.0, 0.05, 0.1, 0.95), {}), "pcie.overlap")
+    f = only(advise_pcie(ratios(0.0, 0.05, 0.1, 0.95), {}), "pcie.overlap")
     assert f.severity is Severity.WARNING and f.title.startswith("only pinned")
     assert "pin_memory=True" in f.recommendation and "non_blocking=True" in f.recommendation
     assert "pinned non_blocking PARALLEL 95%" in f.evidence
     assert f.gain.value == pytest.approx(0.4)  # (10 - 6) / 10
-    partly = only(advice.advise(ratios(0, 0, 0, 0.79), {}), "pcie.overlap")
+    partly = only(advise_pcie(ratios(0, 0, 0, 0.79), {}), "pcie.overlap")
     assert "partly" in partly.title
-    none = only(advice.advise(ratios(0, 0, 0, 0.2), {}), "pcie.overlap")
+    none = only(advise_pcie(ratios(0, 0, 0, 0.2), {}), "pcie.overlap")
     assert none.title.startswith("no combination")
     unknown = [m for m in ratios(0, 0, 0, 0.9) if m.name != "overlap.pinned.blocking"]
-    partial_view = only(advice.advise(unknown, {}), "pcie.overlap")
+    partial_view = only(advise_pcie(unknown, {}), "pcie.overlap")
     assert partial_view.severity is Severity.INFO and not partial_view.title.startswith("only")
-    every = only(advice.advise(ratios(0.8, 0.8, 0.8, 0.8), {}), "pcie.overlap")
+    every = only(advise_pcie(ratios(0.8, 0.8, 0.8, 0.8), {}), "pcie.overlap")
     assert every.severity is Severity.OK
 
 
@@ -506,24 +515,24 @@ def test_numa_penalty_from_twenty_percent():
         ]
 
     params = {"numa_local_node": 0, "numa_remote_node": 1}
-    bad = only(advice.advise(numa(50.0, 40.0), params), "pcie.numa-remote")
+    bad = only(advise_pcie(numa(50.0, 40.0), params), "pcie.numa-remote")
     assert bad.severity is Severity.WARNING and "--cpunodebind=0" in bad.recommendation
     assert bad.gain.value == pytest.approx(1.25)
-    ok = only(advice.advise(numa(50.0, 40.5), params), "pcie.numa-remote")
+    ok = only(advise_pcie(numa(50.0, 40.5), params), "pcie.numa-remote")
     assert ok.severity is Severity.OK
 
 
 def test_reference_gap_from_ten_percent():
-    low = only(advice.advise(metrics(reference_ratio=0.89), {}), "pcie.reference")
+    low = only(advise_pcie(metrics(reference_ratio=0.89), {}), "pcie.reference")
     assert low.severity is Severity.INFO
-    assert only(advice.advise(metrics(reference_ratio=0.9), {}), "pcie.reference").severity is (
+    assert only(advise_pcie(metrics(reference_ratio=0.9), {}), "pcie.reference").severity is (
         Severity.OK
     )
 
 
 def test_missing_figures_make_no_findings():
     missing = [Metric.missing(n, u, "no CUDA") for n, u in stage.stable_names(bw.QUICK_SIZES)]
-    assert advice.advise(missing, {}) == ()
+    assert advise_pcie(missing, {}) == ()
 
 
 # --- the stage without a device -------------------------------------------------
@@ -603,8 +612,8 @@ def test_cpu_side_on_a_machine_without_gpus_and_a_small_cgroup():
     assert r.parameters["gpus"] == []
     room = r.parameters["host_headroom_bytes"]
     skipped = r.parameters["sizes_skipped"]
-    assert all(3 * advice.size_bytes(s) > room // 2 for s in skipped)
-    assert all(3 * advice.size_bytes(s) <= room // 2 for s in r.parameters["sizes_measured"])
+    assert all(3 * parse_size(s) > room // 2 for s in skipped)
+    assert all(3 * parse_size(s) <= room // 2 for s in r.parameters["sizes_measured"])
 
 
 # --- the command line ---------------------------------------------------------------
@@ -721,7 +730,7 @@ def synthetic_result() -> StageResult:
         Metric.single("duration_note", 1.0, "s"),
     ]
     params = {"reference_size": "256MiB", "cuda": True, "host_headroom_source": "MemAvailable"}
-    return StageResult("pcie", params, tuple(ms), advice.advise(ms, params))
+    return StageResult("pcie", params, tuple(labelled(ms)), advise_pcie(ms, params))
 
 
 def render_text(result: StageResult) -> str:
@@ -812,3 +821,18 @@ def test_pinned_h2d_is_within_ten_percent_of_the_cuda_runtime():
     if ratio["value"] is None:
         pytest.skip(f"no CUDA runtime reference: {ratio['reason']}")
     assert 0.9 <= ratio["value"] <= 1.1
+
+
+def test_tables_and_findings_select_by_labels_not_names():
+    """Renamed but labelled the same, every figure lands in the same table and finding."""
+    from dataclasses import replace
+
+    r = synthetic_result()
+    renamed = replace(r, metrics=tuple(replace(m, name=f"m{i}") for i, m in enumerate(r.metrics)))
+    params = r.parameters
+    assert [f.to_dict() for f in advice.advise(renamed, params)] == [
+        f.to_dict() for f in advice.advise(r, params)
+    ]
+    text = render_text(renamed)
+    ov = next(line for line in text.splitlines() if line.startswith("pinned") and "non_bl" in line)
+    assert ov.split()[-2:] == ["90%", "PARALLEL"] and "reference_ratio: 0.92" in text

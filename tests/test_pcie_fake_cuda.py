@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from starvecheck.probe.machine import GpuInfo, Numa, NumaNodeInfo, Pcie, collect
-from starvecheck.stages import cudart
 from starvecheck.stages import pcie as stage
+from starvecheck.stages.pcie import cudart
 from starvecheck.sysroot import SysRoot
 from tests import fake_cuda
 from tests.conftest import run
@@ -190,7 +190,7 @@ def test_a_fake_sysroot_is_reported_not_measured(fake):
 
 
 def test_metric_names_put_the_size_before_the_variant():
-    from starvecheck.stages.pcie_cuda import metric_name
+    from starvecheck.stages.pcie.measure import metric_name
 
     assert metric_name("h2d.pinned", "1MiB") == "h2d.pinned.1MiB"
     assert metric_name("d2h.pageable.fresh", "256MiB") == "d2h.pageable.256MiB.fresh"

@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from starvecheck import args
-from starvecheck.stages import bandwidth as bw
+from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.status import UsageError
 from tests.conftest import run
 

@@ -1,9 +1,10 @@
 """Judging a `pcie` run: is the link as fast as the hardware allows, and is the CPU
 free while batches cross it?
 
-Reads metrics by name (h2d.pinned.<size>, overlap.<memory>.<mode>, link.*, numa.*),
-so a stored report is judged as a fresh one. A finding needs its figures measured:
-with a metric missing (no GPU, no NVML) the finding is not made at all.
+Reads metrics by their labels (direction, memory, size, clock, source, mode, ...),
+so a stored report is judged as a fresh one and a renamed figure is judged the same.
+A finding needs its figures measured: with a metric missing (no GPU, no NVML) the
+finding is not made at all.
 
 Thresholds:
   link below max       generation or width under load below what GPU and slot support
@@ -18,12 +19,18 @@ Thresholds:
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
-from starvecheck.stages.bandwidth import PARALLEL_AT, SEQUENTIAL_AT, verdict
+from starvecheck.figures import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
+from starvecheck.model import Finding, Gain, GainKind, Labels, Severity, StageResult
+from starvecheck.probe.gpu import theoretical_gbps as link_peak
+from starvecheck.units import size_name
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
+
+verdict = overlap_verdict
 
 LOW_EFFICIENCY = 0.6
 PAGEABLE_D2H_COLLAPSE = 0.5
@@ -32,28 +39,55 @@ REFERENCE_GAP = 0.9
 # What a healthy link delivers of its theoretical peak, for the gain estimate.
 HEALTHY_EFFICIENCY = 0.8
 
-_SIZE = re.compile(r"(?P<d>h2d|d2h)\.(?P<mem>pinned|pageable)\.(?P<size>\d+(?:B|KiB|MiB|GiB))")
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+def key(labels: Labels) -> str:
+    """A figure's key in the table below, made from its labels (`h2d.pinned.256MiB`,
+    `overlap.pinned.blocking.both_ms`, `link.efficiency`, ...)."""
+    q = str(labels.get("quantity", ""))
+    group = labels.get("group")
+    if group == "link":
+        return f"link.{q}"
+    if group == "numa":
+        if q == "remote_penalty":
+            return "numa.remote_penalty"
+        return f"numa.{labels['direction']}.{labels['memory']}.{labels['node']}"
+    if q == "gbps":
+        prefix = "reference." if labels.get("source") == "cudart" else ""
+        base = f"{prefix}{labels['direction']}.{labels['memory']}.{size_name(int(labels['size']))}"
+        base += ".fresh" if labels.get("variant") == "fresh" else ""
+        return base + (".events" if labels.get("clock") == "events" else "")
+    if q.startswith("overlap"):
+        part = q[len("overlap") :].lstrip("_")
+        return f"overlap.{labels['memory']}.{labels['mode']}" + (f".{part}" if part else "")
+    return q
 
 
-def size_bytes(name: str) -> int:
-    """ "256MiB" -> 268435456 (the inverse of bandwidth.size_name)."""
-    m = re.fullmatch(r"(\d+)(B|KiB|MiB|GiB)", name)
-    if m is None:
-        raise ValueError(f"not a size name: {name!r}")
-    return int(m.group(1)) * _UNITS[m.group(2)]
+def _values(result: StageResult) -> dict[str, float]:
+    return {key(m.labels): m.value for m in result.metrics if m.value is not None}
 
 
-def _values(metrics: Sequence[Metric]) -> dict[str, float]:
-    return {m.name: m.value for m in metrics if m.value is not None}
+def _sizes(result: StageResult, direction: str, memory: str) -> list[int]:
+    """Sizes with a wall-clock torch figure for this direction and memory."""
+    return [
+        int(m.labels["size"])
+        for m in result.select(
+            quantity="gbps", direction=direction, memory=memory, clock="wall", source="torch"
+        )
+        if m.value is not None and "variant" not in m.labels and "group" not in m.labels
+    ]
 
 
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    v = _values(metrics)
+def rules(results: Results) -> list[Finding]:
+    r = results.get("pcie")
+    return [] if r is None else list(advise(r, r.parameters))
+
+
+def advise(result: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    v = _values(result)
     found = [
         link_below_max(v),
         low_efficiency(v),
-        pageable_d2h(v),
+        pageable_d2h(v, result),
         overlap(v),
         numa_penalty(v, params),
         reference_gap(v, params),
@@ -75,8 +109,6 @@ def link_below_max(v: Mapping[str, float]) -> Finding | None:
             f"under load the link runs at its maximum ({now})",
             stage="pcie",
         )
-    from starvecheck.stages.bandwidth import link_peak
-
     peak_now, peak_max = link_peak(gen, width), link_peak(gen_max, width_max)
     gain = (
         Gain(GainKind.THROUGHPUT, round(peak_max / peak_now, 2), "theoretical peaks of the links")
@@ -129,18 +161,14 @@ def low_efficiency(v: Mapping[str, float]) -> Finding | None:
     )
 
 
-def _largest(v: Mapping[str, float], direction: str) -> str | None:
-    sizes = [
-        m["size"]
-        for name in v
-        if (m := _SIZE.fullmatch(name)) and m["d"] == direction and m["mem"] == "pinned"
-    ]
-    candidates = [s for s in sizes if f"{direction}.pageable.{s}" in v]
-    return max(candidates, key=size_bytes) if candidates else None
+def _largest(result: StageResult, direction: str) -> str | None:
+    """The largest size measured both pinned and pageable, as its name (`1GiB`)."""
+    both = set(_sizes(result, direction, "pinned")) & set(_sizes(result, direction, "pageable"))
+    return size_name(max(both)) if both else None
 
 
-def pageable_d2h(v: Mapping[str, float]) -> Finding | None:
-    size = _largest(v, "d2h")
+def pageable_d2h(v: Mapping[str, float], result: StageResult) -> Finding | None:
+    size = _largest(result, "d2h")
     if size is None:
         return None
     pinned = v[f"d2h.pinned.{size}"]

@@ -18,9 +18,8 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
+    measure_one,
     sysroot_of,
-    warning,
 )
 from starvecheck.status import Unavailable
 
@@ -61,16 +60,20 @@ def pcie(
     """
     from starvecheck.probe.machine import collect
     from starvecheck.stages import pcie as pcie_stage
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    plan = pcie_stage.Plan.default(quick)
-    if sizes is not None:
-        plan = pcie_stage.Plan(args.copy_sizes(sizes), plan.runs, plan.warmup, quick, plan.load_s)
-    if runs is not None:
-        plan = pcie_stage.Plan(plan.sizes, runs, plan.warmup, quick, plan.load_s)
+    options = {
+        "sizes": args.copy_sizes(sizes) if sizes is not None else None,
+        "runs": runs,
+        "quick": quick,
+    }
     machine = collect(sysroot_of(c), environ=c.environ)
-    reason = pcie_stage.cuda_unavailable()
+    stage = registry.get("pcie")
+    plan = stage.plan(options, RunContext(machine=machine, environ=c.environ))
+    reason = stage.unavailable()
     message = f"pcie needs a CUDA device: {reason}"
     if reason is None and not machine.real:
         # Binding to a fake machine's NUMA nodes, or judging this GPU by another's link,
@@ -81,8 +84,7 @@ def pcie(
         # The host-side report first (JSON stays valid for scripts), then the one line
         # and exit 3 from cli.main: the measurement itself could not run here.
         result = pcie_stage.cpu_side(machine, reason=reason, plan=plan)
-        emit(build_report("pcie", machine.to_dict(), [result], c), out, c)
+        emit(build_report("pcie", machine, [result], c), out, c)
         raise Unavailable(message)
-    with progress_bar(c, out) as progress:
-        result = pcie_stage.run(plan, machine, progress, warn=lambda m: warning(c, m))
-    return emit(build_report("pcie", machine.to_dict(), [result], c), out, c)
+    result = measure_one("pcie", options, c, out, machine)
+    return emit(build_report("pcie", machine, [result], c), out, c)

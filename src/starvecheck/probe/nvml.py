@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -96,6 +96,26 @@ def normalise_bus_id(bus_id: str) -> str | None:
         return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{int(fn, 16)}"
     except ValueError:
         return None
+
+
+@contextlib.contextmanager
+def session() -> Iterator[Any]:
+    """The NVML module, initialised for the length of the block and shut down after:
+    the one place starvecheck opens NVML for live queries (pcie's link under load).
+    NvmlUnavailable, with the reason in one line, when it cannot be opened."""
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NvmlUnavailable(f"nvidia-ml-py is not installed ({e})") from e
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError, or OSError when the library cannot be loaded
+        raise NvmlUnavailable(" ".join(str(e).split())) from e
+    try:
+        yield pynvml
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
 
 
 class PynvmlSource:

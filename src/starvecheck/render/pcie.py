@@ -9,31 +9,20 @@ figures are all missing for one reason (no CUDA device) becomes one line.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.figures import overlap_verdict as verdict
 from starvecheck.model import Metric
-from starvecheck.stages.bandwidth import verdict
-from starvecheck.units import format_bytes
+from starvecheck.probe.gpu import theoretical_gbps as link_peak
+from starvecheck.units import format_bytes, parse_size, size_name
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
 OVERLAP_HEADERS = ("memory", "mode", "copy ms", "CPU ms", "sequential ms", "together ms",
                    "overlap", "verdict")  # fmt: skip
 LINK_HEADERS = ("link", "gen", "width", "peak GB/s", "measured GB/s", "efficiency")
 NUMA_HEADERS = ("copying thread", "GB/s", "min … max", "n")
-
-_SWEEP = re.compile(
-    r"(?P<ref>reference\.)?(?P<d>h2d|d2h)\.(?P<mem>pinned|pageable)\."
-    r"(?P<size>\d+(?:B|KiB|MiB|GiB))(?P<suffix>\.events|\.fresh)?"
-)
-_OVERLAP = re.compile(
-    r"overlap\.(?P<mem>pinned|pageable)\.(?P<mode>blocking|non_blocking)"
-    r"(?:\.(?P<part>cpu_ms|copy_ms|both_ms))?"
-)
-_LINK = re.compile(r"link\.[a-z0-9_]+")
-_NUMA = re.compile(r"numa\.(?:h2d\.pinned\.(?:local|remote)|remote_penalty)")
 
 
 @dataclass(frozen=True)
@@ -68,9 +57,7 @@ def _collapsed(metrics: Sequence[Metric]) -> str | None:
 
 
 def _size_key(size: str) -> int:
-    from starvecheck.advice.pcie import size_bytes
-
-    return size_bytes(size)
+    return parse_size(size) or 0
 
 
 def split(
@@ -85,25 +72,30 @@ def split(
     rest: list[Metric] = []
     ratio: Metric | None = None
     for m in metrics:
-        if match := _SWEEP.fullmatch(m.name):
-            memory = match["mem"] + (", CUDA runtime" if match["ref"] else "")
-            if match["suffix"] == ".fresh":
+        labels = m.labels
+        q, group = str(labels.get("quantity", "")), labels.get("group")
+        if q == "gbps" and group is None and "direction" in labels:
+            cudart = labels.get("source") == "cudart"
+            memory = str(labels["memory"]) + (", CUDA runtime" if cudart else "")
+            if labels.get("variant") == "fresh":
                 memory += ", fresh buffer"
-            key = (match["d"], memory, match["size"], "ref" if match["ref"] else "")
-            cell = "events" if match["suffix"] == ".events" else "wall"
-            sweep.setdefault(key, {})[cell] = m
+            size = size_name(int(labels["size"]))
+            key = (str(labels["direction"]), memory, size, "ref" if cudart else "")
+            sweep.setdefault(key, {})[str(labels.get("clock", "wall"))] = m
             groups["sweep"].append(m)
-        elif match := _OVERLAP.fullmatch(m.name):
-            overlaps.setdefault((match["mem"], match["mode"]), {})[match["part"] or "ratio"] = m
+        elif q.startswith("overlap") and "mode" in labels:
+            part = q[len("overlap") :].lstrip("_") or "ratio"
+            overlaps.setdefault((str(labels["memory"]), str(labels["mode"])), {})[part] = m
             groups["overlap"].append(m)
-        elif m.name == "reference_ratio":
+        elif q == "reference_ratio":
             groups["sweep"].append(m)
             ratio = m
-        elif _LINK.fullmatch(m.name):
-            link[m.name] = m
+        elif group == "link":
+            link[f"link.{q}"] = m
             groups["link"].append(m)
-        elif _NUMA.fullmatch(m.name):
-            numa[m.name] = m
+        elif group == "numa":
+            where = "remote_penalty" if q == "remote_penalty" else f"h2d.pinned.{labels['node']}"
+            numa[f"numa.{where}"] = m
             groups["numa"].append(m)
         else:
             rest.append(m)
@@ -250,7 +242,6 @@ def _link_table(
     if (why := _collapsed(group)) is not None:
         notes.append(f"link under load: {why}")
         return
-    from starvecheck.stages.bandwidth import link_peak
 
     def peak(gen: str, width: str) -> str:
         g, w = link.get(gen), link.get(width)

@@ -11,7 +11,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+# The overlap verdict's thresholds live with its reading, in figures.py.
+from starvecheck.figures import PARALLEL_AT as PARALLEL_AT
+from starvecheck.figures import SEQUENTIAL_AT as SEQUENTIAL_AT
+from starvecheck.figures import overlap_verdict as verdict  # noqa: F401 (re-exported)
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
+from starvecheck.units import size_name as size_name
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB)
@@ -21,10 +26,7 @@ REFERENCE_SIZE = 256 * MiB
 MAX_SIZE = 16 * GiB
 MIN_SIZE = 4 * KiB
 
-# Overlap verdicts: at or above PARALLEL_AT the copy hides behind the CPU work (or the
-# reverse); at or below SEQUENTIAL_AT the two take as long as one after the other.
-PARALLEL_AT = 0.8
-SEQUENTIAL_AT = 0.2
+
 # Below this gap between the sequential and the ideal parallel time, the ratio is a
 # quotient of noise: one of the two is too short next to the other to say.
 MIN_OVERLAP_GAP_S = 0.5e-3
@@ -36,15 +38,6 @@ HOST_COPIES = 3
 # the process may still take, so the measurement never pushes the job into the OOM
 # killer or the cgroup limit.
 HEADROOM_SHARE = 0.5
-
-
-def size_name(size: int) -> str:
-    """64 KiB -> "64KiB", 256 MiB -> "256MiB", 1 GiB -> "1GiB": the JSON name part.
-    Sizes that are no whole multiple of a KiB are named in bytes ("1000B")."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return f"{size}B"
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -86,16 +79,6 @@ class Overlap:
             return None
         # Rounded so a ratio of exactly 0.8 in seconds is 0.8, not 0.7999999999.
         return round(min(1.0, max(0.0, (self.sequential_s - self.both_s) / gap)), 6)
-
-
-def verdict(ratio: float | None) -> str:
-    if ratio is None:
-        return "UNKNOWN"
-    if ratio >= PARALLEL_AT:
-        return "PARALLEL"
-    if ratio <= SEQUENTIAL_AT:
-        return "SEQUENTIAL"
-    return "PARTIAL"
 
 
 def spin(n: int) -> int:

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Metric
-from starvecheck.stages import bandwidth as bw
-from starvecheck.stages import copies
-from starvecheck.stages.bandwidth import size_name
+from starvecheck.stages.pcie import bandwidth as bw
+from starvecheck.stages.pcie import copies
+from starvecheck.stages.pcie.bandwidth import size_name
 from starvecheck.timing import stability_warnings
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
-    from starvecheck.stages.pcie import HostFacts, Plan
+    from starvecheck.stages.pcie.host import HostFacts, Plan
 
 
 def metric_name(key: str, size: str) -> str:
@@ -123,7 +123,7 @@ class Measurement:
 
     # 2. the CUDA runtime reference
     def reference(self, size: int | None) -> None:
-        from starvecheck.stages import cudart
+        from starvecheck.stages.pcie import cudart
 
         self._step("CUDA runtime reference")
         if size is None:
@@ -206,8 +206,6 @@ class Measurement:
 
     # 4. the link under load
     def link(self, size: int | None, props: Any) -> None:
-        from starvecheck.stages.linkwatch import LinkWatch, bus_id, max_link, open_device
-        from starvecheck.stages.pcie import matching_gpu
 
         self._step("the link under load")
         names = (
@@ -224,41 +222,17 @@ class Measurement:
             missing("host memory too short for 1 MiB buffers")
             return
         self.parameters["load_size"] = size_name(size)
-        try:
-            import pynvml
+        from starvecheck.probe import nvml
 
-            pynvml.nvmlInit()
-        except Exception as e:
-            missing(f"NVML unavailable: {' '.join(str(e).split())}")
-            return
         try:
-            nvml_index = None
-            get_index = getattr(self.torch.cuda, "_get_nvml_device_index", None)
-            with contextlib.suppress(Exception):
-                nvml_index = get_index(self.device) if get_index else self.device.index
-            try:
-                handle = open_device(pynvml, str(getattr(props, "uuid", "") or ""), nvml_index)
-            except Exception as e:
-                missing(f"NVML could not find this GPU: {e}")
-                return
-            bus = bus_id(pynvml, handle)
-            gpu = matching_gpu(self.machine, bus)
-            self.parameters["pci_bus_id"] = bus
-            self.parameters["gpu_numa_node"] = gpu.numa_node if gpu else None
-            gen_max, width_max = max_link(pynvml, handle)
-            if gpu is not None:
-                self._single("link.gen_idle", gpu.pcie.gen_current, "gen")
-                self._single("link.width_idle", gpu.pcie.width_current, "lanes")
-            watch = LinkWatch(pynvml, handle)
-            try:
-                measured = copies.under_load(self.torch, size, self.device, self.plan.load_s, watch)
-            except copies.Failed as e:
-                missing(str(e))
-                return
-            load = watch.result()
-        finally:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
+            with nvml.session() as pynvml:
+                found = self._load(pynvml, size, props, missing)
+        except nvml.NvmlUnavailable as e:
+            missing(f"NVML unavailable: {e}")
+            return
+        if found is None:
+            return
+        load, gen_max, width_max, measured = found
         self.parameters["link_samples"] = load.samples
         self.parameters["link_gens_seen"] = list(load.gens_seen)
         self.parameters["link_widths_seen"] = list(load.widths_seen)
@@ -280,6 +254,39 @@ class Measurement:
         )
         self._single("link.nvml_rx_gbps", load.rx_gbps, "GB/s", why)
         self._single("link.nvml_tx_gbps", load.tx_gbps, "GB/s", why)
+
+    def _load(
+        self, pynvml: Any, size: int, props: Any, missing: Callable[[str], None]
+    ) -> tuple[Any, int | None, int | None, float] | None:
+        """Pinned copies back to back while NVML samples the link; None (and the
+        figures missing with the reason) when the GPU or the copies fail."""
+        from starvecheck.stages.pcie.host import matching_gpu
+        from starvecheck.stages.pcie.linkwatch import LinkWatch, bus_id, max_link, open_device
+
+        nvml_index = None
+        get_index = getattr(self.torch.cuda, "_get_nvml_device_index", None)
+        with contextlib.suppress(Exception):
+            nvml_index = get_index(self.device) if get_index else self.device.index
+        try:
+            handle = open_device(pynvml, str(getattr(props, "uuid", "") or ""), nvml_index)
+        except Exception as e:
+            missing(f"NVML could not find this GPU: {e}")
+            return None
+        bus = bus_id(pynvml, handle)
+        gpu = matching_gpu(self.machine, bus)
+        self.parameters["pci_bus_id"] = bus
+        self.parameters["gpu_numa_node"] = gpu.numa_node if gpu else None
+        gen_max, width_max = max_link(pynvml, handle)
+        if gpu is not None:
+            self._single("link.gen_idle", gpu.pcie.gen_current, "gen")
+            self._single("link.width_idle", gpu.pcie.width_current, "lanes")
+        watch = LinkWatch(pynvml, handle)
+        try:
+            measured = copies.under_load(self.torch, size, self.device, self.plan.load_s, watch)
+        except copies.Failed as e:
+            missing(str(e))
+            return None
+        return watch.result(), gen_max, width_max, measured
 
     def _single(self, name: str, value: float | None, unit: str, why: str = "unknown") -> None:
         if value is None:

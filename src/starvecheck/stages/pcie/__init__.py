@@ -18,101 +18,42 @@ pinned buffers, RLIMIT_MEMLOCK, NUMA nodes, each GPU's link and its theoretical 
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.probe.machine import Machine
-from starvecheck.probe.nvml import normalise_bus_id
-from starvecheck.stages import bandwidth as bw
+from starvecheck.stages.base import RunContext
+from starvecheck.stages.pcie import bandwidth as bw
+from starvecheck.stages.pcie.host import (
+    HostFacts,
+    Plan,
+    cuda_unavailable,
+    host_facts,
+    matching_gpu,
+    size_plan,
+)
+from starvecheck.stages.pcie.names import DIRECTIONS, MEMORIES, MODES, labelled
 from starvecheck.status import Unavailable
 
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
+
+__all__ = [
+    "STAGE",
+    "HostFacts",
+    "Plan",
+    "cpu_side",
+    "cuda_unavailable",
+    "host_facts",
+    "matching_gpu",
+    "run",
+    "size_plan",
+    "stable_names",
+]
+
 Progress = Callable[[str, int, int], None]
-DIRECTIONS = ("h2d", "d2h")
-MEMORIES = ("pinned", "pageable")
-MODES = ("blocking", "non_blocking")
-
-
-@dataclass(frozen=True)
-class Plan:
-    sizes: tuple[int, ...]  # bytes
-    runs: int
-    warmup: int
-    quick: bool
-    load_s: float = 1.0  # how long the link is kept busy while NVML is polled
-
-    @classmethod
-    def default(cls, quick: bool) -> Plan:
-        if quick:
-            return cls(bw.QUICK_SIZES, runs=5, warmup=2, quick=True, load_s=0.3)
-        return cls(bw.DEFAULT_SIZES, runs=10, warmup=3, quick=False, load_s=1.0)
-
-    def parameters(self) -> dict[str, Any]:
-        return {
-            "sizes": [bw.size_name(s) for s in self.sizes],
-            "runs": self.runs,
-            "warmup": self.warmup,
-            "quick": self.quick,
-            "load_s": self.load_s,
-        }
-
-
-def cuda_unavailable() -> str | None:
-    """None when a CUDA device can be used, else why not, in one line."""
-    try:
-        import torch
-    except ImportError as e:
-        return f"torch is not installed ({e})"
-    version = getattr(torch, "__version__", "?")
-    if getattr(torch.version, "cuda", None) is None and getattr(torch.version, "hip", None) is None:
-        return f"torch {version} is a CPU-only build (no CUDA)"
-    try:
-        if torch.cuda.device_count() == 0:
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            hint = f"; CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-            return f"no CUDA device is visible to torch {version} (device_count() is 0{hint})"
-        torch.cuda.init()
-    except Exception as e:  # RuntimeError "Found no NVIDIA driver", "CUDA driver too old"
-        return f"CUDA initialisation failed: {' '.join(str(e).split())}"
-    return None
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    room: int | None
-    room_source: str
-    memlock: int | None
-    memlock_unlimited: bool
-    nodes: dict[int, frozenset[int]] = field(default_factory=dict)
-
-
-def host_facts(machine: Machine) -> HostFacts:
-    from starvecheck.probe.cpu import parse_cpulist
-
-    room, source = bw.headroom(
-        machine.memory.available_bytes, machine.memory.limit_bytes, machine.memory.usage_bytes
-    )
-    nodes = {}
-    for n in machine.numa.node_list:
-        cpus = parse_cpulist(n.cpus) if n.cpus else None
-        if cpus:
-            nodes[n.id] = cpus
-    return HostFacts(
-        room,
-        source,
-        machine.limits.memlock_bytes,
-        "limits.memlock_bytes" in machine.not_applicable,
-        nodes,
-    )
-
-
-def size_plan(plan: Plan, facts: HostFacts) -> bw.SizePlan:
-    return bw.plan_sizes(
-        plan.sizes, facts.room, facts.room_source, facts.memlock, facts.memlock_unlimited
-    )
 
 
 def _host_parameters(machine: Machine, facts: HostFacts, sp: bw.SizePlan) -> dict[str, Any]:
@@ -164,30 +105,34 @@ def cpu_side(
     """The report without a CUDA device: host memory for pinned buffers, memlock,
     NUMA, each GPU's link and theoretical peak; every measured figure missing with
     the reason, so scripts find the names they expect."""
-    from starvecheck.advice.pcie import advise
-
     start = time.perf_counter()
     plan = plan or Plan.default(quick=False)
     facts = host_facts(machine)
     sp = size_plan(plan, facts)
     why = f"not measured: {reason}" if reason else "not measured: no CUDA device"
-    metrics = [Metric.missing(name, unit, why) for name, unit in stable_names(plan.sizes)]
-    caveats = [
-        "no CUDA device: host-side facts only; the GPU table's max GB/s is the theoretical "
-        "peak of each link at its maximum generation and width, per direction"
+    metrics = labelled([Metric.missing(name, unit, why) for name, unit in stable_names(plan.sizes)])
+    caveats: list[Caveat | str] = [
+        Caveat(
+            "pcie.no-cuda",
+            "no CUDA device: host-side facts only; the GPU table's max GB/s is the "
+            "theoretical peak of each link at its maximum generation and width, per "
+            "direction",
+        )
     ]
     caveats += list(sp.notes)
     if not machine.real:
         caveats.append(
-            f"facts read from the fake sysroot {machine.sysroot} (STARVECHECK_SYSROOT), "
-            "not from this machine"
+            Caveat(
+                "env.fake-sysroot",
+                f"facts read from the fake sysroot {machine.sysroot} (STARVECHECK_SYSROOT), "
+                "not from this machine",
+            )
         )
     params = {"cuda": False, **plan.parameters(), **_host_parameters(machine, facts, sp)}
     return StageResult(
         stage="pcie",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params),
         caveats=tuple(caveats),
         duration_s=round(time.perf_counter() - start, 4),
     )
@@ -203,8 +148,7 @@ def run(
     reason = cuda_unavailable()
     if reason is not None:
         raise Unavailable(f"pcie needs a CUDA device: {reason}")
-    from starvecheck.advice.pcie import advise
-    from starvecheck.stages.pcie_cuda import Measurement
+    from starvecheck.stages.pcie.measure import Measurement
 
     start = time.perf_counter()
     facts = host_facts(machine)
@@ -223,16 +167,45 @@ def run(
     return StageResult(
         stage="pcie",
         parameters=params,
-        metrics=tuple(m.metrics),
-        findings=advise(m.metrics, params),
+        metrics=tuple(labelled(m.metrics)),
         caveats=tuple(list(sp.notes) + m.caveats),
         duration_s=round(time.perf_counter() - start, 3),
     )
 
 
-def matching_gpu(machine: Machine, bus: str | None) -> Any:
-    """The machine record's GPU with this PCI bus id (None when unknown)."""
-    wanted = normalise_bus_id(bus) if bus else None
-    if wanted is None:
-        return None
-    return next((g for g in machine.gpus if g.pci_bus_id == wanted), None)
+class PcieStage:
+    """`pcie` in the registry (stages/base.Stage)."""
+
+    name = "pcie"
+
+    def unavailable(self) -> str | None:
+        return cuda_unavailable()
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
+        from dataclasses import replace
+
+        plan = Plan.default(bool(options.get("quick")))
+        if options.get("sizes"):
+            plan = replace(plan, sizes=tuple(options["sizes"]))
+        if options.get("runs"):
+            plan = replace(plan, runs=options["runs"])
+        return plan
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
+        """pcie's sweep plus the size of one of the workload's batches, so the link's
+        capacity is the bandwidth measured at the batch's own size (a 256 KiB copy runs
+        at about a quarter of the 1 MiB rate on an H100), not the nearest size swept."""
+        from dataclasses import replace
+
+        plan = Plan.default(quick)
+        batch_bytes = workload.wire_bytes_per_sample * workload.batch_size
+        if batch_bytes <= 0 or batch_bytes in plan.sizes:
+            return plan
+        return replace(plan, sizes=tuple(sorted({*plan.sizes, batch_bytes})))
+
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        assert ctx.machine is not None
+        return run(plan, ctx.machine, ctx.progress, ctx.warn)
+
+
+STAGE = PcieStage()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starvecheck.scratch import check_signals
-from starvecheck.stages.bandwidth import Overlap, calibrate, gbps, spin
+from starvecheck.stages.pcie.bandwidth import Overlap, calibrate, gbps, spin
 
 # The CPU work of the overlap experiment lasts at least this long, and as long as
 # the copy alone where that is longer, so neither hides the other by size alone.

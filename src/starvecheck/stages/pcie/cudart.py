@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from starvecheck.stages.bandwidth import gbps
+from starvecheck.stages.pcie.bandwidth import gbps
 
 CUDA_MEMCPY_HOST_TO_DEVICE = 1  # cudaMemcpyKind
 
