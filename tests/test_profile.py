@@ -10,6 +10,7 @@ from starvecheck.advice.profile import advise
 from starvecheck.model import Metric
 from starvecheck.stages import profile as profile_stage
 from tests.conftest import run
+from tests.fixtures.labels.profile import labels as profile_labels
 
 PHASES = ("dataloader_wait", "h2d_transfer", "forward", "backward", "optimizer")
 
@@ -91,8 +92,14 @@ def test_bad_usage_is_one_line_and_exit_2(argv, message):
     assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
 
 
+def _labelled(m: Metric) -> Metric:
+    return m.labelled(**profile_labels(m.name, m.unit))
+
+
 def advice(values):
-    ms = [Metric.single(f"data_wait_share.{k}", v, "fraction") for k, v in values.items()]
+    ms = [
+        _labelled(Metric.single(f"data_wait_share.{k}", v, "fraction")) for k, v in values.items()
+    ]
     return {f.id: f for f in advise(ms, {})}
 
 
@@ -130,6 +137,7 @@ def _h2d(h2d_ms, step_ms, device="cuda"):
         Metric.repeated("phase_ms.h2d_transfer.mds.w2", h2d_ms, "ms"),
         Metric.repeated("step_ms.mds.w2", step_ms, "ms"),
     ]
+    ms = [_labelled(m) for m in ms]
     return {f.id: f for f in advise(ms, {"device": device})}.get("profile.h2d")
 
 

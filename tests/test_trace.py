@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from starvecheck.advice.judge import Results, attach, judge
 from starvecheck.advice.trace import advise, workers_needed
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.stages import trace
@@ -32,8 +33,13 @@ GPU_METRICS = (
 )
 
 
+def with_findings(r: StageResult) -> StageResult:
+    """The result with the findings judging makes of it, as a report carries them."""
+    return attach([r], judge(Results({r.stage: r})))[0]
+
+
 def read(name: str) -> StageResult:
-    return trace.run(TRACES / name)
+    return with_findings(trace.run(TRACES / name))
 
 
 def values(r: StageResult) -> dict[str, float | None]:
@@ -243,10 +249,11 @@ def test_a_trace_spanning_no_time_is_refused_by_name(tmp_path):
 def judged(**figures) -> tuple:
     metrics = []
     for name, v in figures.items():
+        labels = {"quantity": name}
         if isinstance(v, tuple):
-            metrics.append(Metric.repeated(name, v, "ms"))
+            metrics.append(Metric.repeated(name, v, "ms", labels))
         else:
-            metrics.append(Metric.single(name, v, "fraction"))
+            metrics.append(Metric.single(name, v, "fraction", labels))
     return advise(metrics, {})
 
 
@@ -378,7 +385,7 @@ def test_a_real_torch_profiler_trace(tmp_path):
                 if i == 4:  # one warm-up step and four active ones
                     break
     (path,) = tmp_path.glob("*.pt.trace.json")
-    r = trace.run(path)
+    r = with_findings(trace.run(path))
     v = values(r)
     assert v["steps"] == 4
     # ProfilerStep#1 to #4: the schedule's warm-up step was #0, so all four are measured.

@@ -124,6 +124,10 @@ class Watch(Generic[T]):
     # What it found
 
     def metrics(self) -> list[Metric]:
+        """The loop's figures, each labelled with its quantity (as a trace's are)."""
+        return [m.labelled(quantity=m.name) for m in self._metrics()]
+
+    def _metrics(self) -> list[Metric]:
         steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
         out = [Metric.single("steps", len(steps), "steps")]
         if not steps:
@@ -149,8 +153,14 @@ class Watch(Generic[T]):
         return out
 
     def result(self) -> StageResult:
-        from starvecheck.advice.trace import advise
+        """The measured figures, judged: the findings are what advice.judge makes of
+        them, as for any command's report."""
+        from starvecheck.advice.judge import Results, attach, judge
 
+        result = self._measured()
+        return attach([result], judge(Results({"watch": result})))[0]
+
+    def _measured(self) -> StageResult:
         metrics = self.metrics()
         params: dict[str, Any] = {
             "data_wait_source": SOURCE,
@@ -173,23 +183,22 @@ class Watch(Generic[T]):
             stage="watch",
             parameters=params,
             metrics=tuple(metrics),
-            findings=advise(metrics, params) if len(self.computes) else (),
             caveats=tuple(caveats),
         )
 
     def report(self) -> Report:
         from starvecheck import __version__
-        from starvecheck.advice import rank, verdict
+        from starvecheck.advice.judge import Results, attach, judge
         from starvecheck.context import _utc_now
 
-        result = self.result()
-        checklist = rank(result.findings)
+        measured = self._measured()
+        judgement = judge(Results({"watch": measured}))
         return Report(
             command="watch",
             machine={},
-            stages=(result,),
-            checklist=checklist,
-            verdict=verdict(checklist, len(result.findings)),
+            stages=tuple(attach([measured], judgement)),
+            checklist=judgement.checklist,
+            verdict=judgement.verdict,
             tool_version=__version__,
             created_at=_utc_now(),
         )

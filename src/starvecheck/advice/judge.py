@@ -32,7 +32,7 @@ MODULES = {
     "pad": "starvecheck.advice.pad",
     "pcie": "starvecheck.advice.pcie",
     "profile": "starvecheck.advice.profile",
-    "trace": "starvecheck.advice.trace",
+    "watch": "starvecheck.advice.trace",  # a user's own loop, timed by starvecheck.watch
 }
 
 
@@ -67,13 +67,10 @@ class Judgement:
 
 def advise_all(results: Results) -> list[Finding]:
     found: list[Finding] = []
-    for stage, result in results.stages.items():
+    for stage in results.stages:
         module = MODULES.get(stage)
-        rules = getattr(importlib.import_module(module), "rules", None) if module else None
-        if rules is None:  # TRANSITION: a stage that still judges itself keeps its findings
-            found += [_stamped(f, stage) for f in result.findings]
-            continue
-        found += [_stamped(f, stage) for f in rules(results)]
+        if module is not None:  # doctor's own result is judged with the chain
+            found += [_stamped(f, stage) for f in importlib.import_module(module).rules(results)]
     return found
 
 
@@ -96,8 +93,15 @@ def judge(results: Results) -> Judgement:
 
 
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:
-    """The stage results with their findings filled in from the judgement."""
-    return [replace(r, findings=judgement.for_stage(r.stage)) for r in results]
+    """The stage results with their findings filled in from the judgement. A finding
+    whose stage is none of the run's (watch reports with profile's findings) joins the
+    run's last result: the one stage of a command, doctor's own in doctor."""
+    stages = {r.stage for r in results}
+    homeless = tuple(f for f in judgement.findings if f.stage not in stages)
+    out = [replace(r, findings=judgement.for_stage(r.stage)) for r in results]
+    if homeless and out:
+        out[-1] = replace(out[-1], findings=(*out[-1].findings, *homeless))
+    return out
 
 
 def _stamped(f: Finding, stage: str) -> Finding:

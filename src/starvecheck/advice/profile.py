@@ -1,35 +1,48 @@
 """Judging a `profile` run: how much of each training step waits for data, in which
 layout and at which num_workers, and what to change.
 
-Reads metrics by name (data_wait_share.<layout>.w<N>, step_ms...), so a stored
-report is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
+Reads metrics by their labels (quantity, layout, workers, phase), so a stored report
+is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
 PyTorch profiler guides use them: data wait above 5% of the step is input-bound,
 above 20% highly input-bound.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, select
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 INPUT_BOUND = 0.05
 HIGHLY_INPUT_BOUND = 0.20
 LAYOUT_GAP = 0.05
 H2D_SHARE = 0.10  # copies over a tenth of the step are worth overlapping
 
-_SHARE = re.compile(r"data_wait_share\.(?P<layout>[a-z_]+)\.w(?P<w>\d+)")
-
 
 def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
-    out = {}
-    for m in metrics:
-        match = _SHARE.fullmatch(m.name)
-        if match and m.value is not None:
-            out[(match["layout"], int(match["w"]))] = m.value
-    return out
+    """The data-wait share of each (layout, num_workers) the loop measured."""
+    return {
+        (str(m.labels["layout"]), int(m.labels["workers"])): m.value
+        for m in select(metrics, quantity="data_wait_share")
+        if m.value is not None and "layout" in m.labels and "workers" in m.labels
+    }
+
+
+def rules(results: Results) -> list[Finding]:
+    """profile's loop; a trace (`profile --trace`) reports under the same stage and is
+    judged as a step breakdown (advice/trace)."""
+    r = results.get("profile")
+    if r is None:
+        return []
+    if "trace" in r.parameters:
+        from starvecheck.advice import trace
+
+        return list(trace.advise(r.metrics, r.parameters))
+    return list(advise(r.metrics, r.parameters))
 
 
 def severity(share: float) -> Severity:
@@ -83,13 +96,13 @@ def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
 def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
     """Copies the loop waits for: the loop times H2D_TRANSFER to its end (synchronised on
     CUDA), which is what a loop pays when the copy does not overlap compute."""
-    by_name = {m.name: m for m in metrics}
     worst = None
-    for m in metrics:
-        if not m.name.startswith("phase_ms.h2d_transfer.") or not m.values:
+    for m in select(metrics, quantity="phase_ms", phase="h2d_transfer"):
+        if not m.values or "layout" not in m.labels:
             continue
-        key = m.name.removeprefix("phase_ms.h2d_transfer.")
-        step = by_name.get(f"step_ms.{key}")
+        layout, workers = m.labels["layout"], m.labels["workers"]
+        key = f"{layout}.w{workers}"
+        step = one(metrics, quantity="step_ms", layout=layout, workers=workers)
         if step is None or not step.values or sum(step.values) <= 0:
             continue
         share = sum(m.values) / sum(step.values)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, severity
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+
+if TYPE_CHECKING:
+    from starvecheck.advice.judge import Results
 
 GPU_IDLE = 0.20  # GPU idle share worth a finding, when data wait does not explain most of it
 GPU_IDLE_CRITICAL = 0.50  # idle for other reasons over half the step
@@ -38,8 +41,19 @@ def _v(m: Mapping[str, Metric], name: str) -> float | None:
     return x.value if x is not None else None
 
 
+def rules(results: Results) -> list[Finding]:
+    """The figures of a loop as `starvecheck.watch` timed it; a trace's (`profile
+    --trace`) come through advice/profile, whose stage they report under."""
+    r = results.get("watch")
+    if r is None or not r.value(quantity="steps"):
+        return []
+    return list(advise(r.metrics, r.parameters))
+
+
 def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    m = {x.name: x for x in metrics}
+    """Findings from a step breakdown: its figures are keyed by their quantity label
+    (step_ms, data_wait_share, gpu_idle_share, ...), the one label they carry."""
+    m = {str(x.labels["quantity"]): x for x in metrics if set(x.labels) == {"quantity"}}
     findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
     return tuple(f for f in findings if f is not None)
 

@@ -20,8 +20,7 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
-    warning,
+    measure_one,
 )
 from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
@@ -144,39 +143,26 @@ def profile(
         given = [name for name, set_ in loop_options.items() if set_]
         if given:
             raise UsageError(f"--trace reads a trace and runs no loop: drop {', '.join(given)}")
-        from starvecheck.stages import trace as trace_stage
-
-        result = trace_stage.run(trace)
+        result = measure_one("trace", {"trace": trace}, c, out, None)
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", {}, [result], c), out, c)
 
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import profile as profile_stage
 
     target = args.data_path(path, False, "profile")
     if trace_dir is not None:
         trace_dir = args.output_dir("--trace-dir", trace_dir)
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    eff = max(1, machine.cpu.effective_cpus or 1)
-    where = profile_stage.resolve_device(device.value)
-    size = (
-        model_size.value
-        if model_size is not ModelSize.auto
-        else ("small" if where == "cuda" else "tiny")
-    )
-    plan = profile_stage.Plan(
-        workers=args.counts("--workers", workers, 0, 64)
-        if workers
-        else tuple(sorted({0, min(eff, 8)})),
-        steps=steps or (6 if quick else 20),
-        warmup_steps=2 if quick else 3,
-        model_size=size,
-        device=where,
-        cold=cold,
-        trace_dir=trace_dir,
-        effective_cpus=eff,
-        tokenizer=tokenizer,
-    )
-    with progress_bar(c, out) as progress:
-        result = profile_stage.run(target, plan, progress, warn=lambda m: warning(c, m))
-    return emit(build_report("profile", machine.to_dict(), [result], c), out, c)
+    options = {
+        "path": target,
+        "workers": args.counts("--workers", workers, 0, 64) if workers else None,
+        "steps": steps,
+        "model_size": model_size.value,
+        "device": device.value,
+        "cold": cold,
+        "trace_dir": trace_dir,
+        "tokenizer": tokenizer,
+        "quick": quick,
+    }
+    result = measure_one("profile", options, c, out, machine)
+    return emit(build_report("profile", machine, [result], c), out, c)

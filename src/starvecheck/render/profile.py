@@ -7,8 +7,6 @@ layout and num_workers: medians over the profiled steps, ± their standard devia
 
 from __future__ import annotations
 
-import re
-
 from starvecheck.model import Metric
 
 HEADERS = (
@@ -23,10 +21,7 @@ HEADERS = (
     "waiting",
     "samples/s",
 )
-_NAME = re.compile(
-    r"(?P<what>phase_ms\.[a-z_0-9]+|step_ms|data_wait_share|samples_per_s)"
-    r"\.(?P<layout>[a-z_]+)\.w(?P<w>\d{1,4})"
-)
+_QUANTITIES = ("phase_ms", "step_ms", "data_wait_share", "samples_per_s")
 _COLUMNS = (
     "phase_ms.dataloader_wait",
     "phase_ms.h2d_transfer",
@@ -55,11 +50,12 @@ def split(metrics: tuple[Metric, ...] | list[Metric]) -> tuple[list[tuple[str, .
     cells: dict[tuple[str, int], dict[str, Metric]] = {}
     rest: list[Metric] = []
     for m in metrics:
-        match = _NAME.fullmatch(m.name)
-        if match is None:
+        q = m.labels.get("quantity")
+        if q not in _QUANTITIES or "layout" not in m.labels or "workers" not in m.labels:
             rest.append(m)
             continue
-        cells.setdefault((match["layout"], int(match["w"])), {})[match["what"]] = m
+        what = f"phase_ms.{m.labels['phase']}" if q == "phase_ms" else str(q)
+        cells.setdefault((str(m.labels["layout"]), int(m.labels["workers"])), {})[what] = m
     rows = []
     for (layout, w), c in cells.items():
         share = c.get("data_wait_share")

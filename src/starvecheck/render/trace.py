@@ -21,7 +21,6 @@ _SHARES = (
 )
 _MS = {"data_wait_share": "data_wait_ms"}
 _FIRST = (("first_step_ms", "first step (left out)"), ("first_wait_ms", "  ↳ its data wait"))
-_PHASE = "phase_ms."
 
 
 def _ms(m: Metric | None) -> str:
@@ -41,11 +40,12 @@ def split(
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, other metrics, notes); no rows unless the metrics are a step breakdown
     (a plain `step_ms` beside a plain `data_wait_share`)."""
-    by_name = {m.name: m for m in metrics}
+    # The breakdown's figures are one of a kind: labelled with their quantity alone.
+    by_name = {str(m.labels["quantity"]): m for m in metrics if set(m.labels) == {"quantity"}}
     step = by_name.get("step_ms")
     if step is None or "data_wait_share" not in by_name:
         return [], list(metrics), []
-    used = {"step_ms", "steps"}
+    used = {id(x) for x in (step, by_name.get("steps")) if x is not None}
     steps = by_name.get("steps")
     label = "step"
     if steps is not None and steps.value is not None and step.n and steps.value != step.n:
@@ -58,10 +58,10 @@ def split(
         m = by_name.get(name)
         if m is None:
             continue
-        used.add(name)
+        used.add(id(m))
         ms = by_name.get(_MS.get(name, ""))
         if ms is not None:
-            used.add(ms.name)
+            used.add(id(ms))
         label = f"  ↳ {text}" if nested else text
         if m.value is None:
             rows.append((label, "", "n/a"))
@@ -73,23 +73,25 @@ def split(
     total = sum(step.values) if step.values else 0.0
     compute = by_name.get("compute_ms")  # watch: the loop's own step, after its batch came
     if compute is not None and compute.value is not None:
-        used.add(compute.name)
+        used.add(id(compute))
         share = sum(compute.values) / total if total and compute.n == step.n else None
         rows.append(
             ("compute (the loop's step)", _ms(compute), "" if share is None else f"{share:.1%}")
         )
     for m in metrics:
-        if not m.name.startswith(_PHASE) or m.value is None:
+        if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != "phase_ms":
             continue
-        used.add(m.name)
+        if m.value is None:
+            continue
+        used.add(id(m))
         share = sum(m.values) / total if total and m.n == step.n else None
-        rows.append((f"phase {m.name[len(_PHASE) :]}", _ms(m), _share(share)))
+        rows.append((f"phase {m.labels['phase']}", _ms(m), _share(share)))
     for name, text in (
         ("first_step_ms", "first step (left out)"),
         ("first_wait_ms", "  ↳ its data wait"),
     ):
         first = by_name.get(name)
         if first is not None and first.value is not None:
-            used.add(name)
+            used.add(id(first))
             rows.append((text, _ms(first), ""))
-    return rows, [m for m in metrics if m.name not in used], notes
+    return rows, [m for m in metrics if id(m) not in used], notes

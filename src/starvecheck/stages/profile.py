@@ -23,13 +23,14 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starvecheck import cache
 from starvecheck.model import Metric, StageResult
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
+from starvecheck.stages.base import RunContext
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
@@ -272,19 +273,37 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
     out: list[Metric] = []
     for (layout, workers), steps in results.items():
         key = f"{layout}.w{workers}"
+        where = {"layout": layout, "workers": workers}
         for name in PHASES:
             out.append(
                 Metric.repeated(
-                    f"phase_ms.{name.lower()}.{key}", [s * 1e3 for s in steps.phases[name]], "ms"
+                    f"phase_ms.{name.lower()}.{key}",
+                    [s * 1e3 for s in steps.phases[name]],
+                    "ms",
+                    {"quantity": "phase_ms", "phase": name.lower(), **where},
                 )
             )
         totals = steps.totals
         wait = sum(steps.phases["DATALOADER_WAIT"])
-        out.append(Metric.repeated(f"step_ms.{key}", [t * 1e3 for t in totals], "ms"))
-        out.append(Metric.single(f"data_wait_share.{key}", wait / sum(totals), "fraction"))
+        out.append(
+            Metric.repeated(
+                f"step_ms.{key}", [t * 1e3 for t in totals], "ms", {"quantity": "step_ms", **where}
+            )
+        )
         out.append(
             Metric.single(
-                f"samples_per_s.{key}", plan.batch_size * len(totals) / sum(totals), "samples/s"
+                f"data_wait_share.{key}",
+                wait / sum(totals),
+                "fraction",
+                {"quantity": "data_wait_share", **where},
+            )
+        )
+        out.append(
+            Metric.single(
+                f"samples_per_s.{key}",
+                plan.batch_size * len(totals) / sum(totals),
+                "samples/s",
+                {"quantity": "samples_per_s", **where},
             )
         )
     return out
@@ -307,7 +326,6 @@ def run(
     progress: Progress = _no_progress,
     warn: Callable[[str], None] = lambda _msg: None,
 ) -> StageResult:
-    from starvecheck.advice.profile import advise
     from starvecheck.stages import loader as loader_stage
     from starvecheck.stages.sources import generate, text_source
 
@@ -409,7 +427,6 @@ def run(
         stage="profile",
         parameters=params,
         metrics=tuple(metrics),
-        findings=advise(metrics, params),
         caveats=tuple(caveats),
         duration_s=round(time.perf_counter() - start, 3),
     )
@@ -419,3 +436,52 @@ def trace_files(trace_dir: str) -> Sequence[str]:
     return sorted(
         os.path.join(trace_dir, n) for n in os.listdir(trace_dir) if n.endswith(".pt.trace.json")
     )
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """What `profile` runs: the loop's Plan, over data written under `path`."""
+
+    path: str
+    plan: Plan
+
+
+class ProfileStage:
+    """`profile`'s loop in the registry (stages/base.Stage); `profile --trace` is the
+    `trace` stage (stages/trace.py)."""
+
+    name = "profile"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> ProfileRun:
+        """`options` as the command parsed them (`path` checked, `workers` a tuple or
+        None, `device` and `model_size` as given, "auto" for the default)."""
+        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        where = resolve_device(options.get("device", "auto"))
+        size = options.get("model_size", "auto")
+        if size == "auto":
+            size = "small" if where == "cuda" else "tiny"
+        quick = bool(options.get("quick"))
+        plan = Plan(
+            workers=options.get("workers") or tuple(sorted({0, min(eff, 8)})),
+            steps=options.get("steps") or (6 if quick else 20),
+            warmup_steps=2 if quick else 3,
+            model_size=size,
+            device=where,
+            cold=bool(options.get("cold")),
+            trace_dir=options.get("trace_dir"),
+            effective_cpus=eff,
+            tokenizer=options.get("tokenizer"),
+        )
+        return ProfileRun(options["path"], plan)
+
+    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> ProfileRun:
+        raise NotImplementedError("doctor does not run the profile loop")
+
+    def measure(self, plan: ProfileRun, ctx: RunContext) -> StageResult:
+        return run(plan.path, plan.plan, ctx.progress, warn=ctx.warn)
+
+
+STAGE = ProfileStage()

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.model import Metric, StageResult
+from starvecheck.stages.base import RunContext
 from starvecheck.stages.profile import PHASES
 from starvecheck.status import UsageError
 
@@ -488,6 +489,12 @@ def analyze(events: Sequence[Mapping[str, Any]]) -> Analysis:
     )
 
 
+def _q(metrics: list[Metric]) -> list[Metric]:
+    """The flat figures (one of a kind: steps, step_ms, gpu_idle_share, ...) labelled
+    with their quantity, which is their name; the others carry their labels already."""
+    return [m if m.labels else m.labelled(quantity=m.name) for m in metrics]
+
+
 def metrics(a: Analysis) -> list[Metric]:
     measured = a.measured
     out = [
@@ -519,10 +526,13 @@ def metrics(a: Analysis) -> list[Metric]:
     for phase in a.phases:
         out.append(
             Metric.repeated(
-                f"phase_ms.{phase.lower()}", [s.phases[phase] / 1e3 for s in measured], "ms"
+                f"phase_ms.{phase.lower()}",
+                [s.phases[phase] / 1e3 for s in measured],
+                "ms",
+                {"quantity": "phase_ms", "phase": phase.lower()},
             )
         )
-    return out
+    return _q(out)
 
 
 def _spread_caveat(step_ms: Metric) -> str | None:
@@ -539,11 +549,9 @@ def _spread_caveat(step_ms: Metric) -> str | None:
 
 
 def result(analysis: Analysis, path: str | os.PathLike[str]) -> StageResult:
-    from starvecheck.advice.trace import advise
-
     found = metrics(analysis)
     caveats = list(analysis.caveats)
-    spread = _spread_caveat(next(m for m in found if m.name == "step_ms"))
+    spread = _spread_caveat(next(m for m in found if m.labels["quantity"] == "step_ms"))
     if spread:
         caveats.append(spread)
     params: dict[str, Any] = {
@@ -561,7 +569,6 @@ def result(analysis: Analysis, path: str | os.PathLike[str]) -> StageResult:
         stage="profile",
         parameters=params,
         metrics=tuple(found),
-        findings=advise(found, params),
         caveats=tuple(caveats),
     )
 
@@ -576,3 +583,25 @@ def run(path: str | os.PathLike[str]) -> StageResult:
         raise UsageError(f"--trace {os.fspath(path)}: {e}") from None
     out = result(analysis, path)
     return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
+
+
+class TraceStage:
+    """`profile --trace FILE` in the registry (stages/base.Stage): a torch.profiler
+    trace of another run, analysed. Its result reports under the stage `profile`."""
+
+    name = "trace"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> str:
+        return str(options["trace"])
+
+    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> str:
+        raise NotImplementedError("doctor does not read traces")
+
+    def measure(self, plan: str, ctx: RunContext) -> StageResult:
+        return run(plan)
+
+
+STAGE = TraceStage()
