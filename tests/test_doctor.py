@@ -3,7 +3,6 @@ the workload file, usage errors, Ctrl-C, and its rendering against a stored repo
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -19,6 +18,7 @@ from starvecheck.context import Context
 from starvecheck.model import Report
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render
+from starvecheck.units import size_name
 from tests.conftest import run, tiny_tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -286,43 +286,25 @@ def test_stored_report_round_trips(name):
 
 
 def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
-    """A stand-in `starvecheck.stages.pcie` with the agreed interface; records calls."""
-    import types
-
+    """The real pcie stage with its CUDA half stood in for: whether CUDA is there, and
+    the measurement (round rates per size, labelled as the stage labels them); records
+    the plans doctor hands it."""
     from starvecheck.model import Metric, StageResult
+    from starvecheck.stages import pcie
+    from starvecheck.stages.pcie.names import labelled
 
     calls: list = []
-
-    @dataclasses.dataclass(frozen=True)
-    class Plan:
-        sizes: tuple[int, ...]
-        quick: bool
-
-        @classmethod
-        def default(cls, quick: bool) -> Plan:
-            return cls((64 << 10, 1 << 20, 16 << 20), quick)
+    known = {256 << 10: 9.0, 1 << 20: 12.0, 16 << 20: 20.0, 256 << 20: 24.0}
 
     def run_stage(plan, machine, progress, warn):
         calls.append(plan)
-        known = {64 << 10: 6.0, 256 << 10: 9.0, 1 << 20: 12.0, 16 << 20: 20.0}
-        rates = {f"{s >> 10}KiB" if s < 1 << 20 else f"{s >> 20}MiB": known[s] for s in plan.sizes}
-        return StageResult(
-            "pcie",
-            metrics=tuple(
-                Metric.repeated(f"h2d.pinned.{k}", [v], "GB/s") for k, v in rates.items()
-            ),
-        )
+        metrics = [
+            Metric.repeated(f"h2d.pinned.{size_name(s)}", [known[s]], "GB/s") for s in plan.sizes
+        ]
+        return StageResult("pcie", metrics=tuple(labelled(metrics)))
 
-    module = types.ModuleType("starvecheck.stages.pcie")
-    module.cuda_unavailable = lambda: unavailable
-    module.Plan = Plan
-    module.run = run_stage
-    monkeypatch.setitem(sys.modules, "starvecheck.stages.pcie", module)
-    import starvecheck.stages
-
-    # `from starvecheck.stages import pcie` finds the package attribute first, once
-    # the real module has been imported by another test.
-    monkeypatch.setattr(starvecheck.stages, "pcie", module, raising=False)
+    monkeypatch.setattr(pcie, "cuda_unavailable", lambda: unavailable)
+    monkeypatch.setattr(pcie, "run", run_stage)
     return calls
 
 
@@ -332,7 +314,9 @@ def test_pcie_link_from_the_pcie_stage(monkeypatch):
     assert r.exit_code == 0, r.stderr
     # 16 samples x 2,048 tokens x 8 bytes = 256 KiB a batch: doctor adds that size to
     # pcie's sweep, so the link is the rate at the batch's own size, 9 GB/s.
-    assert [(p.sizes, p.quick) for p in calls] == [((64 << 10, 256 << 10, 1 << 20, 16 << 20), True)]
+    assert [(p.sizes, p.quick) for p in calls] == [
+        ((256 << 10, 1 << 20, 16 << 20, 256 << 20), True)
+    ]
     d = r.json
     assert [s["stage"] for s in d["stages"]] == ["env", "pad", "pcie", "doctor"]
     pcie = next(x for x in d["chain"] if x["link"] == "pcie")
@@ -353,12 +337,12 @@ def test_pcie_failing_mid_way_leaves_the_link_null_and_the_rest_of_the_report(mo
     from starvecheck.status import Unavailable
 
     _fake_pcie(monkeypatch, None)
-    import starvecheck.stages
+    from starvecheck.stages import pcie
 
     def broken(plan, machine, progress, warn):
         raise Unavailable("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(starvecheck.stages.pcie, "run", broken)
+    monkeypatch.setattr(pcie, "run", broken)
     r = run("doctor", "--only", "pad,pcie", "--step-ms", "100", "--quick", "--json", "-")
     assert r.exit_code == 0, r.stderr
     link = next(x for x in r.json["chain"] if x["link"] == "pcie")

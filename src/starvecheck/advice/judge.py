@@ -23,16 +23,18 @@ if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
     from starvecheck.workload import Workload
 
-# One advice module per stage, in the order their findings are gathered.
-MODULES = {
-    "env": "starvecheck.advice.env",
-    "io": "starvecheck.advice.io",
-    "loader": "starvecheck.advice.loader",
-    "starve": "starvecheck.advice.starve",
-    "pad": "starvecheck.advice.pad",
-    "pcie": "starvecheck.advice.pcie",
-    "profile": "starvecheck.advice.profile",
-    "watch": "starvecheck.advice.trace",  # a user's own loop, timed by starvecheck.watch
+# The advice modules that judge each stage, in the order their findings are gathered.
+MODULES: dict[str, tuple[str, ...]] = {
+    "env": ("starvecheck.advice.env",),
+    "io": ("starvecheck.advice.io",),
+    "loader": ("starvecheck.advice.loader",),
+    "starve": ("starvecheck.advice.starve",),
+    "pad": ("starvecheck.advice.pad",),
+    "pcie": ("starvecheck.advice.pcie",),
+    # profile's loop, and a trace of another run (`profile --trace`), which reports
+    # under the same stage: each module judges the kind it knows.
+    "profile": ("starvecheck.advice.profile", "starvecheck.advice.trace"),
+    "watch": ("starvecheck.advice.trace",),  # a user's own loop, timed by starvecheck.watch
 }
 
 
@@ -68,9 +70,9 @@ class Judgement:
 def advise_all(results: Results) -> list[Finding]:
     found: list[Finding] = []
     for stage in results.stages:
-        module = MODULES.get(stage)
-        if module is not None:  # doctor's own result is judged with the chain
-            found += [_stamped(f, stage) for f in importlib.import_module(module).rules(results)]
+        for module in MODULES.get(stage, ()):  # doctor's own is judged with the chain
+            rules = importlib.import_module(module).rules
+            found += [_stamped(f, stage) for f in rules(results)]
     return found
 
 

@@ -34,14 +34,10 @@ def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
 
 def rules(results: Results) -> list[Finding]:
     """profile's loop; a trace (`profile --trace`) reports under the same stage and is
-    judged as a step breakdown (advice/trace)."""
+    judged by advice/trace."""
     r = results.get("profile")
-    if r is None:
+    if r is None or "trace" in r.parameters:
         return []
-    if "trace" in r.parameters:
-        from starvecheck.advice import trace
-
-        return list(trace.advise(r.metrics, r.parameters))
     return list(advise(r.metrics, r.parameters))
 
 

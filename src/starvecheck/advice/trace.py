@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, severity
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, value
 
 if TYPE_CHECKING:
     from starvecheck.advice.judge import Results
@@ -31,34 +31,34 @@ LOADER_LINE = (
 )
 
 
-def _get(m: Mapping[str, Metric], name: str) -> Metric | None:
-    x = m.get(name)
+def _get(m: Sequence[Metric], quantity: str) -> Metric | None:
+    """The figure of this quantity, where it has a value."""
+    x = one(m, quantity=quantity)
     return x if x is not None and x.value is not None else None
 
 
-def _v(m: Mapping[str, Metric], name: str) -> float | None:
-    x = _get(m, name)
-    return x.value if x is not None else None
-
-
 def rules(results: Results) -> list[Finding]:
-    """The figures of a loop as `starvecheck.watch` timed it; a trace's (`profile
-    --trace`) come through advice/profile, whose stage they report under."""
-    r = results.get("watch")
-    if r is None or not r.value(quantity="steps"):
-        return []
-    return list(advise(r.metrics, r.parameters))
+    """A step breakdown: a trace of another run (`profile --trace`, reported under the
+    stage profile), or a loop as `starvecheck.watch` timed it."""
+    found: list[Finding] = []
+    trace = results.get("profile")
+    if trace is not None and "trace" in trace.parameters:
+        found += advise(trace.metrics, trace.parameters)
+    watch = results.get("watch")
+    if watch is not None and watch.value(quantity="steps"):
+        found += advise(watch.metrics, watch.parameters)
+    return found
 
 
 def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
     """Findings from a step breakdown: its figures are keyed by their quantity label
     (step_ms, data_wait_share, gpu_idle_share, ...), the one label they carry."""
-    m = {str(x.labels["quantity"]): x for x in metrics if set(x.labels) == {"quantity"}}
+    m = [x for x in metrics if set(x.labels) == {"quantity"}]
     findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
     return tuple(f for f in findings if f is not None)
 
 
-def steps_waiting(m: Mapping[str, Metric]) -> tuple[int, int] | None:
+def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:
     """(steps whose own data wait is over 5% of them, steps measured), from the
     per-step values of data_wait_ms and step_ms."""
     wait, step = _get(m, "data_wait_ms"), _get(m, "step_ms")
@@ -92,12 +92,12 @@ def _single_process_line(wait_ms: float | None, step_ms: float | None) -> str:
     )
 
 
-def _data_bound(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding | None:
-    share = _v(m, "data_wait_share")
+def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
+    share = value(m, quantity="data_wait_share")
     if share is None:
         return None
     sev = severity(share)
-    wait_ms, step_ms = _v(m, "data_wait_ms"), _v(m, "step_ms")
+    wait_ms, step_ms = value(m, quantity="data_wait_ms"), value(m, quantity="step_ms")
     counted = steps_waiting(m)
     evidence = f"{share:.1%} of step time waits for data"
     if wait_ms is not None and step_ms is not None:
@@ -152,12 +152,12 @@ def _data_bound(m: Mapping[str, Metric], params: Mapping[str, Any]) -> Finding |
     )
 
 
-def _gpu_idle(m: Mapping[str, Metric]) -> Finding | None:
-    idle = _v(m, "gpu_idle_share")
+def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
+    idle = value(m, quantity="gpu_idle_share")
     if idle is None or idle <= GPU_IDLE:
         return None
-    host = _v(m, "gpu_idle_host_wait_share")
-    other = _v(m, "gpu_idle_other_share")
+    host = value(m, quantity="gpu_idle_host_wait_share")
+    other = value(m, quantity="gpu_idle_other_share")
     if other is None:  # no fetch in the trace: nothing explains the idle time
         other = idle
     if other <= idle / 2:
@@ -189,11 +189,11 @@ def _gpu_idle(m: Mapping[str, Metric]) -> Finding | None:
     )
 
 
-def _memcpy(m: Mapping[str, Metric]) -> Finding | None:
-    share = _v(m, "memcpy_share")
+def _memcpy(m: Sequence[Metric]) -> Finding | None:
+    share = value(m, quantity="memcpy_share")
     if share is None or share <= MEMCPY:
         return None
-    pageable = _v(m, "memcpy_pageable_share") or 0.0
+    pageable = value(m, quantity="memcpy_pageable_share") or 0.0
     evidence = f"copies take {share:.1%} of step time on the GPU"
     if pageable > 0:
         evidence += f", {pageable:.1%} from pageable (unpinned) host memory"
@@ -224,8 +224,8 @@ def _memcpy(m: Mapping[str, Metric]) -> Finding | None:
     )
 
 
-def _first_step(m: Mapping[str, Metric]) -> Finding | None:
-    first, rest = _v(m, "first_step_ms"), _get(m, "step_ms")
+def _first_step(m: Sequence[Metric]) -> Finding | None:
+    first, rest = value(m, quantity="first_step_ms"), _get(m, "step_ms")
     if first is None or rest is None or not rest.median or first <= FIRST_STEP_STALL * rest.median:
         return None
     return Finding(

@@ -72,6 +72,30 @@ def PlotOpt(what: str) -> Any:  # capitalised: it reads like the other option ty
     ]
 
 
+def WorkersOpt(help: str) -> Any:
+    """--workers N[,N...]: the num_workers values a command sweeps."""
+    return Annotated[
+        str | None,
+        typer.Option("--workers", metavar="N[,N...]", help=help, show_default=False),
+    ]
+
+
+def TokenizerOpt(help: str) -> Any:
+    """--tokenizer NAME: a transformers tokenizer, local files only."""
+    return Annotated[
+        str | None,
+        typer.Option("--tokenizer", metavar="NAME", help=help, show_default=False),
+    ]
+
+
+def StepsOpt(help: str) -> Any:
+    """--steps N: measured steps, after warm-up."""
+    return Annotated[
+        int | None,
+        typer.Option("--steps", min=1, max=100_000, help=help, show_default=False),
+    ]
+
+
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
 ]

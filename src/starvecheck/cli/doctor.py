@@ -16,6 +16,7 @@ from starvecheck.cli.common import (
     MarkdownOpt,
     Outputs,
     QuickOpt,
+    TokenizerOpt,
     app,
     build_report,
     context_of,
@@ -70,17 +71,11 @@ def doctor(
             show_default=False,
         ),
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            metavar="NAME",
-            help="transformers tokenizer (a local directory or a cached name; never "
-            "downloaded): measures the CPU cost per sample by real tokenization, and "
-            "counts tokens of --dataset.",
-            show_default=False,
-        ),
-    ] = None,
+    tokenizer: TokenizerOpt(
+        "transformers tokenizer (a local directory or a cached name; never "
+        "downloaded): measures the CPU cost per sample by real tokenization, and "
+        "counts tokens of --dataset."
+    ) = None,
     step_ms: Annotated[
         float | None,
         typer.Option(

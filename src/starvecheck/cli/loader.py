@@ -16,6 +16,7 @@ from starvecheck.cli.common import (
     Outputs,
     PlotOpt,
     QuickOpt,
+    WorkersOpt,
     app,
     build_report,
     context_of,
@@ -37,16 +38,10 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    workers: Annotated[
-        str | None,
-        typer.Option(
-            "--workers",
-            metavar="N[,N...]",
-            help="num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-            "effective CPUs, at least 4].",
-            show_default=False,
-        ),
-    ] = None,
+    workers: WorkersOpt(
+        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
+        "effective CPUs, at least 4]."
+    ) = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, max=100_000, help="Samples per batch.")
     ] = 32,

@@ -18,6 +18,7 @@ from starvecheck.cli.common import (
     Outputs,
     PlotOpt,
     QuickOpt,
+    TokenizerOpt,
     app,
     build_report,
     context_of,
@@ -71,16 +72,10 @@ def pad(
         DataFormat,
         typer.Option("--format", case_sensitive=False, help="Dataset format (auto: by suffix)."),
     ] = DataFormat.auto,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            metavar="NAME",
-            help="transformers tokenizer to count tokens with: a local directory or a "
-            "cached name; never downloaded.",
-            show_default=False,
-        ),
-    ] = None,
+    tokenizer: TokenizerOpt(
+        "transformers tokenizer to count tokens with: a local directory or a "
+        "cached name; never downloaded."
+    ) = None,
     lengths: Annotated[
         str | None,
         typer.Option(

@@ -16,6 +16,9 @@ from starvecheck.cli.common import (
     MarkdownOpt,
     Outputs,
     QuickOpt,
+    StepsOpt,
+    TokenizerOpt,
+    WorkersOpt,
     app,
     build_report,
     context_of,
@@ -50,25 +53,12 @@ def profile(
             show_default=False,
         ),
     ] = None,
-    workers: Annotated[
-        str | None,
-        typer.Option(
-            "--workers",
-            metavar="N[,N...]",
-            help="num_workers values [default: 0 and the effective CPUs, at most 8].",
-            show_default=False,
-        ),
-    ] = None,
-    steps: Annotated[
-        int | None,
-        typer.Option(
-            "--steps",
-            min=1,
-            max=100_000,
-            help="Profiled steps per scenario, after warm-up [default: 20; 6 with --quick].",
-            show_default=False,
-        ),
-    ] = None,
+    workers: WorkersOpt(
+        "num_workers values [default: 0 and the effective CPUs, at most 8]."
+    ) = None,
+    steps: StepsOpt(
+        "Profiled steps per scenario, after warm-up [default: 20; 6 with --quick]."
+    ) = None,
     model_size: Annotated[
         ModelSize,
         typer.Option(
@@ -94,16 +84,10 @@ def profile(
             show_default=False,
         ),
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            metavar="NAME",
-            help="Add a third layout, raw text tokenized in the DataLoader by this "
-            "transformers tokenizer (a local directory or a cached name; never downloaded).",
-            show_default=False,
-        ),
-    ] = None,
+    tokenizer: TokenizerOpt(
+        "Add a third layout, raw text tokenized in the DataLoader by this "
+        "transformers tokenizer (a local directory or a cached name; never downloaded)."
+    ) = None,
     trace: Annotated[
         str | None,
         typer.Option(

@@ -16,6 +16,8 @@ from starvecheck.cli.common import (
     Outputs,
     PlotOpt,
     QuickOpt,
+    StepsOpt,
+    WorkersOpt,
     app,
     build_report,
     context_of,
@@ -49,26 +51,13 @@ def starve(
             help="G: milliseconds the consumer (the GPU step) takes per batch.",
         ),
     ] = 50.0,
-    workers: Annotated[
-        str | None,
-        typer.Option(
-            "--workers",
-            metavar="N[,N...]",
-            help="num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-            "effective CPUs, at least 4].",
-            show_default=False,
-        ),
-    ] = None,
-    steps: Annotated[
-        int | None,
-        typer.Option(
-            "--steps",
-            min=1,
-            max=100_000,
-            help="Measured steps per point, after 3 warm-up steps [default: 20; 8 with --quick].",
-            show_default=False,
-        ),
-    ] = None,
+    workers: WorkersOpt(
+        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
+        "effective CPUs, at least 4]."
+    ) = None,
+    steps: StepsOpt(
+        "Measured steps per point, after 3 warm-up steps [default: 20; 8 with --quick]."
+    ) = None,
     sleep: Annotated[
         bool,
         typer.Option(

@@ -1,14 +1,16 @@
 """A stage's metrics as the tables people read, in one order for every renderer.
 
-Each stage keeps flat metrics in the JSON (`shard.random.cold.t2`, `wait_ms.w2`,
-`h2d.pinned.256MiB`, ...); the per-stage modules beside this one pivot them into
-tables. This module asks each in turn, on the metrics the ones before it left, so
-the terminal and the Markdown export show the same tables in the same order, and
-whatever no table took is listed as plain metrics after them.
+Each stage keeps flat metrics in the JSON, labelled with what they are; the per-stage
+modules beside this one select them by label and pivot them into tables. This module
+asks each in turn, on the metrics the ones before it left, so the terminal and the
+Markdown export show the same tables in the same order, every metric in exactly one
+of them (`Section.metrics` says which), and whatever no table took is listed as plain
+metrics after them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from starvecheck.model import Metric, StageResult
@@ -22,37 +24,60 @@ class Section:
     notes: list[str] = field(default_factory=list)  # printed under the table, dimmed
     right: range = range(0)  # right-aligned (number) columns
     title: str | None = None  # None: the stage's name
+    metrics: tuple[Metric, ...] = ()  # the metrics this table shows
+
+
+def _taken(before: Sequence[Metric], rest: Sequence[Metric]) -> tuple[Metric, ...]:
+    left = {id(m) for m in rest}
+    return tuple(m for m in before if id(m) not in left)
 
 
 def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     """(the stage's tables, the metrics none of them took). A section without rows
     holds notes alone."""
     out: list[Section] = []
-    rates, rest = throughput.split(stage.metrics)
+    metrics = list(stage.metrics)
+    rates, rest = throughput.split(tuple(metrics))
     if rates:
         rows = [r.cells() for r in rates]
+        notes = throughput.missing_reasons(rates)
         out.append(
-            Section(throughput.HEADERS, rows, throughput.missing_reasons(rates), range(3, 10))
+            Section(throughput.HEADERS, rows, notes, range(3, 10), metrics=_taken(metrics, rest))
         )
-    rows, rest, notes = loader.split(rest, stage.parameters)
+    before = rest
+    rows, rest, notes = loader.split(before, stage.parameters)
     if rows:
-        out.append(Section(loader.HEADERS, rows, notes, range(2, len(loader.HEADERS) - 1)))
-    rows, rest, notes = pad.split(rest, stage.parameters)
+        right = range(2, len(loader.HEADERS) - 1)
+        out.append(Section(loader.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
+    before = rest
+    rows, rest, notes = pad.split(before, stage.parameters)
     if rows:
-        out.append(Section(pad.HEADERS, rows, notes, range(1, len(pad.HEADERS))))
-    rows, rest = profile.split(rest)
+        right = range(1, len(pad.HEADERS))
+        out.append(Section(pad.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
+    before = rest
+    rows, rest = profile.split(before)
     if rows:
-        out.append(Section(profile.HEADERS, rows, [], range(1, len(profile.HEADERS))))
-    rows, rest, notes = trace.split(rest)
+        right = range(1, len(profile.HEADERS))
+        out.append(Section(profile.HEADERS, rows, [], right, metrics=_taken(before, rest)))
+    before = rest
+    rows, rest, notes = trace.split(before)
     if rows:
-        out.append(Section(trace.HEADERS, rows, notes, range(1, len(trace.HEADERS))))
-    tables, rest, notes = pcie.split(rest, stage.parameters)
-    for t in tables:
+        right = range(1, len(trace.HEADERS))
+        out.append(Section(trace.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
+    before = rest
+    tables, rest, notes = pcie.split(before, stage.parameters)
+    taken = _taken(before, rest)
+    for i, t in enumerate(tables):
         right = range(t.numbers_from, len(t.headers))
-        out.append(Section(t.headers, t.rows, t.notes, right, t.title))
+        # pcie's tables share the figures they were made of: listed under the first.
+        out.append(
+            Section(t.headers, t.rows, t.notes, right, t.title, metrics=taken if i == 0 else ())
+        )
     if notes:
-        out.append(Section((), [], notes))
-    headers, rows, rest = sweep.split(tuple(rest))
+        out.append(Section((), [], notes, metrics=() if tables else taken))
+    before = rest
+    headers, rows, rest = sweep.split(tuple(before))
     if rows:
-        out.append(Section(headers, rows, [], range(1, len(headers))))
+        right = range(1, len(headers))
+        out.append(Section(headers, rows, [], right, metrics=_taken(before, rest)))
     return out, list(rest)

@@ -45,6 +45,17 @@ class RunContext:
     path: str | None = None  # the directory a stage writes its data under (doctor's PATH)
     slow_ms: float = 0.0  # testing hook (STARVECHECK_SLOW_RANKS): slower loader samples
 
+    @property
+    def effective_cpus(self) -> int:
+        """The CPUs DataLoader workers really get (affinity and quota), at least 1."""
+        cpus = self.machine.cpu.effective_cpus if self.machine is not None else None
+        return max(1, cpus or 1)
+
+    @property
+    def storage(self) -> dict[str, Any]:
+        """The facts about the storage under the path measured (kind, network, ...)."""
+        return self.machine.to_dict()["storage"] if self.machine is not None else {}
+
 
 class Stage(Protocol):
     name: str

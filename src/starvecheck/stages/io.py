@@ -411,7 +411,7 @@ class IoStage:
         path = options["path"]
         if not existing and (problem := space_problem(path, n, size)):
             raise UsageError(problem)
-        eff = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
+        eff = ctx.effective_cpus
         return IoRun(
             path,
             existing,
@@ -433,22 +433,21 @@ class IoStage:
         path = ctx.path or os.getcwd()
         if problem := space_problem(path, n, workload.sample_size):
             raise UsageError(problem)
-        eff = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
+        eff = ctx.effective_cpus
         plan = Plan(
             samples=n,
             sample_size=workload.sample_size,
             runs=runs,
-            threads=args.thread_counts(None, max(1, eff or 1)),
+            threads=args.thread_counts(None, eff),
         )
         return IoRun(path, False, plan)
 
     def measure(self, plan: IoRun, ctx: RunContext) -> StageResult:
-        storage = ctx.machine.to_dict()["storage"] if ctx.machine is not None else {}
         return run(
             plan.path,
             plan.plan,
             existing=plan.existing,
-            storage=storage,
+            storage=ctx.storage,
             progress=ctx.progress,
             warn=ctx.warn,
         )

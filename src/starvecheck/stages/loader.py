@@ -538,7 +538,7 @@ class LoaderStage:
 
         existing = bool(options.get("existing"))
         size = options["sample_size"]
-        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        eff = ctx.effective_cpus
         mode = "existing" if existing else "generated"
         default_samples, default_runs = SIZES[bool(options.get("quick"))][mode]
         n = options.get("samples") or default_samples
@@ -565,7 +565,7 @@ class LoaderStage:
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
 
-        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        eff = ctx.effective_cpus
         n, runs = SIZES[quick]["generated"]
         path = ctx.path or os.getcwd()
         need = sources.space_needed(n, workload.sample_size)
@@ -588,12 +588,11 @@ class LoaderStage:
         return LoaderRun(path, False, plan)
 
     def measure(self, plan: LoaderRun, ctx: RunContext) -> StageResult:
-        storage = ctx.machine.to_dict()["storage"] if ctx.machine is not None else {}
         return run(
             plan.path,
             plan.plan,
             existing=plan.existing,
-            storage=storage,
+            storage=ctx.storage,
             progress=ctx.progress,
             warn=ctx.warn,
         )

@@ -458,7 +458,7 @@ class ProfileStage:
     def plan(self, options: Mapping[str, Any], ctx: RunContext) -> ProfileRun:
         """`options` as the command parsed them (`path` checked, `workers` a tuple or
         None, `device` and `model_size` as given, "auto" for the default)."""
-        eff = max(1, (ctx.machine.cpu.effective_cpus if ctx.machine else None) or 1)
+        eff = ctx.effective_cpus
         where = resolve_device(options.get("device", "auto"))
         size = options.get("model_size", "auto")
         if size == "auto":

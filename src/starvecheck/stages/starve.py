@@ -386,7 +386,7 @@ class StarveStage:
 
         if options.get("sleep") and options.get("tokenizer"):
             raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
-        eff = _effective_cpus(ctx)
+        eff = ctx.effective_cpus
         workers = options.get("workers")
         return Plan(
             sample_ms=options["sample_ms"],
@@ -404,7 +404,7 @@ class StarveStage:
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
         from starvecheck import args
 
-        eff = _effective_cpus(ctx)
+        eff = ctx.effective_cpus
         assert workload.step_ms is not None
         return Plan(
             sample_ms=workload.cpu_ms_per_sample,
@@ -425,11 +425,6 @@ class StarveStage:
         if not workload.tokenizer:
             return workload
         return workload.set("cpu_ms_per_sample", result.parameters["sample_cpu_ms"], "measured")
-
-
-def _effective_cpus(ctx: RunContext) -> int:
-    cpus = ctx.machine.cpu.effective_cpus if ctx.machine is not None else None
-    return max(1, cpus or 1)
 
 
 STAGE = StarveStage()
