@@ -126,14 +126,19 @@ def _pad(**eff: float) -> StageResult:
     )
 
 
-def test_padding_is_demand_scaled_by_the_efficiency_ratio():
-    link = chain.padding(_pad(dynamic=0.4, length_grouped=0.8, bfd_pack=0.99), "dynamic", 100.0)
-    assert link.capacity == pytest.approx(100 * 0.4 / 0.99)
-    assert link.ratio == pytest.approx(0.4 / 0.99)
-    # Already the best: exactly at demand.
-    assert chain.padding(_pad(dynamic=0.4), "dynamic", 100.0).capacity == 100.0
-    assert chain.padding(_pad(dynamic=0.4), "bfd_pack", 100.0).capacity is None
-    assert chain.padding(_pad(dynamic=0.4), "dynamic", None).capacity is None
+def test_less_padding_raises_the_gpus_rate_by_the_efficiency_ratio():
+    rate, basis = chain.padding(
+        _pad(dynamic=0.4, length_grouped=0.8, bfd_pack=0.99), "dynamic", 100.0
+    )
+    assert rate == pytest.approx(100 * 0.99 / 0.4) and "dynamic padding 40.0%" in basis
+    # Already the best: exactly the rate trained at.
+    assert chain.padding(_pad(dynamic=0.4), "dynamic", 100.0)[0] == 100.0
+    assert chain.padding(_pad(dynamic=0.4), "bfd_pack", 100.0)[0] is None
+    assert chain.padding(_pad(dynamic=0.4), "dynamic", None)[0] is None
+    gpu = chain.gpu(
+        100.0, "step_ms 160", chain.padding(_pad(dynamic=0.4, bfd_pack=0.99), "dynamic", 100.0)
+    )
+    assert gpu.capacity == 100.0 and gpu.parts["padding_fixed"] == pytest.approx(247.5)
 
 
 def test_best_strategy_ties_go_to_the_simpler():
@@ -187,6 +192,7 @@ def test_build_chain_with_a_pcie_result_and_skipped_stages():
     why = {"io": "io not selected (--only/--skip)", "pad": "pad not selected (--only/--skip)"}
     extra = {"gpu_basis": "step_ms 200 (option)", "unavailable": why}
     links = chain.build(Results({"pcie": _pcie()}, workload=w, extra=extra))
+    assert "padding" not in {x.link for x in links}  # a property of the GPU step
     by = {x.link: x for x in links}
     assert [x.link for x in links] == list(chain.LINKS)
     # 16 x 16 KiB = 256 KiB: as far from 64 KiB as from 1 MiB; the smaller, 5 GB/s.
@@ -195,24 +201,45 @@ def test_build_chain_with_a_pcie_result_and_skipped_stages():
     assert by["storage"].capacity is None and "io not selected" in (by["storage"].reason or "")
     why["pcie"] = "no CUDA device"
     skipped = chain.build(Results({}, workload=w, extra={"unavailable": why}))
-    assert skipped[3].reason == "not measured: no CUDA device"
+    assert skipped[2].link == "pcie" and skipped[2].reason == "not measured: no CUDA device"
 
 
 def _chain(**caps: float | None) -> list[Link]:
     demand = caps.pop("demand")
+    fixed = caps.pop("padding_fixed", None)
     out = [Link(name, cap, demand) for name, cap in caps.items()]
-    return [*out, Link("gpu", demand, demand)]
+    parts = {"as_trained": demand, "padding_fixed": fixed} if fixed else {}
+    return [*out, Link("gpu", demand, demand, parts=parts)]
 
 
 def test_weakest_and_what_fixing_it_buys():
-    w = chain.weakest(_chain(storage=1000, loader=500, padding=300, pcie=None, demand=400))
-    assert w.link == "padding"
-    assert w.speedup == pytest.approx(400 / 300)  # until the GPU's demand
-    assert w.next_link == "the GPU's demand"
-    w = chain.weakest(_chain(storage=1000, loader=200, padding=300, demand=400))
-    assert (w.link, w.next_link) == ("loader", "padding")
-    assert w.speedup == pytest.approx(1.5)  # until padding, not the GPU
-    assert "1.5x faster (until padding at 300 samples/s)" in w.message
+    w = chain.weakest(_chain(storage=1000, loader=200, pcie=300, demand=400))
+    assert (w.link, w.next_link) == ("loader", "pcie")
+    assert w.speedup == pytest.approx(1.5)  # until pcie, not the GPU
+    assert "1.5x faster (until pcie at 300 samples/s)" in w.message
+    w = chain.weakest(_chain(storage=1000, loader=300, demand=400))
+    assert w.link == "loader" and w.next_link == "the GPU's demand"
+    assert w.speedup == pytest.approx(400 / 300)
+
+
+def test_padding_is_the_gpus_fix_never_a_link():
+    """The issue's case: batch 32, a 10 ms step (3,200 samples/s), the loader at 661/s,
+    dynamic padding at 40% real tokens. The loader is weakest, worth 4.8x; padding buys
+    nothing until it is fixed."""
+    links = _chain(storage=15_000, loader=661, demand=3200, padding_fixed=3200 / 0.402)
+    w = chain.weakest(links)
+    assert w.link == "loader" and w.speedup == pytest.approx(3200 / 661)
+    assert chain.padding_room(links, 2.49)[0] == 1.0
+    # A fed GPU: less padding is the first fix, up to the pipeline.
+    fed = _chain(storage=15_000, loader=6000, demand=3200, padding_fixed=3200 * 2.49)
+    w = chain.weakest(fed)
+    assert w.link == "gpu" and w.speedup == pytest.approx(6000 / 3200)
+    assert "less padding would make training up to 1.9x faster (until loader at 6,000" in w.message
+    assert chain.padding_room(fed, 2.49) == (pytest.approx(6000 / 3200), "then loader limits it")
+    roomy = _chain(storage=15_000, loader=90_000, demand=3200, padding_fixed=3200 * 2.49)
+    assert chain.weakest(roomy).speedup == pytest.approx(2.49)
+    assert "(until all padding removed)" in chain.weakest(roomy).message
+    assert chain.padding_room(roomy, 2.49) == (2.49, "")
 
 
 def test_a_fed_gpu_is_the_weakest_and_says_so():
@@ -246,7 +273,7 @@ def test_weakest_link_finding_only_when_it_matters():
 
 
 def test_reweigh_caps_a_stage_gain_at_what_training_gets():
-    links = _chain(storage=8000, loader=600, padding=200, demand=400)
+    links = _chain(storage=8000, loader=600, demand=400, padding_fixed=800)
     big = Finding("io.small-files", Severity.CRITICAL, "t", gain=Gain(GainKind.THROUGHPUT, 15.8))
     pad = Finding("pad.waste", Severity.CRITICAL, "t", gain=Gain(GainKind.THROUGHPUT, 2.0))
     env = Finding("env.x", Severity.WARNING, "t")
@@ -261,10 +288,15 @@ def test_reweigh_caps_a_stage_gain_at_what_training_gets():
     assert io_f.gain.value == 1.0 and "already delivers more" in io_f.gain.basis
     # True of storage, but buys this workload nothing: info here, and says so.
     assert io_f.severity is Severity.INFO and "critical for storage alone" in io_f.gain.basis
+    # The GPU step is the limit: half the padding, 1.5x, until the loader at 600.
     assert pad_f.severity is Severity.CRITICAL
-    assert pad_f.gain.value == 2.0  # padding at 200 -> 400: the whole 2x
+    assert pad_f.gain.value == 1.5 and "then loader limits it" in pad_f.gain.basis
     assert env_f.gain is None
-    assert chain.headroom(links, "padding") == pytest.approx(2.0)
+    # With the loader below the GPU's rate, padding buys nothing yet.
+    starved = _chain(storage=8000, loader=300, demand=400, padding_fixed=800)
+    (p,) = chain.reweigh([Finding(**{**pad.__dict__, "stage": "pad"})], starved)
+    assert p.gain.value == 1.0 and p.severity is Severity.INFO
+    assert "buys nothing until loader is fixed" in p.gain.basis
     assert chain.headroom(links, "pcie") is None
 
 

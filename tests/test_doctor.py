@@ -23,7 +23,7 @@ from tests.conftest import run, tiny_tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
-LINKS = ["storage", "loader", "padding", "pcie", "gpu"]
+LINKS = ["storage", "loader", "pcie", "gpu"]
 
 
 def test_quick_json_holds_every_stage_the_chain_and_the_weakest_link(tmp_path):
@@ -76,15 +76,19 @@ def test_only_pad_judges_padding_and_leaves_the_rest_null_with_reasons():
     assert chain["loader"]["capacity_samples_per_s"] is None
     pad = {m["name"]: m["value"] for m in d["stages"][1]["metrics"]}
     demand = 16 / 0.1
-    assert chain["padding"]["capacity_samples_per_s"] == pytest.approx(
-        demand * pad["efficiency.dynamic"] / pad["efficiency.padding_free"]
+    # Padding is no link: the GPU's rate with less padding is part of the gpu link.
+    assert "padding" not in chain
+    gpu = chain["gpu"]
+    assert gpu["capacity_samples_per_s"] == pytest.approx(demand)
+    assert gpu["parts"]["padding_fixed"] == pytest.approx(
+        demand * pad["efficiency.padding_free"] / pad["efficiency.dynamic"]
     )
     assert d["workload"]["step_ms"] == {"value": 100.0, "source": "option"}
-    assert d["weakest_link"] == "padding"  # dynamic padding of the embedded default
-    (weakest,) = [f for f in d["checklist"] if f["id"] == "doctor.weakest-link"]
-    assert weakest["gain"]["value"] == pytest.approx(
-        pad["efficiency.padding_free"] / pad["efficiency.dynamic"], rel=1e-3
-    )
+    assert d["weakest_link"] == "gpu"  # only the GPU measured: its step is what is judged
+    assert "no pipeline link measured" in d["weakest_summary"]
+    assert not [f for f in d["checklist"] if f["id"] == "doctor.weakest-link"]
+    (waste,) = [f for f in d["checklist"] if f["id"] == "pad.waste"]
+    assert waste["severity"] == "warning" and "embedded Alpaca-like" in waste["title"]
 
 
 def test_workload_file_and_options_reach_the_stages(tmp_path):
@@ -151,17 +155,18 @@ def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():
     assert r.exit_code == 0, r.stderr
     out = r.stdout
     assert out.index("workload") < out.index("chain") < out.index("Checklist")
-    assert "<- weakest" in out and "Weakest link: padding: fixing it would make training" in out
+    assert "<- weakest" in out and "Weakest link: gpu (no pipeline link measured): less" in out
     assert "step_ms            100 ms per step                     option" in out
     md = run("doctor", "--only", "pad", "--step-ms", "100", "--markdown", "-")
-    assert "### Chain" in md.stdout and "| **padding** |" in md.stdout
+    assert "### Chain" in md.stdout and "| **gpu** |" in md.stdout
     assert "**<- weakest**" in md.stdout
 
 
 def test_fail_on_gates_on_findings():
-    assert (
-        run("doctor", "--only", "pad", "--step-ms", "100", "--fail-on", "critical").exit_code == 1
-    )
+    # The embedded lengths: a warning, never critical (an assumed input).
+    only_pad = ("doctor", "--only", "pad", "--step-ms", "100")
+    assert run(*only_pad, "--fail-on", "critical").exit_code == 0
+    assert run(*only_pad, "--fail-on", "warning").exit_code == 1
     ok = run("doctor", "--only", "pad", "--current", "padding_free", "--step-ms", "100")
     assert ok.exit_code == 0
 
@@ -348,7 +353,7 @@ def test_pcie_failing_mid_way_leaves_the_link_null_and_the_rest_of_the_report(mo
     link = next(x for x in r.json["chain"] if x["link"] == "pcie")
     assert link["capacity_samples_per_s"] is None
     assert link["reason"] == "not measured: CUDA error: an illegal memory access was encountered"
-    assert r.json["weakest_link"] == "padding"
+    assert r.json["weakest_link"] == "gpu"
 
 
 def test_pcie_link_without_cuda_says_why_from_the_real_stage():

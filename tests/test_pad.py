@@ -328,7 +328,9 @@ def test_terminal_output_is_a_table_and_a_checklist():
     assert r.exit_code == 0, r.stderr
     assert "pad_to_context (current)" in r.stdout and "bfd_pack" in r.stdout
     assert "2,000 samples, 189,998 tokens" in r.stdout
-    assert "[pad.waste]" in r.stdout and "CRITICAL" in r.stdout
+    # The embedded lengths are nobody's data: a hint, said so, never CRITICAL.
+    assert "[pad.waste]" in r.stdout and "WARNING" in r.stdout and "CRITICAL" not in r.stdout
+    assert "(on the embedded Alpaca-like lengths, not your data)" in r.stdout
 
 
 def test_markdown_has_the_strategy_table():
@@ -336,10 +338,15 @@ def test_markdown_has_the_strategy_table():
     assert "| strategy | real |" in r.stdout and "| dynamic (current) |" in r.stdout
 
 
-def test_fail_on_critical_gates_ci():
-    assert run("pad", "--json", "/dev/null", "--fail-on", "critical").exit_code == 1
-    r = run("pad", "--json", "/dev/null", "--fail-on", "critical", "--current", "bfd_pack")
-    assert r.exit_code == 0
+def test_fail_on_critical_gates_ci(tmp_path):
+    # Defaults (the embedded lengths) never fail a CI job on critical...
+    assert run("pad", "--json", "/dev/null", "--fail-on", "critical").exit_code == 0
+    # ... the user's own lengths do, and packing them already passes.
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(map(str, textdata.alpaca_like())) + "\n")
+    mine = ("--lengths", str(lengths), "--json", "/dev/null", "--fail-on", "critical")
+    assert run("pad", *mine, "--current", "pad_to_context").exit_code == 1
+    assert run("pad", *mine, "--current", "bfd_pack").exit_code == 0
 
 
 def test_a_real_dataset_with_a_local_tokenizer(tmp_path):

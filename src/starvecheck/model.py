@@ -324,8 +324,10 @@ class StageResult:
         )
 
 
-# The links of the chain, upstream first (DESIGN.md, "Result model").
-CHAIN_LINKS = ("storage", "loader", "padding", "pcie", "gpu")
+# The links of the chain, upstream first (DESIGN.md, "Result model"): the pipeline
+# links deliver samples/s, the GPU consumes them. Padding is no link: it is part of
+# the GPU's step (the gpu link's `parts`).
+CHAIN_LINKS = ("storage", "loader", "pcie", "gpu")
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,22 @@ same unit so they compare directly:
            num_workers, and the CPU preprocessing rate starve measured (`capacity`
            of the starve result: cpu_ms_per_sample of real work per sample, in
            min(recommended, effective CPUs) workers, the consumer taking no time)
-  padding  demand x e_current / e_best, pad's real-token share of the strategy
-           trained with and of the best one: demand / capacity is the speed-up pad
-           reports for switching
   pcie     pinned host-to-device GB/s at the transfer size nearest one batch (doctor
            measures one batch's own size), over the bytes one sample takes on the
            wire (context token ids)
-  gpu      demand itself: the GPU is a link too, and the weakest when it is fed
+  gpu      demand itself, batch_size / step time as trained now. Padding is part of
+           the step, not a link: pad's real-token share of the strategy trained with
+           and of the best one give the rate the same step would reach with less
+           padding, demand x e_best / e_current (the gpu link's `parts`:
+           `as_trained`, `padding_fixed`; step time taken as proportional to
+           positions)
 
-The weakest link is the lowest capacity among the measured links; on a tie the GPU
-(a pipeline that exactly keeps up is feeding it), then the link further upstream.
-Fixing it helps until the next limit: min(demand, next lowest capacity) / its capacity.
+Throughput now is the lowest of the pipeline links and the GPU. The weakest link is
+the lowest pipeline link below the GPU's rate (on a tie the GPU: a pipeline that
+exactly keeps up is feeding it; then the link further upstream); fixing it buys
+min(next pipeline limit, GPU rate) / its capacity. Otherwise the GPU is the limit,
+and less padding (when wasteful) is its first fix: it buys min(pipeline limit, the
+GPU's rate with less padding) / the GPU's rate.
 """
 
 from __future__ import annotations
@@ -125,20 +130,23 @@ def best_strategy(efficiency: Mapping[str, float]) -> str | None:
     return max(names, key=lambda s: (round(efficiency[s], 4), -STRATEGIES.index(s)), default=None)
 
 
-def padding(pad: StageResult, current: str, demand: float | None) -> Link:
+def padding(pad: StageResult, current: str, demand: float | None) -> tuple[float | None, str]:
+    """(the GPU's samples/s with the least-padding strategy, what it rests on); the
+    rate is None, with the reason, where pad measured no figure to scale by."""
     eff = {
         s: v for s in STRATEGIES if (v := pad.value(quantity="efficiency", strategy=s)) is not None
     }
     best = best_strategy(eff)
     if demand is None:
-        return missing("padding", None, "no GPU step time, so no demand to scale")
+        return None, "no GPU step time, so no rate to scale"
     if best is None or not eff.get(current):
-        return missing("padding", demand, f"pad measured no efficiency for {current}")
+        return None, f"pad measured no efficiency for {current}"
     e_cur, e_best = eff[current], eff[best]
     basis = (
-        f"pad: {LABELS[current]} {e_cur:.1%} real tokens per position, {LABELS[best]} {e_best:.1%}"
+        f"padding: {LABELS[current]} {e_cur:.1%} real tokens per position, "
+        f"{LABELS[best]} {e_best:.1%}"
     )
-    return Link("padding", demand * e_cur / e_best, demand, basis)
+    return demand * e_best / e_cur, basis
 
 
 def nearest_size(sizes: Sequence[int], nbytes: float) -> int | None:
@@ -168,10 +176,26 @@ def pcie(result: StageResult, wire_bytes_per_sample: int, batch: int, demand: fl
     return Link("pcie", gbps * WIRE_GB / wire_bytes_per_sample, demand, basis)
 
 
-def gpu(demand: float | None, basis: str) -> Link:
+def gpu(
+    demand: float | None, basis: str, padding_fix: tuple[float | None, str] | None = None
+) -> Link:
+    """The GPU's rate as trained now; with pad's figures, the rate the same step would
+    reach with less padding (`parts`)."""
     if demand is None:
         return missing("gpu", None, "no GPU step time")
-    return Link("gpu", demand, demand, basis)
+    parts: dict[str, float | None] = {}
+    if padding_fix is not None:
+        rate, why = padding_fix
+        if rate is not None:
+            parts = {"as_trained": demand, "padding_fixed": rate}
+            basis += f"; {why}: {rate:,.0f} samples/s with it"
+        else:
+            basis += f"; padding not judged: {why}"
+    return Link("gpu", demand, demand, basis, parts=parts)
+
+
+def _pipeline(chain: Sequence[Link]) -> list[Link]:
+    return [x for x in chain if x.link != "gpu" and x.capacity is not None]
 
 
 @dataclass(frozen=True)
@@ -187,36 +211,32 @@ class Weakest:
 
 
 def weakest(chain: Sequence[Link]) -> Weakest:
-    measured = [x for x in chain if x.capacity is not None]
-    if not any(x.link != "gpu" for x in measured):
-        return Weakest(None, message="Weakest link: too few links measured to name one.")
+    pipeline = _pipeline(chain)
+    gpu_link = next((x for x in chain if x.link == "gpu" and x.capacity is not None), None)
+    if not pipeline:
+        fixed = gpu_link.parts.get("padding_fixed") if gpu_link is not None else None
+        if gpu_link is None or fixed is None or gpu_link.capacity is None:
+            return Weakest(None, message="Weakest link: too few links measured to name one.")
+        # Only the GPU is known: its step is all there is to judge.
+        demand = gpu_link.capacity
+        speedup = max(1.0, fixed / demand)
+        text = "Weakest link: gpu (no pipeline link measured)"
+        if speedup > 1 + SAME:
+            text += (
+                f": less padding would make the step up to {speedup:,.1f}x faster; whether "
+                "training gets it depends on the pipeline, not measured here"
+            )
+        return Weakest("gpu", demand, demand, speedup, None, None, None, text + ".")
     order = {name: i for i, name in enumerate(LINKS)}
-    # The GPU first on a tie, then upstream first (chain order).
-    ranked = sorted(
-        measured,
-        key=lambda x: (x.capacity, x.link != "gpu", order.get(x.link, len(LINKS))),
-    )
+    ranked = sorted(pipeline, key=lambda x: (x.capacity, order.get(x.link, len(LINKS))))
     low, others = ranked[0], ranked[1:]
     assert low.capacity is not None
-    demand = low.demand
-    if low.link == "gpu":
-        nxt = others[0] if others else None
-        headroom = nxt.capacity / low.capacity if nxt and nxt.capacity and low.capacity else None
-        text = "Weakest link: gpu: the input pipeline keeps up, the GPU step is the limit"
-        if nxt is not None and headroom is not None:
-            text += f" (next: {nxt.link} at {headroom:,.1f}x what the GPU consumes)"
-        return Weakest(
-            "gpu",
-            low.capacity,
-            demand,
-            1.0,
-            nxt.link if nxt else None,
-            nxt.capacity if nxt else None,
-            headroom,
-            text + ".",
-        )
-    # Fixing this link helps until the next limit: the next lowest link, or the GPU.
-    nxt = next((x for x in others if x.link != "gpu"), None)
+    demand = gpu_link.capacity if gpu_link is not None else None
+    if demand is not None and low.capacity >= demand:
+        return _gpu_weakest(gpu_link, low)
+    # A pipeline link starves the GPU: fixing it helps until the next pipeline limit
+    # or the GPU's rate, whichever is lower.
+    nxt = others[0] if others else None
     limit, limit_name = demand, "the GPU's demand"
     if nxt is not None and nxt.capacity is not None and (limit is None or nxt.capacity < limit):
         limit, limit_name = nxt.capacity, nxt.link
@@ -230,13 +250,33 @@ def weakest(chain: Sequence[Link]) -> Weakest:
     return Weakest(low.link, low.capacity, demand, speedup, limit_name, limit, None, text + ".")
 
 
+def _gpu_weakest(gpu_link: Link, low: Link) -> Weakest:
+    """The pipeline keeps up: the GPU step is the limit; less padding, where pad says
+    the step computes padding, is what would make it faster, up to the pipeline."""
+    demand = gpu_link.capacity
+    assert demand is not None and low.capacity is not None
+    headroom = low.capacity / demand
+    text = "Weakest link: gpu: the input pipeline keeps up, the GPU step is the limit"
+    fixed = gpu_link.parts.get("padding_fixed")
+    if fixed is not None and fixed > demand * (1 + SAME):
+        limit = min(low.capacity, fixed)
+        speedup = limit / demand
+        until = f"{low.link} at {low.capacity:,.0f}" if low.capacity < fixed else "all padding"
+        text += (
+            f"; less padding would make training up to {speedup:,.1f}x faster "
+            f"(until {until}" + (" samples/s" if low.capacity < fixed else " removed") + ")"
+        )
+        return Weakest("gpu", demand, demand, speedup, low.link, low.capacity, headroom, text + ".")
+    text += f" (next: {low.link} at {headroom:,.1f}x what the GPU consumes)"
+    return Weakest("gpu", demand, demand, 1.0, low.link, low.capacity, headroom, text + ".")
+
+
 # What to do about each link, pointing at the stage findings that say exactly how.
 _FIX = {
     "storage": "Read from faster storage or a better layout: see the io findings "
     "(shards instead of one file per sample, more concurrent readers, a local copy).",
     "loader": "Feed the GPU faster from the host: see the loader and starve findings "
     "(num_workers, cheaper preprocessing, a shard layout).",
-    "padding": "Batch with less padding: see pad.waste for the one-line change.",
     "pcie": "Copy batches faster to the GPU: pinned memory (pin_memory=True), "
     "non_blocking copies, fewer bytes per sample (int32 token ids).",
 }
@@ -274,7 +314,6 @@ STAGE_LINK = {
     "io": "storage",
     "loader": "loader",
     "starve": "loader",
-    "pad": "padding",
     "pcie": "pcie",
 }
 
@@ -290,33 +329,67 @@ def headroom(chain: Sequence[Link], name: str) -> float | None:
     return max(1.0, min([link.demand, *others]) / link.capacity)
 
 
+def padding_room(chain: Sequence[Link], gain: float) -> tuple[float, str] | None:
+    """What less padding (a `gain`-fold faster step) buys training, and why: nothing
+    while a pipeline link starves the GPU (the step is not the limit), else up to the
+    lowest pipeline link. None: the GPU's rate is not known."""
+    gpu_link = next((x for x in chain if x.link == "gpu"), None)
+    if gpu_link is None or gpu_link.capacity is None:
+        return None
+    demand = gpu_link.capacity
+    pipeline = _pipeline(chain)
+    low = min(pipeline, key=lambda x: x.capacity or 0.0) if pipeline else None
+    if low is not None and low.capacity is not None and low.capacity < demand * (1 - SAME):
+        return 1.0, (
+            f"the GPU waits for {low.link} ({low.capacity:,.0f} samples/s against the "
+            f"{demand:,.0f} it consumes), so a faster step buys nothing until {low.link} "
+            "is fixed"
+        )
+    if low is not None and low.capacity is not None and low.capacity < demand * gain:
+        return max(1.0, low.capacity / demand), f"then {low.link} limits it"
+    return gain, ""
+
+
 def reweigh(findings: Sequence[Finding], chain: Sequence[Link]) -> list[Finding]:
     """Stage findings with their throughput gain capped at what it buys this workload.
 
     A stage's gain is the speed-up of its own link (a shard reads 15x faster than small
     files); training only gets it where that link is what holds the GPU back, and only
-    up to the next limit. Doctor ranks its checklist by the capped gain, and says so.
-    A finding whose fix would not speed this workload up at all is kept, as info: true
-    of the link, but not what to spend time on (nor what should fail a CI job)."""
+    up to the next limit. Padding is part of the GPU's step: less of it buys something
+    only once the pipeline keeps up. Doctor ranks its checklist by the capped gain, and
+    says so. A finding whose fix would not speed this workload up at all is kept, as
+    info: true of the link, but not what to spend time on (nor what should fail CI)."""
     out = []
     for f in findings:
-        name = STAGE_LINK.get(f.stage)
         g = f.gain
-        room = headroom(chain, name) if name else None
-        if g is None or g.kind is not GainKind.THROUGHPUT or g.value is None or room is None:
+        if g is None or g.kind is not GainKind.THROUGHPUT or g.value is None:
             out.append(f)
             continue
+        if f.stage == "pad":
+            name = "the GPU step"
+            found = padding_room(chain, g.value)
+            if found is None:
+                out.append(f)
+                continue
+            room, why = found
+        else:
+            name = STAGE_LINK.get(f.stage, "")
+            room_or_none = headroom(chain, name) if name else None
+            if room_or_none is None:
+                out.append(f)
+                continue
+            room = room_or_none
+            why = (
+                f"{name} already delivers more than the GPU consumes"
+                if room <= 1.0
+                else "then the next link limits it"
+            )
         if g.value <= room * (1 + SAME):
             out.append(f)
             continue
         basis = (
             f"{g.basis}; {g.value:.2f}x for {name} itself, but training would run at most "
-            f"{room:.2f}x faster: "
-            + (
-                f"{name} already delivers more than the GPU consumes"
-                if room <= 1.0
-                else "then the next link limits it"
-            )
+            f"{room:.2f}x faster: {why}"
         )
         severity = f.severity
         if room <= 1.0 + SAME and severity.rank > Severity.INFO.rank:
@@ -346,25 +419,71 @@ def build(results: Results) -> tuple[Link, ...]:
         read_capacity(loader_r, w.layout) if loader_r is not None else (None, "loader not selected")
     )
     cpu = cpu_capacity(starve) if starve is not None else (None, "starve not selected")
-    padding_link = (
+    padding_fix = (
         padding(pad, w.current, demand)
         if pad is not None
-        else missing("padding", demand, f"not measured: {why.get('pad', 'pad not run')}")
+        else (None, f"not measured: {why.get('pad', 'pad not run')}")
     )
     pcie_link = (
         pcie(pcie_r, w.wire_bytes_per_sample, w.batch_size, demand)
         if pcie_r is not None
         else missing("pcie", demand, f"not measured: {why.get('pcie', 'no CUDA device')}")
     )
-    gpu_link = gpu(demand, results.extra.get("gpu_basis", ""))
-    return (storage_link, loader(read, cpu, demand), padding_link, pcie_link, gpu_link)
+    gpu_link = gpu(demand, results.extra.get("gpu_basis", ""), padding_fix)
+    return (storage_link, loader(read, cpu, demand), pcie_link, gpu_link)
+
+
+# The workload inputs the chain's figures rest on, and what an unset one is.
+CHAIN_INPUTS = ("batch_size", "step_ms", "cpu_ms_per_sample", "sample_size", "context")
+
+
+def assumptions(results: Results) -> list[str]:
+    """The inputs this doctor run assumed rather than was given or measured, in words."""
+    w = results.workload
+    assert w is not None
+    out = []
+    for key in CHAIN_INPUTS:
+        source = w.source(key)
+        if source in ("default", "assumed"):
+            value = getattr(w, key)
+            shown = f"{value:g}" if isinstance(value, float) else f"{value:,}"
+            out.append(f"{key} {shown} ({source})")
+    if "pad" in results and not w.dataset:
+        out.append("the dataset (pad's embedded Alpaca-like lengths, not yours)")
+    return out
+
+
+# Findings judged against the workload: their weight comes from the chain.
+_WEIGHED = frozenset(STAGE_LINK) | {"pad", "doctor"}
+
+
+def hedged(findings: Sequence[Finding], assumed: Sequence[str]) -> list[Finding]:
+    """A finding the chain weighed on assumed inputs is at most a warning, and says so
+    in its title and evidence (an assumed step time can make any link look slow)."""
+    if not assumed:
+        return list(findings)
+    note = (
+        "Rests on assumed inputs: " + "; ".join(assumed) + ". Give yours (options or "
+        "--workload FILE.toml) to judge your job."
+    )
+    out = []
+    for f in findings:
+        if f.stage not in _WEIGHED or f.severity is not Severity.CRITICAL:
+            out.append(f)
+            continue
+        evidence = f"{f.evidence} {note}".strip()
+        title = f"{f.title} (on assumed inputs)"
+        out.append(replace(f, severity=Severity.WARNING, title=title, evidence=evidence))
+    return out
 
 
 def judge(
     results: Results, findings: Sequence[Finding]
 ) -> tuple[tuple[Link, ...], Weakest, list[Finding]]:
     """doctor's judgement over every stage's findings: the chain, its weakest link,
-    each finding's gain weighed by what it buys this workload, and doctor's own."""
+    each finding's gain weighed by what it buys this workload, and doctor's own; any
+    that rests on assumed inputs at most a warning."""
     links = build(results)
     w = weakest(links)
-    return links, w, [*reweigh(findings, links), *advise(links, w)]
+    weighed = [*reweigh(findings, links), *advise(links, w)]
+    return links, w, hedged(weighed, assumptions(results))

@@ -126,11 +126,22 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) 
                     f" If your model cannot: {LABELS[padded_best]}, {change(padded_best, context)}"
                     f" ({eff[padded_best]:.1%} real, {alt:.2f}x)."
                 )
+    title = (
+        f"{LABELS[current].capitalize()} spends {1 - eff[current]:.0%} of each step on "
+        f"padding; {LABELS[best]} would do {gain:.2f}x the real work"
+    )
+    if params.get("source") == "default":
+        # Judged on lengths the user never gave: a hint, never a verdict on their job.
+        severity = min(severity, Severity.WARNING, key=lambda x: x.rank)
+        title += " (on the embedded Alpaca-like lengths, not your data)"
+        evidence += (
+            " Lengths: pad's embedded Alpaca-like default, not your dataset; measure yours "
+            "with --dataset FILE --tokenizer DIR, or --lengths FILE."
+        )
     return Finding(
         "pad.waste",
         severity,
-        f"{LABELS[current].capitalize()} spends {1 - eff[current]:.0%} of each step on "
-        f"padding; {LABELS[best]} would do {gain:.2f}x the real work",
+        title,
         evidence=evidence,
         recommendation=recommendation,
         gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),

@@ -8,6 +8,7 @@ as a fresh one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
@@ -50,7 +51,27 @@ def rules(results: Results) -> list[Finding]:
         _first_batch(r, rec),
         _pin_memory(params, rec),
     ]
-    return [f for f in findings if f is not None]
+    return _simulated([f for f in findings if f is not None], params)
+
+
+def _simulated(findings: list[Finding], params: Mapping[str, Any]) -> list[Finding]:
+    """On a workload the user did not give (default --sample-ms, --step-ms), findings
+    are about a simulation: at most a warning, and the title and evidence say so."""
+    assumed = params.get("assumed") or []
+    if not assumed:
+        return findings
+    given = {"sample_ms": "--sample-ms", "step_ms": "--step-ms"}
+    what = ", ".join(f"{given[k]} {params[k]:g}" for k in assumed if k in given)
+    note = (
+        f" Simulated: {what} (defaults, not your workload); give your own per-sample CPU "
+        "cost and step time to judge your job."
+    )
+    out = []
+    for f in findings:
+        severity = min(f.severity, Severity.WARNING, key=lambda x: x.rank)
+        title = f.title if f.severity is Severity.OK else f"{f.title} (simulated workload)"
+        out.append(replace(f, severity=severity, title=title, evidence=f.evidence + note))
+    return out
 
 
 def _dataloader_line(w: int) -> str:

@@ -31,26 +31,30 @@ from starvecheck.sysroot import SysRoot
 def starve(
     ctx: typer.Context,
     sample_ms: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--sample-ms",
             min=0.0,
             max=10_000.0,
-            help="D: CPU milliseconds of work per sample in a worker.",
+            help="D: CPU milliseconds of work per sample in a worker [default: 5, an "
+            "assumed figure: give yours].",
+            show_default=False,
         ),
-    ] = 5.0,
+    ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, max=100_000, help="B: samples per batch.")
     ] = 32,
     step_ms: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--step-ms",
             min=0.0,
             max=60_000.0,
-            help="G: milliseconds the consumer (the GPU step) takes per batch.",
+            help="G: milliseconds the consumer (the GPU step) takes per batch [default: 50, "
+            "an assumed figure: give yours].",
+            show_default=False,
         ),
-    ] = 50.0,
+    ] = None,
     workers: WorkersOpt(
         "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
         "effective CPUs, at least 4]."

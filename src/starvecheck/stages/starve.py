@@ -52,9 +52,12 @@ class Plan:
     # doctor: after the sweep, measure the preprocessing capacity this many times
     # (0: not at all; the `starve` command does not).
     capacity_runs: int = 0
+    # The inputs simulated with defaults rather than given ("sample_ms", "step_ms").
+    assumed: tuple[str, ...] = ()
 
     def parameters(self) -> dict[str, Any]:
         return {
+            "assumed": list(self.assumed),
             "sample_ms": self.sample_ms,
             "batch_size": self.batch_size,
             "step_ms": self.step_ms,
@@ -367,6 +370,9 @@ def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
     )
 
 
+# `starve` without --sample-ms or --step-ms simulates these (assumed, and said so).
+DEFAULT_SAMPLE_MS = 5.0
+DEFAULT_STEP_MS = 50.0
 # doctor: 4 measured steps with --quick, 20 without; the capacity from 3 runs.
 DOCTOR_STEPS = {True: 4, False: 20}
 CAPACITY_RUNS = 3
@@ -388,10 +394,20 @@ class StarveStage:
             raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
         eff = ctx.effective_cpus
         workers = options.get("workers")
+        # What the user did not give is simulated with defaults, and said so: findings
+        # on it are hints about a made-up workload, never a verdict on theirs.
+        assumed = tuple(
+            k
+            for k in ("sample_ms", "step_ms")
+            if options.get(k) is None and not (k == "sample_ms" and options.get("tokenizer"))
+        )
         return Plan(
-            sample_ms=options["sample_ms"],
+            sample_ms=DEFAULT_SAMPLE_MS
+            if options.get("sample_ms") is None
+            else options["sample_ms"],
             batch_size=options["batch_size"],
-            step_ms=options["step_ms"],
+            step_ms=DEFAULT_STEP_MS if options.get("step_ms") is None else options["step_ms"],
+            assumed=assumed,
             workers=args.counts("--workers", workers, 0, 1024)
             if workers
             else args.default_workers(eff),
