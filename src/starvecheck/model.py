@@ -242,9 +242,11 @@ class Finding:
     recommendation: str = ""
     gain: Gain | None = None
     stage: str = ""
+    # The change recommended, as data where it is a setting ({"num_workers": 2}).
+    fix: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "id": self.id,
             "severity": self.severity.value,
             "title": self.title,
@@ -253,6 +255,7 @@ class Finding:
             "gain": self.gain.to_dict() if self.gain else None,
             "stage": self.stage,
         }
+        return d | ({"fix": dict(self.fix)} if self.fix else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Finding:
@@ -264,6 +267,7 @@ class Finding:
             recommendation=d.get("recommendation", ""),
             gain=Gain.from_dict(d["gain"]) if d.get("gain") else None,
             stage=d.get("stage", ""),
+            fix=dict(d.get("fix") or {}),
         )
 
 

@@ -59,6 +59,10 @@ class Watch(Generic[T]):
         self.clock = clock
         self.waits = array("d")  # seconds, one per completed step
         self.computes = array("d")
+        # CPU seconds of the loop's own thread in each: at num_workers=0 the wait is the
+        # process making the batch, and its CPU share says CPU work from I/O or sleep.
+        self.wait_cpu = array("d")
+        self.compute_cpu = array("d")
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
         self.notes: list[str] = []
@@ -70,8 +74,10 @@ class Watch(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         sync = self._sync()
-        clock = self.clock
+        clock, cpu = self.clock, time.thread_time
         waits, computes = self.waits, self.computes
+        wait_cpu, compute_cpu = self.wait_cpu, self.compute_cpu
+        got_cpu = 0.0
         every = self.every
         it = iter(self.iterable)
         self.iterator = type(it).__name__
@@ -80,9 +86,10 @@ class Watch(Generic[T]):
         try:
             while True:
                 sync()
-                asked = clock()
+                asked, asked_cpu = clock(), cpu()
                 if received is not None:
                     computes.append(asked - received)
+                    compute_cpu.append(asked_cpu - got_cpu)
                     if every and len(computes) % every == 0:
                         self._print()
                         self._printed_at = len(computes)
@@ -91,17 +98,20 @@ class Watch(Generic[T]):
                     item = next(it)
                 except StopIteration:
                     break
-                received = clock()
+                received, got_cpu = clock(), cpu()
                 waits.append(received - asked)
+                wait_cpu.append(got_cpu - asked_cpu)
                 yield item
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
             if received is not None and len(computes) < len(waits):
                 computes.append(clock() - received)
+                compute_cpu.append(cpu() - got_cpu)
             raise
         finally:
             if len(waits) > len(computes):  # a batch whose step never finished
                 waits.pop()
+                wait_cpu.pop()
             if self.show and len(computes) != self._printed_at:
                 self._print()
                 self._printed_at = len(computes)
@@ -145,6 +155,13 @@ class Watch(Generic[T]):
             Metric.repeated("compute_ms", [c * 1e3 for c in computes], "ms"),
             Metric.single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
         ]
+        if len(self.wait_cpu) == len(self.waits) and len(self.compute_cpu) == len(self.computes):
+            out += [
+                Metric.repeated("data_wait_cpu_ms", [c * 1e3 for c in self.wait_cpu[first:]], "ms"),
+                Metric.repeated(
+                    "compute_cpu_ms", [c * 1e3 for c in self.compute_cpu[first:]], "ms"
+                ),
+            ]
         if first:
             out += [
                 Metric.single("first_step_ms", steps[0] * 1e3, "ms"),
@@ -167,6 +184,7 @@ class Watch(Generic[T]):
             "dataloader": self.iterator,
             "sync": self.sync,
             "passes": self.passes,
+            "effective_cpus": _effective_cpus(),
         }
         caveats = list(self.notes)
         if len(self.computes) > 1:
@@ -244,3 +262,11 @@ def _cuda_in_use() -> bool:
     Never imports torch itself."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available())
+
+
+def _effective_cpus() -> float | None:
+    """The CPUs this process may use: its affinity, capped by a cgroup CPU quota
+    (fractional quotas kept as they are); None when neither can be read."""
+    from starvecheck.probe.machine import process_cpus
+
+    return process_cpus()

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, severity
+from starvecheck.advice.workers import WorkerAdvice, recommend
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, value
 
 if TYPE_CHECKING:
@@ -122,6 +123,9 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
             stage="profile",
         )
     kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
+    advice = _workers(m, params, wait_ms, step_ms) if loader == SINGLE_PROCESS else None
+    if advice is not None:
+        return _single_process(share, sev, kind, evidence, advice)
     if loader == SINGLE_PROCESS:
         recommendation = (
             "The DataLoader loads in the training process (num_workers=0): load in worker "
@@ -238,4 +242,59 @@ def _first_step(m: Sequence[Metric]) -> Finding | None:
         "torch.compile, DataLoader workers starting). If it comes back every epoch, keep "
         "the workers alive between epochs: `DataLoader(..., persistent_workers=True)`.",
         stage="profile",
+    )
+
+
+def _workers(
+    m: Sequence[Metric], params: Mapping[str, Any], wait_ms: float | None, step_ms: float | None
+) -> WorkerAdvice | None:
+    """The worker count for a loop that loads in its own process, where the machine's
+    CPUs and the loading thread's CPU time are known (watch measures both)."""
+    cpus = params.get("effective_cpus")
+    if not cpus or wait_ms is None or step_ms is None:
+        return None
+    wait_cpu = value(m, quantity="data_wait_cpu_ms")
+    step_cpu = value(m, quantity="compute_cpu_ms")
+    return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
+
+
+def _single_process(
+    share: float, sev: Severity, kind: str, evidence: str, a: WorkerAdvice
+) -> Finding:
+    line = LOADER_LINE.format(n=a.workers)
+    if a.cpu_bound:
+        what = "CPU work" if a.cpu_work else "work"
+        recommendation = (
+            f"Loading is CPU-bound: {a.why}, so even {a.available_cpus:.1f} busy CPU(s) deliver "
+            f"a batch no faster than every {a.step_ms:,.1f} ms. {line} gets that far; past it, "
+            f"more workers only compete for the same CPUs. Do the {what} once, offline "
+            "(pre-tokenize or pre-decode into shards), make it cheaper, or train on a node "
+            "with more CPUs per GPU. `starvecheck starve` measures CPU per sample against "
+            "your step."
+        )
+    else:
+        recommendation = (
+            f"The DataLoader loads in the training process (num_workers=0): load in worker "
+            f"processes, {line}: {a.why}, so {a.workers} worker(s) keep up"
+            + (
+                " (the wait is mostly I/O or sleep, so workers may outnumber the CPUs)"
+                if not a.cpu_work
+                else ""
+            )
+            + ". `starvecheck loader` measures each num_workers on your storage."
+        )
+    return Finding(
+        "profile.data-bound",
+        sev,
+        f"The training step is {kind}: {share:.0%} of it waits for data",
+        evidence=evidence + ".",
+        recommendation=recommendation,
+        gain=Gain(
+            GainKind.THROUGHPUT,
+            round(a.speedup, 3),
+            f"predicted: the step from today's median to {a.step_ms:,.1f} ms with "
+            f"num_workers={a.workers} ({a.available_cpus:.1f} CPU(s) for workers)",
+        ),
+        stage="profile",
+        fix={"num_workers": a.workers},
     )

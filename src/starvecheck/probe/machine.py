@@ -191,6 +191,19 @@ def effective_cpus(affinity: int | None, quota: float | None, logical: int | Non
     return max(1, min(candidates))
 
 
+def process_cpus(root: SysRoot | None = None) -> float | None:
+    """The CPUs this process may keep busy: its affinity, capped by the cgroup CPU
+    quota, a fractional quota kept fractional (0.5 CPU is half a core's work per
+    second). A few file reads, for callers that need no other fact (watch)."""
+    root = root or SysRoot.from_environ({})
+    affinity = probe_cpu(root).affinity
+    quota = probe_cgroup(root, read_mounts(root)).quota_cpus
+    count = len(affinity.value) if affinity.known and affinity.value else None
+    q = quota.value if quota.known else None
+    candidates = [float(c) for c in (count, q) if c]
+    return min(candidates) if candidates else None
+
+
 def collect(
     root: SysRoot,
     *,

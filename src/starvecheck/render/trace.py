@@ -70,6 +70,12 @@ def split(
                 notes.append(note)
             continue
         rows.append((label, _ms(ms), f"{m.value:.1%}"))
+        cpu = by_name.get("data_wait_cpu_ms") if name == "data_wait_share" else None
+        if cpu is not None and cpu.value is not None:
+            # watch: the loop's own thread's CPU time while it waited (num_workers=0:
+            # the process making the batch): CPU work, against I/O or sleep.
+            used.add(id(cpu))
+            rows.append(("  ↳ CPU time of the loop's thread", _ms(cpu), ""))
     total = sum(step.values) if step.values else 0.0
     compute = by_name.get("compute_ms")  # watch: the loop's own step, after its batch came
     if compute is not None and compute.value is not None:
@@ -78,6 +84,10 @@ def split(
         rows.append(
             ("compute (the loop's step)", _ms(compute), "" if share is None else f"{share:.1%}")
         )
+        compute_cpu = by_name.get("compute_cpu_ms")
+        if compute_cpu is not None and compute_cpu.value is not None:
+            used.add(id(compute_cpu))
+            rows.append(("  ↳ CPU time of the loop's thread", _ms(compute_cpu), ""))
     for m in metrics:
         if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != "phase_ms":
             continue

@@ -1,0 +1,77 @@
+"""How many DataLoader workers, from what a loop measured: one function for every
+recommendation of num_workers.
+
+At num_workers=0 the training process makes each batch itself: it waits W ms for a
+batch, of which C ms are CPU work (the rest waits on storage or sleeps), then runs the
+step for R ms. With k workers, batches arrive every max(W / k, C / A) ms, where A is
+the CPU the workers can have: the effective CPUs (affinity and cgroup quota, a
+fraction included) less what the training process itself burns during its step. The
+step then takes max(R, that interval). So:
+
+- waiting on I/O (C small against W): more workers than cores help, up to W / R;
+- CPU work (C close to W): never more workers than A, and when C / A > R no worker
+  count keeps up: the loader is CPU-bound, and the fix is to do the work once,
+  offline (pre-tokenize, pre-decode), not more workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# CPU work is this share of the wait or more: the loader is doing CPU work.
+CPU_WORK_SHARE = 0.5
+# Below this share of a core, the training step's own CPU is left out of the count.
+NEGLIGIBLE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class WorkerAdvice:
+    workers: int
+    cpu_bound: bool  # no worker count keeps up: the CPU needed exceeds the CPU there is
+    cpu_work: bool  # the wait is mostly CPU work (not I/O or sleep)
+    step_ms: float  # the predicted step with `workers`
+    speedup: float  # today's step over the predicted one
+    available_cpus: float  # A: CPU the workers can have
+    why: str  # the arithmetic, in words
+
+
+def recommend(
+    wait_ms: float,
+    rest_ms: float,
+    wait_cpu_ms: float | None,
+    effective_cpus: float,
+    step_cpu_ms: float = 0.0,
+) -> WorkerAdvice | None:
+    """num_workers for a loop that loads in its own process (see the module docstring).
+    `wait_cpu_ms`: CPU time of the loading thread while it waited (None: not measured,
+    taken as all CPU, the safe side); `step_cpu_ms`: CPU the training thread used in
+    the rest of the step. None when there is no wait or no step to compare with."""
+    if wait_ms <= 0 or rest_ms <= 0:
+        return None
+    cpu_ms = wait_ms if wait_cpu_ms is None else min(max(wait_cpu_ms, 0.0), wait_ms)
+    train_share = min(max(step_cpu_ms / rest_ms, 0.0), 1.0)
+    if train_share < NEGLIGIBLE_SHARE:  # a step that waits on the GPU: its CPU is noise
+        train_share = 0.0
+    available = max(1.0, effective_cpus - train_share)
+    cpu_work = cpu_ms >= CPU_WORK_SHARE * wait_ms
+    keep_up = math.ceil(wait_ms / rest_ms)  # workers that hide the latency
+    # Past this many workers the CPU, not the count, limits the batches.
+    cpu_cap = max(1, math.floor(available * wait_ms / cpu_ms)) if cpu_ms > 0 else 10**6
+    workers = min(keep_up + 1, cpu_cap)  # one spare where the CPU allows it
+    workers = max(1, workers)
+
+    def interval(k: int) -> float:
+        return max(wait_ms / k, cpu_ms / available)
+
+    step = max(rest_ms, interval(workers))
+    cpu_bound = cpu_ms / available > rest_ms
+    speedup = (wait_ms + rest_ms) / step
+    why = (
+        f"a batch takes {wait_ms:,.1f} ms to make in the training process, "
+        f"{cpu_ms:,.1f} ms of it CPU work; the rest of the step takes {rest_ms:,.1f} ms; "
+        f"{available:.1f} CPU(s) are free for workers ({effective_cpus:.1f} effective"
+        + (f", less {train_share:.1f} the training step uses" if train_share >= 0.05 else "")
+        + ")"
+    )
+    return WorkerAdvice(workers, cpu_bound, cpu_work, step, speedup, available, why)

@@ -1,0 +1,83 @@
+"""The one function that recommends num_workers (advice/workers.py): hand-worked cases,
+a property over any inputs, and a real CPU-bound loop under watch."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from starvecheck.advice.workers import recommend
+
+
+def test_cpu_work_never_gets_more_workers_than_cpus():
+    # 24 ms of CPU per batch, a 10 ms step that waits on the GPU, 2 CPUs: 2 workers,
+    # a batch every 12 ms at best, so CPU-bound (12 > 10).
+    a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=0.2)
+    assert a is not None and a.workers == 2 and a.cpu_work and a.cpu_bound
+    assert a.step_ms == pytest.approx(12.0) and a.speedup == pytest.approx(34 / 12)
+
+
+def test_waiting_on_io_may_outnumber_the_cpus():
+    # 16 ms of waiting, 0.5 ms of it CPU: two workers hide it, one spare.
+    a = recommend(16.0, 10.0, 0.5, 2.0)
+    assert a is not None and a.workers == 3 and not a.cpu_work and not a.cpu_bound
+    assert a.step_ms == pytest.approx(10.0)
+    # 64 ms of sleep a batch: seven workers, past the two CPUs.
+    assert recommend(64.0, 10.0, 1.0, 2.0).workers == 8
+
+
+def test_the_training_step_and_a_fractional_quota_take_their_share():
+    a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=5.0)  # the step burns half a core
+    assert a.available_cpus == pytest.approx(1.5) and a.workers == 1
+    half = recommend(24.0, 10.0, 24.0, 0.5)  # a 0.5-CPU quota: one worker at most
+    assert half.workers == 1 and half.cpu_bound
+
+
+def test_nothing_to_recommend_without_a_wait_or_a_step():
+    assert recommend(0.0, 10.0, 0.0, 2.0) is None
+    assert recommend(10.0, 0.0, 10.0, 2.0) is None
+
+
+@given(
+    wait=st.floats(0.1, 1e4),
+    rest=st.floats(0.1, 1e4),
+    cpu_share=st.floats(0.5, 1.0),
+    cpus=st.floats(0.1, 256),
+    step_cpu=st.floats(0, 1e4),
+)
+def test_property_cpu_bound_work_is_capped_by_the_cpus(wait, rest, cpu_share, cpus, step_cpu):
+    a = recommend(wait, rest, wait * cpu_share, cpus, step_cpu)
+    assert a is not None and a.workers >= 1
+    assert a.workers <= max(1, math.floor(max(1.0, cpus) / cpu_share + 1e-9))
+    assert a.speedup >= 1 - 1e-9  # a recommendation never predicts a slower loop
+
+
+def test_watch_on_real_cpu_work_recommends_at_most_the_cpus():
+    """The issue's case: real CPU work per sample at num_workers=0, a step that sleeps."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    import starvecheck
+
+    class Burn(Dataset):
+        def __len__(self) -> int:
+            return 4 * 25
+
+        def __getitem__(self, i: int):
+            end = time.thread_time() + 0.003
+            while time.thread_time() < end:
+                pass
+            return torch.zeros(4)
+
+    w = starvecheck.watch(DataLoader(Burn(), batch_size=4), show=False)
+    for _ in w:
+        time.sleep(0.004)
+    (f,) = [f for f in w.result().findings if f.id == "profile.data-bound"]
+    cpus = len(os.sched_getaffinity(0))
+    assert 1 <= f.fix["num_workers"] <= cpus
+    assert w.result().parameters["effective_cpus"] <= cpus
