@@ -11,19 +11,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from starvecheck.advice.loader import advise as advise_result
-from starvecheck.advice.loader import dataloader_line
+from starvecheck.advice.judge import Results
+from starvecheck.advice.loader import dataloader_line, rules
 from starvecheck.figures import headline
 from starvecheck.figures import loader_curves as curves
-from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.model import Caveat, Metric, Severity, StageResult
 from starvecheck.render import loader as loader_render
 from starvecheck.scratch import Scratch
-from starvecheck.stages import mds
-from starvecheck.stages.loader import knee, steady
+from starvecheck.stages import mds, sources
+from starvecheck.stages.loader import knee, recommend, steady
+from starvecheck.stages.loaderplan import Plan
 from tests.conftest import run
 from tests.fixtures.labels.loader import labels as loader_labels
 
@@ -33,8 +35,13 @@ def _labelled(m: Metric) -> Metric:
 
 
 def advise(metrics, params):
-    """loader's judgement of these figures, as advice.judge runs it."""
-    return advise_result(StageResult("loader", params, tuple(metrics)), params)
+    """loader's rules over one result, as advice.judge runs them."""
+    return rules(Results({"loader": StageResult("loader", params, tuple(metrics))}))
+
+
+def table(metrics, params, stage="loader"):
+    """loader's table of these figures, as render/sections asks for it."""
+    return loader_render.split(StageResult(stage, params, tuple(metrics)), list(metrics))
 
 
 # Small enough that a whole sweep takes a few seconds here.
@@ -182,7 +189,7 @@ def test_table_has_a_row_per_layout_cache_and_workers():
         Metric.single("recommended_num_workers.shard", 2, "workers"),
         Metric.missing("throughput.mds", "samples/s", mds.INSTALL_HINT),
     ]
-    rows, rest, notes = loader_render.split(
+    rows, rest, notes = table(
         [_labelled(m) for m in metrics],
         {"effective_cpus": 2, "first_batch_cache": {"shard": "cold"}},
     )
@@ -190,6 +197,65 @@ def test_table_has_a_row_per_layout_cache_and_workers():
     assert rows[1][3:] == ("3,000", "", "50", "0.25", "", "7.500", "*")
     assert [m.name for m in rest] == ["recommended_num_workers.shard", "throughput.mds"]
     assert notes and notes[-1].startswith("* recommended")
+
+
+def _labelled_sweep() -> tuple[list[Metric], dict]:
+    metrics = [
+        *_sweep("small_files", {0: 1000.0, 1: 1500.0, 2: 2000.0, 4: 2100.0}),
+        *_sweep("shard", {0: 5000.0, 1: 9000.0, 2: 10000.0, 4: 9000.0}),
+        *_sweep("shard", {0: 9000.0, 1: 12000.0, 2: 13000.0, 4: 12000.0}, temp="warm"),
+        Metric.repeated("mbps.shard.cold.w2", [49.0, 50.0, 51.0], "MB/s"),
+        Metric.single("first_batch_s.shard.w2", 1.5, "s"),
+        Metric.single("batch_wait_ms.shard.cold.w2.p50", 0.5, "ms"),
+        Metric.single("batch_wait_ms.shard.cold.w2.p99", 7.5, "ms"),
+    ]
+    metrics = [_labelled(m) for m in metrics]
+    rec, _, _ = recommend(metrics, 2)
+    return metrics + rec, {**PARAMS, "first_batch_cache": {"shard": "cold"}}
+
+
+def test_rules_and_table_select_by_labels_not_names():
+    """A metric renamed but labelled the same lands in the same finding and table row."""
+    metrics, params = _labelled_sweep()
+    renamed = [replace(m, name=f"x{i}") for i, m in enumerate(metrics)]
+    found = advise(metrics, params)
+    assert {f.id for f in found} >= {"loader.workers", "loader.small-files"}
+    assert "loader.first-batch-slow" in {f.id for f in found}
+    assert [f.to_dict() for f in advise(renamed, params)] == [f.to_dict() for f in found]
+    rows, rest, notes = table(metrics, params)
+    assert len(rows) == 12 and rows[6][:4] == ("shard", "cold", "2", "10,000")
+    assert table(renamed, params)[0] == rows and table(renamed, params)[2] == notes
+    assert [m.name for m in table(renamed, params)[1]] == [f"x{metrics.index(m)}" for m in rest]
+    # Without labels nothing is found and no row is made, whatever the names say.
+    unlabelled = [replace(m, labels={}) for m in metrics]
+    assert advise(unlabelled, params) == []
+    assert table(unlabelled, params)[0] == []
+
+
+def test_the_table_is_loaders_alone():
+    metrics, params = _labelled_sweep()
+    rows, rest, notes = table(metrics, params, stage="profile")
+    assert (rows, notes) == ([], []) and rest == metrics
+    assert rules(Results({})) == []
+
+
+def test_recommend_labels_its_figures_and_ids_its_caveat():
+    metrics = _sweep("shard", {0: 1000.0, 2: 3000.0}) + _sweep("mds", {4: 500.0, 8: 900.0})
+    rec, capacity, caveats = recommend(metrics, 2)
+    q = {"quantity": "recommended_num_workers"}
+    assert [(m.name, m.labels) for m in rec] == [
+        ("recommended_num_workers.shard", {**q, "layout": "shard"}),
+        ("recommended_num_workers", q),
+    ]
+    assert capacity is not None and capacity.name == "capacity (throughput.shard.cold.w2)"
+    assert capacity.labels == {
+        "quantity": "samples_per_s",
+        "layout": "shard",
+        "cache": "cold",
+        "workers": 2,
+    }
+    assert [c.id for c in caveats] == ["loader.no-recommendation"]
+    assert caveats[0].startswith("mds: no num_workers at or below the 2 effective CPUs")
 
 
 # --- MosaicML Streaming ------------------------------------------------------------------
@@ -260,6 +326,21 @@ def test_loader_end_to_end_json(tmp_path):
             assert f"first_batch_s.{layout}.w{w}" in names
         assert f"recommended_num_workers.{layout}" in names
     by = {m["name"]: m for m in stage["metrics"]}
+    # Every figure, the capacity too, labelled with what it is.
+    for m in [*stage["metrics"], stage["capacity"]]:
+        assert m["labels"].get("quantity"), m["name"]
+    assert by["throughput.shard.cold.w1"]["labels"] == {
+        "quantity": "samples_per_s",
+        "layout": "shard",
+        "cache": "cold",
+        "workers": 1,
+    }
+    assert by["recommended_num_workers.mds"]["labels"] == {
+        "quantity": "recommended_num_workers",
+        "layout": "mds",
+    }
+    assert by["recommended_num_workers"]["labels"] == {"quantity": "recommended_num_workers"}
+    assert r.json["schema_version"] == 2
     cpus = r.json["machine"]["cpu"]["effective_cpus"]
     rec = by["recommended_num_workers"]
     assert rec["unit"] == "workers" and 0 <= rec["value"] <= cpus
@@ -304,8 +385,23 @@ def test_existing_files_are_read_and_left_as_they_were(tmp_path):
     assert by["throughput.files.warm.w2"]["value"] > 0
     assert stage["parameters"]["files_read"] == 40
     assert by["recommended_num_workers"]["value"] in (0, 2)
+    assert all(m["labels"].get("quantity") for m in stage["metrics"])
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
     assert after == before
+
+
+def test_existing_files_caveats_have_ids(tmp_path):
+    (tmp_path / "big.bin").write_bytes(b"x" * (9 << 20))
+    (tmp_path / "a.jpg").write_bytes(b"y" * 100)
+    os.symlink(tmp_path / "a.jpg", tmp_path / "link.jpg")
+    plan = Plan(samples=10, sample_size=0, workers=(0,), runs=1)
+    _, params, caveats = sources.existing_sources(str(tmp_path), plan)
+    assert params["files_read"] == 1
+    assert all(isinstance(c, Caveat) for c in caveats)
+    ids = [c.id for c in caveats]
+    assert ids[:2] == ["loader.large-files-skipped", "loader.symlinks-skipped"]
+    assert ids[-1] == "loader.raw-bytes"
+    assert caveats[0].startswith("1 files over 8 MiB (shards, archives) were not read")
 
 
 @pytest.mark.parametrize(

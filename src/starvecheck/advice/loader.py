@@ -1,9 +1,9 @@
 """Judging a `loader` sweep: how many workers, what workers past the CPUs do, what
 worker start-up costs, and what one file per sample costs through a DataLoader.
 
-Reads metrics by their labels (quantity, layout, cache, workers), so a stored report
-is judged as a fresh one. Every
-comparison is between figures of one layout in one cache state, from one run.
+Reads metrics by their labels (quantity, layout, cache, workers), never by their
+names, so a stored report is judged as a fresh one. Every comparison is between
+figures of one layout in one cache state, from one run.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
 
 
 def rules(results: Results) -> list[Finding]:
-    r = results.get("loader")
-    return [] if r is None else list(advise(r, r.parameters))
-
-
-def advise(m: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
+    """loader's findings, from its result's labelled figures; none without one."""
+    m = results.get("loader")
+    if m is None:
+        return []
+    params = m.parameters
     judged = loader_curves(m)
     recommended = {
         layout: int(v)
@@ -60,7 +60,7 @@ def advise(m: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
     }
     top = headline(recommended)
     if top is None:
-        return ()
+        return []
     cpus = int(params.get("effective_cpus") or 1)
     temp, curve = judged[top]
     rec = recommended[top]
@@ -71,7 +71,7 @@ def advise(m: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
         _small_files(judged, recommended),
         _mds_overhead(judged, recommended),
     ]
-    return tuple(f for f in findings if f is not None)
+    return [f for f in findings if f is not None]
 
 
 def _curve_text(curve: Mapping[int, float]) -> str:

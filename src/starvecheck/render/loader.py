@@ -8,11 +8,10 @@ worker counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from starvecheck.figures import loader_curves
-from starvecheck.model import Metric, one, select
+from starvecheck.model import Metric, StageResult, one, select
 
 HEADERS = (
     "layout",
@@ -31,11 +30,15 @@ MARK = "*"
 
 
 def split(
-    metrics: Sequence[Metric], parameters: Mapping[str, Any]
+    stage: StageResult, metrics: Sequence[Metric]
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
-    """(rows, every other metric, why some rows are n/a); no rows for other stages.
-    A row is a DataLoader's samples/s at one (layout, cache, workers), with the
-    figures measured under the same labels."""
+    """(rows, every other metric, why some rows are n/a) of `metrics`, those of
+    `stage` the tables before this one left; no rows for other stages. A row is a
+    DataLoader's samples/s at one (layout, cache, workers), with the figures measured
+    under the same labels."""
+    if stage.stage != "loader":
+        return [], list(metrics), []
+    parameters = stage.parameters
     first_cache = parameters.get("first_batch_cache") or {}
     judged = loader_curves(metrics)
     rows: list[tuple[str, ...]] = []

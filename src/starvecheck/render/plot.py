@@ -83,7 +83,7 @@ def loader_plot(result: StageResult, path: str) -> None:
 
     series: dict[tuple[str, str], dict[int, float]] = {}
     for m in result.select(quantity="samples_per_s"):
-        if m.value is not None:
+        if m.value is not None and {"layout", "cache", "workers"} <= m.labels.keys():
             key = (str(m.labels["layout"]), str(m.labels["cache"]))
             series.setdefault(key, {})[int(m.labels["workers"])] = m.value
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)

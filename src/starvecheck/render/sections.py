@@ -45,7 +45,7 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
             Section(throughput.HEADERS, rows, notes, range(3, 10), metrics=_taken(metrics, rest))
         )
     before = rest
-    rows, rest, notes = loader.split(before, stage.parameters)
+    rows, rest, notes = loader.split(stage, before)
     if rows:
         right = range(2, len(loader.HEADERS) - 1)
         out.append(Section(loader.HEADERS, rows, notes, right, metrics=_taken(before, rest)))

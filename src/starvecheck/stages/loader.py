@@ -42,6 +42,7 @@ from starvecheck.stages.datasets import (
     batch_size_of,
 )
 from starvecheck.stages.layouts import MB, Progress
+from starvecheck.stages.loaderplan import Plan
 from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
@@ -53,7 +54,6 @@ from starvecheck.timing import unstable as timing_unstable
 if TYPE_CHECKING:
     from starvecheck.workload import Workload
 
-# The layout a recommendation is headlined for: the one a person should use.
 # The knee: the fewest workers that reach this share of the best throughput.
 KNEE_SHARE = 0.95
 # Batches read in this process before measuring each layout (first-use costs).
@@ -70,51 +70,6 @@ SIZES = {
 
 def _no_progress(what: str, done: int, total: int) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class Plan:
-    samples: int
-    sample_size: int
-    workers: tuple[int, ...]
-    runs: int
-    batch_size: int = 32
-    prefetch_factor: int = 2
-    pin_memory: bool | None = None  # None: when CUDA is available
-    cold: bool = True
-    effective_cpus: int = 1
-    seed: int = 0
-    # doctor measures only the workload's layout; None: every layout.
-    layouts: tuple[str, ...] | None = None
-    # Testing hook (STARVECHECK_SLOW_RANKS, read in cli/doctor.py): every sample of the
-    # generated map-style layouts takes this much longer, as a slow node's would.
-    sample_delay_ms: float = 0.0
-
-    @property
-    def temperatures(self) -> tuple[str, ...]:
-        return ("cold", "warm") if self.cold else ("warm",)
-
-    def wants(self, layout: str) -> bool:
-        return self.layouts is None or layout in self.layouts
-
-    def parameters(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
-        if self.layouts is not None:
-            extra["layouts"] = list(self.layouts)
-        if self.sample_delay_ms:
-            extra["sample_delay_ms"] = self.sample_delay_ms
-        return extra | {
-            "samples": self.samples,
-            "sample_size_bytes": self.sample_size,
-            "batch_size": self.batch_size,
-            "workers": list(self.workers),
-            "prefetch_factor": self.prefetch_factor,
-            "runs": self.runs,
-            "cold": self.cold,
-            "effective_cpus": self.effective_cpus,
-            "persistent_workers": False,
-            "seed": self.seed,
-        }
 
 
 # --- knee and recommendation (pure) ---------------------------------------------------
@@ -143,9 +98,6 @@ def steady(
     if n == 0:
         return 0, 0.0
     return skip, arrivals[-1] - (arrivals[skip - 1] if skip else started)
-
-
-# --- layouts ---------------------------------------------------------------------------
 
 
 # --- measuring -------------------------------------------------------------------------
@@ -375,8 +327,11 @@ def recommend(
         k = knee(curve, effective_cpus)
         if k is None:
             caveats.append(
-                f"{layout}: no num_workers at or below the {effective_cpus} effective CPUs was "
-                "measured, so none is recommended; add them to --workers"
+                Caveat(
+                    "loader.no-recommendation",
+                    f"{layout}: no num_workers at or below the {effective_cpus} effective CPUs "
+                    "was measured, so none is recommended; add them to --workers",
+                )
             )
             continue
         recommended[layout] = k
@@ -403,18 +358,15 @@ def recommend(
 # --- the stage ---------------------------------------------------------------------------
 
 
-def run(
+def _run(
     path: str,
     plan: Plan,
-    *,
     existing: bool,
     storage: Mapping[str, Any],
-    progress: Progress = _no_progress,
-    warn: Callable[[str], None] = lambda _msg: None,
+    progress: Progress,
+    warn: Callable[[str], None],
 ) -> StageResult:
-    """Measure, summarise, recommend and judge. SIGTERM/SIGHUP raise like Ctrl-C while
-    this runs: workers are shut down, Streaming's shared memory and the scratch data
-    removed on every way out."""
+    """LoaderStage.measure's work."""
     import multiprocessing
 
     import torch
@@ -588,14 +540,10 @@ class LoaderStage:
         return LoaderRun(path, False, plan)
 
     def measure(self, plan: LoaderRun, ctx: RunContext) -> StageResult:
-        return run(
-            plan.path,
-            plan.plan,
-            existing=plan.existing,
-            storage=ctx.storage,
-            progress=ctx.progress,
-            warn=ctx.warn,
-        )
+        """Measure, summarise and recommend (judging is advice/loader's). SIGTERM/SIGHUP
+        raise like Ctrl-C while this runs: workers are shut down, Streaming's shared
+        memory and the scratch data removed on every way out."""
+        return _run(plan.path, plan.plan, plan.existing, ctx.storage, ctx.progress, ctx.warn)
 
 
 STAGE = LoaderStage()

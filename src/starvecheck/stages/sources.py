@@ -11,8 +11,9 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from starvecheck.model import Caveat
 from starvecheck.scratch import Scratch, write_all
 from starvecheck.stages.datasets import (
     SHARD_INDEX,
@@ -23,10 +24,8 @@ from starvecheck.stages.datasets import (
     stack_tokens,
 )
 from starvecheck.stages.layouts import BLOCK, Layout, Progress
+from starvecheck.stages.loaderplan import Plan
 from starvecheck.status import UsageError
-
-if TYPE_CHECKING:
-    from starvecheck.stages.loader import Plan
 
 MDS_OVERHEAD = 64  # bytes per sample an MDS shard adds (offsets, column sizes), rounded up
 
@@ -163,7 +162,7 @@ def _slowed(make: Callable[[int], Any], delay_ms: float) -> Callable[[int], Any]
     return lambda run: Slowed(make(run), delay_ms)
 
 
-def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any], list[str]]:
+def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any], list[Caveat]]:
     """A uniform sample of the user's files up to 8 MiB, read whole, read-only."""
     from starvecheck.stages import existing
 
@@ -194,28 +193,51 @@ def existing_sources(path: str, plan: Plan) -> tuple[list[Source], dict[str, Any
     caveats = []
     if found.large_seen:
         caveats.append(
-            f"{found.large_seen:,} files over 8 MiB (shards, archives) were not read: loader "
-            "reads whole files as samples; `starvecheck io --existing` reads ranges of them"
+            Caveat(
+                "loader.large-files-skipped",
+                f"{found.large_seen:,} files over 8 MiB (shards, archives) were not read: "
+                "loader reads whole files as samples; `starvecheck io --existing` reads ranges "
+                "of them",
+            )
         )
     if found.truncated:
         caveats.append(
-            f"listing stopped after {existing.SCAN_LIMIT:,} files; the sample is drawn from those"
+            Caveat(
+                "loader.listing-truncated",
+                f"listing stopped after {existing.SCAN_LIMIT:,} files; the sample is drawn "
+                "from those",
+            )
         )
     if found.symlinks:
-        caveats.append(f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)")
+        caveats.append(
+            Caveat(
+                "loader.symlinks-skipped",
+                f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)",
+            )
+        )
     if found.unreadable + bad:
         caveats.append(
-            f"{found.unreadable + bad:,} files or directories could not be read and were skipped"
+            Caveat(
+                "loader.unreadable-skipped",
+                f"{found.unreadable + bad:,} files or directories could not be read and were "
+                "skipped",
+            )
         )
     if not flags & os.O_NOATIME:
         caveats.append(
-            "files owned by other users were read without O_NOATIME: their access times may "
-            "change (contents and modification times do not)"
+            Caveat(
+                "loader.atime",
+                "files owned by other users were read without O_NOATIME: their access times "
+                "may change (contents and modification times do not)",
+            )
         )
     caveats.append(
-        "the files are read as raw bytes, each batch collated into one flat tensor (they "
-        "differ in size): decoding (JPEG, tokenizing) costs CPU on top, which "
-        "`starvecheck starve` measures"
+        Caveat(
+            "loader.raw-bytes",
+            "the files are read as raw bytes, each batch collated into one flat tensor (they "
+            "differ in size): decoding (JPEG, tokenizing) costs CPU on top, which "
+            "`starvecheck starve` measures",
+        )
     )
     return [source], params, caveats
 
