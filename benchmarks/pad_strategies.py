@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from starvecheck.stages import packing, textdata
-from starvecheck.stages.strategies import STRATEGIES
+from starvecheck.strategies import STRATEGIES
 
 BAR_S = 5.0
 CONTEXT = 4096
