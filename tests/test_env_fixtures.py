@@ -7,6 +7,7 @@ report for it, through the real CLI and JSON.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -225,3 +226,44 @@ def test_one_node_vm_with_a_gpu_has_no_numa_node_to_miss(tmp_path):
     text = run("env", env={"STARVECHECK_SYSROOT": str(copy)}).stdout
     assert "Unknown (could not be read)" in text  # the fake's free space, still unknown
     assert "numa_node" not in text.split("Unknown (could not be read)")[1]
+
+
+def test_the_stage_measures_and_the_rules_judge_the_machine():
+    """env's stage returns the facts' provenance and no findings; advice/env judges the
+    run's machine, only when the env stage is part of the run."""
+    from starvecheck.advice.env import rules
+    from starvecheck.advice.judge import Results
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
+
+    environ = sysroot_env("docker-v1-shm64")
+    stage = registry.get("env")
+    ctx = RunContext(environ=environ)
+    plan = stage.plan({}, ctx)
+    machine, result = stage.measure_facts(plan, ctx)
+    again = stage.measure(plan, ctx)
+    assert again == replace(result, duration_s=again.duration_s)
+    assert (result.stage, result.metrics, result.findings) == ("env", (), ())
+    assert result.has_caveat("env.fake-sysroot")
+    found = {f.id for f in rules(Results({"env": result}, machine))}
+    assert {"env.shm-too-small", "env.cpu-oversubscribed"} <= found
+    assert rules(Results({}, machine)) == []  # another command's machine: not judged here
+    assert rules(Results({"env": result})) == []  # no facts (a stored trace): nothing to judge
+
+
+def test_a_missing_path_is_refused_by_the_stages_plan(tmp_path):
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
+    from starvecheck.status import UsageError
+
+    ctx = RunContext(environ=sysroot_env("k8s-pod-v2"))
+    with pytest.raises(UsageError, match="no such file or directory in STARVECHECK_SYSROOT="):
+        registry.get("env").plan({"path": str(tmp_path)}, ctx)
+
+
+def test_env_json_has_no_metrics_and_its_findings_from_judging():
+    r = env_json("k8s-pod-v2")
+    assert r["schema_version"] == 2
+    (stage,) = r["stages"]
+    assert stage["stage"] == "env" and stage["metrics"] == [] and stage["findings"]
+    assert all(f["stage"] == "env" for f in stage["findings"])

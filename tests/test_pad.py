@@ -13,6 +13,7 @@ import pytest
 from starvecheck.advice.judge import Results
 from starvecheck.advice.pad import rules
 from starvecheck.model import StageResult
+from starvecheck.render import pad as pad_table
 from starvecheck.stages import packing, pad, textdata
 from starvecheck.status import UsageError
 from starvecheck.strategies import STRATEGIES
@@ -301,6 +302,29 @@ def test_stored_reports_are_judged_as_fresh_ones(tmp_path):
     assert [f.to_dict() for f in judged(renamed)] == [f.to_dict() for f in fresh]
 
 
+def test_the_table_selects_by_labels_not_names(tmp_path):
+    """A metric renamed but labelled the same lands in the same row and cell; one
+    without labels is no strategy's, so it is left for the plain list."""
+    r = pad_run([10, 20, 300, 500], path=tmp_path / "l", context=100, batch_size=2)
+    metrics = r.result.metrics
+    rows, rest, notes = pad_table.split(metrics, r.result.parameters)
+    assert len(rows) == len(STRATEGIES) and rest == [] and notes
+    renamed = tuple(replace(m, name=f"x{i}") for i, m in enumerate(metrics))
+    assert pad_table.split(renamed, r.result.parameters)[::2] == (rows, notes)
+    unlabelled = tuple(replace(m, labels={}) for m in metrics)
+    assert pad_table.split(unlabelled, r.result.parameters) == ([], list(unlabelled), [])
+    assert judged(replace(r.result, metrics=unlabelled)) == []
+
+
+def test_caveats_carry_stable_ids(tmp_path):
+    r = pad_run([0, 10, 20, 300], path=tmp_path / "l", context=100)
+    assert r.result.has_caveat("pad.empty-samples") and r.result.has_caveat("pad.shared-rows")
+    default = pad.run(pad.Plan(limit=100)).result
+    assert default.has_caveat("pad.default-lengths")
+    # The JSON keeps the sentence alone.
+    assert default.to_dict()["caveats"][0].startswith("no --dataset or --lengths: 100 ")
+
+
 # --- end to end ---------------------------------------------------------------------
 
 
@@ -311,6 +335,10 @@ def metrics(r):
 def test_default_run_reports_every_strategy():
     r = run("pad", "--json", "-")
     assert r.exit_code == 0, r.stderr
+    assert r.json["schema_version"] == 2
+    stage = r.json["stages"][0]
+    assert stage["metrics"] and all(m["labels"].get("quantity") for m in stage["metrics"])
+    assert {m["labels"].get("strategy") for m in stage["metrics"]} >= {*STRATEGIES, "ideal"}
     m = metrics(r)
     for s in STRATEGIES:
         for what in ("efficiency", "batches", "attention_cost"):

@@ -68,3 +68,9 @@ def overlap_verdict(ratio: float | None) -> str:
     if ratio <= SEQUENTIAL_AT:
         return "SEQUENTIAL"
     return "PARTIAL"
+
+
+# starve: worker counts whose GPU idle share is within this of the best are as good.
+# The stage recommends the fewest of them; advice counts workers past the CPUs as a
+# help only when they cut the idle share by more than this.
+IDLE_AS_GOOD = 0.02

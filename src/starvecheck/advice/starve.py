@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.figures import IDLE_AS_GOOD
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 STARVED_CRITICAL = 0.50
 STARVED_WARNING = 0.10
 FED = 0.05  # idle share below which the GPU counts as fed
-AS_GOOD = 0.02
 SLOW_FIRST_BATCH_S = 1.0
 
 
@@ -168,7 +168,7 @@ def _above_cpus(r: StageResult, idle: dict[int, float], cpus: int) -> Finding | 
         f"idle, {waited:,.0f} ms wait per step (CPU-aware model {pred:,.0f} ms; a sleep-based "
         f"model would promise {naive:,.0f} ms)"
     )
-    if gained > AS_GOOD:
+    if gained > IDLE_AS_GOOD:
         return Finding(
             "starve.workers-above-cpus",
             Severity.OK,

@@ -18,9 +18,8 @@ from starvecheck.cli.common import (
     context_of,
     emit,
     sysroot_of,
+    warning,
 )
-from starvecheck.status import UsageError
-from starvecheck.sysroot import ENV_VAR
 
 
 @app.command()
@@ -45,14 +44,14 @@ def env(
     library versions, each with what it means for a DataLoader. Reads only;
     --quick changes nothing (env is always quick).
     """
-    from starvecheck.probe.machine import resolve_data_path
-    from starvecheck.stages import env as env_stage
+    from starvecheck.stages import registry
+    from starvecheck.stages.base import RunContext
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    root = sysroot_of(c)
-    if path is not None and not root.exists(resolve_data_path(root, path)):
-        where = "" if root.real else f" in {ENV_VAR}={root.root}"
-        raise UsageError(f"{path}: no such file or directory{where}")
-    machine, result = env_stage.run(root, path=path, environ=c.environ)
+    stage = registry.get("env")
+    run_ctx = RunContext(environ=c.environ, warn=lambda msg: warning(c, msg))
+    plan = stage.plan({"root": sysroot_of(c), "path": path}, run_ctx)
+    # The facts themselves too: they are the report's machine.
+    machine, result = stage.measure_facts(plan, run_ctx)  # type: ignore[attr-defined]
     return emit(build_report("env", machine, [result], c), out, c)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starvecheck.model import Caveat, StageResult
-from starvecheck.probe.machine import Machine, collect
+from starvecheck.probe.machine import Machine, collect, resolve_data_path
 from starvecheck.probe.nvml import NvmlSource
 from starvecheck.stages.base import RunContext
-from starvecheck.sysroot import SysRoot
+from starvecheck.status import UsageError
+from starvecheck.sysroot import ENV_VAR, SysRoot
 
 
 def run(
@@ -41,6 +44,12 @@ def run(
     return machine, result
 
 
+@dataclass(frozen=True)
+class Plan:
+    root: SysRoot  # the machine described: / or a fake one (STARVECHECK_SYSROOT)
+    path: str | None = None  # the data directory whose storage to describe (None: cwd)
+
+
 class EnvStage:
     """`env` in the registry (stages/base.Stage). It measures nothing: its result
     carries the facts' provenance, and the facts themselves are the report's machine."""
@@ -50,15 +59,25 @@ class EnvStage:
     def unavailable(self) -> str | None:
         return None
 
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> dict[str, Any]:
-        return dict(options)
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
+        root = options.get("root") or SysRoot.from_environ(dict(ctx.environ))
+        path = options.get("path")
+        # The path is looked up on the machine described: a fake one has its own files.
+        if path is not None and not root.exists(resolve_data_path(root, path)):
+            where = "" if root.real else f" in {ENV_VAR}={root.root}"
+            raise UsageError(f"{path}: no such file or directory{where}")
+        return Plan(root, path)
 
-    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> dict[str, Any]:
-        return {"path": ctx.path}
+    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> Plan:
+        # doctor measures this machine: its facts must be the figures' machine.
+        return Plan(SysRoot(Path("/")), ctx.path)
 
-    def measure(self, plan: Mapping[str, Any], ctx: RunContext) -> StageResult:
-        root = plan.get("root") or SysRoot.from_environ(dict(ctx.environ))
-        return run(root, path=plan.get("path"), environ=ctx.environ)[1]
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        return self.measure_facts(plan, ctx)[1]
+
+    def measure_facts(self, plan: Plan, ctx: RunContext) -> tuple[Machine, StageResult]:
+        """The facts and the result about them (the `env` command reports both)."""
+        return run(plan.root, path=plan.path, environ=ctx.environ)
 
 
 STAGE = EnvStage()

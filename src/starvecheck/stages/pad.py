@@ -19,15 +19,15 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from starvecheck.model import Metric, StageResult, value
+from starvecheck.model import Caveat, Metric, StageResult, value
 from starvecheck.stages import packing, textdata
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.packing import Figures, Layout
 from starvecheck.status import UsageError
+from starvecheck.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 
 if TYPE_CHECKING:
     from starvecheck.workload import Workload
-from starvecheck.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 
 Progress = Callable[[str, int, int | None], None]
 SHUFFLES = 5
@@ -80,7 +80,7 @@ class Plan:
 @dataclass
 class Input:
     lengths: np.ndarray  # as read: before dropping empty samples and cutting to context
-    caveats: list[str] = field(default_factory=list)
+    caveats: list[Caveat] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,27 +96,37 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
         return Input(
             textdata.alpaca_like(n, plan.seed),
             [
-                f"no --dataset or --lengths: {n:,} synthetic lengths from the embedded "
-                f"Alpaca-like distribution (log-normal cut to {lo}-{hi} tokens, median 83, "
-                "mean 95); measure your own data with --dataset or --lengths"
+                Caveat(
+                    "pad.default-lengths",
+                    f"no --dataset or --lengths: {n:,} synthetic lengths from the embedded "
+                    f"Alpaca-like distribution (log-normal cut to {lo}-{hi} tokens, median 83, "
+                    "mean 95); measure your own data with --dataset or --lengths",
+                )
             ],
         )
     fmt = plan.fmt or textdata.detect_format(plan.dataset)
     progress("reading", 0, plan.limit)
     samples = textdata.read_samples(plan.dataset, fmt, plan.fields, plan.limit)
-    caveats: list[str] = []
+    caveats: list[Caveat] = []
     details: dict[str, Any] = {"format": fmt, "fields": list(samples.fields)}
     for name, n in samples.missing.items():
         caveats.append(
-            f"field {name!r} is missing from {n:,} of {samples.records:,} records (taken as empty)"
+            Caveat(
+                "pad.missing-field",
+                f"field {name!r} is missing from {n:,} of {samples.records:,} records "
+                "(taken as empty)",
+            )
         )
     tokenizer = None
     if plan.tokenizer:
         tokenizer = textdata.load_tokenizer(plan.tokenizer)
         if not getattr(tokenizer, "is_fast", True):
             caveats.append(
-                f"{plan.tokenizer} is a slow (Python) tokenizer: the lengths are right, "
-                "but tokenizing took long; a tokenizer.json gives the fast one"
+                Caveat(
+                    "pad.slow-tokenizer",
+                    f"{plan.tokenizer} is a slow (Python) tokenizer: the lengths are right, "
+                    "but tokenizing took long; a tokenizer.json gives the fast one",
+                )
             )
     elif not samples.pretokenized:
         raise UsageError(
@@ -208,7 +218,12 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     lengths = np.minimum(raw[raw > 0], plan.context)
     caveats = list(data.caveats)
     if empty:
-        caveats.append(f"{empty:,} samples with 0 tokens left out (nothing to train on)")
+        caveats.append(
+            Caveat(
+                "pad.empty-samples",
+                f"{empty:,} samples with 0 tokens left out (nothing to train on)",
+            )
+        )
 
     ideal = float((lengths.astype(np.float64) ** 2).sum())
     metrics = _length_metrics(raw, lengths, plan.context, empty)
@@ -240,15 +255,21 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
         if n in SHARES_ROWS
     ]
     caveats.append(
-        "padding_free and the packing strategies put several samples in one sequence: "
-        "without a per-document attention mask (FlashAttention varlen through position_ids "
-        "or cu_seqlens) samples attend to each other, and attention costs "
-        f"{', '.join(unmasked)} the ideal instead of 1x"
+        Caveat(
+            "pad.shared-rows",
+            "padding_free and the packing strategies put several samples in one sequence: "
+            "without a per-document attention mask (FlashAttention varlen through position_ids "
+            "or cu_seqlens) samples attend to each other, and attention costs "
+            f"{', '.join(unmasked)} the ideal instead of 1x",
+        )
     )
     if shuffles < SHUFFLES:
         caveats.append(
-            f"shuffled strategies laid out over {shuffles} shuffle(s), not {SHUFFLES}: "
-            f"{lengths.size:,} samples vary little from one shuffle to the next"
+            Caveat(
+                "pad.few-shuffles",
+                f"shuffled strategies laid out over {shuffles} shuffle(s), not {SHUFFLES}: "
+                f"{lengths.size:,} samples vary little from one shuffle to the next",
+            )
         )
     params = {
         **plan.parameters(),

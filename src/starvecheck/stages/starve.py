@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.figures import IDLE_AS_GOOD
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import check_signals
 from starvecheck.stages.base import RunContext
@@ -273,10 +274,6 @@ def _mean_metric(name: str, values: Sequence[float], unit: str, labels: dict[str
     return replace(m, value=statistics.fmean(values)) if values else m
 
 
-# Worker counts whose idle share is within this of the best are "as good".
-AS_GOOD = 0.02
-
-
 def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | None:
     """The fewest workers whose GPU idle share is within 2 points of the best measured
     at or below the effective CPU count (more workers than CPUs only compete)."""
@@ -284,7 +281,7 @@ def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | N
     if not eligible:
         return None
     best = min(p.idle_share for p in eligible)
-    return min(p.workers for p in eligible if p.idle_share <= best + AS_GOOD)
+    return min(p.workers for p in eligible if p.idle_share <= best + IDLE_AS_GOOD)
 
 
 def capacity_workers(points: Sequence[Point], effective_cpus: int) -> int:
