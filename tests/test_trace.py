@@ -70,8 +70,10 @@ def test_cpu_only_trace_waits_30_percent():
     assert not [m for m in r.metrics if m.name.startswith("phase_ms.")]
     assert any("left out as a warm-up" in c for c in r.caveats)
     data = finding(r, "profile.data-bound")
-    assert data.severity is Severity.CRITICAL
-    assert "3 of 3 steps" in data.evidence
+    # 30% would be critical, but three measured steps are too few for a verdict.
+    assert data.severity is Severity.INFO
+    assert "3 of 3 steps" in data.evidence and "only 3 step(s) measured" in data.evidence
+    assert "(a mean 30.0 ms of a mean 100.0 ms step)" in data.evidence
     assert "num_workers=2, pin_memory=True, persistent_workers=True" in data.recommendation
     assert finding(r, "profile.gpu-idle") is None
 
@@ -94,7 +96,7 @@ def test_gpu_trace_splits_idle_time(name):
     assert r.parameters["data_wait_source"] == "DATALOADER_WAIT and DataLoader.__next__"
     ids = {f.id: f.severity for f in r.findings}
     assert ids == {
-        "profile.data-bound": Severity.CRITICAL,
+        "profile.data-bound": Severity.INFO,  # two measured steps: too few for a verdict
         "profile.memcpy": Severity.WARNING,
         "profile.first-step-stall": Severity.INFO,
     }
@@ -394,7 +396,8 @@ def test_a_real_torch_profiler_trace(tmp_path):
     assert r.parameters["dataloader"] == "_SingleProcessDataLoaderIter"
     assert r.metric("gpu_idle_share").reason == trace.NO_GPU
     assert r.metric("phase_ms.forward").median == pytest.approx(20, abs=15)
-    assert finding(r, "profile.data-bound").severity is Severity.CRITICAL
+    # Four steps: too few for a verdict, said in the evidence.
+    assert finding(r, "profile.data-bound").severity is Severity.INFO
 
 
 # Garbage in: a usage error, nothing else
@@ -558,8 +561,12 @@ def test_cli_terminal_report_breaks_the_step_down():
 
 
 def test_cli_fail_on_gates_a_ci_job_on_a_trace():
-    r = run("profile", "--trace", str(TRACES / "cpu_only.json"), "--fail-on", "critical")
+    # The GPU trace's pageable copies are a warning; its three steps of data wait are
+    # too few for more than info.
+    r = run("profile", "--trace", str(TRACES / "gpu.json"), "--fail-on", "warning")
     assert r.exit_code == 1
+    r = run("profile", "--trace", str(TRACES / "cpu_only.json"), "--fail-on", "warning")
+    assert r.exit_code == 0
 
 
 @pytest.mark.parametrize(

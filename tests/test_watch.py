@@ -43,11 +43,11 @@ def values(w: Watch) -> dict:
 
 
 def test_known_wait_gives_the_known_share():
-    # First step 500 ms of start-up, then 20 ms wait + 10 ms compute, nine times.
-    w = watched([500] + [20] * 9, [10] * 10)
+    # First step 500 ms of start-up, then 20 ms wait + 10 ms compute, ten times.
+    w = watched([500] + [20] * 10, [10] * 11)
     v = values(w)
-    assert v["steps"].value == 10
-    assert v["step_ms"].n == 9 and v["step_ms"].median == pytest.approx(30)
+    assert v["steps"].value == 11
+    assert v["step_ms"].n == 10 and v["step_ms"].median == pytest.approx(30)
     assert v["data_wait_ms"].median == pytest.approx(20)
     assert v["compute_ms"].median == pytest.approx(10)
     assert v["data_wait_share"].value == pytest.approx(2 / 3)
@@ -55,7 +55,8 @@ def test_known_wait_gives_the_known_share():
     assert v["first_wait_ms"].value == pytest.approx(500)
     ids = {f.id: f for f in w.result().findings}
     assert ids["profile.data-bound"].severity.value == "critical"
-    assert "9 of 9 steps" in ids["profile.data-bound"].evidence
+    assert "10 of 10 steps" in ids["profile.data-bound"].evidence
+    assert "(a mean 20.0 ms of a mean 30.0 ms step)" in ids["profile.data-bound"].evidence
     assert ids["profile.first-step-stall"].severity.value == "info"
 
 
@@ -114,13 +115,13 @@ def test_items_and_length_pass_through_unchanged():
 def test_prints_at_the_end_and_every_n_steps():
     out = io.StringIO()
     clock = Clock()
-    w = Watch(source(clock, [20] * 10), clock=clock, every=4, file=out)
+    w = Watch(source(clock, [20] * 11), clock=clock, every=4, file=out)
     for _ in w:
         clock.t += 0.01
     text = out.getvalue()
-    # after steps 4 and 8, then at the end (10); never twice for the same count
+    # after steps 4 and 8, then at the end (11); never twice for the same count
     assert text.count("starvecheck watch") == 3
-    assert "step (9 of 10 measured)" in text
+    assert "step (10 of 11 measured)" in text
     last = text.rsplit("Checklist", 1)[1]
     assert "\n1 critical: start with profile.data-bound" in last
     assert not any(line != line.rstrip() for line in text.splitlines())

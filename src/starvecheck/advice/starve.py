@@ -90,6 +90,10 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
         f"num_workers=0: the GPU waits {wait0:,.0f} ms per step, idle {w0:.0%} of the time; "
         f"num_workers={r}: idle {wr:.0%}"
     )
+    if r == 0 and w0 >= STARVED_WARNING:
+        # No worker count beats num_workers=0: nothing to compare it with (the
+        # not-enough-cpu finding says why workers do not help).
+        return None
     if w0 < STARVED_WARNING:
         return Finding(
             "starve.workers-zero",

@@ -32,6 +32,19 @@ LOADER_LINE = (
 )
 
 
+# Quiet below these: a wait under a millisecond a step, or too few steps to judge.
+QUIET_WAIT_MS = 1.0
+MIN_STEPS = 10
+
+
+def _mean(m: Sequence[Metric], quantity: str) -> float | None:
+    """The mean of a per-step figure (its values), else its headline value."""
+    x = _get(m, quantity)
+    if x is None:
+        return None
+    return sum(x.values) / len(x.values) if x.values else x.value
+
+
 def _get(m: Sequence[Metric], quantity: str) -> Metric | None:
     """The figure of this quantity, where it has a value."""
     x = one(m, quantity=quantity)
@@ -98,13 +111,24 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
     if share is None:
         return None
     sev = severity(share)
-    wait_ms, step_ms = value(m, quantity="data_wait_ms"), value(m, quantity="step_ms")
+    # The share is summed wait over summed step time: the milliseconds beside it are
+    # the means of the same steps, so the three figures add up.
+    wait_ms, step_ms = _mean(m, "data_wait_ms"), _mean(m, "step_ms")
     counted = steps_waiting(m)
     evidence = f"{share:.1%} of step time waits for data"
     if wait_ms is not None and step_ms is not None:
-        evidence += f" ({wait_ms:,.1f} ms of a {step_ms:,.1f} ms median step)"
+        evidence += f" (a mean {wait_ms:,.1f} ms of a mean {step_ms:,.1f} ms step)"
     if counted is not None:
         evidence += f"; {counted[0]} of {counted[1]} steps wait more than {INPUT_BOUND:.0%}"
+    steps = _get(m, "step_ms")
+    n = steps.n if steps is not None else 0
+    if sev is not Severity.OK and wait_ms is not None and wait_ms < QUIET_WAIT_MS:
+        # Under a millisecond a step: nothing a loader change would buy.
+        sev = Severity.INFO
+        evidence += f"; under {QUIET_WAIT_MS:g} ms of wait per step"
+    elif sev is not Severity.OK and 0 < n < MIN_STEPS:
+        sev = Severity.INFO
+        evidence += f"; only {n} step(s) measured: {MIN_STEPS} or more for a verdict"
     source = params.get("data_wait_source")
     loader = params.get("dataloader")
     if source or loader:
@@ -292,8 +316,9 @@ def _single_process(
         gain=Gain(
             GainKind.THROUGHPUT,
             round(a.speedup, 3),
-            f"predicted: the step from today's median to {a.step_ms:,.1f} ms with "
-            f"num_workers={a.workers} ({a.available_cpus:.1f} CPU(s) for workers)",
+            f"predicted: the mean step from {a.step_ms * a.speedup:,.1f} ms to "
+            f"{a.step_ms:,.1f} ms with num_workers={a.workers} ({a.available_cpus:.1f} "
+            "CPU(s) for workers)",
         ),
         stage="profile",
         fix={"num_workers": a.workers},
