@@ -3,12 +3,17 @@ its refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from starvecheck.advice.profile import advise
-from starvecheck.model import Metric
+from starvecheck.advice.judge import Results
+from starvecheck.advice.profile import rules
+from starvecheck.model import Metric, StageResult
+from starvecheck.render import profile as profile_table
 from starvecheck.stages import profile as profile_stage
+from starvecheck.stages.base import RunContext
 from tests.conftest import run
 from tests.fixtures.labels.profile import labels as profile_labels
 
@@ -26,6 +31,8 @@ def test_quick_loop_reports_both_layouts_with_five_phases(tmp_path):
             str(traces), "--json", "-", str(tmp_path))  # fmt: skip
     assert r.exit_code == 0, r.stderr
     m = metrics(r)
+    for x in m.values():  # every figure labelled, as tests/fixtures/labels knows its name
+        assert x["labels"]["quantity"] and x["labels"] == profile_labels(x["name"], x["unit"])
     for layout in ("small_files", "mds"):
         for w in (0, 1):
             key = f"{layout}.w{w}"
@@ -96,11 +103,17 @@ def _labelled(m: Metric) -> Metric:
     return m.labelled(**profile_labels(m.name, m.unit))
 
 
+def judged(ms, params=None) -> dict:
+    """advice/profile's findings on a loop's result holding these metrics."""
+    result = StageResult("profile", dict(params or {}), tuple(ms))
+    return {f.id: f for f in rules(Results({"profile": result}))}
+
+
 def advice(values):
     ms = [
         _labelled(Metric.single(f"data_wait_share.{k}", v, "fraction")) for k, v in values.items()
     ]
-    return {f.id: f for f in advise(ms, {})}
+    return judged(ms)
 
 
 def test_data_wait_thresholds_follow_five_and_twenty_percent():
@@ -120,15 +133,19 @@ def test_workers_and_small_files_findings():
 
 def test_cold_says_whether_the_cache_was_really_emptied(tmp_path):
     pytest.importorskip("transformers")
-    r = run("profile", "--quick", "--cold", "--workers", "0", "--steps", "2", "--json", "-",
-            str(tmp_path))  # fmt: skip
-    assert r.exit_code == 0, r.stderr
-    m = metrics(r)
-    caveats = r.json["stages"][0]["caveats"]
+    options = {"path": str(tmp_path), "quick": True, "cold": True, "workers": "0", "steps": 2,
+               "device": "cpu"}  # fmt: skip
+    ctx = RunContext()
+    r = profile_stage.STAGE.measure(profile_stage.STAGE.plan(options, ctx), ctx)
+    assert r.findings == ()  # judging comes after, once per report
+    assert r.has_caveat("profile.cold")
     for layout in ("small_files", "mds"):
-        resident = m[f"resident_before.{layout}"]["value"]
-        warned = any(c.startswith("--cold: ") and f"of {layout} was still" in c for c in caveats)
-        assert warned == (resident > 0.05)  # tmpfs keeps it all, and says so
+        resident = r.value(quantity="resident_before", layout=layout)
+        warned = [
+            c for c in r.caveats if c.startswith("--cold: ") and f"of {layout} was still" in c
+        ]
+        assert bool(warned) == (resident > 0.05)  # tmpfs keeps it all, and says so
+        assert all(c.id == "cache.not-cold" for c in warned)
 
 
 def _h2d(h2d_ms, step_ms, device="cuda"):
@@ -138,7 +155,7 @@ def _h2d(h2d_ms, step_ms, device="cuda"):
         Metric.repeated("step_ms.mds.w2", step_ms, "ms"),
     ]
     ms = [_labelled(m) for m in ms]
-    return {f.id: f for f in advise(ms, {"device": device})}.get("profile.h2d")
+    return judged(ms, {"device": device}).get("profile.h2d")
 
 
 def test_h2d_copies_over_a_tenth_of_the_step_are_a_finding():
@@ -212,3 +229,69 @@ def test_tokenizing_five_points_longer_than_shards_is_a_finding():
     assert f is not None and f.severity.value == "critical"
     assert f.gain.value == pytest.approx(0.28)
     assert "dataset.map(tokenize, batched=True" in f.recommendation
+
+
+# --- labels: what the table and the rules select by ---------------------------------
+
+
+def _loop_metrics() -> list[Metric]:
+    """A loop's figures at two layouts and num_workers, as the stage labels them."""
+    out = []
+    for layout, w, wait, h2d in (
+        ("small_files", 0, 0.40, 30.0),
+        ("small_files", 2, 0.30, 2.0),
+        ("mds", 2, 0.02, 2.0),
+    ):
+        key = f"{layout}.w{w}"
+        out += [
+            Metric.repeated(f"phase_ms.{p}.{key}", [h2d if p == "h2d_transfer" else 5.0] * 3, "ms")
+            for p in PHASES
+        ]
+        out += [
+            Metric.repeated(f"step_ms.{key}", [100.0] * 3, "ms"),
+            Metric.single(f"data_wait_share.{key}", wait, "fraction"),
+            Metric.single(f"samples_per_s.{key}", 80.0, "samples/s"),
+        ]
+    return [_labelled(m) for m in out]
+
+
+def test_table_and_rules_select_by_labels_not_names():
+    ms = _loop_metrics()
+    r = StageResult("profile", {"device": "cuda"}, tuple(ms))
+    renamed = dataclasses.replace(
+        r, metrics=tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(ms))
+    )
+    rows, rest = profile_table.split(r, r.metrics)
+    assert [row[:2] for row in rows] == [("small_files", "0"), ("small_files", "2"), ("mds", "2")]
+    assert rest == []
+    assert rows[0][-2:] == ("40.0%", "80.0")
+    assert profile_table.split(renamed, renamed.metrics) == (rows, [])
+    found = judged(r.metrics, r.parameters)
+    assert found.keys() == {
+        "profile.data-bound",
+        "profile.workers",
+        "profile.small-files",
+        "profile.h2d",
+    }
+    assert judged(renamed.metrics, renamed.parameters) == found
+    assert "small_files with num_workers=0" in found["profile.h2d"].evidence
+
+
+def test_the_loop_table_is_profiles_alone():
+    ms = _loop_metrics()
+    other = StageResult("loader", {}, tuple(ms))
+    assert profile_table.split(other, ms) == ([], ms)
+    # A trace reports under profile too, but its figures carry no layout: not the loop's.
+    flat = [Metric.single("data_wait_share", 0.3, "fraction", {"quantity": "data_wait_share"})]
+    assert profile_table.split(StageResult("profile", {}, tuple(flat)), flat) == ([], flat)
+    assert judged(flat) == {}
+
+
+def test_trace_dir_is_checked_by_the_stages_plan(tmp_path):
+    from starvecheck.status import UsageError
+
+    options = {"path": str(tmp_path), "device": "cpu", "trace_dir": str(tmp_path / "a" / "b")}
+    with pytest.raises(UsageError, match="does not exist"):
+        profile_stage.STAGE.plan(options, RunContext())
+    made = profile_stage.STAGE.plan({**options, "trace_dir": str(tmp_path / "t")}, RunContext())
+    assert made.plan.trace_dir == str((tmp_path / "t").resolve()) and (tmp_path / "t").is_dir()

@@ -4,6 +4,7 @@ traces. The hand-made traces' figures are worked out in fixtures/traces/README.m
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import time
@@ -15,9 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from starvecheck.advice.judge import Results, attach, judge
-from starvecheck.advice.trace import advise, workers_needed
+from starvecheck.advice.trace import rules, workers_needed
 from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.render import trace as trace_table
 from starvecheck.stages import trace
+from starvecheck.stages.base import RunContext
 from starvecheck.status import UsageError
 from tests.conftest import FIXTURES, run
 
@@ -38,8 +41,14 @@ def with_findings(r: StageResult) -> StageResult:
     return attach([r], judge(Results({r.stage: r})))[0]
 
 
+def measure(path: Path | str) -> StageResult:
+    """The trace stage as `profile --trace` runs it: plan, then measure."""
+    ctx = RunContext()
+    return trace.STAGE.measure(trace.STAGE.plan({"trace": path}, ctx), ctx)
+
+
 def read(name: str) -> StageResult:
-    return with_findings(trace.run(TRACES / name))
+    return with_findings(measure(TRACES / name))
 
 
 def values(r: StageResult) -> dict[str, float | None]:
@@ -69,6 +78,7 @@ def test_cpu_only_trace_waits_30_percent():
         assert m.value is None and m.reason == "no GPU kernels in the trace: a CPU-only run"
     assert not [m for m in r.metrics if m.name.startswith("phase_ms.")]
     assert any("left out as a warm-up" in c for c in r.caveats)
+    assert r.has_caveat("trace.warmup-left-out")
     data = finding(r, "profile.data-bound")
     # 30% would be critical, but three measured steps are too few for a verdict.
     assert data.severity is Severity.INFO
@@ -111,6 +121,8 @@ def test_nested_and_overlapping_fetches_count_once():
     assert r.parameters["dataloader"] == "_MultiProcessingDataLoaderIter"
     assert any("20.0 ms of DataLoader fetches fall outside" in c for c in r.caveats)
     assert any("only 2 steps" in c for c in r.caveats)
+    for caveat in ("trace.fetches-outside-steps", "timing.too-few-runs", "trace.main-process-only"):
+        assert r.has_caveat(caveat), caveat
     assert "`starvecheck starve`" in finding(r, "profile.data-bound").recommendation
 
 
@@ -133,6 +145,7 @@ def test_without_profiler_steps_the_trace_is_one_step():
     assert a.steps[0].dur == pytest.approx(385_000)
     assert a.data_wait_share == pytest.approx(120 / 385)
     assert any("no ProfilerStep events" in c for c in a.caveats)
+    assert any(c.id == "trace.whole-trace" for c in a.caveats)
 
 
 def test_a_trace_that_starts_after_step_0_has_no_warmup_to_leave_out():
@@ -162,6 +175,7 @@ def test_no_dataloader_in_the_trace_means_no_data_figure():
     assert m.value is None and "no DataLoader fetch" in m.reason
     assert finding(r, "profile.data-bound") is None
     assert any("DATALOADER_WAIT" in c for c in r.caveats)
+    assert r.has_caveat("trace.no-dataloader")
 
 
 def test_steps_of_several_processes_keep_the_busiest():
@@ -170,12 +184,56 @@ def test_steps_of_several_processes_keep_the_busiest():
     a = trace.analyze(events + other)
     assert len(a.steps) == 4
     assert any("2 processes" in c for c in a.caveats)
+    assert any(c.id == "trace.several-processes" for c in a.caveats)
 
 
 def test_a_stored_report_is_judged_as_a_fresh_one():
     r = read("gpu.json")
     back = StageResult.from_dict(json.loads(json.dumps(r.to_dict())))
-    assert advise(back.metrics, back.parameters) == r.findings
+    assert with_findings(back).findings == r.findings
+
+
+# Labels: what the table and the rules select by
+
+
+def test_every_figure_is_labelled_with_its_quantity():
+    r = measure(TRACES / "gpu.json")
+    for m in r.metrics:
+        if m.labels["quantity"] == "phase_ms":
+            assert set(m.labels) == {"quantity", "phase"}, m.name
+        else:
+            assert m.labels == {"quantity": m.name}, m.name  # one of a kind
+
+
+def _renamed(r: StageResult) -> StageResult:
+    """The same figures under other names: the table and the rules must not notice."""
+    metrics = tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(r.metrics))
+    return dataclasses.replace(r, metrics=metrics)
+
+
+@pytest.mark.parametrize("name", ["gpu.json", "cpu_only.json", "nested.json"])
+def test_table_and_rules_select_by_labels_not_names(name):
+    r = measure(TRACES / name)
+    renamed = _renamed(r)
+    rows, rest, _ = trace_table.split(r, r.metrics)
+    assert rows and trace_table.split(renamed, renamed.metrics)[0] == rows
+    assert [m.name for m in rest] == []  # the breakdown takes every figure
+    found = rules(Results({"profile": r}))
+    assert found and rules(Results({"profile": renamed})) == found
+
+
+def test_figures_with_a_layout_are_no_breakdown():
+    # profile's loop labels the same quantities with a layout and num_workers: its own
+    # table and rules (advice/profile) take them, not the breakdown's.
+    r = measure(TRACES / "gpu.json")
+    loop = dataclasses.replace(
+        r, metrics=tuple(m.labelled(layout="mds", workers=0) for m in r.metrics)
+    )
+    assert trace_table.split(loop, loop.metrics)[0] == []
+    assert rules(Results({"profile": loop})) == []
+    # and another stage's figures, whatever their labels, are not read as a step's
+    other = dataclasses.replace(r, stage="starve")
+    assert trace_table.split(other, other.metrics)[0] == []
 
 
 # Refusals: one line naming the file
@@ -242,7 +300,7 @@ def test_a_trace_spanning_no_time_is_refused_by_name(tmp_path):
     path = tmp_path / "zero.json"
     path.write_text(json.dumps([{"ph": "X", "name": "a", "ts": 5, "dur": 0}]))
     with pytest.raises(UsageError, match=r"^--trace .*zero\.json: the trace's events span"):
-        trace.run(path)
+        measure(path)
 
 
 # Advice thresholds, from metrics alone
@@ -256,7 +314,8 @@ def judged(**figures) -> tuple:
             metrics.append(Metric.repeated(name, v, "ms", labels))
         else:
             metrics.append(Metric.single(name, v, "fraction", labels))
-    return advise(metrics, {})
+    result = StageResult("profile", {"trace": "x.json"}, tuple(metrics))
+    return tuple(rules(Results({"profile": result})))
 
 
 @pytest.mark.parametrize(
@@ -387,7 +446,7 @@ def test_a_real_torch_profiler_trace(tmp_path):
                 if i == 4:  # one warm-up step and four active ones
                     break
     (path,) = tmp_path.glob("*.pt.trace.json")
-    r = with_findings(trace.run(path))
+    r = with_findings(measure(path))
     v = values(r)
     assert v["steps"] == 4
     # ProfilerStep#1 to #4: the schedule's warm-up step was #0, so all four are measured.
@@ -558,6 +617,16 @@ def test_cli_terminal_report_breaks_the_step_down():
     assert rows["↳ other (launches, syncs, host code)"].rstrip().endswith("11.0%")
     assert "400.0" in rows["first step (left out)"]
     assert "[profile.first-step-stall]" in r.stdout
+
+
+def test_cli_json_labels_every_metric_with_its_quantity():
+    r = run("profile", "--trace", str(TRACES / "gpu.json"), "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert r.json["schema_version"] == 2
+    (stage,) = r.json["stages"]
+    assert stage["stage"] == "profile"  # as schema 1 named it
+    for m in stage["metrics"]:
+        assert m["labels"] and m["labels"]["quantity"], m["name"]
 
 
 def test_cli_fail_on_gates_a_ci_job_on_a_trace():

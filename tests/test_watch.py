@@ -194,6 +194,7 @@ def test_sync_without_cuda_is_a_note_not_an_error():
     w = Watch(range(3), sync=True, show=False)
     assert list(w) == [0, 1, 2]
     assert any("no CUDA device" in c for c in w.result().caveats)
+    assert w.result().has_caveat("watch.sync-without-cuda")
 
 
 def test_importing_starvecheck_loads_no_torch():
@@ -202,3 +203,36 @@ def test_importing_starvecheck_loads_no_torch():
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_every_figure_is_labelled_with_its_quantity_and_no_finding_before_judging():
+    w = watched([500] + [20] * 9, [10] * 10)
+    for m in w.metrics():
+        assert m.labels == {"quantity": m.name}  # one of a kind, as a trace's figures
+    measured = w._measured()
+    assert measured.findings == () and measured.has_caveat("watch.warmup-left-out")
+    d = w.report().to_dict()
+    assert d["schema_version"] == 2
+    assert all(m["labels"]["quantity"] for m in d["stages"][0]["metrics"])
+
+
+def test_result_is_the_reports_stage():
+    w = watched([500] + [20] * 9, [10] * 10)
+    assert w.result() == w.report().stages[0]
+
+
+def test_the_breakdown_and_its_findings_select_by_labels_not_names():
+    import dataclasses
+
+    from starvecheck.advice.judge import Results, judge
+    from starvecheck.render.trace import split
+
+    r = watched([500] + [20] * 9, [10] * 10)._measured()
+    renamed = dataclasses.replace(
+        r, metrics=tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(r.metrics))
+    )
+    rows = split(r, r.metrics)[0]
+    assert rows and split(renamed, renamed.metrics)[0] == rows
+    assert "compute (the loop's step)" in [row[0] for row in rows]
+    found = judge(Results({"watch": r})).findings
+    assert found and judge(Results({"watch": renamed})).findings == found

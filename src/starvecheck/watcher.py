@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TextIO, TypeVar
 
-from starvecheck.model import Metric, Report, StageResult
+from starvecheck.model import Caveat, Metric, Report, StageResult
 
 T = TypeVar("T")
 SOURCE = "starvecheck.watch"
@@ -65,7 +65,7 @@ class Watch(Generic[T]):
         self.compute_cpu = array("d")
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
-        self.notes: list[str] = []
+        self.notes: list[Caveat] = []
         self._synchronize: Callable[[], None] | None = None
         self._printed_at = 0  # steps completed when the report was last printed
 
@@ -127,55 +127,51 @@ class Watch(Generic[T]):
                 self._synchronize = torch.cuda.synchronize
             else:
                 self.notes.append(
-                    "sync=True, but torch sees no CUDA device: nothing to synchronise"
+                    Caveat(
+                        "watch.sync-without-cuda",
+                        "sync=True, but torch sees no CUDA device: nothing to synchronise",
+                    )
                 )
         return self._synchronize
 
     # What it found
 
     def metrics(self) -> list[Metric]:
-        """The loop's figures, each labelled with its quantity (as a trace's are)."""
-        return [m.labelled(quantity=m.name) for m in self._metrics()]
-
-    def _metrics(self) -> list[Metric]:
+        """The loop's figures, one of a kind each and labelled with their quantity alone,
+        as a trace's are (`profile --trace`): judged and shown as one step breakdown."""
         steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
-        out = [Metric.single("steps", len(steps), "steps")]
+        out = [_single("steps", len(steps), "steps")]
         if not steps:
             return [
                 *out,
-                Metric.missing("step_ms", "ms", "no step completed"),
-                Metric.missing("data_wait_share", "fraction", "no step completed"),
+                _missing("step_ms", "ms", "no step completed"),
+                _missing("data_wait_share", "fraction", "no step completed"),
             ]
         first, rest = (1, steps[1:]) if len(steps) > 1 else (0, steps)
         waits, computes = self.waits[first:], self.computes[first:]
         total = sum(rest)
         out += [
-            Metric.repeated("step_ms", [s * 1e3 for s in rest], "ms"),
-            Metric.repeated("data_wait_ms", [w * 1e3 for w in waits], "ms"),
-            Metric.repeated("compute_ms", [c * 1e3 for c in computes], "ms"),
-            Metric.single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
+            _ms("step_ms", rest),
+            _ms("data_wait_ms", waits),
+            _ms("compute_ms", computes),
+            _single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
         ]
         if len(self.wait_cpu) == len(self.waits) and len(self.compute_cpu) == len(self.computes):
             out += [
-                Metric.repeated("data_wait_cpu_ms", [c * 1e3 for c in self.wait_cpu[first:]], "ms"),
-                Metric.repeated(
-                    "compute_cpu_ms", [c * 1e3 for c in self.compute_cpu[first:]], "ms"
-                ),
+                _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
+                _ms("compute_cpu_ms", self.compute_cpu[first:]),
             ]
         if first:
             out += [
-                Metric.single("first_step_ms", steps[0] * 1e3, "ms"),
-                Metric.single("first_wait_ms", self.waits[0] * 1e3, "ms"),
+                _single("first_step_ms", steps[0] * 1e3, "ms"),
+                _single("first_wait_ms", self.waits[0] * 1e3, "ms"),
             ]
         return out
 
     def result(self) -> StageResult:
         """The measured figures, judged: the findings are what advice.judge makes of
         them, as for any command's report."""
-        from starvecheck.advice.judge import Results, attach, judge
-
-        result = self._measured()
-        return attach([result], judge(Results({"watch": result})))[0]
+        return self.report().stages[0]
 
     def _measured(self) -> StageResult:
         metrics = self.metrics()
@@ -189,13 +185,20 @@ class Watch(Generic[T]):
         caveats = list(self.notes)
         if len(self.computes) > 1:
             caveats.append(
-                "the first step is left out of every figure as a warm-up (worker start-up, "
-                "CUDA context, the first prefetch)"
+                Caveat(
+                    "watch.warmup-left-out",
+                    "the first step is left out of every figure as a warm-up (worker "
+                    "start-up, CUDA context, the first prefetch)",
+                )
             )
         if not self.sync and _cuda_in_use():
             caveats.append(
-                "sync=False: on a GPU, work the step queued but did not wait for shows up as "
-                "data wait in the next next(); pass sync=True to time each step to its end"
+                Caveat(
+                    "watch.unsynchronized",
+                    "sync=False: on a GPU, work the step queued but did not wait for shows up "
+                    "as data wait in the next next(); pass sync=True to time each step to its "
+                    "end",
+                )
             )
         return StageResult(
             stage="watch",
@@ -205,6 +208,8 @@ class Watch(Generic[T]):
         )
 
     def report(self) -> Report:
+        """The loop's result (labelled figures, no findings), judged once by
+        advice.judge as a command's are, with the ranked checklist."""
         from starvecheck import __version__
         from starvecheck.advice.judge import Results, attach, judge
         from starvecheck.context import _utc_now
@@ -243,6 +248,19 @@ class Watch(Generic[T]):
 
 def _nothing() -> None:
     pass
+
+
+def _single(quantity: str, value: float, unit: str) -> Metric:
+    return Metric.single(quantity, value, unit, {"quantity": quantity})
+
+
+def _missing(quantity: str, unit: str, reason: str) -> Metric:
+    return Metric.missing(quantity, unit, reason, {"quantity": quantity})
+
+
+def _ms(quantity: str, seconds: Iterable[float]) -> Metric:
+    """A figure timed in each measured step, seconds in, ms out."""
+    return Metric.repeated(quantity, [s * 1e3 for s in seconds], "ms", {"quantity": quantity})
 
 
 def watch(

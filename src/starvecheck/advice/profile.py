@@ -33,12 +33,17 @@ def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
 
 
 def rules(results: Results) -> list[Finding]:
-    """profile's loop; a trace (`profile --trace`) reports under the same stage and is
-    judged by advice/trace."""
+    """profile's loop: its figures per layout and num_workers. A trace (`profile
+    --trace`) reports under the same stage with figures of one kind each, no layout nor
+    workers among their labels: advice/trace judges those."""
     r = results.get("profile")
-    if r is None or "trace" in r.parameters:
+    if r is None:
         return []
-    return list(advise(r.metrics, r.parameters))
+    s = shares(r.metrics)
+    if not s:
+        return []
+    findings = [_best(s), _workers(s), _layout(s), _tokenize(s), _h2d(r.metrics, r.parameters)]
+    return [f for f in findings if f is not None]
 
 
 def severity(share: float) -> Severity:
@@ -52,14 +57,6 @@ def _line(workers: int) -> str:
         f"`DataLoader(dataset, batch_size=..., num_workers={workers}, pin_memory=True, "
         f"persistent_workers={workers > 0}, prefetch_factor={2 if workers else None})`"
     )
-
-
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    s = shares(metrics)
-    if not s:
-        return ()
-    findings = [_best(s), _workers(s), _layout(s), _tokenize(s), _h2d(metrics, params)]
-    return tuple(f for f in findings if f is not None)
 
 
 def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
@@ -94,25 +91,24 @@ def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None
     CUDA), which is what a loop pays when the copy does not overlap compute."""
     worst = None
     for m in select(metrics, quantity="phase_ms", phase="h2d_transfer"):
-        if not m.values or "layout" not in m.labels:
+        if not m.values or not {"layout", "workers"} <= m.labels.keys():
             continue
         layout, workers = m.labels["layout"], m.labels["workers"]
-        key = f"{layout}.w{workers}"
         step = one(metrics, quantity="step_ms", layout=layout, workers=workers)
         if step is None or not step.values or sum(step.values) <= 0:
             continue
         share = sum(m.values) / sum(step.values)
         if worst is None or share > worst[0]:
-            worst = (share, key)
+            worst = (share, f"{layout} with num_workers={workers}")
     if worst is None or worst[0] <= H2D_SHARE:
         return None
-    share, key = worst
+    share, where = worst
     pinned = params.get("device") == "cuda"  # the loop pins its batches on CUDA
     return Finding(
         "profile.h2d",
         Severity.WARNING,
         f"Host-to-device copies take {share:.0%} of each step, not overlapped with compute",
-        evidence=f"{key.replace('.w', ' with num_workers=')}: H2D_TRANSFER is {share:.1%} of the "
+        evidence=f"{where}: H2D_TRANSFER is {share:.1%} of the "
         "summed step time" + (" (pinned batches, timed to the copy's end)" if pinned else ""),
         recommendation="Overlap the copy with compute: `DataLoader(..., pin_memory=True)`, "
         "`batch.to(device, non_blocking=True)`, and copy the next batch on a side "

@@ -2,10 +2,10 @@
 how much the GPU sits idle for other reasons, what copies cost, and whether the
 first step stalled.
 
-Reads metrics by name (data_wait_share, step_ms, gpu_idle_other_share, ...), so a
-stored report is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
-PyTorch profiler guides use them: data wait above 5% of the step is input-bound,
-above 20% highly input-bound.
+Reads metrics by their quantity label (data_wait_share, step_ms, gpu_idle_other_share,
+...), so a stored report is judged as a fresh one. Thresholds as HolisticTraceAnalysis
+and the PyTorch profiler guides use them: data wait above 5% of the step is
+input-bound, above 20% highly input-bound.
 """
 
 from __future__ import annotations
@@ -55,21 +55,23 @@ def rules(results: Results) -> list[Finding]:
     """A step breakdown: a trace of another run (`profile --trace`, reported under the
     stage profile), or a loop as `starvecheck.watch` timed it."""
     found: list[Finding] = []
-    trace = results.get("profile")
-    if trace is not None and "trace" in trace.parameters:
-        found += advise(trace.metrics, trace.parameters)
-    watch = results.get("watch")
-    if watch is not None and watch.value(quantity="steps"):
-        found += advise(watch.metrics, watch.parameters)
+    for stage in ("profile", "watch"):
+        r = results.get(stage)
+        if r is not None:
+            found += _breakdown(breakdown(r.metrics), r.parameters)
     return found
 
 
-def advise(metrics: Sequence[Metric], params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    """Findings from a step breakdown: its figures are keyed by their quantity label
-    (step_ms, data_wait_share, gpu_idle_share, ...), the one label they carry."""
-    m = [x for x in metrics if set(x.labels) == {"quantity"}]
+def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
+    """A step breakdown's figures: one of a kind each (step_ms, data_wait_share,
+    gpu_idle_share, ...), labelled with their quantity alone. profile's loop labels
+    the same quantities with a layout and num_workers, and is judged by advice/profile."""
+    return [x for x in metrics if set(x.labels) == {"quantity"}]
+
+
+def _breakdown(m: Sequence[Metric], params: Mapping[str, Any]) -> list[Finding]:
     findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
-    return tuple(f for f in findings if f is not None)
+    return [f for f in findings if f is not None]
 
 
 def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:

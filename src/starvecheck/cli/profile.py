@@ -129,17 +129,15 @@ def profile(
             raise UsageError(f"--trace reads a trace and runs no loop: drop {', '.join(given)}")
         result = measure_one("trace", {"trace": trace}, c, out, None)
         # The trace describes the machine it was recorded on, not this one.
-        return emit(build_report("profile", {}, [result], c), out, c)
+        return emit(build_report("profile", None, [result], c), out, c)
 
     from starvecheck.probe.machine import collect
 
     target = args.data_path(path, False, "profile")
-    if trace_dir is not None:
-        trace_dir = args.output_dir("--trace-dir", trace_dir)
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     options = {
         "path": target,
-        "workers": args.counts("--workers", workers, 0, 64) if workers else None,
+        "workers": workers,
         "steps": steps,
         "model_size": model_size.value,
         "device": device.value,

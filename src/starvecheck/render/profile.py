@@ -1,13 +1,16 @@
-"""Metrics of a `profile` loop (`<figure>.<layout>.w<N>`) as one row per scenario.
+"""Metrics of a `profile` loop as one row per scenario.
 
-The JSON keeps one flat metric per figure (`phase_ms.forward.mds.w2`, ...); people
-read a step across its phases, so the terminal and Markdown show one row per
-layout and num_workers: medians over the profiled steps, ± their standard deviation.
+The JSON keeps one flat metric per figure (`phase_ms.forward.mds.w2`, ...), labelled
+with its quantity, layout and num_workers (and phase); people read a step across its
+phases, so the terminal and Markdown show one row per layout and num_workers:
+medians over the profiled steps, ± their standard deviation.
 """
 
 from __future__ import annotations
 
-from starvecheck.model import Metric
+from collections.abc import Sequence
+
+from starvecheck.model import Metric, StageResult
 
 HEADERS = (
     "layout",
@@ -45,8 +48,13 @@ def _ms(m: Metric | None) -> str:
     return f"{text}±{m.stdev:,.{spread}f}"
 
 
-def split(metrics: tuple[Metric, ...] | list[Metric]) -> tuple[list[tuple[str, ...]], list[Metric]]:
-    """(rows, other metrics); no rows unless the metrics are a profile loop's."""
+def split(
+    stage: StageResult, metrics: Sequence[Metric]
+) -> tuple[list[tuple[str, ...]], list[Metric]]:
+    """(rows, every other metric) of `metrics`, those of `stage` the tables before this
+    one left; no rows for other stages, nor for a trace (its figures carry no layout)."""
+    if stage.stage != "profile":
+        return [], list(metrics)
     cells: dict[tuple[str, int], dict[str, Metric]] = {}
     rest: list[Metric] = []
     for m in metrics:

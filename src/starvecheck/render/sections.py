@@ -55,12 +55,12 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
         right = range(1, len(pad.HEADERS))
         out.append(Section(pad.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
     before = rest
-    rows, rest = profile.split(before)
+    rows, rest = profile.split(stage, before)
     if rows:
         right = range(1, len(profile.HEADERS))
         out.append(Section(profile.HEADERS, rows, [], right, metrics=_taken(before, rest)))
     before = rest
-    rows, rest, notes = trace.split(before)
+    rows, rest, notes = trace.split(stage, before)
     if rows:
         right = range(1, len(trace.HEADERS))
         out.append(Section(trace.HEADERS, rows, notes, right, metrics=_taken(before, rest)))

@@ -1,16 +1,19 @@
 """Where a step's time goes, for a trace read by `profile --trace` and for `watch`.
 
-Both stages report plain names (`step_ms`, `data_wait_share`, `gpu_idle_share`, ...);
-a person reads them as one breakdown of the step: each figure in ms per step where
-it was timed per step, and as a share of the step.
+Both report figures of one kind each, labelled with their quantity alone (`step_ms`,
+`data_wait_share`, `gpu_idle_share`, ...; phases add their `phase`); a person reads
+them as one breakdown of the step: each figure in ms per step where it was timed per
+step, and as a share of the step.
 """
 
 from __future__ import annotations
 
-from starvecheck.model import Metric
+from collections.abc import Sequence
+
+from starvecheck.model import Metric, StageResult
 
 HEADERS = ("per step", "ms (median ± σ)", "share of step")
-# (metric, label, indented under the row above); the order people read a step in.
+# (quantity, label, indented under the row above); the order people read a step in.
 _SHARES = (
     ("data_wait_share", "data wait", False),
     ("gpu_idle_share", "GPU idle", False),
@@ -36,17 +39,20 @@ def _share(value: float | None) -> str:
 
 
 def split(
-    metrics: tuple[Metric, ...] | list[Metric],
+    stage: StageResult, metrics: Sequence[Metric]
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
-    """(rows, other metrics, notes); no rows unless the metrics are a step breakdown
-    (a plain `step_ms` beside a plain `data_wait_share`)."""
-    # The breakdown's figures are one of a kind: labelled with their quantity alone.
-    by_name = {str(m.labels["quantity"]): m for m in metrics if set(m.labels) == {"quantity"}}
-    step = by_name.get("step_ms")
-    if step is None or "data_wait_share" not in by_name:
+    """(rows, every other metric, notes) of `metrics`, those of `stage` the tables
+    before this one left; no rows unless they are a step breakdown of `profile --trace`
+    or `watch` (a `step_ms` beside a `data_wait_share`, each labelled with its quantity
+    alone: profile's loop labels its own with a layout and num_workers)."""
+    if stage.stage not in ("profile", "watch"):
         return [], list(metrics), []
-    used = {id(x) for x in (step, by_name.get("steps")) if x is not None}
-    steps = by_name.get("steps")
+    by_quantity = {str(m.labels["quantity"]): m for m in metrics if set(m.labels) == {"quantity"}}
+    step = by_quantity.get("step_ms")
+    if step is None or "data_wait_share" not in by_quantity:
+        return [], list(metrics), []
+    used = {id(x) for x in (step, by_quantity.get("steps")) if x is not None}
+    steps = by_quantity.get("steps")
     label = "step"
     if steps is not None and steps.value is not None and step.n and steps.value != step.n:
         label = f"step ({step.n} of {int(steps.value)} measured)"
@@ -55,11 +61,11 @@ def split(
     rows: list[tuple[str, ...]] = [(label, _ms(step), "100.0%")]
     notes: list[str] = []
     for name, text, nested in _SHARES:
-        m = by_name.get(name)
+        m = by_quantity.get(name)
         if m is None:
             continue
         used.add(id(m))
-        ms = by_name.get(_MS.get(name, ""))
+        ms = by_quantity.get(_MS.get(name, ""))
         if ms is not None:
             used.add(id(ms))
         label = f"  ↳ {text}" if nested else text
@@ -70,21 +76,21 @@ def split(
                 notes.append(note)
             continue
         rows.append((label, _ms(ms), f"{m.value:.1%}"))
-        cpu = by_name.get("data_wait_cpu_ms") if name == "data_wait_share" else None
+        cpu = by_quantity.get("data_wait_cpu_ms") if name == "data_wait_share" else None
         if cpu is not None and cpu.value is not None:
             # watch: the loop's own thread's CPU time while it waited (num_workers=0:
             # the process making the batch): CPU work, against I/O or sleep.
             used.add(id(cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(cpu), ""))
     total = sum(step.values) if step.values else 0.0
-    compute = by_name.get("compute_ms")  # watch: the loop's own step, after its batch came
+    compute = by_quantity.get("compute_ms")  # watch: the loop's own step, after its batch came
     if compute is not None and compute.value is not None:
         used.add(id(compute))
         share = sum(compute.values) / total if total and compute.n == step.n else None
         rows.append(
             ("compute (the loop's step)", _ms(compute), "" if share is None else f"{share:.1%}")
         )
-        compute_cpu = by_name.get("compute_cpu_ms")
+        compute_cpu = by_quantity.get("compute_cpu_ms")
         if compute_cpu is not None and compute_cpu.value is not None:
             used.add(id(compute_cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(compute_cpu), ""))
@@ -96,11 +102,8 @@ def split(
         used.add(id(m))
         share = sum(m.values) / total if total and m.n == step.n else None
         rows.append((f"phase {m.labels['phase']}", _ms(m), _share(share)))
-    for name, text in (
-        ("first_step_ms", "first step (left out)"),
-        ("first_wait_ms", "  ↳ its data wait"),
-    ):
-        first = by_name.get(name)
+    for name, text in _FIRST:
+        first = by_quantity.get(name)
         if first is not None and first.value is not None:
             used.add(id(first))
             rows.append((text, _ms(first), ""))

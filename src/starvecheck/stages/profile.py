@@ -23,20 +23,20 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starvecheck import cache
-from starvecheck.model import Metric, StageResult
+from starvecheck import args, cache
+from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import worker_init
 from starvecheck.status import Unavailable, UsageError
+from starvecheck.timing import not_cold
 
-Progress = Callable[[str, int, int], None]
 PHASES = ("DATALOADER_WAIT", "H2D_TRANSFER", "FORWARD", "BACKWARD", "OPTIMIZER")
 LAYOUTS = ("small_files", "mds")
 TEXT_CHARS_PER_TOKEN = 5  # English runs ~4 characters a BPE token: enough text to fill a row
@@ -46,10 +46,6 @@ MODEL_SIZES = {
     "small": (4, 4, 256, 8192, 256, 16),
     "base": (12, 12, 768, 50257, 1024, 8),  # GPT-2 small itself
 }
-
-
-def _no_progress(what: str, done: int, total: int) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -320,21 +316,17 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def run(
-    path: str,
-    plan: Plan,
-    progress: Progress = _no_progress,
-    warn: Callable[[str], None] = lambda _msg: None,
-) -> StageResult:
+def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     from starvecheck.stages import loader as loader_stage
     from starvecheck.stages.sources import generate, text_source
 
+    progress, warn = ctx.progress, ctx.warn
     start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
     # transformers warns about config fields: neither is news to the person reading.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    caveats: list[str] = []
+    caveats: list[Caveat] = []
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     streaming, why = loader_stage._streaming()
     if streaming is None:
@@ -396,13 +388,19 @@ def run(
     params["scratch"] = scratch.path
     if plan.device == "cuda":
         caveats.append(
-            "phases are timed with torch.cuda.synchronize() at the end of each, so the GPU's "
-            "work lands in its phase; an unsynchronised loop overlaps them a little more"
+            Caveat(
+                "profile.synchronized",
+                "phases are timed with torch.cuda.synchronize() at the end of each, so the "
+                "GPU's work lands in its phase; an unsynchronised loop overlaps them a little "
+                "more",
+            )
         )
     metrics = summarize(results, plan)
     if plan.cold:
-        caveats.append("the page cache was evicted after the warm-up steps (--cold)")
-        caveats += residency_errors
+        caveats.append(
+            Caveat("profile.cold", "the page cache was evicted after the warm-up steps (--cold)")
+        )
+        caveats += [Caveat("profile.residency-unknown", e) for e in residency_errors]
         for layout in LAYOUTS:
             known = [
                 st.resident
@@ -414,14 +412,19 @@ def run(
             metrics.append(resident_metric(layout, known))
             if max(known) > COLD_MAX_RESIDENT:
                 caveats.append(
-                    f"--cold: {max(known):.0%} of {layout} was still in the page cache after "
-                    "eviction (tmpfs, or memory the kernel would not drop): its data waits "
-                    "are not cold"
+                    not_cold(
+                        f"--cold: {max(known):.0%} of {layout} was still in the page cache "
+                        "after eviction (tmpfs, or memory the kernel would not drop): its data "
+                        "waits are not cold"
+                    )
                 )
     if plan.trace_dir:
         caveats.append(
-            f"Chrome traces in {plan.trace_dir}: open in TensorBoard or https://ui.perfetto.dev, "
-            "or read back with starvecheck profile --trace FILE"
+            Caveat(
+                "profile.trace-dir",
+                f"Chrome traces in {plan.trace_dir}: open in TensorBoard or "
+                "https://ui.perfetto.dev, or read back with starvecheck profile --trace FILE",
+            )
         )
     return StageResult(
         stage="profile",
@@ -429,12 +432,6 @@ def run(
         metrics=tuple(metrics),
         caveats=tuple(caveats),
         duration_s=round(time.perf_counter() - start, 3),
-    )
-
-
-def trace_files(trace_dir: str) -> Sequence[str]:
-    return sorted(
-        os.path.join(trace_dir, n) for n in os.listdir(trace_dir) if n.endswith(".pt.trace.json")
     )
 
 
@@ -456,8 +453,15 @@ class ProfileStage:
         return None
 
     def plan(self, options: Mapping[str, Any], ctx: RunContext) -> ProfileRun:
-        """`options` as the command parsed them (`path` checked, `workers` a tuple or
-        None, `device` and `model_size` as given, "auto" for the default)."""
+        """`options` as the command parsed them (`path` checked; `device` and
+        `model_size` as given, "auto" for the default). `trace_dir` and `workers` come
+        as typed and are checked here, in that order: made, parsed, or refused in one
+        line."""
+        trace_dir = options.get("trace_dir")
+        if trace_dir is not None:
+            trace_dir = args.output_dir("--trace-dir", trace_dir)
+        workers = options.get("workers")
+        counts = args.counts("--workers", workers, 0, 64) if workers else None
         eff = ctx.effective_cpus
         where = resolve_device(options.get("device", "auto"))
         size = options.get("model_size", "auto")
@@ -465,13 +469,13 @@ class ProfileStage:
             size = "small" if where == "cuda" else "tiny"
         quick = bool(options.get("quick"))
         plan = Plan(
-            workers=options.get("workers") or tuple(sorted({0, min(eff, 8)})),
+            workers=counts or tuple(sorted({0, min(eff, 8)})),
             steps=options.get("steps") or (6 if quick else 20),
             warmup_steps=2 if quick else 3,
             model_size=size,
             device=where,
             cold=bool(options.get("cold")),
-            trace_dir=options.get("trace_dir"),
+            trace_dir=trace_dir,
             effective_cpus=eff,
             tokenizer=options.get("tokenizer"),
         )
@@ -481,7 +485,7 @@ class ProfileStage:
         raise NotImplementedError("doctor does not run the profile loop")
 
     def measure(self, plan: ProfileRun, ctx: RunContext) -> StageResult:
-        return run(plan.path, plan.plan, ctx.progress, warn=ctx.warn)
+        return _measure(plan.path, plan.plan, ctx)
 
 
 STAGE = ProfileStage()

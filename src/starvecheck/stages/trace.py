@@ -43,10 +43,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.profile import PHASES
 from starvecheck.status import UsageError
+from starvecheck.timing import too_few_runs
 
 Interval = tuple[float, float]
 
@@ -248,7 +249,7 @@ class Analysis:
     phases: tuple[str, ...]  # starvecheck's phases present, in loop order
     gpu_reason: str | None  # why the GPU figures are None
     devices: int
-    caveats: tuple[str, ...] = ()
+    caveats: tuple[Caveat, ...] = ()
 
     @property
     def measured(self) -> tuple[Step, ...]:
@@ -298,7 +299,7 @@ def _host(category: str) -> bool:
 
 def _steps(
     timed: Iterable[tuple[Mapping[str, Any], Interval]],
-) -> tuple[list[tuple[str, Interval]], list[str]]:
+) -> tuple[list[tuple[str, Interval]], list[Caveat]]:
     """ProfilerStep ranges of one process, in time order, and caveats about the choice."""
     found: list[tuple[Any, str, Interval]] = []
     for e, span in timed:
@@ -320,8 +321,11 @@ def _steps(
         keep = pids.most_common(1)[0][0]
         found = [f for f in found if repr(f[0]) == keep]
         caveats.append(
-            f"profiler steps from {len(pids)} processes in one trace: only process {keep} "
-            f"({pids[keep]} steps) is measured"
+            Caveat(
+                "trace.several-processes",
+                f"profiler steps from {len(pids)} processes in one trace: only process {keep} "
+                f"({pids[keep]} steps) is measured",
+            )
         )
     steps = sorted(((name, span) for _, name, span in found), key=lambda s: s[1])
     return steps, caveats
@@ -418,24 +422,32 @@ def warmup_steps(steps: Sequence[Step]) -> int:
     return int(len(steps) >= WARMUP_MIN_STEPS and steps[0].name == "ProfilerStep#0")
 
 
-def _caveats(steps: Sequence[Step], warmup: int, whole: bool, t: Timeline) -> list[str]:
+def _caveats(steps: Sequence[Step], warmup: int, whole: bool, t: Timeline) -> list[Caveat]:
     out = []
     if warmup:
         out.append(
-            f"the first step ({steps[0].name}, {steps[0].dur / 1e3:,.1f} ms) is left out as a "
-            f"warm-up; figures are over the other {len(steps) - 1}"
+            Caveat(
+                "trace.warmup-left-out",
+                f"the first step ({steps[0].name}, {steps[0].dur / 1e3:,.1f} ms) is left out "
+                f"as a warm-up; figures are over the other {len(steps) - 1}",
+            )
         )
     elif not whole and len(steps) < WARMUP_MIN_STEPS:
         out.append(
-            f"only {len(steps)} step{'s' if len(steps) > 1 else ''} in the trace: "
-            + ("no spread; " if len(steps) == 1 else "")
-            + "profile 3 or more (torch.profiler.schedule(active=...))"
+            too_few_runs(
+                f"only {len(steps)} step{'s' if len(steps) > 1 else ''} in the trace: "
+                + ("no spread; " if len(steps) == 1 else "")
+                + "profile 3 or more (torch.profiler.schedule(active=...))"
+            )
         )
     if t.source is None:
         out.append(
-            "no DataLoader fetch in the trace (no enumerate(DataLoader)#...__next__ and no "
-            "DATALOADER_WAIT range): data wait cannot be measured; wrap the fetch in "
-            'torch.profiler.record_function("DATALOADER_WAIT")'
+            Caveat(
+                "trace.no-dataloader",
+                "no DataLoader fetch in the trace (no enumerate(DataLoader)#...__next__ and no "
+                "DATALOADER_WAIT range): data wait cannot be measured; wrap the fetch in "
+                'torch.profiler.record_function("DATALOADER_WAIT")',
+            )
         )
     else:
         outside = length(t.wait) - sum(
@@ -443,16 +455,27 @@ def _caveats(steps: Sequence[Step], warmup: int, whole: bool, t: Timeline) -> li
         )
         if outside > 0.0005 * length(t.wait):  # more than float rounding
             out.append(
-                f"{outside / 1e3:,.1f} ms of DataLoader fetches fall outside the profiled steps "
-                "and are not counted"
+                Caveat(
+                    "trace.fetches-outside-steps",
+                    f"{outside / 1e3:,.1f} ms of DataLoader fetches fall outside the profiled "
+                    "steps and are not counted",
+                )
             )
     if t.iterators.get("_MultiProcessingDataLoaderIter"):
         out.append(
-            "with DataLoader workers the trace holds only the main process: the wait is what "
-            "the workers did not hide, not what each sample costs them"
+            Caveat(
+                "trace.main-process-only",
+                "with DataLoader workers the trace holds only the main process: the wait is "
+                "what the workers did not hide, not what each sample costs them",
+            )
         )
     if t.devices > 1:
-        out.append(f"GPU work on {t.devices} devices: a GPU counts as busy when any of them is")
+        out.append(
+            Caveat(
+                "trace.several-devices",
+                f"GPU work on {t.devices} devices: a GPU counts as busy when any of them is",
+            )
+        )
     return out
 
 
@@ -470,8 +493,11 @@ def analyze(events: Sequence[Mapping[str, Any]]) -> Analysis:
             raise UsageError("the trace's events span no time, or an impossible one")
         step_spans = [("whole trace", (lo, hi))]
         caveats.append(
-            f"no ProfilerStep events (the loop did not call prof.step()): the whole trace, "
-            f"{(hi - lo) / 1e3:,.1f} ms, is taken as one step"
+            Caveat(
+                "trace.whole-trace",
+                f"no ProfilerStep events (the loop did not call prof.step()): the whole trace, "
+                f"{(hi - lo) / 1e3:,.1f} ms, is taken as one step",
+            )
         )
     t = timeline(timed)
     steps = [measure(name, lo, hi, t) for name, (lo, hi) in step_spans]
@@ -489,27 +515,35 @@ def analyze(events: Sequence[Mapping[str, Any]]) -> Analysis:
     )
 
 
-def _q(metrics: list[Metric]) -> list[Metric]:
-    """The flat figures (one of a kind: steps, step_ms, gpu_idle_share, ...) labelled
-    with their quantity, which is their name; the others carry their labels already."""
-    return [m if m.labels else m.labelled(quantity=m.name) for m in metrics]
+def _figure(name: str, value: float | None, unit: str, reason: str = "not measured") -> Metric:
+    """One figure of a kind (steps, first_step_ms, gpu_idle_share, ...): its quantity
+    is its name, the one label it carries; missing, with the reason, where None."""
+    labels = {"quantity": name}
+    if value is None:
+        return Metric.missing(name, unit, reason, labels)
+    return Metric.single(name, value, unit, labels)
+
+
+def _per_step(name: str, values: Sequence[float]) -> Metric:
+    """A figure timed in each measured step, in ms."""
+    return Metric.repeated(name, values, "ms", {"quantity": name})
 
 
 def metrics(a: Analysis) -> list[Metric]:
     measured = a.measured
     out = [
-        Metric.single("steps", len(a.steps), "steps"),
-        Metric.repeated("step_ms", [s.dur / 1e3 for s in measured], "ms"),
+        _figure("steps", len(a.steps), "steps"),
+        _per_step("step_ms", [s.dur / 1e3 for s in measured]),
     ]
     if a.warmup:
-        out.append(Metric.single("first_step_ms", a.steps[0].dur / 1e3, "ms"))
+        out.append(_figure("first_step_ms", a.steps[0].dur / 1e3, "ms"))
     no_wait = "no DataLoader fetch in the trace"
     if a.data_wait_share is not None:
-        out.append(Metric.single("data_wait_share", a.data_wait_share, "fraction"))
-        out.append(Metric.repeated("data_wait_ms", [s.data_wait / 1e3 for s in measured], "ms"))
+        out.append(_figure("data_wait_share", a.data_wait_share, "fraction"))
+        out.append(_per_step("data_wait_ms", [s.data_wait / 1e3 for s in measured]))
     else:
-        out.append(Metric.missing("data_wait_share", "fraction", no_wait))
-        out.append(Metric.missing("data_wait_ms", "ms", no_wait))
+        out.append(_figure("data_wait_share", None, "fraction", no_wait))
+        out.append(_figure("data_wait_ms", None, "ms", no_wait))
     gpu: list[tuple[str, float | None, str | None]] = [
         ("gpu_idle_share", a.gpu_idle_share, a.gpu_reason),
         ("gpu_idle_host_wait_share", a.gpu_idle_host_wait_share, a.gpu_reason or no_wait),
@@ -518,11 +552,7 @@ def metrics(a: Analysis) -> list[Metric]:
         ("memcpy_pageable_share", a.share("memcpy_pageable"), a.gpu_reason),
     ]
     for name, value, reason in gpu:
-        out.append(
-            Metric.single(name, value, "fraction")
-            if value is not None
-            else Metric.missing(name, "fraction", reason or "not measured")
-        )
+        out.append(_figure(name, value, "fraction", reason or "not measured"))
     for phase in a.phases:
         out.append(
             Metric.repeated(
@@ -532,26 +562,27 @@ def metrics(a: Analysis) -> list[Metric]:
                 {"quantity": "phase_ms", "phase": phase.lower()},
             )
         )
-    return _q(out)
+    return out
 
 
-def _spread_caveat(step_ms: Metric) -> str | None:
+def _spread_caveat(step_ms: Metric) -> Caveat | None:
     if step_ms.n < 2 or not step_ms.median or step_ms.stdev is None:
         return None
     spread = step_ms.stdev / step_ms.median
     if spread < SPREAD_WARNING:
         return None
-    return (
+    return Caveat(
+        "trace.steps-vary",
         f"step time varies: stdev {step_ms.stdev:,.1f} ms is {spread:.0%} of the median "
         f"{step_ms.median:,.1f} ms (range {step_ms.min:,.1f} … {step_ms.max:,.1f} ms): "
-        "shares are averages over unlike steps; profile more steps, or look for the slow ones"
+        "shares are averages over unlike steps; profile more steps, or look for the slow ones",
     )
 
 
 def result(analysis: Analysis, path: str | os.PathLike[str]) -> StageResult:
     found = metrics(analysis)
     caveats = list(analysis.caveats)
-    spread = _spread_caveat(next(m for m in found if m.labels["quantity"] == "step_ms"))
+    spread = _spread_caveat(next(m for m in found if m.matches(quantity="step_ms")))
     if spread:
         caveats.append(spread)
     params: dict[str, Any] = {
@@ -573,21 +604,11 @@ def result(analysis: Analysis, path: str | os.PathLike[str]) -> StageResult:
     )
 
 
-def run(path: str | os.PathLike[str]) -> StageResult:
-    """load_events -> analyze -> result, with the file named in any usage error."""
-    start = time.perf_counter()
-    events = load_events(path)
-    try:
-        analysis = analyze(events)
-    except UsageError as e:
-        raise UsageError(f"--trace {os.fspath(path)}: {e}") from None
-    out = result(analysis, path)
-    return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
-
-
 class TraceStage:
     """`profile --trace FILE` in the registry (stages/base.Stage): a torch.profiler
-    trace of another run, analysed. Its result reports under the stage `profile`."""
+    trace of another run, analysed. Its result reports under the stage `profile`
+    (schema 1 named it so), its figures labelled with their quantity alone where the
+    loop's carry a layout and num_workers."""
 
     name = "trace"
 
@@ -601,7 +622,15 @@ class TraceStage:
         raise NotImplementedError("doctor does not read traces")
 
     def measure(self, plan: str, ctx: RunContext) -> StageResult:
-        return run(plan)
+        """load_events -> analyze -> result, with the file named in any usage error."""
+        start = time.perf_counter()
+        events = load_events(plan)
+        try:
+            analysis = analyze(events)
+        except UsageError as e:
+            raise UsageError(f"--trace {plan}: {e}") from None
+        out = result(analysis, plan)
+        return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
 
 
 STAGE = TraceStage()
