@@ -12,20 +12,24 @@ import mmap
 import os
 import random
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from starvecheck import cache, scratch
 from starvecheck.advice import io as io_advice
+from starvecheck.advice.judge import Results
 from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.probe.machine import Machine, Storage, collect
 from starvecheck.render import throughput
 from starvecheck.stages import existing
 from starvecheck.stages import io as io_stage
 from starvecheck.stages.reads import FileOps, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.stages.residency import COLD_MAX_RESIDENT
+from starvecheck.sysroot import SysRoot
 from starvecheck.units import format_bytes
-from tests.conftest import run
+from tests.conftest import SYSROOTS, run
 from tests.fixtures.labels.io import labels as io_labels
 
 
@@ -445,6 +449,7 @@ def test_summarize_withholds_cold_figures_that_were_not_cold():
     assert got["resident_before.shard"].unit == "fraction"
     text = " ".join(caveats)
     assert "could not be emptied for small_files" in text
+    assert [c.id for c in caveats if "could not be emptied" in c] == ["cache.not-cold"]
     assert "shard" not in text.split("could not be emptied for")[1].split(":")[0]
 
 
@@ -453,7 +458,7 @@ def test_summarize_names_tmpfs_when_cold_is_impossible():
     m.runs[("shard", "random", "cold", 1)] = three_runs()
     m.resident_cold = {"shard": [1.0, 1.0, 1.0]}
     _, caveats = io_stage.summarize([layout("shard")], plan(), m, fs_kind="memory")
-    assert any("tmpfs" in c and "withheld" in c for c in caveats)
+    assert any("tmpfs" in c and "withheld" in c and c.id == "cache.not-cold" for c in caveats)
 
 
 def test_summarize_unknown_residency_and_partly_warm_caveats():
@@ -469,6 +474,7 @@ def test_summarize_unknown_residency_and_partly_warm_caveats():
     assert got["shard.random.cold"].value is not None  # kept, with a caveat
     assert any("could not check" in c and "Operation not permitted" in c for c in caveats)
     assert any("only 60%" in c and "partly cold" in c for c in caveats)
+    assert {"cache.unchecked", "cache.partly-warm"} <= {c.id for c in caveats}
 
 
 def test_summarize_run_count_and_first_cold_run_caveats():
@@ -483,9 +489,11 @@ def test_summarize_run_count_and_first_cold_run_caveats():
     _, caveats = io_stage.summarize([layout("shard")], plan(runs=3), m)
     assert any("first cold run read at 100 MB/s" in c for c in caveats)
     assert not any("run(s) per pattern" in c for c in caveats)
+    assert "cache.first-cold-slower" in {c.id for c in caveats}
     m.runs[("shard", "sequential", "cold", 1)] = [RunResult(1.0, 1_000_000, 10, [MS])]
     _, caveats = io_stage.summarize([layout("shard")], plan(runs=1), m)
     assert any("only 1 run(s) per pattern" in c for c in caveats)
+    assert [c.id for c in caveats] == ["timing.too-few-runs"]
 
 
 def test_layout_residency_is_checked_on_the_ranges_read(evictable):
@@ -642,6 +650,16 @@ def test_existing_layouts_describe_the_sample(dataset):
     assert params["files_read"] == 9 and params["large_files_read"] == 1
     assert params["ranges_read"] == 100 and params["median_file_bytes"] == 104
     assert any("1 symlinks not followed" in c for c in caveats)
+    assert [c.id for c in caveats] == ["io.symlinks-skipped"]
+
+
+def test_existing_caveats_carry_ids(dataset, monkeypatch):
+    """Files another user owns are read without O_NOATIME, and said so."""
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    plan_ = io_stage.Plan(samples=100, sample_size=16384, runs=1, threads=(1,))
+    _, _, caveats = existing.layouts(str(dataset), plan_)
+    assert [c.id for c in caveats] == ["io.symlinks-skipped", "io.atime"]
+    assert "without O_NOATIME" in caveats[1]
 
 
 # --- advice/io.py -----------------------------------------------------------------------
@@ -652,9 +670,22 @@ def rate(name: str, value: float | None, unit: str = "MB/s") -> Metric:
     return labelled(m)
 
 
-def advise_io(metrics, params, storage):
-    """io's judgement of these figures, as advice.judge runs it."""
-    return io_advice.advise(StageResult("io", params, tuple(metrics)), params, storage)
+NO_STORAGE = dict.fromkeys(
+    ("mount_point", "fstype", "source", "kind", "network", "rotational", "free_bytes")
+)
+
+
+def machine_with(storage: dict) -> Machine:
+    """A fake machine's facts, its storage as given (unknown where not given)."""
+    facts = collect(SysRoot(SYSROOTS / "vm-no-numa-no-gpu"), environ={})
+    return replace(facts, storage=Storage(**{"path": "/data", **NO_STORAGE, **storage}))
+
+
+def judge_io(metrics, params, storage):
+    """io's judgement of these figures on a machine with that storage, as advice.judge
+    runs it."""
+    result = StageResult("io", params, tuple(metrics))
+    return io_advice.rules(Results({"io": result}, machine_with(storage)))
 
 
 def finding(findings, fid):
@@ -679,7 +710,7 @@ GEN = {"threads": [1]}
 )
 def test_small_files_severity_follows_the_ratio(small, seq, severity):
     metrics = [rate("small_files.random.cold", small), rate("shard.sequential.cold", seq)]
-    f = finding(advise_io(metrics, GEN, {}), "io.small-files")
+    f = finding(judge_io(metrics, GEN, {}), "io.small-files")
     assert f is not None and f.severity is severity and f.stage == "io"
     if severity is Severity.OK:
         assert f.gain is None
@@ -696,7 +727,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
         rate("small_files.random.warm", 1000.0),
         rate("shard.sequential.warm", 1200.0),
     ]
-    f = finding(advise_io(both, GEN, {}), "io.small-files")
+    f = finding(judge_io(both, GEN, {}), "io.small-files")
     assert f.severity is Severity.CRITICAL and f.gain.value == 5.0
     assert f.evidence.startswith("cold")
     warm_only = [
@@ -706,7 +737,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
         rate("shard.sequential.warm", 200.0),
         rate("shard.random.warm", 150.0),
     ]
-    f = finding(advise_io(warm_only, GEN, {}), "io.small-files")
+    f = finding(judge_io(warm_only, GEN, {}), "io.small-files")
     assert f.severity is Severity.WARNING and f.gain.value == 2.0
     assert f.evidence.startswith("warm") and "warm cache" in f.evidence
     assert "shuffled offsets 150 MB/s" in f.evidence
@@ -715,8 +746,7 @@ def test_small_files_prefers_cold_and_falls_back_to_warm():
 
 def test_small_files_needs_both_figures():
     assert (
-        finding(advise_io([rate("small_files.random.cold", 5.0)], GEN, {}), "io.small-files")
-        is None
+        finding(judge_io([rate("small_files.random.cold", 5.0)], GEN, {}), "io.small-files") is None
     )
 
 
@@ -726,19 +756,19 @@ def test_small_files_needs_both_figures():
 )
 def test_few_readers(one, many, severity):
     metrics = [rate("small_files.random.cold", one), rate("small_files.random.cold.t4", many)]
-    f = finding(advise_io(metrics, {"threads": [1, 4]}, {}), "io.few-readers")
+    f = finding(judge_io(metrics, {"threads": [1, 4]}, {}), "io.few-readers")
     assert f is not None and f.severity is severity
     if severity is Severity.INFO:
         assert f.gain.value == pytest.approx(round(many / one, 2))
         assert "num_workers=4" in f.recommendation
     # One thread count only: nothing to compare.
-    assert finding(advise_io(metrics, {"threads": [4]}, {}), "io.few-readers") is None
+    assert finding(judge_io(metrics, {"threads": [4]}, {}), "io.few-readers") is None
 
 
 def test_few_readers_existing_uses_the_files_layout():
     metrics = [rate("files.random.warm", 10.0), rate("files.random.warm.t2", 30.0)]
     params = {"threads": [1, 2], "existing": True}
-    f = finding(advise_io(metrics, params, {}), "io.few-readers")
+    f = finding(judge_io(metrics, params, {}), "io.few-readers")
     assert f.severity is Severity.INFO and "files.random, warm" in f.evidence
 
 
@@ -748,9 +778,9 @@ def test_network_storage_only_when_network_is_true():
         rate("small_files.random.cold.p50_ms", 3.0, "ms"),
     ]
     for storage in ({}, {"network": False}, {"network": None}, {"network": "yes"}):
-        assert finding(advise_io(metrics, GEN, storage), "io.network-storage") is None
+        assert finding(judge_io(metrics, GEN, storage), "io.network-storage") is None
     storage = {"network": True, "fstype": "nfs4", "path": "/data", "mount_point": "/data"}
-    f = finding(advise_io(metrics, GEN, storage), "io.network-storage")
+    f = finding(judge_io(metrics, GEN, storage), "io.network-storage")
     assert f.severity is Severity.WARNING and "nfs4" in f.title
     assert "3.00 ms p50" in f.evidence
 
@@ -764,12 +794,12 @@ def test_rotational(p50, severity):
         rate("small_files.random.cold", 20.0),
         rate("small_files.random.cold.p50_ms", p50, "ms"),
     ]
-    f = finding(advise_io(metrics, GEN, {"rotational": True}), "io.rotational")
+    f = finding(judge_io(metrics, GEN, {"rotational": True}), "io.rotational")
     assert f is not None and f.severity is severity
-    assert finding(advise_io(metrics, GEN, {"rotational": False}), "io.rotational") is None
+    assert finding(judge_io(metrics, GEN, {"rotational": False}), "io.rotational") is None
     # Without cold figures there is nothing to judge the disk by.
     warm = [rate("small_files.random.warm", 20.0)]
-    assert finding(advise_io(warm, GEN, {"rotational": True}), "io.rotational") is None
+    assert finding(judge_io(warm, GEN, {"rotational": True}), "io.rotational") is None
 
 
 @pytest.mark.parametrize(
@@ -778,7 +808,7 @@ def test_rotational(p50, severity):
 )
 def test_cold_cache_gap(cold, warm, severity):
     metrics = [rate("shard.random.cold", cold), rate("shard.random.warm", warm)]
-    f = finding(advise_io(metrics, GEN, {}), "io.cold-cache-gap")
+    f = finding(judge_io(metrics, GEN, {}), "io.cold-cache-gap")
     assert f is not None and f.severity is severity
     assert f"({warm / cold:.1f}x)" in f.evidence
 
@@ -790,16 +820,81 @@ def test_cold_cache_gap_reports_the_widest_gap():
         rate("small_files.random.cold", 10.0),
         rate("small_files.random.warm", 90.0),
     ]
-    f = finding(advise_io(metrics, GEN, {}), "io.cold-cache-gap")
+    f = finding(judge_io(metrics, GEN, {}), "io.cold-cache-gap")
     assert f.severity is Severity.INFO and f.evidence.startswith("small_files.random")
     assert "9.0x" in f.title
 
 
 def test_no_figures_no_findings():
-    assert advise_io([], {"threads": [1, 2]}, {"network": False}) == ()
+    assert judge_io([], {"threads": [1, 2]}, {"network": False}) == []
+
+
+def _labelled_figures() -> list[Metric]:
+    """A small run's figures: shuffled small files, the shard both ways, cold and warm,
+    one and four readers, a latency and the residency."""
+    return [
+        labelled(m)
+        for m in (
+            Metric.repeated("small_files.random.cold", [9.0, 10.0, 11.0], "MB/s"),
+            Metric("small_files.random.cold.samples_per_s", 640.0, "samples/s"),
+            Metric("small_files.random.cold.p50_ms", 3.0, "ms"),
+            Metric("small_files.random.cold.t4", 30.0, "MB/s"),
+            Metric("small_files.random.warm", 200.0, "MB/s"),
+            Metric("shard.sequential.cold", 100.0, "MB/s"),
+            Metric("shard.random.cold", 20.0, "MB/s"),
+            Metric("resident_before.shard", 0.01, "fraction"),
+        )
+    ]
+
+
+def test_rules_and_table_select_by_labels_not_names():
+    """A metric renamed but labelled the same lands in the same finding and table row;
+    without labels nothing is found and no row is made, whatever the names say."""
+    metrics = _labelled_figures()
+    params = {"threads": [1, 4]}
+    storage = {"network": True, "rotational": True, "fstype": "nfs4"}
+    found = judge_io(metrics, params, storage)
+    assert {f.id for f in found} == {
+        "io.small-files",
+        "io.cold-cache-gap",
+        "io.few-readers",
+        "io.network-storage",
+        "io.rotational",
+    }
+    renamed = [replace(m, name=f"x{i}") for i, m in enumerate(metrics)]
+    assert [f.to_dict() for f in judge_io(renamed, params, storage)] == [f.to_dict() for f in found]
+    rows, rest = split_io(tuple(metrics))
+    rows_renamed, rest_renamed = split_io(tuple(renamed))
+    assert [r.cells() for r in rows_renamed] == [r.cells() for r in rows]
+    assert len(rows) == 5 and [m.name for m in rest] == ["resident_before.shard"]
+    assert [m.name for m in rest_renamed] == ["x7"]
+    unlabelled = [replace(m, labels={}) for m in metrics]
+    (network,) = judge_io(unlabelled, params, storage)  # the storage alone, no figures
+    assert network.id == "io.network-storage" and "cold small reads" not in network.evidence
+    assert split_io(tuple(unlabelled))[0] == []
+
+
+def test_storage_comes_from_the_machine():
+    """io's storage findings need this machine's facts: none for a stored trace."""
+    metrics = _labelled_figures()
+    result = StageResult("io", {"threads": [1]}, tuple(metrics))
+    without = {f.id for f in io_advice.rules(Results({"io": result}))}
+    assert without == {"io.small-files", "io.cold-cache-gap"}
+    assert io_advice.rules(Results({}, machine_with({"network": True}))) == []
+
+
+def test_the_throughput_table_is_ios_alone():
+    metrics = tuple(_labelled_figures())
+    rows, rest = throughput.split(StageResult("loader", {}, metrics), metrics)
+    assert rows == [] and rest == list(metrics)
 
 
 # --- render/throughput.py ---------------------------------------------------------------
+
+
+def split_io(metrics: tuple[Metric, ...]):
+    """The throughput table of an io result holding `metrics`."""
+    return throughput.split(StageResult("io", {}, metrics), metrics)
 
 
 def test_split_groups_rows_with_their_companions():
@@ -816,7 +911,7 @@ def test_split_groups_rows_with_their_companions():
         Metric("other", 1.0, "x"),
         Metric("looks.cold", 1.0, "ms"),  # right name, wrong unit: not a row
     )
-    rows, rest = throughput.split(tuple(labelled(m) for m in metrics))
+    rows, rest = split_io(tuple(labelled(m) for m in metrics))
     assert [(r.what, r.temp, r.threads) for r in rows] == [
         ("shard.random", "cold", 1),
         ("shard.random", "cold", 16),
@@ -846,7 +941,7 @@ def test_missing_rate_renders_na_with_its_reason():
         Metric.missing("shard.random.cold", "MB/s", reason),
         Metric.missing("files.random.warm", "MB/s", "no runs completed"),
     )
-    rows, rest = throughput.split(tuple(labelled(m) for m in metrics))
+    rows, rest = split_io(tuple(labelled(m) for m in metrics))
     assert rest == []
     assert rows[0].cells() == ("small_files.random", "cold", "1", "n/a", *[""] * 6)
     assert throughput.missing_reasons(rows) == [
@@ -856,7 +951,7 @@ def test_missing_rate_renders_na_with_its_reason():
 
 
 def test_split_survives_an_absurd_thread_count():
-    rows, rest = throughput.split((Metric("x.cold.t" + "9" * 5000, 1.0, "MB/s"),))
+    rows, rest = split_io((Metric("x.cold.t" + "9" * 5000, 1.0, "MB/s"),))
     assert len(rows) + len(rest) == 1
 
 
@@ -901,7 +996,19 @@ def test_io_quick_json_has_every_metric_and_leaves_nothing(tmp_path):
     assert set(got) == expected
     # Every figure carries the labels it was measured under (schema 2).
     for name, m in got.items():
+        assert m["labels"].get("quantity"), name
         assert m["labels"] == io_labels(name, m["unit"]), name
+    assert got["shard.random.cold.t2.samples_per_s"]["labels"] == {
+        "quantity": "samples_per_s",
+        "layout": "shard",
+        "pattern": "random",
+        "cache": "cold",
+        "threads": 2,
+    }
+    assert got["resident_before.shard"]["labels"] == {
+        "quantity": "resident_before",
+        "layout": "shard",
+    }
     on_disk = fs_type(tmp_path) not in ("tmpfs", "ramfs")
     for name, m in got.items():
         if name.startswith("resident_before"):

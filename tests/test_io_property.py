@@ -1,5 +1,5 @@
 """Garbage in, no exception out: the parsers behind `io`'s options, and the throughput
-table's reading of metric names."""
+table's reading of metric labels."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from starvecheck.args import thread_counts as _threads
-from starvecheck.model import Metric
+from starvecheck.model import Metric, StageResult
 from starvecheck.render import throughput
 from starvecheck.status import UsageError
 from starvecheck.units import parse_size
@@ -96,6 +96,18 @@ unit = st.sampled_from(["MB/s", "samples/s", "ms", "fraction", ""])
 value = st.one_of(
     st.none(), st.floats(allow_nan=False, allow_infinity=False, min_value=0, max_value=1e12)
 )
+# Labels as io gives them, and partial or odd ones: the table reads labels, not names.
+labels = st.fixed_dictionaries(
+    {},
+    optional={
+        "quantity": st.sampled_from(["mb_per_s", *throughput.COMPANIONS, "resident_before"])
+        | st.text(max_size=6),
+        "layout": st.sampled_from(["small_files", "shard", "files"]) | st.text(max_size=6),
+        "pattern": st.sampled_from(["random", "sequential"]),
+        "cache": st.sampled_from(["cold", "warm"]),
+        "threads": st.integers(0, 10**6),
+    },
+)
 
 
 @st.composite
@@ -104,19 +116,20 @@ def metrics(draw):
     out = []
     for name in names:
         v = draw(value)
+        where = draw(labels)
         if v is None:
-            out.append(Metric.missing(name, draw(unit), "reason"))
+            out.append(Metric.missing(name, draw(unit), "reason", where))
         elif draw(st.booleans()):
-            out.append(Metric.repeated(name, [v, v * 2], draw(unit)))
+            out.append(Metric.repeated(name, [v, v * 2], draw(unit), where))
         else:
-            out.append(Metric(name, v, draw(unit)))
+            out.append(Metric(name, v, draw(unit), labels=where))
     return tuple(out)
 
 
 @SETTINGS
 @given(metrics())
 def test_split_never_raises_and_accounts_for_every_metric(ms):
-    rows, rest = throughput.split(ms)
+    rows, rest = throughput.split(StageResult("io", {}, ms), ms)
     rates = [r.rate.name for r in rows]
     companions = [c.name for r in rows for c in r.companions.values()]
     others = [m.name for m in rest]
@@ -126,6 +139,7 @@ def test_split_never_raises_and_accounts_for_every_metric(ms):
     assert others == [n for n in order if n in set(others)]  # the stage's order kept
     assert rates == [n for n in order if n in set(rates)]
     for r in rows:
-        assert r.rate.unit == "MB/s" and r.temp in ("cold", "warm") and r.threads >= 0
+        assert r.rate.labels["quantity"] == "mb_per_s" and "pattern" in r.rate.labels
+        assert r.temp in ("cold", "warm") and r.threads >= 0
         assert len(r.cells()) == len(throughput.HEADERS)
     throughput.missing_reasons(rows)

@@ -9,6 +9,7 @@ figures measured in the same run.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
@@ -57,30 +58,24 @@ def _best(r: StageResult, layout: str, pattern: str) -> tuple[str, float] | None
 
 
 def rules(results: Results) -> list[Finding]:
+    """io's findings: the layouts, the cache, the readers from its own figures; the
+    storage under the data from this machine's facts (none for a stored trace)."""
     r = results.get("io")
     if r is None:
         return []
-    machine = results.machine
-    storage = machine.to_dict()["storage"] if machine is not None else {}
-    return list(advise(r, r.parameters, storage))
-
-
-def advise(
-    by_name: StageResult,
-    parameters: Mapping[str, Any],
-    storage: Mapping[str, Any],
-) -> tuple[Finding, ...]:
-    threads = sorted(parameters.get("threads", [1]))
+    parameters = r.parameters
+    storage = asdict(results.machine.storage) if results.machine is not None else {}
+    layout = "files" if parameters.get("existing") else "small_files"
     checks = (
-        _small_files_generated(by_name)
-        if not parameters.get("existing")
-        else _small_files_existing(by_name, parameters),
-        _cold_gap(by_name),
-        _readers(by_name, threads, "files" if parameters.get("existing") else "small_files"),
-        _network(by_name, storage, parameters),
-        _rotational(by_name, storage, parameters),
+        _small_files_existing(r, parameters)
+        if parameters.get("existing")
+        else _small_files_generated(r),
+        _cold_gap(r),
+        _readers(r, sorted(parameters.get("threads", [1])), layout),
+        _network(r, storage, parameters),
+        _rotational(r, storage, parameters),
     )
-    return tuple(f for f in checks if f is not None)
+    return [f for f in checks if f is not None]
 
 
 def _small_files_generated(m: StageResult) -> Finding | None:

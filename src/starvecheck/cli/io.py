@@ -21,7 +21,6 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
-from starvecheck.status import UsageError
 from starvecheck.sysroot import SysRoot
 
 
@@ -115,18 +114,11 @@ def io(
     and full (warm), by 1 to N concurrent readers. Says which layout, how many
     readers, and what the storage itself costs.
     """
-    from starvecheck import cache
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
     size = args.sample_size(sample_size)
-    if keep and existing:
-        raise UsageError("--keep: nothing is written with --existing, so there is nothing to keep")
-    if drop_caches and not cold:
-        raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
-    if drop_caches and (problem := cache.drop_caches_problem()):
-        raise UsageError(f"--drop-caches: {problem}")
     target = args.data_path(path, existing)
     # io measures this machine, never a fake sysroot: facts and figures must match.
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)

@@ -37,7 +37,7 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     holds notes alone."""
     out: list[Section] = []
     metrics = list(stage.metrics)
-    rates, rest = throughput.split(tuple(metrics))
+    rates, rest = throughput.split(stage, metrics)
     if rates:
         rows = [r.cells() for r in rates]
         notes = throughput.missing_reasons(rates)

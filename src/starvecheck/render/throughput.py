@@ -1,6 +1,6 @@
-"""Throughput metrics as one row per measurement, for terminal and Markdown.
+"""io's throughput metrics as one row per measurement, for terminal and Markdown.
 
-A stage reports a read pattern's throughput in MB/s (labels: quantity `mb_per_s`,
+io reports a read pattern's throughput in MB/s (labels: quantity `mb_per_s`,
 layout, pattern, cache, threads) with companions under the same labels
 (`samples_per_s`, `p50_ms`, `p90_ms`, `p99_ms`; the JSON keeps them flat, one metric
 each). People read them better side by side.
@@ -8,9 +8,10 @@ each). People read them better side by side.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from starvecheck.model import Metric
+from starvecheck.model import Metric, StageResult
 
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
 HEADERS = (
@@ -62,17 +63,21 @@ class Row:
 
 
 def _where(m: Metric) -> tuple[object, ...]:
-    return tuple(m.labels.get(k) for k in ("layout", "pattern", "cache", "threads"))
+    return (*(m.labels[k] for k in ("layout", "pattern", "cache")), m.labels.get("threads", 1))
 
 
-def split(metrics: tuple[Metric, ...]) -> tuple[list[Row], list[Metric]]:
-    """(throughput rows, every other metric) in the order the stage gave them: a read
-    pattern's MB/s (labels quantity mb_per_s, layout, pattern, cache, threads) with its
-    companions measured under the same labels."""
-    rates = [m for m in metrics if m.labels.get("quantity") == "mb_per_s" and "pattern" in m.labels]
+def split(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Row], list[Metric]]:
+    """(throughput rows, every other metric) of `metrics`, in the order `stage` gave
+    them; no rows for a stage other than io. A row is a read pattern's MB/s (labels
+    quantity mb_per_s, layout, pattern, cache, threads) with its companions measured
+    under the same labels."""
+    if stage.stage != "io":
+        return [], list(metrics)
+    placed = [m for m in metrics if {"layout", "pattern", "cache"} <= set(m.labels)]
+    rates = [m for m in placed if m.labels.get("quantity") == "mb_per_s"]
     companions: dict[tuple[object, ...], dict[str, Metric]] = {}
-    for m in metrics:
-        if m.labels.get("quantity") in COMPANIONS and "pattern" in m.labels:
+    for m in placed:
+        if m.labels.get("quantity") in COMPANIONS:
             companions.setdefault(_where(m), {})[str(m.labels["quantity"])] = m
     rows: list[Row] = []
     used: set[int] = set()

@@ -12,13 +12,11 @@ import os
 import random
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from starvecheck.model import Caveat
 from starvecheck.stages.layouts import BLOCK, Layout
 from starvecheck.stages.reads import READ_FLAGS, FileOps, RangeOps
-
-if TYPE_CHECKING:  # io imports this module: its Plan only for the annotation
-    from starvecheck.stages.io import Plan
 
 # A file larger than this is a shard (or an archive, a video): read in --sample-size
 # byte ranges at shuffled offsets, as a shard-based loader does, not whole.
@@ -29,6 +27,17 @@ SCAN_LIMIT = 200_000
 # Ranges are spread over at most this many large files.
 MAX_LARGE_FILES = 64
 FILE_BUFFER = 1 << 20
+
+
+class Sampling(Protocol):
+    """What the sample is drawn by (io's Plan has it): this module imports no stage."""
+
+    @property
+    def samples(self) -> int: ...
+    @property
+    def sample_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
 
 
 @dataclass
@@ -116,12 +125,12 @@ def readable(paths: list[str], flags: int) -> tuple[list[str], int]:
     return ok, len(paths) - len(ok)
 
 
-def layouts(path: str, plan: Plan) -> tuple[list[Layout], dict, list[str]]:
+def layouts(path: str, plan: Sampling) -> tuple[list[Layout], dict, list[Caveat]]:
     """The user's files as layouts to measure, parameters describing the sample, caveats."""
     rng = random.Random(plan.seed)
     found = discover(path, plan.samples, rng)
     flags = read_flags(found.owners)
-    caveats: list[str] = []
+    caveats: list[Caveat] = []
     out: list[Layout] = []
 
     small_paths, bad_small = readable([p for p, _ in found.small], flags)
@@ -172,17 +181,33 @@ def layouts(path: str, plan: Plan) -> tuple[list[Layout], dict, list[str]]:
     }
     if found.truncated:
         caveats.append(
-            f"listing stopped after {SCAN_LIMIT:,} files; the sample is drawn from those"
+            Caveat(
+                "io.listing-truncated",
+                f"listing stopped after {SCAN_LIMIT:,} files; the sample is drawn from those",
+            )
         )
     if found.symlinks:
-        caveats.append(f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)")
+        caveats.append(
+            Caveat(
+                "io.symlinks-skipped",
+                f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)",
+            )
+        )
     skipped = found.unreadable + bad_small + bad_large
     if skipped:
-        caveats.append(f"{skipped:,} files or directories could not be read and were skipped")
+        caveats.append(
+            Caveat(
+                "io.unreadable-skipped",
+                f"{skipped:,} files or directories could not be read and were skipped",
+            )
+        )
     if flags & os.O_NOATIME == 0:
         caveats.append(
-            "files owned by other users were read without O_NOATIME: their access times may "
-            "change (contents and modification times do not)"
+            Caveat(
+                "io.atime",
+                "files owned by other users were read without O_NOATIME: their access "
+                "times may change (contents and modification times do not)",
+            )
         )
     return out, params, caveats
 

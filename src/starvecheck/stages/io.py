@@ -18,7 +18,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from starvecheck import cache
 from starvecheck.model import Caveat, Metric, StageResult, one, select
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_raise, space_problem, write_all
+from starvecheck.stages import existing as existing_mode
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.layouts import MB, Layout, Progress
 from starvecheck.stages.layouts import no_progress as _no_progress
@@ -212,7 +213,7 @@ def metric_name(layout: str, pattern: str, temp: str, threads: int) -> str:
 
 def summarize(
     layouts: Sequence[Layout], plan: Plan, m: Measured, fs_kind: str | None = None
-) -> tuple[list[Metric], list[str]]:
+) -> tuple[list[Metric], list[Caveat]]:
     """Metrics and caveats from the raw runs. Cold figures of a layout that was not
     cold before its runs are withheld, with the reason."""
     metrics, caveats, not_cold = judge_cache(
@@ -279,56 +280,31 @@ def summarize(
     return metrics, caveats
 
 
-def run(
-    path: str,
-    plan: Plan,
-    *,
-    existing: bool,
-    storage: dict[str, Any],
-    progress: Progress = _no_progress,
-    warn: Callable[[str], None] = lambda _msg: None,
-) -> StageResult:
-    """Measure and summarise. SIGTERM/SIGHUP raise like Ctrl-C while this runs, so the
-    scratch data is removed on every way out."""
-    start = time.perf_counter()
-    params: dict[str, Any] = {"path": path, **plan.parameters()}
-    caveats: list[str] = []
-    with signals_raise():
-        if existing:
-            from starvecheck.stages import existing as existing_mode
-
-            layouts, extra, caveats = existing_mode.layouts(path, plan)
-            params.update(extra)
-            if not layouts:
-                raise UsageError(f"{path}: no readable, non-empty regular files to sample")
-            measured = _measure_or_fail(layouts, plan, progress)
-        else:
-            scratch = Scratch(path, prefix="starvecheck-io-", keep=plan.keep)
+def _generate_and_measure(
+    path: str, plan: Plan, ctx: RunContext
+) -> tuple[list[Layout], Measured, str]:
+    """Write the samples in a fresh scratch directory under `path`, measure, and
+    remove it (unless --keep); what could not be removed is a warning."""
+    scratch = Scratch(path, prefix="starvecheck-io-", keep=plan.keep)
+    try:
+        with scratch:
             try:
-                with scratch:
-                    try:
-                        layouts = generate(scratch, plan, progress)
-                    except OSError as e:
-                        raise UsageError(
-                            f"writing test data in {scratch.path} failed: {e.strerror}"
-                        ) from e
-                    measured = _measure_or_fail(layouts, plan, progress)
-            finally:
-                if scratch.leftovers:
-                    warn(
-                        "could not remove everything starvecheck created (it holds something "
-                        "else, or permissions changed): " + "; ".join(scratch.leftovers)
-                    )
-            params["scratch"] = scratch.path
-            if plan.keep:
-                caveats.append(
-                    Caveat(
-                        "io.kept",
-                        f"test data kept in {scratch.path} (--keep); remove it with rm -r",
-                    )
-                )
-    metrics, more = summarize(layouts, plan, measured, storage.get("kind"))
-    caveats += more
+                layouts = generate(scratch, plan, ctx.progress)
+            except OSError as e:
+                raise UsageError(f"writing test data in {scratch.path} failed: {e.strerror}") from e
+            measured = _measure_or_fail(layouts, plan, ctx.progress)
+    finally:
+        if scratch.leftovers:
+            ctx.warn(
+                "could not remove everything starvecheck created (it holds something "
+                "else, or permissions changed): " + "; ".join(scratch.leftovers)
+            )
+    return layouts, measured, scratch.path
+
+
+def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
+    """What `cold` could not cover: a hypervisor's cache, and file metadata."""
+    caveats: list[Caveat] = []
     cold_small = any(
         x.value is not None and x.labels.get("layout") in ("small_files", "files")
         for x in select(metrics, quantity="mb_per_s", pattern="random", cache="cold", threads=1)
@@ -344,30 +320,18 @@ def run(
                 "still (--drop-caches, as root, drops it too)",
             )
         )
-    capacity = None
-    if existing:
-        layout = layouts[0].name
-        n = max(plan.threads)
-        for temp in plan.temperatures:
-            m = one(
-                metrics,
-                quantity="samples_per_s",
-                layout=layout,
-                pattern="random",
-                cache=temp,
-                threads=n,
-            )
-            if m is not None and m.value:
-                capacity = replace(m, name=f"capacity ({m.name})")
-                break
-    return StageResult(
-        stage="io",
-        parameters=params,
-        metrics=tuple(metrics),
-        caveats=tuple(caveats),
-        capacity=capacity,
-        duration_s=round(time.perf_counter() - start, 3),
-    )
+    return caveats
+
+
+def _capacity(metrics: Sequence[Metric], layouts: Sequence[Layout], plan: Plan) -> Metric | None:
+    """The user's own files (--existing): samples/s of the first layout at the most
+    readers, cold where measured, else warm."""
+    where = {"layout": layouts[0].name, "pattern": "random", "threads": max(plan.threads)}
+    for temp in plan.temperatures:
+        m = one(metrics, quantity="samples_per_s", cache=temp, **where)
+        if m is not None and m.value:
+            return replace(m, name=f"capacity ({m.name})")
+    return None
 
 
 def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) -> Measured:
@@ -403,6 +367,16 @@ class IoStage:
         from starvecheck import args
 
         existing = bool(options.get("existing"))
+        cold = options.get("cold", True)
+        drop_caches = bool(options.get("drop_caches"))
+        if options.get("keep") and existing:
+            raise UsageError(
+                "--keep: nothing is written with --existing, so there is nothing to keep"
+            )
+        if drop_caches and not cold:
+            raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
+        if drop_caches and (problem := cache.drop_caches_problem()):
+            raise UsageError(f"--drop-caches: {problem}")
         size = options["sample_size"]
         default_samples, default_runs = SIZES[bool(options.get("quick"))][
             "existing" if existing else "generated"
@@ -420,8 +394,8 @@ class IoStage:
                 sample_size=size,
                 runs=options.get("runs") or default_runs,
                 threads=args.thread_counts(options.get("threads"), eff),
-                cold=options.get("cold", True),
-                drop_caches=bool(options.get("drop_caches")),
+                cold=cold,
+                drop_caches=drop_caches,
                 keep=bool(options.get("keep")),
             ),
         )
@@ -443,13 +417,39 @@ class IoStage:
         return IoRun(path, False, plan)
 
     def measure(self, plan: IoRun, ctx: RunContext) -> StageResult:
-        return run(
-            plan.path,
-            plan.plan,
-            existing=plan.existing,
-            storage=ctx.storage,
-            progress=ctx.progress,
-            warn=ctx.warn,
+        """Measure and summarise (judging is advice/io's). SIGTERM/SIGHUP raise like
+        Ctrl-C while this runs, so the scratch data is removed on every way out."""
+        start = time.perf_counter()
+        path, p = plan.path, plan.plan
+        params: dict[str, Any] = {"path": path, **p.parameters()}
+        caveats: list[Caveat] = []
+        with signals_raise():
+            if plan.existing:
+                layouts, extra, caveats = existing_mode.layouts(path, p)
+                params.update(extra)
+                if not layouts:
+                    raise UsageError(f"{path}: no readable, non-empty regular files to sample")
+                measured = _measure_or_fail(layouts, p, ctx.progress)
+            else:
+                layouts, measured, scratch_path = _generate_and_measure(path, p, ctx)
+                params["scratch"] = scratch_path
+                if p.keep:
+                    caveats.append(
+                        Caveat(
+                            "io.kept",
+                            f"test data kept in {scratch_path} (--keep); remove it with rm -r",
+                        )
+                    )
+        metrics, more = summarize(layouts, p, measured, ctx.storage.get("kind"))
+        caveats += more
+        caveats += _cache_caveats(metrics, p)
+        return StageResult(
+            stage="io",
+            parameters=params,
+            metrics=tuple(metrics),
+            caveats=tuple(caveats),
+            capacity=_capacity(metrics, layouts, p) if plan.existing else None,
+            duration_s=round(time.perf_counter() - start, 3),
         )
 
 

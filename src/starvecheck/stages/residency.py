@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from starvecheck.model import Metric
+from starvecheck.model import Caveat, Metric
 from starvecheck.stages.layouts import Layout
+from starvecheck.timing import not_cold as not_cold_caveat
 
 # A cold run is cold when at most this share of its data was resident before it.
 COLD_MAX_RESIDENT = 0.05
@@ -40,13 +41,13 @@ def judge_cache(
     command: str,
     unit: str,
     fix: str,
-) -> tuple[list[Metric], list[str], dict[str, str]]:
+) -> tuple[list[Metric], list[Caveat], dict[str, str]]:
     """What the residency checks say, for io and loader alike: `resident_before.<name>`
     metrics, caveats, and the layouts whose cold figures must be withheld (with the
     reason). `unit` is what one measurement is called ("run", "epoch"); `fix` what to
     do where the cache could not be emptied."""
     metrics: list[Metric] = []
-    caveats: list[str] = []
+    caveats: list[Caveat] = []
     not_cold: dict[str, str] = {}
     for name in names:
         fractions = m.resident_cold.get(name, [])
@@ -60,28 +61,38 @@ def judge_cache(
                 )
         elif fractions:
             caveats.append(
-                f"{name}: could not check that the cache was cold "
-                f"({'; '.join(m.residency_errors) or 'mincore failed'}); "
-                "compare the cold and warm figures before trusting the cold ones"
+                Caveat(
+                    "cache.unchecked",
+                    f"{name}: could not check that the cache was cold "
+                    f"({'; '.join(m.residency_errors) or 'mincore failed'}); "
+                    "compare the cold and warm figures before trusting the cold ones",
+                )
             )
         warm = [f for f in m.resident_warm.get(name, []) if f is not None]
         if warm and min(warm) < WARM_MIN_RESIDENT:
             caveats.append(
-                f"{name}: only {min(warm):.0%} of the data stayed in the page cache "
-                "after a full read, so the warm figures are partly cold (the data is larger "
-                "than the memory the page cache can use)"
+                Caveat(
+                    "cache.partly-warm",
+                    f"{name}: only {min(warm):.0%} of the data stayed in the page cache "
+                    "after a full read, so the warm figures are partly cold (the data is "
+                    "larger than the memory the page cache can use)",
+                )
             )
     if not_cold and fs_kind == "memory":
         caveats.append(
-            f"this path is on tmpfs (memory), where data cannot be cold: the cold figures of "
-            f"{', '.join(sorted(not_cold))} are withheld; run {command} on the filesystem "
-            "the dataset really lives on"
+            not_cold_caveat(
+                f"this path is on tmpfs (memory), where data cannot be cold: the cold figures "
+                f"of {', '.join(sorted(not_cold))} are withheld; run {command} on the "
+                "filesystem the dataset really lives on"
+            )
         )
     elif not_cold:
         caveats.append(
-            f"the page cache could not be emptied for {', '.join(sorted(not_cold))}: the "
-            f"cold figures would have been warm ones and are withheld. {fix[0].upper()}"
-            f"{fix[1:]}"
+            not_cold_caveat(
+                f"the page cache could not be emptied for {', '.join(sorted(not_cold))}: the "
+                f"cold figures would have been warm ones and are withheld. {fix[0].upper()}"
+                f"{fix[1:]}"
+            )
         )
     return metrics, caveats, not_cold
 
