@@ -13,7 +13,7 @@ advice/ imports the model, probe facts and the workload, never stages/.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +108,3 @@ def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageRe
 
 def _stamped(f: Finding, stage: str) -> Finding:
     return f if f.stage else replace(f, stage=stage)
-
-
-def ids(findings: Iterable[Finding]) -> set[str]:
-    return {f.id for f in findings}

@@ -150,9 +150,15 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         )
     kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
     advice = _workers(m, params, wait_ms, step_ms) if loader == SINGLE_PROCESS else None
+    gain = Gain(
+        GainKind.STEP_SHARE,
+        round(share, 4),
+        "data wait inside the steps: what a loader that keeps ahead of the step recovers",
+    )
+    fix: dict[str, Any] = {}
     if advice is not None:
-        return _single_process(share, sev, kind, evidence, advice)
-    if loader == SINGLE_PROCESS:
+        recommendation, gain, fix = _worker_change(advice)
+    elif loader == SINGLE_PROCESS:
         recommendation = (
             "The DataLoader loads in the training process (num_workers=0): load in worker "
             f"processes, {_single_process_line(wait_ms, step_ms)}. `starvecheck loader` "
@@ -173,12 +179,9 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         f"The training step is {kind}: {share:.0%} of it waits for data",
         evidence=evidence + ".",
         recommendation=recommendation,
-        gain=Gain(
-            GainKind.STEP_SHARE,
-            round(share, 4),
-            "data wait inside the steps: what a loader that keeps ahead of the step recovers",
-        ),
+        gain=gain,
         stage="profile",
+        fix=fix,
     )
 
 
@@ -284,9 +287,9 @@ def _workers(
     return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
 
 
-def _single_process(
-    share: float, sev: Severity, kind: str, evidence: str, a: WorkerAdvice
-) -> Finding:
+def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
+    """What to change for a loop that loads in its own process, from the measured
+    worker advice: the recommendation, the predicted speed-up, the setting as data."""
     line = LOADER_LINE.format(n=a.workers)
     if a.cpu_bound:
         what = "CPU work" if a.cpu_work else "work"
@@ -309,19 +312,11 @@ def _single_process(
             )
             + ". `starvecheck loader` measures each num_workers on your storage."
         )
-    return Finding(
-        "profile.data-bound",
-        sev,
-        f"The training step is {kind}: {share:.0%} of it waits for data",
-        evidence=evidence + ".",
-        recommendation=recommendation,
-        gain=Gain(
-            GainKind.THROUGHPUT,
-            round(a.speedup, 3),
-            f"predicted: the mean step from {a.step_ms * a.speedup:,.1f} ms to "
-            f"{a.step_ms:,.1f} ms with num_workers={a.workers} ({a.available_cpus:.1f} "
-            "CPU(s) for workers)",
-        ),
-        stage="profile",
-        fix={"num_workers": a.workers},
+    gain = Gain(
+        GainKind.THROUGHPUT,
+        round(a.speedup, 3),
+        f"predicted: the mean step from {a.step_ms * a.speedup:,.1f} ms to "
+        f"{a.step_ms:,.1f} ms with num_workers={a.workers} ({a.available_cpus:.1f} "
+        "CPU(s) for workers)",
     )
+    return recommendation, gain, {"num_workers": a.workers}

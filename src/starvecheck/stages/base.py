@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from starvecheck.model import StageResult
 
@@ -55,6 +55,19 @@ class RunContext:
     def storage(self) -> dict[str, Any]:
         """The facts about the storage under the path measured (kind, network, ...)."""
         return self.machine.to_dict()["storage"] if self.machine is not None else {}
+
+
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class OnDisk(Generic[P]):
+    """A stage's plan with where it reads: under `path`, generated data or (`existing`)
+    the user's own files there (io, loader)."""
+
+    path: str
+    existing: bool
+    plan: P
 
 
 class Stage(Protocol):

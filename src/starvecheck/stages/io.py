@@ -27,7 +27,7 @@ from starvecheck.model import Caveat, Metric, StageResult, one, select
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_raise, space_problem, write_all
 from starvecheck.stages import existing as existing_mode
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import OnDisk, RunContext
 from starvecheck.stages.layouts import MB, Layout, Progress
 from starvecheck.stages.layouts import no_progress as _no_progress
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
@@ -344,15 +344,6 @@ def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) 
         raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
 
 
-@dataclass(frozen=True)
-class IoRun:
-    """What `io` measures: where, how (generated or the user's files) and the Plan."""
-
-    path: str
-    existing: bool
-    plan: Plan
-
-
 class IoStage:
     """`io` in the registry (stages/base.Stage)."""
 
@@ -361,7 +352,7 @@ class IoStage:
     def unavailable(self) -> str | None:
         return None
 
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> IoRun:
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> OnDisk[Plan]:
         """`options` as the command parsed them; `path` already checked (args.data_path)
         and the machine's facts in `ctx` collected for it."""
         from starvecheck import args
@@ -386,7 +377,7 @@ class IoStage:
         if not existing and (problem := space_problem(path, n, size)):
             raise UsageError(problem)
         eff = ctx.effective_cpus
-        return IoRun(
+        return OnDisk(
             path,
             existing,
             Plan(
@@ -400,7 +391,7 @@ class IoStage:
             ),
         )
 
-    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> IoRun:
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
         from starvecheck import args
 
         n, runs = SIZES[quick]["generated"]
@@ -414,9 +405,9 @@ class IoStage:
             runs=runs,
             threads=args.thread_counts(None, eff),
         )
-        return IoRun(path, False, plan)
+        return OnDisk(path, False, plan)
 
-    def measure(self, plan: IoRun, ctx: RunContext) -> StageResult:
+    def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
         """Measure and summarise (judging is advice/io's). SIGTERM/SIGHUP raise like
         Ctrl-C while this runs, so the scratch data is removed on every way out."""
         start = time.perf_counter()

@@ -37,7 +37,7 @@ from starvecheck.figures import headline, loader_curves
 from starvecheck.model import Caveat, Metric, StageResult, one
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import OnDisk, RunContext
 from starvecheck.stages.datasets import (
     batch_size_of,
 )
@@ -463,16 +463,6 @@ def _measure_or_fail(
         raise Unavailable(f"the DataLoader failed: {' '.join(str(e).split())}") from e
 
 
-@dataclass(frozen=True)
-class LoaderRun:
-    """What `loader` measures: where, how (generated layouts or the user's files), and
-    the Plan."""
-
-    path: str
-    existing: bool
-    plan: Plan
-
-
 class LoaderStage:
     """`loader` in the registry (stages/base.Stage)."""
 
@@ -481,7 +471,7 @@ class LoaderStage:
     def unavailable(self) -> str | None:
         return None
 
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> LoaderRun:
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> OnDisk[Plan]:
         """`options` as the command parsed them (`path` checked, `workers` a tuple or
         None); the machine's facts in `ctx`."""
         from starvecheck import args
@@ -510,9 +500,9 @@ class LoaderStage:
             cold=options.get("cold", True),
             effective_cpus=eff,
         )
-        return LoaderRun(path, existing, plan)
+        return OnDisk(path, existing, plan)
 
-    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> LoaderRun:
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
         from starvecheck import args
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
@@ -537,9 +527,9 @@ class LoaderStage:
             layouts=(workload.layout,),
             sample_delay_ms=ctx.slow_ms,
         )
-        return LoaderRun(path, False, plan)
+        return OnDisk(path, False, plan)
 
-    def measure(self, plan: LoaderRun, ctx: RunContext) -> StageResult:
+    def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
         """Measure, summarise and recommend (judging is advice/loader's). SIGTERM/SIGHUP
         raise like Ctrl-C while this runs: workers are shut down, Streaming's shared
         memory and the scratch data removed on every way out."""
