@@ -81,3 +81,54 @@ def test_watch_on_real_cpu_work_recommends_at_most_the_cpus():
     cpus = len(os.sched_getaffinity(0))
     assert 1 <= f.fix["num_workers"] <= cpus
     assert w.result().parameters["effective_cpus"] <= cpus
+
+
+def test_a_loop_with_workers_is_judged_by_its_workers_time():
+    # One worker, a 34 ms step of which 26 ms wait: the worker takes 34 ms a batch, 1 ms
+    # of it CPU (sleep). 34 / 8 = 4.25 workers keep level: 5, one spare; 34 / 8 ms.
+    a = recommend(26.0, 8.0, 1.0, 2.0, workers_now=1)
+    assert a is not None and a.workers == 6 and a.workers_now == 1 and a.changes
+    assert a.step_ms == pytest.approx(8.0) and a.speedup == pytest.approx(34 / 8)
+    assert "1 x the 34.0 ms step" in a.why
+    # Two workers already busy on two CPUs: no count does better; nothing to change.
+    b = recommend(20.0, 10.0, 60.0, 2.0, workers_now=2)
+    assert b is not None and b.cpu_bound and not b.changes and b.speedup == 1.0
+
+
+@given(
+    wait=st.floats(0.1, 1e3),
+    rest=st.floats(0.1, 1e3),
+    cpu=st.floats(0, 1e4),
+    cpus=st.floats(0.1, 64),
+    now=st.integers(1, 32),
+)
+def test_property_never_fewer_workers_than_now(wait, rest, cpu, cpus, now):
+    a = recommend(wait, rest, cpu, cpus, workers_now=now)
+    assert a is not None and a.workers >= now and a.speedup >= 1.0
+
+
+def test_watch_reads_the_workers_cpu_and_recommends_more_workers():
+    """An under-workered loader: one worker sleeping 4 ms a sample, an 8 ms step."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    import starvecheck
+
+    class Sleepy(Dataset):
+        def __len__(self) -> int:
+            return 4 * 40
+
+        def __getitem__(self, i: int):
+            time.sleep(0.004)
+            return torch.zeros(4)
+
+    w = starvecheck.watch(DataLoader(Sleepy(), batch_size=4, num_workers=1), show=False)
+    for _ in w:
+        time.sleep(0.004)
+    r = w.result()
+    assert r.parameters["num_workers"] == 1
+    cpu = r.value(quantity="worker_cpu_ms")
+    assert cpu is not None and 0 <= cpu < 8  # sleeping: little CPU of 16 ms a batch
+    (f,) = [f for f in r.findings if f.id == "profile.data-bound"]
+    assert f.fix["num_workers"] >= 4 and "num_workers=1 cannot keep up" in f.recommendation
+    assert f.gain.kind.value == "throughput" and f.gain.value > 2

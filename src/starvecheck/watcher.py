@@ -65,6 +65,10 @@ class Watch(Generic[T]):
         self.compute_cpu = array("d")
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
+        self.num_workers: int | None = None  # a DataLoader's, when it says
+        # (steps completed, the worker processes' summed CPU seconds), sampled every
+        # WORKER_SAMPLE steps: their CPU per batch says CPU work from I/O or sleep.
+        self.worker_cpu: list[tuple[int, float]] = []
         self.notes: list[Caveat] = []
         self._synchronize: Callable[[], None] | None = None
         self._printed_at = 0  # steps completed when the report was last printed
@@ -81,6 +85,9 @@ class Watch(Generic[T]):
         every = self.every
         it = iter(self.iterable)
         self.iterator = type(it).__name__
+        self.num_workers = getattr(it, "_num_workers", self.num_workers)
+        workers = _WorkerCpu(it)
+        self.worker_cpu = []
         self.passes += 1
         received = None  # when the loop got its last batch; None before the first
         try:
@@ -90,6 +97,9 @@ class Watch(Generic[T]):
                 if received is not None:
                     computes.append(asked - received)
                     compute_cpu.append(asked_cpu - got_cpu)
+                    if workers and len(computes) % WORKER_SAMPLE == 1:
+                        workers.sample(len(computes), self.worker_cpu)
+                        asked = clock()  # reading /proc is ours: counted in neither
                     if every and len(computes) % every == 0:
                         self._print()
                         self._printed_at = len(computes)
@@ -161,12 +171,23 @@ class Watch(Generic[T]):
                 _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
                 _ms("compute_cpu_ms", self.compute_cpu[first:]),
             ]
+        per_batch = self._worker_cpu_per_batch()
+        if per_batch is not None:
+            out.append(_single("worker_cpu_ms", per_batch, "ms"))
         if first:
             out += [
                 _single("first_step_ms", steps[0] * 1e3, "ms"),
                 _single("first_wait_ms", self.waits[0] * 1e3, "ms"),
             ]
         return out
+
+    def _worker_cpu_per_batch(self) -> float | None:
+        """The worker processes' CPU milliseconds per batch, between the first and last
+        sample (at least WORKER_SAMPLE steps apart)."""
+        if len(self.worker_cpu) < 2:
+            return None
+        (s0, c0), (s1, c1) = self.worker_cpu[0], self.worker_cpu[-1]
+        return (c1 - c0) / (s1 - s0) * 1e3 if s1 > s0 and c1 >= c0 else None
 
     def result(self) -> StageResult:
         """The measured figures, judged: the findings are what advice.judge makes of
@@ -180,6 +201,7 @@ class Watch(Generic[T]):
             "dataloader": self.iterator,
             "sync": self.sync,
             "passes": self.passes,
+            "num_workers": self.num_workers,
             "effective_cpus": _effective_cpus(),
         }
         caveats = list(self.notes)
@@ -248,6 +270,37 @@ class Watch(Generic[T]):
 
 def _nothing() -> None:
     pass
+
+
+WORKER_SAMPLE = 16  # steps between two readings of the workers' CPU time
+
+
+class _WorkerCpu:
+    """The CPU time of a DataLoader iterator's worker processes (its `_workers`, a
+    private attribute read defensively), summed; falsy when there are none to read."""
+
+    def __init__(self, it: object) -> None:
+        procs = getattr(it, "_workers", None)
+        self.pids = [p.pid for p in procs or () if getattr(p, "pid", None)]
+        self.procs: list[Any] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.pids)
+
+    def sample(self, steps: int, into: list[tuple[int, float]]) -> None:
+        try:
+            import psutil
+
+            if self.procs is None:
+                self.procs = [psutil.Process(pid) for pid in self.pids]
+            total = 0.0
+            for p in self.procs:
+                t = p.cpu_times()
+                total += t.user + t.system
+        except Exception:  # a worker gone (the pass ended, killed): no reading
+            self.pids = []
+            return
+        into.append((steps, total))
 
 
 def _single(quantity: str, value: float, unit: str) -> Metric:

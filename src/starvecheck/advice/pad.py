@@ -146,6 +146,7 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) 
         recommendation=recommendation,
         gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),
         stage="pad",
+        fix={"strategy": best},
     )
 
 

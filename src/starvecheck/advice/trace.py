@@ -149,7 +149,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
             stage="profile",
         )
     kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
-    advice = _workers(m, params, wait_ms, step_ms) if loader == SINGLE_PROCESS else None
+    advice = _workers(m, params, wait_ms, step_ms)
     gain = Gain(
         GainKind.STEP_SHARE,
         round(share, 4),
@@ -277,34 +277,55 @@ def _first_step(m: Sequence[Metric]) -> Finding | None:
 def _workers(
     m: Sequence[Metric], params: Mapping[str, Any], wait_ms: float | None, step_ms: float | None
 ) -> WorkerAdvice | None:
-    """The worker count for a loop that loads in its own process, where the machine's
-    CPUs and the loading thread's CPU time are known (watch measures both)."""
+    """The worker count for a loop whose machine CPUs and loading CPU time are known
+    (watch measures both): the loading thread's at num_workers=0, the worker
+    processes' with workers."""
     cpus = params.get("effective_cpus")
     if not cpus or wait_ms is None or step_ms is None:
         return None
-    wait_cpu = value(m, quantity="data_wait_cpu_ms")
     step_cpu = value(m, quantity="compute_cpu_ms")
-    return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
+    if params.get("dataloader") == SINGLE_PROCESS:
+        wait_cpu = value(m, quantity="data_wait_cpu_ms")
+        return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
+    workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
+    if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
+        return None
+    return recommend(wait_ms, step_ms - wait_ms, worker_cpu, float(cpus), step_cpu or 0.0, workers)
 
 
 def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
-    """What to change for a loop that loads in its own process, from the measured
-    worker advice: the recommendation, the predicted speed-up, the setting as data."""
+    """What to change, from the measured worker advice: the recommendation, the
+    predicted speed-up, the setting as data."""
     line = LOADER_LINE.format(n=a.workers)
+    now = f"num_workers={a.workers_now}"
+    offline = (
+        f"Do the {'CPU work' if a.cpu_work else 'work'} once, offline (pre-tokenize or "
+        "pre-decode into shards), make it cheaper, or train on a node with more CPUs per "
+        "GPU. `starvecheck starve` measures CPU per sample against your step."
+    )
+    if not a.changes:
+        recommendation = (
+            f"Loading is CPU-bound at {now}: {a.why}, so more workers only compete for "
+            f"the same CPUs. {offline}"
+        )
+        gain = Gain(
+            GainKind.STEP_SHARE, None, "no worker count gains here; offline work removes it"
+        )
+        return recommendation, gain, {}
     if a.cpu_bound:
-        what = "CPU work" if a.cpu_work else "work"
         recommendation = (
             f"Loading is CPU-bound: {a.why}, so even {a.available_cpus:.1f} busy CPU(s) deliver "
             f"a batch no faster than every {a.step_ms:,.1f} ms. {line} gets that far; past it, "
-            f"more workers only compete for the same CPUs. Do the {what} once, offline "
-            "(pre-tokenize or pre-decode into shards), make it cheaper, or train on a node "
-            "with more CPUs per GPU. `starvecheck starve` measures CPU per sample against "
-            "your step."
+            f"more workers only compete for the same CPUs. {offline}"
         )
     else:
+        where = (
+            "The DataLoader loads in the training process (num_workers=0): load in worker processes"
+            if not a.workers_now
+            else f"{now} cannot keep up: load in more worker processes"
+        )
         recommendation = (
-            f"The DataLoader loads in the training process (num_workers=0): load in worker "
-            f"processes, {line}: {a.why}, so {a.workers} worker(s) keep up"
+            f"{where}, {line}: {a.why}, so {a.workers} worker(s) keep up"
             + (
                 " (the wait is mostly I/O or sleep, so workers may outnumber the CPUs)"
                 if not a.cpu_work

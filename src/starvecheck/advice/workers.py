@@ -12,6 +12,12 @@ step then takes max(R, that interval). So:
 - CPU work (C close to W): never more workers than A, and when C / A > R no worker
   count keeps up: the loader is CPU-bound, and the fix is to do the work once,
   offline (pre-tokenize, pre-decode), not more workers.
+
+A loop that already has k0 workers and still waits shows a step of S ms, which is
+then the interval at which its workers deliver: each worker takes W = k0 * S to make a
+batch, and C is the workers' own CPU time per batch (watch reads it from the worker
+processes). The same arithmetic then says how many workers keep up, and the speed-up
+is S over the predicted step.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ class WorkerAdvice:
     speedup: float  # today's step over the predicted one
     available_cpus: float  # A: CPU the workers can have
     why: str  # the arithmetic, in words
+    workers_now: int = 0
+
+    @property
+    def changes(self) -> bool:
+        return self.workers != self.workers_now
 
 
 def recommend(
@@ -42,13 +53,20 @@ def recommend(
     wait_cpu_ms: float | None,
     effective_cpus: float,
     step_cpu_ms: float = 0.0,
+    workers_now: int = 0,
 ) -> WorkerAdvice | None:
-    """num_workers for a loop that loads in its own process (see the module docstring).
-    `wait_cpu_ms`: CPU time of the loading thread while it waited (None: not measured,
-    taken as all CPU, the safe side); `step_cpu_ms`: CPU the training thread used in
-    the rest of the step. None when there is no wait or no step to compare with."""
+    """num_workers for a loop (see the module docstring). With `workers_now` 0, the loop
+    loads in its own process: `wait_ms` is the time it takes to make a batch and
+    `wait_cpu_ms` the loading thread's CPU time in it. With workers, `wait_ms` is the
+    loop's wait per step and `wait_cpu_ms` the workers' CPU time per batch. None
+    (not measured) is taken as all CPU, the safe side. `step_cpu_ms`: CPU the training
+    thread used in the rest of the step. None when there is no wait or no step to
+    compare with."""
     if wait_ms <= 0 or rest_ms <= 0:
         return None
+    step_now = wait_ms + rest_ms
+    if workers_now > 0:  # each worker takes k0 steps to make its batch
+        wait_ms = workers_now * step_now
     cpu_ms = wait_ms if wait_cpu_ms is None else min(max(wait_cpu_ms, 0.0), wait_ms)
     train_share = min(max(step_cpu_ms / rest_ms, 0.0), 1.0)
     if train_share < NEGLIGIBLE_SHARE:  # a step that waits on the GPU: its CPU is noise
@@ -59,19 +77,24 @@ def recommend(
     # Past this many workers the CPU, not the count, limits the batches.
     cpu_cap = max(1, math.floor(available * wait_ms / cpu_ms)) if cpu_ms > 0 else 10**6
     workers = min(keep_up + 1, cpu_cap)  # one spare where the CPU allows it
-    workers = max(1, workers)
+    workers = max(1, workers_now, workers)
 
     def interval(k: int) -> float:
         return max(wait_ms / k, cpu_ms / available)
 
     step = max(rest_ms, interval(workers))
     cpu_bound = cpu_ms / available > rest_ms
-    speedup = (wait_ms + rest_ms) / step
+    speedup = max(1.0, step_now / step)
+    made = (
+        f"each of the {workers_now} worker(s) takes {wait_ms:,.1f} ms to make a batch "
+        f"({workers_now} x the {step_now:,.1f} ms step)"
+        if workers_now
+        else f"a batch takes {wait_ms:,.1f} ms to make in the training process"
+    )
     why = (
-        f"a batch takes {wait_ms:,.1f} ms to make in the training process, "
-        f"{cpu_ms:,.1f} ms of it CPU work; the rest of the step takes {rest_ms:,.1f} ms; "
+        f"{made}, {cpu_ms:,.1f} ms of it CPU work; the rest of the step takes {rest_ms:,.1f} ms; "
         f"{available:.1f} CPU(s) are free for workers ({effective_cpus:.1f} effective"
         + (f", less {train_share:.1f} the training step uses" if train_share >= 0.05 else "")
         + ")"
     )
-    return WorkerAdvice(workers, cpu_bound, cpu_work, step, speedup, available, why)
+    return WorkerAdvice(workers, cpu_bound, cpu_work, step, speedup, available, why, workers_now)

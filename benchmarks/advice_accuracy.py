@@ -1,0 +1,395 @@
+"""Do starvecheck's predicted gains come true? Each scenario is a real loop on this
+machine: run as it is under `starvecheck.watch` (or judged by `starvecheck pad`),
+then re-run with the checklist's top recommendation applied exactly as printed (its
+`fix`, or the strategy it names), and the predicted speed-up is compared with the
+measured one (README, "Are the predictions right?").
+
+    python benchmarks/advice_accuracy.py [--steps 120] [--repeats 3] [--only NAME ...]
+
+Scenarios (the GPU step is simulated by a sleep, which uses no CPU, as a GPU step
+leaves the CPU free):
+  cpu-preprocessing  3 ms of real Python work per sample (a word-level tokenizer in
+                     pure Python), 8 samples a batch, a 20 ms step; num_workers=0
+  io-bound           2 ms of sleep per sample (waiting on storage), 8 a batch, an
+                     8 ms step; num_workers=0
+  under-workered     4 ms of sleep per sample, 8 a batch, an 8 ms step; num_workers=1
+  cpu-bound          6 ms of Python work per sample, 8 a batch, a 5 ms step: no
+                     worker count keeps up on 2 cores (the advice is to pre-process
+                     offline; applied here as the cache it would build)
+  padding            a CPU model whose step time scales with positions (a
+                     position-wise MLP), variable-length samples batched with dynamic
+                     padding; `starvecheck pad` on the same lengths recommends a
+                     strategy, which the loop then trains with
+
+The measured speed-up is the benchmark's own clock (steady state: the first
+`WARMUP` steps of each run are left out, worker start-up among them), the median of
+`--repeats` runs each side. Target: every prediction within 25% of the measured
+speed-up, and no applied recommendation slower than the loop as it was. Exit status 1
+when a scenario misses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import starvecheck
+
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+WARMUP = 5
+TOLERANCE = 0.25
+WORDS = [f"w{i}" for i in range(2000)]
+VOCAB = {w: i for i, w in enumerate(WORDS)}
+
+
+def python_work(ms: float) -> Callable[[int], list[int]]:
+    """A word-level tokenizer in pure Python, sized to take about `ms` per sample here."""
+    rng = random.Random(0)
+    text = " ".join(rng.choice(WORDS) for _ in range(200))
+
+    def tokenize(rounds: int) -> list[int]:
+        ids: list[int] = []
+        for _ in range(rounds):
+            ids = [VOCAB.get(w, 0) for w in text.split()]
+            ids = [(i * 31 + 7) % 50021 for i in ids]
+        return ids
+
+    start = time.perf_counter()
+    tokenize(200)
+    per_round = (time.perf_counter() - start) / 200
+    rounds = max(1, round(ms / 1e3 / per_round))
+    return lambda i: tokenize(rounds)
+
+
+class CpuWork(Dataset):
+    def __init__(self, ms: float, n: int) -> None:
+        self.work = python_work(ms)
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor(self.work(i)[:64])
+
+
+class Cached(Dataset):
+    """What pre-processing offline leaves: each sample's ids, read back."""
+
+    def __init__(self, source: Dataset, n: int) -> None:
+        self.items = [source[i % 1] for i in range(n)]  # the same ids, made once
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.items[i]
+
+
+class Sleepy(Dataset):
+    def __init__(self, ms: float, n: int) -> None:
+        self.seconds = ms / 1e3
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.seconds)  # waiting on storage
+        return torch.zeros(64)
+
+
+@dataclass
+class Run:
+    step_s: float  # steady-state seconds per step, the benchmark's clock
+    report: Any  # watch's Report
+
+
+def train(loader: DataLoader, step_ms: float, steps: int) -> Run:
+    """Iterate `steps` batches under watch; a sleep is the step."""
+    w = starvecheck.watch(loader, show=False)
+    marks: list[float] = []
+    for n, _batch in enumerate(w):
+        time.sleep(step_ms / 1e3)
+        marks.append(time.perf_counter())
+        if n + 1 >= steps:
+            break
+    step_s = (marks[-1] - marks[WARMUP - 1]) / (len(marks) - WARMUP)
+    return Run(step_s, w.report())
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    recommendation: str
+    predicted: float
+    measured: float
+    before_ms: float
+    after_ms: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= TOLERANCE and self.measured >= 0.97
+
+
+def top(report: Any) -> Any:
+    """The checklist's first finding with a predicted throughput gain."""
+    for f in report.checklist:
+        if f.gain is not None and f.gain.kind.value == "throughput" and f.gain.value:
+            return f
+    raise SystemExit(
+        "no recommendation with a predicted gain: "
+        + "; ".join(f"{f.id}: {f.title}" for f in report.checklist)
+    )
+
+
+def loop_scenario(
+    name: str,
+    make: Callable[[], Dataset],
+    step_ms: float,
+    workers: int,
+    steps: int,
+    repeats: int,
+    applied: Callable[[Any, Dataset], Dataset] | None = None,
+) -> Outcome:
+    data = make()
+    n = steps * 8
+    before, predictions, fixes, finding = [], [], [], None
+    for _ in range(repeats):
+        run = train(DataLoader(data, batch_size=8, num_workers=workers), step_ms, steps)
+        before.append(run.step_s)
+        finding = top(run.report)
+        predictions.append(finding.gain.value)
+        fixes.append(dict(finding.fix))
+    assert finding is not None
+    fix = fixes[len(fixes) // 2]
+    after = []
+    for _ in range(repeats):
+        k = fix.get("num_workers", workers)
+        dataset = applied(fix, data) if applied else data
+        assert len(dataset) >= n
+        run = train(DataLoader(dataset, batch_size=8, num_workers=k), step_ms, steps)
+        after.append(run.step_s)
+    b, a = statistics.median(before), statistics.median(after)
+    said = ", ".join(f"{k}={v}" for k, v in fix.items()) or finding.id
+    if len(set(map(json.dumps, fixes))) > 1:
+        said += f" (runs said {fixes})"
+    return Outcome(name, said, statistics.median(predictions), b / a, b * 1e3, a * 1e3)
+
+
+# The padding scenario: `starvecheck pad` on the lengths, then the loop trains both ways.
+
+
+def lengths(n: int, context: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [max(8, min(context, int(rng.lognormvariate(4.5, 0.8)))) for _ in range(n)]
+
+
+# glibc serves each large tensor with a fresh mmap, and page-faults it in: on the CPU,
+# a padded batch's big tensors then cost more per position than a packed batch's. A
+# GPU's caching allocator reuses its blocks; these settings make glibc do the same, so
+# the loop measures positions, as a GPU step would.
+CACHING_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
+    "MALLOC_TRIM_THRESHOLD_": str(16 << 30),
+    "MALLOC_TOP_PAD_": str(1 << 30),
+}
+WIDTH = 256
+
+
+def positionwise_model() -> torch.nn.Module:
+    """Step time proportional to positions: what the linear layers of a transformer
+    do (no attention, which pad reports on its own)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH)
+    )
+
+
+def epoch_seconds(batches: list[list[int]], model: torch.nn.Module, repeats: int) -> float:
+    """One pass over `batches` (rows of lengths each, padded to the longest row),
+    forward and backward; the median of `repeats`."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    times = []
+    for r in range(repeats + 1):
+        start = time.perf_counter()
+        for rows in batches:
+            x = torch.randn(len(rows), max(rows), WIDTH)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        if r:  # the first pass warms up
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def dynamic(ls: list[int], batch: int, seed: int) -> list[list[int]]:
+    order = ls[:]
+    random.Random(seed).shuffle(order)
+    return [order[i : i + batch] for i in range(0, len(order), batch)]
+
+
+def applied_strategy(strategy: str, ls: list[int], batch: int, context: int, seed: int):
+    """Batches (rows of lengths) as `strategy` makes them."""
+    if strategy == "padding_free":  # each batch flattened into one row
+        return [[sum(rows)] for rows in dynamic(ls, batch, seed)]
+    if strategy in ("greedy_pack", "ffd_pack", "bfd_pack"):
+        rows: list[int] = []
+        items = sorted(ls, reverse=True) if strategy != "greedy_pack" else ls
+        for n in items:  # best fit: the fullest row it still fits
+            fits = [i for i, r in enumerate(rows) if r + n <= context]
+            if fits:
+                i = max(fits, key=lambda i: rows[i])
+                rows[i] += n
+            else:
+                rows.append(n)
+        return [[context] * len(rows[i : i + batch]) for i in range(0, len(rows), batch)]
+    if strategy == "length_grouped":
+        order = dynamic(ls, batch * 50, seed)
+        return [sorted(mega)[i : i + batch] for mega in order for i in range(0, len(mega), batch)]
+    raise SystemExit(f"the benchmark cannot apply {strategy!r}")
+
+
+CONTEXT, BATCH, SAMPLES = 512, 16, 512
+
+
+def padding_epoch(strategy: str, repeats: int) -> float:
+    """Seconds per epoch trained with `strategy` (the child process's work)."""
+    ls = lengths(SAMPLES, CONTEXT)
+    batches = (
+        dynamic(ls, BATCH, seed=0)
+        if strategy == "dynamic"
+        else applied_strategy(strategy, ls, BATCH, CONTEXT, 0)
+    )
+    return epoch_seconds(batches, positionwise_model(), repeats)
+
+
+def padding_scenario(repeats: int) -> Outcome:
+    context, batch = CONTEXT, BATCH
+    ls = lengths(SAMPLES, context)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "lengths.txt"
+        path.write_text("\n".join(map(str, ls)) + "\n")
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "starvecheck",
+                "pad",
+                "--lengths",
+                str(path),
+                "--context",
+                str(context),
+                "--batch-size",
+                str(batch),
+                "--json",
+                "-",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    report = json.loads(out.stdout)
+    finding = next(f for f in report["checklist"] if f["id"] == "pad.waste")
+    strategy = finding["fix"]["strategy"]
+
+    def epoch(strategy: str) -> float:
+        out = subprocess.run(
+            [sys.executable, __file__, "--epoch", strategy, "--repeats", str(repeats)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=os.environ | CACHING_MALLOC,
+        )
+        return float(out.stdout)
+
+    before, after = epoch("dynamic"), epoch(strategy)
+    return Outcome(
+        "padding",
+        f"strategy={strategy}",
+        finding["gain"]["value"],
+        before / after,
+        before * 1e3,
+        after * 1e3,
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", nargs="*", default=None)
+    p.add_argument("--epoch", help=argparse.SUPPRESS)  # the padding loop's child
+    a = p.parse_args()
+    if a.epoch:
+        print(padding_epoch(a.epoch, a.repeats))
+        return 0
+    steps, rep = a.steps, a.repeats
+    n = steps * 8
+    scenarios: dict[str, Callable[[], Outcome]] = {
+        "cpu-preprocessing": lambda: loop_scenario(
+            "cpu-preprocessing", lambda: CpuWork(3, n), 20, 0, steps, rep
+        ),
+        "io-bound": lambda: loop_scenario("io-bound", lambda: Sleepy(2, n), 8, 0, steps, rep),
+        "under-workered": lambda: loop_scenario(
+            "under-workered", lambda: Sleepy(4, n), 8, 1, steps, rep
+        ),
+        "cpu-bound": lambda: loop_scenario(
+            "cpu-bound",
+            lambda: CpuWork(6, n),
+            5,
+            0,
+            steps,
+            rep,
+            applied=lambda fix, data: Cached(data, n) if fix.get("preprocess") else data,
+        ),
+        "padding": lambda: padding_scenario(rep),
+    }
+    outcomes = []
+    for name, run in scenarios.items():
+        if a.only and name not in a.only:
+            continue
+        o = run()
+        outcomes.append(o)
+        print(
+            f"{o.scenario:<18} {o.recommendation:<28} predicted {o.predicted:5.2f}x  "
+            f"measured {o.measured:5.2f}x ({o.before_ms:6.1f} -> {o.after_ms:6.1f} ms)  "
+            f"error {o.error:+6.1%}  {'ok' if o.ok else 'MISSED'}",
+            flush=True,
+        )
+    print()
+    print("| scenario | recommendation | predicted | measured | error |")
+    print("|---|---|---|---|---|")
+    for o in outcomes:
+        print(
+            f"| {o.scenario} | `{o.recommendation}` | {o.predicted:.2f}x | "
+            f"{o.measured:.2f}x | {o.error:+.0%} |"
+        )
+    missed = [o.scenario for o in outcomes if not o.ok]
+    if missed:
+        print(f"\nmissed the target (within {TOLERANCE:.0%}, never slower): {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
