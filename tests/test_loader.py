@@ -159,7 +159,15 @@ def test_advice_small_files_and_first_batch():
     found = _findings(metrics)
     small = found["loader.small-files"]
     assert small.severity is Severity.CRITICAL and small.gain.value == 5.0
-    assert "MDSWriter" in small.recommendation
+    # The recipe is the fastest layout's (a plain shard here), never one measured slower.
+    assert "os.pread" in small.recommendation and "MDSWriter" not in small.recommendation
+    assert small.fix == {"layout": "shard"}
+    mds = _findings(
+        _sweep("small_files", {0: 1000, 2: 2000})
+        + _sweep("shard", {0: 1500, 2: 3000})
+        + _sweep("mds", {0: 5000, 2: 10000})
+    )["loader.small-files"]
+    assert "MDSWriter" in mds.recommendation and mds.fix == {"layout": "mds"}
     slow = found["loader.first-batch-slow"]
     assert slow.severity is Severity.INFO and "persistent_workers=True" in slow.recommendation
     # Small files compared with a shard judged in another cache state: no verdict.

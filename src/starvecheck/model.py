@@ -82,8 +82,25 @@ class Gain:
             text = f"{self.value:.0%} of step time recovered"
         return f"{text} ({self.basis})" if self.basis else text
 
+    @property
+    def speedup(self) -> float | None:
+        """The training step's predicted throughput multiplier: the value itself for a
+        throughput gain; 1 / (1 - share) for a share of step time recovered (the same
+        step, that share shorter). None where the gain is not estimated."""
+        if self.kind is GainKind.BLOCKER or self.value is None:
+            return None
+        if self.kind is GainKind.THROUGHPUT:
+            return self.value
+        return 1.0 / (1.0 - self.value) if 0 <= self.value < 1 else None
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "value": self.value, "basis": self.basis}
+        s = self.speedup
+        return {
+            "kind": self.kind.value,
+            "value": self.value,
+            "basis": self.basis,
+            "speedup": None if s is None else round(s, 3),
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Gain:

@@ -24,6 +24,7 @@ perf_counter calls and two list appends (see benchmarks/watch_overhead.py).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from array import array
@@ -63,6 +64,9 @@ class Watch(Generic[T]):
         # process making the batch, and its CPU share says CPU work from I/O or sleep.
         self.wait_cpu = array("d")
         self.compute_cpu = array("d")
+        # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
+        # its batch: on a busy machine, CPU work it could not get, not I/O.
+        self.wait_runq = array("d")
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
         self.num_workers: int | None = None  # a DataLoader's, when it says
@@ -79,8 +83,10 @@ class Watch(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         sync = self._sync()
         clock, cpu = self.clock, time.thread_time
+        runq = _Runqueue()
+        queued = runq.read
         waits, computes = self.waits, self.computes
-        wait_cpu, compute_cpu = self.wait_cpu, self.compute_cpu
+        wait_cpu, compute_cpu, wait_runq = self.wait_cpu, self.compute_cpu, self.wait_runq
         got_cpu = 0.0
         every = self.every
         it = iter(self.iterable)
@@ -104,6 +110,7 @@ class Watch(Generic[T]):
                         self._print()
                         self._printed_at = len(computes)
                         asked = clock()  # printing is ours: counted in neither figure
+                asked_runq = queued()
                 try:
                     item = next(it)
                 except StopIteration:
@@ -111,6 +118,7 @@ class Watch(Generic[T]):
                 received, got_cpu = clock(), cpu()
                 waits.append(received - asked)
                 wait_cpu.append(got_cpu - asked_cpu)
+                wait_runq.append(queued() - asked_runq)
                 yield item
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
@@ -119,9 +127,11 @@ class Watch(Generic[T]):
                 compute_cpu.append(cpu() - got_cpu)
             raise
         finally:
+            runq.close()
             if len(waits) > len(computes):  # a batch whose step never finished
                 waits.pop()
                 wait_cpu.pop()
+                wait_runq.pop()
             if self.show and len(computes) != self._printed_at:
                 self._print()
                 self._printed_at = len(computes)
@@ -171,6 +181,8 @@ class Watch(Generic[T]):
                 _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
                 _ms("compute_cpu_ms", self.compute_cpu[first:]),
             ]
+            if len(self.wait_runq) == len(self.waits) and any(self.wait_runq[first:]):
+                out.append(_ms("data_wait_runqueue_ms", self.wait_runq[first:]))
         per_batch = self._worker_cpu_per_batch()
         if per_batch is not None:
             out.append(_single("worker_cpu_ms", per_batch, "ms"))
@@ -270,6 +282,32 @@ class Watch(Generic[T]):
 
 def _nothing() -> None:
     pass
+
+
+class _Runqueue:
+    """Seconds the calling thread has waited on a run queue (the second field of
+    /proc/thread-self/schedstat), read with one pread; always 0 where there is none."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self.read()
+        except (OSError, ValueError, IndexError):
+            self.close()
+
+    def read(self) -> float:
+        if self.fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self.fd, 96, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
 
 
 WORKER_SAMPLE = 16  # steps between two readings of the workers' CPU time

@@ -11,8 +11,8 @@ where a fault is a blocker (the job fails or runs on the wrong device).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Finding, Gain, GainKind, Severity
 from starvecheck.probe.cpu import format_cpulist, parse_cpulist
@@ -37,8 +37,11 @@ def _finding(
     evidence: str = "",
     recommendation: str = "",
     gain: Gain | None = None,
+    fix: Mapping[str, Any] | None = None,
 ) -> Finding:
-    return Finding(f"env.{id_}", severity, title, evidence, recommendation, gain, STAGE)
+    return Finding(
+        f"env.{id_}", severity, title, evidence, recommendation, gain, STAGE, fix=fix or {}
+    )
 
 
 def _ranks(m: Machine) -> int:
@@ -67,6 +70,7 @@ def check_cpu(m: Machine) -> Finding | None:
             f"{eff} effective CPUs, as os.cpu_count() reports",
             f"os.cpu_count() = {logical}, affinity {m.cpu.affinity}, no lower quota.",
             f"num_workers={workers}{per} leaves a CPU for the training loop.",
+            fix={"num_workers": workers},
         )
     limits = []
     if m.cpu.affinity is not None and m.cpu.affinity < logical:
@@ -84,6 +88,7 @@ def check_cpu(m: Machine) -> Finding | None:
         f"Size workers from the effective CPUs: DataLoader(..., num_workers={workers}){per}. "
         "len(os.sched_getaffinity(0)) sees affinity but not the cgroup quota; pass the "
         "number explicitly or read it from `starvecheck env --json -` (cpu.effective_cpus).",
+        fix={"num_workers": workers},
     )
 
 
@@ -110,6 +115,7 @@ def check_throttling(m: Machine) -> Finding | None:
         "Raise or remove the CPU limit (Kubernetes: resources.limits.cpu; keep "
         "resources.requests.cpu for scheduling), or run fewer workers than the quota "
         f"(num_workers={recommended_workers(m)}) so they are not descheduled mid-batch.",
+        fix={"num_workers": recommended_workers(m)},
     )
 
 

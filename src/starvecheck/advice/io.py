@@ -248,6 +248,7 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
         "loader (num_workers=0) gets the 1-reader figure.",
         Gain(GainKind.THROUGHPUT, round(scale, 2), f"{n} readers vs 1, {temp}, measured here"),
         stage="io",
+        fix={"num_workers": n},
     )
 
 

@@ -88,10 +88,77 @@ def judge(results: Results) -> Judgement:
 
         chain, w, findings = chain_rules.judge(results, findings)
         weakest, summary = w.link, w.message
+    findings = reconcile(findings)
     checklist = rank(findings)
     return Judgement(
         tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest, summary
     )
+
+
+# Cross-stage rules: one judgement per report.
+
+# Who measured a setting most directly, first: the user's own loop; the DataLoader over
+# the data and the CPU sweep (one measures the reads, the other the CPU work, and the
+# workers must do both: the larger count of the two); the storage's readers; env's rule
+# of thumb last.
+AUTHORITY = (("watch", "profile"), ("loader", "starve"), ("io",), ("env",), ("pad", "doctor"))
+# A flag that a measurement of the same thing replaces: (flag, measurement).
+MEASURED_BEATS_FLAGGED = (("env.rotational-storage", "io.rotational"),)
+
+
+def reconcile(findings: Sequence[Finding]) -> list[Finding]:
+    """Findings that contradict each other, resolved: a measurement replaces the flag
+    it measured (io's cold reads against env's rotational flag), and each setting gets
+    one value per layout (`fix`): the most direct measurement's. A finding that
+    recommended another value points at that one instead, and a passed check that
+    asserted another value goes."""
+    ids = {f.id for f in findings}
+    out = [
+        f
+        for f in findings
+        if not any(f.id == flag and measured in ids for flag, measured in MEASURED_BEATS_FLAGGED)
+    ]
+    return _one_value_per_setting(out)
+
+
+def _authority(f: Finding, key: str) -> tuple[int, float, int]:
+    tier = next((i for i, t in enumerate(AUTHORITY) if f.stage in t), len(AUTHORITY))
+    v = f.fix[key]
+    larger = -float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+    return (tier, larger, 0 if f.severity.value != "ok" else 1)
+
+
+def _one_value_per_setting(findings: list[Finding]) -> list[Finding]:
+    keys = sorted({k for f in findings for k in f.fix if k != "layout"})
+    for key in keys:
+        holders = sorted((f for f in findings if key in f.fix), key=lambda f: _authority(f, key))
+        winners: list[Finding] = []  # one per layout (None: any layout)
+        for f in holders:
+            layout = f.fix.get("layout")
+            rival = next(
+                (w for w in winners if layout is None or w.fix.get("layout") in (None, layout)),
+                None,
+            )
+            if rival is None:
+                winners.append(f)
+                continue
+            if rival.fix[key] == f.fix[key]:
+                continue
+            i = findings.index(f)
+            if f.severity.value == "ok":
+                findings.pop(i)  # a passed check may not assert another value
+                continue
+            scope = f" for {rival.fix['layout']}" if rival.fix.get("layout") else ""
+            findings[i] = replace(
+                f,
+                recommendation=(
+                    f"Set {key} as {rival.id} measured on this run: "
+                    f"{key}={rival.fix[key]}{scope}. That measurement outranks {f.stage}'s "
+                    "own estimate of it."
+                ),
+                fix={**{k: v for k, v in f.fix.items() if k != key}, key: rival.fix[key]},
+            )
+    return findings
 
 
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:

@@ -159,6 +159,12 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
     if advice is not None:
         recommendation, gain, fix = _worker_change(advice)
     elif loader == SINGLE_PROCESS:
+        n = (
+            workers_needed(wait_ms, step_ms)
+            if wait_ms is not None and step_ms is not None
+            else None
+        )
+        fix = {"num_workers": n} if n is not None else {}
         recommendation = (
             "The DataLoader loads in the training process (num_workers=0): load in worker "
             f"processes, {_single_process_line(wait_ms, step_ms)}. `starvecheck loader` "
@@ -286,6 +292,11 @@ def _workers(
     step_cpu = value(m, quantity="compute_cpu_ms")
     if params.get("dataloader") == SINGLE_PROCESS:
         wait_cpu = value(m, quantity="data_wait_cpu_ms")
+        # Time the thread was ready to run but waited for a CPU is CPU work it could not
+        # get (another process had the cores), not I/O: it counts as CPU demand.
+        runq = value(m, quantity="data_wait_runqueue_ms")
+        if wait_cpu is not None and runq is not None:
+            wait_cpu += runq
         return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
     workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:

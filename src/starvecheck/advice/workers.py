@@ -75,7 +75,7 @@ def recommend(
     cpu_work = cpu_ms >= CPU_WORK_SHARE * wait_ms
     keep_up = math.ceil(wait_ms / rest_ms)  # workers that hide the latency
     # Past this many workers the CPU, not the count, limits the batches.
-    cpu_cap = max(1, math.floor(available * wait_ms / cpu_ms)) if cpu_ms > 0 else 10**6
+    cpu_cap = max(1, math.floor(min(available * wait_ms / cpu_ms, 1e6))) if cpu_ms > 0 else 10**6
     workers = min(keep_up + 1, cpu_cap)  # one spare where the CPU allows it
     workers = max(1, workers_now, workers)
 

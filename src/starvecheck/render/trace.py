@@ -82,6 +82,10 @@ def split(
             # the process making the batch): CPU work, against I/O or sleep.
             used.add(id(cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(cpu), ""))
+            runq = by_quantity.get("data_wait_runqueue_ms")
+            if runq is not None and runq.value is not None:
+                used.add(id(runq))  # it was ready to run, and waited for a CPU
+                rows.append(("  ↳ waiting for a CPU", _ms(runq), ""))
     total = sum(step.values) if step.values else 0.0
     compute = by_quantity.get("compute_ms")  # watch: the loop's own step, after its batch came
     if compute is not None and compute.value is not None:
