@@ -113,13 +113,25 @@ def test_wait_is_the_mean_not_the_median():
 def test_advice_when_no_worker_count_is_enough():
     metrics, params = _metrics([_point(0, 160), _point(1, 110), _point(2, 30), _point(4, 30)])
     found = {f.id: f for f in advise(metrics, params)}
-    assert found["starve.workers-zero"].severity is Severity.CRITICAL
+    # Ranked by what the workers recover (39% of the step), not by the 76% idle at 0.
+    assert found["starve.workers-zero"].severity is Severity.WARNING
     assert found["starve.workers-zero"].gain.value == pytest.approx(0.762 - 0.375, abs=0.01)
     enough = found["starve.not-enough-cpu"]
     assert enough.severity is Severity.WARNING  # 37.5% idle at best
     assert "3.2 CPUs" in enough.evidence and "2 effective" in enough.evidence
     assert found["starve.workers-above-cpus"].severity is Severity.WARNING
     assert "sleep-based model would promise 0 ms" in found["starve.workers-above-cpus"].evidence
+
+
+@pytest.mark.parametrize(
+    ("best_wait", "severity"),
+    [(0.0, Severity.CRITICAL), (80.0, Severity.WARNING), (140.0, Severity.INFO)],
+)
+def test_workers_zero_ranked_by_what_workers_recover(best_wait, severity):
+    # 76% idle at 0 in every case; workers recover 76%, 10+% and under 10% of the step.
+    metrics, params = _metrics([_point(0, 160), _point(2, best_wait)], cpus=4)
+    zero = {f.id: f for f in advise(metrics, params)}["starve.workers-zero"]
+    assert zero.severity is severity
 
 
 def test_advice_when_workers_feed_the_gpu():

@@ -115,9 +115,16 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
             evidence,
             stage="starve",
         )
+    # Ranked by what the workers recover, not by the idle at 0: where the CPU is the
+    # limit, one worker buys little and the not-enough-cpu finding says why.
+    recovered = max(0.0, w0 - wr)
     return Finding(
         "starve.workers-zero",
-        Severity.CRITICAL if w0 >= STARVED_CRITICAL else Severity.WARNING,
+        Severity.CRITICAL
+        if recovered >= STARVED_CRITICAL
+        else Severity.WARNING
+        if recovered >= STARVED_WARNING
+        else Severity.INFO,
         f"num_workers=0 leaves the GPU idle {w0:.0%} of each step",
         evidence,
         f"Load in worker processes: {_dataloader_line(r)}.",
@@ -186,6 +193,11 @@ def _above_cpus(
         return None
     w_at, w_over = max(at), max(over)
     gained = idle[w_at] - idle[w_over]
+    step_at, step_over = _step_ms(r, w_at), _step_ms(r, w_over)
+    if step_at and step_over:
+        # Judged by the step, not the idle share: a throttled quota slows the training
+        # process too, and a longer step reads as less idle without one more sample.
+        gained = min(gained, 1 - step_over / step_at)
     pred = r.value(quantity="predicted_wait_ms", workers=w_over)
     naive = r.value(quantity="sleep_model_wait_ms", workers=w_over)
     waited = r.value(quantity="wait_ms", workers=w_over)
@@ -221,6 +233,12 @@ def _above_cpus(
         stage="starve",
         fix={"num_workers": keep},
     )
+
+
+def _step_ms(r: StageResult, workers: int) -> float | None:
+    wait = r.value(quantity="wait_ms", workers=workers)
+    compute = r.value(quantity="compute_ms", workers=workers)
+    return wait + compute if wait is not None and compute is not None else None
 
 
 def _first_batch(result: StageResult, rec: float | None) -> Finding | None:

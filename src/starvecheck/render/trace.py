@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from starvecheck.model import Metric, StageResult
 
-HEADERS = ("per step", "ms (median ± σ)", "share of step")
+# The milliseconds are means, as the shares are sums over the same steps: the rows add up.
+HEADERS = ("per step", "ms (mean ± σ)", "share of step")
 # (quantity, label, indented under the row above); the order people read a step in.
 _SHARES = (
     ("data_wait_share", "data wait", False),
@@ -29,8 +30,9 @@ _FIRST = (("first_step_ms", "first step (left out)"), ("first_wait_ms", "  ↳ i
 def _ms(m: Metric | None) -> str:
     if m is None or m.value is None:
         return ""
-    digits = 1 if m.value < 1000 else 0
-    text = f"{m.value:,.{digits}f}"
+    v = sum(m.values) / len(m.values) if m.values else m.value
+    digits = 1 if v < 1000 else 0
+    text = f"{v:,.{digits}f}"
     return text + (f" ± {m.stdev:,.{digits}f}" if m.n > 1 and m.stdev is not None else "")
 
 
