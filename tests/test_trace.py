@@ -11,6 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +31,7 @@ LOADER_LINE = (
 )
 GPU_METRICS = (
     "gpu_idle_share",
-    "gpu_idle_host_wait_share",
+    "gpu_idle_data_wait_share",
     "gpu_idle_other_share",
     "memcpy_share",
 )
@@ -96,10 +97,12 @@ def test_gpu_trace_splits_idle_time(name):
     assert v["first_step_ms"] == pytest.approx(400.0)
     assert v["data_wait_share"] == pytest.approx(0.30)
     assert v["gpu_idle_share"] == pytest.approx(0.41)
-    assert v["gpu_idle_host_wait_share"] == pytest.approx(0.30)
+    assert v["gpu_idle_data_wait_share"] == pytest.approx(0.30)
     assert v["gpu_idle_other_share"] == pytest.approx(0.11)
     assert v["memcpy_share"] == pytest.approx(0.12)
-    assert v["memcpy_pageable_share"] == pytest.approx(0.12)
+    assert v["memcpy_h2d_share"] == pytest.approx(0.12)
+    assert v["memcpy_h2d_pageable_share"] == pytest.approx(0.12)
+    assert v["memcpy_d2d_share"] == v["memcpy_d2h_share"] == 0
     phases = {"dataloader_wait": 30, "h2d_transfer": 12, "forward": 28, "backward": 20}
     for phase, ms in {**phases, "optimizer": 10}.items():
         assert r.metric(f"phase_ms.{phase}").values == (pytest.approx(ms), pytest.approx(ms))
@@ -137,7 +140,7 @@ def test_interval_union_and_clip():
 
 def test_without_profiler_steps_the_trace_is_one_step():
     events = [
-        e for e in trace.load_events(TRACES / "cpu_only.json") if "ProfilerStep" not in e["name"]
+        e for e in trace.load_events(TRACES / "cpu_only.json") if "ProfilerStep" not in e.name
     ]
     a = trace.analyze(events)
     assert a.whole_trace and len(a.steps) == 1
@@ -150,8 +153,8 @@ def test_without_profiler_steps_the_trace_is_one_step():
 
 def test_a_trace_that_starts_after_step_0_has_no_warmup_to_leave_out():
     events = [
-        {**e, "name": f"ProfilerStep#{int(e['name'][-1]) + 3}"}
-        if e["name"].startswith("ProfilerStep")
+        msgspec.structs.replace(e, name=f"ProfilerStep#{int(e.name[-1]) + 3}")
+        if e.name.startswith("ProfilerStep")
         else e
         for e in trace.load_events(TRACES / "cpu_only.json")
     ]
@@ -168,7 +171,7 @@ def test_gpu_user_annotations_are_not_steps():
 
 def test_no_dataloader_in_the_trace_means_no_data_figure():
     events = [
-        e for e in trace.load_events(TRACES / "cpu_only.json") if "DataLoader" not in e["name"]
+        e for e in trace.load_events(TRACES / "cpu_only.json") if "DataLoader" not in e.name
     ]
     r = trace.result(trace.analyze(events), "x.json")
     m = r.metric("data_wait_share")
@@ -178,13 +181,14 @@ def test_no_dataloader_in_the_trace_means_no_data_figure():
     assert r.has_caveat("trace.no-dataloader")
 
 
-def test_steps_of_several_processes_keep_the_busiest():
+def test_steps_of_several_processes_are_ranks_apart():
     events = trace.load_events(TRACES / "cpu_only.json")
-    other = [{**e, "pid": 2} for e in events if e["name"] == "ProfilerStep#0"]
-    a = trace.analyze(events + other)
-    assert len(a.steps) == 4
-    assert any("2 processes" in c for c in a.caveats)
-    assert any(c.id == "trace.several-processes" for c in a.caveats)
+    other = [msgspec.structs.replace(e, pid=2) for e in events if e.name == "ProfilerStep#0"]
+    job = trace.analyze_job([trace.TraceFile("x.json", events + other)])
+    assert [len(a.steps) for a in job.ranks] == [4, 1]
+    assert [a.name for a in job.ranks] == ["pid 1", "pid 2"]
+    assert any(c.id == "trace.several-processes" for c in job.caveats)
+    assert job.headline.name == "pid 1"  # the one that waits for data
 
 
 def test_a_stored_report_is_judged_as_a_fresh_one():
@@ -287,7 +291,7 @@ def test_traces_kineto_writes_not_quite_as_json_are_mended(tmp_path):
         + names + b', "ts": 1, "dur": 2},' + fetch + b', "ts": 10, "dur": 40}]}'
     )  # fmt: skip
     events = trace.load_events(path)
-    assert "_lazy_init" in events[1]["name"]
+    assert "_lazy_init" in events[1].name
     assert trace.analyze(events).data_wait_share == pytest.approx(0.4)
 
 
@@ -373,7 +377,7 @@ def test_gpu_idle_thresholds(idle, host, other, severity):
     f = finding(
         judged(
             gpu_idle_share=idle,
-            gpu_idle_host_wait_share=host,
+            gpu_idle_data_wait_share=host,
             gpu_idle_other_share=other,
         ),
         "profile.gpu-idle",
@@ -468,7 +472,7 @@ def _load_or_refuse(path: Path) -> None:
     except UsageError as e:
         assert "\n" not in str(e)
         return
-    assert events and all(isinstance(e, dict) for e in events)
+    assert events and all(isinstance(e, trace.Event) for e in events)
     _analyze_or_refuse(events)
 
 
@@ -585,10 +589,10 @@ def test_every_step_share_is_a_share(evs):
         return  # every event of no length
     for s in a.steps:
         assert 0 <= s.data_wait <= s.dur * (1 + 1e-9)
-        if s.gpu_busy is not None:
-            assert 0 <= s.gpu_idle_host_wait <= s.data_wait * (1 + 1e-9) + 1e-9
-            assert s.gpu_busy <= s.dur * (1 + 1e-9)
-            assert s.memcpy <= s.gpu_busy * (1 + 1e-9) + 1e-9
+        for d in s.devices.values():
+            assert 0 <= d.idle_data_wait <= s.data_wait * (1 + 1e-9) + 1e-9
+            assert d.busy <= s.dur * (1 + 1e-9)
+            assert d.memcpy <= d.busy * (1 + 1e-9) + 1e-9
 
 
 # The command line: `starvecheck profile --trace FILE`
@@ -602,7 +606,7 @@ def test_cli_reports_the_known_shares_of_a_gzipped_trace():
     assert got["step_ms"] == pytest.approx(100)
     assert got["data_wait_share"] == pytest.approx(0.30)
     assert got["gpu_idle_share"] == pytest.approx(0.41)
-    assert got["gpu_idle_host_wait_share"] == pytest.approx(0.30)
+    assert got["gpu_idle_data_wait_share"] == pytest.approx(0.30)
     assert got["memcpy_share"] == pytest.approx(0.12)
     assert r.json["machine"] == {}  # the trace is another machine's run, not this one's
     assert r.json["checklist"][0]["id"] == "profile.data-bound"

@@ -469,3 +469,30 @@ class Report:
 
 def at_or_above(findings: Sequence[Finding], threshold: Severity) -> list[Finding]:
     return [f for f in findings if f.severity.rank >= threshold.rank]
+
+
+# A multi-rank trace's figures carry a `rank` label (profile --trace over several ranks).
+
+
+def per_rank(metrics: Sequence[Metric], quantity: str) -> dict[str, Metric]:
+    """rank -> its figure of this quantity, among a multi-rank trace's figures."""
+    return {
+        str(x.labels["rank"]): x
+        for x in metrics
+        if x.labels.get("quantity") == quantity and "rank" in x.labels and "device" not in x.labels
+    }
+
+
+def slowest_per_step(metrics: Sequence[Metric]) -> list[tuple[str, float, float]]:
+    """Per step every rank has: (the rank with the most work, its work, the median
+    rank's work), in ms. Work is the step less its GPU's time in collectives: in a
+    synchronous job the fast ranks wait there for the slow one."""
+    work = {k: x.values for k, x in per_rank(metrics, "work_ms").items() if x.values}
+    if len(work) < 2 or len({len(v) for v in work.values()}) != 1:
+        return []
+    out = []
+    for i in range(len(next(iter(work.values())))):
+        at = {k: v[i] for k, v in work.items()}
+        slow = max(at, key=lambda k: at[k])
+        out.append((slow, at[slow], statistics.median(at.values())))
+    return out

@@ -11,12 +11,25 @@ input-bound, above 20% highly input-bound.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.nodes import STRAGGLER_SHARE, stragglers
 from starvecheck.advice.profile import INPUT_BOUND, severity
 from starvecheck.advice.workers import WorkerAdvice, recommend
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, value
+from starvecheck.model import (
+    Finding,
+    Gain,
+    GainKind,
+    Metric,
+    Severity,
+    one,
+    per_rank,
+    slowest_per_step,
+    value,
+)
 
 if TYPE_CHECKING:
     from starvecheck.advice.judge import Results
@@ -59,7 +72,129 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
+            found += ranks(r.metrics)
     return found
+
+
+def ranks(metrics: Sequence[Metric]) -> list[Finding]:
+    """Stragglers among the ranks of a multi-rank trace, by doctor's rule (a rank whose
+    rate is below 80% of the median rank's): one rank throughout, or a different rank
+    from step to step."""
+    per_step = slowest_per_step(metrics)
+    if not per_step:
+        return []
+    work = {k: sum(x.values) / len(x.values) for k, x in per_rank(metrics, "work_ms").items()}
+    steps = {k: _avg(x) for k, x in per_rank(metrics, "step_ms").items()}
+    waits = {k: _avg(x) for k, x in per_rank(metrics, "data_wait_ms").items()}
+    median, slow = stragglers({k: 1.0 / w for k, w in work.items() if w > 0}, STRAGGLER_SHARE)
+    if median is None:
+        return []
+    n = len(per_step)
+    found = [_straggler(k, work, steps, waits, n) for k in slow]
+    if slow:
+        return found
+    over = [(k, w, med) for k, w, med in per_step if med > 0 and w > med / STRAGGLER_SHARE]
+    who = Counter(k for k, _, _ in over)
+    if len(over) < 2 or len(over) < 0.25 * n or len(who) < 2:
+        return found
+    step = statistics.median(v for v in steps.values() if v is not None) if steps else None
+    lost = sum(w - med for _, w, med in over) / n
+    turns = ", ".join(f"{k} ({c} step{'s' if c > 1 else ''})" for k, c in who.most_common())
+    sev, few = _few(n, Severity.WARNING)
+    return [
+        Finding(
+            "profile.straggler-rotating",
+            sev,
+            f"A different rank holds up the step in {len(over)} of {n} steps",
+            evidence=(
+                f"in {len(over)} of {n} steps one rank's work (the step less its time in "
+                f"collectives) runs over {1 / STRAGGLER_SHARE:.2f}x the median rank's, a "
+                f"different rank in turn: {turns}; the others wait in collectives, a mean "
+                f"{lost:,.1f} ms a step" + few + "."
+            ),
+            recommendation=(
+                "No one node is slow: every rank's loader is marginal, and whichever is late "
+                "in a step holds up all of them. Give each rank's loader headroom, so a slow "
+                "batch is hidden: more `prefetch_factor` (and `num_workers`) on every rank, "
+                "steadier sample cost (bucket by length, pre-tokenize), and look for "
+                "stragglers' causes that come and go (GC pauses, checkpoint writes, noisy "
+                "neighbours on shared storage). `starvecheck doctor` under torchrun measures "
+                "every node's data pipeline."
+            ),
+            gain=Gain(
+                GainKind.STEP_SHARE,
+                round(lost / step, 4) if step else None,
+                "the mean time the others wait for the slowest rank, over the step",
+            ),
+            stage="profile",
+        )
+    ]
+
+
+def _avg(x: Metric) -> float | None:
+    if x.values:
+        return sum(x.values) / len(x.values)
+    return x.value
+
+
+def _few(n: int, sev: Severity) -> tuple[Severity, str]:
+    if n < MIN_STEPS and sev in (Severity.WARNING, Severity.CRITICAL):
+        return Severity.INFO, f"; only {n} step(s) on every rank: {MIN_STEPS} or more for a verdict"
+    return sev, ""
+
+
+def _straggler(
+    rank: str,
+    work: Mapping[str, float],
+    steps: Mapping[str, float | None],
+    waits: Mapping[str, float | None],
+    n: int,
+) -> Finding:
+    med = statistics.median(work.values())
+    extra = work[rank] - med
+    wait = waits.get(rank)
+    wait_med = (
+        statistics.median(w for w in waits.values() if w is not None)
+        if any(w is not None for w in waits.values())
+        else None
+    )
+    data = wait is not None and wait_med is not None and wait - wait_med >= extra / 2
+    step = steps.get(rank) or (med + extra)
+    evidence = (
+        f"{rank}'s work (the step less its time in collectives) is a mean {work[rank]:,.1f} ms "
+        f"against the median rank's {med:,.1f} ms: its rate is under {STRAGGLER_SHARE:.0%} of "
+        "the median, and the other ranks wait for it in collectives"
+    )
+    if wait is not None and wait_med is not None:
+        evidence += f"; its data wait is {wait:,.1f} ms a step against a median {wait_med:,.1f} ms"
+    sev, few = _few(n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING)
+    if data:
+        what = (
+            f"{rank} waits for data longer than the others: its node's input pipeline is the "
+            "slow link. Run `starvecheck doctor` on that node (storage, loader, CPU) and "
+            "compare it with a fast one; give that rank's DataLoader more workers and "
+            "prefetch, or move its data to storage as fast as the others'."
+        )
+    else:
+        what = (
+            f"{rank} computes longer than the others with no more data wait: look at that "
+            "node's GPU (clocks, thermals: `nvidia-smi -q -d PERFORMANCE`), its host (CPU "
+            "contention, NUMA), and at whether its share of the batch is larger (uneven "
+            "sequence lengths: bucket by length)."
+        )
+    return Finding(
+        "profile.straggler",
+        sev,
+        f"{rank} is a straggler: every step waits {extra:,.1f} ms for it",
+        evidence=evidence + few + ".",
+        recommendation=what,
+        gain=Gain(
+            GainKind.STEP_SHARE,
+            round(extra / step, 4) if step else None,
+            "the straggler brought to the median rank: the time the others wait, over its step",
+        ),
+        stage="profile",
+    )
 
 
 def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
@@ -195,22 +330,32 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
     idle = value(m, quantity="gpu_idle_share")
     if idle is None or idle <= GPU_IDLE:
         return None
-    host = value(m, quantity="gpu_idle_host_wait_share")
+    # gpu_idle_host_wait_share: its name in reports before 0.2 (the same figure).
+    waiting = value(m, quantity="gpu_idle_data_wait_share")
+    if waiting is None:
+        waiting = value(m, quantity="gpu_idle_host_wait_share")
     other = value(m, quantity="gpu_idle_other_share")
     if other is None:  # no fetch in the trace: nothing explains the idle time
         other = idle
     if other <= idle / 2:
         return None  # mostly waiting for data: profile.data-bound says it
     evidence = f"the GPU is idle {idle:.1%} of step time"
-    if host is not None:
-        evidence += f": {host:.1%} while the host waits for data, {other:.1%} otherwise"
+    if waiting is not None:
+        evidence += f": {waiting:.1%} while the loop waits for data, {other:.1%} otherwise"
     else:
         evidence += " (no DataLoader fetch in the trace to set data wait apart)"
+    hta = [value(m, quantity=f"hta_idle_{k}_ratio") for k in ("host_wait", "kernel_wait", "other")]
+    if all(x is not None for x in hta):
+        evidence += (
+            f"; HolisticTraceAnalysis's idle split (per stream, whole trace) says host wait "
+            f"{hta[0]:.0%}, kernel wait {hta[1]:.0%}, other {hta[2]:.0%} of the idle time"
+        )
+    sev, few = _few_steps(m, Severity.CRITICAL if other > GPU_IDLE_CRITICAL else Severity.WARNING)
     return Finding(
         "profile.gpu-idle",
-        Severity.CRITICAL if other > GPU_IDLE_CRITICAL else Severity.WARNING,
+        sev,
         f"The GPU sits idle {other:.0%} of each step, and not for data",
-        evidence=evidence + ".",
+        evidence=evidence + few + ".",
         recommendation=(
             "Look at what the host runs in the GPU's gaps (the trace in TensorBoard or "
             "https://ui.perfetto.dev). Usual causes: calls that synchronise every step "
@@ -228,28 +373,56 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
     )
 
 
+def _few_steps(m: Sequence[Metric], sev: Severity) -> tuple[Severity, str]:
+    """At most info, and why, with fewer than MIN_STEPS measured steps: a trace of a
+    step or two is a glimpse, not a verdict."""
+    steps = _get(m, "step_ms")
+    n = steps.n if steps is not None else 0
+    if sev in (Severity.WARNING, Severity.CRITICAL) and 0 < n < MIN_STEPS:
+        return Severity.INFO, f"; only {n} step(s) measured: {MIN_STEPS} or more for a verdict"
+    return sev, ""
+
+
 def _memcpy(m: Sequence[Metric]) -> Finding | None:
-    share = value(m, quantity="memcpy_share")
+    """Host <-> device copies. Device-to-device copies stay on the GPU (no loader or
+    pinning setting changes them): counted apart. Pinning is advised only where some
+    host-to-device copy comes from pageable memory."""
+    h2d, d2h = value(m, quantity="memcpy_h2d_share"), value(m, quantity="memcpy_d2h_share")
+    d2d = value(m, quantity="memcpy_d2d_share")
+    if h2d is not None and d2h is not None:
+        share = h2d + d2h
+        pageable = value(m, quantity="memcpy_h2d_pageable_share") or 0.0
+    else:  # a report before 0.2: copies of every direction together
+        share = value(m, quantity="memcpy_share")
+        pageable = value(m, quantity="memcpy_pageable_share") or 0.0
     if share is None or share <= MEMCPY:
         return None
-    pageable = value(m, quantity="memcpy_pageable_share") or 0.0
-    evidence = f"copies take {share:.1%} of step time on the GPU"
+    evidence = f"host <-> device copies take {share:.1%} of step time on the GPU"
+    if h2d is not None and d2h is not None:
+        evidence += f" (host to device {h2d:.1%}, device to host {d2h:.1%})"
     if pageable > 0:
-        evidence += f", {pageable:.1%} from pageable (unpinned) host memory"
+        evidence += f"; {pageable:.1%} are host-to-device copies from pageable (unpinned) memory"
         fix = (
             "Pin the batches so copies run at full speed and asynchronously: "
             "`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`. "
         )
     else:
+        if h2d:
+            evidence += "; every host-to-device copy is from pinned memory"
         fix = (
             "The copies come from pinned memory already: overlap them with compute by "
             "copying the next batch on a side CUDA stream (a prefetcher) with "
             "`non_blocking=True`. "
         )
+    if d2d:
+        evidence += (
+            f"; device-to-device copies, {d2d:.1%} more, are counted apart (they stay on the GPU)"
+        )
+    # Not held back on a few steps: pageable copies are a setting seen, not a noisy time.
     return Finding(
         "profile.memcpy",
         Severity.WARNING,
-        f"Memory copies take {share:.0%} of each step",
+        f"Host <-> device copies take {share:.0%} of each step",
         evidence=evidence + ".",
         recommendation=fix
         + "Send less: uint8 images normalised on the GPU, int32 token ids; and look for "
@@ -260,6 +433,7 @@ def _memcpy(m: Sequence[Metric]) -> Finding | None:
             "copy time on the GPU timeline; at most, if every copy overlaps compute",
         ),
         stage="profile",
+        fix={"pin_memory": True} if pageable > 0 else {},
     )
 
 

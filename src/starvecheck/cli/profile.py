@@ -89,12 +89,13 @@ def profile(
         "transformers tokenizer (a local directory or a cached name; never downloaded)."
     ) = None,
     trace: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--trace",
-            metavar="FILE",
-            help="Analyse this torch.profiler (Kineto) Chrome trace, .json or .json.gz, "
-            "instead of running a loop: step time, data wait, GPU idle, copies.",
+            metavar="FILE|DIR",
+            help="Analyse torch.profiler (Kineto) Chrome traces, .json or .json.gz, instead "
+            "of running a loop: step time, data wait, GPU idle, copies, per rank and GPU. "
+            "Repeat for several ranks' files, or name the directory that holds them.",
             show_default=False,
         ),
     ] = None,
@@ -109,7 +110,7 @@ def profile(
     one file per sample and as MDS shards (and, with --tokenizer, as raw text tokenized
     in the loader), for each num_workers; each step is timed in five phases: data wait,
     host-to-device copy, forward, backward, optimizer.
-    With --trace FILE, your own run's trace is analysed instead.
+    With --trace FILE|DIR, your own run's traces are analysed instead, every rank.
     """
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
@@ -126,7 +127,10 @@ def profile(
         }
         given = [name for name, set_ in loop_options.items() if set_]
         if given:
-            raise UsageError(f"--trace reads a trace and runs no loop: drop {', '.join(given)}")
+            raise UsageError(
+                f"--trace reads traces and runs no loop: drop {', '.join(given)}"
+                + (" (several traces: repeat --trace, or name their directory)" if path else "")
+            )
         result = measure_one("trace", {"trace": trace}, c, out, None)
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)

@@ -65,6 +65,13 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
         right = range(1, len(trace.HEADERS))
         out.append(Section(trace.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
     before = rest
+    rows, rest, notes = trace.ranks(stage, before)
+    if rows:
+        right = range(1, len(trace.RANK_HEADERS))
+        out.append(
+            Section(trace.RANK_HEADERS, rows, notes, right, "every rank", _taken(before, rest))
+        )
+    before = rest
     tables, rest, notes = pcie.split(before, stage.parameters)
     taken = _taken(before, rest)
     for i, t in enumerate(tables):

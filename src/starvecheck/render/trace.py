@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.model import Metric, StageResult, slowest_per_step
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
 HEADERS = ("per step", "ms (mean ± σ)", "share of step")
@@ -18,10 +18,16 @@ HEADERS = ("per step", "ms (mean ± σ)", "share of step")
 _SHARES = (
     ("data_wait_share", "data wait", False),
     ("gpu_idle_share", "GPU idle", False),
-    ("gpu_idle_host_wait_share", "while the host waits for data", True),
+    ("gpu_idle_data_wait_share", "while the loop waits for data", True),
+    ("gpu_idle_host_wait_share", "while the loop waits for data", True),  # before 0.2
     ("gpu_idle_other_share", "other (launches, syncs, host code)", True),
+    ("collective_share", "in collectives (NCCL)", False),
     ("memcpy_share", "GPU copies (memcpy)", False),
-    ("memcpy_pageable_share", "from pageable memory", True),
+    ("memcpy_h2d_share", "host to device", True),
+    ("memcpy_h2d_pageable_share", "from pageable memory", True),
+    ("memcpy_pageable_share", "from pageable memory", True),  # before 0.2
+    ("memcpy_d2h_share", "device to host", True),
+    ("memcpy_d2d_share", "device to device", True),
 )
 _MS = {"data_wait_share": "data_wait_ms"}
 _FIRST = (("first_step_ms", "first step (left out)"), ("first_wait_ms", "  ↳ its data wait"))
@@ -62,6 +68,15 @@ def split(
         label = f"step ({step.n} measured)"
     rows: list[tuple[str, ...]] = [(label, _ms(step), "100.0%")]
     notes: list[str] = []
+    headline = stage.parameters.get("headline_rank")
+    if headline:
+        notes.append(
+            f"{headline}'s steps: of {len(stage.parameters.get('ranks', []))} ranks, the one that "
+            "waits most for data (or idles most); every rank's figures below"
+        )
+    device = stage.parameters.get("gpu_device")
+    if stage.parameters.get("gpu_devices", 0) > 1 and device is not None:
+        notes.append(f"GPU figures are GPU {device}'s, the idlest of the rank's GPUs")
     for name, text, nested in _SHARES:
         m = by_quantity.get(name)
         if m is None:
@@ -108,9 +123,91 @@ def split(
         used.add(id(m))
         share = sum(m.values) / total if total and m.n == step.n else None
         rows.append((f"phase {m.labels['phase']}", _ms(m), _share(share)))
+    hta = [by_quantity.get(f"hta_idle_{p}_ratio") for p in ("host_wait", "kernel_wait", "other")]
+    used.update(id(x) for x in hta if x is not None)  # missing: the GPU row says why
+    if all(x is not None and x.value is not None for x in hta):
+        host, kernel, other = (x.value for x in hta)  # type: ignore[union-attr]
+        notes.append(
+            f"HolisticTraceAnalysis's idle split (per stream, whole trace): host wait {host:.0%}, "
+            f"kernel wait {kernel:.0%}, other {other:.0%} of the streams' idle time"
+        )
     for name, text in _FIRST:
         first = by_quantity.get(name)
         if first is not None and first.value is not None:
             used.add(id(first))
             rows.append((text, _ms(first), ""))
     return rows, [m for m in metrics if id(m) not in used], notes
+
+
+RANK_HEADERS = (
+    "rank",
+    "steps",
+    "step ms (mean)",
+    "data wait",
+    "GPU idle",
+    "in collectives",
+    "H2D copies",
+    "slowest in",
+)
+
+
+def ranks(
+    stage: StageResult, metrics: Sequence[Metric]
+) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+    """(rows, every other metric, notes): one row per rank of a multi-rank trace
+    (figures labelled `rank`), one per GPU where a rank drives several (`device`)."""
+    if stage.stage != "profile":
+        return [], list(metrics), []
+    mine = [m for m in metrics if "rank" in m.labels or "device" in m.labels]
+    if not mine:
+        return [], list(metrics), []
+    by: dict[str, dict[str, Metric]] = {}
+    devices: dict[str, dict[str, Metric]] = {}
+    for m in mine:
+        rank = str(m.labels.get("rank", ""))
+        if "device" in m.labels:
+            devices.setdefault(rank, {})[str(m.labels["device"])] = m
+        else:
+            by.setdefault(rank, {})[str(m.labels["quantity"])] = m
+    turns: dict[str, int] = {}
+    per_step = slowest_per_step(metrics)
+    for k, _, _ in per_step:
+        turns[k] = turns.get(k, 0) + 1
+    rows: list[tuple[str, ...]] = []
+
+    def share(x: Metric | None) -> str:
+        return "" if x is None else _share(x.value)
+
+    for rank in sorted(set(by) | set(devices), key=_natural):
+        f = by.get(rank, {})
+        if f:
+            steps = f.get("steps")
+            step = f.get("step_ms")
+            rows.append(
+                (
+                    rank,
+                    "" if steps is None or steps.value is None else f"{steps.value:.0f}",
+                    _ms(step).split(" ±")[0] if step is not None else "",
+                    share(f.get("data_wait_share")),
+                    share(f.get("gpu_idle_share")),
+                    share(f.get("collective_share")),
+                    share(f.get("memcpy_h2d_share")),
+                    f"{turns.get(rank, 0)} of {len(per_step)}" if per_step else "",
+                )
+            )
+        for dev, m in sorted(devices.get(rank, {}).items(), key=lambda kv: _natural(kv[0])):
+            label = f"  ↳ GPU {dev}" if rank else f"GPU {dev}"
+            rows.append((label, "", "", "", _share(m.value), "", "", ""))
+    notes = []
+    if per_step:
+        notes.append(
+            "slowest in: steps where the rank had the most work (the step less its time in "
+            "collectives), over the steps every rank has"
+        )
+    taken = {id(m) for m in mine}
+    return rows, [m for m in metrics if id(m) not in taken], notes
+
+
+def _natural(text: str) -> tuple[str, int]:
+    head, _, tail = text.rpartition(" ")
+    return (head, int(tail)) if tail.isdigit() else (text, -1)

@@ -1,0 +1,255 @@
+"""Reading Kineto / Chrome traces: one file, several files, or a directory of them.
+
+A trace of a real job is large (a million events, hundreds of MB of JSON) and the
+analysis reads eight fields of each event. So the first try decodes straight into
+`Event` structs with msgspec, which skips every other field (kernel args, shapes,
+stacks) without building it: about 4x faster than `json.load` at half its memory
+(benchmarks/trace_scale.py). A file that does not fit that shape (an event that is
+not an object, args that are not one, JSON that needs mending) is read again the
+slow way, as plain Python objects, and its events converted; every way a file can
+fail to be a trace is one usage line naming it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from starvecheck.status import UsageError
+
+GZIP_MAGIC = b"\x1f\x8b"
+# A JSON escape (kept), or a backslash that starts none (doubled).
+_BAD_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})?')
+_NUMBER = (int, float)
+# What a directory of traces holds: tensorboard_trace_handler writes
+# <worker>.<time>.pt.trace.json(.gz), one per rank.
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+class Args(msgspec.Struct, gc=False):
+    """The one argument the analysis reads: which host call launched a GPU event."""
+
+    correlation: Any = None
+
+
+class Event(msgspec.Struct, gc=False):
+    """A trace event, the fields the analysis reads. Values are as the file has them
+    (any JSON type); `span` says whether the event is a usable complete event."""
+
+    ph: Any = None
+    name: Any = None
+    cat: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    args: Args | None = None
+
+    @classmethod
+    def of(cls, e: Mapping[str, Any]) -> Event:
+        """From a plain JSON object (the slow path, and tests)."""
+        args = e.get("args")
+        corr = args.get("correlation") if isinstance(args, Mapping) else None
+        return cls(
+            e.get("ph"),
+            e.get("name"),
+            e.get("cat"),
+            e.get("ts"),
+            e.get("dur"),
+            e.get("pid"),
+            e.get("tid"),
+            Args(corr) if corr is not None else None,
+        )
+
+    @property
+    def correlation(self) -> Any:
+        return self.args.correlation if self.args is not None else None
+
+
+class _File(msgspec.Struct, gc=False):
+    traceEvents: Any = msgspec.UNSET
+    distributedInfo: Any = None
+
+
+class _Typed(msgspec.Struct, gc=False):
+    traceEvents: list[Event]
+    distributedInfo: Any = None
+
+
+_DECODE_TYPED = msgspec.json.Decoder(_Typed | list[Event])
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One file's events and the rank it says it is (distributedInfo.rank)."""
+
+    path: str
+    events: list[Event]
+    rank: int | None = None
+
+
+def span(e: Event) -> tuple[float, float] | None:
+    """(start, end) in microseconds of a complete event; None for anything else
+    (instants, metadata, counters, and events whose times are missing or absurd)."""
+    if e.ph != "X":
+        return None
+    ts, dur = e.ts, e.dur
+    # type(), not isinstance(): JSON true is no timestamp.
+    if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
+        return None
+    try:
+        start, length = float(ts), float(dur)
+    except OverflowError:  # an integer past any float
+        return None
+    end = start + length
+    return (start, end) if length >= 0 and math.isfinite(end) else None
+
+
+def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The files to read: each path a file, or a directory whose trace files
+    (`*.json`, `*.json.gz`, not recursive) are read, in name order."""
+    out: list[str] = []
+    for p in paths:
+        name = os.fspath(p)
+        if os.path.isdir(name):
+            found = sorted(
+                str(f)
+                for f in Path(name).iterdir()
+                if f.is_file() and f.name.endswith(TRACE_SUFFIXES)
+            )
+            if not found:
+                raise UsageError(
+                    f"--trace {name}: a directory with no trace files (*.json, *.json.gz)"
+                )
+            out += found
+        else:
+            out.append(name)
+    seen: set[str] = set()
+    unique = []
+    for f in out:
+        key = os.path.realpath(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+def load(path: str | os.PathLike[str]) -> TraceFile:
+    """One trace file, read as fast as its shape allows."""
+    name = os.fspath(path)
+
+    def fail(why: str) -> UsageError:
+        return UsageError(f"--trace {name}: {why}")
+
+    try:
+        data = _read(name)
+    except FileNotFoundError:
+        raise fail("no such file") from None
+    except IsADirectoryError:
+        raise fail("is a directory, not a trace file") from None
+    except PermissionError:
+        raise fail("permission denied") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        raise fail("not a readable gzip file (truncated or corrupt)") from None
+    except MemoryError:
+        raise fail("too large to read into memory") from None
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    try:
+        typed = _DECODE_TYPED.decode(data)
+    except MemoryError:
+        raise fail("too large to read into memory") from None
+    except (msgspec.DecodeError, RecursionError):
+        typed = None
+    if typed is not None:
+        del data
+        if isinstance(typed, list):
+            events, info = typed, None
+        else:
+            events, info = typed.traceEvents, typed.distributedInfo
+    else:
+        events, info = _slow(data, fail)
+        del data
+    if not any(span(e) is not None for e in events):
+        raise fail("no timed events (complete events with ts and dur) in the trace")
+    return TraceFile(name, events, _rank(info))
+
+
+def _read(name: str) -> bytes:
+    with open(name, "rb") as raw:
+        gzipped = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        if gzipped:
+            with gzip.GzipFile(fileobj=raw) as unzipped:
+                return unzipped.read()
+        return raw.read()
+
+
+def _slow(data: bytes, fail: Any) -> tuple[list[Event], Any]:
+    """Plain JSON objects, as json reads them (mending what Kineto gets wrong), then
+    the events among them."""
+    try:
+        doc = _parse(data)
+    except json.JSONDecodeError as e:
+        raise fail(f"not JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    except UnicodeDecodeError:
+        raise fail("not JSON (not UTF-8 text)") from None
+    except RecursionError:
+        raise fail("not a Chrome trace (JSON nested too deeply to read)") from None
+    except MemoryError:
+        raise fail("too large to read into memory") from None
+    except ValueError as e:  # what else json rejects, such as lone surrogates
+        raise fail(f"not JSON ({' '.join(str(e).split())})") from None
+    info = None
+    if isinstance(doc, dict):
+        if "traceEvents" not in doc:
+            raise fail("not a Chrome trace (no traceEvents)")
+        info = doc.get("distributedInfo")
+        doc = doc["traceEvents"]
+        if not isinstance(doc, list):
+            raise fail("not a Chrome trace (traceEvents is not a list)")
+    elif not isinstance(doc, list):
+        raise fail(f"not a Chrome trace (a JSON {type(doc).__name__}, not an object)")
+    return [Event.of(e) for e in doc if isinstance(e, dict)], info
+
+
+def _parse(data: bytes) -> Any:
+    """JSON, or the JSON that Kineto meant. Some traces are not quite JSON: Windows
+    paths with unescaped backslashes in with_stack frames (pytorch/pytorch#98432),
+    control characters and bytes that are not UTF-8 in names (pytorch/kineto#80, #336).
+    Those only spoil names, never times, so a second try mends them as the TensorBoard
+    plugin does; when that fails too, the first error is the one reported."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as first:
+        text = data.decode("utf-8", errors="replace")
+        try:
+            return json.loads(_BAD_ESCAPE.sub(_mend_escape, text), strict=False)
+        except ValueError:
+            raise first from None
+
+
+def _mend_escape(match: re.Match[str]) -> str:
+    return match.group(0) if match.group(1) else "\\\\"
+
+
+def _rank(info: Any) -> int | None:
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return rank if type(rank) is int and rank >= 0 else None
+
+
+def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:
+    """Events, whether decoded here or handed over as JSON objects (tests, callers)."""
+    return [
+        e if isinstance(e, Event) else Event.of(e) for e in events if isinstance(e, Event | Mapping)
+    ]

@@ -1,0 +1,209 @@
+"""A job's analysis as figures: the headline rank's breakdown, labelled with its
+quantity alone (as a one-rank trace always was), and, where there are several ranks
+or GPUs, each one's figures labelled with its `rank` and `device`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.model import Caveat, Metric, StageResult
+from starvecheck.stages.base import RunContext
+from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
+from starvecheck.stages.trace.load import load, trace_files
+
+SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
+NO_WAIT = "no DataLoader fetch in the trace"
+HTA_PARTS = ("host_wait", "kernel_wait", "other")
+
+
+def _hta(a: Analysis, part: str) -> float | None:
+    """HTA's share of the idle time in this category, on the rank's headline GPU."""
+    split = a.hta.get(a.device) if a.device is not None else None
+    return None if split is None else split.ratio(part)
+
+
+def _figure(
+    name: str, value: float | None, unit: str, reason: str = "not measured", **where: Any
+) -> Metric:
+    """One figure of a kind (steps, first_step_ms, gpu_idle_share, ...): its quantity
+    is its name; missing, with the reason, where None. `where` (rank, device) labels
+    the figures of one rank or GPU among several."""
+    labels = {"quantity": name, **where}
+    flat = ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
+    if value is None:
+        return Metric.missing(flat, unit, reason, labels)
+    return Metric.single(flat, value, unit, labels)
+
+
+def _per_step(name: str, values: Sequence[float], **where: Any) -> Metric:
+    """A figure timed in each measured step, in ms."""
+    flat = ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
+    return Metric.repeated(flat, values, "ms", {"quantity": name, **where})
+
+
+def _gpu_figures(a: Analysis, **where: Any) -> list[Metric]:
+    reason = a.gpu_reason or "not measured"
+    waits = a.gpu_reason or NO_WAIT
+    hta_reason = a.gpu_reason or "no kernels"
+    figures: list[tuple[str, float | None, str]] = [
+        ("gpu_idle_share", a.gpu_idle_share, reason),
+        ("gpu_idle_data_wait_share", a.gpu_idle_data_wait_share, waits),
+        ("gpu_idle_other_share", a.gpu_idle_other_share, waits),
+        *((f"hta_idle_{part}_ratio", _hta(a, part), hta_reason) for part in HTA_PARTS),
+        ("collective_share", a.collective_share, reason),
+        ("memcpy_share", a.gpu(lambda d: d.memcpy), reason),
+        ("memcpy_h2d_share", a.copies("h2d"), reason),
+        ("memcpy_h2d_pageable_share", a.copies("h2d_pageable"), reason),
+        ("memcpy_d2h_share", a.copies("d2h"), reason),
+        ("memcpy_d2d_share", a.copies("d2d"), reason),
+    ]
+    return [_figure(n, v, "fraction", r, **where) for n, v, r in figures]
+
+
+def breakdown(a: Analysis) -> list[Metric]:
+    """One rank's figures, labelled with their quantity alone."""
+    measured = a.measured
+    out = [
+        _figure("steps", len(a.steps), "steps"),
+        _per_step("step_ms", [s.dur / 1e3 for s in measured]),
+    ]
+    if a.warmup:
+        out.append(_figure("first_step_ms", a.steps[0].dur / 1e3, "ms"))
+    if a.data_wait_share is not None:
+        out.append(_figure("data_wait_share", a.data_wait_share, "fraction"))
+        out.append(_per_step("data_wait_ms", [s.data_wait / 1e3 for s in measured]))
+    else:
+        out.append(_figure("data_wait_share", None, "fraction", NO_WAIT))
+        out.append(_figure("data_wait_ms", None, "ms", NO_WAIT))
+    out += _gpu_figures(a)
+    for phase in a.phases:
+        out.append(
+            Metric.repeated(
+                f"phase_ms.{phase.lower()}",
+                [s.phases[phase] / 1e3 for s in measured],
+                "ms",
+                {"quantity": "phase_ms", "phase": phase.lower()},
+            )
+        )
+    return out
+
+
+def per_rank(job: Job) -> list[Metric]:
+    """Each rank's figures (labelled `rank`), with its work per common step; each GPU's
+    idle where a rank drives several (labelled `device`)."""
+    several = len(job.ranks) > 1
+    common = set(job.common_steps)
+    out: list[Metric] = []
+    for a in job.ranks:
+        if several:
+            where = {"rank": a.name}
+            measured = a.measured
+            out += [
+                _figure("steps", len(measured), "steps", **where),
+                _per_step("step_ms", [s.dur / 1e3 for s in measured], **where),
+                _figure("data_wait_share", a.data_wait_share, "fraction", NO_WAIT, **where),
+                _per_step("data_wait_ms", [s.data_wait / 1e3 for s in measured], **where)
+                if a.data_wait_source
+                else _figure("data_wait_ms", None, "ms", NO_WAIT, **where),
+                _per_step("work_ms", [s.work / 1e3 for s in measured if s.name in common], **where),
+            ]
+            for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share"):
+                out += [m for m in _gpu_figures(a, **where) if m.labels["quantity"] == name]
+        if len(a.devices) > 1:
+            for d in a.devices:
+                where_d = {**({"rank": a.name} if several else {}), "device": str(d)}
+                busy = a.device_share(d, lambda x: x.busy)
+                idle = None if busy is None else max(0.0, 1 - busy)
+                out.append(_figure("gpu_idle_share", idle, "fraction", **where_d))
+    return out
+
+
+def _spread_caveat(step_ms: Metric) -> Caveat | None:
+    if step_ms.n < 2 or not step_ms.median or step_ms.stdev is None:
+        return None
+    spread = step_ms.stdev / step_ms.median
+    if spread < SPREAD_WARNING:
+        return None
+    return Caveat(
+        "trace.steps-vary",
+        f"step time varies: stdev {step_ms.stdev:,.1f} ms is {spread:.0%} of the median "
+        f"{step_ms.median:,.1f} ms (range {step_ms.min:,.1f} … {step_ms.max:,.1f} ms): "
+        "shares are averages over unlike steps; profile more steps, or look for the slow ones",
+    )
+
+
+def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) -> StageResult:
+    if isinstance(job, Analysis):
+        job = Job((job,), ())
+    a = job.headline
+    found = breakdown(a) + per_rank(job)
+    several = len(job.ranks) > 1
+    caveats = list(job.caveats)
+    for r in job.ranks:
+        caveats += [Caveat(c.id, f"{r.name}: {c}") if several else c for c in r.caveats]
+    spread = _spread_caveat(next(m for m in found if m.labels == {"quantity": "step_ms"}))
+    if spread:
+        caveats.append(spread)
+    paths = [os.fspath(path)] if isinstance(path, str | os.PathLike) else list(path)
+    params: dict[str, Any] = {
+        "trace": paths[0] if len(paths) == 1 else paths,
+        "steps": len(a.steps),
+        "measured_steps": len(a.measured),
+        "warmup_steps": a.warmup,
+        "stub_steps": a.stub,
+        "whole_trace": a.whole_trace,
+        "data_wait_source": a.data_wait_source,
+        "dataloader": a.dataloader,
+        "phases": [p.lower() for p in a.phases],
+        "gpu_devices": len(a.devices),
+        "gpu_device": None if a.device is None else str(a.device),
+    }
+    if several:
+        params["ranks"] = [
+            {"rank": r.name, "file": r.path, "devices": [str(d) for d in r.devices]}
+            for r in job.ranks
+        ]
+        params["headline_rank"] = a.name
+        params["common_steps"] = list(job.common_steps)
+    return StageResult(
+        stage="profile", parameters=params, metrics=tuple(found), caveats=tuple(caveats)
+    )
+
+
+def read(paths: Sequence[str | os.PathLike[str]]) -> Job:
+    """Every file's ranks: load -> analyze."""
+    return analyze_job([load(f) for f in trace_files(paths)])
+
+
+class TraceStage:
+    """`profile --trace FILE|DIR ...` in the registry (stages/base.Stage): torch.profiler
+    traces of another run, analysed. Its result reports under the stage `profile`
+    (schema 1 named it so), its figures labelled with their quantity alone where the
+    loop's carry a layout and num_workers."""
+
+    name = "trace"
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> list[str]:
+        given = options["trace"]
+        items = [given] if isinstance(given, str | os.PathLike) else list(given)
+        return [os.fspath(p) for p in items]
+
+    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> list[str]:
+        raise NotImplementedError("doctor does not read traces")
+
+    def measure(self, plan: Sequence[str], ctx: RunContext) -> StageResult:
+        start = time.perf_counter()
+        files = trace_files(plan)
+        job = analyze_job([load(f) for f in files])
+        out = result(job, files)
+        return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
+
+
+STAGE = TraceStage()
