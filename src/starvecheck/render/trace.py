@@ -86,6 +86,8 @@ def split(
         if ms is not None:
             used.add(id(ms))
         label = f"  ↳ {text}" if nested else text
+        if name == "collective_share" and not m.value:
+            continue  # no collectives in the trace: no row
         if m.value is None:
             rows.append((label, "", "n/a"))
             note = f"n/a: {m.reason or 'not measured'}"
