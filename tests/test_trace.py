@@ -170,9 +170,7 @@ def test_gpu_user_annotations_are_not_steps():
 
 
 def test_no_dataloader_in_the_trace_means_no_data_figure():
-    events = [
-        e for e in trace.load_events(TRACES / "cpu_only.json") if "DataLoader" not in e.name
-    ]
+    events = [e for e in trace.load_events(TRACES / "cpu_only.json") if "DataLoader" not in e.name]
     r = trace.result(trace.analyze(events), "x.json")
     m = r.metric("data_wait_share")
     assert m.value is None and "no DataLoader fetch" in m.reason

@@ -38,7 +38,7 @@ def by_rank(r, quantity):
 
 def test_a_stub_last_step_is_left_out():
     # ROCm MI250: ProfilerStep#1 9.29 ms, then #2 0.05 ms (the profiler closing).
-    job, r = measured(HTA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
+    _, r = measured(HTA / "mi250_minitoy_train_ROCm6_2_kineto.json.gz")
     assert r.metric("step_ms").values == (pytest.approx(9.288291),)
     assert r.parameters["stub_steps"] == 1 and r.has_caveat("trace.stub-last-step")
     # One step, 98% idle: said, but no verdict on a single step.
@@ -70,7 +70,8 @@ def test_a_directory_of_ranks_is_reported_rank_by_rank():
 def test_a_file_merging_two_ranks_is_split_by_process(tmp_path):
     events = []
     for f in sorted(RANKS.glob("*.json.gz")):
-        events += json.load(gzip.open(f))["traceEvents"]
+        with gzip.open(f) as raw:
+            events += json.load(raw)["traceEvents"]
     merged = tmp_path / "merged.json"
     merged.write_text(json.dumps({"traceEvents": events}))
     job, r = measured(merged)
@@ -183,10 +184,9 @@ def test_a_straggler_that_rotates_between_ranks(tmp_path):
 
 def test_accelerators_not_timed_are_not_called_cpu_only(tmp_path):
     path = tmp_path / "mtia.json"
-    path.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 10, "pid": 1},
-        {"ph": "X", "name": "dma_request", "cat": "mtia_ccp_events", "ts": 1, "dur": 2, "pid": 9},
-    ]}))  # fmt: skip
+    step = {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 10}
+    dma = {"ph": "X", "name": "dma_request", "cat": "mtia_ccp_events", "ts": 1, "dur": 2}
+    path.write_text(json.dumps({"traceEvents": [{**step, "pid": 1}, {**dma, "pid": 9}]}))
     _, r = measured(path)
     assert (
         "MTIA" in r.metric("gpu_idle_share").reason
