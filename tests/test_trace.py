@@ -593,6 +593,19 @@ def test_every_step_share_is_a_share(evs):
             assert d.memcpy <= d.busy * (1 + 1e-9) + 1e-9
 
 
+def test_copies_at_once_count_once():
+    # Found by the property above: two copies on two streams over the same 40 us.
+    step = {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100}
+    copy = {"ph": "X", "cat": "gpu_memcpy", "ts": 10, "dur": 40, "pid": 0}
+    evs = [
+        {**step, "pid": 1},
+        {**copy, "name": "Memcpy HtoD (Pinned -> Device)", "tid": 7},
+        {**copy, "name": "Memcpy DtoD (Device -> Device)", "tid": 8},
+    ]
+    r = trace.result(trace.analyze(evs), "x.json")
+    assert r.metric("memcpy_share").value == pytest.approx(0.4)
+
+
 # The command line: `starvecheck profile --trace FILE`
 
 

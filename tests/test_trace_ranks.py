@@ -208,3 +208,36 @@ def test_cli_an_empty_directory_is_one_line(tmp_path):
     r = run("profile", "--trace", str(tmp_path))
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert "no trace files" in r.stderr
+
+
+GLOO = FIXTURES / "traces" / "gloo"  # a real 2-rank gloo job, written here (README.md there)
+
+
+def test_a_real_two_rank_job_names_its_straggler():
+    _, r = measured(GLOO / "straggler")
+    collectives = by_rank(r, "collective_share")
+    # The fast rank spends its step in gloo's all_reduce, waiting for the slow one.
+    assert collectives["rank 0"] > 0.8 and collectives["rank 1"] < 0.3
+    waits = by_rank(r, "data_wait_share")
+    assert waits["rank 1"] > 0.6 and waits["rank 0"] < 0.05
+    f = findings(r)
+    s = f["profile.straggler"]
+    assert s.title.startswith("rank 1 is a straggler")
+    assert "waits for data longer" in s.recommendation
+    assert "profile.straggler-rotating" not in f
+    assert f["profile.data-bound"].evidence.startswith("on rank 1, of 2 ranks")
+
+
+def test_a_real_job_whose_slow_rank_rotates():
+    _, r = measured(GLOO / "rotating")
+    f = findings(r)
+    assert "profile.straggler" not in f
+    rot = f["profile.straggler-rotating"]
+    assert "rank 0 (6 steps)" in rot.evidence and "rank 1 (6 steps)" in rot.evidence
+
+
+def test_cli_names_the_straggler_of_a_real_job():
+    r = run("profile", "--trace", str(GLOO / "straggler"))
+    assert r.exit_code == 0, r.stderr
+    assert "rank 1 is a straggler" in r.stdout
+    assert "12 of 12" in r.stdout  # rank 1 is the slowest in every step

@@ -100,7 +100,7 @@ def ranks(metrics: Sequence[Metric]) -> list[Finding]:
     step = statistics.median(v for v in steps.values() if v is not None) if steps else None
     lost = sum(w - med for _, w, med in over) / n
     turns = ", ".join(f"{k} ({c} step{'s' if c > 1 else ''})" for k, c in who.most_common())
-    sev, few = _few(n, Severity.WARNING)
+    sev, few = _few(n, Severity.WARNING, "on every rank")
     return [
         Finding(
             "profile.straggler-rotating",
@@ -137,9 +137,11 @@ def _avg(x: Metric) -> float | None:
     return x.value
 
 
-def _few(n: int, sev: Severity) -> tuple[Severity, str]:
-    if n < MIN_STEPS and sev in (Severity.WARNING, Severity.CRITICAL):
-        return Severity.INFO, f"; only {n} step(s) on every rank: {MIN_STEPS} or more for a verdict"
+def _few(n: int, sev: Severity, counted: str = "measured") -> tuple[Severity, str]:
+    """At most info, and why, with fewer than MIN_STEPS steps: a trace of a step or
+    two is a glimpse, not a verdict."""
+    if sev in (Severity.WARNING, Severity.CRITICAL) and 0 < n < MIN_STEPS:
+        return Severity.INFO, f"; only {n} step(s) {counted}: {MIN_STEPS} or more for a verdict"
     return sev, ""
 
 
@@ -167,7 +169,9 @@ def _straggler(
     )
     if wait is not None and wait_med is not None:
         evidence += f"; its data wait is {wait:,.1f} ms a step against a median {wait_med:,.1f} ms"
-    sev, few = _few(n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING)
+    sev, few = _few(
+        n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING, "on every rank"
+    )
     if data:
         what = (
             f"{rank} waits for data longer than the others: its node's input pipeline is the "
@@ -253,6 +257,9 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
     wait_ms, step_ms = _mean(m, "data_wait_ms"), _mean(m, "step_ms")
     counted = steps_waiting(m)
     evidence = f"{share:.1%} of step time waits for data"
+    rank, ranks = params.get("headline_rank"), params.get("ranks")
+    if rank is not None and ranks:
+        evidence = f"on {rank}, of {len(ranks)} ranks the one that waits most: " + evidence
     if wait_ms is not None and step_ms is not None:
         evidence += f" (a mean {wait_ms:,.1f} ms of a mean {step_ms:,.1f} ms step)"
     if counted is not None:
@@ -263,9 +270,9 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         # Under a millisecond a step: nothing a loader change would buy.
         sev = Severity.INFO
         evidence += f"; under {QUIET_WAIT_MS:g} ms of wait per step"
-    elif sev is not Severity.OK and 0 < n < MIN_STEPS:
-        sev = Severity.INFO
-        evidence += f"; only {n} step(s) measured: {MIN_STEPS} or more for a verdict"
+    else:
+        sev, few = _few(n, sev)
+        evidence += few
     source = params.get("data_wait_source")
     loader = params.get("dataloader")
     if source or loader:
@@ -374,13 +381,9 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
 
 
 def _few_steps(m: Sequence[Metric], sev: Severity) -> tuple[Severity, str]:
-    """At most info, and why, with fewer than MIN_STEPS measured steps: a trace of a
-    step or two is a glimpse, not a verdict."""
+    """`_few` over a breakdown's measured steps."""
     steps = _get(m, "step_ms")
-    n = steps.n if steps is not None else 0
-    if sev in (Severity.WARNING, Severity.CRITICAL) and 0 < n < MIN_STEPS:
-        return Severity.INFO, f"; only {n} step(s) measured: {MIN_STEPS} or more for a verdict"
-    return sev, ""
+    return _few(steps.n if steps is not None else 0, sev)
 
 
 def _memcpy(m: Sequence[Metric]) -> Finding | None:

@@ -21,7 +21,7 @@ _SHARES = (
     ("gpu_idle_data_wait_share", "while the loop waits for data", True),
     ("gpu_idle_host_wait_share", "while the loop waits for data", True),  # before 0.2
     ("gpu_idle_other_share", "other (launches, syncs, host code)", True),
-    ("collective_share", "in collectives (NCCL)", False),
+    ("collective_share", "in collectives (NCCL, gloo)", False),
     ("memcpy_share", "GPU copies (memcpy)", False),
     ("memcpy_h2d_share", "host to device", True),
     ("memcpy_h2d_pageable_share", "from pageable memory", True),

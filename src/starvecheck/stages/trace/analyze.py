@@ -10,7 +10,9 @@ correlation ids of the host's runtime calls), so no figure mixes two ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import re
 import statistics
 from collections import Counter, defaultdict
@@ -84,6 +86,12 @@ def is_collective(name: str) -> bool:
     return "nccl" in low or "rccl" in low
 
 
+# A collective run on the host: c10d's CPU backends record each one as a range on their
+# own thread ("gloo:all_reduce"), which lasts until every rank has joined. NCCL's host
+# ranges ("nccl:all_reduce") only enqueue: its waits are the GPU kernels above.
+HOST_COLLECTIVE_PREFIXES = ("gloo:", "mpi:", "ucc:")
+
+
 @dataclass
 class _Device:
     """One device's GPU events, sorted out."""
@@ -106,6 +114,16 @@ class _Process:
     phases: dict[str, list[Interval]] = field(default_factory=lambda: defaultdict(list))
     iterators: Counter[str] = field(default_factory=Counter)
     launched: dict[Any, float] = field(default_factory=dict)  # correlation id -> host call start
+    collectives: list[Interval] = field(default_factory=list)  # on the host (gloo, MPI, UCC)
+
+    def absorb(self, other: _Process) -> None:
+        """Take another process's fetches, phases and host collectives (its steps and
+        launches stay)."""
+        self.fetches += other.fetches
+        self.collectives += other.collectives
+        self.iterators.update(other.iterators)
+        for ph, r in other.phases.items():
+            self.phases[ph] += r
 
 
 @dataclass
@@ -169,6 +187,8 @@ def sort_events(events: Iterable[Event]) -> _Sorted:
             p.iterators[name[len(_FETCH_PREFIX) :].split(".", 1)[0]] += 1
         elif name in phase_names:
             processes[_key(e.pid)].phases[name].append(sp)
+        elif name.startswith(HOST_COLLECTIVE_PREFIXES):
+            processes[_key(e.pid)].collectives.append(sp)
     return _Sorted(dict(processes), dict(devices), untimed, lo, hi)
 
 
@@ -209,10 +229,7 @@ class DeviceStep:
     idle_data_wait: float  # idle that overlaps a data fetch: starvecheck's split
     copies: Mapping[str, float]  # h2d, d2h, d2d (and other), and h2d_pageable
     collectives: float
-
-    @property
-    def memcpy(self) -> float:
-        return sum(v for k, v in self.copies.items() if k != "h2d_pageable")
+    memcpy: float  # copies of every kind, their union: two at once count once
 
 
 @dataclass(frozen=True)
@@ -225,9 +242,10 @@ class Step:
     data_wait: float
     phases: Mapping[str, float] = field(default_factory=dict)  # phase -> time in the step
     devices: Mapping[Any, DeviceStep] = field(default_factory=dict)
+    host_collectives: float = 0.0  # a CPU backend's (gloo's) collectives in the step
 
     def collectives(self) -> float:
-        return max((d.collectives for d in self.devices.values()), default=0.0)
+        return max([self.host_collectives, *(d.collectives for d in self.devices.values())])
 
     @property
     def work(self) -> float:
@@ -245,6 +263,7 @@ class Timeline:
     phases: dict[str, list[Interval]]  # the loop's phases present, in loop order
     devices: dict[Any, _Merged]
     iterators: Counter[str]
+    host_collectives: list[Interval]
 
 
 @dataclass(frozen=True)
@@ -252,6 +271,7 @@ class _Merged:
     busy: list[Interval]
     copies: dict[str, list[Interval]]
     collectives: list[Interval]
+    memcpy: list[Interval]
 
 
 def timeline(p: _Process, devices: Mapping[Any, _Device]) -> Timeline:
@@ -265,17 +285,15 @@ def timeline(p: _Process, devices: Mapping[Any, _Device]) -> Timeline:
     for dev, d in sorted(devices.items(), key=lambda kv: repr(kv[0])):
         copies = {k: union(v) for k, v in d.copies.items()}
         copies["h2d_pageable"] = union(d.pageable)
-        merged[dev] = _Merged(
-            union(d.busy),
-            copies,
-            union(d.collectives),
-        )
+        every = [iv for k, v in d.copies.items() for iv in v]
+        merged[dev] = _Merged(union(d.busy), copies, union(d.collectives), union(every))
     return Timeline(
         wait=union(p.fetches + waits),
         source=" and ".join(names) or None,
         phases={ph: union(p.phases[ph]) for ph in PHASES if p.phases.get(ph)},
         devices=merged,
         iterators=p.iterators,
+        host_collectives=union(p.collectives),
     )
 
 
@@ -292,6 +310,7 @@ def measure(name: str, lo: float, hi: float, t: Timeline) -> Step:
             idle_data_wait=max(0.0, waited - overlap(wait, busy)),
             copies={k: length(clip(v, lo, hi)) for k, v in d.copies.items()},
             collectives=length(clip(d.collectives, lo, hi)),
+            memcpy=length(clip(d.memcpy, lo, hi)),
         )
     return Step(
         name=name,
@@ -300,6 +319,7 @@ def measure(name: str, lo: float, hi: float, t: Timeline) -> Step:
         data_wait=waited,
         phases={p: length(clip(r, lo, hi)) for p, r in t.phases.items()},
         devices=devices,
+        host_collectives=length(clip(t.host_collectives, lo, hi)),
     )
 
 
@@ -385,7 +405,12 @@ class Analysis:
 
     @property
     def collective_share(self) -> float | None:
-        return self.gpu(lambda d: d.collectives)
+        """The GPU's time in collectives; without GPU figures, the host's (gloo's)."""
+        if self.device is not None:
+            return self.gpu(lambda d: d.collectives)
+        if any(s.host_collectives for s in self.measured):
+            return self.share("host_collectives")
+        return None
 
 
 def warmup_steps(steps: Sequence[Step]) -> int:
@@ -406,9 +431,7 @@ def stub_steps(steps: Sequence[Step], warmup: int) -> int:
     return int(rest[-1].dur < STUB_SHARE * median)
 
 
-def _caveats(
-    a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]], several: bool
-) -> list[Caveat]:
+def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
     steps, out = a.steps, []
     if a.warmup:
         out.append(
@@ -543,14 +566,7 @@ def _analysis(
         },
     )
     busy = {dev: m.busy for dev, m in t.devices.items()}
-    more = _caveats(a, t, busy, False)
-    return _replace(a, caveats=tuple(caveats + more))
-
-
-def _replace(a: Analysis, **kw: Any) -> Analysis:
-    import dataclasses
-
-    return dataclasses.replace(a, **kw)
+    return dataclasses.replace(a, caveats=tuple(caveats + _caveats(a, t, busy)))
 
 
 def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis], list[Caveat]]:
@@ -565,10 +581,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
     if not stepped:
         merged = _Process()
         for p in s.processes.values():
-            merged.fetches += p.fetches
-            merged.iterators.update(p.iterators)
-            for ph, r in p.phases.items():
-                merged.phases[ph] += r
+            merged.absorb(p)
         return [
             _analysis(base, merged, s.devices, s.untimed, (s.lo, s.hi), f.rank, f.path)
         ], caveats
@@ -578,10 +591,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
         # belong to the one that steps.
         for other, q in s.processes.items():
             if other != pid:
-                p.fetches += q.fetches
-                p.iterators.update(q.iterators)
-                for ph, r in q.phases.items():
-                    p.phases[ph] += r
+                p.absorb(q)
         return [_analysis(base, p, s.devices, s.untimed, None, f.rank, f.path)], caveats
     owners = _owners(stepped, s.devices)
     unowned = sorted(str(d) for d in s.devices if d not in owners)
@@ -622,8 +632,6 @@ def _names(files: Sequence[TraceFile]) -> list[str | None]:
     ranks = [f.rank for f in files]
     if None not in ranks and len(set(ranks)) == len(ranks):
         return [f"rank {r}" for r in ranks]
-    import os
-
     return [os.path.basename(f.path) for f in files]
 
 

@@ -33,7 +33,7 @@ def _figure(
     is its name; missing, with the reason, where None. `where` (rank, device) labels
     the figures of one rank or GPU among several."""
     labels = {"quantity": name, **where}
-    flat = ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
+    flat = _flat(name, where)
     if value is None:
         return Metric.missing(flat, unit, reason, labels)
     return Metric.single(flat, value, unit, labels)
@@ -41,8 +41,12 @@ def _figure(
 
 def _per_step(name: str, values: Sequence[float], **where: Any) -> Metric:
     """A figure timed in each measured step, in ms."""
-    flat = ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
-    return Metric.repeated(flat, values, "ms", {"quantity": name, **where})
+    return Metric.repeated(_flat(name, where), values, "ms", {"quantity": name, **where})
+
+
+def _flat(name: str, where: Mapping[str, Any]) -> str:
+    """The flat name: the quantity, then the rank and device it is of (`step_ms.rank_0`)."""
+    return ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
 
 
 def _gpu_figures(a: Analysis, **where: Any) -> list[Metric]:
@@ -201,8 +205,7 @@ class TraceStage:
     def measure(self, plan: Sequence[str], ctx: RunContext) -> StageResult:
         start = time.perf_counter()
         files = trace_files(plan)
-        job = analyze_job([load(f) for f in files])
-        out = result(job, files)
+        out = result(read(files), files)
         return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
 
 
