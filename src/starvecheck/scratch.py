@@ -19,14 +19,17 @@ Rules (DESIGN.md, "Do no harm"):
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from starvecheck import leftovers
+from starvecheck.status import UsageError
 from starvecheck.units import format_bytes
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,6 +51,39 @@ class Terminated(BaseException):
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
+
+# Every signal caught inside `signals_raise` in this process, never cleared: a signal
+# can surface as another error (torch reports a worker that the same signal stopped as
+# a RuntimeError, which can replace the exception unwinding); `received` lets the one
+# place that decides exit statuses report the signal instead.
+_received: list[int] = []
+
+
+def received() -> int | None:
+    """The first signal caught while measuring, if any."""
+    return _received[0] if _received else None
+
+
+def forget_received() -> None:
+    """A new run (tests run several in one process)."""
+    _received.clear()
+
+
+# While inside `signals_raise`: a child forked then (a DataLoader worker) must not run
+# our handler, which would raise in the child; it ignores SIGTERM and SIGHUP from the
+# fork on (workers.worker_init says why) and takes Ctrl-C as torch expects.
+_raising = False
+
+
+def _child_after_fork() -> None:
+    if _raising:
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to undo
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+os.register_at_fork(after_in_child=_child_after_fork)
 
 # The signal caught inside `signals_raise`, kept until the block is left. Python drops
 # an exception raised where it cannot propagate (an at-fork callback, such as the one
@@ -79,8 +115,9 @@ def signals_raise() -> Iterator[None]:
     ignored until the block is left: a second Ctrl-C while the first unwinds must not
     cut the cleanup short. Signals ignored on entry (SIGHUP under nohup, SIGINT in a
     background job) stay ignored. Handlers are restored on the way out."""
-    if not _in_main_thread():  # signal.signal only works in the main thread
-        yield
+    global _raising
+    if not _in_main_thread() or _raising:  # signal.signal only works in the main thread;
+        yield  # inside another such block (the command line's), its handlers already raise
         return
 
     def ignore(signum: int, frame: object) -> None:
@@ -90,6 +127,7 @@ def signals_raise() -> Iterator[None]:
         for s in old:
             signal.signal(s, ignore)
         _caught.append(signum)
+        _received.append(signum)
         raise _exception(signum)
 
     def unraisable(info: sys.UnraisableHookArgs) -> None:
@@ -112,9 +150,11 @@ def signals_raise() -> Iterator[None]:
     sys.unraisablehook = unraisable
     for s in old:
         signal.signal(s, handler)
+    _raising = True
     try:
         yield
     finally:
+        _raising = False
         for s, h in old.items():
             signal.signal(s, h)
         sys.unraisablehook = after_interrupt if _caught else previous_hook
@@ -148,14 +188,14 @@ def signals_held() -> Iterator[None]:
 
 @dataclass
 class Scratch:
-    """A fresh directory under `parent` and the files made in it.
-
-    Use as a context manager; `keep=True` leaves the data (for --keep).
-    """
+    """A fresh directory under `parent` and the files made in it, its ownership marker
+    first (leftovers.py). Use as a context manager; `keep=True` leaves the data (for
+    --keep). `warn`: where to say what killed runs left in `parent`."""
 
     parent: str
     prefix: str = "starvecheck-"
     keep: bool = False
+    warn: Callable[[str], None] | None = None
     name: str = ""
     _parent_fd: int | None = None
     _parent_times: tuple[int, int] | None = None  # (atime, mtime) in ns, before we began
@@ -163,6 +203,7 @@ class Scratch:
     _subdirs: list[str] = field(default_factory=list)
     _files: list[tuple[str, str]] = field(default_factory=list)  # (subdir, name)
     leftovers: list[str] = field(default_factory=list)
+    _noted: set[bytes] = field(default_factory=set)
 
     @property
     def path(self) -> str:
@@ -180,7 +221,10 @@ class Scratch:
         if not self.keep:
             self.cleanup()
         else:
+            with contextlib.suppress(OSError):
+                self.note({"kept": True})  # --keep: not a killed run's
             self._close_fds()
+        _forget(self)
 
     def create(self) -> None:
         with signals_held():
@@ -198,6 +242,30 @@ class Scratch:
             else:  # 100 collisions of 32 random bits: something else is going on
                 raise FileExistsError(f"no free name for a scratch directory in {self.parent}")
             self._dirs[""] = os.open(name, _DIR_FLAGS, dir_fd=self._parent_fd)
+            try:
+                self.write_file(leftovers.MARKER, _line(leftovers.owner_record()))
+            except OSError as e:  # a full disk, a quota: the first write says so
+                raise UsageError(f"writing test data in {self.path} failed: {e.strerror}") from e
+            _active.append(self)
+        if self.warn is not None:
+            leftovers.report(self.parent, self.warn)
+
+    def note(self, record: dict[str, object]) -> None:
+        """Add a line to the marker: something made outside the directory that this run
+        removes itself, and `starvecheck clean` removes should the run be killed."""
+        line = _line(record)
+        if line in self._noted:
+            return
+        fd = os.open(
+            leftovers.MARKER,
+            os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+            dir_fd=self._dirs[""],
+        )
+        try:
+            write_all(fd, line)
+        finally:
+            os.close(fd)
+        self._noted.add(line)
 
     def mkdir(self, name: str) -> None:
         """A subdirectory of the scratch root (one level; enough for our layouts)."""
@@ -267,6 +335,7 @@ class Scratch:
 
     def cleanup(self) -> None:
         """Remove exactly what was created, innermost first; signals wait until done."""
+        _forget(self)
         if not self.name or self._parent_fd is None:
             self._close_fds()
             return
@@ -319,6 +388,26 @@ class Scratch:
             with contextlib.suppress(OSError):
                 os.close(self._parent_fd)
             self._parent_fd = None
+
+
+# Scratch directories of this process that exist now: `note_all` records in each.
+_active: list[Scratch] = []
+
+
+def _forget(scratch: Scratch) -> None:
+    _active[:] = [x for x in _active if x is not scratch]
+
+
+def note_all(record: dict[str, object]) -> None:
+    """Record in every live scratch directory's marker something made outside it."""
+    for scratch in _active:
+        if "" in scratch._dirs:
+            with contextlib.suppress(OSError):
+                scratch.note(record)
+
+
+def _line(record: dict[str, object]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode() + b"\n"
 
 
 def write_all(fd: int, data: bytes) -> None:

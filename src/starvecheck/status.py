@@ -15,7 +15,13 @@ class ExitStatus(IntEnum):
     USAGE = 2  # bad usage or input
     UNAVAILABLE = 3  # the stage cannot run here (no CUDA device, ...)
     INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
-    TERMINATED = 143  # SIGTERM (or SIGHUP), as shells report 128 + 15
+    HANGUP = 129  # SIGHUP (a closed terminal), as shells report 128 + 1
+    TERMINATED = 143  # SIGTERM, as shells report 128 + 15
+
+
+def signal_status(signum: int) -> ExitStatus:
+    """The status a shell reports for a process ended by this signal."""
+    return ExitStatus(128 + signum)
 
 
 class StarvecheckError(Exception):

@@ -96,6 +96,8 @@ def _curve_text(curve: Mapping[int, float]) -> str:
 def _workers(
     layout: str, temp: str, curve: Mapping[int, float], rec: int, params: Mapping[str, Any]
 ) -> Finding | None:
+    if len(curve) < 2:  # one worker count measured: nothing to compare it with
+        return None
     evidence = (
         f"{LABEL.get(layout, layout)}, {temp} cache, samples/s by num_workers: "
         f"{_curve_text(curve)}; the fewest workers within 5% of the best at or below "

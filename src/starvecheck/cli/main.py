@@ -20,12 +20,12 @@ from starvecheck.cli.common import app, error
 # isort: off
 # Each module registers its command when imported; `starvecheck --help` lists them
 # in this order: the machine, then the chain from storage to the GPU step.
-from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor  # noqa: F401
+from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor, clean  # noqa: F401
 
 # isort: on
 from starvecheck.context import Context
-from starvecheck.scratch import Terminated
-from starvecheck.status import ExitStatus, StarvecheckError
+from starvecheck.scratch import Terminated, forget_received, received, signals_raise
+from starvecheck.status import ExitStatus, StarvecheckError, signal_status
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
@@ -33,9 +33,12 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     c = context or Context()
     words = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in words or bool(c.environ.get("STARVECHECK_DEBUG"))
+    forget_received()
     try:
         # click writes help and --version with its own echo to sys.stdout/err.
-        with redirect_stdout(c.stdout), redirect_stderr(c.stderr):
+        # Signals raise from here on, not only while a stage measures: one that ends
+        # the process between stages would leave DataLoader workers it never stopped.
+        with signals_raise(), redirect_stdout(c.stdout), redirect_stderr(c.stderr):
             rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
     except typer.TyperException as e:
         # Typer's (vendored) click errors: bad option, bad choice, missing argument.
@@ -44,14 +47,14 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
         error(c, f"{_one_line(e.format_message())}{hint}")
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        error(c, "interrupted")
-        return ExitStatus.INTERRUPTED
+        return _signalled(c, signal.SIGINT)
     except Terminated as e:
-        error(c, f"terminated by {signal.Signals(e.signum).name}")
-        return ExitStatus.TERMINATED
+        return _signalled(c, e.signum)
     except StarvecheckError as e:
         if debug:
             traceback.print_exc(file=c.stderr)
+        if (signum := received()) is not None:
+            return _signalled(c, signum)  # the signal stopped the workers too: not news
         error(c, str(e))
         return e.status
     except BrokenPipeError:
@@ -61,6 +64,9 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     except Exception as e:
         if debug:
             traceback.print_exc(file=c.stderr)
+        if (signum := received()) is not None:
+            return _signalled(c, signum)
+        if debug:
             error(c, f"internal error: {type(e).__name__}: {e}")
         else:
             error(
@@ -72,6 +78,16 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     if rv == ExitStatus.INTERRUPTED:  # Typer turns KeyboardInterrupt into a silent 130
         error(c, "interrupted")
     return ExitStatus.OK if rv is None else int(rv)
+
+
+def _signalled(c: Context, signum: int) -> int:
+    """One line, and the status a shell gives a process this signal ended: 130 for
+    Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    if signum == signal.SIGINT:
+        error(c, "interrupted")
+    else:
+        error(c, f"terminated by {signal.Signals(signum).name}")
+    return signal_status(signum)
 
 
 def _one_line(text: str) -> str:

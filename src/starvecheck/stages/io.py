@@ -285,7 +285,7 @@ def _generate_and_measure(
 ) -> tuple[list[Layout], Measured, str]:
     """Write the samples in a fresh scratch directory under `path`, measure, and
     remove it (unless --keep); what could not be removed is a warning."""
-    scratch = Scratch(path, prefix="starvecheck-io-", keep=plan.keep)
+    scratch = Scratch(path, prefix="starvecheck-io-", keep=plan.keep, warn=ctx.warn)
     try:
         with scratch:
             try:

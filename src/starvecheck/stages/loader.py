@@ -46,7 +46,7 @@ from starvecheck.stages.loaderplan import Plan
 from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
-from starvecheck.stages.workers import worker_init
+from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, hypervisor_cache, outliers, percentile, too_few_runs
 from starvecheck.timing import unstable as timing_unstable
@@ -132,6 +132,8 @@ def run_epoch(
     try:
         with signals_held():  # the dataset exists only once it can be released
             dataset = source.make(run)
+        if workers:
+            prepare_workers()
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=plan.batch_size,
@@ -165,9 +167,7 @@ def run_epoch(
                 counts.append(n)
                 sizes.append(nbytes)
         finally:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:  # now, not at garbage collection
-                shutdown()
+            stop_workers(it)
             del it
     finally:
         if dataset is not None:
@@ -371,6 +371,10 @@ def _run(
 
     import torch
 
+    from starvecheck import preflight
+
+    sample = (1 << 20) if existing else plan.sample_size  # existing: files up to 8 MiB, most small
+    plan = preflight.fitted(plan, plan.batch_size * sample, plan.prefetch_factor, warn)
     start = time.perf_counter()
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     caveats: list[str] = []
@@ -402,7 +406,7 @@ def _run(
                         {"quantity": "samples_per_s", "layout": "mds"},
                     )
                 )
-            scratch = Scratch(path, prefix="starvecheck-loader-")
+            scratch = Scratch(path, prefix="starvecheck-loader-", warn=warn)
             try:
                 with scratch:
                     try:

@@ -69,6 +69,7 @@ def load_streaming() -> Streaming:
         raise StreamingUnavailable(
             f"mosaicml-streaming is installed but does not import: {type(e).__name__}: {e}"
         ) from e
+    _quiet_resource_tracker()
     return Streaming(
         MDSWriter,
         StreamingDataset,
@@ -76,6 +77,30 @@ def load_streaming() -> Streaming:
         tuple(constant.SHM_TO_CLEAN),
         (constant.BARRIER_FILELOCK, constant.CACHE_FILELOCK),
     )
+
+
+def _quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (a process of its own, which Streaming's
+    shared memory uses) with its stderr on /dev/null. Streaming unregisters the blocks
+    its workers attach to, and `release` attaches and unlinks what workers made: when a
+    signal stops a run half-way the counts no longer match, and the tracker prints a
+    KeyError traceback for each name, on the user's terminal, after we have exited.
+    What it would clean up, `release` already has (or, after SIGKILL, `starvecheck
+    clean` does)."""
+    from multiprocessing import resource_tracker
+
+    from starvecheck.scratch import signals_held
+
+    with signals_held():  # fd 2 is put back whatever arrives
+        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        saved = os.dup(2)
+        try:
+            os.dup2(devnull, 2)
+            resource_tracker.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
 
 
 def _hollow_packages(root: str) -> list[str]:
@@ -137,6 +162,17 @@ def release(dataset: Any, streaming: Streaming) -> None:
     for name in streaming.filelock_names if root else ():
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(root, f"{prefix:06}_{name}"))
+
+
+def marker_line(dataset: Any, streaming: Streaming) -> dict[str, Any]:
+    """What `release` removes, as a scratch marker records it (leftovers.py): should
+    the run be killed, `starvecheck clean` removes the same."""
+    return {
+        "streaming_prefix": getattr(dataset, "_shm_prefix_int", None),
+        "shm_names": list(streaming.shm_names),
+        "filelock_root": getattr(dataset, "_filelock_root", None),
+        "filelock_names": list(streaming.filelock_names),
+    }
 
 
 def _shared_memories(obj: Any, kind: type, depth: int = 3) -> list[Any]:

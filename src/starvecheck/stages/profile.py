@@ -33,7 +33,7 @@ from starvecheck.scratch import Scratch, check_signals, signals_held, signals_ra
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
-from starvecheck.stages.workers import worker_init
+from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import not_cold
 
@@ -192,6 +192,8 @@ def run_scenario(
     try:
         with signals_held():
             dataset = source.make(0)
+        if workers:
+            prepare_workers()
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=plan.batch_size,
@@ -254,9 +256,7 @@ def run_scenario(
                         for name, a, b in zip(PHASES, marks, marks[1:], strict=False):
                             phases[name].append(b - a)
         finally:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            stop_workers(it)
             del it
     finally:
         if dataset is not None:
@@ -317,6 +317,7 @@ def resolve_device(requested: str) -> str:
 
 
 def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
+    from starvecheck import preflight
     from starvecheck.stages import loader as loader_stage
     from starvecheck.stages.sources import generate, text_source
 
@@ -338,6 +339,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
         # without this, tokenizers warns on every fork and turns its threads off anyway.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         tokenizer = load_tokenizer(plan.tokenizer)
+    plan = preflight.fitted(plan, plan.batch_size * plan.seq_len * 2, 2, warn)
     model, optimizer = build_model(plan)
     data_plan = loader_stage.Plan(
         samples=plan.samples,
@@ -349,7 +351,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     )
     results: dict[tuple[str, int], Steps] = {}
     residency_errors: list[str] = []
-    scratch = Scratch(path, prefix="starvecheck-profile-")
+    scratch = Scratch(path, prefix="starvecheck-profile-", warn=warn)
     try:
         with signals_raise(), loader_stage.quiet_torch(), warnings.catch_warnings(), scratch:
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")

@@ -142,15 +142,21 @@ def generate(
         mds_dir = os.path.join(scratch.path, "mds")
         mds_fd = scratch.dir_fd("mds")
         files = sorted(os.listdir(mds_fd))
+
+        def make_mds(run: int) -> Any:
+            dataset = streaming.StreamingDataset(
+                local=mds_dir,
+                shuffle=True,
+                batch_size=plan.batch_size,
+                shuffle_seed=plan.seed + run,
+            )
+            scratch.note(mds.marker_line(dataset, streaming))  # for `starvecheck clean`
+            return dataset
+
         sources.append(
             Source(
                 Layout("mds", {}, files, mds_fd, total, size, sync=True),
-                lambda run: streaming.StreamingDataset(
-                    local=mds_dir,
-                    shuffle=True,
-                    batch_size=plan.batch_size,
-                    shuffle_seed=plan.seed + run,
-                ),
+                make_mds,
                 release=lambda dataset: mds.release(dataset, streaming),
                 shuffle=False,
             )

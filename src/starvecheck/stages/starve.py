@@ -27,7 +27,7 @@ from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import check_signals
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.textdata import default_texts, load_tokenizer
-from starvecheck.stages.workers import worker_init
+from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
 
 if TYPE_CHECKING:
     from starvecheck.workload import Workload
@@ -167,6 +167,8 @@ def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
     with warnings.catch_warnings():
         # torch warns when workers exceed the CPUs; going past them is the point here.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        if workers:
+            prepare_workers()
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=plan.batch_size,
@@ -193,10 +195,7 @@ def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
                 point.waits_ms.append((t1 - t0) * 1000)
                 point.computes_ms.append((t2 - t1) * 1000)
     finally:
-        # Shut the workers down now, not at garbage collection: also on Ctrl-C.
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(it)
         del it
     return point
 
@@ -310,9 +309,14 @@ def measure_capacity(
     return Metric.repeated(f"capacity.w{workers}", rates, "samples/s", labels)
 
 
-def run(plan: Plan, progress: Progress = _no_progress) -> StageResult:
+def run(
+    plan: Plan, progress: Progress = _no_progress, warn: Callable[[str], None] = lambda m: None
+) -> StageResult:
+    from starvecheck import preflight
     from starvecheck.scratch import signals_raise
 
+    # A sample is a small tensor of token ids (or nothing, with --sleep): a batch is tiny.
+    plan = preflight.fitted(plan, plan.batch_size * 4096, PREFETCH, warn)
     start = time.perf_counter()
     caveats: list[Caveat] = []
     tokenizer = texts = None
@@ -431,7 +435,7 @@ class StarveStage:
         )
 
     def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
-        return run(plan, ctx.progress)
+        return run(plan, ctx.progress, ctx.warn)
 
     def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
         """With a tokenizer, the CPU per sample is measured, not given."""

@@ -1,0 +1,56 @@
+"""`starvecheck clean PATH`: what killed runs left behind, and only that."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from starvecheck.cli.common import app, context_of
+from starvecheck.status import UsageError
+
+
+@app.command()
+def clean(
+    ctx: typer.Context,
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="The directory a killed run measured in (its PATH).", show_default=False
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be removed; remove nothing.")
+    ] = False,
+) -> int:
+    """Remove the scratch directories of starvecheck runs that were killed (SIGKILL, an
+    out-of-memory kill) in PATH, with the shared memory and lock files their markers
+    name.
+
+    A directory is removed only when its marker proves it is starvecheck's (same owner)
+    and that the process that made it is gone; others are listed with the reason
+    (still running, made on another host, no marker). Nothing else is touched.
+    """
+    from starvecheck import leftovers
+
+    c = context_of(ctx)
+    target = os.path.realpath(path)
+    if not os.path.isdir(target):
+        raise UsageError(f"{path}: not a directory")
+    found = leftovers.scan(target)
+    removed: list[str] = []
+    left: list[str] = []
+    for x in found:
+        done = leftovers.remove(x, dry_run=dry_run)
+        removed += done.removed
+        left += done.left
+    verb = "would remove" if dry_run else "removed"
+    for p in removed:
+        c.stdout.write(f"{verb} {p}\n")
+    for p in left:
+        c.stdout.write(f"left   {p}\n")
+    if not found:
+        c.stdout.write(f"no starvecheck scratch directories in {target}\n")
+    c.stdout.flush()
+    return 0

@@ -1,0 +1,282 @@
+"""Ownership markers, and what killed runs leave behind.
+
+Every scratch directory starvecheck makes holds a marker, `.starvecheck-owner`, made
+first and removed last: one JSON line naming its creator (pid, the process's start
+time in clock ticks since boot, the boot id, host, uid), then a line for each thing
+made outside the directory that the run must remove (Streaming's shared memory and
+lock files by prefix, multiprocessing's /tmp/pymp-* directory).
+
+A run that ends normally, by Ctrl-C, SIGTERM or SIGHUP removes all of it. SIGKILL (an
+out-of-memory kill is one) cannot be caught: the directory stays. A later run in the
+same PATH reports such leftovers; `starvecheck clean PATH` removes a directory only
+when its marker proves it is starvecheck's (same uid, a well-formed record) and that
+its creator is gone (no process with that pid and start time on this boot), and
+removes only what a scratch directory can hold (files and one level of
+subdirectories, never following a link). Nothing else is ever touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+MARKER = ".starvecheck-owner"
+PREFIX = "starvecheck-"
+MAX_MARKER_BYTES = 64 << 10  # a marker is a few lines; anything bigger is not ours
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+SHM_DIR = "/dev/shm"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def start_ticks(pid: int | str = "self") -> int | None:
+    """A process's start time, in clock ticks since boot (/proc/PID/stat field 22): with
+    the pid, it names one process, even after the pid is reused."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    try:  # the command name (field 2) may hold spaces and parentheses: split after it
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def boot_id() -> str | None:
+    return _read("/proc/sys/kernel/random/boot_id")
+
+
+def owner_record() -> dict[str, Any]:
+    """This process, as a marker's first line records it."""
+    return {
+        "tool": "starvecheck",
+        "pid": os.getpid(),
+        "start_ticks": start_ticks(),
+        "boot_id": boot_id(),
+        "host": socket.gethostname(),
+        "uid": os.getuid(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A `starvecheck-*` directory in a PATH, and what its marker says."""
+
+    path: str
+    owner: dict[str, Any] | None  # None: no marker, or not one starvecheck wrote
+    extras: tuple[dict[str, Any], ...] = ()  # things made outside the directory
+    why: str = ""  # why it is not removable, where it is not
+    kept: bool = False  # left on purpose (--keep), not by a killed run
+
+    @property
+    def removable(self) -> bool:
+        return not self.why
+
+
+def _marker(dir_fd: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    try:
+        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None, []
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None, []
+        data = f.read(MAX_MARKER_BYTES + 1)
+    if len(data) > MAX_MARKER_BYTES:
+        return None, []
+    records = []
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                records.append(value)
+    if not records or records[0].get("tool") != "starvecheck":
+        return None, []
+    owner = records[0]
+    if not isinstance(owner.get("pid"), int) or not isinstance(owner.get("uid"), int):
+        return None, []
+    return owner, records[1:]
+
+
+def alive(owner: dict[str, Any]) -> bool | None:
+    """Whether the marker's creator still runs: None where this machine cannot tell
+    (made on another host, as on shared storage)."""
+    if owner.get("host") != socket.gethostname():
+        return None
+    if owner.get("boot_id") and boot_id() and owner["boot_id"] != boot_id():
+        return False  # rebooted since: every process of then is gone
+    ticks = start_ticks(owner["pid"])
+    if ticks is None:
+        return False  # no such process
+    return owner.get("start_ticks") is None or ticks == owner["start_ticks"]
+
+
+def scan(path: str) -> list[Leftover]:
+    """Every `starvecheck-*` directory directly in `path`, with whether it may be
+    removed (its creator gone) and, where not, why."""
+    try:
+        entries = sorted(e for e in os.listdir(path) if e.startswith(PREFIX))
+    except OSError:
+        return []
+    found = []
+    for name in entries:
+        full = os.path.join(path, name)
+        try:
+            fd = os.open(full, _DIR_FLAGS)
+        except OSError:
+            continue  # not a directory (or a link to one): not ours
+        try:
+            owner, extras = _marker(fd)
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        found.append(_judge(full, owner, extras, st.st_uid))
+    return found
+
+
+def _judge(path: str, owner: dict[str, Any] | None, extras: list[Any], uid: int) -> Leftover:
+    if owner is None:
+        return Leftover(path, None, (), "no starvecheck marker (made before 0.2, or not ours)")
+    if owner["uid"] != uid:
+        return Leftover(path, owner, (), "its marker names another owner than the directory's")
+    running = alive(owner)
+    if running is None:
+        return Leftover(path, owner, (), f"made on host {owner.get('host')}: run clean there")
+    if running:
+        return Leftover(path, owner, (), f"in use: pid {owner['pid']} is still running")
+    kept = any(e.get("kept") is True for e in extras)
+    return Leftover(path, owner, tuple(e for e in extras if "kept" not in e), kept=kept)
+
+
+def dead(path: str) -> list[Leftover]:
+    """What runs that were killed left in `path` (not what --keep kept)."""
+    return [x for x in scan(path) if x.removable and not x.kept]
+
+
+_reported: set[str] = set()
+
+
+def report(path: str, warn: Callable[[str], None]) -> None:
+    """Warn, once a run per PATH, about what killed runs left in it."""
+    if path in _reported:
+        return
+    _reported.add(path)
+    found = dead(path)
+    if found:
+        names = ", ".join(os.path.basename(x.path) for x in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        warn(
+            f"{path} holds {len(found)} scratch director{'ies' if len(found) > 1 else 'y'} of "
+            f"starvecheck runs that were killed ({names}{more}): `starvecheck clean {path}` "
+            "removes them"
+        )
+
+
+# --- removing -------------------------------------------------------------------------
+
+
+@dataclass
+class Cleaned:
+    removed: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # "path: why"
+
+
+def remove(x: Leftover, dry_run: bool = False) -> Cleaned:
+    """Remove a dead run's directory and what its marker says it made elsewhere."""
+    out = Cleaned()
+    if not x.removable:
+        out.left.append(f"{x.path}: {x.why}")
+        return out
+    for extra in x.extras:
+        for target in _extra_paths(extra, x.path):
+            if dry_run:
+                if os.path.lexists(target):
+                    out.removed.append(target)
+                continue
+            try:
+                if os.path.isdir(target) and not os.path.islink(target):
+                    _empty_and_remove(target, out, depth=1)
+                else:
+                    os.unlink(target)
+                    out.removed.append(target)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                out.left.append(f"{target}: {e.strerror}")
+    if dry_run:
+        out.removed.append(x.path)
+    else:
+        _empty_and_remove(x.path, out, depth=2)
+    return out
+
+
+def _extra_paths(extra: dict[str, Any], scratch: str) -> Iterator[str]:
+    """The paths one marker line names, each checked to be what such a line may name."""
+    prefix, names = extra.get("streaming_prefix"), extra.get("shm_names", [])
+    if isinstance(prefix, int) and 0 <= prefix < 10**6 and _prefix_is(prefix, scratch):
+        for name in names if isinstance(names, list) else []:
+            if isinstance(name, str) and "/" not in name:
+                yield os.path.join(SHM_DIR, f"{prefix:06}_{name}")
+        root = extra.get("filelock_root")
+        for name in extra.get("filelock_names", []) if isinstance(root, str) else []:
+            if isinstance(name, str) and "/" not in name:
+                yield os.path.join(root, f"{prefix:06}_{name}")
+    pymp = extra.get("pymp")
+    if isinstance(pymp, str) and os.path.basename(pymp).startswith("pymp-"):
+        yield pymp
+
+
+def _prefix_is(prefix: int, scratch: str) -> bool:
+    """Streaming's prefix is still the dead run's: its `locals` block, which lists the
+    local directories of the datasets using the prefix, is gone or names `scratch`
+    (a prefix is handed out again only once that block is gone)."""
+    try:
+        with open(os.path.join(SHM_DIR, f"{prefix:06}_locals"), "rb") as f:
+            held = f.read(1 << 20)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return os.fsencode(scratch) in held
+
+
+def _empty_and_remove(path: str, out: Cleaned, depth: int) -> None:
+    """Unlink what `path` holds (links themselves, never their targets), down `depth`
+    levels of directories, then rmdir it; what is deeper or odd is left and said."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as e:
+        out.left.append(f"{path}: {e.strerror}")
+        return
+    try:
+        for entry in sorted(os.listdir(fd), key=lambda n: n == MARKER):  # the marker last
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if depth > 1:
+                    _empty_and_remove(os.path.join(path, entry), out, depth - 1)
+                else:
+                    out.left.append(f"{os.path.join(path, entry)}: deeper than starvecheck makes")
+                continue
+            os.unlink(entry, dir_fd=fd)
+    except OSError as e:
+        out.left.append(f"{path}: {e.strerror}")
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+        out.removed.append(path)
+    except OSError as e:
+        out.left.append(f"{path}: {e.strerror}")
