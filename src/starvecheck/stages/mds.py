@@ -81,26 +81,38 @@ def load_streaming() -> Streaming:
 
 def _quiet_resource_tracker() -> None:
     """Start multiprocessing's resource tracker (a process of its own, which Streaming's
-    shared memory uses) with its stderr on /dev/null. Streaming unregisters the blocks
-    its workers attach to, and `release` attaches and unlinks what workers made: when a
-    signal stops a run half-way the counts no longer match, and the tracker prints a
-    KeyError traceback for each name, on the user's terminal, after we have exited.
-    What it would clean up, `release` already has (or, after SIGKILL, `starvecheck
-    clean` does)."""
+    shared memory uses) with its stderr on /dev/null and SIGHUP ignored. Streaming
+    unregisters the blocks its workers attach to, and `release` attaches and unlinks
+    what workers made: when a signal stops a run half-way the counts no longer match,
+    and the tracker prints a KeyError traceback for each name on the user's terminal.
+    It ignores SIGINT and SIGTERM itself, but not SIGHUP: sent to the process group,
+    SIGHUP killed it, and the next unlink started a new one on the terminal. What it
+    would clean up, `release` already has (after SIGKILL, `starvecheck clean` does)."""
+    import signal
+    import threading
     from multiprocessing import resource_tracker
 
-    from starvecheck.scratch import signals_held
+    if threading.current_thread() is not threading.main_thread():  # signal.signal refuses
+        resource_tracker.ensure_running()
+        return
 
-    with signals_held():  # fd 2 is put back whatever arrives
-        devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        saved = os.dup(2)
-        try:
-            os.dup2(devnull, 2)
-            resource_tracker.ensure_running()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
+    # Blocked, signals arriving meanwhile wait (Linux keeps a blocked signal pending
+    # even while its action is to ignore it) and reach our handlers afterwards; the
+    # tracker inherits SIGHUP ignored across its exec.
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    hup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    saved = os.dup(2)
+    try:
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        signal.signal(signal.SIGHUP, hup)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _hollow_packages(root: str) -> list[str]:
