@@ -22,12 +22,37 @@ def sample_size(text: str) -> int:
     return size
 
 
+# Filesystems that hold no data: a kernel's views (/proc, /sys, ...). Measuring there
+# read 0 B free and wrote nowhere sensible.
+PSEUDO_FS = {
+    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+    "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "binfmt_misc",
+    "autofs", "efivarfs", "selinuxfs", "rpc_pipefs", "nsfs",
+}  # fmt: skip
+
+
 def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     """PATH as an absolute, checked directory (or file, with --existing)."""
     shown = path if path is not None else "."
-    target = os.path.realpath(path if path is not None else os.getcwd())
-    if not os.path.exists(target):
-        raise UsageError(f"{shown}: no such file or directory")
+    if path is None:
+        try:
+            path = os.getcwd()
+        except FileNotFoundError:
+            raise UsageError(
+                "the working directory no longer exists (removed after the shell entered "
+                f"it): give {command} a PATH"
+            ) from None
+    try:
+        os.stat(path)  # what os.path.exists hides: a link loop, a name too long, no access
+    except OSError as e:
+        raise UsageError(f"{shown}: {_reason(e)}") from None
+    target = os.path.realpath(path)
+    fstype = _fstype(target)
+    if fstype in PSEUDO_FS:
+        raise UsageError(
+            f"{shown}: on {fstype}, a kernel interface, not storage: give a directory on the "
+            "filesystem that holds your training data"
+        )
     if existing:
         if not (os.path.isdir(target) or os.path.isfile(target)):
             raise UsageError(f"{shown}: not a directory or regular file")
@@ -44,7 +69,28 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
             f"{shown}: not writable ({command} writes its test data in a new directory "
             "there; use --existing to read files without writing)"
         )
+    if not os.access(target, os.R_OK):
+        raise UsageError(
+            f"{shown}: writable but not readable (mode {os.stat(target).st_mode & 0o777:o}): "
+            f"{command} lists the directory to find its own data and what killed runs left; "
+            f"give it read permission (chmod u+r {shown})"
+        )
     return target
+
+
+def _reason(e: OSError) -> str:
+    """An OSError's reason in lower case, as ls says it ("no such file or directory")."""
+    text = e.strerror or type(e).__name__
+    return text[0].lower() + text[1:]
+
+
+def _fstype(path: str) -> str | None:
+    from starvecheck.probe.mounts import mount_for, read_mounts
+    from starvecheck.sysroot import SysRoot
+
+    mounts = read_mounts(SysRoot(Path("/"))).value
+    mount = mount_for(mounts, path) if mounts else None
+    return mount.fstype if mount is not None else None
 
 
 def thread_counts(text: str | None, effective: int | None) -> tuple[int, ...]:

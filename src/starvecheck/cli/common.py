@@ -3,6 +3,8 @@ report assembly and emission, the progress bar, warnings and errors."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -96,6 +98,24 @@ def StepsOpt(help: str) -> Any:
     ]
 
 
+def finite(low: float, high: float, above: bool = False) -> Callable[[float | None], float | None]:
+    """A float option's check (its `callback`): a number from `low` (or, with `above`,
+    above it) to `high`. click's own range lets nan through, and inf where unbounded."""
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if not (
+            math.isfinite(value) and (value > low if above else value >= low) and value <= high
+        ):
+            raise typer.BadParameter(
+                f"{value:g}: expected {'over' if above else 'from'} {low:g} to {high:,g}"
+            )
+        return value
+
+    return check
+
+
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
 ]
@@ -137,6 +157,16 @@ class Outputs:
         """Refuse unwritable destinations before anything is measured."""
         if json_path == "-" and markdown_path == "-":
             raise UsageError("--json - and --markdown - cannot both write to stdout")
+        if json_path not in (None, "-", "") and markdown_path not in (None, "-", ""):
+            # realpath: the same file through ./F or a symlink; samefile: a hard link.
+            same = os.path.realpath(json_path) == os.path.realpath(markdown_path)
+            with contextlib.suppress(OSError):
+                same = same or os.path.samefile(json_path, markdown_path)
+            if same:
+                raise UsageError(
+                    f"--json {json_path} and --markdown {markdown_path} are the same file: "
+                    "give each its own"
+                )
         for option, value in (("--json", json_path), ("--markdown", markdown_path)):
             if value is None or value == "-":
                 continue
@@ -284,10 +314,25 @@ def progress_bar(c: Context, out: Outputs) -> Iterator[Callable[[str, int, int],
 
 
 def warning(c: Context, message: str) -> None:
-    c.stderr.write(f"starvecheck: warning: {message}\n")
-    c.stderr.flush()
+    _say(c, f"starvecheck: warning: {message}")
 
 
 def error(c: Context, message: str) -> None:
-    c.stderr.write(f"starvecheck: error: {message}\n")
+    _say(c, f"starvecheck: error: {message}")
+
+
+def _say(c: Context, line: str) -> None:
+    """One line on stderr: control characters in it (a path holding an escape sequence
+    or a newline, echoed from the user's input) are shown escaped, never sent to the
+    terminal. Nowhere to say it (stderr closed): nothing."""
+    if c.stderr is None:
+        return
+    c.stderr.write(_printable(line) + "\n")
     c.stderr.flush()
+
+
+def _printable(text: str) -> str:
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )

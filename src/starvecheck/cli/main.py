@@ -34,6 +34,10 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
     words = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in words or bool(c.environ.get("STARVECHECK_DEBUG"))
     forget_received()
+    if c.stdout is None and not any(w in ("-h", "--help", "--version") for w in words):
+        # `starvecheck env >&-`: Python starts with sys.stdout None. As `ls >&-` does.
+        error(c, "cannot write the report: standard output is closed")
+        return ExitStatus.USAGE
     try:
         # click writes help and --version with its own echo to sys.stdout/err.
         # Signals raise from here on, not only while a stage measures: one that ends
@@ -41,6 +45,9 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
         with signals_raise(), redirect_stdout(c.stdout), redirect_stderr(c.stderr):
             rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
     except typer.TyperException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `starvecheck`: the help, as is
+            c.stderr.write(e.format_message().rstrip() + "\n")
+            return e.exit_code
         # Typer's (vendored) click errors: bad option, bad choice, missing argument.
         command = getattr(getattr(e, "ctx", None), "command_path", None)
         hint = f" (see '{command} --help')" if command and e.exit_code == 2 else ""

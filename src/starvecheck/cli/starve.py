@@ -22,6 +22,7 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
+    finite,
     measure_one,
 )
 from starvecheck.sysroot import SysRoot
@@ -34,8 +35,7 @@ def starve(
         float | None,
         typer.Option(
             "--sample-ms",
-            min=0.0,
-            max=10_000.0,
+            callback=finite(0.0, 10_000.0),
             help="D: CPU milliseconds of work per sample in a worker [default: 5, an "
             "assumed figure: give yours].",
             show_default=False,
@@ -48,8 +48,7 @@ def starve(
         float | None,
         typer.Option(
             "--step-ms",
-            min=0.0,
-            max=60_000.0,
+            callback=finite(0.0, 60_000.0, above=True),
             help="G: milliseconds the consumer (the GPU step) takes per batch [default: 50, "
             "an assumed figure: give yours].",
             show_default=False,

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -115,13 +116,18 @@ def span(e: Event) -> tuple[float, float] | None:
     return (start, end) if length >= 0 and math.isfinite(end) else None
 
 
+STDIN = "-"  # --trace -: the trace on standard input
+
+
 def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """The files to read: each path a file, or a directory whose trace files
     (`*.json`, `*.json.gz`, not recursive) are read, in name order."""
     out: list[str] = []
     for p in paths:
         name = os.fspath(p)
-        if os.path.isdir(name):
+        if name == STDIN:
+            out.append(name)
+        elif os.path.isdir(name):
             found = sorted(
                 str(f)
                 for f in Path(name).iterdir()
@@ -137,7 +143,7 @@ def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     seen: set[str] = set()
     unique = []
     for f in out:
-        key = os.path.realpath(f)
+        key = f if f == STDIN else os.path.realpath(f)
         if key not in seen:
             seen.add(key)
             unique.append(f)
@@ -186,7 +192,15 @@ def load(path: str | os.PathLike[str]) -> TraceFile:
 
 
 def _read(name: str) -> bytes:
+    """The trace's bytes, gunzipped. `-` is standard input; a pipe (/dev/stdin, a
+    process substitution) is read whole first, as it cannot be rewound."""
+    if name == STDIN:
+        data = sys.stdin.buffer.read()
+        return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
     with open(name, "rb") as raw:
+        if not raw.seekable():
+            data = raw.read()
+            return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
         if gzipped:

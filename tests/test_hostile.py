@@ -1,0 +1,145 @@
+"""Hostile input and environment: each case one line on stderr and exit 2 (never a
+traceback, never 70), or, where the input is fine, the answer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, run
+
+TRACE = FIXTURES / "traces" / "gpu.json.gz"
+SC = [sys.executable, "-m", "starvecheck"]
+
+
+def one_line(r) -> str:
+    assert r.exit_code == 2, (r.exit_code, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--step-ms", "0"),
+        ("--step-ms", "nan"),
+        ("--step-ms", "inf"),
+        ("--step-ms", "-5"),
+        ("--sample-ms", "nan"),
+        ("--sample-ms", "1e400"),
+    ],
+)
+def test_float_options_refuse_nan_inf_and_out_of_range(option: str, value: str) -> None:
+    err = one_line(run("starve", "--quick", option, value, "--json", "-"))
+    assert f"Invalid value for '{option}'" in err
+
+
+def test_json_and_markdown_to_one_file_are_refused(tmp_path: Path) -> None:
+    target = tmp_path / "r"
+    (tmp_path / "link").symlink_to(target)
+    for markdown in (str(target), str(tmp_path / "." / "r"), str(tmp_path / "link")):
+        err = one_line(run("env", "--json", str(target), "--markdown", markdown))
+        assert "are the same file" in err
+    assert not target.exists()
+
+
+def test_a_closed_stdout_is_one_line() -> None:
+    r = subprocess.run(
+        [*SC, "env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False
+    )
+    assert r.returncode == 0  # an open stdout: the test's control
+    r = subprocess.run(
+        [*SC, "env"],
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert r.returncode == 2
+    assert r.stderr == "starvecheck: error: cannot write the report: standard output is closed\n"
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(
+        f"cd {gone} && rmdir {gone} && exec {sys.executable} -m starvecheck io --quick",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2
+    assert r.stderr.startswith("starvecheck: error: the working directory no longer exists")
+    assert r.stderr.count("\n") == 1
+
+
+def test_link_loops_long_names_and_kernel_filesystems_say_what_they_are(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert "too many levels of symbolic links" in one_line(run("io", str(tmp_path / "a")))
+    assert "file name too long" in one_line(run("loader", str(tmp_path / ("x" * 300))))
+    for command, path in (("io", "/proc"), ("loader", "/sys/kernel"), ("doctor", "/proc/self")):
+        assert "a kernel interface, not storage" in one_line(run(command, "--quick", path))
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run as another user")
+@pytest.mark.parametrize("command", ["io", "loader", "doctor"])
+def test_a_directory_writable_but_not_readable_is_one_line(command: str) -> None:
+    # Under /tmp: pytest's own temporary directories are 0700, closed to another user.
+    top = Path(tempfile.mkdtemp(prefix="starvecheck-test-"))
+    try:
+        top.chmod(0o755)
+        wo = top / "wo"
+        wo.mkdir()
+        wo.chmod(0o333)
+        setpriv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        r = subprocess.run(
+            [*setpriv, *SC, command, "--quick", str(wo)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert r.returncode == 2, r.stderr
+        assert "writable but not readable" in r.stderr and r.stderr.count("\n") == 1
+        assert list(wo.iterdir()) == []
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_trace_on_standard_input_or_a_pipe_is_read() -> None:
+    data = TRACE.read_bytes()
+    for argv in ([*SC, "profile", "--trace", "-"], [*SC, "profile", "--trace", "/dev/stdin"]):
+        r = subprocess.run([*argv, "--json", "-"], input=data, capture_output=True, check=False)
+        assert r.returncode == 0, r.stderr
+        assert b'"stage": "profile"' in r.stdout
+    r = subprocess.run([*SC, "profile", "--trace", "-"], input=b"not a trace", capture_output=True)
+    assert r.returncode == 2 and r.stderr.startswith(b"starvecheck: error: --trace -: not JSON")
+
+
+def test_bare_starvecheck_prints_the_help_as_help() -> None:
+    r = run()
+    assert r.exit_code == 2
+    assert r.stderr.startswith("Usage: starvecheck") and "error:" not in r.stderr
+    assert "\n  doctor " in r.stderr  # the command list, one per line
+
+
+def test_control_characters_from_the_user_are_escaped(tmp_path: Path) -> None:
+    path = str(tmp_path / "x\x1b[31mred\nline")
+    err = one_line(run("io", path))
+    assert "\x1b" not in err and "\\x1b[31mred\\nline" in err
+
+
+def test_sighup_exits_129() -> None:
+    from starvecheck.status import ExitStatus, signal_status
+
+    assert signal_status(1) == ExitStatus.HANGUP == 129
