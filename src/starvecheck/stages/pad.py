@@ -106,8 +106,21 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
         )
     fmt = plan.fmt or textdata.detect_format(plan.dataset)
     progress("reading", 0, plan.limit)
-    samples = textdata.read_samples(plan.dataset, fmt, plan.fields, plan.limit)
+    max_chars = plan.context * textdata.CHARS_PER_TOKEN
+    samples = textdata.read_samples(plan.dataset, fmt, plan.fields, plan.limit, max_chars)
     caveats: list[Caveat] = []
+    if samples.cut:
+        kept = min(max_chars, textdata.RECORD_CHARS)
+        caveats.append(
+            Caveat(
+                "pad.long-samples-cut",
+                f"{samples.cut:,} sample{'s' if samples.cut != 1 else ''} over {kept:,} "
+                f"characters ({textdata.CHARS_PER_TOKEN} "
+                f"per token of the {plan.context:,}-token context) were cut to that before "
+                "tokenizing, so memory stays bounded: each still fills the context, and "
+                "truncated_tokens counts only what lies in the part kept",
+            )
+        )
     details: dict[str, Any] = {"format": fmt, "fields": list(samples.fields)}
     for name, n in samples.missing.items():
         caveats.append(

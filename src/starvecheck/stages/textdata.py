@@ -35,6 +35,14 @@ _SUFFIXES = {
     ".txt": "text",
 }
 MAX_LENGTH = 1 << 40  # a token count past this is a typo, not a document
+# Memory is bounded by these, not by the largest record of the user's file.
+# A record (a JSON Lines line, a CSV row's line, a JSON array file) longer than this
+# is refused: it cannot be parsed in part.
+RECORD_CHARS = 64 << 20
+# A text sample is cut to this many characters per token of the context before it is
+# tokenized: tokens of English or code average 3 to 5 characters and BPE's longest run
+# to a few dozen, so what is cut away lies past the context, which training truncates.
+CHARS_PER_TOKEN = 64
 TOKENIZE_BATCH = 1000
 
 Progress = Callable[[str, int, int | None], None]
@@ -126,12 +134,21 @@ class _Checked(io.TextIOWrapper):
     """UTF-8 text whose decoding and gzip errors become one usage line."""
 
     def __init__(self, raw: IO[bytes], where: str) -> None:
-        super().__init__(raw, encoding="utf-8", newline="")  # type: ignore[arg-type]
+        # utf-8-sig: a byte-order mark (Excel writes one) is not part of the first field.
+        super().__init__(raw, encoding="utf-8-sig", newline="")  # type: ignore[arg-type]
         self._where = where
 
     def __next__(self) -> str:
         try:
             return super().__next__()
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise UsageError(f"{self._where}: cannot read: {e}") from None
+
+    def readline(self, size: int | None = -1) -> str:
+        try:
+            return super().readline(size)
         except UnicodeDecodeError as e:
             raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
         except (OSError, EOFError, gzip.BadGzipFile) as e:
@@ -149,8 +166,33 @@ class _Checked(io.TextIOWrapper):
 # --- records ----------------------------------------------------------------------
 
 
+def _lines(f: IO[str], cap: int, refuse: str | None = None) -> Iterator[tuple[int, str, bool]]:
+    """(line number, line, whether it was cut) for each line, never holding more than
+    `cap` characters of one: a longer line is cut to its first `cap` (the rest read
+    and dropped in pieces), or, where `refuse` names the file, refused in one line."""
+    lineno = 0
+    while True:
+        line = f.readline(cap)
+        if not line:
+            return
+        lineno += 1
+        if len(line) < cap or line.endswith("\n"):
+            yield lineno, line, False
+            continue
+        if refuse is not None:
+            raise UsageError(
+                f"{refuse}: line {lineno} is over {cap >> 20} Mi characters, more than "
+                "starvecheck reads as one record (memory stays bounded whatever the file); "
+                "split such records, or measure their token counts with --lengths"
+            )
+        rest = line
+        while len(rest) == cap and not rest.endswith("\n"):
+            rest = f.readline(cap)
+        yield lineno, line, True
+
+
 def _jsonl(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
-    for lineno, line in enumerate(f, 1):
+    for lineno, line, _ in _lines(f, RECORD_CHARS, f"--dataset {path}"):
         if not line.strip():
             continue
         try:
@@ -170,11 +212,17 @@ def _json(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
     while head and head.isspace():
         head = f.read(1)
     if head != "[":  # a .json file that is JSON Lines after all
-        rest = head + f.read()
-        yield from _jsonl(path, io.StringIO(rest))
+        yield from _jsonl(path, _Prefixed(head, f))
         return
+    text = head + f.read(RECORD_CHARS)
+    if len(text) > RECORD_CHARS:
+        raise UsageError(
+            f"--dataset {path}: a JSON array over {RECORD_CHARS >> 20} Mi characters: it is "
+            "parsed whole, so starvecheck refuses it to keep memory bounded; write it as JSON "
+            "Lines (one object per line), which is read a record at a time"
+        )
     try:
-        data = json.loads(head + f.read())
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--dataset {path}: not JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
@@ -183,9 +231,24 @@ def _json(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
         yield f"record {i + 1}", value
 
 
+class _Prefixed:
+    """A text file with what was already read from it put back in front."""
+
+    def __init__(self, head: str, f: IO[str]) -> None:
+        self.head, self.f = head, f
+
+    def readline(self, size: int = -1) -> str:
+        if not self.head:
+            return self.f.readline(size)
+        line = self.head + self.f.readline(size - len(self.head) if size > 0 else -1)
+        self.head = ""
+        return line
+
+
 def _delimited(path: str, f: IO[str], delimiter: str) -> Iterator[tuple[str, Any]]:
-    csv.field_size_limit(2**31 - 1)  # one long document per cell is normal here
-    reader = csv.DictReader(f, delimiter=delimiter)
+    csv.field_size_limit(RECORD_CHARS)  # one long document per cell is normal here
+    lines = (line for _, line, _ in _lines(f, RECORD_CHARS, f"--dataset {path}"))
+    reader = csv.DictReader(lines, delimiter=delimiter)
     try:
         for row in reader:
             yield f"line {reader.line_num}", row
@@ -193,11 +256,15 @@ def _delimited(path: str, f: IO[str], delimiter: str) -> Iterator[tuple[str, Any
         raise UsageError(f"--dataset {path}: line {reader.line_num}: {e}") from None
 
 
-def _text(path: str, f: IO[str]) -> Iterator[tuple[str, Any]]:
-    for lineno, line in enumerate(f, 1):
+def _text(path: str, f: IO[str], max_chars: int) -> Iterator[tuple[str, Any]]:
+    for lineno, line, cut in _lines(f, max_chars):
         text = line.rstrip("\r\n")
         if text.strip():
-            yield f"line {lineno}", text
+            yield f"line {lineno}", _Cut(text) if cut else text
+
+
+class _Cut(str):
+    """A text cut to its first characters while it was read (`_lines`)."""
 
 
 def _parquet(
@@ -207,6 +274,11 @@ def _parquet(
         raise UsageError(f"--dataset {path}: is a directory (name a file)")
     if not os.path.exists(path):
         raise UsageError(f"--dataset {path}: no such file")
+    if path.lower().endswith(".gz"):
+        raise UsageError(
+            f"--dataset {path}: a gzipped Parquet file; Parquet compresses its own pages, so "
+            "it is read as written: gunzip it first"
+        )
     try:
         import pyarrow.parquet as pq  # an optional extra: starvecheck[parquet]
     except ImportError:
@@ -228,16 +300,20 @@ def _parquet(
             for row in batch.to_pylist():
                 n += 1
                 yield f"record {n}", row
-    except OSError as e:  # pyarrow's ArrowInvalid and ArrowIOError are OSErrors too
-        raise UsageError(f"--dataset {path}: not a readable Parquet file ({e})") from None
+    except (OSError, ValueError) as e:  # ArrowIOError is an OSError, ArrowInvalid a ValueError
+        why = " ".join(str(e).split())[:200]
+        raise UsageError(f"--dataset {path}: not a readable Parquet file ({why})") from None
 
 
 def parquet_columns(path: str) -> list[str]:
     return next(iter(_parquet(path, None, schema_only=True)))[1]
 
 
-def records(path: str, fmt: str, columns: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
-    """(where, record) for each record of the file: a dict, or a string for text."""
+def records(
+    path: str, fmt: str, columns: Sequence[str] | None = None, max_chars: int = RECORD_CHARS
+) -> Iterator[tuple[str, Any]]:
+    """(where, record) for each record of the file: a dict, or a string for text (a
+    line longer than `max_chars` cut to that)."""
     if fmt == "parquet":
         yield from _parquet(path, columns)
         return
@@ -249,7 +325,7 @@ def records(path: str, fmt: str, columns: Sequence[str] | None = None) -> Iterat
         elif fmt in ("csv", "tsv"):
             yield from _delimited(path, f, "," if fmt == "csv" else "\t")
         else:
-            yield from _text(path, f)
+            yield from _text(path, f, max_chars)
 
 
 # --- samples ----------------------------------------------------------------------
@@ -265,6 +341,7 @@ class Samples:
     fields: tuple[str, ...] = ()
     missing: dict[str, int] = field(default_factory=dict)  # field -> records without it
     records: int = 0
+    cut: int = 0  # texts cut to max_chars before tokenizing
 
     @property
     def pretokenized(self) -> bool:
@@ -290,27 +367,35 @@ def _value(path: str, where: str, name: str, value: Any) -> Sample:
         return ""
     if isinstance(value, str):
         return value
-    if isinstance(value, bool | int | float):
-        return str(value)
     if _is_ids(value) and value:
         return len(value)
     if _is_chat(value):
         return value
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "\n".join(value)
-    kind = "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+    kinds = {bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    kind = kinds.get(type(value), f"a {type(value).__name__}")
     raise UsageError(
         f"--dataset {path}: {where}: field {name!r} holds {kind}; --field names text, "
         "token ids or chat messages"
     )
 
 
-def read_samples(path: str, fmt: str, fields: Sequence[str], limit: int | None = None) -> Samples:
-    """The samples of a dataset file: each record's fields joined by a newline.
+def read_samples(
+    path: str,
+    fmt: str,
+    fields: Sequence[str],
+    limit: int | None = None,
+    max_chars: int = RECORD_CHARS,
+) -> Samples:
+    """The samples of a dataset file: each record's fields joined by a newline, each
+    text cut to `max_chars` (pad passes what its context can hold: `CHARS_PER_TOKEN`
+    per token), so memory is bounded by the context and not by the longest record.
 
     With no --field: `text` if the first record has it, else `input_ids`, else an
     error listing the fields there are. A field may hold text, token ids (counted,
     not tokenized) or chat messages (a list of {"role", "content"})."""
+    max_chars = min(max_chars, RECORD_CHARS)
     out = Samples(fields=tuple(fields))
     if fmt == "text":
         if fields:
@@ -318,8 +403,9 @@ def read_samples(path: str, fmt: str, fields: Sequence[str], limit: int | None =
                 f"--field: {path} is plain text, one sample per line; --field applies to "
                 "JSON Lines, JSON, Parquet and CSV (use --format to say which it is)"
             )
-        for _, line in records(path, fmt):
-            out.items.append(line)
+        for _, line in records(path, fmt, max_chars=max_chars):
+            out.items.append(str(line))
+            out.cut += isinstance(line, _Cut)
             out.records += 1
             if limit is not None and out.records >= limit:
                 break
@@ -362,7 +448,11 @@ def read_samples(path: str, fmt: str, fields: Sequence[str], limit: int | None =
                 out.missing[name] = out.missing.get(name, 0) + 1
                 continue
             parts.append(_value(path, where, name, record[name]))
-        out.items.append(_join(path, where, parts))
+        joined = _join(path, where, parts)
+        if isinstance(joined, str) and len(joined) > max_chars:
+            joined = joined[:max_chars]
+            out.cut += 1
+        out.items.append(joined)
         if limit is not None and out.records >= limit:
             break
     if not out.items:
@@ -439,8 +529,16 @@ def load_tokenizer(name: str) -> Any:
     except Exception as e:  # transformers raises OSError, ValueError, ... by case
         raise UsageError(
             f"--tokenizer {name}: no tokenizer found in local files (starvecheck never "
-            f"downloads; pass a directory with tokenizer.json): {type(e).__name__}"
+            f"downloads; pass a directory with tokenizer.json): {_why(e)}"
         ) from e
+
+
+def _why(e: BaseException) -> str:
+    """An exception as one short line: its class, and its message where it has one."""
+    text = " ".join(str(e).split())
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def token_lengths(
@@ -476,13 +574,19 @@ def token_lengths(
             (where_chat, chats, False),  # the template already holds the special tokens
         ):
             if batch_texts:
-                ids = tokenizer(
-                    batch_texts,
-                    add_special_tokens=special,
-                    return_attention_mask=False,
-                    return_token_type_ids=False,
-                    verbose=False,
-                )["input_ids"]
+                try:
+                    ids = tokenizer(
+                        batch_texts,
+                        add_special_tokens=special,
+                        return_attention_mask=False,
+                        return_token_type_ids=False,
+                        verbose=False,
+                    )["input_ids"]
+                except Exception as e:  # a tokenizer's own failure, on the user's text
+                    raise UsageError(
+                        f"--tokenizer: tokenizing samples {where[0] + 1:,} to {where[-1] + 1:,} "
+                        f"failed: {_why(e)}"
+                    ) from e
                 out[where] = [len(x) for x in ids]
         if progress is not None:
             progress("tokenizing", min(start + batch, len(samples)), len(samples))
