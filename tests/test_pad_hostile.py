@@ -121,3 +121,13 @@ def test_a_tokenizer_error_says_its_cause(tmp_path: Path) -> None:
     err = one_line(run("pad", "--dataset", str(path), "--tokenizer", str(tmp_path / "tok")))
     # The class and what it said, not a bare class name at the end of the line.
     assert not err.rstrip().endswith(("Error", "Exception"))
+
+
+def test_a_huge_line_of_lengths_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    path = tmp_path / "lengths.txt"
+    path.write_text("12\n" + "9" * (160 << 20) + "\n")
+    argv = [sys.executable, "-m", "starvecheck", "pad", "--lengths", str(path)]
+    r = subprocess.run([sys.executable, "-c", PEAK, *argv], capture_output=True, text=True)
+    *lines, peak_kib = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "line 2" in lines[0]
+    assert int(peak_kib) < 150 << 10  # 160 MiB of digits, never held whole

@@ -105,10 +105,13 @@ def parse_lengths(lines: Iterable[str], name: str, limit: int | None = None) -> 
 
 
 def read_lengths(path: str, stdin: IO[str] | None = None, limit: int | None = None) -> np.ndarray:
+    # A count is a few digits: a longer line is cut while read (and then refused), so
+    # a file of one huge line costs no memory.
     if path == "-":
-        return parse_lengths(stdin if stdin is not None else sys.stdin, "-", limit)
+        f = stdin if stdin is not None else sys.stdin
+        return parse_lengths((line for _, line, _ in _lines(f, 4096)), "-", limit)
     with _open_text(path, "--lengths") as f:
-        return parse_lengths(f, path, limit)
+        return parse_lengths((line for _, line, _ in _lines(f, 4096)), path, limit)
 
 
 def detect_format(path: str) -> str:
