@@ -59,6 +59,20 @@ def _alive(pgid: int) -> list[int]:
     return pids
 
 
+def _describe(pgid: int) -> str:
+    """Each live process of the group: pid, state, where the kernel has it waiting."""
+    out = []
+    for pid in _alive(pgid):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+        except OSError:
+            continue
+        out.append(f"{pid} {state} {wchan} {cmd}")
+    return "; ".join(out)
+
+
 def _start(name: str, work: Path) -> subprocess.Popen[bytes]:
     data, tmp = work / "data", work / "tmp"
     data.mkdir(parents=True)
@@ -99,9 +113,15 @@ def _wave(tmp_path: Path, rng: random.Random, wave: int) -> list[str]:
         try:
             _, err = proc.communicate(timeout=EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            stuck = _describe(proc.pid)
+            if os.environ.get("STARVECHECK_CHAOS_PYSPY"):  # a Python stack of each, to debug
+                for pid in _alive(proc.pid):
+                    subprocess.run(
+                        [os.environ["STARVECHECK_CHAOS_PYSPY"], "dump", "--pid", str(pid)]
+                    )
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            problems.append(f"{what}: still running after {EXIT_TIMEOUT_S} s")
+            problems.append(f"{what}: still running after {EXIT_TIMEOUT_S} s: {stuck}")
             continue
         lines = err.decode(errors="replace").splitlines()
         rc = proc.returncode

@@ -143,3 +143,16 @@ def test_sighup_exits_129() -> None:
     from starvecheck.status import ExitStatus, signal_status
 
     assert signal_status(1) == ExitStatus.HANGUP == 129
+
+
+def test_running_out_of_file_descriptors_anyway_is_one_line(monkeypatch, tmp_path: Path) -> None:
+    import errno
+
+    from starvecheck import args
+
+    def emfile(*a, **k):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(args, "data_path", emfile)
+    err = one_line(run("io", str(tmp_path)))
+    assert "too many open files" in err and "ulimit -n" in err

@@ -21,10 +21,11 @@ from starvecheck.status import UsageError
 from starvecheck.units import format_bytes
 
 # Open files a run needs, measured with `loader --quick` (Streaming included) polling
-# /proc/PID/fd: about 28 in the main process with no workers, 4 to 7 more per worker
-# (the index and result queues' pipes, the resource sharer). Taken with a margin:
-# `loader --quick --workers 0,2` hangs at 36 and runs at 40.
-FILES_BASE = 32
+# /proc/PID/fd: about 28 to 34 in the main process with no workers (Streaming keeps an
+# fd per shared-memory block, its threads open shards), 4 to 7 more per worker (the
+# index and result queues' pipes, the resource sharer). `loader --quick --workers 0`
+# ran at 32 once and failed with EMFILE at 36 once: the base has a margin of two.
+FILES_BASE = 64
 FILES_PER_WORKER = 8
 SHM = "/dev/shm"
 SHM_MARGIN = 16 << 20

@@ -7,6 +7,7 @@ with --debug (or STARVECHECK_DEBUG=1).
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import traceback
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
             traceback.print_exc(file=c.stderr)
         if (signum := received()) is not None:
             return _signalled(c, signum)
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            # Preflight (preflight.py) leaves a margin; a run that still runs out: one line.
+            error(c, f"too many open files ({e.strerror}): raise the limit (ulimit -n 1024)")
+            return ExitStatus.USAGE
         if debug:
             error(c, f"internal error: {type(e).__name__}: {e}")
         else:
