@@ -36,6 +36,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+LOCALS = "locals"  # the block that holds a prefix (streaming.base.shared.prefix)
 INSTALL_HINT = "install the streaming extra: pip install 'starvecheck[streaming]'"
 
 
@@ -139,7 +140,8 @@ def release(dataset: Any, streaming: Streaming) -> None:
 
     Only this dataset's prefix is touched: its shared-memory names cannot belong to
     anyone else while the dataset holds the prefix (streaming hands out a prefix only
-    when its `locals` block and lock files are absent).
+    when its `locals` block is absent). So `locals` goes last: once it is gone, another
+    process's dataset may take the prefix, and its blocks are not ours to remove.
     """
     iterator = getattr(dataset, "_iterator", None)
     if iterator is not None:  # num_workers=0: the epoch's threads run in this process
@@ -148,21 +150,23 @@ def release(dataset: Any, streaming: Streaming) -> None:
     if executor is not None:
         executor.shutdown(wait=True)
     for shm in _shared_memories(dataset, streaming.SharedMemory):
-        # Unlink now, and drop the atexit cleanup: at exit it would unlink the same
-        # names again, which by then may be another process's.
+        # Drop the atexit cleanup: at exit it would unlink the same names again, which
+        # by then may be another process's.
         atexit.unregister(shm.cleanup)
-        for block in shm.created_shms:
-            with contextlib.suppress(FileNotFoundError):
-                block.unlink()
     prefix = getattr(dataset, "_shm_prefix_int", None)
     if prefix is None:
         return
-    # Blocks made in worker processes (the epoch's sample order) and never unlinked,
-    # as after an interrupt: attach and unlink each, which also keeps Python's
-    # resource tracker in step.
+    root = getattr(dataset, "_filelock_root", None)
+    for name in streaming.filelock_names if root else ():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, f"{prefix:06}_{name}"))
+    # Every block of the prefix, this process's and those its workers made and never
+    # unlinked (as after an interrupt): attach and unlink each, which also keeps
+    # Python's resource tracker in step.
     from multiprocessing.shared_memory import SharedMemory
 
-    for name in streaming.shm_names:
+    names = [n for n in streaming.shm_names if n != LOCALS] + [LOCALS]
+    for name in names:
         try:
             block = SharedMemory(f"{prefix:06}_{name}")
         except (FileNotFoundError, ValueError):
@@ -170,10 +174,12 @@ def release(dataset: Any, streaming: Streaming) -> None:
         block.close()
         with contextlib.suppress(FileNotFoundError):
             block.unlink()
-    root = getattr(dataset, "_filelock_root", None)
-    for name in streaming.filelock_names if root else ():
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(root, f"{prefix:06}_{name}"))
+    for shm in _shared_memories(dataset, streaming.SharedMemory):
+        for block in (*shm.created_shms, *shm.opened_shms):
+            # Unlinked above: only the mapping and its descriptor are left (a view of it
+            # still held by an array keeps it until that is freed: BufferError).
+            with contextlib.suppress(BufferError, OSError):
+                block.close()
 
 
 def marker_line(dataset: Any, streaming: Streaming) -> dict[str, Any]:
