@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: run test lint bench clean
+.PHONY: run test package-check lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,12 +26,16 @@ run: $(VENV)/.installed-all
 
 # Tests run with every extra: the tokenizer, Streaming and plot paths are tested, not skipped.
 test: $(VENV)/.installed-all
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest -q
 
+# Build the wheel and sdist, install the wheel in a fresh venv and run it (CI runs this).
+package-check: $(VENV)/.installed-test
+	$(BIN)/python scripts/package_check.py
+
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 # BENCH_DIR: a directory on the storage to measure (io writes and removes its data there).
 # io_vs_fio.py needs fio (apt-get install fio).
