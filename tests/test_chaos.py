@@ -10,6 +10,7 @@ run. Bounded: the runs go in two waves of five at once, about 40 s in all here."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -57,6 +58,18 @@ def _alive(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(entry))
     return pids
+
+
+def _whose(names: list[str], root: Path) -> str:
+    """Which run Streaming's leftover blocks were for: their `locals` block lists the
+    dataset's local directory, which is in that run's PATH."""
+    found = []
+    for name in names:
+        if name.endswith("_locals"):
+            with contextlib.suppress(OSError):
+                text = Path("/dev/shm", name).read_bytes().decode(errors="replace")
+                found += [p.name for p in root.iterdir() if str(p) in text]
+    return f" (the datasets of {', '.join(found)})" if found else ""
 
 
 def _describe(pgid: int) -> str:
@@ -148,7 +161,7 @@ def _wave(tmp_path: Path, rng: random.Random, wave: int) -> list[str]:
         if temp := [t for t in temp if not t.startswith("torchinductor_")]:
             problems.append(f"{what}: left in TMPDIR: {temp}")
     if shm := sorted(_shm() - shm_before):
-        problems.append(f"wave {wave}: left in /dev/shm: {shm}")
+        problems.append(f"wave {wave}: left in /dev/shm: {shm}{_whose(shm, tmp_path)}")
     return problems
 
 

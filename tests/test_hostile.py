@@ -156,3 +156,11 @@ def test_running_out_of_file_descriptors_anyway_is_one_line(monkeypatch, tmp_pat
     monkeypatch.setattr(args, "data_path", emfile)
     err = one_line(run("io", str(tmp_path)))
     assert "too many open files" in err and "ulimit -n" in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stdout_is_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([*SC, "env"], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 2
+    assert r.stderr == "starvecheck: error: cannot write to standard output: No space left on device\n"

@@ -251,6 +251,18 @@ def build_report(
 
 
 def emit(report: Report, out: Outputs, c: Context) -> int:
+    try:
+        return _emit(report, out, c)
+    except BrokenPipeError:
+        raise  # `| head`: the reader left; main says nothing
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        # stdout itself: a full disk (`> /dev/full`), a closed or revoked terminal.
+        raise UsageError(f"cannot write to standard output: {e.strerror}") from e
+
+
+def _emit(report: Report, out: Outputs, c: Context) -> int:
     from starvecheck.render import json as json_export
     from starvecheck.render import markdown as markdown_export
 
