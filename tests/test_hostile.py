@@ -163,4 +163,6 @@ def test_a_full_stdout_is_one_line() -> None:
     with open("/dev/full", "w") as full:
         r = subprocess.run([*SC, "env"], stdout=full, stderr=subprocess.PIPE, text=True)
     assert r.returncode == 2
-    assert r.stderr == "starvecheck: error: cannot write to standard output: No space left on device\n"
+    assert r.stderr == (
+        "starvecheck: error: cannot write to standard output: No space left on device\n"
+    )
