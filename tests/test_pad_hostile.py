@@ -131,3 +131,16 @@ def test_a_huge_line_of_lengths_is_refused_without_reading_it_whole(tmp_path: Pa
     *lines, peak_kib = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "line 2" in lines[0]
     assert int(peak_kib) < 150 << 10  # 160 MiB of digits, never held whole
+
+
+def test_a_lone_tokenizer_json_is_a_tokenizer(tmp_path: Path) -> None:
+    tok = tiny_tokenizer(tmp_path / "tok") / "tokenizer.json"
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "the lazy dog"}\n{"text": "the quick brown fox"}\n')
+    r = run("pad", "--dataset", str(path), "--tokenizer", str(tok), "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    assert r.json["stages"][0]["parameters"]["tokenizer"] == str(tok)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{}")
+    err = one_line(run("pad", "--dataset", str(path), "--tokenizer", str(bad)))
+    assert "not a tokenizer.json" in err

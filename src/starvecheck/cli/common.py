@@ -29,6 +29,7 @@ app = typer.Typer(
     name="starvecheck",
     help="Why is my GPU waiting? Measures each link of the input pipeline and says what "
     "to change first.",
+    epilog="Start with: starvecheck doctor",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -519,14 +519,21 @@ def default_texts(n: int, chars: int = 2000) -> list[str]:
 
 def load_tokenizer(name: str) -> Any:
     """A transformers tokenizer from local files only: starvecheck never downloads.
-    NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), or
-    a model name already in the local Hugging Face cache."""
+    NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), a
+    lone tokenizer.json file, or a model name already in the local Hugging Face cache."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         from transformers import AutoTokenizer
     except ImportError as e:
         raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
+    if os.path.isfile(name):  # a lone tokenizer.json, as `tokenizer.save("...")` writes it
+        from transformers import PreTrainedTokenizerFast
+
+        try:
+            return PreTrainedTokenizerFast(tokenizer_file=name)
+        except Exception as e:
+            raise UsageError(f"--tokenizer {name}: not a tokenizer.json ({_why(e)})") from e
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=True)
     except Exception as e:  # transformers raises OSError, ValueError, ... by case
