@@ -142,12 +142,31 @@ def test_tokenizer_measures_the_cpu_per_sample_and_counts_the_datasets_tokens(tm
     assert next(m for m in by["pad"]["metrics"] if m["name"] == "samples")["value"] == 39
     loader = next(x for x in d["chain"] if x["link"] == "loader")
     assert loader["limited_by"] == "cpu" and loader["capacity_samples_per_s"] > 0
-    both = run("doctor", "--tokenizer", str(tok), "--cpu-ms-per-sample", "3")
-    assert both.exit_code == 2 and "the tokenizer measures the CPU per sample" in both.stderr
-    f = tmp_path / "w.toml"
-    f.write_text("cpu_ms_per_sample = 3\n")
-    mixed = run("doctor", "--workload", str(f), "--tokenizer", str(tok))
-    assert mixed.exit_code == 2 and "give one of them" in mixed.stderr
+
+
+def test_a_workload_file_describes_a_real_job(tmp_path):
+    """cpu_ms_per_sample, dataset, field and tokenizer together: the job's own CPU cost
+    per sample stands (it is all of its preprocessing), and the tokenizer counts the
+    dataset's tokens; the report says where each figure came from."""
+    tok = tiny_tokenizer(tmp_path / "tok")
+    data = tmp_path / "train.jsonl"
+    rows = [{"instruction": "the quick brown fox " * n, "output": "dog"} for n in range(1, 40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    f = tmp_path / "job.toml"
+    f.write_text(
+        f'cpu_ms_per_sample = 3\ndataset = "{data}"\nfield = ["instruction", "output"]\n'
+        f'tokenizer = "{tok}"\nstep_ms = 20\n'
+    )
+    r = run("doctor", "--workload", str(f), "--only", "starve,pad", "--quick", "--json", "-")
+    assert r.exit_code == 0, r.stderr
+    d = r.json
+    by = {s["stage"]: s for s in d["stages"]}
+    assert by["starve"]["parameters"]["work"] == "cpu"
+    assert by["starve"]["parameters"]["sample_cpu_ms"] == 3
+    assert d["workload"]["cpu_ms_per_sample"] == {"value": 3, "source": "file"}
+    assert d["workload"]["tokenizer"]["source"] == "file"
+    assert by["pad"]["parameters"]["tokenizer"] == str(tok)
+    assert next(m for m in by["pad"]["metrics"] if m["name"] == "samples")["value"] == 39
 
 
 def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():

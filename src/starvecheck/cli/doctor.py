@@ -190,11 +190,6 @@ def doctor(
     w = resolve(from_file, given)
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
-    if w.tokenizer and w.source("cpu_ms_per_sample") != "default":
-        raise UsageError(
-            "cpu_ms_per_sample and tokenizer: the tokenizer measures the CPU per sample; "
-            "give one of them"
-        )
     rank = distributed.from_environ(c.environ)
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None

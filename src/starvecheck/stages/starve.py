@@ -430,7 +430,9 @@ class StarveStage:
             workers=(eff,) if quick else tuple(x for x in args.default_workers(eff) if x <= eff),
             steps=DOCTOR_STEPS[quick],
             effective_cpus=eff,
-            tokenizer=workload.tokenizer,
+            # A cpu_ms_per_sample that was given is the job's whole preprocessing (decode,
+            # augment, tokenize): it stands; the tokenizer then serves pad's lengths only.
+            tokenizer=workload.tokenizer if _cpu_measured(workload) else None,
             capacity_runs=CAPACITY_RUNS,
         )
 
@@ -438,10 +440,17 @@ class StarveStage:
         return run(plan, ctx.progress, ctx.warn)
 
     def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
-        """With a tokenizer, the CPU per sample is measured, not given."""
-        if not workload.tokenizer:
+        """With a tokenizer (and no cpu_ms_per_sample given), the CPU per sample is
+        measured, not given."""
+        if not workload.tokenizer or not _cpu_measured(workload):
             return workload
         return workload.set("cpu_ms_per_sample", result.parameters["sample_cpu_ms"], "measured")
+
+
+def _cpu_measured(workload: Workload) -> bool:
+    """Whether starve measures the CPU per sample by tokenizing: only where the job's
+    cpu_ms_per_sample was not given."""
+    return workload.source("cpu_ms_per_sample") == "default"
 
 
 STAGE = StarveStage()
