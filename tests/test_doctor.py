@@ -427,3 +427,17 @@ def test_a_dataset_that_cannot_be_read_stops_before_anything_is_measured(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
     missing = run("doctor", "--tokenizer", str(tmp_path / "no-such-tokenizer"), str(tmp_path))
     assert missing.exit_code == 2 and missing.stderr.count("\n") == 1, missing.stderr
+
+
+def test_plot_draws_the_chain_with_the_weakest_link_in_red(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    png = tmp_path / "chain.png"
+    r = run("doctor", "--only", "pad", "--step-ms", "100", "--plot", str(png))
+    assert r.exit_code == 0, r.stderr
+    pixels = matplotlib.image.imread(str(png))[:, :, :3]
+    red = (abs(pixels - [214 / 255, 39 / 255, 40 / 255]).max(axis=2) < 0.02).sum()
+    assert red > 1000  # the weakest link's bar (the GPU here), drawn in red
+    bad = run("doctor", "--only", "pad", "--plot", str(tmp_path / "no" / "x.png"))
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1

@@ -15,6 +15,7 @@ from starvecheck.cli.common import (
     JsonOpt,
     MarkdownOpt,
     Outputs,
+    PlotOpt,
     QuickOpt,
     TokenizerOpt,
     app,
@@ -152,6 +153,7 @@ def doctor(
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
     quick: QuickOpt = False,
+    plot: PlotOpt("the chain: each link's capacity against the GPU's demand") = None,
 ) -> int:
     """The whole chain against one workload: each link's capacity, the weakest, what to fix.
 
@@ -170,6 +172,7 @@ def doctor(
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
+    plot_path = args.plot_path(plot)
     stages = doctor_stage.select(only, skip)
     given: dict[str, Any] = {}
     for key, option, value in (
@@ -220,4 +223,8 @@ def doctor(
         nodes, findings, caveats = distributed.judge(gathered, outcome.workload.demand)
         results = doctor_stage.with_caveats(results, caveats)
         report = report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes)
+    if plot_path:
+        from starvecheck.render.plot import chain_plot
+
+        chain_plot(report, plot_path)
     return emit(report, out, c)

@@ -253,3 +253,68 @@ def pad_plot(run: Any, path: str) -> None:
     )
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     _save(fig, path)
+
+
+def chain_plot(report: Any, path: str) -> None:
+    """doctor's chain at a glance: each link's capacity as a multiple of what the GPU
+    consumes (a log scale: links differ by orders of magnitude), the demand as the line
+    at 1x, the weakest link marked, the sentence on its fix as the title. A link not
+    measured is drawn hatched, with why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    links = list(report.chain)
+    demand = next((x.demand for x in links if x.demand), None)
+    scale = demand or 1.0
+
+    def height(x: Any) -> float:
+        return x.capacity / scale
+
+    values = [height(x) for x in links if x.capacity is not None and x.capacity > 0]
+    lo = min([*values, 1.0]) / 3
+    hi = max([*values, 1.0]) * 6
+    fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
+    ax.set_yscale("log")
+    for i, x in enumerate(links):
+        if x.capacity is None or x.capacity <= 0:
+            ax.bar(i, hi, bottom=lo, color="none", edgecolor="#bbbbbb", hatch="//", linewidth=0.8)
+            why = _wrap(x.reason or "not measured", 18)
+            middle = (lo * hi) ** 0.5 * 3  # above the demand line, clear of it
+            ax.annotate(why, (i, middle), ha="center", va="bottom", fontsize=7, color="grey")
+            continue
+        v = height(x)
+        weakest = x.link == report.weakest_link
+        color = "#d62728" if weakest else ("#ff7f0e" if demand and v < 1 else "#1f77b4")
+        ax.bar(i, v - lo, bottom=lo, color=color, edgecolor="black", linewidth=0.6)
+        label = f"{x.capacity:,.0f}/s" + (f"\n{v:,.2f}x" if demand else "")
+        ax.annotate(label, (i, v), ha="center", va="bottom", fontsize=8)
+    if demand:
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1.0)
+        ax.annotate(
+            f"GPU demand: {demand:,.0f} samples/s",
+            (-0.45, 1.0),
+            ha="left",
+            va="bottom",
+            fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
+        )
+        ax.set_ylabel("capacity / GPU demand (log)")
+    else:
+        ax.set_ylabel("samples/s (log)")
+    names = [f"{x.link}\n(weakest)" if x.link == report.weakest_link else x.link for x in links]
+    ax.set_xticks(range(len(links)), names)
+    ax.set_ylim(lo, hi)
+    title = "starvecheck doctor: each link of the chain against the GPU's demand"
+    if report.weakest_summary:
+        title += "\n" + _wrap(report.weakest_summary, 95)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)[:3])
