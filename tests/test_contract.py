@@ -210,3 +210,39 @@ def test_every_finding_id_is_documented():
     docs = (ROOT / "README.md").read_text()
     docs += "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(i for i in ids if i not in docs) == []
+
+
+def _docs() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text + "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
+
+
+def test_every_command_and_option_is_documented():
+    import typer.main
+
+    from starvecheck.cli.main import app
+
+    docs = _docs()
+    group = typer.main.get_command(app)
+    assert len(group.commands) >= 9  # the scan sees the commands
+    missing = []
+    for name, command in group.commands.items():
+        if f"starvecheck {name}" not in docs:
+            missing.append(name)
+        for param in command.params:
+            missing += [f"{name} {o}" for o in param.opts if o.startswith("--") and o not in docs]
+    assert missing == []
+
+
+def test_every_metric_quantity_is_documented():
+    """Every quantity a metric is labelled with in the source ("quantity": "x")."""
+    import re
+
+    found: set[str] = set()
+    for p in SRC.rglob("*.py"):
+        text = p.read_text()
+        found |= set(re.findall(r'"quantity":\s*"([a-z_0-9]+)"', text))
+        found |= set(re.findall(r'quantity="([a-z_0-9]+)"', text))
+    assert len(found) > 30
+    docs = _docs()
+    assert sorted(q for q in found if q not in docs) == []
