@@ -67,17 +67,31 @@ def fit_open_files(workers: Sequence[int], limit: int | None = None) -> Fit:
             f"the open-file limit is {soft} (ulimit -n), below the {files_needed(0)} "
             "starvecheck needs even with num_workers=0: raise it (ulimit -n 1024)"
         )
-    kept = tuple(w for w in counts if files_needed(w) <= soft)
+    return _fit(
+        counts,
+        files_needed,
+        soft,
+        lambda dropped, need: (
+            f"the open-file limit is {soft} (ulimit -n, its hard limit): num_workers={dropped} "
+            f"would need {need} and was not measured; raise the limit (ulimit -n "
+            f"{max(1024, need)}) to measure it"
+        ),
+    )
+
+
+def _fit(
+    counts: tuple[int, ...],
+    need: Callable[[int], int],
+    available: int,
+    say: Callable[[str, int], str],
+) -> Fit:
+    """The counts whose need is within what is available; `say(dropped, need of the
+    largest dropped)` the warning where any is left out."""
+    kept = tuple(w for w in counts if need(w) <= available)
     if kept == counts:
         return Fit(counts, None)
     dropped = [w for w in counts if w not in kept]
-    return Fit(
-        kept,
-        f"the open-file limit is {soft} (ulimit -n, its hard limit): num_workers="
-        f"{','.join(map(str, dropped))} would need {files_needed(max(dropped))} and was not "
-        f"measured; raise the limit (ulimit -n {max(1024, files_needed(max(dropped)))}) to "
-        "measure it",
-    )
+    return Fit(kept, say(",".join(map(str, dropped)), need(max(dropped))))
 
 
 def shm_free() -> int | None:
@@ -99,16 +113,16 @@ def fit_shm(workers: Sequence[int], batch_bytes: int, prefetch: int, free: int |
     def need(w: int) -> int:
         return w * prefetch * batch_bytes * 2 + SHM_MARGIN if w else 0
 
-    kept = tuple(w for w in counts if need(w) <= free)
-    if kept == counts:
-        return Fit(counts, None)
-    dropped = [w for w in counts if w not in kept]
-    return Fit(
-        kept,
-        f"{SHM} has {format_bytes(free)} free: num_workers={','.join(map(str, dropped))} "
-        f"would hold up to {format_bytes(need(max(dropped)))} of batches in shared memory "
-        "and was not measured (workers would die of SIGBUS); give the container a larger "
-        "/dev/shm (docker --shm-size, a Kubernetes emptyDir with medium: Memory)",
+    return _fit(
+        counts,
+        need,
+        free,
+        lambda dropped, most: (
+            f"{SHM} has {format_bytes(free)} free: num_workers={dropped} would hold up to "
+            f"{format_bytes(most)} of batches in shared memory and was not measured (workers "
+            "would die of SIGBUS); give the container a larger /dev/shm (docker --shm-size, "
+            "a Kubernetes emptyDir with medium: Memory)"
+        ),
     )
 
 

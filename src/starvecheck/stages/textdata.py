@@ -8,6 +8,7 @@ record, and what was expected: one line, exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import io
@@ -142,24 +143,21 @@ class _Checked(io.TextIOWrapper):
         self._where = where
 
     def __next__(self) -> str:
-        try:
+        with self._checked():
             return super().__next__()
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise UsageError(f"{self._where}: cannot read: {e}") from None
 
     def readline(self, size: int | None = -1) -> str:
-        try:
+        with self._checked():
             return super().readline(size)
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise UsageError(f"{self._where}: cannot read: {e}") from None
 
     def read(self, size: int | None = -1) -> str:
-        try:
+        with self._checked():
             return super().read(size)
+
+    @contextlib.contextmanager
+    def _checked(self) -> Iterator[None]:
+        try:
+            yield
         except UnicodeDecodeError as e:
             raise UsageError(f"{self._where}: not UTF-8 text ({e.reason})") from None
         except (OSError, EOFError, gzip.BadGzipFile) as e:
