@@ -241,3 +241,18 @@ def test_cli_names_the_straggler_of_a_real_job():
     assert r.exit_code == 0, r.stderr
     assert "rank 1 is a straggler" in r.stdout
     assert "12 of 12" in r.stdout  # rank 1 is the slowest in every step
+
+
+def test_a_fast_last_step_that_fetched_data_is_a_real_step():
+    # Steps of 100, 100 and 5 ms, each with a DataLoader fetch: the last one found its
+    # batch ready. Only a last step with no work in it is the profiler closing.
+    events = []
+    for i, (t0, dur) in enumerate(((0, 100_000), (100_000, 100_000), (200_000, 5_000))):
+        step = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1}
+        events.append({**step, "name": f"ProfilerStep#{i + 1}", "ts": t0, "dur": dur})
+        fetch = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+        events.append({**step, "name": fetch, "ts": t0, "dur": 1_000})
+    a = trace.analyze(events)
+    assert a.stub == 0 and len(a.measured) == 3
+    a = trace.analyze(events[:-1])  # the last step without its fetch: a stub
+    assert a.stub == 1 and len(a.measured) == 2

@@ -423,12 +423,21 @@ def warmup_steps(steps: Sequence[Step]) -> int:
 
 def stub_steps(steps: Sequence[Step], warmup: int) -> int:
     """1 when the last step is a stub: under a tenth of the others' median, as the
-    profiler's closing step is (it stops the profiler, and trains nothing)."""
+    profiler's closing step is (it stops the profiler, and trains nothing). A short
+    last step in which the loop fetched data or ran a phase, as the others did, is a
+    real step that happened to be fast (the data was ready), and stays."""
     rest = steps[warmup:]
     if len(rest) < 2:
         return 0
     median = statistics.median(s.dur for s in rest[:-1])
-    return int(rest[-1].dur < STUB_SHARE * median)
+    last = rest[-1]
+    if last.dur >= STUB_SHARE * median:
+        return 0
+
+    def worked(s: Step) -> bool:
+        return s.data_wait > 0 or any(v > 0 for v in s.phases.values())
+
+    return int(not (worked(last) and any(worked(s) for s in rest[:-1])))
 
 
 def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
