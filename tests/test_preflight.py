@@ -87,3 +87,24 @@ def test_a_limit_too_low_for_anything_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert r.stderr.startswith("starvecheck: error: the open-file limit is 32")
     assert r.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_a_long_temporary_directory_does_not_break_the_workers(tmp_path: Path) -> None:
+    # Workers hand batches over through a Unix socket under multiprocessing's pymp-*
+    # directory; under a TMPDIR this long its path passed 107 bytes, every hand-over
+    # failed ("AF_UNIX path too long") and the DataLoader waited for good.
+    long_tmp = tmp_path / ("t" * 80)
+    long_tmp.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    argv = [sys.executable, "-m", "starvecheck", "loader", "--quick", "--no-cold"]
+    argv += ["--samples", "600", "--runs", "1", "--workers", "0,1", "--json", "-", str(data)]
+    r = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TMPDIR": str(long_tmp)},
+    )
+    assert r.returncode == 0 and "AF_UNIX" not in r.stderr, r.stderr[-2000:]
+    assert _workers_measured(r.stdout) == {0, 1}

@@ -117,8 +117,8 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
                 f"{samples.cut:,} sample{'s' if samples.cut != 1 else ''} over {kept:,} "
                 f"characters ({textdata.CHARS_PER_TOKEN} "
                 f"per token of the {plan.context:,}-token context) were cut to that before "
-                "tokenizing, so memory stays bounded: each still fills the context, and "
-                "truncated_tokens counts only what lies in the part kept",
+                "tokenizing, so memory stays bounded: their token counts are of the part "
+                "kept, lower bounds (as are length.max, length.mean and truncated_tokens)",
             )
         )
     details: dict[str, Any] = {"format": fmt, "fields": list(samples.fields)}

@@ -3,19 +3,37 @@ what the main process does before it starts any."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
+# Workers hand each batch over through a Unix socket in that directory
+# (`pymp-XXXXXXXX/listener-XXXXXXXX`), and a socket's path holds at most 107 bytes: a
+# temporary directory longer than this leaves too little room, and every hand-over
+# fails ("AF_UNIX path too long"). CPython 3.13 falls back to a short directory the
+# same way (multiprocessing.util._get_base_temp_dir).
+MAX_TEMP_DIR = 60
+
 
 def prepare_workers() -> None:
-    """Before forking workers: make multiprocessing's temporary directory (/tmp/pymp-*)
+    """Before forking workers: make multiprocessing's temporary directory (pymp-*)
     here, once, so that every worker inherits it instead of making its own, which a
     worker that is stopped early leaves behind. This process removes it at exit."""
+    import tempfile
     from multiprocessing import util
 
     from starvecheck.scratch import note_all
 
-    note_all({"pymp": util.get_temp_dir()})  # for `starvecheck clean`, should we be killed
+    base = tempfile.gettempdir()
+    short = len(os.fsencode(base)) > MAX_TEMP_DIR and os.access("/tmp", os.W_OK | os.X_OK)
+    saved = tempfile.tempdir
+    if short:
+        tempfile.tempdir = "/tmp"
+    try:
+        path = util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+    note_all({"pymp": path})  # for `starvecheck clean`, should we be killed
 
 
 def stop_workers(it: object) -> None:
