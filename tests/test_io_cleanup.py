@@ -718,3 +718,37 @@ def test_a_half_built_loader_iterator_is_quiet_after_an_interrupt(
             )
         )
     assert printed == [Other.__del__.__qualname__]
+
+
+def test_a_half_built_loader_iterator_is_quiet_inside_the_block_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The command line's signals_raise spans the whole command: the half-built
+    iterator may be freed before the block is left (a CI run printed its __del__)."""
+    printed: list[str] = []
+    monkeypatch.setattr(
+        sys, "unraisablehook", lambda info: printed.append(info.object.__qualname__)
+    )
+
+    class _MultiProcessingDataLoaderIter:
+        def __del__(self) -> None: ...
+
+    class Other:
+        def __del__(self) -> None: ...
+
+    with pytest.raises(KeyboardInterrupt), signals_raise():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        finally:
+            for owner in (_MultiProcessingDataLoaderIter, Other):
+                sys.unraisablehook(
+                    SimpleNamespace(
+                        exc_type=AttributeError,
+                        exc_value=AttributeError("_shutdown"),
+                        exc_traceback=None,
+                        err_msg=None,
+                        object=owner.__del__,
+                    )
+                )
+    assert printed == [Other.__del__.__qualname__]

@@ -131,8 +131,13 @@ def signals_raise() -> Iterator[None]:
         raise _exception(signum)
 
     def unraisable(info: sys.UnraisableHookArgs) -> None:
-        # A swallowed interrupt is not news: check_signals raises it again.
-        if _caught and isinstance(info.exc_value, KeyboardInterrupt | Terminated):
+        # A swallowed interrupt is not news: check_signals raises it again. Nor is a
+        # DataLoader iterator the interrupt cut short failing in __del__ (after_interrupt
+        # below), which may be freed before this block is left.
+        if _caught and (
+            isinstance(info.exc_value, KeyboardInterrupt | Terminated)
+            or _destroying_loader_iterator(info)
+        ):
             return
         previous_hook(info)
 
