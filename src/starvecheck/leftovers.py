@@ -30,7 +30,8 @@ from typing import Any
 MARKER = ".starvecheck-owner"
 PREFIX = "starvecheck-"
 MAX_MARKER_BYTES = 64 << 10  # a marker is a few lines; anything bigger is not ours
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# A directory opened to work relative to it, never through a link (scratch.py too).
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SHM_DIR = "/dev/shm"
 
 
@@ -135,7 +136,7 @@ def scan(path: str) -> list[Leftover]:
     for name in entries:
         full = os.path.join(path, name)
         try:
-            fd = os.open(full, _DIR_FLAGS)
+            fd = os.open(full, DIR_FLAGS)
         except OSError:
             continue  # not a directory (or a link to one): not ours
         try:
@@ -257,7 +258,7 @@ def _empty_and_remove(path: str, out: Cleaned, depth: int) -> None:
     """Unlink what `path` holds (links themselves, never their targets), down `depth`
     levels of directories, then rmdir it; what is deeper or odd is left and said."""
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = os.open(path, DIR_FLAGS)
     except OSError as e:
         out.left.append(f"{path}: {e.strerror}")
         return

@@ -33,7 +33,7 @@ from starvecheck.status import UsageError
 from starvecheck.units import format_bytes
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = leftovers.DIR_FLAGS
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -48,7 +48,7 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-def _in_main_thread() -> bool:
+def in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
@@ -116,7 +116,7 @@ def signals_raise() -> Iterator[None]:
     cut the cleanup short. Signals ignored on entry (SIGHUP under nohup, SIGINT in a
     background job) stay ignored. Handlers are restored on the way out."""
     global _raising
-    if not _in_main_thread() or _raising:  # signal.signal only works in the main thread;
+    if not in_main_thread() or _raising:  # signal.signal only works in the main thread;
         yield  # inside another such block (the command line's), its handlers already raise
         return
 
@@ -173,7 +173,7 @@ def signals_held() -> Iterator[None]:
     Python-level handlers, not pthread_sigmask: a signal caught by any thread runs
     its Python handler in the main thread, so masking one thread would not help.
     """
-    if not _in_main_thread():
+    if not in_main_thread():
         yield
         return
     pending: list[int] = []

@@ -90,10 +90,11 @@ def _quiet_resource_tracker() -> None:
     SIGHUP killed it, and the next unlink started a new one on the terminal. What it
     would clean up, `release` already has (after SIGKILL, `starvecheck clean` does)."""
     import signal
-    import threading
     from multiprocessing import resource_tracker
 
-    if threading.current_thread() is not threading.main_thread():  # signal.signal refuses
+    from starvecheck.scratch import in_main_thread
+
+    if not in_main_thread():  # signal.signal refuses
         resource_tracker.ensure_running()
         return
 
