@@ -16,6 +16,17 @@ timing each wait, so a step's queued GPU work counts as compute instead of showi
 up later as time spent in `next()`. The first step (worker start-up, CUDA
 context, first-batch prefetch) is left out of every figure and reported on its own.
 
+Under torch.distributed (a process group initialised when the loop starts) each rank
+times its own loop and rank 0 reports every rank: a per-rank table, the straggler
+whose data wait holds the others up, and whether it is always the same rank
+(starvecheck.loopranks). `barrier=True` adds a timed `dist.barrier()` once each batch
+has arrived, so what the other ranks lose waiting for a slow rank's data is measured
+there (`rank_wait_ms`) rather than estimated.
+
+Trainers call the same timing through `begin()` and `end()` (starvecheck.integrations:
+a step begins with its batch in hand and ends after the optimizer step; the data wait
+is the time between one step's end and the next one's begin).
+
 At the end of each pass (and every `every` steps) it prints the step breakdown and
 the checklist that `starvecheck profile --trace` gives for a trace, to stderr, or
 returns it: `report()`, `result()`, `summary()`. The per-step cost is a few
@@ -29,9 +40,12 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TextIO, TypeVar
 
 from starvecheck.model import Caveat, Metric, Report, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.loopranks import Gathered, Peers
 
 T = TypeVar("T")
 SOURCE = "starvecheck.watch"
@@ -48,12 +62,14 @@ class Watch(Generic[T]):
         every: int | None = None,
         file: TextIO | None = None,
         show: bool = True,
+        barrier: bool = False,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ValueError(f"every must be a positive number of steps, not {every!r}")
         self.iterable = iterable
         self.sync = sync
+        self.barrier = barrier
         self.every = every
         self.file = file
         self.show = show
@@ -67,6 +83,9 @@ class Watch(Generic[T]):
         # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
         # its batch: on a busy machine, CPU work it could not get, not I/O.
         self.wait_runq = array("d")
+        # Seconds at the barrier after each batch arrived (barrier=True under
+        # torch.distributed): the time this rank waited for the others' batches.
+        self.rank_waits = array("d")
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
         self.num_workers: int | None = None  # a DataLoader's, when it says
@@ -75,17 +94,28 @@ class Watch(Generic[T]):
         self.worker_cpu: list[tuple[int, float]] = []
         self.notes: list[Caveat] = []
         self._synchronize: Callable[[], None] | None = None
+        self._barrier: Callable[[], object] | None = None
         self._printed_at = 0  # steps completed when the report was last printed
+        self.peers: Peers | None = None  # the other ranks, under torch.distributed
+        self._found_peers = False
+        self.gathered: Gathered | None = None  # rank 0: every rank's figures, last gathered
+        # begin()/end(): when the step in progress began, when the gap before the next
+        # one began (the last step's end, or the end of other work: mark()).
+        self._began: float | None = None
+        self._began_cpu = 0.0
+        self._gap: float | None = None
+        self._gap_cpu = 0.0
 
     def __len__(self) -> int:
         return len(self.iterable)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[T]:
         sync = self._sync()
+        barrier = self._rank_barrier()
         clock, cpu = self.clock, time.thread_time
         runq = _Runqueue()
         queued = runq.read
-        waits, computes = self.waits, self.computes
+        waits, computes, rank_waits = self.waits, self.computes, self.rank_waits
         wait_cpu, compute_cpu, wait_runq = self.wait_cpu, self.compute_cpu, self.wait_runq
         got_cpu = 0.0
         every = self.every
@@ -107,8 +137,7 @@ class Watch(Generic[T]):
                         workers.sample(len(computes), self.worker_cpu)
                         asked = clock()  # reading /proc is ours: counted in neither
                     if every and len(computes) % every == 0:
-                        self._print()
-                        self._printed_at = len(computes)
+                        self._checkpoint()
                         asked = clock()  # printing is ours: counted in neither figure
                 asked_runq = queued()
                 try:
@@ -119,6 +148,11 @@ class Watch(Generic[T]):
                 waits.append(received - asked)
                 wait_cpu.append(got_cpu - asked_cpu)
                 wait_runq.append(queued() - asked_runq)
+                if barrier is not None:
+                    arrived = received
+                    barrier()
+                    received, got_cpu = clock(), cpu()
+                    rank_waits.append(received - arrived)
                 yield item
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
@@ -128,13 +162,132 @@ class Watch(Generic[T]):
             raise
         finally:
             runq.close()
-            if len(waits) > len(computes):  # a batch whose step never finished
-                waits.pop()
-                wait_cpu.pop()
-                wait_runq.pop()
-            if self.show and len(computes) != self._printed_at:
-                self._print()
-                self._printed_at = len(computes)
+            self._drop_unfinished()
+            self._pass_ended()
+
+    def _drop_unfinished(self) -> None:
+        """Forget a batch whose step never finished (the loop stopped inside it)."""
+        n = len(self.computes)
+        for a in (self.waits, self.wait_cpu, self.wait_runq, self.rank_waits):
+            del a[n:]
+
+    def _pass_ended(self) -> None:
+        """A pass ended: print what has not been printed; under torch.distributed the
+        ranks' figures are exchanged whatever `show` says (rank 0 reports them all)."""
+        if self._distributed() is not None:
+            self._exchange(final=True, show=self.show)
+        elif self.show and len(self.computes) != self._printed_at:
+            self._print()
+        self._printed_at = len(self.computes)
+
+    # Trainers: the same timing from their hooks (starvecheck.integrations).
+
+    def begin(self) -> None:
+        """A step begins, its batch in hand: the time since the last `end()` (or
+        `mark()`) was the data wait. The first call starts a pass."""
+        now, now_cpu = self.clock(), time.thread_time()
+        if self._gap is None:  # the first step of a pass: its wait runs from start()
+            self.start()
+            assert self._gap is not None
+        self.waits.append(now - self._gap)
+        self.wait_cpu.append(now_cpu - self._gap_cpu)
+        self.wait_runq.append(0.0)
+        barrier = self._rank_barrier()
+        if barrier is not None:
+            barrier()
+            arrived, now = now, self.clock()
+            now_cpu = time.thread_time()
+            self.rank_waits.append(now - arrived)
+        self._began, self._began_cpu = now, now_cpu
+        self._gap = None
+
+    def end(self) -> None:
+        """The step that `begin()` began has ended (after the optimizer step)."""
+        if self._began is None:
+            return
+        now, now_cpu = self.clock(), time.thread_time()
+        self.computes.append(now - self._began)
+        self.compute_cpu.append(now_cpu - self._began_cpu)
+        self._began = None
+        if self.every and len(self.computes) % self.every == 0:
+            self._checkpoint()
+            now, now_cpu = self.clock(), time.thread_time()  # printing is ours
+        self._gap, self._gap_cpu = now, now_cpu
+
+    def mark(self) -> None:
+        """Work that is not waiting for data ended just now between two steps
+        (logging, evaluation, a checkpoint): the data wait starts counting here."""
+        if self._began is None:
+            self._gap, self._gap_cpu = self.clock(), time.thread_time()
+
+    def start(self) -> None:
+        """A pass starts now (a trainer's epoch): the first step's wait counts from here."""
+        if self._began is None:
+            self._sync()
+            self.passes += 1
+            self._gap, self._gap_cpu = self.clock(), time.thread_time()
+
+    def finish(self) -> None:
+        """Training ended: a step left open is dropped, the report printed (rank 0)."""
+        self._began = None
+        self._gap = None
+        self._drop_unfinished()
+        self._pass_ended()
+
+    def _checkpoint(self) -> None:
+        """Every `every` steps: print (rank 0: every rank's figures so far)."""
+        if self._distributed() is not None:
+            self._exchange(final=False, show=True)
+        else:
+            self._print()
+        self._printed_at = len(self.computes)
+
+    # torch.distributed
+
+    def _distributed(self) -> Peers | None:
+        if not self._found_peers:
+            from starvecheck import loopranks
+
+            self._found_peers = True
+            self.peers = loopranks.Peers.find()
+        return self.peers
+
+    def _exchange(self, *, final: bool, show: bool) -> None:
+        """Publish this rank's figures; rank 0 gathers every rank's (never blocking a
+        rank: see loopranks) and prints them when `show`."""
+        from starvecheck import loopranks
+
+        peers = self.peers
+        assert peers is not None
+        peers.publish(loopranks.payload(self, final=final))
+        if peers.rank != 0:
+            return
+        self.gathered = peers.collect(self, final=final)
+        if show and len(self.computes):
+            self._print()
+
+    def _rank_barrier(self) -> Callable[[], object] | None:
+        """dist.barrier when barrier=True and a process group is there, else None
+        (with a note saying why, once)."""
+        if not self.barrier:
+            return None
+        if self._barrier is not None:
+            return self._barrier
+        peers = self._distributed()
+        if peers is None:
+            self.barrier = False
+            self.notes.append(
+                Caveat(
+                    "watch.barrier-without-ranks",
+                    "barrier=True, but no torch.distributed process group of two or more "
+                    "ranks was initialised when the loop started: nothing to wait for",
+                )
+            )
+            return None
+        import torch.distributed as dist
+
+        self._barrier = dist.barrier
+        return self._barrier
 
     def _sync(self) -> Callable[[], None]:
         if self._synchronize is not None:
@@ -159,7 +312,10 @@ class Watch(Generic[T]):
     def metrics(self) -> list[Metric]:
         """The loop's figures, one of a kind each and labelled with their quantity alone,
         as a trace's are (`profile --trace`): judged and shown as one step breakdown."""
+        barrier = self.rank_waits if len(self.rank_waits) == len(self.waits) else None
         steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
+        if barrier is not None:
+            steps = [s + b for s, b in zip(steps, barrier, strict=False)]
         out = [_single("steps", len(steps), "steps")]
         if not steps:
             return [
@@ -176,6 +332,8 @@ class Watch(Generic[T]):
             _ms("compute_ms", computes),
             _single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
         ]
+        if barrier is not None and len(barrier) > first:
+            out.append(_ms("rank_wait_ms", barrier[first:]))
         if len(self.wait_cpu) == len(self.waits) and len(self.compute_cpu) == len(self.computes):
             out += [
                 _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
@@ -206,9 +364,9 @@ class Watch(Generic[T]):
         them, as for any command's report."""
         return self.report().stages[0]
 
-    def _measured(self) -> StageResult:
-        metrics = self.metrics()
-        params: dict[str, Any] = {
+    def parameters(self) -> dict[str, Any]:
+        """How this loop was timed (what the judgement reads beside the figures)."""
+        return {
             "data_wait_source": SOURCE,
             "dataloader": self.iterator,
             "sync": self.sync,
@@ -216,6 +374,8 @@ class Watch(Generic[T]):
             "num_workers": self.num_workers,
             "effective_cpus": _effective_cpus(),
         }
+
+    def caveats(self) -> list[Caveat]:
         caveats = list(self.notes)
         if len(self.computes) > 1:
             caveats.append(
@@ -234,26 +394,48 @@ class Watch(Generic[T]):
                     "end",
                 )
             )
+        return caveats
+
+    def _measured(self) -> StageResult:
+        """This loop's figures; on rank 0 under torch.distributed, every rank's."""
+        peers = self._distributed()
+        if peers is not None and peers.rank == 0:
+            from starvecheck import loopranks
+
+            if self.gathered is None:
+                self.gathered = peers.collect(self, final=True)
+            return loopranks.combine(self, self.gathered)
+        params = self.parameters()
+        if peers is not None:
+            params |= {"rank": peers.rank, "world_size": peers.world}
         return StageResult(
             stage="watch",
             parameters=params,
-            metrics=tuple(metrics),
-            caveats=tuple(caveats),
+            metrics=tuple(self.metrics()),
+            caveats=tuple(self.caveats()),
         )
 
     def report(self) -> Report:
         """The loop's result (labelled figures, no findings), judged once by
         advice.judge as a command's are, with the ranked checklist."""
+        from dataclasses import replace
+
         from starvecheck import __version__
         from starvecheck.advice.judge import Results, attach, judge
+        from starvecheck.advice.trace import straggler
         from starvecheck.context import _utc_now
 
         measured = self._measured()
         judgement = judge(Results({"watch": measured}))
+        stages = attach([measured], judgement)
+        if "ranks" in measured.parameters:
+            s = stages[0]
+            summary = straggler(s.metrics, s.findings)
+            stages = [replace(s, parameters={**s.parameters, "straggler": summary})]
         return Report(
             command="watch",
             machine={},
-            stages=tuple(attach([measured], judgement)),
+            stages=tuple(stages),
             checklist=judgement.checklist,
             verdict=judgement.verdict,
             tool_version=__version__,
@@ -361,9 +543,10 @@ def watch(
     every: int | None = None,
     file: TextIO | None = None,
     show: bool = True,
+    barrier: bool = False,
 ) -> Watch[T]:
     """Wrap the iterable a training loop consumes; see the module docstring."""
-    return Watch(iterable, sync=sync, every=every, file=file, show=show)
+    return Watch(iterable, sync=sync, every=every, file=file, show=show, barrier=barrier)
 
 
 def _cuda_in_use() -> bool:

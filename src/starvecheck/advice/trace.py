@@ -72,14 +72,56 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
-            found += ranks(r.metrics)
+            found += ranks(r.metrics, _WAITING.get(r.parameters.get("rank_wait_source")))
     return found
 
 
-def ranks(metrics: Sequence[Metric]) -> list[Finding]:
-    """Stragglers among the ranks of a multi-rank trace, by doctor's rule (a rank whose
-    rate is below 80% of the median rank's): one rank throughout, or a different rank
-    from step to step."""
+# How the time a rank waits for the others was had: (what work is the step less of,
+# where the others wait). A trace times its collectives; watch times a barrier or
+# estimates the wait inside the step's collectives.
+_COLLECTIVES = ("its time in collectives", "in collectives")
+_WAITING = {
+    "barrier": ("its wait at the barrier after each batch", "at the barrier"),
+    "estimated": (
+        "its estimated wait for the others (its compute above the fastest rank's)",
+        "in the step's collectives (estimated: watch(..., barrier=True) measures it)",
+    ),
+}
+
+
+def straggler(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str, Any]:
+    """The straggler verdict as data, for a report's JSON: `pattern` is 'fixed' (one
+    rank, named), 'rotating' (a different rank in turn) or 'none'; `slowest_in` how
+    many common steps each rank had the most work in. From the same findings people
+    read, so the two never disagree."""
+    per_step = slowest_per_step(metrics)
+    turns = Counter(k for k, _, _ in per_step)
+    out: dict[str, Any] = {
+        "pattern": "none",
+        "rank": None,
+        "lost_share": None,
+        "slowest_in": {k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
+        "steps_compared": len(per_step),
+    }
+    for f in findings:
+        if f.id == "profile.straggler":
+            return out | {
+                "pattern": "fixed",
+                "rank": f.fix.get("rank"),
+                "cause": f.fix.get("cause"),
+                "lost_share": f.gain.value if f.gain else None,
+            }
+        if f.id == "profile.straggler-rotating":
+            out |= {"pattern": "rotating", "lost_share": f.gain.value if f.gain else None}
+    return out
+
+
+def ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:
+    """Stragglers among the ranks of a multi-rank trace or loop, by doctor's rule (a
+    rank whose rate is below 80% of the median rank's): one rank throughout, or a
+    different rank from step to step. `waiting` says how the time a rank waits for
+    the others was had (_COLLECTIVES by default)."""
+    less, where = waiting or _COLLECTIVES
     per_step = slowest_per_step(metrics)
     if not per_step:
         return []
@@ -90,7 +132,13 @@ def ranks(metrics: Sequence[Metric]) -> list[Finding]:
     if median is None:
         return []
     n = len(per_step)
-    found = [_straggler(k, work, steps, waits, n) for k in slow]
+    # Each straggler against the ranks that keep up: what they lose is its extra over
+    # them (with two ranks the median of all would halve it).
+    fast = [k for k in work if k not in slow] or list(work)
+    found = [
+        _straggler(k, {f: work[f] for f in fast} | {k: work[k]}, steps, waits, n, less, where, fast)
+        for k in slow
+    ]
     if slow:
         return found
     over = [(k, w, med) for k, w, med in per_step if med > 0 and w > med / STRAGGLER_SHARE]
@@ -107,10 +155,11 @@ def ranks(metrics: Sequence[Metric]) -> list[Finding]:
             sev,
             f"A different rank holds up the step in {len(over)} of {n} steps",
             evidence=(
-                f"in {len(over)} of {n} steps one rank's work (the step less its time in "
-                f"collectives) runs over {1 / STRAGGLER_SHARE:.2f}x the median rank's, a "
-                f"different rank in turn: {turns}; the others wait in collectives, a mean "
-                f"{lost:,.1f} ms a step" + few + "."
+                f"in {len(over)} of {n} steps one rank's work (the step less {less}) "
+                f"runs over {1 / STRAGGLER_SHARE:.2f}x the median rank's, a different rank "
+                f"in turn: {turns}; the others wait {where}, a mean {lost:,.1f} ms a step"
+                + few
+                + "."
             ),
             recommendation=(
                 "No one node is slow: every rank's loader is marginal, and whichever is late "
@@ -129,6 +178,10 @@ def ranks(metrics: Sequence[Metric]) -> list[Finding]:
             stage="profile",
         )
     ]
+
+
+def _others(ranks: Sequence[str]) -> str:
+    return f"{ranks[0]}'s" if len(ranks) == 1 else f"the median of the other {len(ranks)} ranks'"
 
 
 def _avg(x: Metric) -> float | None:
@@ -151,24 +204,26 @@ def _straggler(
     steps: Mapping[str, float | None],
     waits: Mapping[str, float | None],
     n: int,
+    less: str = _COLLECTIVES[0],
+    where: str = _COLLECTIVES[1],
+    fast: Sequence[str] = (),
 ) -> Finding:
-    med = statistics.median(work.values())
+    """`fast`: the ranks it is compared with (those that keep up)."""
+    others = [k for k in fast if k != rank] or [k for k in work if k != rank]
+    med = statistics.median(work[k] for k in others)
     extra = work[rank] - med
     wait = waits.get(rank)
-    wait_med = (
-        statistics.median(w for w in waits.values() if w is not None)
-        if any(w is not None for w in waits.values())
-        else None
-    )
+    known = [waits[k] for k in others if waits.get(k) is not None]
+    wait_med = statistics.median(known) if known else None
     data = wait is not None and wait_med is not None and wait - wait_med >= extra / 2
     step = steps.get(rank) or (med + extra)
     evidence = (
-        f"{rank}'s work (the step less its time in collectives) is a mean {work[rank]:,.1f} ms "
-        f"against the median rank's {med:,.1f} ms: its rate is under {STRAGGLER_SHARE:.0%} of "
-        "the median, and the other ranks wait for it in collectives"
+        f"{rank}'s work (the step less {less}) is a mean {work[rank]:,.1f} ms against "
+        f"{_others(others)} {med:,.1f} ms: its rate is under {STRAGGLER_SHARE:.0%} of the "
+        f"median rank's, and the other ranks wait for it {where}"
     )
     if wait is not None and wait_med is not None:
-        evidence += f"; its data wait is {wait:,.1f} ms a step against a median {wait_med:,.1f} ms"
+        evidence += f"; its data wait is {wait:,.1f} ms a step against {wait_med:,.1f} ms"
     sev, few = _few(
         n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING, "on every rank"
     )
@@ -198,6 +253,7 @@ def _straggler(
             "the straggler brought to the median rank: the time the others wait, over its step",
         ),
         stage="profile",
+        fix={"rank": rank, "cause": "data wait" if data else "compute"},
     )
 
 

@@ -72,6 +72,13 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
             Section(trace.RANK_HEADERS, rows, notes, right, "every rank", _taken(before, rest))
         )
     before = rest
+    rows, rest, notes = trace.loop_ranks(stage, before)
+    if rows:
+        right = range(1, len(trace.LOOP_RANK_HEADERS) - 1)
+        out.append(
+            Section(trace.LOOP_RANK_HEADERS, rows, notes, right, "every rank", _taken(before, rest))
+        )
+    before = rest
     tables, rest, notes = pcie.split(before, stage.parameters)
     taken = _taken(before, rest)
     for i, t in enumerate(tables):

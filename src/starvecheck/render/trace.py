@@ -117,6 +117,11 @@ def split(
         if compute_cpu is not None and compute_cpu.value is not None:
             used.add(id(compute_cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(compute_cpu), ""))
+    barrier = by_quantity.get("rank_wait_ms")  # watch(barrier=True): waiting for the others
+    if barrier is not None and barrier.value is not None:
+        used.add(id(barrier))
+        share = sum(barrier.values) / total if total and barrier.n == step.n else None
+        rows.append(("waiting for the other ranks", _ms(barrier), _share(share)))
     for m in metrics:
         if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != "phase_ms":
             continue
@@ -205,6 +210,73 @@ def ranks(
         notes.append(
             "slowest in: steps where the rank had the most work (the step less its time in "
             "collectives), over the steps every rank has"
+        )
+    taken = {id(m) for m in mine}
+    return rows, [m for m in metrics if id(m) not in taken], notes
+
+
+LOOP_RANK_HEADERS = (
+    "rank",
+    "steps",
+    "step ms",
+    "data wait ms",
+    "compute ms",
+    "waits for others ms",
+    "data wait",
+    "first step ms",
+    "slowest in",
+)
+
+
+_LOOP_RANK_MS = ("step_ms", "data_wait_ms", "compute_ms", "rank_wait_ms")
+
+
+def loop_ranks(
+    stage: StageResult, metrics: Sequence[Metric]
+) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+    """(rows, every other metric, notes): `watch` under torch.distributed, one row per
+    rank (figures labelled `rank`): its step, data wait, compute, time waiting for the
+    others, first step, and in how many steps it had the most work."""
+    if stage.stage != "watch":
+        return [], list(metrics), []
+    mine = [m for m in metrics if "rank" in m.labels]
+    if not mine:
+        return [], list(metrics), []
+    by: dict[str, dict[str, Metric]] = {}
+    for m in mine:
+        by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
+    per_step = slowest_per_step(metrics)
+    turns: dict[str, int] = {}
+    for k, _, _ in per_step:
+        turns[k] = turns.get(k, 0) + 1
+    rows = []
+    for rank in sorted(by, key=_natural):
+        f = by[rank]
+        steps = f.get("steps")
+        first = f.get("first_step_ms")
+        rows.append(
+            (
+                rank,
+                "" if steps is None or steps.value is None else f"{steps.value:.0f}",
+                *(_ms(f.get(q)).split(" ±")[0] for q in _LOOP_RANK_MS),
+                _share(f["data_wait_share"].value) if "data_wait_share" in f else "",
+                "" if first is None or first.value is None else f"{first.value:,.0f}",
+                f"{turns.get(rank, 0)} of {len(per_step)}" if per_step else "",
+            )
+        )
+    how = stage.parameters.get("rank_wait_source")
+    notes = [
+        "means per step, the first step left out; waits for others: "
+        + (
+            "timed at a barrier once each batch is in hand (barrier=True)"
+            if how == "barrier"
+            else "estimated, the rank's compute above the fastest rank's in the same step"
+        )
+    ]
+    if per_step:
+        notes.append(
+            "slowest in: steps where the rank had the most work (its step less its wait for "
+            "the others), over the steps every rank has"
         )
     taken = {id(m) for m in mine}
     return rows, [m for m in metrics if id(m) not in taken], notes

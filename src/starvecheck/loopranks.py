@@ -1,0 +1,356 @@
+"""`watch` under torch.distributed: each rank times its own loop, rank 0 reports them all.
+
+The figures travel through the process group's key-value store (the TCPStore that
+torchrun or `init_process_group` made): each rank *writes* its own under a key of
+its own, which never waits for anyone, and rank 0 reads them. A collective
+(`gather_object`) would block a rank that has stopped iterating (a `break`, an uneven
+last batch) until every other rank called it too; the store never does, and needs no
+CUDA tensor on an NCCL group. Rank 0 waits a bounded time for ranks that have not
+reached the same point (WAIT_EVERY_S, WAIT_END_S) and says whose figures are older.
+
+Per rank and step: the data wait, the compute, and the time the rank waited for the
+others. With `barrier=True` that last is measured at a `dist.barrier()` once each
+batch is in hand (`rank_wait_ms`). Without it, it is estimated: in a synchronous job
+every rank's step ends together, so a rank's compute above the fastest rank's in the
+same step is time spent waiting inside the step's collectives (DDP's gradient
+all-reduce) for a slower rank. Either way a rank's *work* is its step less that wait,
+and the straggler rule is profile --trace's and doctor's (advice.trace.ranks,
+advice.nodes.STRAGGLER_SHARE).
+
+The payload is JSON: a header, and each per-step array as base64 of its float64 bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import socket
+import sys
+import time
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from starvecheck.model import Caveat, Metric, StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.watcher import Watch
+
+KEY = "starvecheck.watch"
+VERSION = 1
+WAIT_EVERY_S = 5.0  # an `every` report: how long rank 0 waits for the others' same step
+WAIT_END_S = 60.0  # the end of a pass: how long rank 0 waits for the others' ends
+POLL_S = 0.02
+ARRAYS = ("waits", "computes", "wait_cpu", "compute_cpu", "wait_runq", "rank_waits")
+# The figures the per-rank table shows, relabelled with their rank.
+PER_RANK = (
+    "steps",
+    "step_ms",
+    "data_wait_ms",
+    "compute_ms",
+    "data_wait_share",
+    "first_step_ms",
+)
+
+# Every rank makes its watches in the same order, so the n-th watch of one rank is
+# the n-th of the others: its key in the store.
+_numbers = itertools.count()
+
+
+@dataclass
+class Gathered:
+    """Rank 0's view of every rank: payloads by rank (its own included), and the
+    ranks whose figures did not reach the point rank 0 was at, with why."""
+
+    payloads: dict[int, dict[str, Any]]
+    world: int
+    late: dict[int, str] = field(default_factory=dict)
+    unreachable: str | None = None  # why the store could not be read at all
+
+
+@dataclass
+class Peers:
+    rank: int
+    world: int
+    store: Any  # torch.distributed.Store, or None where it could not be had
+    key: str
+    why: str | None = None  # why there is no store
+
+    @classmethod
+    def find(cls) -> Peers | None:
+        """This process's rank among two or more, when the loop's process has an
+        initialised torch.distributed default group; never imports torch itself."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        world = dist.get_world_size()
+        if world < 2:
+            return None
+        store, why = None, None
+        try:
+            # Private, but there since torch 1.x: the store the default group was made
+            # with. Reading it needs no collective.
+            store = dist.distributed_c10d._get_default_store()
+        except Exception as e:
+            why = f"the process group's store could not be had ({type(e).__name__}: {e})"
+        return cls(dist.get_rank(), world, store, f"{KEY}/{next(_numbers)}", why)
+
+    def _key(self, rank: int) -> str:
+        return f"{self.key}/{rank}"
+
+    def publish(self, data: bytes) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.set(self._key(self.rank), data)
+        except Exception as e:  # the store went away (rank 0 gone): nothing to report to
+            self.store, self.why = None, f"the store could not be written ({e})"
+
+    def collect(self, me: Watch[Any], *, final: bool) -> Gathered:
+        """Rank 0: every rank's latest figures. Waits up to WAIT_END_S (a pass's end)
+        or WAIT_EVERY_S (an `every` report) for ranks behind this one."""
+        own = decode(payload(me, final=final))
+        got: dict[int, dict[str, Any]] = {self.rank: own}
+        if self.store is None:
+            return Gathered(got, self.world, unreachable=self.why or "no store")
+        deadline = time.monotonic() + (WAIT_END_S if final else WAIT_EVERY_S)
+        want = set(range(self.world)) - {self.rank}
+        try:
+            while True:
+                for r in sorted(want):
+                    if self.store.check([self._key(r)]):
+                        got[r] = decode(self.store.get(self._key(r)))
+                ready = {r for r in want if r in got and _caught_up(got[r], own)}
+                want -= ready
+                if not want or time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_S)
+        except Exception as e:
+            return Gathered(got, self.world, unreachable=f"the store could not be read ({e})")
+        late = {}
+        for r in sorted(want):
+            if r not in got:
+                late[r] = "sent no figures"
+            else:
+                p = got[r]
+                late[r] = (
+                    f"sent figures up to step {p['steps']} of pass {p['pass']} "
+                    f"(rank {self.rank}: step {own['steps']} of pass {own['pass']})"
+                )
+        return Gathered(got, self.world, late)
+
+
+def _caught_up(p: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
+    """Whether a rank's figures reach the point rank 0 is at: a later pass, or this
+    pass's end, or (an `every` report) at least as many steps."""
+    if p["pass"] != own["pass"]:
+        return p["pass"] > own["pass"]
+    return bool(p["final"]) or (not own["final"] and p["steps"] >= own["steps"])
+
+
+def payload(w: Watch[Any], *, final: bool) -> bytes:
+    """This rank's figures as bytes for the store."""
+    peers = w.peers
+    head = {
+        "v": VERSION,
+        "rank": peers.rank if peers else 0,
+        "host": socket.gethostname(),
+        "pass": w.passes,
+        "final": final,
+        "steps": len(w.computes),
+        "params": w.parameters(),
+        "notes": [[c.id, c.text] for c in w.notes],
+        "worker_cpu": w.worker_cpu,
+        "arrays": {a: base64.b64encode(getattr(w, a).tobytes()).decode() for a in ARRAYS},
+    }
+    return json.dumps(head).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    p = json.loads(data)
+    arrays = {}
+    for name in ARRAYS:
+        a = array("d")
+        a.frombytes(base64.b64decode(p["arrays"].get(name, "")))
+        arrays[name] = a
+    p["arrays"] = arrays
+    return p
+
+
+def loop(p: Mapping[str, Any]) -> Watch[Any]:
+    """A rank's figures as a Watch that holds them (iterating it is not for use)."""
+    from starvecheck.watcher import Watch
+
+    w: Watch[Any] = Watch((), show=False)
+    for name in ARRAYS:
+        setattr(w, name, p["arrays"][name])
+    w.passes = p["pass"]
+    w.worker_cpu = [tuple(x) for x in p.get("worker_cpu", ())]  # type: ignore[misc]
+    w.notes = [Caveat(i, t) for i, t in p.get("notes", ())]
+    params = p.get("params", {})
+    w.iterator, w.num_workers, w.sync = (
+        params.get("dataloader"),
+        params.get("num_workers"),
+        bool(params.get("sync")),
+    )
+    return w
+
+
+def name(rank: int) -> str:
+    return f"rank {rank}"
+
+
+def waits_for_others(loops: Mapping[int, Watch[Any]]) -> tuple[dict[int, list[float]], str, int]:
+    """Per rank, the seconds it waited for the others in each step every rank has
+    (the first, a warm-up, left out); where they come from ('barrier' or
+    'estimated'); and the number of common steps."""
+    n = min(len(w.computes) for w in loops.values())
+    if all(len(w.rank_waits) == len(w.waits) and len(w.rank_waits) >= n for w in loops.values()):
+        return {r: list(w.rank_waits[1:n]) for r, w in loops.items()}, "barrier", n
+    fastest = [min(w.computes[i] for w in loops.values()) for i in range(1, n)]
+    out = {r: [w.computes[i] - fastest[i - 1] for i in range(1, n)] for r, w in loops.items()}
+    return out, "estimated", n
+
+
+def combine(me: Watch[Any], g: Gathered) -> StageResult:
+    """Rank 0's result: the headline rank's breakdown (the rank that waits most for
+    data), labelled with quantities alone as a single loop's; each rank's figures
+    labelled with its `rank`; `work_ms` and `rank_wait_ms` per common step."""
+    mine = me.peers.rank if me.peers else 0
+    loops = {r: (me if r == mine else loop(p)) for r, p in g.payloads.items()}
+    caveats: list[Caveat] = list(me.caveats())
+    params = me.parameters() | {"world_size": g.world}
+    if g.unreachable:
+        caveats.append(
+            Caveat(
+                "watch.ranks-unreachable",
+                f"only this rank's figures: {g.unreachable}",
+            )
+        )
+    for r, why in g.late.items():
+        caveats.append(
+            Caveat(
+                "watch.rank-late",
+                f"{name(r)} {why} when rank 0 reported; its figures are those it had sent",
+            )
+        )
+    if len(loops) < 2:
+        return StageResult(
+            "watch", parameters=params, metrics=tuple(me.metrics()), caveats=tuple(caveats)
+        )
+
+    metrics_by = {r: w.metrics() for r, w in loops.items()}
+    shares = {
+        r: next((m.value for m in ms if m.labels.get("quantity") == "data_wait_share"), None)
+        for r, ms in metrics_by.items()
+    }
+    headline = max(loops, key=lambda r: (shares[r] or 0.0, -r))
+    out: list[Metric] = list(metrics_by[headline])
+    for r in sorted(loops):
+        where = name(r)
+        for m in metrics_by[r]:
+            q = m.labels.get("quantity")
+            if q in PER_RANK:
+                labels = {**m.labels, "rank": where}
+                out.append(replace(m, name=f"{m.name}.rank_{r}", labels=labels))
+    rank_waits, source, n = waits_for_others(loops)
+    if n >= 2:
+        for r in sorted(loops):
+            w, where = loops[r], name(r)
+            waited = rank_waits[r]
+            inside = waited if source == "estimated" else [0.0] * (n - 1)  # in the compute
+            work = [w.waits[i] + w.computes[i] - inside[i - 1] for i in range(1, n)]
+            out.append(_ms("rank_wait_ms", waited, rank=where))
+            out.append(_ms("work_ms", work, rank=where))
+    steps = {r: len(w.computes) for r, w in loops.items()}
+    if len(set(steps.values())) > 1:
+        counts = ", ".join(f"{name(r)} {s}" for r, s in sorted(steps.items()))
+        caveats.append(
+            Caveat(
+                "watch.ranks-steps-differ",
+                f"the ranks completed different numbers of steps ({counts}): ranks are "
+                f"compared step by step over the first {n} every rank has",
+            )
+        )
+    if source == "estimated" and n >= 2:
+        caveats.append(
+            Caveat(
+                "watch.rank-wait-estimated",
+                "the time each rank waits for the others is estimated: its compute above "
+                "the fastest rank's in the same step (ranks doing alike work in a "
+                "synchronous job); watch(..., barrier=True) measures it at a barrier",
+            )
+        )
+    hosts = {r: str(p.get("host", "")) for r, p in g.payloads.items()}
+    params |= {
+        "headline_rank": name(headline),
+        "rank_wait_source": source,
+        "common_steps": max(n - 1, 0),
+        "ranks": [
+            {
+                "rank": name(r),
+                "host": hosts.get(r, ""),
+                "steps": steps[r],
+                "pass": g.payloads[r].get("pass"),
+                "final": bool(g.payloads[r].get("final")),
+                **_rank_summary(out, name(r)),
+            }
+            for r in sorted(loops)
+        ],
+    }
+    for key in ("num_workers", "dataloader", "effective_cpus", "sync"):
+        params[key] = g.payloads[headline].get("params", {}).get(key, params.get(key))
+    # Ranks on one host share its CPUs: the headline rank's workers get its share.
+    beside = [r for r in loops if hosts.get(r) == hosts.get(headline)]
+    cpus = params.get("effective_cpus")
+    if len(beside) > 1 and isinstance(cpus, int | float):
+        params["effective_cpus"] = cpus / len(beside)
+        params["ranks_on_host"] = len(beside)
+        caveats.append(
+            Caveat(
+                "watch.ranks-share-host",
+                f"{len(beside)} ranks run on {hosts.get(headline) or 'one host'} and share its "
+                f"{cpus:g} CPUs: {name(headline)}'s DataLoader workers are counted with "
+                f"{cpus / len(beside):.2g} of them",
+            )
+        )
+    if headline != mine:
+        caveats = [c for c in caveats if c.id != "watch.warmup-left-out"] + list(
+            loops[headline].caveats()
+        )
+    return StageResult(
+        "watch", parameters=params, metrics=tuple(out), caveats=tuple(_unique(caveats))
+    )
+
+
+def _rank_summary(metrics: Sequence[Metric], where: str) -> dict[str, float | None]:
+    """A rank's means in ms (and data-wait share), for the JSON's `ranks`."""
+    out: dict[str, float | None] = {}
+    for m in metrics:
+        if m.labels.get("rank") != where:
+            continue
+        q = str(m.labels["quantity"])
+        if q == "steps":
+            continue
+        if m.values:
+            out[q] = round(sum(m.values) / len(m.values), 4)
+        else:
+            out[q] = None if m.value is None else round(m.value, 4)
+    return out
+
+
+def _unique(caveats: Sequence[Caveat]) -> list[Caveat]:
+    seen: set[str] = set()
+    out = []
+    for c in caveats:
+        if c.text not in seen:
+            seen.add(c.text)
+            out.append(c)
+    return out
+
+
+def _ms(quantity: str, seconds: Sequence[float], **where: str) -> Metric:
+    flat = ".".join([quantity, *where.values()]).replace(" ", "_")
+    return Metric.repeated(flat, [s * 1e3 for s in seconds], "ms", {"quantity": quantity, **where})

@@ -1,0 +1,255 @@
+"""`watch` under torch.distributed: every rank's figures on rank 0, the straggler named
+by the rule profile --trace and doctor use, fixed or rotating; the exchange through the
+store never blocks a rank that stopped; and the README's torchrun example, for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+from starvecheck import loopranks
+from starvecheck.watcher import Watch
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+
+
+def rank_loop(waits_ms, computes_ms, barrier_ms=None) -> Watch:
+    w: Watch = Watch((), show=False)
+    w.passes = 1
+    w.waits = array("d", [x / 1e3 for x in waits_ms])
+    w.computes = array("d", [x / 1e3 for x in computes_ms])
+    n = len(waits_ms)
+    w.wait_cpu, w.compute_cpu, w.wait_runq = array("d", [0] * n), array("d", [0] * n), array("d")
+    if barrier_ms is not None:
+        w.rank_waits = array("d", [x / 1e3 for x in barrier_ms])
+    return w
+
+
+def judged(loops: dict[int, Watch], late: dict[int, str] | None = None):
+    """Rank 0's report from these loops, each sent through the store's encoding."""
+    me = loops[0]
+    payloads = {r: loopranks.decode(loopranks.payload(w, final=True)) for r, w in loops.items()}
+    me.gathered = loopranks.Gathered(payloads, len(loops), late or {})
+    me._found_peers = True
+    me.peers = loopranks.Peers(0, len(loops), None, "k")
+    report = me.report()
+    stage = report.stages[0]
+    return stage, {f.id: f for f in stage.findings}
+
+
+def test_payload_round_trip_keeps_every_step():
+    w = rank_loop([30, 1, 2], [5, 6, 7], barrier_ms=[0, 3, 4])
+    p = loopranks.decode(loopranks.payload(w, final=False))
+    assert p["steps"] == 3 and p["final"] is False and p["pass"] == 1
+    assert list(p["arrays"]["rank_waits"]) == pytest.approx([0, 0.003, 0.004])
+    assert loopranks.loop(p).metrics() == w.metrics()
+
+
+def test_a_rank_whose_data_is_slow_is_the_straggler_and_the_others_wait_for_it():
+    n = 20
+    # Rank 1 waits 20 ms for each batch; rank 0 waits 1 ms and then 19 more inside its
+    # step's all-reduce (its compute 24 against rank 1's 5).
+    fast = rank_loop([50] + [1] * n, [5] + [24] * n)
+    slow = rank_loop([50] + [20] * n, [5] + [5] * n)
+    stage, f = judged({0: fast, 1: slow})
+    s = f["profile.straggler"]
+    assert s.title == "rank 1 is a straggler: every step waits 19.0 ms for it"
+    assert s.severity.value == "critical" and "waits for data longer" in s.recommendation
+    assert "estimated" in s.evidence and s.fix == {"rank": "rank 1", "cause": "data wait"}
+    p = stage.parameters
+    assert p["headline_rank"] == "rank 1" and p["rank_wait_source"] == "estimated"
+    assert p["straggler"]["pattern"] == "fixed" and p["straggler"]["rank"] == "rank 1"
+    assert p["straggler"]["slowest_in"] == {"rank 0": 0, "rank 1": n}
+    rows = {r["rank"]: r for r in p["ranks"]}
+    assert rows["rank 0"]["rank_wait_ms"] == pytest.approx(19)
+    assert rows["rank 1"]["rank_wait_ms"] == pytest.approx(0)
+    assert rows["rank 1"]["data_wait_ms"] == pytest.approx(20)
+    assert stage.has_caveat("watch.rank-wait-estimated")
+    # the headline breakdown is the straggler's own
+    assert stage.one(quantity="data_wait_ms", rank=None).median == pytest.approx(20)
+
+
+def test_a_barrier_measures_the_wait_instead_of_estimating_it():
+    n = 12
+    fast = rank_loop([50] + [1] * n, [5] + [5] * n, barrier_ms=[0] + [19] * n)
+    slow = rank_loop([50] + [20] * n, [5] + [5] * n, barrier_ms=[0] + [0] * n)
+    stage, f = judged({0: fast, 1: slow})
+    assert stage.parameters["rank_wait_source"] == "barrier"
+    assert "at the barrier" in f["profile.straggler"].evidence
+    assert not stage.has_caveat("watch.rank-wait-estimated")
+    text = "\n".join(stage.caveats)
+    assert "estimated" not in text
+
+
+def test_ranks_alike_name_no_straggler():
+    n = 30
+    a = rank_loop([9] + [2, 2.2] * (n // 2), [5] + [5.1, 5] * (n // 2))
+    b = rank_loop([9] + [2.2, 2] * (n // 2), [5] + [5, 5.1] * (n // 2))
+    stage, f = judged({0: a, 1: b})
+    assert "profile.straggler" not in f and "profile.straggler-rotating" not in f
+    assert stage.parameters["straggler"]["pattern"] == "none"
+
+
+def test_a_slow_rank_that_changes_from_step_to_step_is_called_rotating():
+    n = 20
+    # Each rank's batch is slow every other step, in turn.
+    a = rank_loop([9] + [20, 1] * (n // 2), [5] * (n + 1))
+    b = rank_loop([9] + [1, 20] * (n // 2), [5] * (n + 1))
+    stage, f = judged({0: a, 1: b})
+    assert "profile.straggler" not in f
+    rot = f["profile.straggler-rotating"]
+    assert "rank 0 (10 steps)" in rot.evidence and "rank 1 (10 steps)" in rot.evidence
+    assert stage.parameters["straggler"]["pattern"] == "rotating"
+
+
+def test_uneven_and_late_ranks_are_said():
+    a = rank_loop([9] + [1] * 20, [5] * 21)
+    b = rank_loop([9] + [1] * 12, [5] * 13)
+    stage, _ = judged({0: a, 1: b}, late={1: "sent no figures"})
+    ids = {c.id for c in stage.caveats}
+    assert {"watch.ranks-steps-differ", "watch.rank-late"} <= ids
+    assert "over the first 13 every rank has" in "\n".join(stage.caveats)
+
+
+class Store:
+    """A dict with torch.distributed.Store's check/get/set."""
+
+    def __init__(self) -> None:
+        self.d: dict[str, bytes] = {}
+
+    def set(self, k: str, v: bytes) -> None:
+        self.d[k] = v
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.d for k in keys)
+
+    def get(self, k: str) -> bytes:
+        return self.d[k]
+
+
+def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silent_one(
+    monkeypatch,
+):
+    store = Store()
+    me = rank_loop([9] + [1] * 20, [5] * 21)
+    me.peers = loopranks.Peers(0, 3, store, "k")
+    stopped = rank_loop([9] + [1] * 5, [5] * 6)  # rank 1 broke out after 6 steps
+    stopped.peers = loopranks.Peers(1, 3, store, "k")
+    stopped.peers.publish(loopranks.payload(stopped, final=True))
+    monkeypatch.setattr(loopranks, "WAIT_END_S", 0.3)
+    import time
+
+    t0 = time.monotonic()
+    g = me.peers.collect(me, final=True)
+    took = time.monotonic() - t0
+    assert sorted(g.payloads) == [0, 1]
+    assert g.late == {2: "sent no figures"}  # rank 2 never sent: waited 0.3 s, not forever
+    assert 0.25 < took < 2
+    # an `every` report waits for a rank behind it only WAIT_EVERY_S
+    behind = rank_loop([9] + [1] * 3, [5] * 4)
+    behind.peers = loopranks.Peers(2, 3, store, "k")
+    behind.peers.publish(loopranks.payload(behind, final=False))
+    monkeypatch.setattr(loopranks, "WAIT_EVERY_S", 0.1)
+    g = me.peers.collect(me, final=False)
+    assert "sent figures up to step 4 of pass 1" in g.late[2]
+
+
+def test_a_store_that_fails_leaves_rank_0_its_own_figures():
+    class Broken(Store):
+        def check(self, keys):
+            raise RuntimeError("Connection reset by peer")
+
+    me = rank_loop([9] + [1] * 20, [5] * 21)
+    me.peers = loopranks.Peers(0, 2, Broken(), "k")
+    g = me.peers.collect(me, final=True)
+    assert list(g.payloads) == [0] and "Connection reset" in (g.unreachable or "")
+    me.gathered, me._found_peers = g, True
+    stage = me.result()
+    assert stage.has_caveat("watch.ranks-unreachable")
+    assert "ranks" not in stage.parameters
+
+
+def test_barrier_without_a_process_group_is_a_note():
+    w = Watch(range(5), show=False, barrier=True)
+    assert list(w) == list(range(5))
+    assert w.result().has_caveat("watch.barrier-without-ranks")
+    assert len(w.rank_waits) == 0
+
+
+# Real ranks: torchrun on this machine, gloo on loopback.
+
+
+def torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("torch.distributed.run")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
+
+
+@pytest.mark.slow
+def test_the_readme_example_names_the_slow_rank(tmp_path):
+    out = tmp_path / "report.json"
+    p = torchrun("examples/watch_ddp.py", "--slow-rank", "1", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("starvecheck watch") == 1  # rank 0 alone printed
+    assert "every rank" in p.stderr
+    assert "rank 1 is a straggler: every step waits" in p.stderr
+    stage = json.loads(out.read_text())["stages"][0]
+    ranks = {r["rank"]: r for r in stage["parameters"]["ranks"]}
+    assert ranks["rank 1"]["data_wait_ms"] > 5 * ranks["rank 0"]["data_wait_ms"]
+    assert ranks["rank 0"]["rank_wait_ms"] > 10  # rank 0 waits in the all-reduce
+    assert stage["parameters"]["straggler"]["rank"] == "rank 1"
+    assert stage["parameters"]["straggler"]["pattern"] == "fixed"
+
+
+@pytest.mark.slow
+def test_the_example_with_no_slow_rank_names_no_straggler(tmp_path):
+    out = tmp_path / "report.json"
+    p = torchrun("examples/watch_ddp.py", "--barrier", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("starvecheck watch") == 1
+    assert "straggler" not in p.stderr
+    stage = json.loads(out.read_text())["stages"][0]
+    assert stage["parameters"]["rank_wait_source"] == "barrier"
+    assert stage["parameters"]["straggler"]["pattern"] == "none"
+
+
+STOPS_EARLY = """
+import sys, time
+import torch.distributed as dist
+import starvecheck
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+steps = 6 if rank == 1 else 30
+for i, _ in enumerate(starvecheck.watch(range(steps), every=5)):
+    time.sleep(0.002)
+print(f"rank {rank} done", file=sys.stderr)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_early_blocks_no_one(tmp_path):
+    script = tmp_path / "stops_early.py"
+    script.write_text(STOPS_EARLY)
+    p = torchrun(str(script), timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rank 0 done" in p.stderr and "rank 1 done" in p.stderr
+    last = p.stderr.rsplit("starvecheck watch", 1)[1]
+    assert "ranks completed different numbers of steps (rank 0 30, rank 1 6)" in " ".join(
+        last.split()
+    )
