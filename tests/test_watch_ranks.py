@@ -49,7 +49,7 @@ def test_payload_round_trip_keeps_every_step():
     p = loopranks.decode(loopranks.payload(w, final=False))
     assert p["steps"] == 3 and p["final"] is False and p["pass"] == 1
     assert list(p["arrays"]["rank_waits"]) == pytest.approx([0, 0.003, 0.004])
-    assert loopranks.loop(p).metrics() == w.metrics()
+    assert loopranks.loop(p, Watch).metrics() == w.metrics()
 
 
 def test_a_rank_whose_data_is_slow_is_the_straggler_and_the_others_wait_for_it():

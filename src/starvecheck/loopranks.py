@@ -179,11 +179,9 @@ def decode(data: bytes) -> dict[str, Any]:
     return p
 
 
-def loop(p: Mapping[str, Any]) -> Watch[Any]:
-    """A rank's figures as a Watch that holds them (iterating it is not for use)."""
-    from starvecheck.watcher import Watch
-
-    w: Watch[Any] = Watch((), show=False)
+def loop(p: Mapping[str, Any], kind: type[Watch[Any]]) -> Watch[Any]:
+    """A rank's figures as a Watch (of `kind`) that holds them, not for iterating."""
+    w = kind((), show=False)
     for name in ARRAYS:
         setattr(w, name, p["arrays"][name])
     w.passes = p["pass"]
@@ -219,7 +217,7 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
     data), labelled with quantities alone as a single loop's; each rank's figures
     labelled with its `rank`; `work_ms` and `rank_wait_ms` per common step."""
     mine = me.peers.rank if me.peers else 0
-    loops = {r: (me if r == mine else loop(p)) for r, p in g.payloads.items()}
+    loops = {r: (me if r == mine else loop(p, type(me))) for r, p in g.payloads.items()}
     caveats: list[Caveat] = list(me.caveats())
     params = me.parameters() | {"world_size": g.world}
     if g.unreachable:

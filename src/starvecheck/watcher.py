@@ -111,6 +111,7 @@ class Watch(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         sync = self._sync()
+        self._distributed()
         barrier = self._rank_barrier()
         clock, cpu = self.clock, time.thread_time
         runq = _Runqueue()
@@ -205,6 +206,7 @@ class Watch(Generic[T]):
         """The step that `begin()` began has ended (after the optimizer step)."""
         if self._began is None:
             return
+        self._sync()()  # queued GPU work is the step's
         now, now_cpu = self.clock(), time.thread_time()
         self.computes.append(now - self._began)
         self.compute_cpu.append(now_cpu - self._began_cpu)
@@ -224,6 +226,7 @@ class Watch(Generic[T]):
         """A pass starts now (a trainer's epoch): the first step's wait counts from here."""
         if self._began is None:
             self._sync()
+            self._distributed()
             self.passes += 1
             self._gap, self._gap_cpu = self.clock(), time.thread_time()
 

@@ -1,0 +1,72 @@
+"""`transformers.Trainer`'s callback: the loop's data wait, per rank, as `watch` reports it.
+
+transformers' training loop fetches a step's batches (all of a gradient-accumulation
+window), then calls `on_step_begin`, runs the forward and backward passes and the
+optimizer step, calls `on_step_end`, and then logs, evaluates and saves where due
+(`on_log`, `on_evaluate`, `on_save` fire as each ends). So the time from a step's end
+(or the last of those) to the next `on_step_begin` is the fetch of the next batches:
+the data wait. An epoch's first wait counts from `on_epoch_begin` (the DataLoader's
+workers start then).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from transformers import TrainerCallback
+
+from starvecheck.watcher import Watch
+
+SINGLE = "_SingleProcessDataLoaderIter"
+MULTI = "_MultiProcessingDataLoaderIter"
+
+
+class TransformersCallback(TrainerCallback):  # type: ignore[misc]
+    """`Trainer(..., callbacks=[TransformersCallback()])`: prints the breakdown when
+    training ends (and every `every` steps); `.watch` holds the figures
+    (`.watch.report()`, `.watch.result()`)."""
+
+    def __init__(
+        self,
+        *,
+        sync: bool = False,
+        every: int | None = None,
+        file: TextIO | None = None,
+        show: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        self.watch: Watch[Any] = Watch(
+            (), sync=sync, every=every, file=file, show=show, barrier=barrier
+        )
+        self.watch.iterator = "transformers.Trainer"
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        workers = getattr(args, "dataloader_num_workers", None)
+        if isinstance(workers, int):
+            self.watch.num_workers = workers
+            self.watch.iterator = SINGLE if workers == 0 else MULTI
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.start()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.begin()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.end()
+
+    # Work between steps that is not the data: the wait starts counting after it.
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.mark()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.mark()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.mark()
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.mark()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.watch.finish()

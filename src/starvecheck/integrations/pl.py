@@ -1,0 +1,70 @@
+"""Lightning's callback: the loop's data wait, per rank, as `watch` reports it.
+
+Lightning calls `on_train_batch_start` with the batch in hand and
+`on_train_batch_end` after the optimizer step; between the two hooks of successive
+batches it fetches the next batch (its fetcher keeps one batch ahead), and runs
+validation where due (`on_validation_start` .. `on_validation_end`, left out of the
+wait). An epoch's first wait counts from `on_train_epoch_start`.
+
+Subclasses `lightning.pytorch.Callback`, or `pytorch_lightning.Callback` where only
+that package is installed: pass it to the Trainer of the same package.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from starvecheck.watcher import Watch
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # the older package name
+    from pytorch_lightning import Callback  # type: ignore[no-redef]
+
+SINGLE = "_SingleProcessDataLoaderIter"
+MULTI = "_MultiProcessingDataLoaderIter"
+
+
+class LightningCallback(Callback):  # type: ignore[misc]
+    """`Trainer(..., callbacks=[LightningCallback()])`: prints the breakdown when
+    training ends (and every `every` steps); `.watch` holds the figures."""
+
+    def __init__(
+        self,
+        *,
+        sync: bool = False,
+        every: int | None = None,
+        file: TextIO | None = None,
+        show: bool = True,
+        barrier: bool = False,
+    ) -> None:
+        self.watch: Watch[Any] = Watch(
+            (), sync=sync, every=every, file=file, show=show, barrier=barrier
+        )
+        self.watch.iterator = "lightning.Trainer"
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        loader = getattr(trainer, "train_dataloader", None)
+        workers = getattr(loader, "num_workers", None)
+        if isinstance(workers, int):
+            self.watch.num_workers = workers
+            self.watch.iterator = SINGLE if workers == 0 else MULTI
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.watch.start()
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.watch.begin()
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.watch.end()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.watch.mark()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.watch.finish()

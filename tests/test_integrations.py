@@ -1,0 +1,180 @@
+"""The trainers' callbacks (starvecheck.integrations): a real transformers Trainer and a
+real Lightning Trainer on a tiny model on the CPU, a dataset whose samples take a known
+time to read, and evaluation between steps that must not count as data wait."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+SAMPLE_MS = 5.0  # each training sample takes this long to read (a sleep: I/O)
+BATCH = 4  # so a batch takes 20 ms
+EVAL_MS = 30.0  # each evaluation sample: 4 of them, 120 ms an evaluation
+
+
+def test_importing_the_package_imports_no_trainer():
+    code = (
+        "import sys, starvecheck.integrations as i; "
+        "print('transformers' in sys.modules, 'lightning' in sys.modules, i.__all__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout
+    assert out.strip() == "False False ['LightningCallback', 'TransformersCallback']"
+
+
+# transformers' Trainer and Lightning (through torchmetrics) import torchvision when it
+# is installed; the torchvision this project's environment holds (pulled by
+# mosaicml-streaming) does not import beside the CPU-only torch. The runs below hide
+# it, as an environment without torchvision would be: its metadata and its import.
+HIDE_TORCHVISION = """
+import importlib.metadata as md, sys
+_version = md.version
+def version(name):
+    if name == "torchvision":
+        raise md.PackageNotFoundError(name)
+    return _version(name)
+md.version = version
+sys.modules["torchvision"] = None
+"""
+
+DATA = """
+import json, sys, time
+import torch
+
+class Slow(torch.utils.data.Dataset):
+    def __init__(self, n, ms, as_dict=False):
+        self.n, self.ms, self.as_dict = n, ms, as_dict
+    def __len__(self):
+        return self.n
+    def __getitem__(self, i):
+        time.sleep(self.ms / 1e3)
+        x, y = torch.randn(16), torch.randn(1)
+        return {"x": x, "labels": y} if self.as_dict else (x, y)
+"""
+
+TRANSFORMERS_RUN = """
+import transformers
+from starvecheck.integrations import TransformersCallback
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 1)
+    def forward(self, x, labels=None):
+        out = self.lin(x)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+callback = TransformersCallback(file=sys.stdout)
+args = transformers.TrainingArguments(
+    output_dir=OUT, max_steps=16, per_device_train_batch_size=BATCH,
+    per_device_eval_batch_size=BATCH, eval_strategy="steps", eval_steps=5, logging_steps=4,
+    save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+    dataloader_num_workers=0,
+)
+trainer = transformers.Trainer(
+    model=Tiny(), args=args, train_dataset=Slow(16 * BATCH, SAMPLE_MS, True),
+    eval_dataset=Slow(BATCH, EVAL_MS, True), callbacks=[callback],
+)
+trainer.train()
+"""
+
+LIGHTNING_RUN = """
+import lightning as L
+from starvecheck.integrations import LightningCallback
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 1)
+    def training_step(self, batch, i):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.lin(x), y)
+    def validation_step(self, batch, i):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.lin(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+callback = LightningCallback(file=sys.stdout)
+trainer = L.Trainer(
+    max_steps=16, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    enable_progress_bar=False, enable_model_summary=False, val_check_interval=5,
+    num_sanity_val_steps=0, callbacks=[callback],
+)
+loader = torch.utils.data.DataLoader(Slow(16 * BATCH, SAMPLE_MS), batch_size=BATCH)
+val = torch.utils.data.DataLoader(Slow(BATCH, EVAL_MS), batch_size=BATCH)
+trainer.fit(Tiny(), loader, val)
+"""
+
+REPORT = """
+w = callback.watch
+print("WAITS", json.dumps(list(w.waits)))
+print("RESULT", json.dumps(w.result().to_dict()))
+"""
+
+
+def need(*packages: str) -> None:
+    """Skip unless installed; not imported here (importing lightning in this process
+    would import the broken torchvision)."""
+    for name in packages:
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed")
+
+
+def train(tmp_path: Path, run: str) -> str:
+    """Run a trainer script in a fresh interpreter; its stdout."""
+    script = tmp_path / "train.py"
+    prelude = (
+        f"BATCH, SAMPLE_MS, EVAL_MS = {BATCH}, {SAMPLE_MS}, {EVAL_MS}\n"
+        f"OUT = {str(tmp_path / 'out')!r}\n"
+    )
+    script.write_text(HIDE_TORCHVISION + prelude + DATA + run + REPORT)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout
+
+
+@pytest.mark.slow
+def test_transformers_trainer_prints_the_breakdown(tmp_path):
+    need("accelerate", "transformers")
+    check(train(tmp_path, TRANSFORMERS_RUN))
+
+
+@pytest.mark.slow
+def test_lightning_trainer_prints_the_breakdown(tmp_path):
+    need("lightning")
+    check(train(tmp_path, LIGHTNING_RUN))
+
+
+def check(text: str) -> None:
+    """The breakdown printed once, at the end; each wait one batch's reading, never an
+    evaluation; the checklist's data-bound finding with a worker count."""
+    assert text.count("starvecheck watch") == 1
+    assert "step (15 of 16 measured)" in text and "data wait" in text
+    waits = json.loads(text.split("WAITS ", 1)[1].splitlines()[0])
+    assert len(waits) == 16
+    # The trainers' loaders fetch a batch ahead (accelerate's DataLoaderShard, Lightning's
+    # fetcher), so one wait may hold two batches and the last none: the median is one.
+    rest = waits[1:]
+    assert statistics.median(rest) > BATCH * SAMPLE_MS * 0.9e-3
+    assert max(rest) < BATCH * EVAL_MS * 0.7e-3  # evaluation is not data wait
+    stage = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    assert stage["parameters"]["num_workers"] == 0
+    (f,) = [f for f in stage["findings"] if f["id"] == "profile.data-bound"]
+    assert f["severity"] == "critical" and "num_workers" in f["recommendation"]
