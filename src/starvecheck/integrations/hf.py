@@ -11,40 +11,23 @@ workers start then).
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import Any
 
 from transformers import TrainerCallback
 
-from starvecheck.watcher import Watch
-
-SINGLE = "_SingleProcessDataLoaderIter"
-MULTI = "_MultiProcessingDataLoaderIter"
+from starvecheck.integrations.timed import Timed
 
 
-class TransformersCallback(TrainerCallback):  # type: ignore[misc]
+class TransformersCallback(Timed, TrainerCallback):  # type: ignore[misc]
     """`Trainer(..., callbacks=[TransformersCallback()])`: prints the breakdown when
     training ends (and every `every` steps); `.watch` holds the figures
     (`.watch.report()`, `.watch.result()`)."""
 
-    def __init__(
-        self,
-        *,
-        sync: bool = False,
-        every: int | None = None,
-        file: TextIO | None = None,
-        show: bool = True,
-        barrier: bool = False,
-    ) -> None:
-        self.watch: Watch[Any] = Watch(
-            (), sync=sync, every=every, file=file, show=show, barrier=barrier
-        )
-        self.watch.iterator = "transformers.Trainer"
+    trainer = "transformers.Trainer"
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         workers = getattr(args, "dataloader_num_workers", None)
-        if isinstance(workers, int):
-            self.watch.num_workers = workers
-            self.watch.iterator = SINGLE if workers == 0 else MULTI
+        self._workers(workers)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.watch.start()

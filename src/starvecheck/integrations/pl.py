@@ -12,43 +12,26 @@ that package is installed: pass it to the Trainer of the same package.
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+from typing import Any
 
-from starvecheck.watcher import Watch
+from starvecheck.integrations.timed import Timed
 
 try:
     from lightning.pytorch import Callback
 except ImportError:  # the older package name
     from pytorch_lightning import Callback  # type: ignore[no-redef]
 
-SINGLE = "_SingleProcessDataLoaderIter"
-MULTI = "_MultiProcessingDataLoaderIter"
 
-
-class LightningCallback(Callback):  # type: ignore[misc]
+class LightningCallback(Timed, Callback):  # type: ignore[misc]
     """`Trainer(..., callbacks=[LightningCallback()])`: prints the breakdown when
     training ends (and every `every` steps); `.watch` holds the figures."""
 
-    def __init__(
-        self,
-        *,
-        sync: bool = False,
-        every: int | None = None,
-        file: TextIO | None = None,
-        show: bool = True,
-        barrier: bool = False,
-    ) -> None:
-        self.watch: Watch[Any] = Watch(
-            (), sync=sync, every=every, file=file, show=show, barrier=barrier
-        )
-        self.watch.iterator = "lightning.Trainer"
+    trainer = "lightning.Trainer"
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         loader = getattr(trainer, "train_dataloader", None)
         workers = getattr(loader, "num_workers", None)
-        if isinstance(workers, int):
-            self.watch.num_workers = workers
-            self.watch.iterator = SINGLE if workers == 0 else MULTI
+        self._workers(workers)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.watch.start()

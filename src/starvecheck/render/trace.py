@@ -8,6 +8,7 @@ step, and as a share of the step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from starvecheck.model import Metric, StageResult, slowest_per_step
@@ -176,10 +177,8 @@ def ranks(
             devices.setdefault(rank, {})[str(m.labels["device"])] = m
         else:
             by.setdefault(rank, {})[str(m.labels["quantity"])] = m
-    turns: dict[str, int] = {}
     per_step = slowest_per_step(metrics)
-    for k, _, _ in per_step:
-        turns[k] = turns.get(k, 0) + 1
+    turns = Counter(k for k, _, _ in per_step)
     rows: list[tuple[str, ...]] = []
 
     def share(x: Metric | None) -> str:
@@ -246,9 +245,7 @@ def loop_ranks(
     for m in mine:
         by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
     per_step = slowest_per_step(metrics)
-    turns: dict[str, int] = {}
-    for k, _, _ in per_step:
-        turns[k] = turns.get(k, 0) + 1
+    turns = Counter(k for k, _, _ in per_step)
     rows = []
     for rank in sorted(by, key=_natural):
         f = by[rank]
