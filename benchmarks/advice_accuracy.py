@@ -20,6 +20,11 @@ leaves the CPU free):
                      position-wise MLP), variable-length samples batched with dynamic
                      padding; `starvecheck pad` on the same lengths recommends a
                      strategy, which the loop then trains with
+  straggler          examples/watch_ddp.py under torchrun, two ranks (DDP, gloo): rank
+                     1's samples take 2 ms longer to read; the straggler finding's
+                     predicted gain (the time the others lose, over the step) against
+                     the same job with rank 1's data as fast as rank 0's (the fix it
+                     names: that node's input pipeline)
 
 The measured speed-up is the benchmark's own clock (steady state: the first
 `WARMUP` steps of each run are left out, worker start-up among them), the median of
@@ -334,6 +339,38 @@ def padding_scenario(repeats: int) -> Outcome:
     )
 
 
+def straggler_scenario(steps: int, repeats: int) -> Outcome:
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+    def job(*args: str) -> tuple[float, dict[str, Any]]:
+        with tempfile.TemporaryDirectory() as d:
+            clock, report = Path(d) / "clock", Path(d) / "report.json"
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            example = [str(root / "examples" / "watch_ddp.py"), "--steps", str(steps)]
+            out = ["--clock", str(clock), "--json", str(report)]
+            subprocess.run(
+                [*torchrun, "--nproc-per-node", "2", *example, *out, *args],
+                capture_output=True,
+                check=True,
+                env=env,
+            )
+            return float(clock.read_text()), json.loads(report.read_text())
+
+    before, after, predictions, named = [], [], [], set()
+    for _ in range(repeats):
+        s, report = job("--slow-rank", "1")
+        before.append(s)
+        finding = next(f for f in report["checklist"] if f["id"] == "profile.straggler")
+        named.add(finding["fix"]["rank"])
+        predictions.append(1 / (1 - finding["gain"]["value"]))
+    for _ in range(repeats):
+        after.append(job()[0])
+    b, a = statistics.median(before), statistics.median(after)
+    said = f"fix {' / '.join(sorted(named))}'s data"
+    return Outcome("straggler", said, statistics.median(predictions), b / a, b * 1e3, a * 1e3)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=120)
@@ -364,6 +401,7 @@ def main() -> int:
             applied=lambda fix, data: Cached(data, n) if fix.get("preprocess") else data,
         ),
         "padding": lambda: padding_scenario(rep),
+        "straggler": lambda: straggler_scenario(min(steps, 60), rep),
     }
     outcomes = []
     for name, run in scenarios.items():

@@ -115,7 +115,7 @@ def test_uneven_and_late_ranks_are_said():
     stage, _ = judged({0: a, 1: b}, late={1: "sent no figures"})
     ids = {c.id for c in stage.caveats}
     assert {"watch.ranks-steps-differ", "watch.rank-late"} <= ids
-    assert "over the first 13 every rank has" in "\n".join(stage.caveats)
+    assert "over the 12 steps every rank has" in "\n".join(stage.caveats)
 
 
 class Store:
@@ -253,3 +253,19 @@ def test_a_rank_that_stops_early_blocks_no_one(tmp_path):
     assert "ranks completed different numbers of steps (rank 0 30, rank 1 6)" in " ".join(
         last.split()
     )
+
+
+def test_a_long_run_sends_only_its_last_steps(monkeypatch):
+    monkeypatch.setattr(loopranks, "WINDOW", 8)
+    n = 40
+    fast = rank_loop([50] + [1] * n, [5] + [24] * n)
+    slow = rank_loop([50] + [20] * n, [5] + [5] * n)
+    p = loopranks.decode(loopranks.payload(slow, final=True))
+    assert p["steps"] == n + 1 and p["offset"] == n + 1 - 8 and len(p["arrays"]["waits"]) == 8
+    stage, f = judged({0: fast, 1: slow})
+    assert stage.has_caveat("watch.ranks-window")
+    assert stage.one(quantity="steps", rank="rank 1").value == n + 1
+    # all 8 steps sent are measured: the warm-up was not among them
+    assert stage.one(quantity="step_ms", rank="rank 1").n == 8
+    assert stage.parameters["common_steps"] == 8
+    assert f["profile.straggler"].title.startswith("rank 1 is a straggler")

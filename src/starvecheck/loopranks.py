@@ -43,6 +43,9 @@ VERSION = 1
 WAIT_EVERY_S = 5.0  # an `every` report: how long rank 0 waits for the others' same step
 WAIT_END_S = 60.0  # the end of a pass: how long rank 0 waits for the others' ends
 POLL_S = 0.02
+# Each rank sends at most its last WINDOW steps: what is sent (and rank 0 reads, for
+# every rank) stays bounded however long the job runs.
+WINDOW = 4096
 ARRAYS = ("waits", "computes", "wait_cpu", "compute_cpu", "wait_runq", "rank_waits")
 # The figures the per-rank table shows, relabelled with their rank.
 PER_RANK = (
@@ -153,17 +156,20 @@ def _caught_up(p: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
 def payload(w: Watch[Any], *, final: bool) -> bytes:
     """This rank's figures as bytes for the store."""
     peers = w.peers
+    n = len(w.computes)
+    offset = max(0, n - WINDOW)
     head = {
         "v": VERSION,
         "rank": peers.rank if peers else 0,
         "host": socket.gethostname(),
         "pass": w.passes,
         "final": final,
-        "steps": len(w.computes),
+        "steps": w.offset + n,
+        "offset": w.offset + offset,
         "params": w.parameters(),
         "notes": [[c.id, c.text] for c in w.notes],
-        "worker_cpu": w.worker_cpu,
-        "arrays": {a: base64.b64encode(getattr(w, a).tobytes()).decode() for a in ARRAYS},
+        "worker_cpu": w.worker_cpu[:1] + w.worker_cpu[-1:],  # all that is read of it
+        "arrays": {a: base64.b64encode(getattr(w, a)[offset:].tobytes()).decode() for a in ARRAYS},
     }
     return json.dumps(head).encode()
 
@@ -185,6 +191,7 @@ def loop(p: Mapping[str, Any], kind: type[Watch[Any]]) -> Watch[Any]:
     for name in ARRAYS:
         setattr(w, name, p["arrays"][name])
     w.passes = p["pass"]
+    w.offset = p.get("offset", 0)
     w.worker_cpu = [tuple(x) for x in p.get("worker_cpu", ())]  # type: ignore[misc]
     w.notes = [Caveat(i, t) for i, t in p.get("notes", ())]
     params = p.get("params", {})
@@ -200,16 +207,28 @@ def name(rank: int) -> str:
     return f"rank {rank}"
 
 
-def waits_for_others(loops: Mapping[int, Watch[Any]]) -> tuple[dict[int, list[float]], str, int]:
-    """Per rank, the seconds it waited for the others in each step every rank has
-    (the first, a warm-up, left out); where they come from ('barrier' or
-    'estimated'); and the number of common steps."""
-    n = min(len(w.computes) for w in loops.values())
-    if all(len(w.rank_waits) == len(w.waits) and len(w.rank_waits) >= n for w in loops.values()):
-        return {r: list(w.rank_waits[1:n]) for r, w in loops.items()}, "barrier", n
-    fastest = [min(w.computes[i] for w in loops.values()) for i in range(1, n)]
-    out = {r: [w.computes[i] - fastest[i - 1] for i in range(1, n)] for r, w in loops.items()}
-    return out, "estimated", n
+def common_steps(loops: Mapping[int, Watch[Any]]) -> range:
+    """The steps (counted from each rank's first, 0) that every rank sent, the first
+    (a warm-up) left out."""
+    lo = max(1, *(w.offset for w in loops.values()))
+    hi = min(w.offset + len(w.computes) for w in loops.values())
+    return range(lo, max(lo, hi))
+
+
+def waits_for_others(
+    loops: Mapping[int, Watch[Any]], steps: range
+) -> tuple[dict[int, list[float]], str]:
+    """Per rank, the seconds it waited for the others in each of `steps`, and where
+    they come from: 'barrier' (timed) or 'estimated' (compute above the fastest
+    rank's in the same step)."""
+    if all(len(w.rank_waits) == len(w.waits) > 0 for w in loops.values()):
+        timed = {r: [w.rank_waits[i - w.offset] for i in steps] for r, w in loops.items()}
+        return timed, "barrier"
+    fastest = [min(w.computes[i - w.offset] for w in loops.values()) for i in steps]
+    return {
+        r: [w.computes[i - w.offset] - f for i, f in zip(steps, fastest, strict=True)]
+        for r, w in loops.items()
+    }, "estimated"
 
 
 def combine(me: Watch[Any], g: Gathered) -> StageResult:
@@ -217,7 +236,7 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
     data), labelled with quantities alone as a single loop's; each rank's figures
     labelled with its `rank`; `work_ms` and `rank_wait_ms` per common step."""
     mine = me.peers.rank if me.peers else 0
-    loops = {r: (me if r == mine else loop(p, type(me))) for r, p in g.payloads.items()}
+    loops = {r: loop(p, type(me)) for r, p in g.payloads.items()}
     caveats: list[Caveat] = list(me.caveats())
     params = me.parameters() | {"world_size": g.world}
     if g.unreachable:
@@ -253,26 +272,39 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
             if q in PER_RANK:
                 labels = {**m.labels, "rank": where}
                 out.append(replace(m, name=f"{m.name}.rank_{r}", labels=labels))
-    rank_waits, source, n = waits_for_others(loops)
-    if n >= 2:
+    common = common_steps(loops)
+    source = None
+    if common:
+        rank_waits, source = waits_for_others(loops, common)
         for r in sorted(loops):
             w, where = loops[r], name(r)
             waited = rank_waits[r]
-            inside = waited if source == "estimated" else [0.0] * (n - 1)  # in the compute
-            work = [w.waits[i] + w.computes[i] - inside[i - 1] for i in range(1, n)]
+            inside = waited if source == "estimated" else [0.0] * len(common)  # in compute
+            work = [
+                w.waits[i - w.offset] + w.computes[i - w.offset] - x
+                for i, x in zip(common, inside, strict=True)
+            ]
             out.append(_ms("rank_wait_ms", waited, rank=where))
             out.append(_ms("work_ms", work, rank=where))
-    steps = {r: len(w.computes) for r, w in loops.items()}
+    steps = {r: w.offset + len(w.computes) for r, w in loops.items()}
     if len(set(steps.values())) > 1:
         counts = ", ".join(f"{name(r)} {s}" for r, s in sorted(steps.items()))
         caveats.append(
             Caveat(
                 "watch.ranks-steps-differ",
                 f"the ranks completed different numbers of steps ({counts}): ranks are "
-                f"compared step by step over the first {n} every rank has",
+                f"compared step by step over the {len(common)} steps every rank has",
             )
         )
-    if source == "estimated" and n >= 2:
+    if any(w.offset for w in loops.values()):
+        caveats.append(
+            Caveat(
+                "watch.ranks-window",
+                f"each rank sends its last {WINDOW:,} steps: every rank's figures are over "
+                "those (the headline rank's too)",
+            )
+        )
+    if source == "estimated":
         caveats.append(
             Caveat(
                 "watch.rank-wait-estimated",
@@ -284,8 +316,8 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
     hosts = {r: str(p.get("host", "")) for r, p in g.payloads.items()}
     params |= {
         "headline_rank": name(headline),
-        "rank_wait_source": source,
-        "common_steps": max(n - 1, 0),
+        "rank_wait_source": source or "none",
+        "common_steps": len(common),
         "ranks": [
             {
                 "rank": name(r),

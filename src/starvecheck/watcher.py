@@ -86,6 +86,7 @@ class Watch(Generic[T]):
         # Seconds at the barrier after each batch arrived (barrier=True under
         # torch.distributed): the time this rank waited for the others' batches.
         self.rank_waits = array("d")
+        self.offset = 0  # the step the arrays start at: above 0 for a rank's last steps
         self.passes = 0
         self.iterator: str | None = None  # the class of iter(iterable), e.g. a DataLoader's
         self.num_workers: int | None = None  # a DataLoader's, when it says
@@ -319,14 +320,15 @@ class Watch(Generic[T]):
         steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
         if barrier is not None:
             steps = [s + b for s, b in zip(steps, barrier, strict=False)]
-        out = [_single("steps", len(steps), "steps")]
+        out = [_single("steps", self.offset + len(steps), "steps")]
         if not steps:
             return [
                 *out,
                 _missing("step_ms", "ms", "no step completed"),
                 _missing("data_wait_share", "fraction", "no step completed"),
             ]
-        first, rest = (1, steps[1:]) if len(steps) > 1 else (0, steps)
+        # The first step is a warm-up, left out (where it is here and others are).
+        first, rest = (1, steps[1:]) if len(steps) > 1 and not self.offset else (0, steps)
         waits, computes = self.waits[first:], self.computes[first:]
         total = sum(rest)
         out += [
