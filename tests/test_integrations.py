@@ -134,17 +134,28 @@ def need(*packages: str) -> None:
             pytest.skip(f"{name} is not installed")
 
 
-def train(tmp_path: Path, run: str) -> str:
-    """Run a trainer script in a fresh interpreter; its stdout."""
+def train(tmp_path: Path, run: str, report: str = REPORT, launch: tuple[str, ...] = ()) -> str:
+    """Run a trainer script in a fresh interpreter (under `launch`, e.g. torchrun);
+    its stdout."""
     script = tmp_path / "train.py"
     prelude = (
         f"BATCH, SAMPLE_MS, EVAL_MS = {BATCH}, {SAMPLE_MS}, {EVAL_MS}\n"
         f"OUT = {str(tmp_path / 'out')!r}\n"
     )
-    script.write_text(HIDE_TORCHVISION + prelude + DATA + run + REPORT)
-    env = {**os.environ, "PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
+    script.write_text(HIDE_TORCHVISION + prelude + DATA + run + report)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
+    }
+    env |= {"PYTHONPATH": str(SRC), "PYTHONWARNINGS": "ignore"}
     p = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, *launch, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout
@@ -178,3 +189,42 @@ def check(text: str) -> None:
     assert stage["parameters"]["num_workers"] == 0
     (f,) = [f for f in stage["findings"] if f["id"] == "profile.data-bound"]
     assert f["severity"] == "critical" and "num_workers" in f["recommendation"]
+
+
+# Two ranks, rank 1's samples three times slower: rank 0 alone prints, and names it.
+SLOW_RANK_1 = (
+    "SAMPLE_MS = SAMPLE_MS * (3 if int(__import__('os').environ.get('LOCAL_RANK', '0')) == 1 "
+    "else 1)\n"
+)
+RANK_0_REPORT = """
+import torch.distributed as dist
+if dist.get_rank() == 0:
+    print("RESULT", json.dumps(callback.watch.result().to_dict()))
+"""
+
+
+def check_ranks(text: str) -> None:
+    assert text.count("starvecheck watch") == 1  # rank 0 alone
+    assert "every rank" in text and "rank 1 is a straggler" in text
+    stage = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    straggler = stage["parameters"]["straggler"]
+    assert straggler["pattern"] == "fixed" and straggler["rank"] == "rank 1"
+    assert straggler["cause"] == "data wait"
+    assert [r["rank"] for r in stage["parameters"]["ranks"]] == ["rank 0", "rank 1"]
+
+
+@pytest.mark.slow
+def test_transformers_trainer_under_torchrun_reports_every_rank(tmp_path):
+    need("accelerate", "transformers")
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    run = SLOW_RANK_1 + TRANSFORMERS_RUN
+    check_ranks(train(tmp_path, run, RANK_0_REPORT, torchrun))
+
+
+@pytest.mark.slow
+def test_lightning_ddp_reports_every_rank(tmp_path):
+    need("lightning")
+    # Lightning starts the second rank itself (it runs this script again).
+    run = SLOW_RANK_1 + LIGHTNING_RUN.replace("devices=1", 'devices=2, strategy="ddp"')
+    run = run.replace("Slow(16 * BATCH", "Slow(32 * BATCH")  # 16 steps on each rank
+    check_ranks(train(tmp_path, run, RANK_0_REPORT))

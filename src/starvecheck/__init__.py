@@ -14,7 +14,10 @@ __all__ = ["__version__", "watch"]
 def watch(iterable: Any, **options: Any) -> Watch[Any]:
     """Time your own training loop's wait for data: `for batch in watch(loader): ...`.
     Options: sync (torch.cuda.synchronize() each step), every (print every N steps),
-    file (default stderr), show (print at the end). See starvecheck.watcher."""
+    file (default stderr), show (print at the end), barrier (under torch.distributed:
+    time a dist.barrier() once each batch is in hand, measuring the wait for the other
+    ranks). Under torch.distributed rank 0 reports every rank. See starvecheck.watcher;
+    for transformers' and Lightning's Trainers, starvecheck.integrations."""
     from starvecheck.watcher import watch as _watch
 
     return _watch(iterable, **options)
