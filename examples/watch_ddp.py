@@ -7,7 +7,9 @@ A small model in DistributedDataParallel on the CPU (gloo), one process per rank
 Each sample takes --sample-ms to read (a sleep: storage, not CPU); on --slow-rank it
 takes --slow-ms more, as on a node whose disk or network mount is slower. The step's
 gradient all-reduce makes every rank wait for the slowest, as in any synchronous job.
-Without --slow-rank every rank loads alike and no straggler is named.
+Without --slow-rank every rank loads alike and no straggler is named. With --rotate
+the slow rank changes every step (rank 0 in one step, rank 1 in the next, ...): no
+node is slow, every step waits for one of them.
 """
 
 import argparse
@@ -24,16 +26,16 @@ import starvecheck
 
 
 class Storage(Dataset):
-    """Samples that take `ms` milliseconds each to read."""
+    """Samples that take `ms` milliseconds each to read; `slow(i)` more for some."""
 
-    def __init__(self, n: int, ms: float) -> None:
-        self.n, self.ms = n, ms
+    def __init__(self, n: int, ms: float, slow_ms: float, slow) -> None:
+        self.n, self.ms, self.slow_ms, self.slow = n, ms, slow_ms, slow
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.ms / 1e3)
+        time.sleep((self.ms + (self.slow_ms if self.slow(i) else 0.0)) / 1e3)
         return torch.randn(64)
 
 
@@ -42,6 +44,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=None, help="the rank whose data is slow")
     p.add_argument("--slow-ms", type=float, default=2.0, help="extra ms per sample there")
     p.add_argument("--sample-ms", type=float, default=0.2, help="ms to read a sample")
+    p.add_argument("--rotate", action="store_true", help="each step, another rank is slow")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
@@ -52,9 +55,14 @@ def main() -> None:
 
     torch.set_num_threads(1)  # ranks share this machine's cores
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    ms = a.sample_ms + (a.slow_ms if rank == a.slow_rank else 0.0)
-    data = Storage(a.steps * a.batch_size * dist.get_world_size(), ms)
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def slow(i: int) -> bool:
+        if a.rotate:  # sample i is rank i % world's, in its batch (i // world) // batch
+            return (i // world) // a.batch_size % world == i % world
+        return rank == a.slow_rank
+
+    data = Storage(a.steps * a.batch_size * world, a.sample_ms, a.slow_ms, slow)
     loader = DataLoader(
         data,
         batch_size=a.batch_size,

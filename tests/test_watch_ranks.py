@@ -228,6 +228,18 @@ def test_the_example_with_no_slow_rank_names_no_straggler(tmp_path):
     assert stage["parameters"]["straggler"]["pattern"] == "none"
 
 
+@pytest.mark.slow
+def test_the_example_whose_slow_rank_rotates_names_no_one_rank(tmp_path):
+    out = tmp_path / "report.json"
+    p = torchrun("examples/watch_ddp.py", "--rotate", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "A different rank holds up the step" in p.stderr
+    assert "is a straggler" not in p.stderr
+    straggler = json.loads(out.read_text())["stages"][0]["parameters"]["straggler"]
+    assert straggler["pattern"] == "rotating" and straggler["rank"] is None
+    assert min(straggler["slowest_in"].values()) >= 10  # each rank in turn
+
+
 STOPS_EARLY = """
 import sys, time
 import torch.distributed as dist
