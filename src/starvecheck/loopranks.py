@@ -23,6 +23,7 @@ The payload is JSON: a header, and each per-step array as base64 of its float64 
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import socket
@@ -132,6 +133,10 @@ class Peers:
                 time.sleep(POLL_S)
         except Exception as e:
             return Gathered(got, self.world, unreachable=f"the store could not be read ({e})")
+        if final:  # read for good: the store (rank 0's memory, or the agent's) lets go
+            for r in set(got) - want - {self.rank}:
+                with contextlib.suppress(Exception):
+                    self.store.delete_key(self._key(r))
         late = {}
         for r in sorted(want):
             if r not in got:
