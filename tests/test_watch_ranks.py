@@ -76,6 +76,22 @@ def test_a_rank_whose_data_is_slow_is_the_straggler_and_the_others_wait_for_it()
     assert stage.one(quantity="data_wait_ms", rank=None).median == pytest.approx(20)
 
 
+def test_ranks_on_one_host_share_its_cpus_and_the_worker_gain_says_so():
+    n = 20
+    fast = rank_loop([50] + [1] * n, [5] + [24] * n)
+    slow = rank_loop([50] + [20] * n, [5] + [5] * n)
+    for w in (fast, slow):
+        w.iterator, w.num_workers = "_SingleProcessDataLoaderIter", 0
+    stage, f = judged({0: fast, 1: slow})  # both payloads name this host
+    assert stage.parameters["ranks_on_host"] == 2
+    cpus = loopranks.decode(loopranks.payload(slow, final=True))["params"]["effective_cpus"]
+    assert stage.parameters["effective_cpus"] == pytest.approx(cpus / 2)
+    assert stage.has_caveat("watch.ranks-share-host")
+    gain = f["profile.data-bound"].gain
+    assert gain.kind.value == "throughput"
+    assert "an upper bound: 2 ranks share this host's CPUs" in gain.basis
+
+
 def test_a_barrier_measures_the_wait_instead_of_estimating_it():
     n = 12
     fast = rank_loop([50] + [1] * n, [5] + [5] * n, barrier_ms=[0] + [19] * n)
