@@ -236,3 +236,27 @@ def test_the_breakdown_and_its_findings_select_by_labels_not_names():
     assert "compute (the loop's step)" in [row[0] for row in rows]
     found = judge(Results({"watch": r})).findings
     assert found and judge(Results({"watch": renamed})).findings == found
+
+
+def test_trainer_hooks_time_the_gap_between_steps_and_survive_misordering():
+    clock = Clock()
+    w = Watch((), clock=clock, show=False)
+    w.start()
+    for wait, compute, other in [(50, 5, 0), (20, 5, 100), (20, 5, 0)]:
+        clock.t += wait / 1e3
+        w.begin()
+        clock.t += compute / 1e3
+        w.end()
+        clock.t += other / 1e3  # an evaluation after the step ...
+        w.mark()  # ... that the trainer reports: not data wait
+    assert [round(x * 1e3) for x in w.waits] == [50, 20, 20]
+    assert [round(x * 1e3) for x in w.computes] == [5, 5, 5]
+    w.begin()
+    w.begin()  # a step begun twice (hooks out of order): the first ends, nothing raises
+    w.end()
+    w.end()  # an end with no step open is ignored
+    assert len(w.waits) == len(w.computes) == 5
+    w.begin()
+    w.finish()  # a step left open is dropped
+    assert len(w.waits) == len(w.computes) == 5
+    assert [round(x * 1e3) for x in w.waits] == [50, 20, 20, 0, 0]

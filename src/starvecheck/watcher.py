@@ -187,11 +187,13 @@ class Watch(Generic[T]):
     def begin(self) -> None:
         """A step begins, its batch in hand: the time since the last `end()` (or
         `mark()`) was the data wait. The first call starts a pass."""
-        now, now_cpu = self.clock(), time.thread_time()
-        if self._gap is None:  # the first step of a pass: its wait runs from start()
+        if self._began is not None:  # a step never ended (hooks out of order): end it
+            self.end()
+        if self._gap is None:  # no start(): the pass starts with this step, no wait
             self.start()
-            assert self._gap is not None
-        self.waits.append(now - self._gap)
+        now, now_cpu = self.clock(), time.thread_time()
+        gap = now if self._gap is None else self._gap
+        self.waits.append(now - gap)
         self.wait_cpu.append(now_cpu - self._gap_cpu)
         self.wait_runq.append(0.0)
         barrier = self._rank_barrier()
