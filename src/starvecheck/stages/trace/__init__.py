@@ -31,25 +31,21 @@ schedule whose wait/warm-up steps were that already), and a last step under a te
 of the others' median (the profiler closing). GPU work after the last step closes is
 in no step: a caveat says how much.
 
-Modules: load (reading files fast), intervals (interval arithmetic), analyze (events
-to per-rank, per-device step figures), hta (HTA's idle split), stage (figures, the
-registry's stage).
+Modules: load (reading files fast), intervals (interval arithmetic), events (a
+file's events sorted into processes and devices), steps (a rank's timeline cut into
+steps; the warm-up and stub rules), analyze (per-rank, per-device figures and their
+caveats, a job's ranks), hta (HTA's idle split), stage (figures, the registry's
+stage).
 """
 
 from __future__ import annotations
 
-from starvecheck.stages.trace.analyze import (
-    NO_GPU,
-    Analysis,
-    Job,
-    Step,
-    analyze,
-    analyze_job,
-    warmup_steps,
-)
+from starvecheck.stages.trace.analyze import Analysis, Job, analyze, analyze_job
+from starvecheck.stages.trace.events import NO_GPU
 from starvecheck.stages.trace.intervals import clip, length, overlap, union
 from starvecheck.stages.trace.load import Event, TraceFile, load, trace_files
 from starvecheck.stages.trace.stage import STAGE, TraceStage, read, result
+from starvecheck.stages.trace.steps import Step, warmup_steps
 
 
 def load_events(path: str) -> list[Event]:

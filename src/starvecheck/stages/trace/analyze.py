@@ -1,11 +1,10 @@
 """Step figures of every rank in a set of traces (see the package docstring).
 
-One pass over each file's events sorts them into processes (a rank's host events,
-by pid) and devices (its GPU events, by device), keeping only what the figures need:
-profiler steps, DataLoader fetches, the loop's phases, and the GPU's kernels, copies
-and memsets. A file that merges several ranks is split by the processes that hold
-profiler steps; each GPU device goes to the process that launched its work (the
-correlation ids of the host's runtime calls), so no figure mixes two ranks.
+A file's events, sorted into processes and devices (events.py), become per-rank
+analyses: each rank's steps (steps.py) with the GPUs it drives, its shares and
+caveats. A file that merges several ranks is split by the processes that hold
+profiler steps; each GPU device goes to the process that launched its work, so no
+figure mixes two ranks. A job is every file's ranks, compared over their common steps.
 """
 
 from __future__ import annotations
@@ -13,316 +12,29 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
-import statistics
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.model import Caveat
-from starvecheck.stages.profile import PHASES
 from starvecheck.stages.trace import hta
-from starvecheck.stages.trace.intervals import Interval, clip, length, overlap, union
-from starvecheck.stages.trace.load import Event, TraceFile, as_events, span
+from starvecheck.stages.trace.events import NO_GPU, Device, Process, device_owners, sort_events
+from starvecheck.stages.trace.intervals import Interval, clip, length
+from starvecheck.stages.trace.load import Event, TraceFile, as_events
+from starvecheck.stages.trace.steps import (
+    STUB_SHARE,
+    WARMUP_MIN_STEPS,
+    Step,
+    Timeline,
+    measure,
+    stub_steps,
+    timeline,
+    warmup_steps,
+)
 from starvecheck.status import UsageError
 from starvecheck.timing import too_few_runs
 
-WARMUP_MIN_STEPS = 3  # a warm-up step is left out only when two or more others remain
-STUB_SHARE = 0.10  # a last step under this share of the others' median is the profiler closing
 AFTER_LAST_STEP = 0.01  # GPU busy time after the last step worth a caveat
-GPU_KERNEL = "kernel"
-GPU_MEMCPY = "gpu_memcpy"
-GPU_MEMSET = "gpu_memset"
-# Kineto before PyTorch 1.9 spelt the GPU categories "Kernel", "Memcpy", "Memset".
-GPU_CATEGORIES = {
-    "kernel": GPU_KERNEL,
-    "gpu_memcpy": GPU_MEMCPY,
-    "memcpy": GPU_MEMCPY,
-    "gpu_memset": GPU_MEMSET,
-    "memset": GPU_MEMSET,
-}
-# Device activity starvecheck does not time, and why (the GPU figures say so, rather
-# than calling the run CPU-only).
-UNTIMED_DEVICES = {
-    "mtia_ccp_events": "an MTIA trace: its device events are not kernels starvecheck can "
-    "time, so GPU figures are not measured",
-    "cuda_profiler_range": "a CUPTI range-profiler trace (kernels replayed to count "
-    "events, not run as in training): GPU figures are not measured",
-}
-NO_GPU = "no GPU kernels in the trace: a CPU-only run"
-_STEP = re.compile(r"ProfilerStep#(\d+)")
-_FETCH_PREFIX = "enumerate(DataLoader)#"
-_COPY = re.compile(r"Memcpy\s*(HtoD|DtoH|DtoD|PtoP|HtoH)", re.IGNORECASE)
-COPY_KINDS = ("h2d", "d2h", "d2d")
-_COPY_KIND = {"htod": "h2d", "dtoh": "d2h", "dtod": "d2d", "ptop": "d2d"}
-
-
-def _category(cat: Any) -> str:
-    return cat.lower() if isinstance(cat, str) else ""
-
-
-def _host(category: str) -> bool:
-    """A host-side category: Kineto also copies record_function ranges, ProfilerStep
-    among them, onto the GPU timeline as gpu_user_annotation; those are not steps."""
-    return not category.startswith("gpu_") and category not in GPU_CATEGORIES
-
-
-def _is_fetch(name: str) -> bool:
-    return name.startswith(_FETCH_PREFIX) and "__next__" in name
-
-
-def copy_kind(name: str) -> tuple[str | None, bool]:
-    """(h2d, d2h, d2d or None, from pageable host memory) from Kineto's copy name,
-    "Memcpy HtoD (Pageable -> Device)"; ROCm writes "(Host -> Device)", pinned or not."""
-    m = _COPY.search(name)
-    kind = _COPY_KIND.get(m.group(1).lower()) if m else None
-    return kind, kind == "h2d" and "(pageable" in name.lower()
-
-
-def is_collective(name: str) -> bool:
-    """A collective's kernel: NCCL's (ncclKernel_*, ncclDevKernel_*) or RCCL's."""
-    low = name.lower()
-    return "nccl" in low or "rccl" in low
-
-
-# A collective run on the host: c10d's CPU backends record each one as a range on their
-# own thread ("gloo:all_reduce"), which lasts until every rank has joined. NCCL's host
-# ranges ("nccl:all_reduce") only enqueue: its waits are the GPU kernels above.
-HOST_COLLECTIVE_PREFIXES = ("gloo:", "mpi:", "ucc:")
-
-
-@dataclass
-class _Device:
-    """One device's GPU events, sorted out."""
-
-    busy: list[Interval] = field(default_factory=list)
-    copies: dict[str, list[Interval]] = field(default_factory=lambda: defaultdict(list))
-    pageable: list[Interval] = field(default_factory=list)
-    collectives: list[Interval] = field(default_factory=list)
-    # Per stream, every GPU event (start, end, correlation id): HTA's idle split.
-    streams: dict[Any, list[hta.Launch]] = field(default_factory=lambda: defaultdict(list))
-    launches: list[Any] = field(default_factory=list)  # correlation ids, to find its process
-
-
-@dataclass
-class _Process:
-    """One process's host events that the figures read."""
-
-    steps: list[tuple[str, Interval]] = field(default_factory=list)
-    fetches: list[Interval] = field(default_factory=list)
-    phases: dict[str, list[Interval]] = field(default_factory=lambda: defaultdict(list))
-    iterators: Counter[str] = field(default_factory=Counter)
-    launched: dict[Any, float] = field(default_factory=dict)  # correlation id -> host call start
-    collectives: list[Interval] = field(default_factory=list)  # on the host (gloo, MPI, UCC)
-
-    def absorb(self, other: _Process) -> None:
-        """Take another process's fetches, phases and host collectives (its steps and
-        launches stay)."""
-        self.fetches += other.fetches
-        self.collectives += other.collectives
-        self.iterators.update(other.iterators)
-        for ph, r in other.phases.items():
-            self.phases[ph] += r
-
-
-@dataclass
-class _Sorted:
-    processes: dict[Any, _Process]
-    devices: dict[Any, _Device]
-    untimed: str | None  # why device activity is not timed, where the trace has such
-    lo: float
-    hi: float
-
-
-def sort_events(events: Iterable[Event]) -> _Sorted:
-    """One pass over a file's events: hot, so kept lean."""
-    processes: dict[Any, _Process] = defaultdict(_Process)
-    devices: dict[Any, _Device] = defaultdict(_Device)
-    untimed = None
-    lo, hi = math.inf, -math.inf
-    phase_names = set(PHASES)
-    for e in events:
-        sp = span(e)
-        if sp is None:
-            continue
-        if sp[0] < lo:
-            lo = sp[0]
-        if sp[1] > hi:
-            hi = sp[1]
-        category = _category(e.cat)
-        kind = GPU_CATEGORIES.get(category)
-        name = e.name if isinstance(e.name, str) else ""
-        if kind is not None:
-            d = devices[_key(e.pid)]
-            d.busy.append(sp)
-            corr = e.args.correlation if e.args is not None else None
-            if e.tid != -1:
-                d.streams[_key(e.tid)].append((sp[0], sp[1], corr))
-            if kind == GPU_KERNEL:
-                if is_collective(name):
-                    d.collectives.append(sp)
-            elif kind == GPU_MEMCPY:
-                what, pageable = copy_kind(name)
-                d.copies[what or "other"].append(sp)
-                if pageable:
-                    d.pageable.append(sp)
-            if corr is not None:
-                d.launches.append(corr)
-            continue
-        if category.startswith("gpu_"):  # gpu_user_annotation: the host's ranges, copied
-            continue
-        if e.args is not None and e.args.correlation is not None:  # a runtime call
-            processes[_key(e.pid)].launched[e.args.correlation] = sp[0]
-            continue
-        if category in UNTIMED_DEVICES:
-            untimed = UNTIMED_DEVICES[category]
-            continue
-        if name.startswith("ProfilerStep#"):
-            if _STEP.fullmatch(name) and sp[1] > sp[0]:  # zero length: nothing to share out
-                processes[_key(e.pid)].steps.append((name, sp))
-        elif _is_fetch(name):
-            p = processes[_key(e.pid)]
-            p.fetches.append(sp)
-            p.iterators[name[len(_FETCH_PREFIX) :].split(".", 1)[0]] += 1
-        elif name in phase_names:
-            processes[_key(e.pid)].phases[name].append(sp)
-        elif name.startswith(HOST_COLLECTIVE_PREFIXES):
-            processes[_key(e.pid)].collectives.append(sp)
-    return _Sorted(dict(processes), dict(devices), untimed, lo, hi)
-
-
-def _key(pid: Any) -> Any:
-    """A pid or device id usable as a key (JSON may hold any type there)."""
-    return pid if isinstance(pid, int | float | str) and not isinstance(pid, bool) else repr(pid)
-
-
-def _owners(processes: Mapping[Any, _Process], devices: Mapping[Any, _Device]) -> dict[Any, Any]:
-    """device -> the process (of `processes`) that launched most of its work, by the
-    correlation ids of its runtime calls. Ids are per process and can repeat across
-    the ranks of a merged file; an id that more than one process holds casts no vote."""
-    holders: dict[Any, list[Any]] = defaultdict(list)
-    for pid, p in processes.items():
-        for corr in p.launched:
-            holders[corr].append(pid)
-    out = {}
-    for dev, d in devices.items():
-        votes: Counter[Any] = Counter()
-        for corr in d.launches:
-            h = holders.get(corr)
-            if h is not None and len(h) == 1:
-                votes[h[0]] += 1
-        if votes:
-            out[dev] = votes.most_common(1)[0][0]
-    return out
-
-
-# ---------------------------------------------------------------------------------
-# Per step, per device
-
-
-@dataclass(frozen=True)
-class DeviceStep:
-    """One device's figures in one step, in microseconds."""
-
-    busy: float
-    idle_data_wait: float  # idle that overlaps a data fetch: starvecheck's split
-    copies: Mapping[str, float]  # h2d, d2h, d2d (and other), and h2d_pageable
-    collectives: float
-    memcpy: float  # copies of every kind, their union: two at once count once
-
-
-@dataclass(frozen=True)
-class Step:
-    """One profiler step's figures, in microseconds."""
-
-    name: str
-    start: float
-    dur: float
-    data_wait: float
-    phases: Mapping[str, float] = field(default_factory=dict)  # phase -> time in the step
-    devices: Mapping[Any, DeviceStep] = field(default_factory=dict)
-    host_collectives: float = 0.0  # a CPU backend's (gloo's) collectives in the step
-
-    def collectives(self) -> float:
-        return max([self.host_collectives, *(d.collectives for d in self.devices.values())])
-
-    @property
-    def work(self) -> float:
-        """The step less the time its GPUs spent in collectives: in synchronous
-        training the fast ranks wait there for the slow one."""
-        return self.dur - self.collectives()
-
-
-@dataclass(frozen=True)
-class Timeline:
-    """One rank's intervals of each kind, merged (sorted and disjoint)."""
-
-    wait: list[Interval]  # DataLoader fetches and DATALOADER_WAIT ranges
-    source: str | None  # which of the two the trace holds; None: neither
-    phases: dict[str, list[Interval]]  # the loop's phases present, in loop order
-    devices: dict[Any, _Merged]
-    iterators: Counter[str]
-    host_collectives: list[Interval]
-
-
-@dataclass(frozen=True)
-class _Merged:
-    busy: list[Interval]
-    copies: dict[str, list[Interval]]
-    collectives: list[Interval]
-    memcpy: list[Interval]
-
-
-def timeline(p: _Process, devices: Mapping[Any, _Device]) -> Timeline:
-    waits = p.phases.get("DATALOADER_WAIT", [])
-    # The loop's own DATALOADER_WAIT wraps next(iterator): PyTorch's fetch and the
-    # Python around it. Where both exist, the union takes the wider.
-    names = [
-        n for n, found in (("DATALOADER_WAIT", waits), ("DataLoader.__next__", p.fetches)) if found
-    ]
-    merged = {}
-    for dev, d in sorted(devices.items(), key=lambda kv: repr(kv[0])):
-        copies = {k: union(v) for k, v in d.copies.items()}
-        copies["h2d_pageable"] = union(d.pageable)
-        every = [iv for k, v in d.copies.items() for iv in v]
-        merged[dev] = _Merged(union(d.busy), copies, union(d.collectives), union(every))
-    return Timeline(
-        wait=union(p.fetches + waits),
-        source=" and ".join(names) or None,
-        phases={ph: union(p.phases[ph]) for ph in PHASES if p.phases.get(ph)},
-        devices=merged,
-        iterators=p.iterators,
-        host_collectives=union(p.collectives),
-    )
-
-
-def measure(name: str, lo: float, hi: float, t: Timeline) -> Step:
-    """One step's figures: every kind of interval cut to [lo, hi)."""
-    wait = clip(t.wait, lo, hi)
-    waited = length(wait)
-    devices = {}
-    for dev, d in t.devices.items():
-        busy = clip(d.busy, lo, hi)
-        devices[dev] = DeviceStep(
-            busy=length(busy),
-            # Idle while waiting: the wait, less the part of it the GPU was busy anyway.
-            idle_data_wait=max(0.0, waited - overlap(wait, busy)),
-            copies={k: length(clip(v, lo, hi)) for k, v in d.copies.items()},
-            collectives=length(clip(d.collectives, lo, hi)),
-            memcpy=length(clip(d.memcpy, lo, hi)),
-        )
-    return Step(
-        name=name,
-        start=lo,
-        dur=hi - lo,
-        data_wait=waited,
-        phases={p: length(clip(r, lo, hi)) for p, r in t.phases.items()},
-        devices=devices,
-        host_collectives=length(clip(t.host_collectives, lo, hi)),
-    )
-
-
 # ---------------------------------------------------------------------------------
 # One rank
 
@@ -413,33 +125,6 @@ class Analysis:
         return None
 
 
-def warmup_steps(steps: Sequence[Step]) -> int:
-    """1 when the first step is the profiler's very first (ProfilerStep#0) and at least
-    two others follow: start-up lands there (CUDA context, workers starting, cuDNN
-    autotuning, the profiler's own start). A trace that starts at a later step came
-    from a schedule with wait or warmup steps, which were that warm-up already."""
-    return int(len(steps) >= WARMUP_MIN_STEPS and steps[0].name == "ProfilerStep#0")
-
-
-def stub_steps(steps: Sequence[Step], warmup: int) -> int:
-    """1 when the last step is a stub: under a tenth of the others' median, as the
-    profiler's closing step is (it stops the profiler, and trains nothing). A short
-    last step in which the loop fetched data or ran a phase, as the others did, is a
-    real step that happened to be fast (the data was ready), and stays."""
-    rest = steps[warmup:]
-    if len(rest) < 2:
-        return 0
-    median = statistics.median(s.dur for s in rest[:-1])
-    last = rest[-1]
-    if last.dur >= STUB_SHARE * median:
-        return 0
-
-    def worked(s: Step) -> bool:
-        return s.data_wait > 0 or any(v > 0 for v in s.phases.values())
-
-    return int(not (worked(last) and any(worked(s) for s in rest[:-1])))
-
-
 def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
     steps, out = a.steps, []
     if a.warmup:
@@ -527,8 +212,8 @@ def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -
 
 def _analysis(
     name: str,
-    p: _Process,
-    devices: Mapping[Any, _Device],
+    p: Process,
+    devices: Mapping[Any, Device],
     untimed: str | None,
     whole: tuple[float, float] | None,
     rank: int | None,
@@ -588,7 +273,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
     caveats: list[Caveat] = []
     base = name or (f"rank {f.rank}" if f.rank is not None else "process")
     if not stepped:
-        merged = _Process()
+        merged = Process()
         for p in s.processes.values():
             merged.absorb(p)
         return [
@@ -602,7 +287,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
             if other != pid:
                 p.absorb(q)
         return [_analysis(base, p, s.devices, s.untimed, None, f.rank, f.path)], caveats
-    owners = _owners(stepped, s.devices)
+    owners = device_owners(stepped, s.devices)
     unowned = sorted(str(d) for d in s.devices if d not in owners)
     if unowned:
         caveats.append(
