@@ -293,6 +293,13 @@ class Watch(Generic[T]):
         import torch.distributed as dist
 
         self._barrier = dist.barrier
+        if dist.get_backend() == "nccl":
+            # NCCL's barrier guesses the device from the rank unless told; the one this
+            # process uses is the current one (torch.cuda.set_device(local_rank)).
+            import torch
+
+            device = torch.cuda.current_device()
+            self._barrier = lambda: dist.barrier(device_ids=[device])
         return self._barrier
 
     def _sync(self) -> Callable[[], None]:
