@@ -436,7 +436,7 @@ class Watch(Generic[T]):
 
         from starvecheck import __version__
         from starvecheck.advice.judge import Results, attach, judge
-        from starvecheck.advice.trace import straggler
+        from starvecheck.advice.ranks import straggler
         from starvecheck.context import _utc_now
 
         measured = self._measured()

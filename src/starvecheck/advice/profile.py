@@ -21,6 +21,15 @@ INPUT_BOUND = 0.05
 HIGHLY_INPUT_BOUND = 0.20
 LAYOUT_GAP = 0.05
 H2D_SHARE = 0.10  # copies over a tenth of the step are worth overlapping
+MIN_STEPS = 10  # fewer measured steps are a glimpse: no warning or critical from them
+
+
+def few_steps(n: int, sev: Severity, counted: str = "measured") -> tuple[Severity, str]:
+    """At most info, and why, with fewer than MIN_STEPS steps: a trace of a step or
+    two is a glimpse, not a verdict."""
+    if sev in (Severity.WARNING, Severity.CRITICAL) and 0 < n < MIN_STEPS:
+        return Severity.INFO, f"; only {n} step(s) {counted}: {MIN_STEPS} or more for a verdict"
+    return sev, ""
 
 
 def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:

@@ -11,14 +11,12 @@ input-bound, above 20% highly input-bound.
 from __future__ import annotations
 
 import math
-import statistics
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.advice.nodes import STRAGGLER_SHARE, stragglers
-from starvecheck.advice.profile import INPUT_BOUND, severity
+from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
+from starvecheck.advice.ranks import WAITING, ranks
 from starvecheck.advice.workers import WorkerAdvice, recommend
 from starvecheck.model import (
     Finding,
@@ -27,8 +25,6 @@ from starvecheck.model import (
     Metric,
     Severity,
     one,
-    per_rank,
-    slowest_per_step,
     value,
 )
 
@@ -46,9 +42,8 @@ LOADER_LINE = (
 )
 
 
-# Quiet below these: a wait under a millisecond a step, or too few steps to judge.
+# Quiet below this: a wait under a millisecond a step.
 QUIET_WAIT_MS = 1.0
-MIN_STEPS = 10
 
 
 def _mean(m: Sequence[Metric], quantity: str) -> float | None:
@@ -73,189 +68,8 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
-            found += ranks(r.metrics, _WAITING.get(r.parameters.get("rank_wait_source")))
+            found += ranks(r.metrics, WAITING.get(r.parameters.get("rank_wait_source")))
     return found
-
-
-# How the time a rank waits for the others was had: (what work is the step less of,
-# where the others wait). A trace times its collectives; watch times a barrier or
-# estimates the wait inside the step's collectives.
-_COLLECTIVES = ("its time in collectives", "in collectives")
-_WAITING = {
-    "barrier": ("its wait at the barrier after each batch", "at the barrier"),
-    "estimated": (
-        "its estimated wait for the others (its compute above the fastest rank's)",
-        "in the step's collectives (estimated: watch(..., barrier=True) measures it)",
-    ),
-}
-
-
-def straggler(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str, Any]:
-    """The straggler verdict as data, for a report's JSON: `pattern` is 'fixed' (one
-    rank, named), 'rotating' (a different rank in turn) or 'none'; `slowest_in` how
-    many common steps each rank had the most work in. From the same findings people
-    read, so the two never disagree."""
-    per_step = slowest_per_step(metrics)
-    turns = Counter(k for k, _, _ in per_step)
-    out: dict[str, Any] = {
-        "pattern": "none",
-        "rank": None,
-        "lost_share": None,
-        "slowest_in": {k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
-        "steps_compared": len(per_step),
-    }
-    for f in findings:
-        if f.id == "profile.straggler":
-            return out | {
-                "pattern": "fixed",
-                "rank": f.fix.get("rank"),
-                "cause": f.fix.get("cause"),
-                "lost_share": f.gain.value if f.gain else None,
-            }
-        if f.id == "profile.straggler-rotating":
-            out |= {"pattern": "rotating", "lost_share": f.gain.value if f.gain else None}
-    return out
-
-
-def ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:
-    """Stragglers among the ranks of a multi-rank trace or loop, by doctor's rule (a
-    rank whose rate is below 80% of the median rank's): one rank throughout, or a
-    different rank from step to step. `waiting` says how the time a rank waits for
-    the others was had (_COLLECTIVES by default)."""
-    less, where = waiting or _COLLECTIVES
-    per_step = slowest_per_step(metrics)
-    if not per_step:
-        return []
-    work = {k: sum(x.values) / len(x.values) for k, x in per_rank(metrics, "work_ms").items()}
-    steps = {k: _avg(x) for k, x in per_rank(metrics, "step_ms").items()}
-    waits = {k: _avg(x) for k, x in per_rank(metrics, "data_wait_ms").items()}
-    median, slow = stragglers({k: 1.0 / w for k, w in work.items() if w > 0}, STRAGGLER_SHARE)
-    if median is None:
-        return []
-    n = len(per_step)
-    # Each straggler against the ranks that keep up: what they lose is its extra over
-    # them (with two ranks the median of all would halve it).
-    fast = [k for k in work if k not in slow] or list(work)
-    found = [
-        _straggler(k, {f: work[f] for f in fast} | {k: work[k]}, steps, waits, n, less, where, fast)
-        for k in slow
-    ]
-    if slow:
-        return found
-    over = [(k, w, med) for k, w, med in per_step if med > 0 and w > med / STRAGGLER_SHARE]
-    who = Counter(k for k, _, _ in over)
-    if len(over) < 2 or len(over) < 0.25 * n or len(who) < 2:
-        return found
-    step = statistics.median(v for v in steps.values() if v is not None) if steps else None
-    lost = sum(w - med for _, w, med in over) / n
-    turns = ", ".join(f"{k} ({c} step{'s' if c > 1 else ''})" for k, c in who.most_common())
-    sev, few = _few(n, Severity.WARNING, "on every rank")
-    return [
-        Finding(
-            "profile.straggler-rotating",
-            sev,
-            f"A different rank holds up the step in {len(over)} of {n} steps",
-            evidence=(
-                f"in {len(over)} of {n} steps one rank's work (the step less {less}) "
-                f"runs over {1 / STRAGGLER_SHARE:.2f}x the median rank's, a different rank "
-                f"in turn: {turns}; the others wait {where}, a mean {lost:,.1f} ms a step"
-                + few
-                + "."
-            ),
-            recommendation=(
-                "No one node is slow: every rank's loader is marginal, and whichever is late "
-                "in a step holds up all of them. Give each rank's loader headroom, so a slow "
-                "batch is hidden: more `prefetch_factor` (and `num_workers`) on every rank, "
-                "steadier sample cost (bucket by length, pre-tokenize), and look for "
-                "stragglers' causes that come and go (GC pauses, checkpoint writes, noisy "
-                "neighbours on shared storage). `starvecheck doctor` under torchrun measures "
-                "every node's data pipeline."
-            ),
-            gain=Gain(
-                GainKind.STEP_SHARE,
-                round(lost / step, 4) if step else None,
-                "the mean time the others wait for the slowest rank, over the step",
-            ),
-            stage="profile",
-        )
-    ]
-
-
-def _others(ranks: Sequence[str]) -> str:
-    return f"{ranks[0]}'s" if len(ranks) == 1 else f"the median of the other {len(ranks)} ranks'"
-
-
-def _avg(x: Metric) -> float | None:
-    if x.values:
-        return sum(x.values) / len(x.values)
-    return x.value
-
-
-def _few(n: int, sev: Severity, counted: str = "measured") -> tuple[Severity, str]:
-    """At most info, and why, with fewer than MIN_STEPS steps: a trace of a step or
-    two is a glimpse, not a verdict."""
-    if sev in (Severity.WARNING, Severity.CRITICAL) and 0 < n < MIN_STEPS:
-        return Severity.INFO, f"; only {n} step(s) {counted}: {MIN_STEPS} or more for a verdict"
-    return sev, ""
-
-
-def _straggler(
-    rank: str,
-    work: Mapping[str, float],
-    steps: Mapping[str, float | None],
-    waits: Mapping[str, float | None],
-    n: int,
-    less: str = _COLLECTIVES[0],
-    where: str = _COLLECTIVES[1],
-    fast: Sequence[str] = (),
-) -> Finding:
-    """`fast`: the ranks it is compared with (those that keep up)."""
-    others = [k for k in fast if k != rank] or [k for k in work if k != rank]
-    med = statistics.median(work[k] for k in others)
-    extra = work[rank] - med
-    wait = waits.get(rank)
-    known = [waits[k] for k in others if waits.get(k) is not None]
-    wait_med = statistics.median(known) if known else None
-    data = wait is not None and wait_med is not None and wait - wait_med >= extra / 2
-    step = steps.get(rank) or (med + extra)
-    evidence = (
-        f"{rank}'s work (the step less {less}) is a mean {work[rank]:,.1f} ms against "
-        f"{_others(others)} {med:,.1f} ms: its rate is under {STRAGGLER_SHARE:.0%} of the "
-        f"median rank's, and the other ranks wait for it {where}"
-    )
-    if wait is not None and wait_med is not None:
-        evidence += f"; its data wait is {wait:,.1f} ms a step against {wait_med:,.1f} ms"
-    sev, few = _few(
-        n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING, "on every rank"
-    )
-    if data:
-        what = (
-            f"{rank} waits for data longer than the others: its node's input pipeline is the "
-            "slow link. Run `starvecheck doctor` on that node (storage, loader, CPU) and "
-            "compare it with a fast one; give that rank's DataLoader more workers and "
-            "prefetch, or move its data to storage as fast as the others'."
-        )
-    else:
-        what = (
-            f"{rank} computes longer than the others with no more data wait: look at that "
-            "node's GPU (clocks, thermals: `nvidia-smi -q -d PERFORMANCE`), its host (CPU "
-            "contention, NUMA), and at whether its share of the batch is larger (uneven "
-            "sequence lengths: bucket by length)."
-        )
-    return Finding(
-        "profile.straggler",
-        sev,
-        f"{rank} is a straggler: every step waits {extra:,.1f} ms for it",
-        evidence=evidence + few + ".",
-        recommendation=what,
-        gain=Gain(
-            GainKind.STEP_SHARE,
-            round(extra / step, 4) if step else None,
-            "the straggler brought to the median rank: the time the others wait, over its step",
-        ),
-        stage="profile",
-        fix={"rank": rank, "cause": "data wait" if data else "compute"},
-    )
 
 
 def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
@@ -328,7 +142,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         sev = Severity.INFO
         evidence += f"; under {QUIET_WAIT_MS:g} ms of wait per step"
     else:
-        sev, few = _few(n, sev)
+        sev, few = few_steps(n, sev)
         evidence += few
     source = params.get("data_wait_source")
     loader = params.get("dataloader")
@@ -447,9 +261,9 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
 
 
 def _few_steps(m: Sequence[Metric], sev: Severity) -> tuple[Severity, str]:
-    """`_few` over a breakdown's measured steps."""
+    """`few_steps` over a breakdown's measured steps."""
     steps = _get(m, "step_ms")
-    return _few(steps.n if steps is not None else 0, sev)
+    return few_steps(steps.n if steps is not None else 0, sev)
 
 
 def _memcpy(m: Sequence[Metric]) -> Finding | None:
