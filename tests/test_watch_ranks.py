@@ -134,14 +134,21 @@ def test_uneven_and_late_ranks_are_said():
     assert "over the 12 steps every rank has" in "\n".join(stage.caveats)
 
 
+def own(w: Watch, *, final: bool) -> dict:
+    """Rank 0's own figures, as it hands them to collect."""
+    return loopranks.decode(loopranks.payload(w, final=final))
+
+
 class Store:
     """A dict with torch.distributed.Store's check/get/set."""
 
     def __init__(self) -> None:
         self.d: dict[str, bytes] = {}
+        self.sets: list[str] = []
 
     def set(self, k: str, v: bytes) -> None:
         self.d[k] = v
+        self.sets.append(k)
 
     def check(self, keys: list[str]) -> bool:
         return all(k in self.d for k in keys)
@@ -166,7 +173,7 @@ def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silen
     import time
 
     t0 = time.monotonic()
-    g = me.peers.collect(me, final=True)
+    g = me.peers.collect(own(me, final=True))
     took = time.monotonic() - t0
     assert sorted(g.payloads) == [0, 1]
     assert g.late == {2: "sent no figures"}  # rank 2 never sent: waited 0.3 s, not forever
@@ -177,8 +184,20 @@ def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silen
     behind.peers = loopranks.Peers(2, 3, store, "k")
     behind.peers.publish(loopranks.payload(behind, final=False))
     monkeypatch.setattr(loopranks, "WAIT_EVERY_S", 0.1)
-    g = me.peers.collect(me, final=False)
+    g = me.peers.collect(own(me, final=False))
     assert "sent figures up to step 4 of pass 1" in g.late[2]
+
+
+def test_only_the_other_ranks_write_to_the_store():
+    store = Store()
+    for rank in (1, 0):
+        w = rank_loop([9] + [1] * 5, [5] * 6)
+        w.show, w._found_peers = False, True
+        w.peers = loopranks.Peers(rank, 2, store, "k")
+        w._pass_ended()
+    # rank 1 wrote and rank 0 read it (and let it go); rank 0 wrote nothing
+    assert w.gathered is not None and sorted(w.gathered.payloads) == [0, 1]
+    assert store.sets == ["k/1"] and store.d == {}
 
 
 def test_a_store_that_fails_leaves_rank_0_its_own_figures():
@@ -188,7 +207,7 @@ def test_a_store_that_fails_leaves_rank_0_its_own_figures():
 
     me = rank_loop([9] + [1] * 20, [5] * 21)
     me.peers = loopranks.Peers(0, 2, Broken(), "k")
-    g = me.peers.collect(me, final=True)
+    g = me.peers.collect(own(me, final=True))
     assert list(g.payloads) == [0] and "Connection reset" in (g.unreachable or "")
     me.gathered, me._found_peers = g, True
     stage = me.result()
@@ -281,6 +300,8 @@ def test_a_rank_that_stops_early_blocks_no_one(tmp_path):
     p = torchrun(str(script), timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "rank 0 done" in p.stderr and "rank 1 done" in p.stderr
+    # every 5 of rank 0's 30 steps, the pass's end on the 30th not printed again
+    assert p.stderr.count("starvecheck watch") == 6
     last = p.stderr.rsplit("starvecheck watch", 1)[1]
     assert "ranks completed different numbers of steps (rank 0 30, rank 1 6)" in " ".join(
         last.split()

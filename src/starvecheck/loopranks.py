@@ -112,10 +112,11 @@ class Peers:
         except Exception as e:  # the store went away (rank 0 gone): nothing to report to
             self.store, self.why = None, f"the store could not be written ({e})"
 
-    def collect(self, me: Watch[Any], *, final: bool) -> Gathered:
-        """Rank 0: every rank's latest figures. Waits up to WAIT_END_S (a pass's end)
-        or WAIT_EVERY_S (an `every` report) for ranks behind this one."""
-        own = decode(payload(me, final=final))
+    def collect(self, own: dict[str, Any]) -> Gathered:
+        """Rank 0, with its own figures (`decode(payload(...))`): every rank's latest.
+        Waits up to WAIT_END_S (a pass's end) or WAIT_EVERY_S (an `every` report) for
+        ranks behind this one."""
+        final = bool(own["final"])
         got: dict[int, dict[str, Any]] = {self.rank: own}
         if self.store is None:
             return Gathered(got, self.world, unreachable=self.why or "no store")

@@ -176,9 +176,10 @@ class Watch(Generic[T]):
     def _pass_ended(self) -> None:
         """A pass ended: print what has not been printed; under torch.distributed the
         ranks' figures are exchanged whatever `show` says (rank 0 reports them all)."""
+        show = self.show and len(self.computes) != self._printed_at
         if self._distributed() is not None:
-            self._exchange(final=True, show=self.show)
-        elif self.show and len(self.computes) != self._printed_at:
+            self._exchange(final=True, show=show)
+        elif show:
             self._print()
         self._printed_at = len(self.computes)
 
@@ -265,10 +266,11 @@ class Watch(Generic[T]):
 
         peers = self.peers
         assert peers is not None
-        peers.publish(loopranks.payload(self, final=final))
+        mine = loopranks.payload(self, final=final)
         if peers.rank != 0:
+            peers.publish(mine)
             return
-        self.gathered = peers.collect(self, final=final)
+        self.gathered = peers.collect(loopranks.decode(mine))
         if show and len(self.computes):
             self._print()
 
@@ -417,7 +419,7 @@ class Watch(Generic[T]):
             from starvecheck import loopranks
 
             if self.gathered is None:
-                self.gathered = peers.collect(self, final=True)
+                self.gathered = peers.collect(loopranks.decode(loopranks.payload(self, final=True)))
             return loopranks.combine(self, self.gathered)
         params = self.parameters()
         if peers is not None:
