@@ -239,15 +239,21 @@ def torchrun(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]
     )
 
 
+def example(tmp_path: Path, *args: str) -> tuple[str, dict]:
+    """examples/watch_ddp.py on two ranks: its stderr (rank 0 alone printed the
+    report, once) and the watch stage of the JSON rank 0 wrote."""
+    out = tmp_path / "report.json"
+    p = torchrun("examples/watch_ddp.py", *args, "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stderr.count("starvecheck watch") == 1
+    return p.stderr, json.loads(out.read_text())["stages"][0]
+
+
 @pytest.mark.slow
 def test_the_readme_example_names_the_slow_rank(tmp_path):
-    out = tmp_path / "report.json"
-    p = torchrun("examples/watch_ddp.py", "--slow-rank", "1", "--json", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("starvecheck watch") == 1  # rank 0 alone printed
-    assert "every rank" in p.stderr
-    assert "rank 1 is a straggler: every step waits" in p.stderr
-    stage = json.loads(out.read_text())["stages"][0]
+    stderr, stage = example(tmp_path, "--slow-rank", "1")
+    assert "every rank" in stderr
+    assert "rank 1 is a straggler: every step waits" in stderr
     ranks = {r["rank"]: r for r in stage["parameters"]["ranks"]}
     assert ranks["rank 1"]["data_wait_ms"] > 5 * ranks["rank 0"]["data_wait_ms"]
     assert ranks["rank 0"]["rank_wait_ms"] > 10  # rank 0 waits in the all-reduce
@@ -257,24 +263,18 @@ def test_the_readme_example_names_the_slow_rank(tmp_path):
 
 @pytest.mark.slow
 def test_the_example_with_no_slow_rank_names_no_straggler(tmp_path):
-    out = tmp_path / "report.json"
-    p = torchrun("examples/watch_ddp.py", "--barrier", "--json", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stderr.count("starvecheck watch") == 1
-    assert "straggler" not in p.stderr
-    stage = json.loads(out.read_text())["stages"][0]
+    stderr, stage = example(tmp_path, "--barrier")
+    assert "straggler" not in stderr
     assert stage["parameters"]["rank_wait_source"] == "barrier"
     assert stage["parameters"]["straggler"]["pattern"] == "none"
 
 
 @pytest.mark.slow
 def test_the_example_whose_slow_rank_rotates_names_no_one_rank(tmp_path):
-    out = tmp_path / "report.json"
-    p = torchrun("examples/watch_ddp.py", "--rotate", "--json", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "A different rank holds up the step" in p.stderr
-    assert "is a straggler" not in p.stderr
-    straggler = json.loads(out.read_text())["stages"][0]["parameters"]["straggler"]
+    stderr, stage = example(tmp_path, "--rotate")
+    assert "A different rank holds up the step" in stderr
+    assert "is a straggler" not in stderr
+    straggler = stage["parameters"]["straggler"]
     assert straggler["pattern"] == "rotating" and straggler["rank"] is None
     assert min(straggler["slowest_in"].values()) >= 10  # each rank in turn
 
