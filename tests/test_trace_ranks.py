@@ -256,3 +256,13 @@ def test_a_fast_last_step_that_fetched_data_is_a_real_step():
     assert a.stub == 0 and len(a.measured) == 3
     a = trace.analyze(events[:-1])  # the last step without its fetch: a stub
     assert a.stub == 1 and len(a.measured) == 2
+
+
+def test_the_pace_of_ranks_alike_is_the_expected_slowest():
+    from starvecheck.advice.ranks import paced
+
+    assert paced([5.0, 5.0, 5.0], 4) == pytest.approx(5.0)  # alike every step
+    assert paced([1.0, 3.0], 1) == pytest.approx(2.0)  # one rank: its mean
+    # two ranks drawing 1 or 2: the slower is 1 only when both draw 1 (1 in 4)
+    assert paced([1.0, 2.0], 2) == pytest.approx(0.25 * 1 + 0.75 * 2)
+    assert paced([1.0, 2.0, 9.0], 64) == pytest.approx(9.0, rel=1e-9)  # many: the worst

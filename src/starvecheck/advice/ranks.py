@@ -73,20 +73,18 @@ def ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> 
     per_step = slowest_per_step(metrics)
     if not per_step:
         return []
-    work = {k: sum(x.values) / len(x.values) for k, x in per_rank(metrics, "work_ms").items()}
+    values = {k: x.values for k, x in per_rank(metrics, "work_ms").items()}
+    work = {k: sum(v) / len(v) for k, v in values.items()}
     steps = {k: _avg(x) for k, x in per_rank(metrics, "step_ms").items()}
     waits = {k: _avg(x) for k, x in per_rank(metrics, "data_wait_ms").items()}
     median, slow = stragglers({k: 1.0 / w for k, w in work.items() if w > 0}, STRAGGLER_SHARE)
     if median is None:
         return []
     n = len(per_step)
-    # Each straggler against the ranks that keep up: what they lose is its extra over
-    # them (with two ranks the median of all would halve it).
+    # Each straggler against the ranks that keep up (with two ranks the median of all
+    # would halve what it costs them).
     fast = [k for k in work if k not in slow] or list(work)
-    found = [
-        _straggler(k, {f: work[f] for f in fast} | {k: work[k]}, steps, waits, n, less, where, fast)
-        for k in slow
-    ]
+    found = [_straggler(k, work, values, steps, waits, n, fast, less, where) for k in slow]
     if slow:
         return found
     over = [(k, w, med) for k, w, med in per_step if med > 0 and w > med / STRAGGLER_SHARE]
@@ -138,25 +136,38 @@ def _avg(x: Metric) -> float | None:
     return x.value
 
 
+def paced(values: Sequence[float], ranks: int) -> float:
+    """The mean step of `ranks` ranks whose work per step is drawn from `values`: a
+    synchronous step lasts as long as its slowest rank, so the expected maximum of
+    `ranks` draws (with replacement, from the sorted values)."""
+    v = sorted(values)
+    m = len(v)
+    return sum(x * (((i + 1) / m) ** ranks - (i / m) ** ranks) for i, x in enumerate(v))
+
+
 def _straggler(
     rank: str,
     work: Mapping[str, float],
+    values: Mapping[str, Sequence[float]],
     steps: Mapping[str, float | None],
     waits: Mapping[str, float | None],
     n: int,
-    less: str = COLLECTIVES[0],
-    where: str = COLLECTIVES[1],
-    fast: Sequence[str] = (),
+    fast: Sequence[str],
+    less: str,
+    where: str,
 ) -> Finding:
     """`fast`: the ranks it is compared with (those that keep up)."""
     others = [k for k in fast if k != rank] or [k for k in work if k != rank]
     med = statistics.median(work[k] for k in others)
     extra = work[rank] - med
+    # What the job loses: its step with this rank at the others' pace is, each step,
+    # the slowest of all the ranks alike; this rank's work above that.
+    lost = max(0.0, work[rank] - paced([v for k in others for v in values[k]], len(work)))
     wait = waits.get(rank)
     known = [waits[k] for k in others if waits.get(k) is not None]
     wait_med = statistics.median(known) if known else None
     data = wait is not None and wait_med is not None and wait - wait_med >= extra / 2
-    step = steps.get(rank) or (med + extra)
+    step = steps.get(rank) or work[rank]
     evidence = (
         f"{rank}'s work (the step less {less}) is a mean {work[rank]:,.1f} ms against "
         f"{_others(others)} {med:,.1f} ms: its rate is under {STRAGGLER_SHARE:.0%} of the "
@@ -165,7 +176,7 @@ def _straggler(
     if wait is not None and wait_med is not None:
         evidence += f"; its data wait is {wait:,.1f} ms a step against {wait_med:,.1f} ms"
     sev, few = few_steps(
-        n, Severity.CRITICAL if extra / step >= 0.5 else Severity.WARNING, "on every rank"
+        n, Severity.CRITICAL if lost / step >= 0.5 else Severity.WARNING, "on every rank"
     )
     if data:
         what = (
@@ -184,13 +195,14 @@ def _straggler(
     return Finding(
         "profile.straggler",
         sev,
-        f"{rank} is a straggler: every step waits {extra:,.1f} ms for it",
+        f"{rank} is a straggler: every step waits {lost:,.1f} ms for it",
         evidence=evidence + few + ".",
         recommendation=what,
         gain=Gain(
             GainKind.STEP_SHARE,
-            round(extra / step, 4) if step else None,
-            "the straggler brought to the median rank: the time the others wait, over its step",
+            round(lost / step, 4) if step else None,
+            f"the straggler at the others' pace: each step then lasts as long as the slowest "
+            f"of {len(work)} ranks like them; the time it saves, over the step",
         ),
         stage="profile",
         fix={"rank": rank, "cause": "data wait" if data else "compute"},
