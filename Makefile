@@ -12,12 +12,20 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# torch first (the CPU build constraints.txt pins), then the torchvision made for it,
+# without the compiled ops that cannot load beside a CPU torch: why, what works and what
+# it costs are in scripts/torchvision_cpu.py. Everything after finds both installed.
+$(VENV)/.installed-torch: constraints.txt scripts/torchvision_cpu.py | $(BIN)/python
+	$(PIP) torch
+	$(BIN)/python scripts/torchvision_cpu.py
+	touch $@
+
 # Stamp files record which extras are installed, so a second `make` is instant.
-$(VENV)/.installed-test: pyproject.toml constraints.txt | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml constraints.txt $(VENV)/.installed-torch
 	$(PIP) -e '.[test]'
 	touch $@
 
-$(VENV)/.installed-all: pyproject.toml constraints.txt | $(BIN)/python
+$(VENV)/.installed-all: pyproject.toml constraints.txt $(VENV)/.installed-torch
 	$(PIP) -e '.[all,test]'
 	touch $@ $(VENV)/.installed-test
 
