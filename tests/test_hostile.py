@@ -185,10 +185,32 @@ def test_running_out_of_file_descriptors_anyway_is_one_line(monkeypatch, tmp_pat
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_stdout_is_one_line() -> None:
+@pytest.mark.parametrize("unbuffered", ["1", None])
+def test_a_full_stdout_is_one_line(unbuffered: str | None) -> None:
+    # Buffered (no PYTHONUNBUFFERED, as a login shell has it): what is left in the buffer
+    # must not fail a second time when Python flushes at exit (it did: exit 120).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
     with open("/dev/full", "w") as full:
-        r = subprocess.run([*SC, "env"], stdout=full, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run([*SC, "env"], stdout=full, stderr=subprocess.PIPE, text=True, env=env)
     assert r.returncode == 2
     assert r.stderr == (
         "starvecheck: error: cannot write to standard output: No space left on device\n"
     )
+
+
+def test_an_existing_writable_file_in_a_closed_directory_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /dev/null for an ordinary user: the file is writable, its directory is not.
+    from starvecheck.cli.common import FailOn, Outputs
+
+    target = tmp_path / "report.json"
+    target.write_text("")
+    real = os.access
+    closed = str(tmp_path)
+    monkeypatch.setattr(os, "access", lambda p, m: str(p) != closed and real(p, m))
+    assert Outputs.check(str(target), None, FailOn.never).json == str(target)
+    with pytest.raises(Exception, match="not writable"):
+        Outputs.check(str(tmp_path / "new.json"), None, FailOn.never)

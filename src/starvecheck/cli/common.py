@@ -179,9 +179,9 @@ class Outputs:
             parent = target.parent  # Path("r.json").parent is Path(".")
             if not parent.is_dir():
                 raise UsageError(f"{option} {value}: directory {parent} does not exist")
-            if not os.access(parent, os.W_OK) or (
-                target.exists() and not os.access(target, os.W_OK)
-            ):
+            # A file that exists is written in place (/dev/null, a CI step summary): its
+            # own permission decides. A new one needs a writable directory.
+            if not os.access(target if target.exists() else parent, os.W_OK):
                 raise UsageError(f"{option} {value}: not writable")
         return cls(json_path, markdown_path, fail_on)
 
@@ -260,7 +260,20 @@ def emit(report: Report, out: Outputs, c: Context) -> int:
         if e.filename is not None:
             raise
         # stdout itself: a full disk (`> /dev/full`), a closed or revoked terminal.
+        _abandon(c.stdout)
         raise UsageError(f"cannot write to standard output: {e.strerror}") from e
+
+
+def _abandon(stream: Any) -> None:
+    """Point a stream that cannot be written at /dev/null: what is left in its buffer
+    would otherwise fail again when Python flushes it at exit (exit 120, a second
+    message; hidden where PYTHONUNBUFFERED is set)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
 
 
 def _emit(report: Report, out: Outputs, c: Context) -> int:
