@@ -234,6 +234,155 @@ def test_lengths_file_parsing(tmp_path):
             textdata.parse_lengths([bad], "f")
 
 
+# --- reading --lengths a block at a time ---------------------------------------------
+
+
+def per_line(path) -> np.ndarray | str:
+    """What --lengths gave when every line was read and parsed on its own: the
+    reference the block reader must match."""
+    f = textdata._open_text(str(path), "--lengths")
+    try:
+        lines = (line for _, line, _ in textdata._lines(f, textdata.LINE_CHARS))
+        return textdata.parse_lengths(lines, str(path))
+    except UsageError as e:
+        return str(e)
+    finally:
+        f.close()
+
+
+def read(path, limit=None) -> np.ndarray | str:
+    try:
+        return textdata.read_lengths(str(path), limit=limit)
+    except UsageError as e:
+        return str(e)
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """64 bytes a read and blocks halved down to 8 characters, so that a file of 40
+    short lines crosses every kind of boundary."""
+    monkeypatch.setattr(textdata, "READ_SIZE", 64)
+    monkeypatch.setattr(textdata, "SMALL_CHARS", 8)
+    monkeypatch.setattr(textdata, "LONG_CHARS", 64)
+
+
+@pytest.mark.parametrize(
+    ("content", "want"),
+    [
+        (b"3\n7\n0\n", [3, 7, 0]),
+        (b"3\r\n7\r\n", [3, 7]),  # Windows line ends
+        (b"3\n7", [3, 7]),  # no "\n" at the end
+        (b"\n\n3\n\n \t\n7\n\n", [3, 7]),  # blank lines are skipped
+        (b"# lengths\n3\n  # a comment\n7\n", [3, 7]),
+        (b" 3 \n\t7\t\n0007\n", [3, 7, 7]),  # blanks around a number; leading zeros
+        (b"\xef\xbb\xbf3\n7\n", [3, 7]),  # a byte-order mark (Excel) is skipped
+        (b"1\r2\r3\r", [1, 2, 3]),  # "\r" alone ends a line, as it did
+        (b"1099511627776\n", [textdata.MAX_LENGTH]),
+        (b"", []),
+    ],
+)
+def test_a_lengths_file_reads_as_it_did_line_by_line(tmp_path, tiny_blocks, content, want):
+    path = tmp_path / "lengths.txt"
+    path.write_bytes(content)
+    assert read(path).tolist() == per_line(path).tolist() == want
+    gz = tmp_path / "lengths.txt.gz"
+    gz.write_bytes(gzip.compress(content))
+    assert read(gz).tolist() == want
+
+
+BAD_TAIL = "is not a token count (one whole number per line)"
+BAD_LINES = [
+    ("-3", "'-3' is not a token count"),
+    ("4.5", "'4.5' is not a token count"),
+    ("1e3", "'1e3' is not a token count"),
+    ("nan", "'nan' is not a token count"),
+    ("x", "'x' is not a token count"),
+    ("1 2", "'1 2' is not a token count"),
+    ("\x1b[31m5", "'\\x1b[31m5' is not a token count"),  # shown escaped
+    ("\ufeff5", "'\\ufeff5' is not a token count"),  # a byte-order mark mid-file
+    ("9" * 30, "99999999999999999999 tokens is too many"),
+    ("1099511627777", "1099511627777 tokens is too many"),  # MAX_LENGTH + 1
+]
+
+
+@pytest.mark.parametrize("end", ["\n", "\r\n"])
+@pytest.mark.parametrize(("bad", "message"), BAD_LINES)
+def test_a_bad_line_is_named_wherever_it_falls_in_the_blocks(
+    tmp_path, tiny_blocks, bad, message, end
+):
+    # 40 lines, 64 bytes a read: the bad line at each of them is at the start of the
+    # file, in the middle or at the end of a block, across a block boundary, or last
+    # without its line end.
+    for where in range(1, 41):
+        lines = [str(100 + i) for i in range(1, 41)]
+        lines[where - 1] = bad
+        path = tmp_path / f"l{where}.txt"
+        path.write_bytes((end.join(lines) + (end if where < 40 else "")).encode())
+        if where == 1 and bad.startswith("\ufeff"):  # a mark that opens the file is skipped
+            assert read(path).tolist() == per_line(path).tolist() == [5, *range(102, 141)]
+            continue
+        tail = " (one whole number per line)" if "token count" in message else ""
+        want = f"--lengths {path}: line {where}: {message}{tail}"
+        assert read(path) == per_line(path) == want
+
+
+def test_a_huge_line_is_cut_and_named_as_the_per_line_reader_did(tmp_path, tiny_blocks):
+    path = tmp_path / "l.txt"
+    path.write_bytes(b"12\n" + b"9" * 100_000 + b"\n7\n")
+    assert (
+        read(path) == per_line(path) == f"--lengths {path}: line 2: {'9' * 20} tokens is too many"
+    )
+    # cut while read: blanks past the cut are never seen (as before)
+    path.write_bytes(b"12\n" + b" " * 5000 + b"5\n7\n")
+    assert read(path).tolist() == per_line(path).tolist() == [12, 7]
+    # a file of lines ended by "\r" alone has no "\n": cut into blocks after a "\r"
+    path.write_bytes(b"3\r" * 1000)
+    assert read(path).tolist() == [3] * 1000
+    path.write_bytes(b"3\r" * 1000 + b"x\r")
+    assert read(path) == per_line(path) == f"--lengths {path}: line 1001: 'x' {BAD_TAIL}"
+
+
+def test_limit_stops_reading_where_the_per_line_reader_stopped(tmp_path, tiny_blocks):
+    path = tmp_path / "l.txt"
+    path.write_bytes(b"".join(b"%d\n" % i for i in range(1, 41)) + b"x\n\xff\n")
+    assert read(path, limit=40).tolist() == list(range(1, 41))  # nothing bad before it
+    assert read(path, limit=3).tolist() == [1, 2, 3]
+    assert read(path) == f"--lengths {path}: line 41: 'x' {BAD_TAIL}"  # the first problem
+    path.write_bytes(b"1\n2\n\xff\n")
+    assert read(path) == f"--lengths {path}: not UTF-8 text (invalid start byte)"
+    assert read(path, limit=2).tolist() == [1, 2]
+    path.write_bytes(gzip.compress(b"1\n2\n" * 1000)[:-20])  # a gzip file cut short
+    gz = path.rename(tmp_path / "l.txt.gz")
+    assert read(gz).startswith(f"--lengths {gz}: cannot read: ")
+
+
+def test_lengths_from_stdin_are_read_as_they_come(tmp_path):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "starvecheck", "pad", "--lengths", "-", "--limit", "3"]
+    proc = subprocess.Popen([*argv, "--json", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        proc.stdin.write(b"12\n40\n7\n")  # and the pipe stays open: three are enough
+        proc.stdin.flush()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0
+    metrics = {m["name"]: m["value"] for m in json.loads(out)["stages"][0]["metrics"]}
+    assert metrics["samples"] == 3 and metrics["tokens"] == 59
+    # standard input closed (`<&-`): one line
+    r = subprocess.run(
+        ["sh", "-c", 'exec "$0" "$@" <&-', *argv], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr == "starvecheck: error: --lengths -: standard input is closed\n"
+    )
+
+
 def test_tokenized_lengths_count_special_tokens_as_training_does(tmp_path):
     tiny_tokenizer(tmp_path / "tok")
     tok = textdata.load_tokenizer(str(tmp_path / "tok"))
