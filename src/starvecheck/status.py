@@ -36,3 +36,9 @@ class UsageError(StarvecheckError):
 
 class Unavailable(StarvecheckError):
     status = ExitStatus.UNAVAILABLE
+
+
+class BatchTimeout(UsageError):
+    """A DataLoader delivered no batch within --batch-timeout (stages/batches.py): a
+    stuck worker or dataset is bad input, exit 2. Not `Unavailable`, which doctor
+    records for the stage and goes on: the run ends here."""

@@ -117,6 +117,21 @@ def finite(low: float, high: float, above: bool = False) -> Callable[[float | No
     return check
 
 
+# --batch-timeout: where a command iterates a DataLoader (loader, starve, profile,
+# doctor). None: the default (stages/batches.py), which the help states.
+BatchTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--batch-timeout",
+        metavar="SECONDS",
+        callback=finite(0.0, 86_400.0),
+        help="End in one line (exit 2) when the DataLoader delivers no batch for this "
+        "long, worker start-up included: a stuck worker or dataset [default: 120; 0: no "
+        "limit].",
+        show_default=False,
+    ),
+]
+
 QuickOpt = Annotated[
     bool, typer.Option("--quick", help="Small sizes for CI smoke runs: seconds, not minutes.")
 ]
@@ -201,15 +216,23 @@ def sysroot_of(c: Context) -> SysRoot:
 
 
 def measure_one(
-    name: str, options: Mapping[str, Any], c: Context, out: Outputs, machine: Machine | None
+    name: str,
+    options: Mapping[str, Any],
+    c: Context,
+    out: Outputs,
+    machine: Machine | None,
+    batch_timeout_s: float | None = None,
 ) -> StageResult:
     """A command's one stage, through the registry: plan from the options (bad ones
-    are one line and exit 2 before anything runs), then measure with a progress bar."""
+    are one line and exit 2 before anything runs), then measure with a progress bar.
+    `batch_timeout_s`: --batch-timeout where the command has it (None: the default)."""
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
 
     stage = registry.get(name)
     ctx = RunContext(machine=machine, environ=c.environ, warn=lambda msg: warning(c, msg))
+    if batch_timeout_s is not None:
+        ctx = replace(ctx, batch_timeout_s=batch_timeout_s)
     plan = stage.plan(options, ctx)
     with progress_bar(c, out) as progress:
         return stage.measure(plan, replace(ctx, progress=progress))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 
 from starvecheck import args
 from starvecheck.cli.common import (
+    BatchTimeoutOpt,
     FailOn,
     FailOnOpt,
     JsonOpt,
@@ -149,6 +151,7 @@ def doctor(
             show_default=False,
         ),
     ] = None,
+    batch_timeout: BatchTimeoutOpt = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -209,6 +212,8 @@ def doctor(
             path=target or str(Path.cwd()),
             slow_ms=distributed.slow_ms(c.environ, rank.rank if rank else 0),
         )
+        if batch_timeout is not None:
+            run_ctx = replace(run_ctx, batch_timeout_s=batch_timeout)
         outcome = doctor_stage.run(w, stages, quick, run_ctx)
     results = [env_result, *outcome.results]
 

@@ -9,6 +9,7 @@ import typer
 
 from starvecheck import args
 from starvecheck.cli.common import (
+    BatchTimeoutOpt,
     FailOn,
     FailOnOpt,
     JsonOpt,
@@ -99,6 +100,7 @@ def loader(
             "of generating data. Never writes, renames or deletes anything there.",
         ),
     ] = False,
+    batch_timeout: BatchTimeoutOpt = None,
     plot: PlotOpt("samples/s against num_workers per layout") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
@@ -134,7 +136,7 @@ def loader(
         "cold": cold,
         "quick": quick,
     }
-    result = measure_one("loader", options, c, out, machine)
+    result = measure_one("loader", options, c, out, machine, batch_timeout)
     if plot_path:
         from starvecheck.render.plot import loader_plot
 

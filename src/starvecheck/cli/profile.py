@@ -10,6 +10,7 @@ import typer
 
 from starvecheck import args
 from starvecheck.cli.common import (
+    BatchTimeoutOpt,
     FailOn,
     FailOnOpt,
     JsonOpt,
@@ -88,6 +89,7 @@ def profile(
         "Add a third layout, raw text tokenized in the DataLoader by this "
         "transformers tokenizer (a local directory or a cached name; never downloaded)."
     ) = None,
+    batch_timeout: BatchTimeoutOpt = None,
     trace: Annotated[
         list[str] | None,
         typer.Option(
@@ -124,6 +126,7 @@ def profile(
             "--cold": cold,
             "--trace-dir": trace_dir is not None,
             "--tokenizer": tokenizer is not None,
+            "--batch-timeout": batch_timeout is not None,
         }
         given = [name for name, set_ in loop_options.items() if set_]
         if given:
@@ -150,5 +153,5 @@ def profile(
         "tokenizer": tokenizer,
         "quick": quick,
     }
-    result = measure_one("profile", options, c, out, machine)
+    result = measure_one("profile", options, c, out, machine, batch_timeout)
     return emit(build_report("profile", machine, [result], c), out, c)

@@ -9,6 +9,7 @@ import typer
 
 from starvecheck import args
 from starvecheck.cli.common import (
+    BatchTimeoutOpt,
     FailOn,
     FailOnOpt,
     JsonOpt,
@@ -78,6 +79,7 @@ def starve(
             "directory or a cached name; never downloaded) instead of a busy loop.",
         ),
     ] = None,
+    batch_timeout: BatchTimeoutOpt = None,
     plot: PlotOpt("GPU idle share against workers") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
@@ -107,7 +109,7 @@ def starve(
         "tokenizer": tokenizer,
         "quick": quick,
     }
-    result = measure_one("starve", options, c, out, machine)
+    result = measure_one("starve", options, c, out, machine, batch_timeout)
     if plot_path:
         from starvecheck.render.plot import sweep_plot
 

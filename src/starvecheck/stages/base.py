@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from starvecheck.model import StageResult
+from starvecheck.stages.batches import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
@@ -44,6 +45,9 @@ class RunContext:
     warn: Warn = no_warning
     path: str | None = None  # the directory a stage writes its data under (doctor's PATH)
     slow_ms: float = 0.0  # testing hook (STARVECHECK_SLOW_RANKS): slower loader samples
+    # --batch-timeout: a DataLoader that delivers no batch for this long ends the run in
+    # one line (stages/batches.py); 0: no limit.
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property
     def effective_cpus(self) -> int:

@@ -38,6 +38,7 @@ from starvecheck.model import Caveat, Metric, StageResult, one
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.base import OnDisk, RunContext
+from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.datasets import (
     batch_size_of,
 )
@@ -46,7 +47,7 @@ from starvecheck.stages.loaderplan import Plan
 from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
-from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
+from starvecheck.stages.workers import prepare_workers, worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import UNSTABLE_SPREAD, hypervisor_cache, outliers, percentile, too_few_runs
 from starvecheck.timing import unstable as timing_unstable
@@ -121,10 +122,17 @@ class Measured:
 
 
 def run_epoch(
-    source: Source, plan: Plan, workers: int, pin_memory: bool, run: int, limit: int = 0
+    source: Source,
+    plan: Plan,
+    workers: int,
+    pin_memory: bool,
+    run: int,
+    limit: int = 0,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Epoch:
-    """One epoch (or `limit` batches) through a fresh DataLoader. Workers are shut down
-    and the dataset released on every way out, Ctrl-C included."""
+    """One epoch (or `limit` batches) through a fresh DataLoader, each batch within
+    `batch_timeout_s` (stages/batches.py; 0: no limit). Workers are shut down and the
+    dataset released on every way out, Ctrl-C and a stuck worker included."""
     import torch
 
     clock = time.perf_counter
@@ -150,9 +158,11 @@ def run_epoch(
         waits: list[float] = []  # time blocked in next(it), every batch after the first
         counts: list[int] = []
         sizes: list[int] = []
+        # The testing hook's delay (STARVECHECK_SLOW_RANKS) comes on top of the limit.
+        delay_s = plan.batch_size * plan.sample_delay_ms / 1e3
+        timeout = batch_timeout_s + delay_s if batch_timeout_s else 0.0
         started = clock()
-        it = iter(loader)
-        try:
+        with Batches(loader, timeout, "loader", source.name) as it:
             while not limit or len(arrivals) < limit:
                 check_signals()  # an interrupt swallowed while forking workers
                 asked = clock()
@@ -166,9 +176,6 @@ def run_epoch(
                 n, nbytes = batch_size_of(batch)
                 counts.append(n)
                 sizes.append(nbytes)
-        finally:
-            stop_workers(it)
-            del it
     finally:
         if dataset is not None:
             with signals_held():
@@ -195,13 +202,17 @@ def quiet_torch() -> Iterator[None]:
 
 
 def measure(
-    sources: Sequence[Source], plan: Plan, pin_memory: bool, progress: Progress = _no_progress
+    sources: Sequence[Source],
+    plan: Plan,
+    pin_memory: bool,
+    progress: Progress = _no_progress,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Measured:
     """Every (cache, layout, num_workers): `plan.runs` epochs, each cold one evicted
     and checked first; warm ones after a full unmeasured read."""
     out = Measured()
     for source in sources:  # first-use costs (imports, code paths) out of the figures
-        run_epoch(source, plan, 0, pin_memory, run=0, limit=WARMUP_BATCHES)
+        run_epoch(source, plan, 0, pin_memory, 0, WARMUP_BATCHES, batch_timeout_s)
     configs = [(t, s, w) for t in plan.temperatures for s in sources for w in plan.workers]
     total = len(configs) * plan.runs
     done = 0
@@ -225,7 +236,7 @@ def measure(
                     record_residency(layout, out.residency_errors)
                 )
             progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
-            epochs.append(run_epoch(source, plan, workers, pin_memory, run))
+            epochs.append(run_epoch(source, plan, workers, pin_memory, run, 0, batch_timeout_s))
             done += 1
     progress("measuring", total, total)
     return out
@@ -365,6 +376,7 @@ def _run(
     storage: Mapping[str, Any],
     progress: Progress,
     warn: Callable[[str], None],
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StageResult:
     """LoaderStage.measure's work."""
     import multiprocessing
@@ -394,7 +406,7 @@ def _run(
             sources, extra, more = existing_sources(path, plan)
             params.update(extra)
             caveats += more
-            measured = _measure_or_fail(sources, plan, pin, progress)
+            measured = _measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
         else:
             streaming, why = _streaming() if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
@@ -411,7 +423,7 @@ def _run(
                 with scratch:
                     try:
                         sources = generate(scratch, plan, streaming, progress)
-                        measured = _measure_or_fail(sources, plan, pin, progress)
+                        measured = _measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
                     except OSError as e:
                         raise UsageError(
                             f"writing test data in {scratch.path} failed: {e.strerror}"
@@ -454,10 +466,10 @@ def _streaming() -> tuple[Any | None, str]:
 
 
 def _measure_or_fail(
-    sources: Sequence[Source], plan: Plan, pin: bool, progress: Progress
+    sources: Sequence[Source], plan: Plan, pin: bool, progress: Progress, batch_timeout_s: float
 ) -> Measured:
     try:
-        return measure(sources, plan, pin, progress)
+        return measure(sources, plan, pin, progress, batch_timeout_s)
     except OSError as e:
         where = f" ({os.fsdecode(e.filename)})" if e.filename else ""
         raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
@@ -535,9 +547,18 @@ class LoaderStage:
 
     def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
         """Measure, summarise and recommend (judging is advice/loader's). SIGTERM/SIGHUP
-        raise like Ctrl-C while this runs: workers are shut down, Streaming's shared
-        memory and the scratch data removed on every way out."""
-        return _run(plan.path, plan.plan, plan.existing, ctx.storage, ctx.progress, ctx.warn)
+        raise like Ctrl-C while this runs, and a DataLoader that delivers nothing within
+        ctx.batch_timeout_s ends it: workers are shut down, Streaming's shared memory and
+        the scratch data removed on every way out."""
+        return _run(
+            plan.path,
+            plan.plan,
+            plan.existing,
+            ctx.storage,
+            ctx.progress,
+            ctx.warn,
+            ctx.batch_timeout_s,
+        )
 
 
 STAGE = LoaderStage()

@@ -31,9 +31,10 @@ from starvecheck import args, cache
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
 from starvecheck.stages.base import RunContext
+from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
-from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
+from starvecheck.stages.workers import prepare_workers, worker_init
 from starvecheck.status import Unavailable, UsageError
 from starvecheck.timing import not_cold
 
@@ -177,9 +178,11 @@ def run_scenario(
     optimizer: Any,
     trace_name: str,
     residency_errors: list[str],
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Steps:
-    """Warm-up, eviction (with --cold), profiled steps; workers shut down and the
-    dataset released on every way out."""
+    """Warm-up, eviction (with --cold), profiled steps, each batch within
+    `batch_timeout_s` (0: no limit); workers shut down and the dataset released on
+    every way out."""
     import torch
     from torch.profiler import ProfilerActivity, record_function, schedule
 
@@ -212,52 +215,50 @@ def run_scenario(
             if plan.trace_dir
             else None
         )
-        it = iter(loader)
-        try:
-            with torch.profiler.profile(
+        with (
+            Batches(loader, batch_timeout_s, "profile", source.name) as it,
+            torch.profiler.profile(
                 activities=activities,
                 schedule=schedule(wait=0, warmup=plan.warmup_steps, active=plan.steps),
                 on_trace_ready=handler,
-            ) as prof:
-                for step in range(plan.warmup_steps + plan.steps):
-                    check_signals()
-                    if step == plan.warmup_steps and plan.cold:
-                        layout = source.layout
-                        cache.evict(
-                            layout.paths,
-                            dir_fd=layout.dir_fd,
-                            sync=layout.sync,
-                            flags=layout.evict_flags,
-                        )
-                        resident = record_residency(layout, residency_errors)
-                    marks = [clock()]
-                    with record_function("DATALOADER_WAIT"):
-                        batch = next(it)
-                    marks.append(clock())
-                    with record_function("H2D_TRANSFER"):
-                        batch = batch.to(plan.device, non_blocking=True)
-                        sync()
-                    marks.append(clock())
-                    with record_function("FORWARD"):
-                        loss = model(input_ids=batch, labels=batch).loss
-                        sync()
-                    marks.append(clock())
-                    with record_function("BACKWARD"):
-                        loss.backward()
-                        sync()
-                    marks.append(clock())
-                    with record_function("OPTIMIZER"):
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                        sync()
-                    marks.append(clock())
-                    prof.step()
-                    if step >= plan.warmup_steps:
-                        for name, a, b in zip(PHASES, marks, marks[1:], strict=False):
-                            phases[name].append(b - a)
-        finally:
-            stop_workers(it)
-            del it
+            ) as prof,
+        ):
+            for step in range(plan.warmup_steps + plan.steps):
+                check_signals()
+                if step == plan.warmup_steps and plan.cold:
+                    layout = source.layout
+                    cache.evict(
+                        layout.paths,
+                        dir_fd=layout.dir_fd,
+                        sync=layout.sync,
+                        flags=layout.evict_flags,
+                    )
+                    resident = record_residency(layout, residency_errors)
+                marks = [clock()]
+                with record_function("DATALOADER_WAIT"):
+                    batch = next(it)
+                marks.append(clock())
+                with record_function("H2D_TRANSFER"):
+                    batch = batch.to(plan.device, non_blocking=True)
+                    sync()
+                marks.append(clock())
+                with record_function("FORWARD"):
+                    loss = model(input_ids=batch, labels=batch).loss
+                    sync()
+                marks.append(clock())
+                with record_function("BACKWARD"):
+                    loss.backward()
+                    sync()
+                marks.append(clock())
+                with record_function("OPTIMIZER"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    sync()
+                marks.append(clock())
+                prof.step()
+                if step >= plan.warmup_steps:
+                    for name, a, b in zip(PHASES, marks, marks[1:], strict=False):
+                        phases[name].append(b - a)
     finally:
         if dataset is not None:
             with signals_held():
@@ -377,6 +378,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
                             optimizer,
                             f"{source.name}-w{workers}",
                             residency_errors,
+                            ctx.batch_timeout_s,
                         )
                     except RuntimeError as e:
                         reason = " ".join(str(e).split())

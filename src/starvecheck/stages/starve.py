@@ -26,8 +26,9 @@ from starvecheck.figures import IDLE_AS_GOOD
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import check_signals
 from starvecheck.stages.base import RunContext
+from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.textdata import default_texts, load_tokenizer
-from starvecheck.stages.workers import prepare_workers, stop_workers, worker_init
+from starvecheck.stages.workers import prepare_workers, worker_init
 
 if TYPE_CHECKING:
     from starvecheck.workload import Workload
@@ -159,7 +160,24 @@ def warmup_steps(plan: Plan, workers: int) -> int:
     return max(plan.warmup_steps, 3 * workers * PREFETCH)
 
 
-def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
+def work_s(plan: Plan, d_ms: float, workers: int) -> float:
+    """Seconds one batch's simulated work takes at most, in the steady state and for the
+    first batch: D*B, stretched where the workers outnumber the CPUs (busy loops share
+    them; sleeps do not). It comes on top of --batch-timeout: a long --sample-ms is
+    not a stuck loader."""
+    share = 1.0 if plan.sleep or not workers else max(1.0, workers / max(1, plan.effective_cpus))
+    return d_ms * plan.batch_size * share / 1e3
+
+
+def measure_point(
+    dataset: _Samples,
+    plan: Plan,
+    workers: int,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
+    d_ms: float | None = None,
+) -> Point:
+    """One worker count: the first batch, warm-up steps, then the measured steps, each
+    batch within `batch_timeout_s` plus its simulated work (0: no limit)."""
     import torch
 
     point = Point(workers)
@@ -178,26 +196,31 @@ def measure_point(dataset: _Samples, plan: Plan, workers: int) -> Point:
             persistent_workers=False,
             worker_init_fn=worker_init if workers else None,
         )
-        it = iter(loader)
-    try:
-        start = clock()
-        next(it)
-        point.first_batch_s = clock() - start
-        warmup = warmup_steps(plan, workers)
-        for step in range(warmup + plan.steps):
-            check_signals()  # an interrupt swallowed while forking workers
-            t0 = clock()
+        work = work_s(plan, plan.sample_ms if d_ms is None else d_ms, workers)
+        timeout = batch_timeout_s + work if batch_timeout_s else 0.0
+        with Batches(loader, timeout, "starve", _what(plan)) as it:
+            start = clock()
             next(it)
-            t1 = clock()
-            time.sleep(plan.step_ms / 1000)  # the GPU step: the host CPU is free meanwhile
-            t2 = clock()
-            if step >= warmup:
-                point.waits_ms.append((t1 - t0) * 1000)
-                point.computes_ms.append((t2 - t1) * 1000)
-    finally:
-        stop_workers(it)
-        del it
+            point.first_batch_s = clock() - start
+            warmup = warmup_steps(plan, workers)
+            for step in range(warmup + plan.steps):
+                check_signals()  # an interrupt swallowed while forking workers
+                t0 = clock()
+                next(it)
+                t1 = clock()
+                time.sleep(plan.step_ms / 1000)  # the GPU step: the host CPU is free meanwhile
+                t2 = clock()
+                if step >= warmup:
+                    point.waits_ms.append((t1 - t0) * 1000)
+                    point.computes_ms.append((t2 - t1) * 1000)
     return point
+
+
+def _what(plan: Plan) -> str:
+    """The samples, as the error names them."""
+    if plan.tokenizer:
+        return f"samples tokenized by {plan.tokenizer}"
+    return f"samples of {plan.sample_ms:g} ms {'sleep' if plan.sleep else 'CPU work'}"
 
 
 def calibrate_tokenizer_ms(tokenizer: Any, texts: Sequence[str], n: int = 64) -> float:
@@ -215,6 +238,8 @@ def sweep(
     progress: Progress = _no_progress,
     tokenizer: Any = None,
     texts: Sequence[str] | None = None,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
+    d_ms: float | None = None,
 ) -> list[Point]:
     most = max(plan.workers, default=0)
     n = (plan.steps + warmup_steps(plan, most) + 2 + most * PREFETCH) * plan.batch_size
@@ -222,7 +247,7 @@ def sweep(
     points = []
     for i, w in enumerate(plan.workers):
         progress(f"{w} worker(s)", i, len(plan.workers))
-        points.append(measure_point(dataset, plan, w))
+        points.append(measure_point(dataset, plan, w, batch_timeout_s, d_ms))
     progress("done", len(plan.workers), len(plan.workers))
     return points
 
@@ -291,7 +316,13 @@ def capacity_workers(points: Sequence[Point], effective_cpus: int) -> int:
 
 
 def measure_capacity(
-    dataset: _Samples, plan: Plan, workers: int, runs: int, progress: Progress = _no_progress
+    dataset: _Samples,
+    plan: Plan,
+    workers: int,
+    runs: int,
+    progress: Progress = _no_progress,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
+    d_ms: float | None = None,
 ) -> Metric:
     """Samples per second `workers` deliver when nothing waits for the consumer (the
     step takes 0 ms): the production rate of the preprocessing itself, which a run
@@ -301,7 +332,7 @@ def measure_capacity(
     rates = []
     for i in range(runs):
         progress(f"capacity, {workers} worker(s)", i, runs)
-        point = measure_point(dataset, fast, workers)
+        point = measure_point(dataset, fast, workers, batch_timeout_s, d_ms)
         spent_ms = sum(point.waits_ms) + sum(point.computes_ms)
         if spent_ms > 0:
             rates.append(plan.batch_size * len(point.waits_ms) * 1000 / spent_ms)
@@ -310,7 +341,10 @@ def measure_capacity(
 
 
 def run(
-    plan: Plan, progress: Progress = _no_progress, warn: Callable[[str], None] = lambda m: None
+    plan: Plan,
+    progress: Progress = _no_progress,
+    warn: Callable[[str], None] = lambda m: None,
+    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StageResult:
     from starvecheck import preflight
     from starvecheck.scratch import signals_raise
@@ -345,12 +379,14 @@ def run(
     capacity = None
     extra: dict[str, Any] = {}
     with signals_raise():  # SIGTERM ends the sweep like Ctrl-C: workers are shut down
-        points = sweep(plan, progress, tokenizer, texts)
+        points = sweep(plan, progress, tokenizer, texts, batch_timeout_s, d_ms)
         if plan.capacity_runs:
             w = capacity_workers(points, plan.effective_cpus)
             n = (plan.steps + warmup_steps(plan, w) + 2 + w * PREFETCH) * plan.batch_size
             dataset = _Samples(n, plan.sample_ms, plan.sleep, texts, tokenizer)
-            capacity = measure_capacity(dataset, plan, w, plan.capacity_runs, progress)
+            capacity = measure_capacity(
+                dataset, plan, w, plan.capacity_runs, progress, batch_timeout_s, d_ms
+            )
             extra = {"capacity_workers": w, "capacity_runs": plan.capacity_runs}
     metrics = summarize(plan, d_ms, points)
     import torch
@@ -437,7 +473,7 @@ class StarveStage:
         )
 
     def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
-        return run(plan, ctx.progress, ctx.warn)
+        return run(plan, ctx.progress, ctx.warn, ctx.batch_timeout_s)
 
     def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
         """With a tokenizer (and no cpu_ms_per_sample given), the CPU per sample is
