@@ -29,7 +29,8 @@ import subprocess
 import sys
 
 from starvecheck import cache
-from starvecheck.scratch import Scratch, signals_raise
+from starvecheck.scratch import Scratch
+from starvecheck.signals import signals_raise
 from starvecheck.stages.io import MB, Layout, Plan, generate
 from starvecheck.stages.reads import timed_run
 from starvecheck.units import parse_size

@@ -33,7 +33,7 @@ import pytest
 from starvecheck.advice.judge import Results, judge
 from starvecheck.model import Finding, Report, Severity, StageResult
 from starvecheck.probe.machine import Machine, collect
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.workload import Workload
 from tests.conftest import FIXTURES, SYSROOTS, run
 

@@ -22,12 +22,12 @@ from starvecheck.advice import io as io_advice
 from starvecheck.advice.judge import Results
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.probe.machine import Machine, Storage, collect
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.render import throughput
 from starvecheck.stages import existing
 from starvecheck.stages import io as io_stage
 from starvecheck.stages.reads import FileOps, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.stages.residency import COLD_MAX_RESIDENT
-from starvecheck.sysroot import SysRoot
 from starvecheck.units import format_bytes
 from tests.conftest import SYSROOTS, run
 from tests.fixtures.labels.io import labels as io_labels

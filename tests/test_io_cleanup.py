@@ -27,8 +27,10 @@ from typing import Any
 import pytest
 
 import starvecheck.scratch as scratch_mod
+import starvecheck.signals as signals_mod
 from starvecheck import scratch as scratch_module
-from starvecheck.scratch import Scratch, Terminated, signals_held, signals_raise
+from starvecheck.scratch import Scratch
+from starvecheck.signals import Terminated, signals_held, signals_raise
 from starvecheck.stages import io as io_stage
 from tests.conftest import run
 
@@ -681,10 +683,10 @@ def test_a_swallowed_interrupt_is_raised_again(capsys: pytest.CaptureFixture[str
     with pytest.raises(KeyboardInterrupt), signals_raise():
         Swallows()
         reached.append(True)  # the interrupt did not propagate by itself
-        scratch_mod.check_signals()
+        signals_mod.check_signals()
     assert reached == [True]
     assert "Exception ignored" not in capsys.readouterr().err
-    scratch_mod.check_signals()  # outside the block: nothing pending any more
+    signals_mod.check_signals()  # outside the block: nothing pending any more
 
 
 def _del_failures() -> list[Any]:

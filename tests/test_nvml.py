@@ -15,7 +15,7 @@ from starvecheck.probe.nvml import (
     NvmlUnavailable,
     PynvmlSource,
 )
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 
 class NVMLError(Exception):

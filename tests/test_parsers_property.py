@@ -17,7 +17,7 @@ from starvecheck.advice.env import advise
 from starvecheck.probe import cgroup, container, cpu, gpu, memory, mounts, nvml, software
 from starvecheck.probe.machine import collect
 from starvecheck.probe.nvml import FakeNvmlSource
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 # Text shaped like kernel files: digits, separators and words they use, plus anything.
 KERNEL_ALPHABET = st.sampled_from(

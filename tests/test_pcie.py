@@ -15,12 +15,12 @@ import pytest
 from starvecheck.advice import pcie as advice
 from starvecheck.model import Metric, Report, Severity, StageResult
 from starvecheck.probe.machine import collect
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages import pcie as stage
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import cudart, linkwatch
 from starvecheck.stages.pcie.names import labelled
 from starvecheck.status import Unavailable, UsageError
-from starvecheck.sysroot import SysRoot
 from starvecheck.units import parse_size
 from tests.conftest import SYSROOTS, run, sysroot_env
 

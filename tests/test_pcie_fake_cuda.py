@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from starvecheck.probe.machine import GpuInfo, Numa, NumaNodeInfo, Pcie, collect
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages import pcie as stage
 from starvecheck.stages.pcie import cudart
-from starvecheck.sysroot import SysRoot
 from tests import fake_cuda
 from tests.conftest import run
 

@@ -86,7 +86,7 @@ def _reason(e: OSError) -> str:
 
 def _fstype(path: str) -> str | None:
     from starvecheck.probe.mounts import mount_for, read_mounts
-    from starvecheck.sysroot import SysRoot
+    from starvecheck.probe.sysroot import SysRoot
 
     mounts = read_mounts(SysRoot(Path("/"))).value
     mount = mount_for(mounts, path) if mounts else None

@@ -18,8 +18,8 @@ import typer
 from starvecheck import __version__
 from starvecheck.context import Context
 from starvecheck.model import Report, Severity, StageResult, at_or_above
+from starvecheck.probe.sysroot import ENV_VAR, SysRoot
 from starvecheck.status import ExitStatus, UsageError
-from starvecheck.sysroot import ENV_VAR, SysRoot
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine

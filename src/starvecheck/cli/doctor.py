@@ -168,9 +168,9 @@ def doctor(
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
     from starvecheck import distributed
+    from starvecheck.probe.sysroot import SysRoot
     from starvecheck.stages import doctor as doctor_stage
     from starvecheck.stages import env as env_stage
-    from starvecheck.sysroot import SysRoot
     from starvecheck.workload import check, read_file, resolve
 
     c = context_of(ctx)

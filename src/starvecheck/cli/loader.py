@@ -24,7 +24,7 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 
 @app.command()

@@ -25,7 +25,7 @@ from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor,
 
 # isort: on
 from starvecheck.context import Context
-from starvecheck.scratch import Terminated, forget_received, received, signals_raise
+from starvecheck.signals import Terminated, forget_received, received, signals_raise
 from starvecheck.status import ExitStatus, StarvecheckError, signal_status
 
 

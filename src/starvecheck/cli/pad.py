@@ -26,8 +26,8 @@ from starvecheck.cli.common import (
     progress_bar,
     warning,
 )
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.strategies import STRATEGIES
-from starvecheck.sysroot import SysRoot
 
 
 class DataFormat(str, Enum):

@@ -26,8 +26,8 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.status import UsageError
-from starvecheck.sysroot import SysRoot
 
 
 class Device(str, Enum):

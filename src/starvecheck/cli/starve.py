@@ -26,7 +26,7 @@ from starvecheck.cli.common import (
     finite,
     measure_one,
 )
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 
 @app.command()

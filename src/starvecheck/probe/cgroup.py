@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
 from starvecheck.probe.mounts import Mount
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.probe.text import is_uint
-from starvecheck.sysroot import SysRoot
 
 # v1 writes "no limit" as the largest page-aligned counter: 0x7FFFFFFFFFFFF000
 # on 4 KiB pages, a little less with 64 KiB pages (Arm). Anything this big is no limit.

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 

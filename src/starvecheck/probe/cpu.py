@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.probe.text import is_uint
-from starvecheck.sysroot import SysRoot
 
 # The kernel caps a cpulist at NR_CPUS (8192 at most in distribution kernels);
 # a bigger range in a garbled file would otherwise build a huge set.
@@ -190,7 +190,7 @@ def probe_affinity(root: SysRoot) -> Fact[frozenset[int]]:
 
 
 def under_hypervisor() -> bool:
-    from starvecheck.sysroot import SysRoot
+    from starvecheck.probe.sysroot import SysRoot
 
     text = SysRoot.from_environ({}).read("/proc/cpuinfo")
     return bool(text.known and parse_hypervisor(text.value or ""))

@@ -25,8 +25,8 @@ from starvecheck.probe.nvml import (
     PynvmlSource,
     normalise_bus_id,
 )
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.probe.text import is_uint
-from starvecheck.sysroot import SysRoot
 
 NVIDIA_VENDOR = "0x10de"
 PCI_DEVICES = "/sys/bus/pci/devices"

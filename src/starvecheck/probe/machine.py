@@ -24,7 +24,7 @@ from starvecheck.probe.mounts import probe_shm, probe_storage, read_mounts
 from starvecheck.probe.numa import probe_numa
 from starvecheck.probe.nvml import NvmlSource
 from starvecheck.probe.software import probe_software
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.probe.text import is_uint
-from starvecheck.sysroot import SysRoot
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from starvecheck.probe.cpu import parse_cpulist
 from starvecheck.probe.fact import Fact
 from starvecheck.probe.memory import parse_meminfo
-from starvecheck.sysroot import SysRoot
+from starvecheck.probe.sysroot import SysRoot
 
 NODE_DIR = "/sys/devices/system/node"
 

@@ -14,7 +14,7 @@ def _save(fig: Any, path: str) -> None:
 
     import matplotlib.pyplot as plt
 
-    from starvecheck.scratch import signals_held
+    from starvecheck.signals import signals_held
 
     buf = io.BytesIO()
     try:

@@ -97,7 +97,7 @@ def run(
     ctx: RunContext,
 ) -> Outcome:
     """Every selected stage against the workload; the stages' results and doctor's own."""
-    from starvecheck.scratch import signals_raise
+    from starvecheck.signals import signals_raise
 
     start = time.perf_counter()
     caveats: list[str] = []

@@ -12,9 +12,9 @@ from typing import Any
 from starvecheck.model import Caveat, StageResult
 from starvecheck.probe.machine import Machine, collect, resolve_data_path
 from starvecheck.probe.nvml import NvmlSource
+from starvecheck.probe.sysroot import ENV_VAR, SysRoot
 from starvecheck.stages.base import RunContext
 from starvecheck.status import UsageError
-from starvecheck.sysroot import ENV_VAR, SysRoot
 
 
 def run(

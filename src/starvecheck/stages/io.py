@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from starvecheck import cache
 from starvecheck.model import Caveat, Metric, StageResult, one, select
 from starvecheck.probe.cpu import under_hypervisor
-from starvecheck.scratch import Scratch, check_signals, signals_raise, space_problem, write_all
+from starvecheck.scratch import Scratch, space_problem, write_all
+from starvecheck.signals import check_signals, signals_raise
 from starvecheck.stages import existing as existing_mode
 from starvecheck.stages.base import OnDisk, RunContext
 from starvecheck.stages.layouts import MB, Layout, Progress

@@ -36,7 +36,8 @@ from starvecheck import cache
 from starvecheck.figures import headline, loader_curves
 from starvecheck.model import Caveat, Metric, StageResult, one
 from starvecheck.probe.cpu import under_hypervisor
-from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
+from starvecheck.scratch import Scratch
+from starvecheck.signals import check_signals, signals_held, signals_raise
 from starvecheck.stages.base import OnDisk, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.datasets import (

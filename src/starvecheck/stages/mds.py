@@ -92,7 +92,7 @@ def _quiet_resource_tracker() -> None:
     import signal
     from multiprocessing import resource_tracker
 
-    from starvecheck.scratch import in_main_thread
+    from starvecheck.signals import in_main_thread
 
     if not in_main_thread():  # signal.signal refuses
         resource_tracker.ensure_running()

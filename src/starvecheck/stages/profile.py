@@ -29,7 +29,8 @@ from typing import Any
 
 from starvecheck import args, cache
 from starvecheck.model import Caveat, Metric, StageResult
-from starvecheck.scratch import Scratch, check_signals, signals_held, signals_raise
+from starvecheck.scratch import Scratch
+from starvecheck.signals import check_signals, signals_held, signals_raise
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric

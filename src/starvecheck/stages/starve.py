@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.figures import IDLE_AS_GOOD
 from starvecheck.model import Caveat, Metric, StageResult
-from starvecheck.scratch import check_signals
+from starvecheck.signals import check_signals
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.textdata import default_texts, load_tokenizer
@@ -347,7 +347,7 @@ def run(
     batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StageResult:
     from starvecheck import preflight
-    from starvecheck.scratch import signals_raise
+    from starvecheck.signals import signals_raise
 
     # A sample is a small tensor of token ids (or nothing, with --sleep): a batch is tiny.
     plan = preflight.fitted(plan, plan.batch_size * 4096, PREFETCH, warn)
