@@ -14,16 +14,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from starvecheck.probe.cgroup import probe_cgroup
-from starvecheck.probe.container import probe_container
-from starvecheck.probe.cpu import format_cpulist, probe_cpu
+from starvecheck.probe.cgroup import CgroupFacts, probe_cgroup
+from starvecheck.probe.container import ContainerFacts, probe_container
+from starvecheck.probe.cpu import CpuFacts, format_cpulist, probe_cpu
 from starvecheck.probe.fact import Fact, Ledger
-from starvecheck.probe.gpu import nvml_source_for, probe_gpus, theoretical_gbps
-from starvecheck.probe.memory import probe_limits, probe_memory
-from starvecheck.probe.mounts import probe_shm, probe_storage, read_mounts
-from starvecheck.probe.numa import probe_numa
+from starvecheck.probe.gpu import Gpu, GpuFacts, nvml_source_for, probe_gpus, theoretical_gbps
+from starvecheck.probe.memory import LimitsFacts, MemoryFacts, probe_limits, probe_memory
+from starvecheck.probe.mounts import ShmFacts, StorageFacts, probe_shm, probe_storage, read_mounts
+from starvecheck.probe.numa import NumaNode, probe_numa
 from starvecheck.probe.nvml import NvmlSource
-from starvecheck.probe.software import probe_software
+from starvecheck.probe.software import SoftwareFacts, probe_software
 from starvecheck.probe.sysroot import SysRoot
 
 
@@ -211,27 +211,61 @@ def collect(
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSource | None = None,
 ) -> Machine:
-    """Read every fact. Never raises for anything the machine says (or fails to say)."""
+    """Read every fact. Never raises for anything the machine says (or fails to say).
+
+    One function per section of the record, called in the order the sections
+    appear: each reason enters `led` in that order, and `unknown` and
+    `not_applicable` keep it (the JSON and the renderers show them so).
+    """
     environ = os.environ if environ is None else environ
     led = Ledger()
-
-    def text(p: str, key: str) -> str | None:
-        fact = root.read(p)
-        return led.take(
-            key,
-            Fact.of(fact.value.strip())
-            if fact.known and fact.value
-            else Fact.unknown(fact.reason or f"{p} is empty"),
-        )
-
-    cpu_f = probe_cpu(root)
     mounts = read_mounts(root)
     cg = probe_cgroup(root, mounts)
-    mem = probe_memory(root)
-    lim = probe_limits(root)
-    numa = probe_numa(root)
-    soft = probe_software()
+    cpu = _cpu(led, probe_cpu(root), cg)
+    cgroup = _cgroup(led, cg)
+    memory = _memory(led, probe_memory(root), cg)
+    shm = _shm(led, probe_shm(root, mounts, memory.total_bytes))
+    limits = _limits(led, probe_limits(root), cg)
+    numa = _numa(led, probe_numa(root))
+    g = probe_gpus(root, nvml or nvml_source_for(root, cpu.logical))
+    gpus = _gpus(led, g, numa)
+    driver = _gpu_driver(led, g, any_gpu=bool(gpus))
+    container = _container(led, probe_container(root, environ))
+    storage = _storage(led, probe_storage(root, mounts, resolve_data_path(root, path)))
+    software = _software(led, probe_software())
+    return Machine(
+        sysroot=str(root.root),
+        real=root.real,
+        hostname=_text(led, root, "/proc/sys/kernel/hostname", "hostname"),
+        kernel=_text(led, root, "/proc/sys/kernel/osrelease", "kernel"),
+        cpu=cpu,
+        cgroup=cgroup,
+        memory=memory,
+        shm=shm,
+        limits=limits,
+        numa=numa,
+        gpus=gpus,
+        gpu_driver=driver,
+        container=container,
+        storage=storage,
+        software=software,
+        unknown=led.unknown,
+        not_applicable=led.not_applicable,
+    )
 
+
+def _text(led: Ledger, root: SysRoot, p: str, key: str) -> str | None:
+    """A one-line file's stripped text; an empty file is unknown, with its name."""
+    fact = root.read(p)
+    return led.take(
+        key,
+        Fact.of(fact.value.strip())
+        if fact.known and fact.value
+        else Fact.unknown(fact.reason or f"{p} is empty"),
+    )
+
+
+def _cpu(led: Ledger, cpu_f: CpuFacts, cg: CgroupFacts) -> Cpu:
     affinity_set = led.take("cpu.affinity", cpu_f.affinity)
     logical = led.take("cpu.logical", cpu_f.logical)
     quota = led.take("cpu.quota_cpus", cg.quota_cpus)
@@ -250,9 +284,12 @@ def collect(
     )
     if affinity is None:
         led.unknown["cpu.affinity_list"] = led.unknown.get("cpu.affinity", "unknown")
+    return cpu
 
+
+def _cgroup(led: Ledger, cg: CgroupFacts) -> Cgroup:
     thr = led.take("cgroup.throttling", cg.throttling)
-    cgroup = Cgroup(
+    return Cgroup(
         version=led.take("cgroup.version", cg.version),
         mode=led.take("cgroup.mode", cg.mode),
         cpu_path=led.take("cgroup.cpu_path", cg.cpu_directory),
@@ -267,33 +304,43 @@ def collect(
         if thr
         else None,
     )
-    total = led.take("memory.total_bytes", mem.total)
-    memory = Memory(
-        total_bytes=total,
+
+
+def _memory(led: Ledger, mem: MemoryFacts, cg: CgroupFacts) -> Memory:
+    return Memory(
+        total_bytes=led.take("memory.total_bytes", mem.total),
         available_bytes=led.take("memory.available_bytes", mem.available),
         limit_bytes=led.take("memory.limit_bytes", cg.memory_limit),
         usage_bytes=led.take("memory.usage_bytes", cg.memory_usage),
         swap_total_bytes=led.take("memory.swap_total_bytes", mem.swap_total),
         swap_free_bytes=led.take("memory.swap_free_bytes", mem.swap_free),
     )
-    shm_f = probe_shm(root, mounts, total)
+
+
+def _shm(led: Ledger, shm_f: ShmFacts) -> Shm:
     if not shm_f.mounted:
         led.take("shm.fstype", Fact.unknown(shm_f.size.reason or "not mounted"))
-    shm = Shm(
+    return Shm(
         shm_f.mounted,
         shm_f.fstype,
         led.take("shm.size_bytes", shm_f.size),
         led.take("shm.free_bytes", shm_f.free),
     )
-    limits = Limits(
+
+
+def _limits(led: Ledger, lim: LimitsFacts, cg: CgroupFacts) -> Limits:
+    return Limits(
         nofile=led.take("limits.nofile", lim.nofile_soft),
         nofile_hard=led.take("limits.nofile_hard", lim.nofile_hard),
         memlock_bytes=led.take("limits.memlock_bytes", lim.memlock_soft),
         memlock_hard_bytes=led.take("limits.memlock_hard_bytes", lim.memlock_hard),
         pids_max=led.take("limits.pids_max", cg.pids_limit),
     )
+
+
+def _numa(led: Ledger, numa: Fact[list[NumaNode]]) -> Numa:
     nodes = led.take("numa.nodes", numa)
-    numa_rec = Numa(
+    return Numa(
         nodes=len(nodes) if nodes else None,
         node_list=[
             NumaNodeInfo(
@@ -303,39 +350,43 @@ def collect(
         ],
     )
 
-    g = probe_gpus(root, nvml or nvml_source_for(root, logical))
-    gpus = []
+
+def _gpu_info(gpu: Gpu) -> GpuInfo:
+    return GpuInfo(
+        index=gpu.index,
+        name=gpu.name,
+        pci_bus_id=gpu.pci_bus_id,
+        memory_total_bytes=gpu.memory_total_bytes,
+        pcie=Pcie(
+            gpu.gen_current,
+            gpu.gen_max,
+            gpu.width_current,
+            gpu.width_max,
+            theoretical_gbps(gpu.gen_current, gpu.width_current),
+            theoretical_gbps(gpu.gen_max, gpu.width_max),
+        ),
+        numa_node=gpu.numa_node,
+        cpu_affinity=gpu.cpu_affinity,
+        utilization_pct=gpu.utilization_pct,
+        source=gpu.source,
+    )
+
+
+def _gpus(led: Ledger, g: GpuFacts, numa: Numa) -> list[GpuInfo]:
+    """The GPUs, every null among them and among the NUMA nodes explained (in that
+    order: the record has always listed the GPUs' reasons first)."""
     for position, gpu in enumerate(g.gpus):
         for key, reason in gpu.unknown.items():
             led.unknown[f"gpus[{position}].{key}"] = reason
-        gpus.append(
-            GpuInfo(
-                index=gpu.index,
-                name=gpu.name,
-                pci_bus_id=gpu.pci_bus_id,
-                memory_total_bytes=gpu.memory_total_bytes,
-                pcie=Pcie(
-                    gpu.gen_current,
-                    gpu.gen_max,
-                    gpu.width_current,
-                    gpu.width_max,
-                    theoretical_gbps(gpu.gen_current, gpu.width_current),
-                    theoretical_gbps(gpu.gen_max, gpu.width_max),
-                ),
-                numa_node=gpu.numa_node,
-                cpu_affinity=gpu.cpu_affinity,
-                utilization_pct=gpu.utilization_pct,
-                source=gpu.source,
-            )
-        )
+    gpus = [_gpu_info(gpu) for gpu in g.gpus]
     _explain_nulls([asdict(x) for x in gpus], "gpus", led, "not reported by NVML or sysfs")
     _explain_nulls(
-        [asdict(n) for n in numa_rec.node_list],
+        [asdict(n) for n in numa.node_list],
         "numa.node_list",
         led,
         "not readable in /sys/devices/system/node",
     )
-    if len(numa_rec.node_list) <= 1:
+    if len(numa.node_list) <= 1:
         # A one-node machine (most VMs: sysfs numa_node is -1 and NVML answers "Not
         # Supported") has no remote memory: the GPU's node is not a fact to miss.
         for position, gpu_info in enumerate(gpus):
@@ -350,25 +401,30 @@ def collect(
             f"no NVIDIA GPU: NVML: {g.nvml.reason or 'lists none'}; sysfs: no device "
             "with vendor 0x10de and a display or 3D controller class"
         )
+    return gpus
+
+
+def _gpu_driver(led: Ledger, g: GpuFacts, *, any_gpu: bool) -> GpuDriver:
     driver_fact, cuda_fact = g.driver_version, g.cuda_driver_version
-    if not gpus:  # no GPU: the driver's absence is not a fault to explain
+    if not any_gpu:  # no GPU: the driver's absence is not a fault to explain
         driver_fact = driver_fact if driver_fact.known else Fact.absent("no NVIDIA GPU")
         cuda_fact = cuda_fact if cuda_fact.known else Fact.absent("no NVIDIA GPU")
-    driver = GpuDriver(
+    return GpuDriver(
         nvml=g.nvml.value or g.nvml.reason,
         driver_version=led.take("gpu_driver.driver_version", driver_fact),
         cuda_driver_version=led.take("gpu_driver.cuda_driver_version", cuda_fact),
     )
 
-    cont = probe_container(root, environ)
-    container = Container(
+
+def _container(led: Ledger, cont: ContainerFacts) -> Container:
+    return Container(
         led.take("container.runtime", cont.runtime), cont.kubernetes, list(cont.evidence)
     )
 
-    data_path = resolve_data_path(root, path)
-    st = probe_storage(root, mounts, data_path)
-    storage = Storage(
-        path=data_path,
+
+def _storage(led: Ledger, st: StorageFacts) -> Storage:
+    return Storage(
+        path=st.path,
         mount_point=led.take("storage.mount_point", st.mount_point),
         fstype=led.take("storage.fstype", st.fstype),
         source=led.take("storage.source", st.source),
@@ -377,7 +433,10 @@ def collect(
         rotational=led.take("storage.rotational", st.rotational),
         free_bytes=led.take("storage.free_bytes", st.free_bytes),
     )
-    software = Software(
+
+
+def _software(led: Ledger, soft: SoftwareFacts) -> Software:
+    return Software(
         python=soft.python,
         torch=led.take("software.torch", soft.versions["torch"]),
         torch_cuda=led.take("software.torch_cuda", soft.torch_cuda),
@@ -385,25 +444,6 @@ def collect(
         streaming=led.take("software.streaming", soft.versions["streaming"]),
         numpy=led.take("software.numpy", soft.versions["numpy"]),
         nvidia_ml_py=led.take("software.nvidia_ml_py", soft.versions["nvidia_ml_py"]),
-    )
-    return Machine(
-        sysroot=str(root.root),
-        real=root.real,
-        hostname=text("/proc/sys/kernel/hostname", "hostname"),
-        kernel=text("/proc/sys/kernel/osrelease", "kernel"),
-        cpu=cpu,
-        cgroup=cgroup,
-        memory=memory,
-        shm=shm,
-        limits=limits,
-        numa=numa_rec,
-        gpus=gpus,
-        gpu_driver=driver,
-        container=container,
-        storage=storage,
-        software=software,
-        unknown=led.unknown,
-        not_applicable=led.not_applicable,
     )
 
 
