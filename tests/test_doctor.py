@@ -181,13 +181,28 @@ def test_terminal_and_markdown_show_the_chain_and_the_weakest_link():
     assert "**<- weakest**" in md.stdout
 
 
-def test_fail_on_gates_on_findings():
+def test_fail_on_gates_on_findings(monkeypatch):
+    # env always runs, and this machine's own facts (a rotational disk, a small
+    # /dev/shm) would decide the exit: judged on no machine findings, the gate sees
+    # the workload's alone.
+    from starvecheck.advice import env as env_advice
+
+    monkeypatch.setattr(env_advice, "advise", lambda m: ())
+
+    def severities(r) -> dict[str, str]:
+        return {f["id"]: f["severity"] for s in r.json["stages"] for f in s["findings"]}
+
     # The embedded lengths: a warning, never critical (an assumed input).
-    only_pad = ("doctor", "--only", "pad", "--step-ms", "100")
+    only_pad = ("doctor", "--only", "pad", "--step-ms", "100", "--json", "-")
     assert run(*only_pad, "--fail-on", "critical").exit_code == 0
-    assert run(*only_pad, "--fail-on", "warning").exit_code == 1
-    ok = run("doctor", "--only", "pad", "--current", "padding_free", "--step-ms", "100")
-    assert ok.exit_code == 0
+    warned = run(*only_pad, "--fail-on", "warning")
+    assert warned.exit_code == 1
+    assert severities(warned) == {"pad.waste": "warning"}
+    # Padding-free already: the same gate passes, and pad says so.
+    ok = run(*only_pad, "--current", "padding_free", "--fail-on", "warning")
+    assert ok.exit_code == 0, ok.stderr
+    assert severities(ok) == {"pad.waste": "ok"}
+    assert ok.json["checklist"] == []
 
 
 @pytest.mark.parametrize(
