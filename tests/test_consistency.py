@@ -120,21 +120,60 @@ def problems(findings: Iterable[Finding]) -> list[str]:
 
 # Real runs, stored, on every machine
 
+# A judge that says nothing agrees with itself: each stored run says what its
+# judgement must hold on every machine: the stages whose rules speak (env's only
+# where there is a machine to judge) and the ids that do not depend on the machine.
+ENV_ONLY = ({"env"}, set())
+EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "baremetal-numa-8gpu": ENV_ONLY,
+    "docker-v1-shm64": ENV_ONLY,
+    "k8s-pod-v2": ENV_ONLY,
+    "vm-no-numa-no-gpu": ENV_ONLY,
+    "doctor-nodes": ({"env", "loader", "pad"}, {"loader.workers", "pad.waste"}),
+    # loader's own num_workers gives way to starve's (see the scenario below).
+    "doctor-quick": (
+        {"env", "io", "starve", "pad"},
+        {
+            "io.cold-cache-gap",
+            "io.few-readers",
+            "io.small-files",
+            "starve.workers-needed",
+            "pad.waste",
+        },
+    ),
+    "io-ext4": ({"io"}, {"io.cold-cache-gap", "io.few-readers", "io.small-files"}),
+    "pad-default": ({"pad"}, {"pad.waste"}),
+}
+
+
+def speaking(stages: set[str], machine: Machine | None) -> set[str]:
+    """The stages whose rules must find something: env's judge the machine, and
+    doctor's own findings come from the chain, judged with the stages it joins."""
+    return stages - {"doctor"} - ({"env"} if machine is None else set())
+
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 @pytest.mark.parametrize("name", STORED)
 def test_stored_runs_judged_on_every_machine_agree_with_themselves(name, machine):
+    assert name in EXPECTED, f"{name}: say what its judgement must hold"
     stages, workload = stored(name)
     findings = judged(stages, MACHINES[machine], workload)
     assert problems(findings) == []
+    expected_stages, expected_ids = EXPECTED[name]
+    assert {f.stage for f in findings} == speaking(expected_stages, MACHINES[machine])
+    assert expected_ids <= {f.id for f in findings}
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 def test_each_stage_alone_agrees_with_itself(machine):
-    """Each command's own report (one stage), from the stored doctor run."""
+    """Each command's own report (one stage), from the stored doctor run: every
+    stage's rules speak of it alone, and what they say agrees with itself."""
     stages, _ = stored("doctor-quick")
+    assert {s.stage for s in stages} >= {"env", "io", "loader", "starve", "pad"}
     for s in stages:
-        assert problems(judged([s], MACHINES[machine])) == [], s.stage
+        findings = judged([s], MACHINES[machine])
+        assert problems(findings) == [], s.stage
+        assert {f.stage for f in findings} == speaking({s.stage}, MACHINES[machine]), s.stage
 
 
 # Scripted scenarios: the contradictions the issue found
@@ -205,6 +244,7 @@ def test_starve_never_compares_no_workers_with_itself():
     assert starve.value(quantity="idle_share", workers=0) == 0.6
     findings = judged([starve], MACHINES["this"])
     assert problems(findings) == []
+    assert findings and {f.stage for f in findings} == {"starve"}  # it judged, and spoke
     assert "starve.workers-zero" not in {f.id for f in findings}
 
 
@@ -250,6 +290,7 @@ def test_watched_loops_agree_with_themselves():
     for name, (loader, step) in loops.items():
         findings = _watched(loader, step)
         assert problems(findings) == [], name
+        assert "profile.data-bound" in {f.id for f in findings}, name  # judged, fed or not
         if name == "no time at all":
             assert all(f.severity.rank <= Severity.INFO.rank for f in findings), name
 
@@ -265,6 +306,7 @@ def test_traces_agree_with_themselves(trace):
     assert r.exit_code == 0, r.stderr
     findings = [Finding.from_dict(f) for s in r.json["stages"] for f in s["findings"]]
     assert problems(findings) == []
+    assert "profile.data-bound" in {f.id for f in findings}  # every trace is judged
 
 
 # The checks themselves catch what they are for
