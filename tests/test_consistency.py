@@ -121,8 +121,9 @@ def problems(findings: Iterable[Finding]) -> list[str]:
 # Real runs, stored, on every machine
 
 # A judge that says nothing agrees with itself: each stored run says what its
-# judgement must hold on every machine: the stages whose rules speak (env's only
-# where there is a machine to judge) and the ids that do not depend on the machine.
+# judgement must hold on every machine: the stages whose rules must speak (env's only
+# where there is a machine to judge; others may, on some machine) and the ids that do
+# not depend on the machine.
 ENV_ONLY = ({"env"}, set())
 EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "baremetal-numa-8gpu": ENV_ONLY,
@@ -160,7 +161,8 @@ def test_stored_runs_judged_on_every_machine_agree_with_themselves(name, machine
     findings = judged(stages, MACHINES[machine], workload)
     assert problems(findings) == []
     expected_stages, expected_ids = EXPECTED[name]
-    assert {f.stage for f in findings} == speaking(expected_stages, MACHINES[machine])
+    spoke = {f.stage for f in findings}
+    assert speaking(expected_stages, MACHINES[machine]) <= spoke <= {s.stage for s in stages}
     assert expected_ids <= {f.id for f in findings}
 
 
