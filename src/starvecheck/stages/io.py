@@ -61,7 +61,7 @@ class Plan:
     sample_size: int
     runs: int
     threads: tuple[int, ...]
-    cold: bool = True
+    cold: bool = IoOptions.cold
     drop_caches: bool = False
     keep: bool = False
     seed: int = 0

@@ -41,10 +41,10 @@ def _no_progress(what: str, done: int, total: int | None) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    context: int = 4096
-    batch_size: int = 32
-    current: str = "dynamic"
-    seed: int = 0
+    context: int = PadOptions.context
+    batch_size: int = PadOptions.batch_size
+    current: str = PadOptions.current
+    seed: int = PadOptions.seed
     limit: int | None = None
     dataset: str | None = None
     fmt: str | None = None  # None: from the file name

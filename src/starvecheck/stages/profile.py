@@ -53,7 +53,7 @@ MODEL_SIZES = {
 @dataclass(frozen=True)
 class Plan:
     workers: tuple[int, ...]
-    steps: int = 20
+    steps: int = ProfileOptions.STEPS[False]
     warmup_steps: int = 3
     model_size: str = "tiny"
     device: str = "cpu"

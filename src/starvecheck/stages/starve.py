@@ -43,12 +43,12 @@ def _no_progress(what: str, done: int, total: int) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    sample_ms: float = 5.0  # D
-    batch_size: int = 32  # B
-    step_ms: float = 50.0  # G
+    sample_ms: float = StarveOptions.ASSUMED_SAMPLE_MS  # D
+    batch_size: int = StarveOptions.batch_size  # B
+    step_ms: float = StarveOptions.ASSUMED_STEP_MS  # G
     workers: tuple[int, ...] = (0, 1, 2, 4)
-    steps: int = 20
-    warmup_steps: int = 3
+    steps: int = StarveOptions.STEPS[False]
+    warmup_steps: int = StarveOptions.WARMUP_STEPS
     sleep: bool = False  # the sleep-based model: samples wait instead of working
     effective_cpus: int = 1
     tokenizer: str | None = None
