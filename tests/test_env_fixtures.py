@@ -235,12 +235,14 @@ def test_the_stage_measures_and_the_rules_judge_the_machine():
     from starvecheck.advice.judge import Results
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
+    from starvecheck.stages.options import EnvOptions
 
     environ = sysroot_env("docker-v1-shm64")
     stage = registry.get("env")
     ctx = RunContext(environ=environ)
-    plan = stage.plan({}, ctx)
-    machine, result = stage.measure_facts(plan, ctx)
+    plan = stage.plan(EnvOptions(), ctx)
+    measured = stage.measure_all(plan, ctx)
+    machine, result = measured.machine, measured.result
     again = stage.measure(plan, ctx)
     assert again == replace(result, duration_s=again.duration_s)
     assert (result.stage, result.metrics, result.findings) == ("env", (), ())
@@ -254,11 +256,12 @@ def test_the_stage_measures_and_the_rules_judge_the_machine():
 def test_a_missing_path_is_refused_by_the_stages_plan(tmp_path):
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
+    from starvecheck.stages.options import EnvOptions
     from starvecheck.status import UsageError
 
     ctx = RunContext(environ=sysroot_env("k8s-pod-v2"))
     with pytest.raises(UsageError, match="no such file or directory in STARVECHECK_SYSROOT="):
-        registry.get("env").plan({"path": str(tmp_path)}, ctx)
+        registry.get("env").plan(EnvOptions(path=str(tmp_path)), ctx)
 
 
 def test_env_json_has_no_metrics_and_its_findings_from_judging():

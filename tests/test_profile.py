@@ -14,6 +14,7 @@ from starvecheck.model import Metric, StageResult
 from starvecheck.render import profile as profile_table
 from starvecheck.stages import profile as profile_stage
 from starvecheck.stages.base import RunContext
+from starvecheck.stages.options import ProfileOptions
 from tests.conftest import run
 from tests.fixtures.labels.profile import labels as profile_labels
 
@@ -138,8 +139,8 @@ def test_workers_and_small_files_findings():
 
 def test_cold_says_whether_the_cache_was_really_emptied(tmp_path):
     pytest.importorskip("transformers")
-    options = {"path": str(tmp_path), "quick": True, "cold": True, "workers": "0", "steps": 2,
-               "device": "cpu"}  # fmt: skip
+    options = ProfileOptions(str(tmp_path), quick=True, cold=True, workers=(0,), steps=2,
+                             device="cpu")  # fmt: skip
     ctx = RunContext()
     r = profile_stage.STAGE.measure(profile_stage.STAGE.plan(options, ctx), ctx)
     assert r.findings == ()  # judging comes after, once per report
@@ -292,11 +293,13 @@ def test_the_loop_table_is_profiles_alone():
     assert judged(flat) == {}
 
 
-def test_trace_dir_is_checked_by_the_stages_plan(tmp_path):
+def test_trace_dir_is_made_by_the_command_before_the_stage_plans(tmp_path):
+    from starvecheck import args
     from starvecheck.status import UsageError
 
-    options = {"path": str(tmp_path), "device": "cpu", "trace_dir": str(tmp_path / "a" / "b")}
     with pytest.raises(UsageError, match="does not exist"):
-        profile_stage.STAGE.plan(options, RunContext())
-    made = profile_stage.STAGE.plan({**options, "trace_dir": str(tmp_path / "t")}, RunContext())
-    assert made.plan.trace_dir == str((tmp_path / "t").resolve()) and (tmp_path / "t").is_dir()
+        args.output_dir("--trace-dir", str(tmp_path / "a" / "b"))
+    made = args.output_dir("--trace-dir", str(tmp_path / "t"))
+    options = ProfileOptions(str(tmp_path), device="cpu", trace_dir=made)
+    plan = profile_stage.STAGE.plan(options, RunContext())
+    assert plan.plan.trace_dir == str((tmp_path / "t").resolve()) and (tmp_path / "t").is_dir()

@@ -44,8 +44,10 @@ def with_findings(r: StageResult) -> StageResult:
 
 def measure(path: Path | str) -> StageResult:
     """The trace stage as `profile --trace` runs it: plan, then measure."""
+    from starvecheck.stages.options import TraceOptions
+
     ctx = RunContext()
-    return trace.STAGE.measure(trace.STAGE.plan({"trace": path}, ctx), ctx)
+    return trace.STAGE.measure(trace.STAGE.plan(TraceOptions((str(path),)), ctx), ctx)
 
 
 def read(name: str) -> StageResult:

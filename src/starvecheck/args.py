@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from starvecheck.stages.options import default_threads
 from starvecheck.status import UsageError
 from starvecheck.units import parse_size
 
@@ -95,8 +96,13 @@ def _fstype(path: str) -> str | None:
 
 def thread_counts(text: str | None, effective: int | None) -> tuple[int, ...]:
     if text is None:
-        return tuple(sorted({1, max(1, effective or 1)}))
+        return default_threads(effective)
     return counts("--threads", text, 1, 1024)
+
+
+def worker_counts(text: str | None, high: int = 1024) -> tuple[int, ...] | None:
+    """--workers '0,2,4' -> (0, 2, 4); not given (or empty): None, the stage's default."""
+    return counts("--workers", text, 0, high) if text else None
 
 
 def counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
@@ -112,12 +118,12 @@ def counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def default_workers(effective: int) -> tuple[int, ...]:
-    counts, w = [0, 1], 2
-    while w <= max(4, 2 * effective):
-        counts.append(w)
-        w *= 2
-    return tuple(counts)
+def fields(given: list[str] | None) -> tuple[str, ...]:
+    """pad's --field, repeated or comma-separated: 'a,b' 'c' -> ('a', 'b', 'c')."""
+    names = tuple(n.strip() for f in given or () for n in f.split(","))
+    if any(not n for n in names):
+        raise UsageError("--field: empty field name")
+    return names
 
 
 def plot_path(value: str | None) -> str | None:

@@ -19,10 +19,12 @@ from starvecheck import __version__
 from starvecheck.context import Context
 from starvecheck.model import Report, Severity, StageResult, at_or_above
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
-from starvecheck.status import ExitStatus, UsageError
+from starvecheck.status import ExitStatus, Unavailable, UsageError
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
+    from starvecheck.stages.base import Measured
+    from starvecheck.stages.options import StageOptions
     from starvecheck.workload import Workload
 
 app = typer.Typer(
@@ -216,26 +218,33 @@ def sysroot_of(c: Context) -> SysRoot:
 
 
 def measure_one(
-    name: str,
-    options: Mapping[str, Any],
+    options: StageOptions,
     c: Context,
     out: Outputs,
     machine: Machine | None,
     batch_timeout_s: float | None = None,
-) -> StageResult:
-    """A command's one stage, through the registry: plan from the options (bad ones
-    are one line and exit 2 before anything runs), then measure with a progress bar.
+    *,
+    refused: Callable[[StageResult], object] | None = None,
+) -> Measured:
+    """A command's one stage, the one way every command runs it: the stage its
+    options name, from the registry; plan once from the typed options (bad ones are
+    one line and exit 2 before anything runs); a stage that cannot measure here hands
+    what it can report to `refused` (then exit 3); else measure with a progress bar.
     `batch_timeout_s`: --batch-timeout where the command has it (None: the default)."""
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
 
-    stage = registry.get(name)
+    stage = registry.get(options.stage)
     ctx = RunContext(machine=machine, environ=c.environ, warn=lambda msg: warning(c, msg))
     if batch_timeout_s is not None:
         ctx = replace(ctx, batch_timeout_s=batch_timeout_s)
     plan = stage.plan(options, ctx)
+    if (refusal := stage.refusal(plan, ctx)) is not None:
+        if refusal.result is not None and refused is not None:
+            refused(refusal.result)
+        raise Unavailable(refusal.message)
     with progress_bar(c, out) as progress:
-        return stage.measure(plan, replace(ctx, progress=progress))
+        return stage.measure_all(plan, replace(ctx, progress=progress))
 
 
 def build_report(

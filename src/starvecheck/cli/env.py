@@ -17,8 +17,8 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
+    measure_one,
     sysroot_of,
-    warning,
 )
 
 
@@ -44,14 +44,10 @@ def env(
     library versions, each with what it means for a DataLoader. Reads only;
     --quick changes nothing (env is always quick).
     """
-    from starvecheck.stages import registry
-    from starvecheck.stages.base import RunContext
+    from starvecheck.stages.options import EnvOptions
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    stage = registry.get("env")
-    run_ctx = RunContext(environ=c.environ, warn=lambda msg: warning(c, msg))
-    plan = stage.plan({"root": sysroot_of(c), "path": path}, run_ctx)
+    measured = measure_one(EnvOptions(root=sysroot_of(c), path=path), c, out, None)
     # The facts themselves too: they are the report's machine.
-    machine, result = stage.measure_facts(plan, run_ctx)  # type: ignore[attr-defined]
-    return emit(build_report("env", machine, [result], c), out, c)
+    return emit(build_report("env", measured.machine, [measured.result], c), out, c)

@@ -22,6 +22,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.options import IoOptions, by_quick, size_text
 
 
 @app.command()
@@ -42,8 +43,9 @@ def io(
             "--samples",
             min=1,
             max=10_000_000,
-            help="Samples to write and read [default: 10000; 2000 with --quick]. With "
-            "--existing: files (or byte ranges) to read [default: 1000; 200 with --quick].",
+            help=f"Samples to write and read [default: {by_quick(IoOptions.SAMPLES[False])}]. "
+            "With --existing: files (or byte ranges) to read "
+            f"[default: {by_quick(IoOptions.SAMPLES[True])}].",
             show_default=False,
         ),
     ] = None,
@@ -55,14 +57,15 @@ def io(
             help="Bytes per sample: 16K, 4MiB, 1.5M (binary multiples). With --existing: "
             "the byte ranges read from files over 8 MiB.",
         ),
-    ] = "16K",
+    ] = size_text(IoOptions.sample_size),
     runs: Annotated[
         int | None,
         typer.Option(
             "--runs",
             min=1,
             max=1000,
-            help="Measured runs per pattern, after a warm-up [default: 5; 3 with --quick].",
+            help="Measured runs per pattern, after a warm-up "
+            f"[default: {by_quick(IoOptions.RUNS)}].",
             show_default=False,
         ),
     ] = None,
@@ -81,7 +84,7 @@ def io(
             "--cold/--no-cold",
             help="Also measure with the page cache emptied (posix_fadvise, checked with mincore).",
         ),
-    ] = True,
+    ] = IoOptions.cold,
     drop_caches: Annotated[
         bool,
         typer.Option(
@@ -122,17 +125,17 @@ def io(
     target = args.data_path(path, existing)
     # io measures this machine, never a fake sysroot: facts and figures must match.
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = {
-        "path": target,
-        "existing": existing,
-        "sample_size": size,
-        "samples": samples,
-        "runs": runs,
-        "threads": threads,
-        "cold": cold,
-        "drop_caches": drop_caches,
-        "keep": keep,
-        "quick": quick,
-    }
-    result = measure_one("io", options, c, out, machine)
+    options = IoOptions(
+        path=target,
+        existing=existing,
+        sample_size=size,
+        samples=samples,
+        runs=runs,
+        threads=args.counts("--threads", threads, 1, 1024) if threads is not None else None,
+        cold=cold,
+        drop_caches=drop_caches,
+        keep=keep,
+        quick=quick,
+    )
+    result = measure_one(options, c, out, machine).result
     return emit(build_report("io", machine, [result], c), out, c)

@@ -25,6 +25,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.options import LoaderOptions, by_quick, size_text
 
 
 @app.command()
@@ -45,15 +46,16 @@ def loader(
     ) = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, max=100_000, help="Samples per batch.")
-    ] = 32,
+    ] = LoaderOptions.batch_size,
     samples: Annotated[
         int | None,
         typer.Option(
             "--samples",
             min=1,
             max=10_000_000,
-            help="Samples to write and read per epoch [default: 5000; 1000 with --quick]. "
-            "With --existing: files to read [default: 1000; 200 with --quick].",
+            help="Samples to write and read per epoch "
+            f"[default: {by_quick(LoaderOptions.SAMPLES[False])}]. "
+            f"With --existing: files to read [default: {by_quick(LoaderOptions.SAMPLES[True])}].",
             show_default=False,
         ),
     ] = None,
@@ -62,11 +64,11 @@ def loader(
         typer.Option(
             "--sample-size", metavar="SIZE", help="Bytes per sample: 16K, 1MiB, 1.5M, ..."
         ),
-    ] = "16K",
+    ] = size_text(LoaderOptions.sample_size),
     prefetch_factor: Annotated[
         int,
         typer.Option("--prefetch-factor", min=1, max=1024, help="Batches each worker loads ahead."),
-    ] = 2,
+    ] = LoaderOptions.prefetch_factor,
     pin_memory: Annotated[
         bool | None,
         typer.Option(
@@ -76,22 +78,23 @@ def loader(
         ),
     ] = None,
     runs: Annotated[
-        int | None,
+        int,
         typer.Option(
             "--runs",
             min=1,
             max=1000,
-            help="Epochs per layout, cache state and worker count [default: 3].",
+            help="Epochs per layout, cache state and worker count "
+            f"[default: {LoaderOptions.runs}].",
             show_default=False,
         ),
-    ] = None,
+    ] = LoaderOptions.runs,
     cold: Annotated[
         bool,
         typer.Option(
             "--cold/--no-cold",
             help="Also measure with the page cache emptied (posix_fadvise, checked with mincore).",
         ),
-    ] = True,
+    ] = LoaderOptions.cold,
     existing: Annotated[
         bool,
         typer.Option(
@@ -119,24 +122,24 @@ def loader(
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
     size = args.sample_size(sample_size)
-    sweep = args.counts("--workers", workers, 0, 1024) if workers else None
+    sweep = args.worker_counts(workers)
     plot_path = args.plot_path(plot)
     target = args.data_path(path, existing, "loader")
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = {
-        "path": target,
-        "existing": existing,
-        "sample_size": size,
-        "samples": samples,
-        "workers": sweep,
-        "runs": runs,
-        "batch_size": batch_size,
-        "prefetch_factor": prefetch_factor,
-        "pin_memory": pin_memory,
-        "cold": cold,
-        "quick": quick,
-    }
-    result = measure_one("loader", options, c, out, machine, batch_timeout)
+    options = LoaderOptions(
+        path=target,
+        existing=existing,
+        sample_size=size,
+        samples=samples,
+        workers=sweep,
+        runs=runs,
+        batch_size=batch_size,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        cold=cold,
+        quick=quick,
+    )
+    result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:
         from starvecheck.render.plot import loader_plot
 

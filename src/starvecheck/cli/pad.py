@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -23,10 +22,10 @@ from starvecheck.cli.common import (
     build_report,
     context_of,
     emit,
-    progress_bar,
-    warning,
+    measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.options import PadOptions
 from starvecheck.strategies import STRATEGIES
 
 
@@ -42,6 +41,7 @@ class DataFormat(str, Enum):
 
 # --current's choices; the ids live in one place, strategies.py (no numpy there).
 Strategy = Enum("Strategy", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
+DEFAULT_STRATEGY = Strategy(PadOptions.current)
 
 
 @app.command()
@@ -90,7 +90,7 @@ def pad(
         typer.Option(
             "--context", min=1, max=10_000_000, help="Context length (max_length) in tokens."
         ),
-    ] = 4096,
+    ] = PadOptions.context,
     batch_size: Annotated[
         int,
         typer.Option(
@@ -99,15 +99,15 @@ def pad(
             max=1_000_000,
             help="Samples per batch; rows of --context tokens per batch when packing.",
         ),
-    ] = 32,
+    ] = PadOptions.batch_size,
     limit: Annotated[
         int | None,
         typer.Option(
             "--limit",
             min=1,
             max=1_000_000_000,
-            help="Measure the first N samples [default: all; 20,000 with --quick; the "
-            "embedded default has 2,000].",
+            help=f"Measure the first N samples [default: all; {PadOptions.QUICK_LIMIT:,} with "
+            "--quick; the embedded default has 2,000].",
             show_default=False,
         ),
     ] = None,
@@ -118,11 +118,11 @@ def pad(
             case_sensitive=False,
             help="The strategy you train with today; gains are counted against it.",
         ),
-    ] = Strategy.dynamic,  # type: ignore[attr-defined]
+    ] = DEFAULT_STRATEGY,
     seed: Annotated[
         int,
         typer.Option("--seed", min=0, max=2**32 - 1, help="Seed of the shuffles."),
-    ] = 0,
+    ] = PadOptions.seed,
     plot: PlotOpt("a typical batch per strategy, as a heatmap") = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
@@ -138,35 +138,29 @@ def pad(
     per epoch and attention work, and the gain over the strategy you use today.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import registry
-    from starvecheck.stages.base import RunContext
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    options = {
-        "context": context,
-        "batch_size": batch_size,
-        "current": current.value,
-        "seed": seed,
-        "limit": limit,
-        "dataset": dataset,
-        "format": None if data_format is DataFormat.auto else data_format.value,
-        "fields": fields,
-        "tokenizer": tokenizer,
-        "lengths": lengths,
-        "stdin": c.stdin,
-        "quick": quick,
-    }
-    stage = registry.get("pad")
-    run_ctx = RunContext(environ=c.environ, warn=lambda msg: warning(c, msg))
-    plan = stage.plan(options, run_ctx)
+    options = PadOptions(
+        context=context,
+        batch_size=batch_size,
+        current=current.value,
+        seed=seed,
+        limit=limit,
+        dataset=dataset,
+        format=None if data_format is DataFormat.auto else data_format.value,
+        fields=args.fields(fields),
+        tokenizer=tokenizer,
+        lengths=lengths,
+        stdin=c.stdin,
+        quick=quick,
+    )
     plot_path = args.plot_path(plot)
-    with progress_bar(c, out) as progress:
-        # The layouts behind the figures too: --plot draws a batch of each.
-        run = stage.measure_run(plan, replace(run_ctx, progress=progress))  # type: ignore[attr-defined]
-    if plot_path:
+    # The layouts behind the figures too: --plot draws a batch of each.
+    measured = measure_one(options, c, out, None)
+    if plot_path and measured.pad_run is not None:
         from starvecheck.render.plot import pad_plot
 
-        pad_plot(run, plot_path)
+        pad_plot(measured.pad_run, plot_path)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
-    return emit(build_report("pad", machine, [run.result], c), out, c)
+    return emit(build_report("pad", machine, [measured.result], c), out, c)

@@ -21,7 +21,8 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
-from starvecheck.status import Unavailable
+from starvecheck.model import StageResult
+from starvecheck.stages.options import PcieOptions, by_quick, size_list
 
 
 @app.command()
@@ -32,7 +33,8 @@ def pcie(
         typer.Option(
             "--sizes",
             metavar="SIZE[,SIZE...]",
-            help="Copy sizes [default: 64K,1M,16M,256M,1G; 1M,16M,256M with --quick].",
+            help=f"Copy sizes [default: {size_list(PcieOptions.SIZES[False])}; "
+            f"{size_list(PcieOptions.SIZES[True])} with --quick].",
             show_default=False,
         ),
     ] = None,
@@ -42,7 +44,8 @@ def pcie(
             "--runs",
             min=3,
             max=1000,
-            help="Measured copies per size, after warm-up [default: 10; 5 with --quick].",
+            help="Measured copies per size, after warm-up "
+            f"[default: {by_quick(PcieOptions.RUNS)}].",
             show_default=False,
         ),
     ] = None,
@@ -59,32 +62,18 @@ def pcie(
     the NUMA penalty. Without a CUDA device: the host-side facts, then exit 3.
     """
     from starvecheck.probe.machine import collect
-    from starvecheck.stages import pcie as pcie_stage
-    from starvecheck.stages import registry
-    from starvecheck.stages.base import RunContext
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    options = {
-        "sizes": args.copy_sizes(sizes) if sizes is not None else None,
-        "runs": runs,
-        "quick": quick,
-    }
+    options = PcieOptions(
+        sizes=args.copy_sizes(sizes) if sizes is not None else None, runs=runs, quick=quick
+    )
     machine = collect(sysroot_of(c), environ=c.environ)
-    stage = registry.get("pcie")
-    plan = stage.plan(options, RunContext(machine=machine, environ=c.environ))
-    reason = stage.unavailable()
-    message = f"pcie needs a CUDA device: {reason}"
-    if reason is None and not machine.real:
-        # Binding to a fake machine's NUMA nodes, or judging this GPU by another's link,
-        # would mix two machines in one report.
-        reason = f"STARVECHECK_SYSROOT={machine.sysroot} describes another machine"
-        message = f"pcie measures this machine's GPU: {reason}; unset it to measure"
-    if reason is not None:
+
+    def refused(host_side: StageResult) -> None:
         # The host-side report first (JSON stays valid for scripts), then the one line
         # and exit 3 from cli.main: the measurement itself could not run here.
-        result = pcie_stage.cpu_side(machine, reason=reason, plan=plan)
-        emit(build_report("pcie", machine, [result], c), out, c)
-        raise Unavailable(message)
-    result = measure_one("pcie", options, c, out, machine)
+        emit(build_report("pcie", machine, [host_side], c), out, c)
+
+    result = measure_one(options, c, out, machine, refused=refused).result
     return emit(build_report("pcie", machine, [result], c), out, c)

@@ -27,6 +27,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick
 from starvecheck.status import UsageError
 
 
@@ -55,10 +56,11 @@ def profile(
         ),
     ] = None,
     workers: WorkersOpt(
-        "num_workers values [default: 0 and the effective CPUs, at most 8]."
+        "num_workers values [default: 0 and the effective CPUs, at most "
+        f"{ProfileOptions.MAX_DEFAULT_WORKERS}]."
     ) = None,
     steps: StepsOpt(
-        "Profiled steps per scenario, after warm-up [default: 20; 6 with --quick]."
+        f"Profiled steps per scenario, after warm-up [default: {by_quick(ProfileOptions.STEPS)}]."
     ) = None,
     model_size: Annotated[
         ModelSize,
@@ -134,24 +136,27 @@ def profile(
                 f"--trace reads traces and runs no loop: drop {', '.join(given)}"
                 + (" (several traces: repeat --trace, or name their directory)" if path else "")
             )
-        result = measure_one("trace", {"trace": trace}, c, out, None)
+        result = measure_one(TraceOptions(tuple(trace)), c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
 
     from starvecheck.probe.machine import collect
 
     target = args.data_path(path, False, "profile")
+    # Checked in this order: made, parsed, or refused in one line.
+    made = args.output_dir("--trace-dir", trace_dir) if trace_dir is not None else None
+    sweep = args.worker_counts(workers, 64)
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = {
-        "path": target,
-        "workers": workers,
-        "steps": steps,
-        "model_size": model_size.value,
-        "device": device.value,
-        "cold": cold,
-        "trace_dir": trace_dir,
-        "tokenizer": tokenizer,
-        "quick": quick,
-    }
-    result = measure_one("profile", options, c, out, machine, batch_timeout)
+    options = ProfileOptions(
+        path=target,
+        workers=sweep,
+        steps=steps,
+        model_size=model_size.value,
+        device=device.value,
+        cold=cold,
+        trace_dir=made,
+        tokenizer=tokenizer,
+        quick=quick,
+    )
+    result = measure_one(options, c, out, machine, batch_timeout).result
     return emit(build_report("profile", machine, [result], c), out, c)

@@ -27,6 +27,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.options import StarveOptions, by_quick
 
 
 @app.command()
@@ -37,21 +38,21 @@ def starve(
         typer.Option(
             "--sample-ms",
             callback=finite(0.0, 10_000.0),
-            help="D: CPU milliseconds of work per sample in a worker [default: 5, an "
-            "assumed figure: give yours].",
+            help="D: CPU milliseconds of work per sample in a worker "
+            f"[default: {StarveOptions.ASSUMED_SAMPLE_MS:g}, an assumed figure: give yours].",
             show_default=False,
         ),
     ] = None,
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, max=100_000, help="B: samples per batch.")
-    ] = 32,
+    ] = StarveOptions.batch_size,
     step_ms: Annotated[
         float | None,
         typer.Option(
             "--step-ms",
             callback=finite(0.0, 60_000.0, above=True),
-            help="G: milliseconds the consumer (the GPU step) takes per batch [default: 50, "
-            "an assumed figure: give yours].",
+            help="G: milliseconds the consumer (the GPU step) takes per batch "
+            f"[default: {StarveOptions.ASSUMED_STEP_MS:g}, an assumed figure: give yours].",
             show_default=False,
         ),
     ] = None,
@@ -60,7 +61,8 @@ def starve(
         "effective CPUs, at least 4]."
     ) = None,
     steps: StepsOpt(
-        "Measured steps per point, after 3 warm-up steps [default: 20; 8 with --quick]."
+        f"Measured steps per point, after {StarveOptions.WARMUP_STEPS} warm-up steps "
+        f"[default: {by_quick(StarveOptions.STEPS)}]."
     ) = None,
     sleep: Annotated[
         bool,
@@ -99,17 +101,18 @@ def starve(
     out = Outputs.check(json_path, markdown_path, fail_on)
     plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
-    options = {
-        "sample_ms": sample_ms,
-        "batch_size": batch_size,
-        "step_ms": step_ms,
-        "workers": workers,
-        "steps": steps,
-        "sleep": sleep,
-        "tokenizer": tokenizer,
-        "quick": quick,
-    }
-    result = measure_one("starve", options, c, out, machine, batch_timeout)
+    sweep = args.worker_counts(workers)
+    options = StarveOptions(
+        sample_ms=sample_ms,
+        batch_size=batch_size,
+        step_ms=step_ms,
+        workers=sweep,
+        steps=steps,
+        sleep=sleep,
+        tokenizer=tokenizer,
+        quick=quick,
+    )
+    result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:
         from starvecheck.render.plot import sweep_plot
 

@@ -1,10 +1,20 @@
 """The contract every measuring stage keeps, and what a run hands it.
 
-A stage is an object with a `name` and four methods (the `Stage` protocol): whether
-it can run here, a plan from a command's options, a plan from doctor's workload,
-and `measure(plan, ctx)`, which returns a `StageResult` with metrics, caveats and,
-where the stage can state it, its capacity in samples/s, but never findings:
-judging (`advice.judge`) runs once per report over every stage's result.
+A stage is an object with a `name` and four methods (the `Stage` protocol, generic
+over its options type and its plan type): whether it can run here; `plan(options,
+ctx)`, from its command's options, a frozen dataclass of stages/options.py that the
+command built from values already parsed (args.py), so a stage checks only how
+options combine; a plan from doctor's workload; and `measure(plan, ctx)`, which
+returns a `StageResult` with metrics, caveats and, where the stage can state it, its
+capacity in samples/s, but never findings: judging (`advice.judge`) runs once per
+report over every stage's result.
+
+Three abilities are optional, and `BaseStage` gives each its default, so commands
+(`cli/common.measure_one`) and doctor call every stage alike: `refusal` (why its
+command cannot measure here, after planning, and what it reports anyway: pcie's host
+side), `measure_all` (the result and what a command shows besides it: env's facts,
+pad's layouts) and `measured_workload` (what it measured of doctor's workload:
+starve's CPU per sample).
 
 Stages register in `stages/registry.py`; commands and doctor reach them only there.
 """
@@ -20,6 +30,7 @@ from starvecheck.stages.batches import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
+    from starvecheck.stages.pad import Run as PadRun
     from starvecheck.workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -74,26 +85,90 @@ class OnDisk(Generic[P]):
     plan: P
 
 
-class Stage(Protocol):
+OptionsT = TypeVar("OptionsT", contravariant=True)  # the stage's options (stages/options.py)
+PlanT = TypeVar("PlanT")  # the stage's plan
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A stage's result, and what its command shows besides it."""
+
+    result: StageResult
+    machine: Machine | None = None  # env: the facts read, which are the report's machine
+    # pad: the lengths and layouts behind the figures (--plot draws a batch of each).
+    pad_run: PadRun | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a stage will not measure in this run (exit 3), and what it reports anyway
+    (pcie without a CUDA device: the host side)."""
+
+    message: str
+    result: StageResult | None = None
+
+
+class Stage(Protocol[OptionsT, PlanT]):
     name: str
 
     def unavailable(self) -> str | None:
         """Why this stage cannot measure here (exit 3), or None."""
         ...
 
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Any:
-        """The plan for the stage's own command, from its parsed options; bad
-        options raise UsageError (one line, exit 2) before anything is measured."""
+    def plan(self, options: OptionsT, ctx: RunContext) -> PlanT:
+        """The plan for the stage's own command, from its typed options (parsed by the
+        command); bad combinations raise UsageError (one line, exit 2) before anything
+        is measured."""
         ...
 
-    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Any:
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> PlanT:
         """The plan doctor runs against a workload."""
         ...
 
-    def measure(self, plan: Any, ctx: RunContext) -> StageResult:
+    def refusal(self, plan: PlanT, ctx: RunContext) -> Refusal | None:
+        """Why its command cannot measure this plan here, after planning; or None."""
+        ...
+
+    def measure(self, plan: PlanT, ctx: RunContext) -> StageResult:
         """Measure; metrics carry labels, findings stay empty."""
         ...
 
+    def measure_all(self, plan: PlanT, ctx: RunContext) -> Measured:
+        """Measure, with what the command shows besides the result."""
+        ...
 
-# Optional, where a stage measures part of doctor's workload (starve with a tokenizer
-# measures the CPU per sample): `measured_workload(workload, result) -> Workload`.
+    def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
+        """doctor's workload with what this stage measured of it."""
+        ...
+
+
+class BaseStage(Generic[OptionsT, PlanT]):
+    """The defaults of a `Stage`: runs anywhere, not in doctor, refuses only where
+    `unavailable()` says so, measures only its result, and nothing of doctor's
+    workload. A stage overrides `measure` or `measure_all`."""
+
+    name: str = ""
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def plan(self, options: OptionsT, ctx: RunContext) -> PlanT:
+        raise NotImplementedError(f"{self.name} has no command of its own")
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> PlanT:
+        raise NotImplementedError(f"doctor does not run {self.name}")
+
+    def refusal(self, plan: PlanT, ctx: RunContext) -> Refusal | None:
+        why = self.unavailable()
+        return None if why is None else Refusal(f"{self.name} cannot run here: {why}")
+
+    def measure(self, plan: PlanT, ctx: RunContext) -> StageResult:
+        return self.measure_all(plan, ctx).result
+
+    def measure_all(self, plan: PlanT, ctx: RunContext) -> Measured:
+        if type(self).measure is BaseStage.measure:
+            raise NotImplementedError(f"{self.name}: neither measure nor measure_all")
+        return Measured(self.measure(plan, ctx))
+
+    def measured_workload(self, workload: Workload, result: StageResult) -> Workload:
+        return workload

@@ -124,7 +124,7 @@ def run(
         except Unavailable as e:  # a stage failing mid-way (CUDA): its link says why
             unavailable[name] = str(e)
             continue
-        w = stage.measured_workload(w, results[name]) if hasattr(stage, "measured_workload") else w
+        w = stage.measured_workload(w, results[name])
     if ctx.slow_ms:
         caveats.append(
             f"STARVECHECK_SLOW_RANKS: every loader sample took {ctx.slow_ms:g} ms longer on "

@@ -7,14 +7,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from starvecheck.model import Caveat, StageResult
 from starvecheck.probe.machine import Machine, collect, resolve_data_path
 from starvecheck.probe.nvml import NvmlSource
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, Measured, RunContext
+from starvecheck.stages.options import EnvOptions
 from starvecheck.status import UsageError
+
+if TYPE_CHECKING:
+    from starvecheck.workload import Workload
 
 
 def run(
@@ -50,34 +54,29 @@ class Plan:
     path: str | None = None  # the data directory whose storage to describe (None: cwd)
 
 
-class EnvStage:
+class EnvStage(BaseStage[EnvOptions, Plan]):
     """`env` in the registry (stages/base.Stage). It measures nothing: its result
     carries the facts' provenance, and the facts themselves are the report's machine."""
 
     name = "env"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
-        root = options.get("root") or SysRoot.from_environ(dict(ctx.environ))
-        path = options.get("path")
+    def plan(self, options: EnvOptions, ctx: RunContext) -> Plan:
+        root = options.root or SysRoot.from_environ(dict(ctx.environ))
+        path = options.path
         # The path is looked up on the machine described: a fake one has its own files.
         if path is not None and not root.exists(resolve_data_path(root, path)):
             where = "" if root.real else f" in {ENV_VAR}={root.root}"
             raise UsageError(f"{path}: no such file or directory{where}")
         return Plan(root, path)
 
-    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> Plan:
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
         # doctor measures this machine: its facts must be the figures' machine.
         return Plan(SysRoot(Path("/")), ctx.path)
 
-    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
-        return self.measure_facts(plan, ctx)[1]
-
-    def measure_facts(self, plan: Plan, ctx: RunContext) -> tuple[Machine, StageResult]:
+    def measure_all(self, plan: Plan, ctx: RunContext) -> Measured:
         """The facts and the result about them (the `env` command reports both)."""
-        return run(plan.root, path=plan.path, environ=ctx.environ)
+        machine, result = run(plan.root, path=plan.path, environ=ctx.environ)
+        return Measured(result, machine=machine)
 
 
 STAGE = EnvStage()

@@ -18,7 +18,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +28,10 @@ from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch, space_problem, write_all
 from starvecheck.signals import check_signals, signals_raise
 from starvecheck.stages import existing as existing_mode
-from starvecheck.stages.base import OnDisk, RunContext
+from starvecheck.stages.base import BaseStage, OnDisk, RunContext
 from starvecheck.stages.layouts import MB, Layout, Progress
 from starvecheck.stages.layouts import no_progress as _no_progress
+from starvecheck.stages.options import IoOptions, default_threads
 from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
 from starvecheck.stages.residency import (
     judge_cache,
@@ -54,22 +55,13 @@ if TYPE_CHECKING:
 FIRST_COLD_SLOWER = 1.5
 
 
-# (samples, runs) by default and with --quick (SIZES[quick][mode]), for `io` and
-# `doctor`; existing mode reads real files, fewer by default (each may be large, and
-# the storage may be remote).
-SIZES = {
-    False: {"generated": (10_000, 5), "existing": (1_000, 5)},
-    True: {"generated": (2_000, 3), "existing": (200, 3)},
-}
-
-
 @dataclass(frozen=True)
 class Plan:
     samples: int
     sample_size: int
     runs: int
     threads: tuple[int, ...]
-    cold: bool = True
+    cold: bool = IoOptions.cold
     drop_caches: bool = False
     keep: bool = False
     seed: int = 0
@@ -345,23 +337,16 @@ def _measure_or_fail(layouts: Sequence[Layout], plan: Plan, progress: Progress) 
         raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
 
 
-class IoStage:
+class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
     """`io` in the registry (stages/base.Stage)."""
 
     name = "io"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> OnDisk[Plan]:
+    def plan(self, options: IoOptions, ctx: RunContext) -> OnDisk[Plan]:
         """`options` as the command parsed them; `path` already checked (args.data_path)
         and the machine's facts in `ctx` collected for it."""
-        from starvecheck import args
-
-        existing = bool(options.get("existing"))
-        cold = options.get("cold", True)
-        drop_caches = bool(options.get("drop_caches"))
-        if options.get("keep") and existing:
+        existing, cold, drop_caches = options.existing, options.cold, options.drop_caches
+        if options.keep and existing:
             raise UsageError(
                 "--keep: nothing is written with --existing, so there is nothing to keep"
             )
@@ -369,12 +354,9 @@ class IoStage:
             raise UsageError("--drop-caches only applies to cold runs; drop --no-cold or it")
         if drop_caches and (problem := cache.drop_caches_problem()):
             raise UsageError(f"--drop-caches: {problem}")
-        size = options["sample_size"]
-        default_samples, default_runs = SIZES[bool(options.get("quick"))][
-            "existing" if existing else "generated"
-        ]
-        n = options.get("samples") or default_samples
-        path = options["path"]
+        size = options.sample_size
+        n = options.samples or IoOptions.SAMPLES[existing][options.quick]
+        path = options.path
         if not existing and (problem := space_problem(path, n, size)):
             raise UsageError(problem)
         eff = ctx.effective_cpus
@@ -384,18 +366,16 @@ class IoStage:
             Plan(
                 samples=n,
                 sample_size=size,
-                runs=options.get("runs") or default_runs,
-                threads=args.thread_counts(options.get("threads"), eff),
+                runs=options.runs or IoOptions.RUNS[options.quick],
+                threads=options.threads or default_threads(eff),
                 cold=cold,
                 drop_caches=drop_caches,
-                keep=bool(options.get("keep")),
+                keep=options.keep,
             ),
         )
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
-        from starvecheck import args
-
-        n, runs = SIZES[quick]["generated"]
+        n, runs = IoOptions.SAMPLES[False][quick], IoOptions.RUNS[quick]
         path = ctx.path or os.getcwd()
         if problem := space_problem(path, n, workload.sample_size):
             raise UsageError(problem)
@@ -404,7 +384,7 @@ class IoStage:
             samples=n,
             sample_size=workload.sample_size,
             runs=runs,
-            threads=args.thread_counts(None, eff),
+            threads=default_threads(eff),
         )
         return OnDisk(path, False, plan)
 

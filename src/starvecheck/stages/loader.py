@@ -38,13 +38,14 @@ from starvecheck.model import Caveat, Metric, StageResult, one
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch
 from starvecheck.signals import check_signals, signals_held, signals_raise
-from starvecheck.stages.base import OnDisk, RunContext
+from starvecheck.stages.base import BaseStage, OnDisk, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.datasets import (
     batch_size_of,
 )
 from starvecheck.stages.layouts import MB, Progress
 from starvecheck.stages.loaderplan import Plan
+from starvecheck.stages.options import LoaderOptions, default_workers
 from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
@@ -60,14 +61,6 @@ if TYPE_CHECKING:
 KNEE_SHARE = 0.95
 # Batches read in this process before measuring each layout (first-use costs).
 WARMUP_BATCHES = 4
-
-# (samples, runs) by default and with --quick (SIZES[quick][mode]), for `loader` and
-# `doctor`. Every run is an epoch through a fresh DataLoader per layout, cache state and
-# worker count; --quick fits in 30 s on 2 cores.
-SIZES = {
-    False: {"generated": (5_000, 3), "existing": (1_000, 3)},
-    True: {"generated": (1_000, 3), "existing": (200, 3)},
-}
 
 
 def _no_progress(what: str, done: int, total: int) -> None:
@@ -480,62 +473,54 @@ def _measure_or_fail(
         raise Unavailable(f"the DataLoader failed: {' '.join(str(e).split())}") from e
 
 
-class LoaderStage:
+class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
     """`loader` in the registry (stages/base.Stage)."""
 
     name = "loader"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> OnDisk[Plan]:
-        """`options` as the command parsed them (`path` checked, `workers` a tuple or
-        None); the machine's facts in `ctx`."""
-        from starvecheck import args
+    def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan]:
+        """`options` as the command parsed them (`path` checked); the machine's facts
+        in `ctx`."""
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
 
-        existing = bool(options.get("existing"))
-        size = options["sample_size"]
+        size = options.sample_size
         eff = ctx.effective_cpus
-        mode = "existing" if existing else "generated"
-        default_samples, default_runs = SIZES[bool(options.get("quick"))][mode]
-        n = options.get("samples") or default_samples
-        path = options["path"]
-        if not existing and (
+        n = options.samples or LoaderOptions.SAMPLES[options.existing][options.quick]
+        path = options.path
+        if not options.existing and (
             problem := space_problem(path, n, size, sources.space_needed(n, size))
         ):
             raise UsageError(problem)
         plan = Plan(
             samples=n,
             sample_size=size,
-            workers=options.get("workers") or args.default_workers(eff),
-            runs=options.get("runs") or default_runs,
-            batch_size=options.get("batch_size", 32),
-            prefetch_factor=options.get("prefetch_factor", 2),
-            pin_memory=options.get("pin_memory"),
-            cold=options.get("cold", True),
+            workers=options.workers or default_workers(eff),
+            runs=options.runs,
+            batch_size=options.batch_size,
+            prefetch_factor=options.prefetch_factor,
+            pin_memory=options.pin_memory,
+            cold=options.cold,
             effective_cpus=eff,
         )
-        return OnDisk(path, existing, plan)
+        return OnDisk(path, options.existing, plan)
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
-        from starvecheck import args
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
 
         eff = ctx.effective_cpus
-        n, runs = SIZES[quick]["generated"]
+        n = LoaderOptions.SAMPLES[False][quick]
         path = ctx.path or os.getcwd()
         need = sources.space_needed(n, workload.sample_size)
         if problem := space_problem(path, n, workload.sample_size, need):
             raise UsageError(problem)
-        workers = args.default_workers(eff)
+        workers = default_workers(eff)
         plan = Plan(
             samples=n,
             sample_size=workload.sample_size,
             workers=tuple(x for x in workers if x <= eff) if quick else workers,
-            runs=runs,
+            runs=LoaderOptions.runs,
             batch_size=workload.batch_size,
             # The storage link is io's cold read; with --quick the loader link is the
             # DataLoader itself, warm.

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.stages.options import LoaderOptions
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -16,10 +18,10 @@ class Plan:
     sample_size: int
     workers: tuple[int, ...]
     runs: int
-    batch_size: int = 32
-    prefetch_factor: int = 2
+    batch_size: int = LoaderOptions.batch_size
+    prefetch_factor: int = LoaderOptions.prefetch_factor
     pin_memory: bool | None = None  # None: when CUDA is available
-    cold: bool = True
+    cold: bool = LoaderOptions.cold
     effective_cpus: int = 1
     seed: int = 0
     # doctor measures only the workload's layout; None: every layout.

@@ -13,7 +13,7 @@ out over several shuffles, so their figures carry a median and a spread.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -21,7 +21,8 @@ import numpy as np
 
 from starvecheck.model import Caveat, Metric, StageResult, value
 from starvecheck.stages import packing, textdata
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, Measured, RunContext
+from starvecheck.stages.options import PadOptions
 from starvecheck.stages.packing import Figures, Layout
 from starvecheck.status import UsageError
 from starvecheck.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int | None], None]
 SHUFFLES = 5
 SHUFFLE_BUDGET = 2_000_000  # lengths laid out per shuffled strategy, over all shuffles
-QUICK_LIMIT = 20_000
 
 
 def _no_progress(what: str, done: int, total: int | None) -> None:
@@ -41,10 +41,10 @@ def _no_progress(what: str, done: int, total: int | None) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    context: int = 4096
-    batch_size: int = 32
-    current: str = "dynamic"
-    seed: int = 0
+    context: int = PadOptions.context
+    batch_size: int = PadOptions.batch_size
+    current: str = PadOptions.current
+    seed: int = PadOptions.seed
     limit: int | None = None
     dataset: str | None = None
     fmt: str | None = None  # None: from the file name
@@ -304,44 +304,39 @@ def _x(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.1f}x"
 
 
-class PadStage:
+class PadStage(BaseStage[PadOptions, Plan]):
     """`pad` in the registry (stages/base.Stage)."""
 
     name = "pad"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
-        names = tuple(n.strip() for f in options.get("fields") or () for n in f.split(","))
-        if any(not n for n in names):
-            raise UsageError("--field: empty field name")
-        dataset, lengths = options.get("dataset"), options.get("lengths")
+    def plan(self, options: PadOptions, ctx: RunContext) -> Plan:
+        """`options` as the command parsed them (`fields` split and checked)."""
+        dataset, lengths = options.dataset, options.lengths
         if dataset is not None and lengths is not None:
             raise UsageError("--dataset and --lengths: choose one source of lengths")
         if dataset is None:
             for option, given in (
-                ("--tokenizer", options.get("tokenizer")),
-                ("--field", names),
-                ("--format", options.get("format")),
+                ("--tokenizer", options.tokenizer),
+                ("--field", options.fields),
+                ("--format", options.format),
             ):
                 if given:
                     raise UsageError(f"{option} applies to --dataset")
         if lengths == "" or dataset == "":
             raise UsageError(f"{'--lengths' if lengths == '' else '--dataset'} needs a path")
-        quick = options.get("quick") and (dataset or lengths)
+        quick = options.quick and (dataset or lengths)
         return Plan(
-            context=options["context"],
-            batch_size=options["batch_size"],
-            current=options["current"],
-            seed=options.get("seed", 0),
-            limit=options.get("limit") or (QUICK_LIMIT if quick else None),
+            context=options.context,
+            batch_size=options.batch_size,
+            current=options.current,
+            seed=options.seed,
+            limit=options.limit or (PadOptions.QUICK_LIMIT if quick else None),
             dataset=dataset,
-            fmt=options.get("format"),
-            fields=names,
-            tokenizer=options.get("tokenizer"),
+            fmt=options.format,
+            fields=options.fields,
+            tokenizer=options.tokenizer,
             lengths=lengths,
-            stdin=options.get("stdin"),
+            stdin=options.stdin,
         )
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
@@ -350,18 +345,16 @@ class PadStage:
             context=w.context,
             batch_size=w.batch_size,
             current=w.current,
-            limit=QUICK_LIMIT if quick and w.dataset else None,
+            limit=PadOptions.QUICK_LIMIT if quick and w.dataset else None,
             dataset=w.dataset,
             fields=w.field,
             tokenizer=w.tokenizer if w.dataset else None,
         )
 
-    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
-        return self.measure_run(plan, ctx).result
-
-    def measure_run(self, plan: Plan, ctx: RunContext) -> Run:
-        """The result and the layouts behind it (pad --plot draws them)."""
-        return run(plan, ctx.progress)
+    def measure_all(self, plan: Plan, ctx: RunContext) -> Measured:
+        """The result and the layouts behind it (pad --plot draws a batch of each)."""
+        out = run(plan, ctx.progress)
+        return Measured(out.result, pad_run=out)
 
 
 STAGE = PadStage()

@@ -23,16 +23,16 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starvecheck import args, cache
+from starvecheck import cache
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import Scratch
 from starvecheck.signals import check_signals, signals_held, signals_raise
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
+from starvecheck.stages.options import ProfileOptions
 from starvecheck.stages.residency import COLD_MAX_RESIDENT, record_residency, resident_metric
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import prepare_workers, worker_init
@@ -53,7 +53,7 @@ MODEL_SIZES = {
 @dataclass(frozen=True)
 class Plan:
     workers: tuple[int, ...]
-    steps: int = 20
+    steps: int = ProfileOptions.STEPS[False]
     warmup_steps: int = 3
     model_size: str = "tiny"
     device: str = "cpu"
@@ -448,46 +448,34 @@ class ProfileRun:
     plan: Plan
 
 
-class ProfileStage:
+class ProfileStage(BaseStage[ProfileOptions, ProfileRun]):
     """`profile`'s loop in the registry (stages/base.Stage); `profile --trace` is the
     `trace` stage (stages/trace.py)."""
 
     name = "profile"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> ProfileRun:
-        """`options` as the command parsed them (`path` checked; `device` and
-        `model_size` as given, "auto" for the default). `trace_dir` and `workers` come
-        as typed and are checked here, in that order: made, parsed, or refused in one
-        line."""
-        trace_dir = options.get("trace_dir")
-        if trace_dir is not None:
-            trace_dir = args.output_dir("--trace-dir", trace_dir)
-        workers = options.get("workers")
-        counts = args.counts("--workers", workers, 0, 64) if workers else None
+    def plan(self, options: ProfileOptions, ctx: RunContext) -> ProfileRun:
+        """`options` as the command parsed them (`path` checked, `trace_dir` made;
+        `device` and `model_size` as given, "auto" for the default)."""
         eff = ctx.effective_cpus
-        where = resolve_device(options.get("device", "auto"))
-        size = options.get("model_size", "auto")
+        where = resolve_device(options.device)
+        size = options.model_size
         if size == "auto":
             size = "small" if where == "cuda" else "tiny"
-        quick = bool(options.get("quick"))
+        quick = options.quick
         plan = Plan(
-            workers=counts or tuple(sorted({0, min(eff, 8)})),
-            steps=options.get("steps") or (6 if quick else 20),
+            workers=options.workers
+            or tuple(sorted({0, min(eff, ProfileOptions.MAX_DEFAULT_WORKERS)})),
+            steps=options.steps or ProfileOptions.STEPS[quick],
             warmup_steps=2 if quick else 3,
             model_size=size,
             device=where,
-            cold=bool(options.get("cold")),
-            trace_dir=trace_dir,
+            cold=options.cold,
+            trace_dir=options.trace_dir,
             effective_cpus=eff,
-            tokenizer=options.get("tokenizer"),
+            tokenizer=options.tokenizer,
         )
-        return ProfileRun(options["path"], plan)
-
-    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> ProfileRun:
-        raise NotImplementedError("doctor does not run the profile loop")
+        return ProfileRun(options.path, plan)
 
     def measure(self, plan: ProfileRun, ctx: RunContext) -> StageResult:
         return _measure(plan.path, plan.plan, ctx)

@@ -9,6 +9,7 @@ the `Stage` protocol of stages/base.py. Adding a stage: write its module with a
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from starvecheck.stages.base import Stage
 
@@ -26,7 +27,9 @@ MODULES = {
 DOCTOR_ORDER = ("pad", "starve", "io", "loader", "pcie")
 
 
-def get(name: str) -> Stage:
+def get(name: str) -> Stage[Any, Any]:
+    """The stage by name. Its options and plan types are erased here (a name picks
+    it); each stage's own `plan` is typed, and commands build the options it takes."""
     if name not in MODULES:
         raise KeyError(f"no stage {name!r}")
     return importlib.import_module(MODULES[name]).STAGE  # type: ignore[no-any-return]

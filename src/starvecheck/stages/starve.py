@@ -18,15 +18,16 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.figures import IDLE_AS_GOOD
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.signals import check_signals
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
+from starvecheck.stages.options import StarveOptions, default_workers
 from starvecheck.stages.textdata import default_texts, load_tokenizer
 from starvecheck.stages.workers import prepare_workers, worker_init
 
@@ -42,12 +43,12 @@ def _no_progress(what: str, done: int, total: int) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    sample_ms: float = 5.0  # D
-    batch_size: int = 32  # B
-    step_ms: float = 50.0  # G
+    sample_ms: float = StarveOptions.ASSUMED_SAMPLE_MS  # D
+    batch_size: int = StarveOptions.batch_size  # B
+    step_ms: float = StarveOptions.ASSUMED_STEP_MS  # G
     workers: tuple[int, ...] = (0, 1, 2, 4)
-    steps: int = 20
-    warmup_steps: int = 3
+    steps: int = StarveOptions.STEPS[False]
+    warmup_steps: int = StarveOptions.WARMUP_STEPS
     sleep: bool = False  # the sleep-based model: samples wait instead of working
     effective_cpus: int = 1
     tokenizer: str | None = None
@@ -407,64 +408,52 @@ def run(
     )
 
 
-# `starve` without --sample-ms or --step-ms simulates these (assumed, and said so).
-DEFAULT_SAMPLE_MS = 5.0
-DEFAULT_STEP_MS = 50.0
 # doctor: 4 measured steps with --quick, 20 without; the capacity from 3 runs.
 DOCTOR_STEPS = {True: 4, False: 20}
 CAPACITY_RUNS = 3
 
 
-class StarveStage:
+class StarveStage(BaseStage[StarveOptions, Plan]):
     """`starve` in the registry (stages/base.Stage)."""
 
     name = "starve"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
-        from starvecheck import args
+    def plan(self, options: StarveOptions, ctx: RunContext) -> Plan:
         from starvecheck.status import UsageError
 
-        if options.get("sleep") and options.get("tokenizer"):
+        if options.sleep and options.tokenizer:
             raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")
-        eff = ctx.effective_cpus
-        workers = options.get("workers")
         # What the user did not give is simulated with defaults, and said so: findings
         # on it are hints about a made-up workload, never a verdict on theirs.
-        assumed = tuple(
-            k
-            for k in ("sample_ms", "step_ms")
-            if options.get(k) is None and not (k == "sample_ms" and options.get("tokenizer"))
+        sample_unknown = options.sample_ms is None and not options.tokenizer
+        assumed = (("sample_ms",) if sample_unknown else ()) + (
+            ("step_ms",) if options.step_ms is None else ()
         )
         return Plan(
-            sample_ms=DEFAULT_SAMPLE_MS
-            if options.get("sample_ms") is None
-            else options["sample_ms"],
-            batch_size=options["batch_size"],
-            step_ms=DEFAULT_STEP_MS if options.get("step_ms") is None else options["step_ms"],
+            sample_ms=StarveOptions.ASSUMED_SAMPLE_MS
+            if options.sample_ms is None
+            else options.sample_ms,
+            batch_size=options.batch_size,
+            step_ms=StarveOptions.ASSUMED_STEP_MS if options.step_ms is None else options.step_ms,
             assumed=assumed,
-            workers=args.counts("--workers", workers, 0, 1024)
-            if workers
-            else args.default_workers(eff),
-            steps=options.get("steps") or (8 if options.get("quick") else 20),
-            sleep=bool(options.get("sleep")),
-            effective_cpus=eff,
-            tokenizer=options.get("tokenizer"),
+            workers=options.workers or default_workers(ctx.effective_cpus),
+            steps=options.steps or StarveOptions.STEPS[options.quick],
+            warmup_steps=StarveOptions.WARMUP_STEPS,
+            sleep=options.sleep,
+            effective_cpus=ctx.effective_cpus,
+            tokenizer=options.tokenizer,
         )
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
-        from starvecheck import args
-
         eff = ctx.effective_cpus
         assert workload.step_ms is not None
         return Plan(
             sample_ms=workload.cpu_ms_per_sample,
             batch_size=workload.batch_size,
             step_ms=workload.step_ms,
-            workers=(eff,) if quick else tuple(x for x in args.default_workers(eff) if x <= eff),
+            workers=(eff,) if quick else tuple(x for x in default_workers(eff) if x <= eff),
             steps=DOCTOR_STEPS[quick],
+            warmup_steps=StarveOptions.WARMUP_STEPS,
             effective_cpus=eff,
             # A cpu_ms_per_sample that was given is the job's whole preprocessing (decode,
             # augment, tokenize): it stands; the tokenizer then serves pad's lengths only.

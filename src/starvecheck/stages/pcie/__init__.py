@@ -19,12 +19,13 @@ pinned buffers, RLIMIT_MEMLOCK, NUMA nodes, each GPU's link and its theoretical 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.probe.machine import Machine
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, Refusal, RunContext
+from starvecheck.stages.options import PcieOptions
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie.host import (
     HostFacts,
@@ -173,7 +174,7 @@ def run(
     )
 
 
-class PcieStage:
+class PcieStage(BaseStage[PcieOptions, Plan]):
     """`pcie` in the registry (stages/base.Stage)."""
 
     name = "pcie"
@@ -181,15 +182,30 @@ class PcieStage:
     def unavailable(self) -> str | None:
         return cuda_unavailable()
 
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> Plan:
+    def plan(self, options: PcieOptions, ctx: RunContext) -> Plan:
         from dataclasses import replace
 
-        plan = Plan.default(bool(options.get("quick")))
-        if options.get("sizes"):
-            plan = replace(plan, sizes=tuple(options["sizes"]))
-        if options.get("runs"):
-            plan = replace(plan, runs=options["runs"])
+        plan = Plan.default(options.quick)
+        if options.sizes:
+            plan = replace(plan, sizes=options.sizes)
+        if options.runs:
+            plan = replace(plan, runs=options.runs)
         return plan
+
+    def refusal(self, plan: Plan, ctx: RunContext) -> Refusal | None:
+        """No CUDA device, or facts from another machine (STARVECHECK_SYSROOT): the
+        host-side report, then exit 3."""
+        assert ctx.machine is not None
+        reason = self.unavailable()
+        message = f"pcie needs a CUDA device: {reason}"
+        if reason is None and not ctx.machine.real:
+            # Binding to a fake machine's NUMA nodes, or judging this GPU by another's
+            # link, would mix two machines in one report.
+            reason = f"STARVECHECK_SYSROOT={ctx.machine.sysroot} describes another machine"
+            message = f"pcie measures this machine's GPU: {reason}; unset it to measure"
+        if reason is None:
+            return None
+        return Refusal(message, cpu_side(ctx.machine, reason=reason, plan=plan))
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
         """pcie's sweep plus the size of one of the workload's batches, so the link's

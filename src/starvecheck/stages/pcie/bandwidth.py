@@ -16,11 +16,12 @@ from starvecheck.figures import PARALLEL_AT as PARALLEL_AT
 from starvecheck.figures import SEQUENTIAL_AT as SEQUENTIAL_AT
 from starvecheck.figures import overlap_verdict as verdict  # noqa: F401 (re-exported)
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
+from starvecheck.stages.options import PcieOptions
 from starvecheck.units import size_name as size_name
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-DEFAULT_SIZES = (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB)
-QUICK_SIZES = (MiB, 16 * MiB, 256 * MiB)
+DEFAULT_SIZES = PcieOptions.SIZES[False]
+QUICK_SIZES = PcieOptions.SIZES[True]
 # The size the reference comparison and overlap figures are stated at.
 REFERENCE_SIZE = 256 * MiB
 MAX_SIZE = 16 * GiB

@@ -12,6 +12,7 @@ from typing import Any
 
 from starvecheck.probe.machine import Machine
 from starvecheck.probe.nvml import normalise_bus_id
+from starvecheck.stages.options import PcieOptions
 from starvecheck.stages.pcie import bandwidth as bw
 
 
@@ -26,8 +27,8 @@ class Plan:
     @classmethod
     def default(cls, quick: bool) -> Plan:
         if quick:
-            return cls(bw.QUICK_SIZES, runs=5, warmup=2, quick=True, load_s=0.3)
-        return cls(bw.DEFAULT_SIZES, runs=10, warmup=3, quick=False, load_s=1.0)
+            return cls(bw.QUICK_SIZES, PcieOptions.RUNS[True], warmup=2, quick=True, load_s=0.3)
+        return cls(bw.DEFAULT_SIZES, PcieOptions.RUNS[False], warmup=3, quick=False, load_s=1.0)
 
     def parameters(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starvecheck.model import Caveat, Metric, StageResult
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, RunContext
+from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
 from starvecheck.stages.trace.load import load, trace_files
 
@@ -183,7 +184,7 @@ def read(paths: Sequence[str | os.PathLike[str]]) -> Job:
     return analyze_job([load(f) for f in trace_files(paths)])
 
 
-class TraceStage:
+class TraceStage(BaseStage[TraceOptions, list[str]]):
     """`profile --trace FILE|DIR ...` in the registry (stages/base.Stage): torch.profiler
     traces of another run, analysed. Its result reports under the stage `profile`
     (schema 1 named it so), its figures labelled with their quantity alone where the
@@ -191,16 +192,8 @@ class TraceStage:
 
     name = "trace"
 
-    def unavailable(self) -> str | None:
-        return None
-
-    def plan(self, options: Mapping[str, Any], ctx: RunContext) -> list[str]:
-        given = options["trace"]
-        items = [given] if isinstance(given, str | os.PathLike) else list(given)
-        return [os.fspath(p) for p in items]
-
-    def doctor_plan(self, workload: Any, quick: bool, ctx: RunContext) -> list[str]:
-        raise NotImplementedError("doctor does not read traces")
+    def plan(self, options: TraceOptions, ctx: RunContext) -> list[str]:
+        return [os.fspath(p) for p in options.traces]
 
     def measure(self, plan: Sequence[str], ctx: RunContext) -> StageResult:
         start = time.perf_counter()

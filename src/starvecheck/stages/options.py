@@ -1,0 +1,193 @@
+"""Each stage's options, typed: what its command hands `Stage.plan`.
+
+One frozen dataclass per stage, and each default is written once, here: the command's
+help text reads it from the dataclass, the stage's plan falls back to it. A field whose
+default depends on the run (`--quick`, `--existing`, the effective CPUs) is None until
+the plan resolves it, from the tables and functions below. Values arrive parsed
+(`args.py`, called by cli/): counts as tuples, sizes in bytes, paths checked; a stage
+checks only how options combine. Nothing here imports more than the standard library,
+so the CLI reads it at start-up for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from starvecheck.probe.sysroot import SysRoot
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def default_workers(effective: int) -> tuple[int, ...]:
+    """num_workers to sweep when none are given: 0, 1, 2, 4, ... up to twice the
+    effective CPUs, at least 4."""
+    counts, w = [0, 1], 2
+    while w <= max(4, 2 * effective):
+        counts.append(w)
+        w *= 2
+    return tuple(counts)
+
+
+def default_threads(effective: int | None) -> tuple[int, ...]:
+    """Concurrent readers when none are given: 1 and the effective CPU count."""
+    return tuple(sorted({1, max(1, effective or 1)}))
+
+
+def size_text(size: int) -> str:
+    """A default size as help shows it, in the units --sample-size reads: 16 KiB -> '16K'."""
+    for unit, scale in (("G", GiB), ("M", MiB), ("K", KiB)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def size_list(sizes: tuple[int, ...]) -> str:
+    """(64 KiB, 1 MiB) -> '64K,1M', as --sizes reads them."""
+    return ",".join(size_text(s) for s in sizes)
+
+
+def by_quick(table: dict[bool, int]) -> str:
+    """A --quick-dependent default as help states it: '5; 3 with --quick'."""
+    return f"{table[False]}; {table[True]} with --quick"
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    root: SysRoot | None = None  # the machine described; None: / or STARVECHECK_SYSROOT
+    path: str | None = None  # the data directory whose storage to describe; None: cwd
+
+    stage: ClassVar[str] = "env"
+
+
+@dataclass(frozen=True)
+class IoOptions:
+    path: str  # checked (args.data_path)
+    existing: bool = False
+    sample_size: int = 16 * KiB
+    samples: int | None = None  # None: SAMPLES[existing][quick]
+    runs: int | None = None  # None: RUNS[quick]
+    threads: tuple[int, ...] | None = None  # None: default_threads(effective CPUs)
+    cold: bool = True
+    drop_caches: bool = False
+    keep: bool = False
+    quick: bool = False
+
+    stage: ClassVar[str] = "io"
+    # Existing mode reads real files, fewer by default (each may be large, the storage
+    # remote). doctor runs the generated sizes.
+    SAMPLES: ClassVar[dict[bool, dict[bool, int]]] = {
+        False: {False: 10_000, True: 2_000},
+        True: {False: 1_000, True: 200},
+    }
+    RUNS: ClassVar[dict[bool, int]] = {False: 5, True: 3}
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    path: str  # checked (args.data_path)
+    existing: bool = False
+    sample_size: int = 16 * KiB
+    samples: int | None = None  # None: SAMPLES[existing][quick]
+    workers: tuple[int, ...] | None = None  # None: default_workers(effective CPUs)
+    runs: int = 3  # epochs per layout, cache state and worker count
+    batch_size: int = 32
+    prefetch_factor: int = 2
+    pin_memory: bool | None = None  # None: when a CUDA device is present
+    cold: bool = True
+    quick: bool = False
+
+    stage: ClassVar[str] = "loader"
+    # --quick fits in 30 s on 2 cores; doctor runs the generated sizes.
+    SAMPLES: ClassVar[dict[bool, dict[bool, int]]] = {
+        False: {False: 5_000, True: 1_000},
+        True: {False: 1_000, True: 200},
+    }
+
+
+@dataclass(frozen=True)
+class StarveOptions:
+    sample_ms: float | None = None  # D; None: ASSUMED_SAMPLE_MS, and said to be assumed
+    batch_size: int = 32  # B
+    step_ms: float | None = None  # G; None: ASSUMED_STEP_MS, and said to be assumed
+    workers: tuple[int, ...] | None = None  # None: default_workers(effective CPUs)
+    steps: int | None = None  # None: STEPS[quick]
+    sleep: bool = False
+    tokenizer: str | None = None
+    quick: bool = False
+
+    stage: ClassVar[str] = "starve"
+    ASSUMED_SAMPLE_MS: ClassVar[float] = 5.0
+    ASSUMED_STEP_MS: ClassVar[float] = 50.0
+    STEPS: ClassVar[dict[bool, int]] = {False: 20, True: 8}
+    WARMUP_STEPS: ClassVar[int] = 3
+
+
+@dataclass(frozen=True)
+class PadOptions:
+    context: int = 4096
+    batch_size: int = 32
+    current: str = "dynamic"
+    seed: int = 0
+    limit: int | None = None  # None: all, or QUICK_LIMIT with --quick on the user's data
+    dataset: str | None = None
+    format: str | None = None  # None: from the file name
+    fields: tuple[str, ...] = ()  # split and checked (args.fields)
+    tokenizer: str | None = None
+    lengths: str | None = None  # a file of lengths, or "-" for stdin
+    stdin: IO[str] | None = None  # what "-" reads
+    quick: bool = False
+
+    stage: ClassVar[str] = "pad"
+    QUICK_LIMIT: ClassVar[int] = 20_000
+
+
+@dataclass(frozen=True)
+class PcieOptions:
+    sizes: tuple[int, ...] | None = None  # bytes; None: SIZES[quick]
+    runs: int | None = None  # None: RUNS[quick]
+    quick: bool = False
+
+    stage: ClassVar[str] = "pcie"
+    SIZES: ClassVar[dict[bool, tuple[int, ...]]] = {
+        False: (64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB),
+        True: (MiB, 16 * MiB, 256 * MiB),
+    }
+    RUNS: ClassVar[dict[bool, int]] = {False: 10, True: 5}
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    path: str  # checked (args.data_path)
+    workers: tuple[int, ...] | None = None  # None: 0 and the effective CPUs, at most MAX
+    steps: int | None = None  # None: STEPS[quick]
+    model_size: str = "auto"  # auto: tiny on CPU, small on CUDA
+    device: str = "auto"
+    cold: bool = False
+    trace_dir: str | None = None  # made and checked (args.output_dir)
+    tokenizer: str | None = None
+    quick: bool = False
+
+    stage: ClassVar[str] = "profile"
+    STEPS: ClassVar[dict[bool, int]] = {False: 20, True: 6}
+    MAX_DEFAULT_WORKERS: ClassVar[int] = 8
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    traces: tuple[str, ...]  # files or directories of torch.profiler traces
+
+    stage: ClassVar[str] = "trace"
+
+
+StageOptions = (
+    EnvOptions
+    | IoOptions
+    | LoaderOptions
+    | StarveOptions
+    | PadOptions
+    | PcieOptions
+    | ProfileOptions
+    | TraceOptions
+)
