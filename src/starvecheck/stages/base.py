@@ -30,7 +30,6 @@ from starvecheck.stages.batches import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
-    from starvecheck.stages.pad import Run as PadRun
     from starvecheck.workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -95,8 +94,9 @@ class Measured:
 
     result: StageResult
     machine: Machine | None = None  # env: the facts read, which are the report's machine
-    # pad: the lengths and layouts behind the figures (--plot draws a batch of each).
-    pad_run: PadRun | None = None
+    # pad: the lengths and layouts behind the figures (--plot draws a batch of each), a
+    # stages.pad.Run; not named here, so that this module, below every stage, imports none.
+    pad_run: Any = None
 
 
 @dataclass(frozen=True)
