@@ -433,43 +433,30 @@ class Watch(Generic[T]):
 
     def report(self) -> Report:
         """The loop's result (labelled figures, no findings), judged once by
-        advice.judge as a command's are, with the ranked checklist."""
+        advice.judge as a command's are, with the ranked checklist: the report the CLI
+        would build (starvecheck.report.build_report)."""
         from dataclasses import replace
 
-        from starvecheck import __version__
-        from starvecheck.advice.judge import Results, attach, judge
         from starvecheck.advice.ranks import straggler
-        from starvecheck.context import _utc_now
+        from starvecheck.context import Context
+        from starvecheck.report import build_report
 
-        measured = self._measured()
-        judgement = judge(Results({"watch": measured}))
-        stages = attach([measured], judgement)
-        if "ranks" in measured.parameters:
-            s = stages[0]
+        report = build_report("watch", None, [self._measured()], Context(stdout_isatty=False))
+        s = report.stages[0]
+        if "ranks" in s.parameters:
             summary = straggler(s.metrics, s.findings)
-            stages = [replace(s, parameters={**s.parameters, "straggler": summary})]
-        return Report(
-            command="watch",
-            machine={},
-            stages=tuple(stages),
-            checklist=judgement.checklist,
-            verdict=judgement.verdict,
-            tool_version=__version__,
-            created_at=_utc_now(),
-        )
+            report = replace(
+                report, stages=(replace(s, parameters={**s.parameters, "straggler": summary}),)
+            )
+        return report
 
     def summary(self, color: bool = False, width: int | None = 100) -> str:
         """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
-        import os
-
         from starvecheck.context import Context
-        from starvecheck.render.terminal import render
+        from starvecheck.render.terminal import as_text
 
         c = Context(stdout_isatty=color, width=width, environ=os.environ)
-        console = c.console()
-        with console.capture() as captured:
-            render(self.report(), console)
-        return "\n".join(line.rstrip() for line in captured.get().split("\n"))
+        return as_text(self.report(), c.console())
 
     def _print(self) -> None:
         stream = self.file or sys.stderr

@@ -21,7 +21,6 @@ from starvecheck.cli.common import (
     QuickOpt,
     TokenizerOpt,
     app,
-    build_report,
     context_of,
     emit,
     exit_status,
@@ -29,6 +28,7 @@ from starvecheck.cli.common import (
     warning,
 )
 from starvecheck.model import Report, StageResult
+from starvecheck.report import build_report
 from starvecheck.stages.base import RunContext, no_progress
 from starvecheck.status import UsageError
 

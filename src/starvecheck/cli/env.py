@@ -14,12 +14,12 @@ from starvecheck.cli.common import (
     Outputs,
     QuickOpt,
     app,
-    build_report,
     context_of,
     emit,
     sysroot_of,
     warning,
 )
+from starvecheck.report import build_report
 
 
 @app.command()

@@ -20,13 +20,13 @@ from starvecheck.cli.common import (
     QuickOpt,
     TokenizerOpt,
     app,
-    build_report,
     context_of,
     emit,
     progress_bar,
     warning,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.report import build_report
 from starvecheck.strategies import STRATEGIES
 
 
