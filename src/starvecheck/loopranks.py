@@ -14,8 +14,7 @@ batch is in hand (`rank_wait_ms`). Without it, it is estimated: in a synchronous
 every rank's step ends together, so a rank's compute above the fastest rank's in the
 same step is time spent waiting inside the step's collectives (DDP's gradient
 all-reduce) for a slower rank. Either way a rank's *work* is its step less that wait,
-and the straggler rule is profile --trace's and doctor's (advice.ranks,
-advice.nodes.STRAGGLER_SHARE).
+and the straggler rule is profile --trace's and doctor's (advice/stragglers.py).
 
 The payload is JSON: a header, and each per-step array as base64 of its float64 bytes.
 """

@@ -433,22 +433,13 @@ class Watch(Generic[T]):
 
     def report(self) -> Report:
         """The loop's result (labelled figures, no findings), judged once by
-        advice.judge as a command's are, with the ranked checklist: the report the CLI
-        would build (starvecheck.report.build_report)."""
-        from dataclasses import replace
-
-        from starvecheck.advice.ranks import straggler
+        advice.judge as a command's are, with the ranked checklist (and, across ranks,
+        the straggler summary advice/stragglers.py states): the report the CLI would
+        build (starvecheck.report.build_report)."""
         from starvecheck.context import Context
         from starvecheck.report import build_report
 
-        report = build_report("watch", None, [self._measured()], Context(stdout_isatty=False))
-        s = report.stages[0]
-        if "ranks" in s.parameters:
-            summary = straggler(s.metrics, s.findings)
-            report = replace(
-                report, stages=(replace(s, parameters={**s.parameters, "straggler": summary}),)
-            )
-        return report
+        return build_report("watch", None, [self._measured()], Context(stdout_isatty=False))
 
     def summary(self, color: bool = False, width: int | None = 100) -> str:
         """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
