@@ -1,6 +1,6 @@
 """doctor under torchrun: every rank measures its own node, rank 0 reports them all.
 
-(Its counterpart for a training job's own loop is loopranks.py; both are judged by
+(Its counterpart for a training job's own loop is loop/ranks.py; both are judged by
 advice/stragglers.py: nodes here, ranks of one job there.)
 
 torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank runs its
