@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from starvecheck.watcher import Watch
+from starvecheck.loop.timer import Watch
 
 STEP_S = 0.010
 BAR = 0.01  # of a 10 ms step

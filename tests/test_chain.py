@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from starvecheck.advice import chain, nodes
+from starvecheck.advice import chain, stragglers
 from starvecheck.advice.judge import Results
-from starvecheck.distributed import from_environ, slow_ms
+from starvecheck.doctor_ranks import from_environ, slow_ms
 from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Report, Severity, StageResult
 from starvecheck.status import UsageError
 from starvecheck.workload import Workload
@@ -321,11 +321,11 @@ def test_link_and_doctor_report_round_trip_and_other_reports_are_unchanged():
 
 
 def test_stragglers_below_80_percent_of_the_median():
-    assert nodes.stragglers({0: 1000.0, 1: 100.0}) == (550.0, [1])
-    assert nodes.stragglers({0: 1000.0, 1: 1000.0, 2: 790.0}) == (1000.0, [2])
-    assert nodes.stragglers({0: 1000.0, 1: 1000.0, 2: 800.0}) == (1000.0, [])  # exactly 80%
-    assert nodes.stragglers({0: 1000.0, 1: None, 2: 950.0}) == (975.0, [])
-    assert nodes.stragglers({0: 1000.0}) == (None, [])
+    assert stragglers.below_median({0: 1000.0, 1: 100.0}) == (550.0, [1])
+    assert stragglers.below_median({0: 1000.0, 1: 1000.0, 2: 790.0}) == (1000.0, [2])
+    assert stragglers.below_median({0: 1000.0, 1: 1000.0, 2: 800.0}) == (1000.0, [])  # exactly 80%
+    assert stragglers.below_median({0: 1000.0, 1: None, 2: 950.0}) == (975.0, [])
+    assert stragglers.below_median({0: 1000.0}) == (None, [])
 
 
 def _payload(rank: int, storage: float | None, loader: float | None) -> dict:
@@ -334,15 +334,19 @@ def _payload(rank: int, storage: float | None, loader: float | None) -> dict:
 
 
 def test_judge_marks_the_straggler_with_severity_by_demand():
-    table, (f,) = nodes.judge([_payload(1, 5000.0, 300.0), _payload(0, 5000.0, 3000.0)], 400.0)
+    table, (f,) = stragglers.among_nodes(
+        [_payload(1, 5000.0, 300.0), _payload(0, 5000.0, 3000.0)], 400.0
+    )
     assert [r["rank"] for r in table] == [0, 1]
     assert table[1]["straggler"] and not table[0]["straggler"]
     assert table[1]["data_pipeline_samples_per_s"] == 300.0
     assert f.id == "doctor.straggler" and f.severity is Severity.CRITICAL
     assert "Rank 1 on node1" in f.title and f.gain.value == pytest.approx(400 / 300, abs=1e-3)
-    _, (g,) = nodes.judge([_payload(0, 5000.0, 3000.0), _payload(1, 5000.0, 1000.0)], 400.0)
+    _, (g,) = stragglers.among_nodes(
+        [_payload(0, 5000.0, 3000.0), _payload(1, 5000.0, 1000.0)], 400.0
+    )
     assert g.severity is Severity.WARNING and g.gain is None
-    assert nodes.data_pipeline({"storage": None, "loader": 7.0, "gpu": 1.0}) == 7.0
+    assert stragglers.data_pipeline({"storage": None, "loader": 7.0, "gpu": 1.0}) == 7.0
 
 
 def test_rank_environment_and_the_slow_ranks_hook():

@@ -107,7 +107,7 @@ trainer.fit(Tiny(), loader, val)
 
 REPORT = """
 w = callback.watch
-print("WAITS", json.dumps(list(w.waits)))
+print("WAITS", json.dumps(list(w.times.waits)))
 print("RESULT", json.dumps(w.result().to_dict()))
 """
 

@@ -259,7 +259,7 @@ def test_a_fast_last_step_that_fetched_data_is_a_real_step():
 
 
 def test_the_pace_of_ranks_alike_is_the_expected_slowest():
-    from starvecheck.advice.ranks import paced
+    from starvecheck.advice.stragglers import paced
 
     assert paced([5.0, 5.0, 5.0], 4) == pytest.approx(5.0)  # alike every step
     assert paced([1.0, 3.0], 1) == pytest.approx(2.0)  # one rank: its mean

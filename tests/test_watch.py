@@ -10,7 +10,7 @@ import time
 import pytest
 
 import starvecheck
-from starvecheck.watcher import Watch
+from starvecheck.loop.timer import Watch
 
 
 class Clock:
@@ -39,7 +39,7 @@ def watched(waits_ms, computes_ms, **kw) -> Watch:
 
 
 def values(w: Watch) -> dict:
-    return {m.name: m for m in w.metrics()}
+    return {m.name: m for m in w.times.metrics()}
 
 
 def test_known_wait_gives_the_known_share():
@@ -80,7 +80,7 @@ def test_break_ends_the_last_step_where_the_loop_left():
         clock.t += 0.005
         if i == 4:
             break
-    assert len(w.waits) == len(w.computes) == 5
+    assert len(w.times.waits) == len(w.times.computes) == 5
     assert values(w)["compute_ms"].median == pytest.approx(5)
 
 
@@ -92,7 +92,7 @@ def test_an_exception_in_the_loop_passes_through_and_keeps_the_figures():
             clock.t += 0.002
             if i == 3:
                 1 / 0  # noqa: B018
-    assert len(w.computes) == 4
+    assert len(w.times.computes) == 4
 
 
 def test_an_empty_iterable_measures_nothing_and_says_so():
@@ -153,7 +153,7 @@ def test_each_pass_adds_to_the_same_figures():
     for _epoch in range(2):
         for _ in w:
             clock.t += 0.01
-    assert w.passes == 2 and values(w)["steps"].value == 6
+    assert w.times.passes == 2 and values(w)["steps"].value == 6
 
 
 def test_every_must_be_a_positive_count():
@@ -207,9 +207,9 @@ def test_importing_starvecheck_loads_no_torch():
 
 def test_every_figure_is_labelled_with_its_quantity_and_no_finding_before_judging():
     w = watched([500] + [20] * 9, [10] * 10)
-    for m in w.metrics():
+    for m in w.times.metrics():
         assert m.labels == {"quantity": m.name}  # one of a kind, as a trace's figures
-    measured = w._measured()
+    measured = w.measured()
     assert measured.findings == () and measured.has_caveat("watch.warmup-left-out")
     d = w.report().to_dict()
     assert d["schema_version"] == 2
@@ -227,7 +227,7 @@ def test_the_breakdown_and_its_findings_select_by_labels_not_names():
     from starvecheck.advice.judge import Results, judge
     from starvecheck.render.trace import split
 
-    r = watched([500] + [20] * 9, [10] * 10)._measured()
+    r = watched([500] + [20] * 9, [10] * 10).measured()
     renamed = dataclasses.replace(
         r, metrics=tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(r.metrics))
     )
@@ -241,22 +241,22 @@ def test_the_breakdown_and_its_findings_select_by_labels_not_names():
 def test_trainer_hooks_time_the_gap_between_steps_and_survive_misordering():
     clock = Clock()
     w = Watch((), clock=clock, show=False)
-    w.start()
+    w.begin_pass()
     for wait, compute, other in [(50, 5, 0), (20, 5, 100), (20, 5, 0)]:
         clock.t += wait / 1e3
-        w.begin()
+        w.begin_step()
         clock.t += compute / 1e3
-        w.end()
+        w.end_step()
         clock.t += other / 1e3  # an evaluation after the step ...
-        w.mark()  # ... that the trainer reports: not data wait
-    assert [round(x * 1e3) for x in w.waits] == [50, 20, 20]
-    assert [round(x * 1e3) for x in w.computes] == [5, 5, 5]
-    w.begin()
-    w.begin()  # a step begun twice (hooks out of order): the first ends, nothing raises
-    w.end()
-    w.end()  # an end with no step open is ignored
-    assert len(w.waits) == len(w.computes) == 5
-    w.begin()
-    w.finish()  # a step left open is dropped
-    assert len(w.waits) == len(w.computes) == 5
-    assert [round(x * 1e3) for x in w.waits] == [50, 20, 20, 0, 0]
+        w.resume_wait()  # ... that the trainer reports: not data wait
+    assert [round(x * 1e3) for x in w.times.waits] == [50, 20, 20]
+    assert [round(x * 1e3) for x in w.times.computes] == [5, 5, 5]
+    w.begin_step()
+    w.begin_step()  # a step begun twice (hooks out of order): the first ends, nothing raises
+    w.end_step()
+    w.end_step()  # an end with no step open is ignored
+    assert len(w.times.waits) == len(w.times.computes) == 5
+    w.begin_step()
+    w.end_pass()  # a step left open is dropped
+    assert len(w.times.waits) == len(w.times.computes) == 5
+    assert [round(x * 1e3) for x in w.times.waits] == [50, 20, 20, 0, 0]

@@ -8,48 +8,55 @@ import json
 import os
 import subprocess
 import sys
-from array import array
 from pathlib import Path
 
 import pytest
 
-from starvecheck import loopranks
-from starvecheck.watcher import Watch
+from starvecheck.context import Context
+from starvecheck.loop import ranks
+from starvecheck.loop.ranks import Gathered, Peers
+from starvecheck.loop.timer import Watch
+from starvecheck.loop.times import LoopTimes, RankTimes
+from starvecheck.report import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 
 
-def rank_loop(waits_ms, computes_ms, barrier_ms=None) -> Watch:
-    w: Watch = Watch((), show=False)
-    w.passes = 1
-    w.waits = array("d", [x / 1e3 for x in waits_ms])
-    w.computes = array("d", [x / 1e3 for x in computes_ms])
+def rank_loop(waits_ms, computes_ms, barrier_ms=None) -> LoopTimes:
+    """One rank's figures, as its timer would have taken them (one pass)."""
     n = len(waits_ms)
-    w.wait_cpu, w.compute_cpu, w.wait_runq = array("d", [0] * n), array("d", [0] * n), array("d")
-    if barrier_ms is not None:
-        w.rank_waits = array("d", [x / 1e3 for x in barrier_ms])
-    return w
+    return LoopTimes(
+        waits=[x / 1e3 for x in waits_ms],
+        computes=[x / 1e3 for x in computes_ms],
+        wait_cpu=[0] * n,
+        compute_cpu=[0] * n,
+        rank_waits=[x / 1e3 for x in barrier_ms or ()],
+        passes=1,
+    )
 
 
-def judged(loops: dict[int, Watch], late: dict[int, str] | None = None):
-    """Rank 0's report from these loops, each sent through the store's encoding."""
-    me = loops[0]
-    payloads = {r: loopranks.decode(loopranks.payload(w, final=True)) for r, w in loops.items()}
-    me.gathered = loopranks.Gathered(payloads, len(loops), late or {})
-    me._found_peers = True
-    me.peers = loopranks.Peers(0, len(loops), None, "k")
-    report = me.report()
+def sent(t: LoopTimes, rank: int = 0, *, final: bool = True) -> RankTimes:
+    """A rank's figures as rank 0 receives them, through the store's encoding."""
+    return RankTimes.decode(t.encode(rank=rank, final=final, window=ranks.WINDOW))
+
+
+def judged(loops: dict[int, LoopTimes], late: dict[int, str] | None = None):
+    """Rank 0's report from these loops, each sent through the store's encoding, built
+    as watch builds it: combined, then judged by build_report."""
+    g = Gathered({r: sent(t, r) for r, t in loops.items()}, len(loops), late or {})
+    report = build_report("watch", None, [ranks.combine(loops[0], 0, g)], Context())
     stage = report.stages[0]
     return stage, {f.id: f for f in stage.findings}
 
 
 def test_payload_round_trip_keeps_every_step():
-    w = rank_loop([30, 1, 2], [5, 6, 7], barrier_ms=[0, 3, 4])
-    p = loopranks.decode(loopranks.payload(w, final=False))
-    assert p["steps"] == 3 and p["final"] is False and p["pass"] == 1
-    assert list(p["arrays"]["rank_waits"]) == pytest.approx([0, 0.003, 0.004])
-    assert loopranks.loop(p, Watch).metrics() == w.metrics()
+    t = rank_loop([30, 1, 2], [5, 6, 7], barrier_ms=[0, 3, 4])
+    p = sent(t, 1, final=False)
+    assert (p.rank, p.steps, p.final, p.passes) == (1, 3, False, 1)
+    assert list(p.times.rank_waits) == pytest.approx([0, 0.003, 0.004])
+    assert p.times == t
+    assert p.times.metrics() == t.metrics()
 
 
 def test_a_rank_whose_data_is_slow_is_the_straggler_and_the_others_wait_for_it():
@@ -80,11 +87,11 @@ def test_ranks_on_one_host_share_its_cpus_and_the_worker_gain_says_so():
     n = 20
     fast = rank_loop([50] + [1] * n, [5] + [24] * n)
     slow = rank_loop([50] + [20] * n, [5] + [5] * n)
-    for w in (fast, slow):
-        w.iterator, w.num_workers = "_SingleProcessDataLoaderIter", 0
+    for t in (fast, slow):
+        t.iterator, t.num_workers = "_SingleProcessDataLoaderIter", 0
     stage, f = judged({0: fast, 1: slow})  # both payloads name this host
     assert stage.parameters["ranks_on_host"] == 2
-    cpus = loopranks.decode(loopranks.payload(slow, final=True))["params"]["effective_cpus"]
+    cpus = sent(slow, 1).params["effective_cpus"]
     assert stage.parameters["effective_cpus"] == pytest.approx(cpus / 2)
     assert stage.has_caveat("watch.ranks-share-host")
     gain = f["profile.data-bound"].gain
@@ -134,9 +141,9 @@ def test_uneven_and_late_ranks_are_said():
     assert "over the 12 steps every rank has" in "\n".join(stage.caveats)
 
 
-def own(w: Watch, *, final: bool) -> dict:
+def own(t: LoopTimes, *, final: bool) -> RankTimes:
     """Rank 0's own figures, as it hands them to collect."""
-    return loopranks.decode(loopranks.payload(w, final=final))
+    return sent(t, 0, final=final)
 
 
 class Store:
@@ -165,15 +172,14 @@ def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silen
 ):
     store = Store()
     me = rank_loop([9] + [1] * 20, [5] * 21)
-    me.peers = loopranks.Peers(0, 3, store, "k")
+    peers = Peers(0, 3, store, "k")
     stopped = rank_loop([9] + [1] * 5, [5] * 6)  # rank 1 broke out after 6 steps
-    stopped.peers = loopranks.Peers(1, 3, store, "k")
-    stopped.peers.publish(loopranks.payload(stopped, final=True))
-    monkeypatch.setattr(loopranks, "WAIT_END_S", 0.3)
+    assert Peers(1, 3, store, "k").post(stopped, final=True) is None
+    monkeypatch.setattr(ranks, "WAIT_END_S", 0.3)
     import time
 
     t0 = time.monotonic()
-    g = me.peers.collect(own(me, final=True))
+    g = peers.collect(own(me, final=True))
     took = time.monotonic() - t0
     assert sorted(g.payloads) == [0, 1]
     assert g.late == {2: "sent no figures"}  # rank 2 never sent: waited 0.3 s, not forever
@@ -181,23 +187,34 @@ def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silen
     assert store.d == {}  # rank 1's final figures, read, are not left in the store
     # an `every` report waits for a rank behind it only WAIT_EVERY_S
     behind = rank_loop([9] + [1] * 3, [5] * 4)
-    behind.peers = loopranks.Peers(2, 3, store, "k")
-    behind.peers.publish(loopranks.payload(behind, final=False))
-    monkeypatch.setattr(loopranks, "WAIT_EVERY_S", 0.1)
-    g = me.peers.collect(own(me, final=False))
+    Peers(2, 3, store, "k").post(behind, final=False)
+    monkeypatch.setattr(ranks, "WAIT_EVERY_S", 0.1)
+    g = peers.collect(own(me, final=False))
     assert "sent figures up to step 4 of pass 1" in g.late[2]
 
 
 def test_only_the_other_ranks_write_to_the_store():
     store = Store()
-    for rank in (1, 0):
-        w = rank_loop([9] + [1] * 5, [5] * 6)
-        w.show, w._found_peers = False, True
-        w.peers = loopranks.Peers(rank, 2, store, "k")
-        w._pass_ended()
+    posted = [Peers(1, 2, store, "k").post(rank_loop([9] + [1] * 5, [5] * 6), final=True)]
+    posted.append(Peers(0, 2, store, "k").post(rank_loop([9] + [1] * 5, [5] * 6), final=True))
     # rank 1 wrote and rank 0 read it (and let it go); rank 0 wrote nothing
+    assert posted[0] is None
+    assert posted[1] is not None and sorted(posted[1].payloads) == [0, 1]
+    assert store.sets == ["k/1"] and store.d == {}
+
+
+def test_a_pass_that_ends_posts_the_figures_whatever_show_says(monkeypatch):
+    """The timer's end of a pass, under torch.distributed: rank 1 posts, rank 0
+    gathers (and would print only with show)."""
+    store = Store()
+    found = iter([Peers(1, 2, store, "k"), Peers(0, 2, store, "k")])
+    monkeypatch.setattr(Peers, "find", classmethod(lambda cls: next(found)))
+    for _ in range(2):
+        w = Watch(range(6), show=False)
+        assert list(w) == list(range(6))
     assert w.gathered is not None and sorted(w.gathered.payloads) == [0, 1]
     assert store.sets == ["k/1"] and store.d == {}
+    assert "straggler" in w.result().parameters  # judged: the summary attached
 
 
 def test_a_store_that_fails_leaves_rank_0_its_own_figures():
@@ -206,11 +223,9 @@ def test_a_store_that_fails_leaves_rank_0_its_own_figures():
             raise RuntimeError("Connection reset by peer")
 
     me = rank_loop([9] + [1] * 20, [5] * 21)
-    me.peers = loopranks.Peers(0, 2, Broken(), "k")
-    g = me.peers.collect(own(me, final=True))
+    g = Peers(0, 2, Broken(), "k").collect(own(me, final=True))
     assert list(g.payloads) == [0] and "Connection reset" in (g.unreachable or "")
-    me.gathered, me._found_peers = g, True
-    stage = me.result()
+    stage = build_report("watch", None, [ranks.combine(me, 0, g)], Context()).stages[0]
     assert stage.has_caveat("watch.ranks-unreachable")
     assert "ranks" not in stage.parameters
 
@@ -219,7 +234,7 @@ def test_barrier_without_a_process_group_is_a_note():
     w = Watch(range(5), show=False, barrier=True)
     assert list(w) == list(range(5))
     assert w.result().has_caveat("watch.barrier-without-ranks")
-    assert len(w.rank_waits) == 0
+    assert len(w.times.rank_waits) == 0
 
 
 # Real ranks: torchrun on this machine, gloo on loopback.
@@ -309,12 +324,12 @@ def test_a_rank_that_stops_early_blocks_no_one(tmp_path):
 
 
 def test_a_long_run_sends_only_its_last_steps(monkeypatch):
-    monkeypatch.setattr(loopranks, "WINDOW", 8)
+    monkeypatch.setattr(ranks, "WINDOW", 8)
     n = 40
     fast = rank_loop([50] + [1] * n, [5] + [24] * n)
     slow = rank_loop([50] + [20] * n, [5] + [5] * n)
-    p = loopranks.decode(loopranks.payload(slow, final=True))
-    assert p["steps"] == n + 1 and p["offset"] == n + 1 - 8 and len(p["arrays"]["waits"]) == 8
+    p = sent(slow, 1)
+    assert p.steps == n + 1 and p.times.offset == n + 1 - 8 and len(p.times.waits) == 8
     stage, f = judged({0: fast, 1: slow})
     assert stage.has_caveat("watch.ranks-window")
     assert stage.one(quantity="steps", rank="rank 1").value == n + 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from starvecheck.watcher import Watch
+    from starvecheck.loop.timer import Watch
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "watch"]
@@ -16,9 +16,9 @@ def watch(iterable: Any, **options: Any) -> Watch[Any]:
     Options: sync (torch.cuda.synchronize() each step), every (print every N steps),
     file (default stderr), show (print at the end), barrier (under torch.distributed:
     time a dist.barrier() once each batch is in hand, measuring the wait for the other
-    ranks). Under torch.distributed rank 0 reports every rank. See starvecheck.watcher;
+    ranks). Under torch.distributed rank 0 reports every rank. See starvecheck.loop;
     for transformers' and Lightning's Trainers, starvecheck.integrations."""
-    from starvecheck.watcher import watch as _watch
+    from starvecheck.loop.timer import watch as _watch
 
     return _watch(iterable, **options)
 

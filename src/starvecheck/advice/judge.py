@@ -62,6 +62,9 @@ class Judgement:
     chain: tuple[Link, ...] = ()
     weakest_link: str | None = None
     weakest_summary: str = ""  # the sentence under the chain table
+    # Verdicts as data, by stage: added to that stage's parameters for the JSON
+    # (watch's straggler summary across ranks).
+    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def for_stage(self, stage: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.stage == stage)
@@ -77,7 +80,7 @@ def advise_all(results: Results) -> list[Finding]:
 
 
 def judge(results: Results) -> Judgement:
-    from starvecheck.advice import rank, verdict
+    from starvecheck.advice import rank, stragglers, verdict
 
     # Findings made outside the stages' rules (doctor's stragglers across ranks).
     findings = [*advise_all(results), *results.extra.get("findings", ())]
@@ -91,7 +94,13 @@ def judge(results: Results) -> Judgement:
     findings = reconcile(findings)
     checklist = rank(findings)
     return Judgement(
-        tuple(findings), checklist, verdict(checklist, len(findings)), chain, weakest, summary
+        tuple(findings),
+        checklist,
+        verdict(checklist, len(findings)),
+        chain,
+        weakest,
+        summary,
+        stragglers.verdicts(results.stages, findings),
     )
 
 
@@ -164,13 +173,19 @@ def _one_value_per_setting(findings: list[Finding]) -> list[Finding]:
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:
     """The stage results with their findings filled in from the judgement. A finding
     whose stage is none of the run's (watch reports with profile's findings) joins the
-    run's last result: the one stage of a command, doctor's own in doctor."""
+    run's last result: the one stage of a command, doctor's own in doctor. A verdict
+    judging states as data joins its stage's parameters."""
     stages = {r.stage for r in results}
     homeless = tuple(f for f in judgement.findings if f.stage not in stages)
     out = [replace(r, findings=judgement.for_stage(r.stage)) for r in results]
     if homeless and out:
         out[-1] = replace(out[-1], findings=(*out[-1].findings, *homeless))
-    return out
+    return [
+        replace(r, parameters={**r.parameters, **judgement.parameters[r.stage]})
+        if r.stage in judgement.parameters
+        else r
+        for r in out
+    ]
 
 
 def _stamped(f: Finding, stage: str) -> Finding:

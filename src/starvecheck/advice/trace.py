@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
-from starvecheck.advice.ranks import WAITING, ranks
+from starvecheck.advice.stragglers import WAITING, among_ranks
 from starvecheck.advice.workers import WorkerAdvice, recommend
 from starvecheck.model import (
     Finding,
@@ -68,7 +68,7 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
-            found += ranks(r.metrics, WAITING.get(r.parameters.get("rank_wait_source")))
+            found += among_ranks(r.metrics, WAITING.get(r.parameters.get("rank_wait_source")))
     return found
 
 

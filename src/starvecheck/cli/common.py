@@ -1,12 +1,13 @@
 """What every command shares: the Typer app, the common options, output checks,
-report assembly and emission, the progress bar, warnings and errors."""
+report emission (starvecheck.report builds the report), the progress bar, warnings
+and errors."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
     from starvecheck.stages.base import Measured
     from starvecheck.stages.options import StageOptions
-    from starvecheck.workload import Workload
 
 app = typer.Typer(
     name="starvecheck",
@@ -247,42 +247,6 @@ def measure_one(
         return stage.measure_all(plan, replace(ctx, progress=progress))
 
 
-def build_report(
-    command: str,
-    machine: Machine | Mapping[str, Any] | None,
-    stages: list[StageResult],
-    c: Context,
-    *,
-    workload: Workload | None = None,
-    extra: Mapping[str, Any] | None = None,
-    nodes: Sequence[Mapping[str, Any]] = (),
-) -> Report:
-    """Judge every stage result of the run once, together, and assemble the report.
-    doctor passes its workload (then judging builds the chain), facts no stage holds
-    (`extra`: the GPU link's basis, why a stage did not run, findings across ranks)
-    and, under torchrun, one row per node."""
-    from starvecheck.advice.judge import Results, attach, judge
-    from starvecheck.probe.machine import Machine
-
-    facts = machine if isinstance(machine, Machine) else None
-    results = Results({s.stage: s for s in stages}, facts, workload, dict(extra or {}))
-    judgement = judge(results)
-    return Report(
-        command=command,
-        machine=machine.to_dict() if isinstance(machine, Machine) else dict(machine or {}),
-        stages=tuple(attach(stages, judgement)),
-        checklist=judgement.checklist,
-        weakest_link=judgement.weakest_link,
-        verdict=judgement.verdict,
-        tool_version=__version__,
-        created_at=c.now(),
-        workload=workload.to_dict() if workload is not None else {},
-        chain=judgement.chain,
-        weakest_summary=judgement.weakest_summary,
-        nodes=tuple(nodes),
-    )
-
-
 def emit(report: Report, out: Outputs, c: Context) -> int:
     try:
         return _emit(report, out, c)
@@ -325,14 +289,9 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
             except OSError as e:
                 raise UsageError(f"cannot write {path}: {e.strerror}") from e
     if out.terminal:
-        from starvecheck.render.terminal import render
+        from starvecheck.render.terminal import as_text
 
-        console = c.console()
-        with console.capture() as captured:
-            render(report, console)
-        # rich pads table cells to the full width; trailing blanks only get in the way
-        # of copy-paste and diffs.
-        c.stdout.write("\n".join(line.rstrip() for line in captured.get().split("\n")))
+        c.stdout.write(as_text(report, c.console()))
         c.stdout.flush()
     return exit_status(report, out.fail_on)
 

@@ -21,7 +21,6 @@ from starvecheck.cli.common import (
     QuickOpt,
     TokenizerOpt,
     app,
-    build_report,
     context_of,
     emit,
     exit_status,
@@ -29,6 +28,7 @@ from starvecheck.cli.common import (
     warning,
 )
 from starvecheck.model import Report, StageResult
+from starvecheck.report import build_report
 from starvecheck.stages.base import RunContext, no_progress
 from starvecheck.status import UsageError
 
@@ -167,7 +167,7 @@ def doctor(
     stage's findings in one checklist. Under torchrun, every rank measures its own node
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
-    from starvecheck import distributed
+    from starvecheck import doctor_ranks
     from starvecheck.probe.sysroot import SysRoot
     from starvecheck.stages import doctor as doctor_stage
     from starvecheck.stages import env as env_stage
@@ -196,7 +196,7 @@ def doctor(
     w = resolve(from_file, given)
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
-    rank = distributed.from_environ(c.environ)
+    rank = doctor_ranks.from_environ(c.environ)
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None
     root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
@@ -210,7 +210,7 @@ def doctor(
             progress=progress,
             warn=lambda msg: warning(c, msg),
             path=target or str(Path.cwd()),
-            slow_ms=distributed.slow_ms(c.environ, rank.rank if rank else 0),
+            slow_ms=doctor_ranks.slow_ms(c.environ, rank.rank if rank else 0),
         )
         if batch_timeout is not None:
             run_ctx = replace(run_ctx, batch_timeout_s=batch_timeout)
@@ -222,10 +222,10 @@ def doctor(
 
     report = report_of(results, extra=outcome.extra)
     if rank is not None:
-        gathered = distributed.gather(report, rank, c.environ)
+        gathered = doctor_ranks.gather(report, rank, c.environ)
         if gathered is None:  # not rank 0: nothing on stdout, the same exit status
             return exit_status(report, out.fail_on)
-        nodes, findings, caveats = distributed.judge(gathered, outcome.workload.demand)
+        nodes, findings, caveats = doctor_ranks.judge(gathered, outcome.workload.demand)
         results = doctor_stage.with_caveats(results, caveats)
         report = report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes)
     if plot_path:

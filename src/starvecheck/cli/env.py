@@ -14,12 +14,12 @@ from starvecheck.cli.common import (
     Outputs,
     QuickOpt,
     app,
-    build_report,
     context_of,
     emit,
     measure_one,
     sysroot_of,
 )
+from starvecheck.report import build_report
 
 
 @app.command()

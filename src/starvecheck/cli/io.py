@@ -16,12 +16,12 @@ from starvecheck.cli.common import (
     Outputs,
     QuickOpt,
     app,
-    build_report,
     context_of,
     emit,
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.report import build_report
 from starvecheck.stages.options import IoOptions, by_quick, size_text
 
 

@@ -19,12 +19,12 @@ from starvecheck.cli.common import (
     QuickOpt,
     WorkersOpt,
     app,
-    build_report,
     context_of,
     emit,
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.report import build_report
 from starvecheck.stages.options import LoaderOptions, by_quick, size_text
 
 

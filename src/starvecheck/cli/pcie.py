@@ -15,13 +15,13 @@ from starvecheck.cli.common import (
     Outputs,
     QuickOpt,
     app,
-    build_report,
     context_of,
     emit,
     measure_one,
     sysroot_of,
 )
 from starvecheck.model import StageResult
+from starvecheck.report import build_report
 from starvecheck.stages.options import PcieOptions, by_quick, size_list
 
 

@@ -21,12 +21,12 @@ from starvecheck.cli.common import (
     TokenizerOpt,
     WorkersOpt,
     app,
-    build_report,
     context_of,
     emit,
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.report import build_report
 from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick
 from starvecheck.status import UsageError
 

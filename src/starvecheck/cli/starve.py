@@ -20,13 +20,13 @@ from starvecheck.cli.common import (
     StepsOpt,
     WorkersOpt,
     app,
-    build_report,
     context_of,
     emit,
     finite,
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.report import build_report
 from starvecheck.stages.options import StarveOptions, by_quick
 
 

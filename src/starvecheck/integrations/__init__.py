@@ -17,6 +17,8 @@ Options as `watch`'s: sync, every, file, show, barrier. Under torch.distributed
 (DDP through accelerate or Lightning) rank 0 reports every rank.
 
 Importing this package imports neither trainer: each class is made on first use.
+The callbacks live with the loop's timer (starvecheck/loop/trainers/); this is their
+public name.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ __all__ = ["LightningCallback", "TransformersCallback"]
 
 def __getattr__(name: str) -> Any:
     if name == "TransformersCallback":
-        from starvecheck.integrations.hf import TransformersCallback
+        from starvecheck.loop.trainers.hf import TransformersCallback
 
         return TransformersCallback
     if name == "LightningCallback":
-        from starvecheck.integrations.pl import LightningCallback
+        from starvecheck.loop.trainers.pl import LightningCallback
 
         return LightningCallback
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,15 @@ STYLE = {
 }
 
 
+def as_text(report: Report, console: Any) -> str:
+    """The report as `render` prints it on `console`, as one string: what a command
+    writes to stdout and `watch` to its file. rich pads table cells to the full width;
+    the trailing blanks are cut, as they only get in the way of copy-paste and diffs."""
+    with console.capture() as captured:
+        render(report, console)
+    return "\n".join(line.rstrip() for line in captured.get().split("\n"))
+
+
 def render(report: Report, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text

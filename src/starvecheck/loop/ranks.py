@@ -13,41 +13,34 @@ others. With `barrier=True` that last is measured at a `dist.barrier()` once eac
 batch is in hand (`rank_wait_ms`). Without it, it is estimated: in a synchronous job
 every rank's step ends together, so a rank's compute above the fastest rank's in the
 same step is time spent waiting inside the step's collectives (DDP's gradient
-all-reduce) for a slower rank. Either way a rank's *work* is its step less that wait,
-and the straggler rule is profile --trace's and doctor's (advice.ranks,
-advice.nodes.STRAGGLER_SHARE).
+all-reduce) for a slower rank. Either way a rank's *work* is its step less that wait;
+whether a rank is a straggler is judged in advice/stragglers.py (the rule
+profile --trace and doctor use), not here.
 
-The payload is JSON: a header, and each per-step array as base64 of its float64 bytes.
+This module reads figures (loop/times.py: `LoopTimes`, `RankTimes`, and their
+encoding), never the timer that takes them.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import itertools
-import json
-import socket
 import sys
 import time
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from starvecheck.loop.times import LoopTimes, RankTimes
 from starvecheck.model import Caveat, Metric, StageResult
 
-if TYPE_CHECKING:
-    from starvecheck.watcher import Watch
-
 KEY = "starvecheck.watch"
-VERSION = 1
 WAIT_EVERY_S = 5.0  # an `every` report: how long rank 0 waits for the others' same step
 WAIT_END_S = 60.0  # the end of a pass: how long rank 0 waits for the others' ends
 POLL_S = 0.02
 # Each rank sends at most its last WINDOW steps: what is sent (and rank 0 reads, for
 # every rank) stays bounded however long the job runs.
 WINDOW = 4096
-ARRAYS = ("waits", "computes", "wait_cpu", "compute_cpu", "wait_runq", "rank_waits")
 # The figures the per-rank table shows, relabelled with their rank.
 PER_RANK = (
     "steps",
@@ -65,10 +58,10 @@ _numbers = itertools.count()
 
 @dataclass
 class Gathered:
-    """Rank 0's view of every rank: payloads by rank (its own included), and the
+    """Rank 0's view of every rank: figures by rank (its own included), and the
     ranks whose figures did not reach the point rank 0 was at, with why."""
 
-    payloads: dict[int, dict[str, Any]]
+    payloads: dict[int, RankTimes]
     world: int
     late: dict[int, str] = field(default_factory=dict)
     unreachable: str | None = None  # why the store could not be read at all
@@ -104,6 +97,16 @@ class Peers:
     def _key(self, rank: int) -> str:
         return f"{self.key}/{rank}"
 
+    def post(self, times: LoopTimes, *, final: bool) -> Gathered | None:
+        """This rank's figures to rank 0: a rank above 0 writes them to the store (and
+        gets None); rank 0 gathers every rank's, its own included. `final`: the pass
+        has ended (else an `every` report)."""
+        mine = times.encode(rank=self.rank, final=final, window=WINDOW)
+        if self.rank != 0:
+            self.publish(mine)
+            return None
+        return self.collect(RankTimes.decode(mine))
+
     def publish(self, data: bytes) -> None:
         if self.store is None:
             return
@@ -112,21 +115,19 @@ class Peers:
         except Exception as e:  # the store went away (rank 0 gone): nothing to report to
             self.store, self.why = None, f"the store could not be written ({e})"
 
-    def collect(self, own: dict[str, Any]) -> Gathered:
-        """Rank 0, with its own figures (`decode(payload(...))`): every rank's latest.
-        Waits up to WAIT_END_S (a pass's end) or WAIT_EVERY_S (an `every` report) for
-        ranks behind this one."""
-        final = bool(own["final"])
-        got: dict[int, dict[str, Any]] = {self.rank: own}
+    def collect(self, own: RankTimes) -> Gathered:
+        """Rank 0, with its own figures: every rank's latest. Waits up to WAIT_END_S (a
+        pass's end) or WAIT_EVERY_S (an `every` report) for ranks behind this one."""
+        got: dict[int, RankTimes] = {self.rank: own}
         if self.store is None:
             return Gathered(got, self.world, unreachable=self.why or "no store")
-        deadline = time.monotonic() + (WAIT_END_S if final else WAIT_EVERY_S)
+        deadline = time.monotonic() + (WAIT_END_S if own.final else WAIT_EVERY_S)
         want = set(range(self.world)) - {self.rank}
         try:
             while True:
                 for r in sorted(want):
                     if self.store.check([self._key(r)]):
-                        got[r] = decode(self.store.get(self._key(r)))
+                        got[r] = RankTimes.decode(self.store.get(self._key(r)))
                 ready = {r for r in want if r in got and _caught_up(got[r], own)}
                 want -= ready
                 if not want or time.monotonic() >= deadline:
@@ -134,7 +135,7 @@ class Peers:
                 time.sleep(POLL_S)
         except Exception as e:
             return Gathered(got, self.world, unreachable=f"the store could not be read ({e})")
-        if final:  # read for good: the store (rank 0's memory, or the agent's) lets go
+        if own.final:  # read for good: the store (rank 0's memory, or the agent's) lets go
             for r in set(got) - want - {self.rank}:
                 with contextlib.suppress(Exception):
                     self.store.delete_key(self._key(r))
@@ -145,84 +146,34 @@ class Peers:
             else:
                 p = got[r]
                 late[r] = (
-                    f"sent figures up to step {p['steps']} of pass {p['pass']} "
-                    f"(rank {self.rank}: step {own['steps']} of pass {own['pass']})"
+                    f"sent figures up to step {p.steps} of pass {p.passes} "
+                    f"(rank {self.rank}: step {own.steps} of pass {own.passes})"
                 )
         return Gathered(got, self.world, late)
 
 
-def _caught_up(p: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
+def _caught_up(p: RankTimes, own: RankTimes) -> bool:
     """Whether a rank's figures reach the point rank 0 is at: a later pass, or this
     pass's end, or (an `every` report) at least as many steps."""
-    if p["pass"] != own["pass"]:
-        return p["pass"] > own["pass"]
-    return bool(p["final"]) or (not own["final"] and p["steps"] >= own["steps"])
-
-
-def payload(w: Watch[Any], *, final: bool) -> bytes:
-    """This rank's figures as bytes for the store."""
-    peers = w.peers
-    n = len(w.computes)
-    offset = max(0, n - WINDOW)
-    head = {
-        "v": VERSION,
-        "rank": peers.rank if peers else 0,
-        "host": socket.gethostname(),
-        "pass": w.passes,
-        "final": final,
-        "steps": w.offset + n,
-        "offset": w.offset + offset,
-        "params": w.parameters(),
-        "notes": [[c.id, c.text] for c in w.notes],
-        "worker_cpu": w.worker_cpu[:1] + w.worker_cpu[-1:],  # all that is read of it
-        "arrays": {a: base64.b64encode(getattr(w, a)[offset:].tobytes()).decode() for a in ARRAYS},
-    }
-    return json.dumps(head).encode()
-
-
-def decode(data: bytes) -> dict[str, Any]:
-    p = json.loads(data)
-    arrays = {}
-    for name in ARRAYS:
-        a = array("d")
-        a.frombytes(base64.b64decode(p["arrays"].get(name, "")))
-        arrays[name] = a
-    p["arrays"] = arrays
-    return p
-
-
-def loop(p: Mapping[str, Any], kind: type[Watch[Any]]) -> Watch[Any]:
-    """A rank's figures as a Watch (of `kind`) that holds them, not for iterating."""
-    w = kind((), show=False)
-    for name in ARRAYS:
-        setattr(w, name, p["arrays"][name])
-    w.passes = p["pass"]
-    w.offset = p.get("offset", 0)
-    w.worker_cpu = [tuple(x) for x in p.get("worker_cpu", ())]  # type: ignore[misc]
-    w.notes = [Caveat(i, t) for i, t in p.get("notes", ())]
-    params = p.get("params", {})
-    w.iterator, w.num_workers, w.sync = (
-        params.get("dataloader"),
-        params.get("num_workers"),
-        bool(params.get("sync")),
-    )
-    return w
+    if p.passes != own.passes:
+        return p.passes > own.passes
+    return p.final or (not own.final and p.steps >= own.steps)
 
 
 def name(rank: int) -> str:
     return f"rank {rank}"
 
 
-def common_steps(loops: Mapping[int, Watch[Any]]) -> range:
+def common_steps(loops: Mapping[int, LoopTimes]) -> range:
     """The steps (counted from each rank's first, 0) that every rank sent, the first
     (a warm-up) left out."""
     lo = max(1, *(w.offset for w in loops.values()))
-    hi = min(w.offset + len(w.computes) for w in loops.values())
+    hi = min(w.steps for w in loops.values())
     return range(lo, max(lo, hi))
 
 
 def waits_for_others(
-    loops: Mapping[int, Watch[Any]], steps: range
+    loops: Mapping[int, LoopTimes], steps: range
 ) -> tuple[dict[int, list[float]], str]:
     """Per rank, the seconds it waited for the others in each of `steps`, and where
     they come from: 'barrier' (timed) or 'estimated' (compute above the fastest
@@ -237,14 +188,57 @@ def waits_for_others(
     }, "estimated"
 
 
-def combine(me: Watch[Any], g: Gathered) -> StageResult:
-    """Rank 0's result: the headline rank's breakdown (the rank that waits most for
-    data), labelled with quantities alone as a single loop's; each rank's figures
-    labelled with its `rank`; `work_ms` and `rank_wait_ms` per common step."""
-    mine = me.peers.rank if me.peers else 0
-    loops = {r: loop(p, type(me)) for r, p in g.payloads.items()}
-    caveats: list[Caveat] = list(me.caveats())
-    params = me.parameters() | {"world_size": g.world}
+def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
+    """Rank 0's result (`own`: its figures, `rank`: its rank): the headline rank's
+    breakdown (the rank that waits most for data), labelled with quantities alone as a
+    single loop's; each rank's figures labelled with its `rank`; `work_ms` and
+    `rank_wait_ms` per common step."""
+    loops = {r: p.times for r, p in g.payloads.items()}
+    caveats = [*own.caveats(), *_gathering(g)]
+    params = own.parameters() | {"world_size": g.world}
+    if len(loops) < 2:
+        return StageResult(
+            "watch", parameters=params, metrics=tuple(own.metrics()), caveats=tuple(caveats)
+        )
+    metrics_by = {r: w.metrics() for r, w in loops.items()}
+    shares = {
+        r: next((m.value for m in ms if m.labels.get("quantity") == "data_wait_share"), None)
+        for r, ms in metrics_by.items()
+    }
+    headline = max(loops, key=lambda r: (shares[r] or 0.0, -r))
+    out: list[Metric] = list(metrics_by[headline])
+    for r in sorted(loops):
+        out += [
+            replace(m, name=f"{m.name}.rank_{r}", labels={**m.labels, "rank": name(r)})
+            for m in metrics_by[r]
+            if m.labels.get("quantity") in PER_RANK
+        ]
+    common = common_steps(loops)
+    source = None
+    if common:
+        source = _work(loops, common, out)
+    caveats += _comparing(loops, common, source)
+    params |= {
+        "headline_rank": name(headline),
+        "rank_wait_source": source or "none",
+        "common_steps": len(common),
+        "ranks": [_row(g.payloads[r], out) for r in sorted(loops)],
+    }
+    for key in ("num_workers", "dataloader", "effective_cpus", "sync"):
+        params[key] = g.payloads[headline].params.get(key, params.get(key))
+    caveats += _shared_host(g.payloads, headline, params)
+    if headline != rank:
+        caveats = [c for c in caveats if c.id != "watch.warmup-left-out"] + list(
+            loops[headline].caveats()
+        )
+    return StageResult(
+        "watch", parameters=params, metrics=tuple(out), caveats=tuple(_unique(caveats))
+    )
+
+
+def _gathering(g: Gathered) -> list[Caveat]:
+    """What rank 0 could not gather: the store, or a rank that was late."""
+    caveats = []
     if g.unreachable:
         caveats.append(
             Caveat(
@@ -259,40 +253,31 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
                 f"{name(r)} {why} when rank 0 reported; its figures are those it had sent",
             )
         )
-    if len(loops) < 2:
-        return StageResult(
-            "watch", parameters=params, metrics=tuple(me.metrics()), caveats=tuple(caveats)
-        )
+    return caveats
 
-    metrics_by = {r: w.metrics() for r, w in loops.items()}
-    shares = {
-        r: next((m.value for m in ms if m.labels.get("quantity") == "data_wait_share"), None)
-        for r, ms in metrics_by.items()
-    }
-    headline = max(loops, key=lambda r: (shares[r] or 0.0, -r))
-    out: list[Metric] = list(metrics_by[headline])
+
+def _work(loops: Mapping[int, LoopTimes], common: range, out: list[Metric]) -> str:
+    """Each rank's wait for the others and its work (the step less that wait) over
+    the common steps, appended to `out`; where the wait comes from."""
+    rank_waits, source = waits_for_others(loops, common)
     for r in sorted(loops):
-        where = name(r)
-        for m in metrics_by[r]:
-            q = m.labels.get("quantity")
-            if q in PER_RANK:
-                labels = {**m.labels, "rank": where}
-                out.append(replace(m, name=f"{m.name}.rank_{r}", labels=labels))
-    common = common_steps(loops)
-    source = None
-    if common:
-        rank_waits, source = waits_for_others(loops, common)
-        for r in sorted(loops):
-            w, where = loops[r], name(r)
-            waited = rank_waits[r]
-            inside = waited if source == "estimated" else [0.0] * len(common)  # in compute
-            work = [
-                w.waits[i - w.offset] + w.computes[i - w.offset] - x
-                for i, x in zip(common, inside, strict=True)
-            ]
-            out.append(_ms("rank_wait_ms", waited, rank=where))
-            out.append(_ms("work_ms", work, rank=where))
-    steps = {r: w.offset + len(w.computes) for r, w in loops.items()}
+        w, where = loops[r], name(r)
+        waited = rank_waits[r]
+        inside = waited if source == "estimated" else [0.0] * len(common)  # in compute
+        work = [
+            w.waits[i - w.offset] + w.computes[i - w.offset] - x
+            for i, x in zip(common, inside, strict=True)
+        ]
+        out.append(_ms("rank_wait_ms", waited, rank=where))
+        out.append(_ms("work_ms", work, rank=where))
+    return source
+
+
+def _comparing(loops: Mapping[int, LoopTimes], common: range, source: str | None) -> list[Caveat]:
+    """How the ranks' figures were compared: over the steps they all have, over the
+    last steps each sent, with the wait for the others estimated."""
+    caveats = []
+    steps = {r: w.steps for r, w in loops.items()}
     if len(set(steps.values())) > 1:
         counts = ", ".join(f"{name(r)} {s}" for r, s in sorted(steps.items()))
         caveats.append(
@@ -319,46 +304,41 @@ def combine(me: Watch[Any], g: Gathered) -> StageResult:
                 "synchronous job); watch(..., barrier=True) measures it at a barrier",
             )
         )
-    hosts = {r: str(p.get("host", "")) for r, p in g.payloads.items()}
-    params |= {
-        "headline_rank": name(headline),
-        "rank_wait_source": source or "none",
-        "common_steps": len(common),
-        "ranks": [
-            {
-                "rank": name(r),
-                "host": hosts.get(r, ""),
-                "steps": steps[r],
-                "pass": g.payloads[r].get("pass"),
-                "final": bool(g.payloads[r].get("final")),
-                **_rank_summary(out, name(r)),
-            }
-            for r in sorted(loops)
-        ],
+    return caveats
+
+
+def _row(p: RankTimes, metrics: Sequence[Metric]) -> dict[str, Any]:
+    """A rank's row in the JSON's `ranks`: who, how far, its means."""
+    return {
+        "rank": name(p.rank),
+        "host": p.host,
+        "steps": p.steps,
+        "pass": p.passes,
+        "final": p.final,
+        **_rank_summary(metrics, name(p.rank)),
     }
-    for key in ("num_workers", "dataloader", "effective_cpus", "sync"):
-        params[key] = g.payloads[headline].get("params", {}).get(key, params.get(key))
-    # Ranks on one host share its CPUs: the headline rank's workers get its share.
-    beside = [r for r in loops if hosts.get(r) == hosts.get(headline)]
+
+
+def _shared_host(
+    payloads: Mapping[int, RankTimes], headline: int, params: dict[str, Any]
+) -> list[Caveat]:
+    """Ranks on one host share its CPUs: the headline rank's workers get its share
+    (`params` changed in place)."""
+    host = payloads[headline].host
+    beside = [r for r, p in payloads.items() if p.host == host]
     cpus = params.get("effective_cpus")
-    if len(beside) > 1 and isinstance(cpus, int | float):
-        params["effective_cpus"] = cpus / len(beside)
-        params["ranks_on_host"] = len(beside)
-        caveats.append(
-            Caveat(
-                "watch.ranks-share-host",
-                f"{len(beside)} ranks run on {hosts.get(headline) or 'one host'} and share its "
-                f"{cpus:g} CPUs: {name(headline)}'s DataLoader workers are counted with "
-                f"{cpus / len(beside):.2g} of them",
-            )
+    if len(beside) < 2 or not isinstance(cpus, int | float):
+        return []
+    params["effective_cpus"] = cpus / len(beside)
+    params["ranks_on_host"] = len(beside)
+    return [
+        Caveat(
+            "watch.ranks-share-host",
+            f"{len(beside)} ranks run on {host or 'one host'} and share its "
+            f"{cpus:g} CPUs: {name(headline)}'s DataLoader workers are counted with "
+            f"{cpus / len(beside):.2g} of them",
         )
-    if headline != mine:
-        caveats = [c for c in caveats if c.id != "watch.warmup-left-out"] + list(
-            loops[headline].caveats()
-        )
-    return StageResult(
-        "watch", parameters=params, metrics=tuple(out), caveats=tuple(_unique(caveats))
-    )
+    ]
 
 
 def _rank_summary(metrics: Sequence[Metric], where: str) -> dict[str, float | None]:

@@ -1,5 +1,8 @@
 """doctor under torchrun: every rank measures its own node, rank 0 reports them all.
 
+(Its counterpart for a training job's own loop is loop/ranks.py; both are judged by
+advice/stragglers.py: nodes here, ranks of one job there.)
+
 torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; each rank runs its
 stages in its own scratch directories (each made fresh with a random name), then the
 ranks meet in a gloo process group and gather their reports on rank 0.
@@ -94,7 +97,7 @@ def judge(
     gathered: list[dict[str, Any]], demand: float | None
 ) -> tuple[list[dict[str, Any]], list[Finding], list[str]]:
     """Rows per rank, straggler findings, and caveats."""
-    from starvecheck.advice import nodes
+    from starvecheck.advice import stragglers
 
-    table, findings = nodes.judge(gathered, demand)
-    return table, findings, nodes.shared_hosts(table)
+    table, findings = stragglers.among_nodes(gathered, demand)
+    return table, findings, stragglers.shared_hosts(table)

@@ -15,10 +15,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from starvecheck.integrations.timed import Timed
+from starvecheck.loop.trainers.hooks import Hooked
 
 
-class TransformersCallback(Timed, TrainerCallback):  # type: ignore[misc]
+class TransformersCallback(Hooked, TrainerCallback):  # type: ignore[misc]
     """`Trainer(..., callbacks=[TransformersCallback()])`: prints the breakdown when
     training ends (and every `every` steps); `.watch` holds the figures
     (`.watch.report()`, `.watch.result()`)."""
@@ -30,26 +30,26 @@ class TransformersCallback(Timed, TrainerCallback):  # type: ignore[misc]
         self._workers(workers)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.start()
+        self.watch.begin_pass()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.begin()
+        self.watch.begin_step()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.end()
+        self.watch.end_step()
 
     # Work between steps that is not the data: the wait starts counting after it.
     def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.mark()
+        self.watch.resume_wait()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.mark()
+        self.watch.resume_wait()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.mark()
+        self.watch.resume_wait()
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.mark()
+        self.watch.resume_wait()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.finish()
+        self.watch.end_pass()

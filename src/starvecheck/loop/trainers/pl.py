@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starvecheck.integrations.timed import Timed
+from starvecheck.loop.trainers.hooks import Hooked
 
 try:
     from lightning.pytorch import Callback
@@ -22,7 +22,7 @@ except ImportError:  # the older package name
     from pytorch_lightning import Callback  # type: ignore[no-redef]
 
 
-class LightningCallback(Timed, Callback):  # type: ignore[misc]
+class LightningCallback(Hooked, Callback):  # type: ignore[misc]
     """`Trainer(..., callbacks=[LightningCallback()])`: prints the breakdown when
     training ends (and every `every` steps); `.watch` holds the figures."""
 
@@ -34,20 +34,20 @@ class LightningCallback(Timed, Callback):  # type: ignore[misc]
         self._workers(workers)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self.watch.start()
+        self.watch.begin_pass()
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.watch.begin()
+        self.watch.begin_step()
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.watch.end()
+        self.watch.end_step()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self.watch.mark()
+        self.watch.resume_wait()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.watch.finish()
+        self.watch.end_pass()

@@ -1,8 +1,18 @@
-"""Stragglers among ranks, for `profile --trace` of a multi-rank job and for `watch`
-under torch.distributed: doctor's rule (a rank whose rate, 1 / its work, is under 80%
-of the median rank's) on each rank's work, the step less its wait for the others. One
-rank throughout is `profile.straggler`; a different rank in turn,
-`profile.straggler-rotating`. Reads figures labelled `rank` (model.per_rank).
+"""Stragglers: the ranks of a data-parallel job that the others wait for.
+
+In synchronous data-parallel training every step waits for the slowest rank, so one
+slow rank slows the whole job. One rule, two kinds of evidence:
+
+- **ranks of one job** (`profile --trace` of a multi-rank job, `watch` under
+  torch.distributed): each rank's work, the step less its wait for the others, step
+  by step. A rank whose rate (1 / its work) is under 80% of the median rank's
+  throughout is `profile.straggler`; a different rank in turn,
+  `profile.straggler-rotating`. Reads figures labelled `rank` (model.per_rank).
+  `summary` states the verdict as data for the JSON.
+- **nodes of doctor** (doctor under torchrun, starvecheck.doctor_ranks): each node's
+  data-pipeline capacity (the lower of storage and loader). A node under 80% of the
+  median is `doctor.straggler`. Pure functions of the ranks' reports (as
+  `Report.to_dict()` gives them).
 """
 
 from __future__ import annotations
@@ -10,9 +20,8 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from starvecheck.advice.nodes import STRAGGLER_SHARE, stragglers
 from starvecheck.advice.profile import few_steps
 from starvecheck.model import (
     Finding,
@@ -20,9 +29,29 @@ from starvecheck.model import (
     GainKind,
     Metric,
     Severity,
+    StageResult,
     per_rank,
     slowest_per_step,
 )
+
+K = TypeVar("K", int, str)
+
+# The rule: a rank (or node) whose rate is under this share of the median's.
+STRAGGLER_SHARE = 0.8
+
+
+def below_median(
+    values: Mapping[K, float | None], share: float = STRAGGLER_SHARE
+) -> tuple[float | None, list[K]]:
+    """(median of the measured values, the keys below `share` of it)."""
+    known = {r: v for r, v in values.items() if v is not None}
+    if len(known) < 2:
+        return None, []
+    median = statistics.median(known.values())
+    return median, sorted(r for r, v in known.items() if v < share * median)
+
+
+# Ranks of one job: profile --trace and watch.
 
 # How the time a rank waits for the others was had: (what work is the step less of,
 # where the others wait). A trace times its collectives; watch times a barrier or
@@ -37,7 +66,7 @@ WAITING = {
 }
 
 
-def straggler(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str, Any]:
+def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str, Any]:
     """The straggler verdict as data, for a report's JSON: `pattern` is 'fixed' (one
     rank, named), 'rotating' (a different rank in turn) or 'none'; `slowest_in` how
     many common steps each rank had the most work in. From the same findings people
@@ -64,7 +93,16 @@ def straggler(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[st
     return out
 
 
-def ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:
+def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> dict[str, Any]:
+    """What judging adds to watch's parameters under torch.distributed: the straggler
+    `summary` of its ranks (advice.judge attaches it). A trace's ranks carry none."""
+    loop = stages.get("watch")
+    if loop is None or "ranks" not in loop.parameters:
+        return {}
+    return {"watch": {"straggler": summary(loop.metrics, findings)}}
+
+
+def among_ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:
     """Stragglers among the ranks of a multi-rank trace or loop, by doctor's rule (a
     rank whose rate is below 80% of the median rank's): one rank throughout, or a
     different rank from step to step. `waiting` says how the time a rank waits for
@@ -77,7 +115,7 @@ def ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> 
     work = {k: sum(v) / len(v) for k, v in values.items()}
     steps = {k: _avg(x) for k, x in per_rank(metrics, "step_ms").items()}
     waits = {k: _avg(x) for k, x in per_rank(metrics, "data_wait_ms").items()}
-    median, slow = stragglers({k: 1.0 / w for k, w in work.items() if w > 0}, STRAGGLER_SHARE)
+    median, slow = below_median({k: 1.0 / w for k, w in work.items() if w > 0})
     if median is None:
         return []
     n = len(per_step)
@@ -207,3 +245,101 @@ def _straggler(
         stage="profile",
         fix={"rank": rank, "cause": "data wait" if data else "compute"},
     )
+
+
+# Nodes of doctor under torchrun.
+
+PIPELINE_LINKS = ("storage", "loader")
+
+
+def data_pipeline(capacities: Mapping[str, float | None]) -> float | None:
+    """The lower of the storage and loader capacities that were measured."""
+    known = [v for k, v in capacities.items() if k in PIPELINE_LINKS and v is not None]
+    return min(known) if known else None
+
+
+def node_rows(payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per rank, by rank: host, each link's capacity, the data pipeline."""
+    out = []
+    for p in sorted(payloads, key=lambda p: p["rank"]):
+        chain = p["report"].get("chain", [])
+        caps = {x["link"]: x.get("capacity_samples_per_s") for x in chain}
+        out.append(
+            {
+                "rank": p["rank"],
+                "host": p.get("host", ""),
+                "capacity_samples_per_s": caps,
+                "data_pipeline_samples_per_s": data_pipeline(caps),
+                "straggler": False,
+            }
+        )
+    return out
+
+
+def among_nodes(
+    payloads: Sequence[Mapping[str, Any]], demand: float | None
+) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """Rows with stragglers marked, and one doctor.straggler finding per straggler.
+
+    Severity: critical when the straggler cannot feed its own GPU (below demand): in
+    synchronous training every rank then waits for it, every step. Warning when it still
+    keeps up: nothing is lost today, but it is the first node to starve with a faster
+    GPU or model, and a node slower than its twins usually has a fault worth finding.
+    """
+    table = node_rows(payloads)
+    median, slow = below_median({r["rank"]: r["data_pipeline_samples_per_s"] for r in table})
+    findings = []
+    for row in table:
+        if row["rank"] not in slow:
+            continue
+        row["straggler"] = True
+        value = row["data_pipeline_samples_per_s"]
+        assert median is not None and value is not None
+        starving = demand is not None and value < demand
+        gain = None
+        if starving and demand is not None:
+            gain = Gain(
+                GainKind.THROUGHPUT,
+                round(min(median, demand) / value, 3),
+                "the straggler raised to the median node (or the GPU's demand, if lower); "
+                "synchronous training runs at the slowest rank's pace",
+            )
+        where = f"rank {row['rank']}" + (f" on {row['host']}" if row["host"] else "")
+        findings.append(
+            Finding(
+                "doctor.straggler",
+                Severity.CRITICAL if starving else Severity.WARNING,
+                f"{where.capitalize()} is a straggler: its data pipeline delivers "
+                f"{value / median:.0%} of the median node's",
+                evidence=(
+                    f"data-pipeline capacity (lower of storage and loader) {value:,.0f} "
+                    f"samples/s against a median of {median:,.0f} over {len(table)} ranks"
+                    + (f"; the GPU consumes {demand:,.0f}" if demand is not None else "")
+                    + ". In synchronous data-parallel training every rank waits for the "
+                    "slowest at each step."
+                ),
+                recommendation=(
+                    f"Compare {where}'s node with a healthy one: `starvecheck env` there "
+                    "(CPU quota and throttling, other jobs on it, NUMA, /dev/shm), its "
+                    "storage (`starvecheck io`: a slower disk or a remote mount), and its "
+                    "loader settings. Fix the node or leave it out of the job."
+                ),
+                gain=gain,
+                stage="doctor",
+            )
+        )
+    return table, findings
+
+
+def shared_hosts(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Caveats for ranks that measured one machine at the same time (torchrun with
+    --nproc-per-node above 1): they shared its CPUs and storage while measuring."""
+    by_host: dict[str, list[int]] = {}
+    for row in table:
+        by_host.setdefault(str(row.get("host", "")), []).append(int(row["rank"]))
+    return [
+        f"ranks {', '.join(map(str, ranks))} measured {host or 'one host'} at the same time, "
+        "sharing its CPUs and storage: each figure is what a rank gets beside the others"
+        for host, ranks in by_host.items()
+        if len(ranks) > 1
+    ]

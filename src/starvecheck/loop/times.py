@@ -1,0 +1,265 @@
+"""One loop's figures, step by step: what the timer measured, the metrics made of them,
+and their encoding for the exchange between ranks.
+
+A *step* is one batch: its data wait (the call to `next()` on the loader, or a
+trainer's gap between two steps) and its compute (from the batch to the next `next()`,
+or to the step's end). A *pass* is one iteration over the loader (a `for` over the
+watch, a trainer's epoch). The timer (loop/timer.py) appends one entry per completed
+step to each array; everything here only reads them, so tests build a `LoopTimes` by
+hand, and rank 0 rebuilds one from each rank's bytes (`RankTimes.decode`).
+
+The encoding is JSON: a header, and each per-step array as base64 of its float64 bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import sys
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starvecheck.model import Caveat, Metric
+
+SOURCE = "starvecheck.watch"
+VERSION = 1  # of the encoding
+# The per-step arrays, in seconds, one entry per completed step.
+ARRAYS = ("waits", "computes", "wait_cpu", "compute_cpu", "wait_runq", "rank_waits")
+
+
+def _seconds() -> array[float]:
+    return array("d")
+
+
+@dataclass
+class LoopTimes:
+    """A loop's per-step seconds and how it was timed; the metrics are made from them
+    on demand (`metrics()`), the first step left out as a warm-up."""
+
+    waits: array[float] = field(default_factory=_seconds)  # the data wait of each step
+    computes: array[float] = field(default_factory=_seconds)  # the rest of the step
+    # CPU seconds of the loop's own thread in each: at num_workers=0 the wait is the
+    # process making the batch, and its CPU share says CPU work from I/O or sleep.
+    wait_cpu: array[float] = field(default_factory=_seconds)
+    compute_cpu: array[float] = field(default_factory=_seconds)
+    # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
+    # its batch: on a busy machine, CPU work it could not get, not I/O.
+    wait_runq: array[float] = field(default_factory=_seconds)
+    # Seconds at the barrier after each batch arrived (barrier=True under
+    # torch.distributed): the time this rank waited for the others' batches.
+    rank_waits: array[float] = field(default_factory=_seconds)
+    offset: int = 0  # the step the arrays start at: above 0 for a rank's last steps
+    passes: int = 0
+    iterator: str | None = None  # the class of iter(loader), e.g. a DataLoader's
+    num_workers: int | None = None  # a DataLoader's, when it says
+    sync: bool = False  # torch.cuda.synchronize() before each wait
+    # (steps completed, the worker processes' summed CPU seconds), sampled every few
+    # steps: their CPU per batch says CPU work from I/O or sleep.
+    worker_cpu: list[tuple[int, float]] = field(default_factory=list)
+    notes: list[Caveat] = field(default_factory=list)  # what the timer found to say
+
+    def __post_init__(self) -> None:
+        for name in ARRAYS:  # lists are welcome (tests); the timer appends to arrays
+            values = getattr(self, name)
+            if not isinstance(values, array):
+                setattr(self, name, array("d", values))
+
+    @property
+    def steps(self) -> int:
+        """Steps completed, those before `offset` (not sent) included."""
+        return self.offset + len(self.computes)
+
+    def drop_unfinished(self) -> None:
+        """Forget a batch whose step never finished (the loop stopped inside it)."""
+        n = len(self.computes)
+        for a in (self.waits, self.wait_cpu, self.wait_runq, self.rank_waits):
+            del a[n:]
+
+    # The metrics
+
+    def metrics(self) -> list[Metric]:
+        """The loop's figures, one of a kind each and labelled with their quantity alone,
+        as a trace's are (`profile --trace`): judged and shown as one step breakdown."""
+        barrier = self.rank_waits if len(self.rank_waits) == len(self.waits) else None
+        steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
+        if barrier is not None:
+            steps = [s + b for s, b in zip(steps, barrier, strict=False)]
+        out = [_single("steps", self.offset + len(steps), "steps")]
+        if not steps:
+            return [
+                *out,
+                _missing("step_ms", "ms", "no step completed"),
+                _missing("data_wait_share", "fraction", "no step completed"),
+            ]
+        # The first step is a warm-up, left out (where it is here and others are).
+        first, rest = (1, steps[1:]) if len(steps) > 1 and not self.offset else (0, steps)
+        waits, computes = self.waits[first:], self.computes[first:]
+        total = sum(rest)
+        out += [
+            _ms("step_ms", rest),
+            _ms("data_wait_ms", waits),
+            _ms("compute_ms", computes),
+            _single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
+        ]
+        if barrier is not None and len(barrier) > first:
+            out.append(_ms("rank_wait_ms", barrier[first:]))
+        out += self._cpu_metrics(first)
+        if first:
+            out += [
+                _single("first_step_ms", steps[0] * 1e3, "ms"),
+                _single("first_wait_ms", self.waits[0] * 1e3, "ms"),
+            ]
+        return out
+
+    def _cpu_metrics(self, first: int) -> list[Metric]:
+        """The loop thread's CPU in its waits and computes, its wait for a CPU, and the
+        workers' CPU per batch: what says CPU work from I/O or sleep."""
+        out = []
+        if len(self.wait_cpu) == len(self.waits) and len(self.compute_cpu) == len(self.computes):
+            out += [
+                _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
+                _ms("compute_cpu_ms", self.compute_cpu[first:]),
+            ]
+            if len(self.wait_runq) == len(self.waits) and any(self.wait_runq[first:]):
+                out.append(_ms("data_wait_runqueue_ms", self.wait_runq[first:]))
+        per_batch = self.worker_cpu_per_batch()
+        if per_batch is not None:
+            out.append(_single("worker_cpu_ms", per_batch, "ms"))
+        return out
+
+    def worker_cpu_per_batch(self) -> float | None:
+        """The worker processes' CPU milliseconds per batch, between the first and last
+        sample (several steps apart)."""
+        if len(self.worker_cpu) < 2:
+            return None
+        (s0, c0), (s1, c1) = self.worker_cpu[0], self.worker_cpu[-1]
+        return (c1 - c0) / (s1 - s0) * 1e3 if s1 > s0 and c1 >= c0 else None
+
+    def parameters(self) -> dict[str, Any]:
+        """How this loop was timed (what the judgement reads beside the figures)."""
+        return {
+            "data_wait_source": SOURCE,
+            "dataloader": self.iterator,
+            "sync": self.sync,
+            "passes": self.passes,
+            "num_workers": self.num_workers,
+            "effective_cpus": _effective_cpus(),
+        }
+
+    def caveats(self) -> list[Caveat]:
+        caveats = list(self.notes)
+        if len(self.computes) > 1:
+            caveats.append(
+                Caveat(
+                    "watch.warmup-left-out",
+                    "the first step is left out of every figure as a warm-up (worker "
+                    "start-up, CUDA context, the first prefetch)",
+                )
+            )
+        if not self.sync and _cuda_in_use():
+            caveats.append(
+                Caveat(
+                    "watch.unsynchronized",
+                    "sync=False: on a GPU, work the step queued but did not wait for shows up "
+                    "as data wait in the next next(); pass sync=True to time each step to its "
+                    "end",
+                )
+            )
+        return caveats
+
+    # The exchange between ranks (loop/ranks.py carries the bytes)
+
+    def encode(self, *, rank: int, final: bool, window: int) -> bytes:
+        """These figures as bytes for another rank: at most the last `window` steps (what
+        is sent stays bounded however long the job runs). `final`: the pass has ended."""
+        n = len(self.computes)
+        cut = max(0, n - window)
+        head = {
+            "v": VERSION,
+            "rank": rank,
+            "host": socket.gethostname(),
+            "pass": self.passes,
+            "final": final,
+            "steps": self.offset + n,
+            "offset": self.offset + cut,
+            "params": self.parameters(),
+            "notes": [[c.id, c.text] for c in self.notes],
+            "worker_cpu": self.worker_cpu[:1] + self.worker_cpu[-1:],  # all that is read
+            "arrays": {
+                a: base64.b64encode(getattr(self, a)[cut:].tobytes()).decode() for a in ARRAYS
+            },
+        }
+        return json.dumps(head).encode()
+
+
+@dataclass(frozen=True)
+class RankTimes:
+    """One rank's figures as the exchange carries them: who sent them, whether its pass
+    had ended (`final`), how it was timed (`params`, its own `parameters()`), and the
+    figures themselves (its last steps: `times.offset` says where they start)."""
+
+    rank: int
+    host: str
+    final: bool
+    params: Mapping[str, Any]
+    times: LoopTimes
+
+    @property
+    def steps(self) -> int:
+        return self.times.steps
+
+    @property
+    def passes(self) -> int:
+        return self.times.passes
+
+    @classmethod
+    def decode(cls, data: bytes) -> RankTimes:
+        p = json.loads(data)
+        arrays = {}
+        for name in ARRAYS:
+            a = array("d")
+            a.frombytes(base64.b64decode(p["arrays"].get(name, "")))
+            arrays[name] = a
+        params = p.get("params", {})
+        times = LoopTimes(
+            **arrays,
+            offset=p.get("offset", 0),
+            passes=p["pass"],
+            iterator=params.get("dataloader"),
+            num_workers=params.get("num_workers"),
+            sync=bool(params.get("sync")),
+            worker_cpu=[(int(s), float(c)) for s, c in p.get("worker_cpu", ())],
+            notes=[Caveat(i, t) for i, t in p.get("notes", ())],
+        )
+        return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
+
+
+def _single(quantity: str, value: float, unit: str) -> Metric:
+    return Metric.single(quantity, value, unit, {"quantity": quantity})
+
+
+def _missing(quantity: str, unit: str, reason: str) -> Metric:
+    return Metric.missing(quantity, unit, reason, {"quantity": quantity})
+
+
+def _ms(quantity: str, seconds: Iterable[float]) -> Metric:
+    """A figure timed in each measured step, seconds in, ms out."""
+    return Metric.repeated(quantity, [s * 1e3 for s in seconds], "ms", {"quantity": quantity})
+
+
+def _cuda_in_use() -> bool:
+    """Whether the loop could be queueing GPU work: torch loaded and a device there.
+    Never imports torch itself."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
+
+
+def _effective_cpus() -> float | None:
+    """The CPUs this process may use: its affinity, capped by a cgroup CPU quota
+    (fractional quotas kept as they are); None when neither can be read."""
+    from starvecheck.probe.machine import process_cpus
+
+    return process_cpus()
