@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
+from starvecheck.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.model import Finding, Gain, GainKind, Labels, Severity, StageResult
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 from starvecheck.units import size_name

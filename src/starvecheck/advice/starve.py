@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import IDLE_AS_GOOD
+from starvecheck.criteria import IDLE_AS_GOOD
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.figures import overlap_verdict as verdict
+from starvecheck.criteria import overlap_verdict as verdict
 from starvecheck.model import Metric
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 from starvecheck.units import format_bytes, parse_size, size_name

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import IDLE_AS_GOOD
+from starvecheck.criteria import IDLE_AS_GOOD
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.signals import check_signals
 from starvecheck.stages.base import RunContext
