@@ -9,7 +9,7 @@ after every module has spoken, so the checklist never contradicts itself.
 
 Before the rules, the modules whose judgement the report carries beside the figures
 complete their stage's result (`complete(result)`, COMPLETES): loader's and starve's
-recommended num_workers and loader's capacity. The rules, the
+recommended num_workers and loader's capacity, pcie's overlap verdicts. The rules, the
 chain and the report (through `attach`) all read those completed results.
 
 advice/ imports the model, probe facts and the workload, never stages/.
@@ -45,6 +45,7 @@ MODULES: dict[str, tuple[str, ...]] = {
 COMPLETES: dict[str, str] = {
     "loader": "starvecheck.advice.loader",
     "starve": "starvecheck.advice.starve",
+    "pcie": "starvecheck.advice.pcie",
 }
 
 
