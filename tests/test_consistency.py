@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from starvecheck.advice.judge import Results, judge
+from starvecheck.advice.starve import recommended
 from starvecheck.model import Finding, Report, Severity, StageResult
 from starvecheck.probe.machine import Machine, collect
 from starvecheck.probe.sysroot import SysRoot
@@ -228,7 +229,14 @@ def test_a_fractional_quota_is_said_as_it_is():
     assert this is not None
     half = replace(this, cpu=replace(this.cpu, quota_cpus=0.5, effective_cpus=1))
     starve = _stage(stages, "starve")
-    starve = replace(starve, parameters={**starve.parameters, "effective_cpus": 1})
+    # The sweep on one CPU: one worker idles the GPU as little as two.
+    (w2,) = starve.select(quantity="idle_share", workers=2)
+    w1 = replace(w2, name="idle_share.w1", labels={**w2.labels, "workers": 1})
+    starve = replace(
+        starve,
+        parameters={**starve.parameters, "effective_cpus": 1},
+        metrics=(w1, *starve.metrics),
+    )
     findings = judged([starve], half)
     assert problems(findings) == []
     text = " ".join(f.evidence + f.title for f in findings)
@@ -239,11 +247,12 @@ def test_a_fractional_quota_is_said_as_it_is():
 def test_starve_never_compares_no_workers_with_itself():
     """Nothing beats num_workers=0: no starve.workers-zero finding at all."""
     stages, _ = stored("doctor-quick")
-    starve = _with_value(_stage(stages, "starve"), 0, quantity="recommended_num_workers")
+    starve = _with_value(_stage(stages, "starve"), 0.6, quantity="idle_share", workers=2)
     (w2,) = starve.select(quantity="idle_share", workers=2)
     w0 = replace(w2, name="idle_share.w0", value=0.6, labels={**w2.labels, "workers": 0})
     starve = replace(starve, metrics=(*starve.metrics, w0))
     assert starve.value(quantity="idle_share", workers=0) == 0.6
+    assert recommended(starve) == 0  # as idle with two workers as with none
     findings = judged([starve], MACHINES["this"])
     assert problems(findings) == []
     assert findings and {f.stage for f in findings} == {"starve"}  # it judged, and spoke

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 
 from starvecheck.advice.judge import Results
-from starvecheck.advice.loader import dataloader_line, rules
+from starvecheck.advice.loader import complete, dataloader_line, rules
+from starvecheck.criteria import knee
 from starvecheck.figures import headline
 from starvecheck.figures import loader_curves as curves
 from starvecheck.model import Caveat, Metric, Severity, StageResult
 from starvecheck.render import loader as loader_render
 from starvecheck.scratch import Scratch
 from starvecheck.stages import mds, sources
-from starvecheck.stages.loader import knee, recommend, steady
+from starvecheck.stages.loader import steady
 from starvecheck.stages.loaderplan import Plan
 from tests.conftest import run
 from tests.fixtures.labels.loader import labels as loader_labels
@@ -125,11 +126,6 @@ PARAMS = {"effective_cpus": 2, "batch_size": 32, "prefetch_factor": 2}
 
 
 def _findings(metrics: list[Metric]) -> dict[str, object]:
-    for layout, (_, curve) in curves(metrics).items():
-        name = f"recommended_num_workers.{layout}"
-        metrics.append(
-            Metric.single(name, knee(curve, 2), "workers", loader_labels(name, "workers"))
-        )
     return {f.id: f for f in advise(metrics, PARAMS)}
 
 
@@ -217,9 +213,9 @@ def _labelled_sweep() -> tuple[list[Metric], dict]:
         Metric.single("batch_wait_ms.shard.cold.w2.p50", 0.5, "ms"),
         Metric.single("batch_wait_ms.shard.cold.w2.p99", 7.5, "ms"),
     ]
-    metrics = [_labelled(m) for m in metrics]
-    rec, _, _ = recommend(metrics, 2)
-    return metrics + rec, {**PARAMS, "first_batch_cache": {"shard": "cold"}}
+    params = {**PARAMS, "first_batch_cache": {"shard": "cold"}}
+    done = complete(StageResult("loader", params, tuple(_labelled(m) for m in metrics)))
+    return list(done.metrics), params
 
 
 def test_rules_and_table_select_by_labels_not_names():
@@ -249,7 +245,8 @@ def test_the_table_is_loaders_alone():
 
 def test_recommend_labels_its_figures_and_ids_its_caveat():
     metrics = _sweep("shard", {0: 1000.0, 2: 3000.0}) + _sweep("mds", {4: 500.0, 8: 900.0})
-    rec, capacity, caveats = recommend(metrics, 2)
+    done = complete(StageResult("loader", PARAMS, tuple(metrics)))
+    rec, capacity, caveats = done.metrics[len(metrics) :], done.capacity, done.caveats
     q = {"quantity": "recommended_num_workers"}
     assert [(m.name, m.labels) for m in rec] == [
         ("recommended_num_workers.shard", {**q, "layout": "shard"}),

@@ -9,6 +9,7 @@ import json
 import sys
 import threading
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -730,7 +731,9 @@ def synthetic_result() -> StageResult:
         Metric.single("duration_note", 1.0, "s"),
     ]
     params = {"reference_size": "256MiB", "cuda": True, "host_headroom_source": "MemAvailable"}
-    return StageResult("pcie", params, tuple(labelled(ms)), advise_pcie(ms, params))
+    # As the report carries it: judged (the overlap verdicts, the link peaks) with findings.
+    result = advice.complete(StageResult("pcie", params, tuple(labelled(ms))))
+    return replace(result, findings=advise_pcie(ms, params))
 
 
 def render_text(result: StageResult) -> str:
@@ -773,7 +776,14 @@ def test_report_round_trips_through_json():
     result = synthetic_result()
     report = Report("pcie", {}, (result,), ())
     again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
-    assert render_text(again.stages[0]) == render_text(result)
+    assert again == report
+    # The verdicts and peaks are judging's, not in the JSON: judged again, the same tables.
+    assert render_text(advice.complete(again.stages[0])) == render_text(result)
+    unjudged = render_text(again.stages[0])
+    ov = next(
+        line for line in unjudged.splitlines() if line.startswith("pinned") and "non_bl" in line
+    )
+    assert ov.split()[-2:] == ["90%", "-"]
 
 
 # --- on a real GPU ------------------------------------------------------------------
@@ -825,10 +835,9 @@ def test_pinned_h2d_is_within_ten_percent_of_the_cuda_runtime():
 
 def test_tables_and_findings_select_by_labels_not_names():
     """Renamed but labelled the same, every figure lands in the same table and finding."""
-    from dataclasses import replace
-
     r = synthetic_result()
     renamed = replace(r, metrics=tuple(replace(m, name=f"m{i}") for i, m in enumerate(r.metrics)))
+    renamed = advice.complete(replace(renamed, judged={}))
     params = r.parameters
     assert [f.to_dict() for f in advice.advise(renamed, params)] == [
         f.to_dict() for f in advice.advise(r, params)

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from starvecheck.advice.judge import Results
-from starvecheck.advice.starve import rules
+from starvecheck.advice.starve import complete, recommended, rules
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.render import sweep
 from starvecheck.stages import textdata
@@ -20,8 +20,8 @@ from starvecheck.stages.starve import (
     Plan,
     Point,
     burn_cpu,
+    capacity_workers,
     predicted_wait_ms,
-    recommended_workers,
     sleep_model_wait_ms,
     summarize,
 )
@@ -61,16 +61,25 @@ def _point(w: int, wait: float, compute: float = 50.0, first: float = 0.2) -> Po
     return Point(w, [wait] * 4, [compute] * 4, first)
 
 
+def _recommended(points: list[Point], effective_cpus: int) -> int | None:
+    """advice's recommendation from the stage's result of this sweep."""
+    metrics, params = _metrics(points, cpus=effective_cpus)
+    return recommended(StageResult("starve", params, tuple(metrics)))
+
+
 def test_idle_share_and_recommendation():
     points = [_point(0, 160), _point(1, 110), _point(2, 30), _point(4, 29.5)]
     assert points[0].idle_share == pytest.approx(160 / 210)
     # 4 workers are barely better, and above the 2 CPUs: 2 is recommended.
-    assert recommended_workers(points, effective_cpus=2) == 2
+    assert _recommended(points, effective_cpus=2) == 2
     # With 8 CPUs, 4 is eligible but within 2 points of 2: the fewer wins.
-    assert recommended_workers(points, effective_cpus=8) == 2
+    assert _recommended(points, effective_cpus=8) == 2
     fed = [_point(0, 160), _point(2, 0.0), _point(4, 0.0)]
-    assert recommended_workers(fed, effective_cpus=4) == 2
-    assert recommended_workers([_point(4, 0)], effective_cpus=2) is None
+    assert _recommended(fed, effective_cpus=4) == 2
+    assert _recommended([_point(4, 0)], effective_cpus=2) is None
+    # The stage measures its capacity where advice recommends (at most the CPUs).
+    assert capacity_workers(points, effective_cpus=2) == 2
+    assert capacity_workers([_point(4, 0)], effective_cpus=2) == 2
 
 
 def _metrics(points: list[Point], cpus: int = 2, d: float = 5.0) -> tuple[list[Metric], dict]:
@@ -99,7 +108,12 @@ def test_summarize_names_and_values():
             assert f"{stem}.w{w}" in by
     assert by["idle_share.w0"].value == pytest.approx(0.7619, abs=1e-4)
     assert by["predicted_wait_ms.w2"].value == 30
-    assert by["recommended_num_workers"].value == 2
+    # The stage measures; the recommendation is advice's, added when the run is judged.
+    assert "recommended_num_workers" not in by
+    _, params = _metrics([_point(0, 160), _point(2, 30)])
+    done = complete(StageResult("starve", params, tuple(metrics)))
+    assert done.metrics[:-1] == tuple(metrics)
+    assert done.metrics[-1].name == "recommended_num_workers" and done.metrics[-1].value == 2
 
 
 def test_wait_is_the_mean_not_the_median():
@@ -149,7 +163,8 @@ def test_advice_slow_first_batch():
 
 
 def test_sweep_table_pivots_worker_counts():
-    metrics, _ = _metrics([_point(0, 160), _point(2, 30)])
+    metrics, params = _metrics([_point(0, 160), _point(2, 30)])
+    metrics = list(complete(StageResult("starve", params, tuple(metrics))).metrics)
     headers, rows, rest = sweep.split(tuple(metrics))
     assert headers[0] == "workers" and "GPU idle" in headers
     assert [r[0] for r in rows] == ["0", "2"]

@@ -1,5 +1,6 @@
-"""The one function that recommends num_workers (advice/workers.py): hand-worked cases,
-a property over any inputs, and a real CPU-bound loop under watch."""
+"""The one function that recommends num_workers (advice/workers.py): a loop's timing by
+hand-worked cases, a property over any inputs and real loops under watch; a sweep's
+curve; the CPUs alone."""
 
 from __future__ import annotations
 
@@ -11,31 +12,55 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from starvecheck.advice.workers import recommend
+from starvecheck.advice.workers import (
+    Cpus,
+    IdleShares,
+    Loop,
+    Throughput,
+    WorkerAdvice,
+    recommend_workers,
+)
+
+
+def recommend(
+    wait_ms: float,
+    rest_ms: float,
+    wait_cpu_ms: float | None,
+    effective_cpus: float,
+    step_cpu_ms: float = 0.0,
+    workers_now: int = 0,
+) -> WorkerAdvice | None:
+    """A loop's advice, on known CPUs (then with its forecast)."""
+    loop = Loop(wait_ms, rest_ms, wait_cpu_ms, step_cpu_ms, workers_now)
+    a = recommend_workers(loop, Cpus(effective_cpus))
+    assert a is None or a.forecast is not None
+    return a
 
 
 def test_cpu_work_never_gets_more_workers_than_cpus():
     # 24 ms of CPU per batch, a 10 ms step that waits on the GPU, 2 CPUs: 2 workers,
     # a batch every 12 ms at best, so CPU-bound (12 > 10).
     a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=0.2)
-    assert a is not None and a.workers == 2 and a.cpu_work and a.cpu_bound
-    assert a.step_ms == pytest.approx(12.0) and a.speedup == pytest.approx(34 / 12)
+    assert a is not None and a.workers == 2 and a.forecast.cpu_work and a.forecast.cpu_bound
+    assert a.forecast.step_ms == pytest.approx(12.0) and a.forecast.speedup == pytest.approx(
+        34 / 12
+    )
 
 
 def test_waiting_on_io_may_outnumber_the_cpus():
     # 16 ms of waiting, 0.5 ms of it CPU: two workers hide it, one spare.
     a = recommend(16.0, 10.0, 0.5, 2.0)
-    assert a is not None and a.workers == 3 and not a.cpu_work and not a.cpu_bound
-    assert a.step_ms == pytest.approx(10.0)
+    assert a is not None and a.workers == 3 and not a.forecast.cpu_work and not a.forecast.cpu_bound
+    assert a.forecast.step_ms == pytest.approx(10.0)
     # 64 ms of sleep a batch: seven workers, past the two CPUs.
     assert recommend(64.0, 10.0, 1.0, 2.0).workers == 8
 
 
 def test_the_training_step_and_a_fractional_quota_take_their_share():
     a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=5.0)  # the step burns half a core
-    assert a.available_cpus == pytest.approx(1.5) and a.workers == 1
+    assert a.forecast.available_cpus == pytest.approx(1.5) and a.workers == 1
     half = recommend(24.0, 10.0, 24.0, 0.5)  # a 0.5-CPU quota: one worker at most
-    assert half.workers == 1 and half.cpu_bound
+    assert half.workers == 1 and half.forecast.cpu_bound
 
 
 def test_nothing_to_recommend_without_a_wait_or_a_step():
@@ -54,7 +79,7 @@ def test_property_cpu_bound_work_is_capped_by_the_cpus(wait, rest, cpu_share, cp
     a = recommend(wait, rest, wait * cpu_share, cpus, step_cpu)
     assert a is not None and a.workers >= 1
     assert a.workers <= max(1, math.floor(max(1.0, cpus) / cpu_share + 1e-9))
-    assert a.speedup >= 1 - 1e-9  # a recommendation never predicts a slower loop
+    assert a.forecast.speedup >= 1 - 1e-9  # a recommendation never predicts a slower loop
 
 
 def test_watch_on_real_cpu_work_recommends_at_most_the_cpus():
@@ -88,11 +113,11 @@ def test_a_loop_with_workers_is_judged_by_its_workers_time():
     # of it CPU (sleep). 34 / 8 = 4.25 workers keep level: 5, one spare; 34 / 8 ms.
     a = recommend(26.0, 8.0, 1.0, 2.0, workers_now=1)
     assert a is not None and a.workers == 6 and a.workers_now == 1 and a.changes
-    assert a.step_ms == pytest.approx(8.0) and a.speedup == pytest.approx(34 / 8)
+    assert a.forecast.step_ms == pytest.approx(8.0) and a.forecast.speedup == pytest.approx(34 / 8)
     assert "1 x the 34.0 ms step" in a.why
     # Two workers already busy on two CPUs: no count does better; nothing to change.
     b = recommend(20.0, 10.0, 60.0, 2.0, workers_now=2)
-    assert b is not None and b.cpu_bound and not b.changes and b.speedup == 1.0
+    assert b is not None and b.forecast.cpu_bound and not b.changes and b.forecast.speedup == 1.0
 
 
 @given(
@@ -104,7 +129,7 @@ def test_a_loop_with_workers_is_judged_by_its_workers_time():
 )
 def test_property_never_fewer_workers_than_now(wait, rest, cpu, cpus, now):
     a = recommend(wait, rest, cpu, cpus, workers_now=now)
-    assert a is not None and a.workers >= now and a.speedup >= 1.0
+    assert a is not None and a.workers >= now and a.forecast.speedup >= 1.0
 
 
 def test_watch_reads_the_workers_cpu_and_recommends_more_workers():
@@ -132,3 +157,30 @@ def test_watch_reads_the_workers_cpu_and_recommends_more_workers():
     (f,) = [f for f in r.findings if f.id == "profile.data-bound"]
     assert f.fix["num_workers"] >= 4 and "num_workers=1 cannot keep up" in f.recommendation
     assert f.gain.kind.value == "throughput" and f.gain.value > 2
+
+
+def test_a_sweep_recommends_the_fewest_workers_as_good_as_the_best_within_the_cpus():
+    two = Cpus(2)
+    # samples/s: the fewest within 5% of the best at or below the CPUs.
+    assert recommend_workers(Throughput({0: 100, 1: 180, 2: 200, 4: 210}), two).workers == 2
+    assert recommend_workers(Throughput({0: 100, 2: 150, 8: 400}), two).workers == 2
+    assert recommend_workers(Throughput({4: 100, 8: 200}), two) is None
+    # GPU idle shares: the fewest within 2 points of the least idle.
+    assert recommend_workers(IdleShares({0: 0.76, 1: 0.5, 2: 0.1, 4: 0.09}), Cpus(8)).workers == 2
+    assert recommend_workers(IdleShares({4: 0.0}), two) is None
+    a = recommend_workers(IdleShares({0: 0.5, 1: 0.0}), two)
+    assert a is not None and a.forecast is None and "2 effective CPUs" in a.why
+
+
+def test_from_the_cpus_alone_one_is_left_for_each_training_process():
+    assert recommend_workers(None, Cpus(8)).workers == 7
+    assert recommend_workers(None, Cpus(16, processes=4)).workers == 3
+    assert recommend_workers(None, Cpus(2, processes=4)).workers == 1
+    assert recommend_workers(None, Cpus(None)) is None
+
+
+def test_a_loop_on_unknown_cpus_gets_the_workers_that_keep_level_and_no_forecast():
+    a = recommend_workers(Loop(80.0, 20.0), Cpus(None))
+    assert a is not None and a.workers == 5 and a.forecast is None
+    assert recommend_workers(Loop(30.0, 70.0), Cpus(None)).workers == 2
+    assert recommend_workers(Loop(100.0, 0.0), Cpus(None)) is None

@@ -50,27 +50,3 @@ def loader_curves(loader: StageResult | Sequence[Metric]) -> dict[str, Curve]:
 def headline(recommended: Mapping[str, int]) -> str | None:
     """The layout a loader report leads with, among those with a recommendation."""
     return next((name for name in HEADLINE_ORDER if name in recommended), None)
-
-
-# The overlap experiment's reading of its ratio (pcie): at or above PARALLEL_AT the
-# copy hides behind the CPU work (or the reverse); at or below SEQUENTIAL_AT the two
-# take as long as one after the other. The word is part of the figure, shown by the
-# table and cited by the finding alike.
-PARALLEL_AT = 0.8
-SEQUENTIAL_AT = 0.2
-
-
-def overlap_verdict(ratio: float | None) -> str:
-    if ratio is None:
-        return "UNKNOWN"
-    if ratio >= PARALLEL_AT:
-        return "PARALLEL"
-    if ratio <= SEQUENTIAL_AT:
-        return "SEQUENTIAL"
-    return "PARTIAL"
-
-
-# starve: worker counts whose GPU idle share is within this of the best are as good.
-# The stage recommends the fewest of them; advice counts workers past the CPUs as a
-# help only when they cut the idle share by more than this.
-IDLE_AS_GOOD = 0.02

@@ -301,6 +301,10 @@ class StageResult:
     # Samples per second this link can deliver for the workload, where it can say.
     capacity: Metric | None = None
     duration_s: float | None = None
+    # What judging read off the figures for the tables to show beside them (pcie's
+    # overlap verdicts and link peaks), keyed by name. Not in the JSON: it follows from
+    # the metrics, so a report loaded from JSON has it again once judged.
+    judged: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Plain sentences are accepted and become caveats of their own kind.

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.workers import Cpus, recommend_workers
 from starvecheck.model import Finding, Gain, GainKind, Severity
 from starvecheck.probe.cpu import format_cpulist, parse_cpulist
 from starvecheck.probe.machine import GpuInfo, Machine
@@ -50,11 +51,9 @@ def _ranks(m: Machine) -> int:
 
 
 def recommended_workers(m: Machine) -> int | None:
-    """DataLoader workers per training process: its share of the effective CPUs,
-    less one for the process itself."""
-    if m.cpu.effective_cpus is None:
-        return None
-    return max(1, m.cpu.effective_cpus // _ranks(m) - 1)
+    """DataLoader workers per training process, from the CPUs alone (advice.workers)."""
+    advice = recommend_workers(None, Cpus(m.cpu.effective_cpus, _ranks(m)))
+    return advice.workers if advice is not None else None
 
 
 def check_cpu(m: Machine) -> Finding | None:

@@ -7,6 +7,11 @@ measured read speed against env's rotational flag, say) and returns findings; a
 module whose stage is not in the run returns nothing. Cross-stage rules live here,
 after every module has spoken, so the checklist never contradicts itself.
 
+Before the rules, the modules whose judgement the report carries beside the figures
+complete their stage's result (`complete(result)`, COMPLETES): loader's and starve's
+recommended num_workers and loader's capacity, pcie's overlap verdicts. The rules, the
+chain and the report (through `attach`) all read those completed results.
+
 advice/ imports the model, probe facts and the workload, never stages/.
 """
 
@@ -35,6 +40,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     # under the same stage: each module judges the kind it knows.
     "profile": ("starvecheck.advice.profile", "starvecheck.advice.trace"),
     "watch": ("starvecheck.advice.trace",),  # a user's own loop, timed by starvecheck.watch
+}
+# The modules that complete their stage's result before any rule runs (see above).
+COMPLETES: dict[str, str] = {
+    "loader": "starvecheck.advice.loader",
+    "starve": "starvecheck.advice.starve",
+    "pcie": "starvecheck.advice.pcie",
 }
 
 
@@ -65,9 +76,20 @@ class Judgement:
     # Verdicts as data, by stage: added to that stage's parameters for the JSON
     # (watch's straggler summary across ranks).
     parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Each stage's result as judged (`complete`d): what the report carries.
+    stages: Mapping[str, StageResult] = field(default_factory=dict)
 
     def for_stage(self, stage: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.stage == stage)
+
+
+def complete(results: Results) -> Results:
+    """The results with each stage's completed by its module (COMPLETES)."""
+    stages = {
+        name: importlib.import_module(COMPLETES[name]).complete(r) if name in COMPLETES else r
+        for name, r in results.stages.items()
+    }
+    return replace(results, stages=stages)
 
 
 def advise_all(results: Results) -> list[Finding]:
@@ -82,6 +104,7 @@ def advise_all(results: Results) -> list[Finding]:
 def judge(results: Results) -> Judgement:
     from starvecheck.advice import rank, stragglers, verdict
 
+    results = complete(results)
     # Findings made outside the stages' rules (doctor's stragglers across ranks).
     findings = [*advise_all(results), *results.extra.get("findings", ())]
     chain: tuple[Link, ...] = ()
@@ -101,6 +124,7 @@ def judge(results: Results) -> Judgement:
         weakest,
         summary,
         stragglers.verdicts(results.stages, findings),
+        results.stages,
     )
 
 
@@ -171,13 +195,17 @@ def _one_value_per_setting(findings: list[Finding]) -> list[Finding]:
 
 
 def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageResult]:
-    """The stage results with their findings filled in from the judgement. A finding
-    whose stage is none of the run's (watch reports with profile's findings) joins the
-    run's last result: the one stage of a command, doctor's own in doctor. A verdict
-    judging states as data joins its stage's parameters."""
+    """The stage results as judged (completed: see `complete`), with their findings
+    filled in from the judgement. A finding whose stage is none of the run's (watch
+    reports with profile's findings) joins the run's last result: the one stage of a
+    command, doctor's own in doctor. A verdict judging states as data joins its
+    stage's parameters."""
     stages = {r.stage for r in results}
     homeless = tuple(f for f in judgement.findings if f.stage not in stages)
-    out = [replace(r, findings=judgement.for_stage(r.stage)) for r in results]
+    out = [
+        replace(judgement.stages.get(r.stage, r), findings=judgement.for_stage(r.stage))
+        for r in results
+    ]
     if homeless and out:
         out[-1] = replace(out[-1], findings=(*out[-1].findings, *homeless))
     return [

@@ -9,10 +9,12 @@ figures of one layout in one cache state, from one run.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.figures import headline, loader_curves
-from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.model import Caveat, Finding, Gain, GainKind, Metric, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.judge import Results
@@ -61,6 +63,52 @@ def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
     )
 
 
+def recommended(loader: StageResult) -> dict[str, int]:
+    """num_workers for each layout whose curve has a count at or below the effective
+    CPUs (advice.workers: the fewest within 5% of the best)."""
+    cpus = Cpus(int(loader.parameters.get("effective_cpus") or 1))
+    out = {}
+    for layout, (_, curve) in loader_curves(loader).items():
+        advice = recommend_workers(Throughput(curve), cpus)
+        if advice is not None:
+            out[layout] = advice.workers
+    return out
+
+
+def complete(loader: StageResult) -> StageResult:
+    """The result as the report carries it: its curves, with the recommended num_workers
+    of each layout and overall (the headline layout's), the capacity (the headline
+    curve at that count), and a caveat for a layout with no count to recommend. Made
+    here, when the run is judged; a stored report's are made again from its curves."""
+    metrics = [m for m in loader.metrics if m.labels.get("quantity") != "recommended_num_workers"]
+    caveats = list(loader.caveats)
+    judged, rec = loader_curves(loader), recommended(loader)
+    cpus = int(loader.parameters.get("effective_cpus") or 1)
+    for layout in judged:
+        if layout in rec:
+            labels = {"quantity": "recommended_num_workers", "layout": layout}
+            name = f"recommended_num_workers.{layout}"
+            metrics.append(Metric.single(name, rec[layout], "workers", labels))
+            continue
+        caveat = Caveat(
+            "loader.no-recommendation",
+            f"{layout}: no num_workers at or below the {cpus} effective CPUs was measured, "
+            "so none is recommended; add them to --workers",
+        )
+        if caveat not in caveats:
+            caveats.append(caveat)
+    top = headline(rec)
+    if top is None:
+        return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=None)
+    labels = {"quantity": "recommended_num_workers"}
+    metrics.append(Metric.single("recommended_num_workers", rec[top], "workers", labels))
+    temp, _ = judged[top]
+    at = loader.one(quantity="samples_per_s", layout=top, cache=temp, workers=rec[top])
+    assert at is not None
+    capacity = replace(at, name=f"capacity ({at.name})")
+    return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity)
+
+
 def rules(results: Results) -> list[Finding]:
     """loader's findings, from its result's labelled figures; none without one."""
     m = results.get("loader")
@@ -68,23 +116,19 @@ def rules(results: Results) -> list[Finding]:
         return []
     params = m.parameters
     judged = loader_curves(m)
-    recommended = {
-        layout: int(v)
-        for layout in judged
-        if (v := m.value(quantity="recommended_num_workers", layout=layout)) is not None
-    }
-    top = headline(recommended)
+    counts = recommended(m)
+    top = headline(counts)
     if top is None:
         return []
     cpus = int(params.get("effective_cpus") or 1)
     temp, curve = judged[top]
-    rec = recommended[top]
+    rec = counts[top]
     findings = [
         _workers(top, temp, curve, rec, params),
         _above_cpus(top, temp, curve, rec, cpus),
         _first_batch(m, top, rec, params),
-        _small_files(judged, recommended),
-        _mds_overhead(judged, recommended),
+        _small_files(judged, counts),
+        _mds_overhead(judged, counts),
     ]
     return [f for f in findings if f is not None]
 

@@ -20,9 +20,10 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
+from starvecheck.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.model import Finding, Gain, GainKind, Labels, Severity, StageResult
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 from starvecheck.units import size_name
@@ -80,6 +81,34 @@ def _sizes(result: StageResult, direction: str, memory: str) -> list[int]:
 def rules(results: Results) -> list[Finding]:
     r = results.get("pcie")
     return [] if r is None else list(advise(r, r.parameters))
+
+
+# The overlap table's rows and the link table's, as render/pcie shows them.
+OVERLAP_ROWS = tuple(
+    (mem, mode) for mem in ("pageable", "pinned") for mode in ("blocking", "non_blocking")
+)
+LINK_ROWS = {
+    "idle": ("link.gen_idle", "link.width_idle"),
+    "under_load": ("link.gen_under_load", "link.width_under_load"),
+    "max": ("link.gen_max", "link.width_max"),
+}
+
+
+def complete(result: StageResult) -> StageResult:
+    """The result as the report carries it: with what its tables show beside the
+    figures (`judged`, not in the JSON): the verdict of each overlap ratio
+    (`overlap_verdict.<memory>.<mode>`, UNKNOWN where not measured) and the
+    theoretical peak of the link as read idle, under load and at its maximum
+    (`link_peak_gbps.<row>`, GB/s per direction, probe.gpu's table; None unknown)."""
+    v = _values(result)
+    judged: dict[str, Any] = {
+        f"overlap_verdict.{mem}.{mode}": verdict(v.get(f"overlap.{mem}.{mode}"))
+        for mem, mode in OVERLAP_ROWS
+    }
+    for row, (gen, width) in LINK_ROWS.items():
+        g, w = v.get(gen), v.get(width)
+        judged[f"link_peak_gbps.{row}"] = link_peak(int(g) if g else None, int(w) if w else None)
+    return replace(result, judged={**result.judged, **judged})
 
 
 def advise(result: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import IDLE_AS_GOOD
-from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
+from starvecheck.criteria import IDLE_AS_GOOD
+from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.judge import Results
@@ -32,6 +33,25 @@ def _idle(r: StageResult) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+def recommended(r: StageResult) -> int | None:
+    """num_workers from the sweep (advice.workers: the fewest within 2 points of the
+    least idle at or below the effective CPUs); None where none was measured there."""
+    cpus = Cpus(int(r.parameters.get("effective_cpus") or 1))
+    advice = recommend_workers(IdleShares(_idle(r)), cpus)
+    return advice.workers if advice is not None else None
+
+
+def complete(r: StageResult) -> StageResult:
+    """The result as the report carries it: its sweep, with the recommended num_workers
+    (made here, when the run is judged; a stored report's made again from its sweep)."""
+    metrics = [m for m in r.metrics if m.labels.get("quantity") != "recommended_num_workers"]
+    rec = recommended(r)
+    if rec is not None:
+        labels = {"quantity": "recommended_num_workers"}
+        metrics.append(Metric.single("recommended_num_workers", rec, "workers", labels))
+    return replace(r, metrics=tuple(metrics))
+
+
 def rules(results: Results) -> list[Finding]:
     r = results.get("starve")
     if r is None:
@@ -45,7 +65,7 @@ def rules(results: Results) -> list[Finding]:
     said = cpus_text(cpus, quota)
     d, b, g = params["sample_ms"], params["batch_size"], params["step_ms"]
     d = r.value(quantity="sample_cpu_ms") or d
-    rec = r.value(quantity="recommended_num_workers")
+    rec = recommended(r)
     findings = [
         _workers_zero(r, idle, rec),
         _enough(idle, rec, said, d, b, g, quota or cpus),

@@ -10,14 +10,13 @@ input-bound, above 20% highly input-bound.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
 from starvecheck.advice.stragglers import WAITING, among_ranks
-from starvecheck.advice.workers import WorkerAdvice, recommend
+from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.model import (
     Finding,
     Gain,
@@ -97,13 +96,10 @@ def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:
 
 
 def workers_needed(wait_ms: float, step_ms: float) -> int | None:
-    """num_workers that keep up with a loop that now loads in its own process: each
-    worker makes a batch in about the time the loop now waits for one (W), and the
-    loop takes one every R = step - W, so W / R workers keep level; one spare."""
-    rest = step_ms - wait_ms
-    if rest <= 0 or wait_ms <= 0:
-        return None
-    return max(2, math.ceil(wait_ms / rest) + 1)
+    """num_workers that keep up with a loop that now loads in its own process, on CPUs
+    unknown (advice.workers: W / R workers keep level, one spare)."""
+    advice = recommend_workers(Loop(wait_ms, step_ms - wait_ms), Cpus(None))
+    return advice.workers if advice is not None else None
 
 
 def _single_process_line(wait_ms: float | None, step_ms: float | None) -> str:
@@ -354,20 +350,24 @@ def _workers(
         runq = value(m, quantity="data_wait_runqueue_ms")
         if wait_cpu is not None and runq is not None:
             wait_cpu += runq
-        return recommend(wait_ms, step_ms - wait_ms, wait_cpu, float(cpus), step_cpu or 0.0)
+        loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0)
+        return recommend_workers(loop, Cpus(float(cpus)))
     workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
         return None
-    return recommend(wait_ms, step_ms - wait_ms, worker_cpu, float(cpus), step_cpu or 0.0, workers)
+    loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers)
+    return recommend_workers(loop, Cpus(float(cpus)))
 
 
 def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
     """What to change, from the measured worker advice: the recommendation, the
     predicted speed-up, the setting as data."""
+    f = a.forecast
+    assert f is not None  # a loop's advice on known CPUs
     line = LOADER_LINE.format(n=a.workers)
     now = f"num_workers={a.workers_now}"
     offline = (
-        f"Do the {'CPU work' if a.cpu_work else 'work'} once, offline (pre-tokenize or "
+        f"Do the {'CPU work' if f.cpu_work else 'work'} once, offline (pre-tokenize or "
         "pre-decode into shards), make it cheaper, or train on a node with more CPUs per "
         "GPU. `starvecheck starve` measures CPU per sample against your step."
     )
@@ -380,10 +380,10 @@ def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
             GainKind.STEP_SHARE, None, "no worker count gains here; offline work removes it"
         )
         return recommendation, gain, {}
-    if a.cpu_bound:
+    if f.cpu_bound:
         recommendation = (
-            f"Loading is CPU-bound: {a.why}, so even {a.available_cpus:.1f} busy CPU(s) deliver "
-            f"a batch no faster than every {a.step_ms:,.1f} ms. {line} gets that far; past it, "
+            f"Loading is CPU-bound: {a.why}, so even {f.available_cpus:.1f} busy CPU(s) deliver "
+            f"a batch no faster than every {f.step_ms:,.1f} ms. {line} gets that far; past it, "
             f"more workers only compete for the same CPUs. {offline}"
         )
     else:
@@ -396,16 +396,16 @@ def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
             f"{where}, {line}: {a.why}, so {a.workers} worker(s) keep up"
             + (
                 " (the wait is mostly I/O or sleep, so workers may outnumber the CPUs)"
-                if not a.cpu_work
+                if not f.cpu_work
                 else ""
             )
             + ". `starvecheck loader` measures each num_workers on your storage."
         )
     gain = Gain(
         GainKind.THROUGHPUT,
-        round(a.speedup, 3),
-        f"predicted: the mean step from {a.step_ms * a.speedup:,.1f} ms to "
-        f"{a.step_ms:,.1f} ms with num_workers={a.workers} ({a.available_cpus:.1f} "
+        round(f.speedup, 3),
+        f"predicted: the mean step from {f.step_ms * f.speedup:,.1f} ms to "
+        f"{f.step_ms:,.1f} ms with num_workers={a.workers} ({f.available_cpus:.1f} "
         "CPU(s) for workers)",
     )
     return recommendation, gain, {"num_workers": a.workers}

@@ -4,7 +4,9 @@ and the link (idle, under load, maximum), plus NUMA when measured.
 The JSON keeps one flat metric per figure (`h2d.pinned.256MiB`, `.events`,
 `overlap.pinned.non_blocking`, `link.gen_under_load`, ...); people compare sizes
 and memories side by side, so the terminal and Markdown pivot them. A table whose
-figures are all missing for one reason (no CUDA device) becomes one line.
+figures are all missing for one reason (no CUDA device) becomes one line. The
+overlap verdicts and the links' theoretical peaks are advice/pcie's, read from what
+judging stored beside the figures (`StageResult.judged`); "-" where it did not.
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.figures import overlap_verdict as verdict
 from starvecheck.model import Metric
-from starvecheck.probe.gpu import theoretical_gbps as link_peak
 from starvecheck.units import format_bytes, parse_size, size_name
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
@@ -61,9 +61,11 @@ def _size_key(size: str) -> int:
 
 
 def split(
-    metrics: Sequence[Metric], params: Mapping[str, Any]
+    metrics: Sequence[Metric], params: Mapping[str, Any], judged: Mapping[str, Any] | None = None
 ) -> tuple[list[Table], list[Metric], list[str]]:
-    """(tables, other metrics, notes); nothing unless the metrics are a pcie run's."""
+    """(tables, other metrics, notes); nothing unless the metrics are a pcie run's.
+    `judged`: what judging read off them (advice/pcie.complete)."""
+    judged = judged or {}
     sweep: dict[tuple[str, str, str, str], dict[str, Metric]] = {}
     overlaps: dict[tuple[str, str], dict[str, Metric]] = {}
     link: dict[str, Metric] = {}
@@ -109,8 +111,8 @@ def split(
         return [], rest, [whole, *_host_notes(params)]
     steps = (
         lambda: _sweep_table(sweep, groups["sweep"], ratio, params, tables, notes),
-        lambda: _overlap_table(overlaps, groups["overlap"], tables, notes),
-        lambda: _link_table(link, groups["link"], params, tables, notes),
+        lambda: _overlap_table(overlaps, groups["overlap"], judged, tables, notes),
+        lambda: _link_table(link, groups["link"], params, judged, tables, notes),
         lambda: _numa_table(numa, params, tables, notes),
     )
     for step in steps:
@@ -184,7 +186,11 @@ def _ms(m: Metric | None) -> str:
 
 
 def _overlap_table(
-    overlaps: dict, group: list[Metric], tables: list[Table], notes: list[str]
+    overlaps: dict,
+    group: list[Metric],
+    judged: Mapping[str, Any],
+    tables: list[Table],
+    notes: list[str],
 ) -> None:
     if not group:
         return
@@ -213,7 +219,7 @@ def _overlap_table(
                     seq,
                     _ms(c.get("both_ms")),
                     "n/a" if value is None else f"{value:.0%}",
-                    verdict(value),
+                    str(judged.get(f"overlap_verdict.{mem}.{mode}", "-")),
                 )
             )
             if ratio is not None and ratio.value is None and ratio.reason:
@@ -234,6 +240,7 @@ def _link_table(
     link: dict[str, Metric],
     group: list[Metric],
     params: Mapping[str, Any],
+    judged: Mapping[str, Any],
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -243,23 +250,20 @@ def _link_table(
         notes.append(f"link under load: {why}")
         return
 
-    def peak(gen: str, width: str) -> str:
-        g, w = link.get(gen), link.get(width)
-        p = link_peak(
-            int(g.value) if g and g.value else None, int(w.value) if w and w.value else None
-        )
+    def peak(row: str) -> str:
+        p = judged.get(f"link_peak_gbps.{row}")
         return "-" if p is None else f"{p:.1f}"
 
     eff = link.get("link.efficiency")
     rows = [
         ("idle (at start)", _num(link.get("link.gen_idle")), _num(link.get("link.width_idle")),
-         peak("link.gen_idle", "link.width_idle"), "", ""),
+         peak("idle"), "", ""),
         ("under load", _num(link.get("link.gen_under_load")),
-         _num(link.get("link.width_under_load")), peak("link.gen_under_load",
-         "link.width_under_load"), _gbps(link.get("link.h2d_under_load")),
+         _num(link.get("link.width_under_load")), peak("under_load"),
+         _gbps(link.get("link.h2d_under_load")),
          "n/a" if eff is None or eff.value is None else f"{eff.value:.0%}"),
         ("maximum", _num(link.get("link.gen_max")), _num(link.get("link.width_max")),
-         peak("link.gen_max", "link.width_max"), "", ""),
+         peak("max"), "", ""),
     ]  # fmt: skip
     tables.append(Table("link", LINK_HEADERS, rows, 1))
     for m in group:

@@ -79,7 +79,7 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
             Section(trace.LOOP_RANK_HEADERS, rows, notes, right, "every rank", _taken(before, rest))
         )
     before = rest
-    tables, rest, notes = pcie.split(before, stage.parameters)
+    tables, rest, notes = pcie.split(before, stage.parameters, stage.judged)
     taken = _taken(before, rest)
     for i, t in enumerate(tables):
         right = range(t.numbers_from, len(t.headers))

@@ -29,12 +29,11 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starvecheck import cache
-from starvecheck.figures import headline, loader_curves
-from starvecheck.model import Caveat, Metric, StageResult, one
+from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch
 from starvecheck.signals import check_signals, signals_held, signals_raise
@@ -57,8 +56,6 @@ from starvecheck.timing import unstable as timing_unstable
 if TYPE_CHECKING:
     from starvecheck.workload import Workload
 
-# The knee: the fewest workers that reach this share of the best throughput.
-KNEE_SHARE = 0.95
 # Batches read in this process before measuring each layout (first-use costs).
 WARMUP_BATCHES = 4
 
@@ -67,18 +64,7 @@ def _no_progress(what: str, done: int, total: int) -> None:
     pass
 
 
-# --- knee and recommendation (pure) ---------------------------------------------------
-
-
-def knee(curve: Mapping[int, float], effective_cpus: int, share: float = KNEE_SHARE) -> int | None:
-    """The fewest workers whose throughput reaches `share` of the best measured at or
-    below the effective CPUs. Counts above the CPUs are never recommended: they take
-    CPU time from the training process (loader.workers-above-cpus says what they won)."""
-    eligible = {w: v for w, v in curve.items() if w <= max(1, effective_cpus)}
-    if not eligible:
-        return None
-    best = max(eligible.values())
-    return min(w for w, v in eligible.items() if v >= share * best)
+# --- the steady-state window (pure) ----------------------------------------------------
 
 
 def steady(
@@ -320,46 +306,6 @@ def summarize(
     return metrics, caveats, first_cache
 
 
-def recommend(
-    metrics: Sequence[Metric], effective_cpus: int
-) -> tuple[list[Metric], Metric | None, list[str]]:
-    """recommended_num_workers per layout and overall, the capacity, and caveats."""
-    out: list[Metric] = []
-    caveats: list[str] = []
-    recommended: dict[str, int] = {}
-    judged = loader_curves(metrics)
-    for layout, (_, curve) in judged.items():
-        k = knee(curve, effective_cpus)
-        if k is None:
-            caveats.append(
-                Caveat(
-                    "loader.no-recommendation",
-                    f"{layout}: no num_workers at or below the {effective_cpus} effective CPUs "
-                    "was measured, so none is recommended; add them to --workers",
-                )
-            )
-            continue
-        recommended[layout] = k
-        labels = {"quantity": "recommended_num_workers", "layout": layout}
-        out.append(Metric.single(f"recommended_num_workers.{layout}", k, "workers", labels))
-    top = headline(recommended)
-    capacity = None
-    if top is not None:
-        out.append(
-            Metric.single(
-                "recommended_num_workers",
-                recommended[top],
-                "workers",
-                {"quantity": "recommended_num_workers"},
-            )
-        )
-        temp, _ = judged[top]
-        m = one(metrics, quantity="samples_per_s", layout=top, cache=temp, workers=recommended[top])
-        assert m is not None
-        capacity = replace(m, name=f"capacity ({m.name})")
-    return out, capacity, caveats
-
-
 # --- the stage ---------------------------------------------------------------------------
 
 
@@ -435,9 +381,7 @@ def _run(
     metrics, more, first_cache = summarize(names, plan, measured, storage.get("kind"))
     caveats += more
     params["first_batch_cache"] = first_cache
-    rec, capacity, more = recommend(metrics, plan.effective_cpus)
-    metrics += extra_metrics + rec
-    caveats += more
+    metrics += extra_metrics
     if plan.cold and under_hypervisor():
         caveats.append(hypervisor_cache("loader"))
     return StageResult(
@@ -445,7 +389,6 @@ def _run(
         parameters=params,
         metrics=tuple(metrics),
         caveats=tuple(caveats),
-        capacity=capacity,
         duration_s=round(time.perf_counter() - start, 3),
     )
 
@@ -532,7 +475,8 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         return OnDisk(path, False, plan)
 
     def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
-        """Measure, summarise and recommend (judging is advice/loader's). SIGTERM/SIGHUP
+        """Measure and summarise: the curves alone (the recommended num_workers and the
+        capacity at it are advice/loader's, made when the run is judged). SIGTERM/SIGHUP
         raise like Ctrl-C while this runs, and a DataLoader that delivers nothing within
         ctx.batch_timeout_s ends it: workers are shut down, Streaming's shared memory and
         the scratch data removed on every way out."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.figures import IDLE_AS_GOOD
+from starvecheck.criteria import least_idle
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.signals import check_signals
 from starvecheck.stages.base import BaseStage, RunContext
@@ -281,13 +281,6 @@ def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> list[Metric]:
                 f"first_batch_s.w{w}", round(p.first_batch_s, 4), "s", at("first_batch_s")
             ),
         ]
-    rec = recommended_workers(points, plan.effective_cpus)
-    if rec is not None:
-        metrics.append(
-            Metric.single(
-                "recommended_num_workers", rec, "workers", {"quantity": "recommended_num_workers"}
-            )
-        )
     return metrics
 
 
@@ -299,19 +292,11 @@ def _mean_metric(name: str, values: Sequence[float], unit: str, labels: dict[str
     return replace(m, value=statistics.fmean(values)) if values else m
 
 
-def recommended_workers(points: Sequence[Point], effective_cpus: int) -> int | None:
-    """The fewest workers whose GPU idle share is within 2 points of the best measured
-    at or below the effective CPU count (more workers than CPUs only compete)."""
-    eligible = [p for p in points if p.workers <= max(1, effective_cpus)]
-    if not eligible:
-        return None
-    best = min(p.idle_share for p in eligible)
-    return min(p.workers for p in eligible if p.idle_share <= best + IDLE_AS_GOOD)
-
-
 def capacity_workers(points: Sequence[Point], effective_cpus: int) -> int:
-    """Where doctor measures the capacity: the recommended count, at most the CPUs."""
-    rec = recommended_workers(points, effective_cpus)
+    """Where doctor measures the capacity: the fewest workers that idle the GPU as
+    little as the best at or below the CPUs (criteria.least_idle, the rule advice
+    recommends by), else the most measured; at most the CPUs."""
+    rec = least_idle({p.workers: p.idle_share for p in points}, effective_cpus)
     most = max((p.workers for p in points), default=0)
     return min(rec if rec is not None else most, max(1, effective_cpus))
 

@@ -1,6 +1,6 @@
 """The arithmetic of `pcie`, apart from any CUDA call, so tests check it on a CPU.
 
-Size names, GB/s, the overlap ratio and its verdict, the calibration of CPU work,
+Size names, GB/s, the overlap ratio, the calibration of CPU work,
 the host-memory budget that decides which sizes can be pinned, and the choice of
 NUMA nodes. Nothing here imports torch.
 """
@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-# The overlap verdict's thresholds live with its reading, in figures.py.
-from starvecheck.figures import PARALLEL_AT as PARALLEL_AT
-from starvecheck.figures import SEQUENTIAL_AT as SEQUENTIAL_AT
-from starvecheck.figures import overlap_verdict as verdict  # noqa: F401 (re-exported)
+# The stage measures the overlap ratio and never reads it: its verdict is advice's
+# (advice/pcie.py), by the rule in criteria.py, re-exported here for the tests that
+# still reach it through this module.
+from starvecheck.criteria import overlap_verdict as verdict  # noqa: F401 (re-exported)
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
 from starvecheck.stages.options import PcieOptions
 from starvecheck.units import size_name as size_name

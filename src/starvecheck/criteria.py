@@ -1,0 +1,69 @@
+"""The pure rules that measuring and judging both need: where a throughput curve
+stops rising, which worker counts idle the GPU as little as the best, what an overlap
+ratio is called, and the thresholds behind them.
+
+Below stages/ and advice/ alike, importing nothing of starvecheck's. A stage may use
+these only to decide where to measure (the capacity measured at the worker count the
+sweep says is enough); the recommendation a person reads is advice/'s
+(`advice.workers.recommend_workers`), made from the same rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# The knee of a throughput curve: the fewest workers that reach this share of the best.
+KNEE_SHARE = 0.95
+
+# GPU idle shares (starve) within this of the best are as good: the fewest such
+# workers are enough. Workers past the CPUs count as a help only when they cut the
+# idle share by more than this.
+IDLE_AS_GOOD = 0.02
+
+# The overlap experiment's reading of its ratio (pcie): at or above PARALLEL_AT the
+# copy hides behind the CPU work (or the reverse); at or below SEQUENTIAL_AT the two
+# take as long as one after the other.
+PARALLEL_AT = 0.8
+SEQUENTIAL_AT = 0.2
+
+
+def within_cpus(curve: Mapping[int, float], effective_cpus: float) -> dict[int, float]:
+    """The points of a curve at or below the effective CPUs (at least one): worker
+    counts above them are never recommended for CPU work, since they take CPU time
+    from the training process."""
+    return {w: v for w, v in curve.items() if w <= max(1, effective_cpus)}
+
+
+def knee(
+    curve: Mapping[int, float], effective_cpus: float, share: float = KNEE_SHARE
+) -> int | None:
+    """The fewest workers whose throughput reaches `share` of the best measured at or
+    below the effective CPUs; None when no such count was measured."""
+    eligible = within_cpus(curve, effective_cpus)
+    if not eligible:
+        return None
+    best = max(eligible.values())
+    return min(w for w, v in eligible.items() if v >= share * best)
+
+
+def least_idle(
+    idle: Mapping[int, float], effective_cpus: float, as_good: float = IDLE_AS_GOOD
+) -> int | None:
+    """The fewest workers whose GPU idle share is within `as_good` of the best measured
+    at or below the effective CPUs; None when no such count was measured."""
+    eligible = within_cpus(idle, effective_cpus)
+    if not eligible:
+        return None
+    best = min(eligible.values())
+    return min(w for w, v in eligible.items() if v <= best + as_good)
+
+
+def overlap_verdict(ratio: float | None) -> str:
+    """PARALLEL, PARTIAL or SEQUENTIAL for an overlap ratio; UNKNOWN without one."""
+    if ratio is None:
+        return "UNKNOWN"
+    if ratio >= PARALLEL_AT:
+        return "PARALLEL"
+    if ratio <= SEQUENTIAL_AT:
+        return "SEQUENTIAL"
+    return "PARTIAL"
