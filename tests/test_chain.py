@@ -8,7 +8,7 @@ import json
 import pytest
 
 from starvecheck.advice import chain, stragglers
-from starvecheck.advice.judge import Results
+from starvecheck.advice.results import Results
 from starvecheck.doctor_ranks import from_environ, slow_ms
 from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Report, Severity, StageResult
 from starvecheck.status import UsageError

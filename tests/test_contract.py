@@ -5,7 +5,7 @@
   advice/; probe/ imports only probe/ and the basics (status, units), which import
   nothing of starvecheck;
 - no import cycle among starvecheck's modules, imports inside functions included;
-  counting type-only imports, none but the known ones (each a strict xfail);
+  counting type-only imports, none either;
 - render/ and advice/ read metrics by labels: neither imports `re`;
 - every metric a stage emits carries labels with a `quantity`, and lands in exactly one
   table of the terminal and Markdown renderers;
@@ -138,20 +138,8 @@ def test_probe_imports_nothing_above_it():
     assert offences == []
 
 
-RENDER_IMPORTS_PROBE = {
-    "starvecheck.render.pcie": "render/pcie.py imports probe.gpu.theoretical_gbps (issue 27: "
-    "being moved out of probe/; remove this mark once it is)",
-}
-
-
 @pytest.mark.parametrize(
-    "module",
-    [
-        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=RENDER_IMPORTS_PROBE[m]))
-        if m in RENDER_IMPORTS_PROBE
-        else m
-        for m in sorted(m for m in FULL_GRAPH if m.startswith("starvecheck.render"))
-    ],
+    "module", sorted(m for m in FULL_GRAPH if m.startswith("starvecheck.render"))
 )
 def test_render_never_imports_probe(module):
     """render/ shows a report: what it knows of the machine is in `report.machine`."""
@@ -200,31 +188,10 @@ def test_no_import_cycles():
     assert import_cycles(GRAPH) == []
 
 
-# Cycles made only by imports under `if TYPE_CHECKING:`, known and being removed. Each
-# has its own strict xfail below: it turns red once the cycle is gone, to be removed.
-KNOWN_TYPE_CYCLES = {
-    ("starvecheck.loopranks", "starvecheck.watcher"): "loopranks.py imports watcher.Watch "
-    "under TYPE_CHECKING, watcher.py imports loopranks (issue 27: being removed)",
-    ("starvecheck.advice.chain", "starvecheck.advice.judge"): "advice/chain.py imports "
-    "judge.Results under TYPE_CHECKING, judge.py imports chain in judge()",
-}
-
-
-def test_no_other_import_cycles_counting_type_checking():
-    """Counting imports under `if TYPE_CHECKING:` too: no cycle but the known ones (a
-    module joining one of them makes it another cycle, and fails here)."""
-    assert [c for c in import_cycles(FULL_GRAPH) if tuple(c) not in KNOWN_TYPE_CYCLES] == []
-
-
-@pytest.mark.parametrize(
-    "cycle",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=why), id=" <-> ".join(c))
-        for c, why in KNOWN_TYPE_CYCLES.items()
-    ],
-)
-def test_known_type_checking_cycle_is_gone(cycle):
-    assert list(cycle) not in import_cycles(FULL_GRAPH)
+def test_no_import_cycles_counting_type_checking():
+    """Counting imports under `if TYPE_CHECKING:` too: a type named across layers is an
+    arrow like any other, so a cycle through one is a cycle."""
+    assert import_cycles(FULL_GRAPH) == []
 
 
 def test_the_import_graph_sees_function_level_imports():
@@ -262,7 +229,6 @@ LONG = {
     "stages/profile.py": "the profiled training loop and its scenarios",
     "stages/starve.py": "the producer/consumer run, its sweep and its model",
     "stages/textdata.py": "every token-length source (dataset, lengths file, default)",
-    "watcher.py": "watch(): the loop timer, its report, its distributed gathering",
     "advice/pad.py::_waste": "the padding verdict: evidence, gain and fix in one finding",
     "advice/trace.py::_data_bound": "the data-bound verdict from a trace's step breakdown",
     "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
@@ -271,7 +237,6 @@ LONG = {
     "cli/pad.py::pad": "a Typer command: its signature declares every option",
     "cli/profile.py::profile": "a Typer command: its signature declares every option",
     "cli/starve.py::starve": "a Typer command: its signature declares every option",
-    "loopranks.py::combine": "rank 0's result from every rank's figures",
     "render/facts.py::_all_rows": "one row per machine fact, in the table's order",
     "render/trace.py::split": "the step-breakdown table's rows out of the metrics",
     "stages/existing.py::layouts": "the user's files as layouts, with their caveats",

@@ -232,7 +232,7 @@ def test_the_stage_measures_and_the_rules_judge_the_machine():
     """env's stage returns the facts' provenance and no findings; advice/env judges the
     run's machine, only when the env stage is part of the run."""
     from starvecheck.advice.env import rules
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
     from starvecheck.stages.options import EnvOptions

@@ -19,7 +19,7 @@ import pytest
 
 from starvecheck import cache, scratch
 from starvecheck.advice import io as io_advice
-from starvecheck.advice.judge import Results
+from starvecheck.advice.results import Results
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.probe.machine import Machine, Storage, collect
 from starvecheck.probe.sysroot import SysRoot

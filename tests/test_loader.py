@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.advice.judge import Results
 from starvecheck.advice.loader import complete, dataloader_line, rules
+from starvecheck.advice.results import Results
 from starvecheck.criteria import knee
 from starvecheck.figures import headline
 from starvecheck.figures import loader_curves as curves

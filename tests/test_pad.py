@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from starvecheck.advice.judge import Results
 from starvecheck.advice.pad import rules
+from starvecheck.advice.results import Results
 from starvecheck.model import StageResult
 from starvecheck.render import pad as pad_table
 from starvecheck.stages import packing, pad, textdata

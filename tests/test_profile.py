@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from starvecheck.advice.judge import Results
 from starvecheck.advice.profile import rules
+from starvecheck.advice.results import Results
 from starvecheck.model import Metric, StageResult
 from starvecheck.render import profile as profile_table
 from starvecheck.stages import profile as profile_stage

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from starvecheck.advice.judge import Results
+from starvecheck.advice.results import Results
 from starvecheck.advice.starve import complete, recommended, rules
 from starvecheck.model import Metric, Severity, StageResult
 from starvecheck.render import sweep

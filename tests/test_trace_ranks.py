@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from starvecheck.advice.judge import Results
+from starvecheck.advice.results import Results
 from starvecheck.advice.trace import rules
 from starvecheck.model import Severity
 from starvecheck.stages import trace

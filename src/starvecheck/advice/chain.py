@@ -41,7 +41,7 @@ from starvecheck.figures import loader_curve
 from starvecheck.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity, StageResult
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 from starvecheck.strategies import LABELS, STRATEGIES
 from starvecheck.units import size_name
 

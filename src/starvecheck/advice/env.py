@@ -21,7 +21,7 @@ from starvecheck.probe.machine import GpuInfo, Machine
 from starvecheck.units import format_bytes
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 STAGE = "env"
 SHM_CRITICAL_BYTES = 1024**3

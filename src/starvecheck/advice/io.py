@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 # A layout change worth making: the sharded read is this much faster.
 SMALL_FILES_WARNING = 1.5

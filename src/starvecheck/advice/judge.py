@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.results import Results
 from starvecheck.model import Finding, Link, StageResult
 
 if TYPE_CHECKING:
-    from starvecheck.probe.machine import Machine
-    from starvecheck.workload import Workload
+    pass
 
 # The advice modules that judge each stage, in the order their findings are gathered.
 MODULES: dict[str, tuple[str, ...]] = {
@@ -47,22 +47,6 @@ COMPLETES: dict[str, str] = {
     "starve": "starvecheck.advice.starve",
     "pcie": "starvecheck.advice.pcie",
 }
-
-
-@dataclass(frozen=True)
-class Results:
-    """Everything one run measured, as judging sees it."""
-
-    stages: Mapping[str, StageResult]
-    machine: Machine | None = None  # this machine's facts (None for a trace of another run)
-    workload: Workload | None = None  # doctor's; None for a single command
-    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. doctor's GPU basis
-
-    def get(self, stage: str) -> StageResult | None:
-        return self.stages.get(stage)
-
-    def __contains__(self, stage: str) -> bool:
-        return stage in self.stages
 
 
 @dataclass(frozen=True)

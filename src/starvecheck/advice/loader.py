@@ -17,7 +17,7 @@ from starvecheck.figures import headline, loader_curves
 from starvecheck.model import Caveat, Finding, Gain, GainKind, Metric, Severity, StageResult
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 # num_workers=N over 0: above this, workers are worth a warning.
 WORKERS_WARNING = 1.5

@@ -16,7 +16,7 @@ from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.strategies import LABELS, SHARES_ROWS, STRATEGIES
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 CRITICAL_GAIN = 2.0
 WARNING_GAIN = 1.25

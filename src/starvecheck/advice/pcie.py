@@ -29,7 +29,7 @@ from starvecheck.probe.gpu import theoretical_gbps as link_peak
 from starvecheck.units import size_name
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 verdict = overlap_verdict
 

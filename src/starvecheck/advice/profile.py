@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, select
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 INPUT_BOUND = 0.05
 HIGHLY_INPUT_BOUND = 0.20

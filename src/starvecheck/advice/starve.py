@@ -16,7 +16,7 @@ from starvecheck.criteria import IDLE_AS_GOOD
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, StageResult
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 STARVED_CRITICAL = 0.50
 STARVED_WARNING = 0.10

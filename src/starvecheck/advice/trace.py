@@ -28,7 +28,7 @@ from starvecheck.model import (
 )
 
 if TYPE_CHECKING:
-    from starvecheck.advice.judge import Results
+    from starvecheck.advice.results import Results
 
 GPU_IDLE = 0.20  # GPU idle share worth a finding, when data wait does not explain most of it
 GPU_IDLE_CRITICAL = 0.50  # idle for other reasons over half the step

@@ -1,0 +1,32 @@
+"""What judging reads: every stage result of one run, this machine's facts, the
+workload. Its own module, below judge.py and every rule module, so that each rule
+module can name it without importing the judge that imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from starvecheck.model import StageResult
+
+if TYPE_CHECKING:
+    from starvecheck.probe.machine import Machine
+    from starvecheck.workload import Workload
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything one run measured, as judging sees it."""
+
+    stages: Mapping[str, StageResult]
+    machine: Machine | None = None  # this machine's facts (None for a trace of another run)
+    workload: Workload | None = None  # doctor's; None for a single command
+    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. doctor's GPU basis
+
+    def get(self, stage: str) -> StageResult | None:
+        return self.stages.get(stage)
+
+    def __contains__(self, stage: str) -> bool:
+        return stage in self.stages
