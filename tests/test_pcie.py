@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from starvecheck.advice import pcie as advice
+from starvecheck.criteria import overlap_verdict
 from starvecheck.model import Metric, Report, Severity, StageResult
 from starvecheck.probe.machine import collect
 from starvecheck.probe.sysroot import SysRoot
@@ -93,13 +94,13 @@ def test_overlap_ratio_against_hand_computed_cases(cpu, copy, both, ratio, verdi
     assert o.sequential_s == pytest.approx(cpu + copy)
     assert o.parallel_s == max(cpu, copy)
     assert o.ratio == pytest.approx(ratio)
-    assert bw.verdict(o.ratio) == verdict
+    assert overlap_verdict(o.ratio) == verdict
 
 
 def test_overlap_is_unknown_when_one_side_is_too_short_to_tell():
     assert bw.Overlap(5e-3, 0.4e-3, 5.2e-3).ratio is None
     assert bw.Overlap(5e-3, 0.6e-3, 5.0e-3).ratio == pytest.approx(1.0)
-    assert bw.verdict(None) == "UNKNOWN"
+    assert overlap_verdict(None) == "UNKNOWN"
 
 
 @pytest.mark.parametrize(
@@ -113,7 +114,7 @@ def test_overlap_is_unknown_when_one_side_is_too_short_to_tell():
     ],
 )
 def test_verdict_thresholds(ratio, verdict):
-    assert bw.verdict(ratio) == verdict
+    assert overlap_verdict(ratio) == verdict
 
 
 class FakeClock:

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from starvecheck import args
-from starvecheck.figures import overlap_verdict
+from starvecheck.criteria import overlap_verdict
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.status import UsageError
 from tests.conftest import run

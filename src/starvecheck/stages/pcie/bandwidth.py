@@ -11,10 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-# The stage measures the overlap ratio and never reads it: its verdict is advice's
-# (advice/pcie.py), by the rule in criteria.py, re-exported here for the tests that
-# still reach it through this module.
-from starvecheck.criteria import overlap_verdict as verdict  # noqa: F401 (re-exported)
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
 from starvecheck.stages.options import PcieOptions
 from starvecheck.units import size_name as size_name
