@@ -20,6 +20,11 @@ leaves the CPU free):
                      position-wise MLP), variable-length samples batched with dynamic
                      padding; `starvecheck pad` on the same lengths recommends a
                      strategy, which the loop then trains with
+  jpeg-factory       `starvecheck loader --factory examples/jpeg_pipeline.py:imagefolder
+                     --quick` (JPEG decode with Pillow, crop, flip, float tensors): its
+                     DataLoader line applied to the example's own DataLoader, both read
+                     by a plain loop (no step: the loader is what is measured), samples/s
+                     over several epochs
   straggler          examples/watch_ddp.py under torchrun, two ranks (DDP, gloo): rank
                      1's samples take 2 ms longer to read; the straggler finding's
                      predicted gain (the time the others lose, over the step) against
@@ -371,6 +376,61 @@ def straggler_scenario(steps: int, repeats: int) -> Outcome:
     return Outcome("straggler", said, statistics.median(predictions), b / a, b * 1e3, a * 1e3)
 
 
+# The user's own pipeline: `loader --factory` on the JPEG example, its line applied.
+
+ROOT = Path(__file__).resolve().parent.parent
+JPEG = ROOT / "examples" / "jpeg_pipeline.py"
+
+
+def read_rate(loader: DataLoader, batches: int) -> float:
+    """samples/s of a plain loop over `batches` batches (epochs after epochs), the first
+    WARMUP left out."""
+    seen, marks, samples = 0, [], 0
+    while seen < batches:
+        for x, _ in loader:
+            seen += 1
+            if seen > WARMUP:
+                samples += len(x)
+            marks.append(time.perf_counter())
+            if seen >= batches:
+                break
+    return samples / (marks[-1] - marks[WARMUP - 1])
+
+
+def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
+    import importlib.util
+
+    cmd = [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{JPEG}:imagefolder"]
+    predictions, fixes = [], []
+    for _ in range(repeats):
+        out = subprocess.run([*cmd, "--quick", "--json", "-"], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"loader --factory failed: {out.stderr.strip()[-400:]}")
+        report = json.loads(out.stdout)
+        found = [f for st in report["stages"] for f in st["findings"]]
+        finding = next(f for f in found if f["id"] == "loader.own-config")
+        predictions.append(finding["gain"]["value"] if finding["gain"] else 1.0)
+        fixes.append(finding["fix"])
+    fix = fixes[len(fixes) // 2]
+    spec = importlib.util.spec_from_file_location("jpeg_pipeline", JPEG)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    current = example.imagefolder()
+    settings = {k: v for k, v in fix.items() if k != "num_workers" or v}
+    if not fix.get("num_workers"):
+        settings = {"num_workers": 0, "pin_memory": bool(fix.get("pin_memory"))}
+    applied = DataLoader(current.dataset, batch_size=current.batch_size, shuffle=True, **settings)
+    before = [read_rate(current, batches) for _ in range(repeats)]
+    after = [read_rate(applied, batches) for _ in range(repeats)]
+    b, a = statistics.median(before), statistics.median(after)
+    said = ", ".join(f"{k}={v}" for k, v in fix.items())
+    if len(set(map(json.dumps, fixes))) > 1:
+        said += f" (runs said {fixes})"
+    # Outcome's times are per step: a batch of 32 samples here.
+    return Outcome("jpeg-factory", said, statistics.median(predictions), a / b, 32e3 / b, 32e3 / a)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=120)
@@ -401,6 +461,7 @@ def main() -> int:
             applied=lambda fix, data: Cached(data, n) if fix.get("preprocess") else data,
         ),
         "padding": lambda: padding_scenario(rep),
+        "jpeg-factory": lambda: factory_scenario(rep),
         "straggler": lambda: straggler_scenario(min(steps, 60), rep),
     }
     outcomes = []

@@ -53,7 +53,8 @@ def test_every_stage_takes_frozen_options_named_for_it(options):
 def test_help_states_the_dataclass_defaults():
     loader = " ".join(run("loader", "--help").stdout.split())  # as words: help wraps
     assert f"[default: {opts.LoaderOptions.runs}]" in loader
-    assert f"[default: {opts.LoaderOptions.batch_size};" in loader
+    batch = opts.LoaderOptions.BATCH_SIZE
+    assert f"[default: {batch}; with --factory, the DataLoader's own]" in loader
     assert "[default: 16K]" in loader
     pcie = " ".join(run("pcie", "--help").stdout.split())
     assert "[default: 64K,1M,16M,256M,1G; 1M,16M,256M with --quick]" in pcie

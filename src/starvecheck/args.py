@@ -175,3 +175,23 @@ def copy_sizes(text: str) -> tuple[int, ...]:
     if bad:
         raise UsageError(f"--sizes {text!r}: each size must be from 4KiB to 16GiB")
     return tuple(sorted({s for s in sizes if s is not None}))
+
+
+def factory_alone(**given: object) -> None:
+    """With --factory the user's pipeline reads its own data: the options that shape
+    generated data are refused, the first one given named (one line, exit 2)."""
+    names = {
+        "path": "PATH",
+        "sample_size": "--sample-size",
+        "samples": "--samples",
+        "runs": "--runs (each configuration is read until stable: --budget)",
+        "prefetch_factor": "--prefetch-factor (swept from the DataLoader's own)",
+        "pin_memory": "--pin-memory (swept where CUDA is present)",
+        "existing": "--existing",
+    }
+    for key, value in given.items():
+        if value not in (None, False):
+            raise UsageError(
+                f"{names.get(key, key)} does not apply with --factory: your pipeline reads "
+                "its own data"
+            )

@@ -42,7 +42,7 @@ def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
         if counts[s]
     ]
     first = checklist[0]
-    if first.severity is Severity.INFO:
+    if not counts[Severity.CRITICAL] and not counts[Severity.WARNING]:
         return f"{', '.join(parts)}: nothing to fix; see the notes."
     return f"{', '.join(parts)}: start with {first.id} ({first.title})."
 

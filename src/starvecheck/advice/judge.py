@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 MODULES: dict[str, tuple[str, ...]] = {
     "env": ("starvecheck.advice.env",),
     "io": ("starvecheck.advice.io",),
-    "loader": ("starvecheck.advice.loader",),
+    # generated layouts, and the user's own pipeline (`loader --factory`)
+    "loader": ("starvecheck.advice.loader", "starvecheck.advice.ownloader"),
     "starve": ("starvecheck.advice.starve",),
     "pad": ("starvecheck.advice.pad",),
     "pcie": ("starvecheck.advice.pcie",),

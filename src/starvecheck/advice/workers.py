@@ -53,9 +53,14 @@ class Cpus:
 
 @dataclass(frozen=True)
 class Throughput:
-    """loader's sweep: samples/s by num_workers, in one layout and cache state."""
+    """loader's sweep: samples/s by num_workers, in one layout and cache state.
+    `cpu_work`: whether the workers' wait is CPU work (measured: `loader --factory`
+    reads the workers' CPU time); None: not measured, taken as CPU work, the safe side.
+    Only where it is measured not to be (workers waiting on I/O or sleeping) may the
+    recommendation go past the CPUs."""
 
     curve: Mapping[int, float]
+    cpu_work: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,14 @@ def recommend_workers(evidence: Evidence, cpus: Cpus) -> WorkerAdvice | None:
 
 
 def _sweep(evidence: Throughput | IdleShares, effective: float) -> WorkerAdvice | None:
+    if isinstance(evidence, Throughput) and evidence.cpu_work is False and evidence.curve:
+        k = knee(evidence.curve, max(evidence.curve))
+        rule = (
+            "the fewest workers within 5% of the best samples/s; the workers wait on I/O, "
+            "not the CPU (their CPU time measured), so counts past the "
+            f"{effective:g} effective CPUs count"
+        )
+        return None if k is None else WorkerAdvice(k, rule)
     if isinstance(evidence, Throughput):
         k = knee(evidence.curve, effective)
         rule = "the fewest workers within 5% of the best samples/s"

@@ -21,11 +21,13 @@ from starvecheck.cli.common import (
     app,
     context_of,
     emit,
+    finite,
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.report import build_report
 from starvecheck.stages.options import LoaderOptions, by_quick, size_text
+from starvecheck.status import UsageError
 
 
 @app.command()
@@ -45,8 +47,49 @@ def loader(
         "effective CPUs, at least 4]."
     ) = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, max=100_000, help="Samples per batch.")
-    ] = LoaderOptions.batch_size,
+        int | None,
+        typer.Option(
+            "--batch-size",
+            min=1,
+            max=100_000,
+            help=f"Samples per batch [default: {LoaderOptions.BATCH_SIZE}; with --factory, "
+            "the DataLoader's own].",
+            show_default=False,
+        ),
+    ] = None,
+    factory: Annotated[
+        str | None,
+        typer.Option(
+            "--factory",
+            metavar="FILE.py:FUNC",
+            help="Measure your own pipeline: FUNC() (in FILE.py, or package.module:FUNC "
+            "importable from here) returns a Dataset, IterableDataset or DataLoader. "
+            "num_workers, prefetch_factor, persistent_workers and pin_memory are swept "
+            "against the DataLoader's current settings.",
+            show_default=False,
+        ),
+    ] = None,
+    factory_timeout: Annotated[
+        float,
+        typer.Option(
+            "--factory-timeout",
+            metavar="SECONDS",
+            callback=finite(1.0, 86_400.0),
+            help="With --factory: the most that importing FILE and calling FUNC may take.",
+        ),
+    ] = LoaderOptions.factory_timeout_s,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            metavar="SECONDS",
+            callback=finite(0.5, 3_600.0),
+            help="With --factory: the most each configuration is read for; it stops "
+            "sooner once its samples/s is stable [default: "
+            f"{LoaderOptions.BUDGET_S[False]:g}; {LoaderOptions.BUDGET_S[True]:g} with --quick].",
+            show_default=False,
+        ),
+    ] = None,
     samples: Annotated[
         int | None,
         typer.Option(
@@ -124,7 +167,19 @@ def loader(
     size = args.sample_size(sample_size)
     sweep = args.worker_counts(workers)
     plot_path = args.plot_path(plot)
-    target = args.data_path(path, existing, "loader")
+    if factory is not None:
+        args.factory_alone(
+            path=path,
+            sample_size=sample_size != size_text(LoaderOptions.sample_size),
+            samples=samples,
+            runs=runs != LoaderOptions.runs,
+            prefetch_factor=prefetch_factor != LoaderOptions.prefetch_factor,
+            pin_memory=pin_memory,
+            existing=existing,
+        )
+    elif budget is not None:
+        raise UsageError("--budget applies with --factory only")
+    target = args.data_path(path, existing or factory is not None, "loader")
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     options = LoaderOptions(
         path=target,
@@ -138,6 +193,9 @@ def loader(
         pin_memory=pin_memory,
         cold=cold,
         quick=quick,
+        factory=factory,
+        factory_timeout_s=factory_timeout,
+        budget_s=budget,
     )
     result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:

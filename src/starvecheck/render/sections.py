@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from starvecheck.model import Metric, StageResult
-from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.render import loader, ownloader, pad, pcie, profile, sweep, throughput, trace
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,14 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     if rows:
         right = range(2, len(loader.HEADERS) - 1)
         out.append(Section(loader.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
+    before = rest
+    rows, costs, rest, notes = ownloader.split(stage, before)
+    if rows:
+        title = f"your pipeline: {stage.parameters.get('factory')}"
+        right = range(0, len(ownloader.HEADERS) - 1)
+        out.append(Section(ownloader.HEADERS, rows, [], right, title, _taken(before, rest)))
+        right = range(0, len(ownloader.COST_HEADERS))
+        out.append(Section(ownloader.COST_HEADERS, costs, notes, right, "what it costs"))
     before = rest
     rows, rest, notes = pad.split(before, stage.parameters)
     if rows:

@@ -84,9 +84,18 @@ class Batches:
     num_workers=2) in 120 s: ..."."""
 
     def __init__(
-        self, loader: Any, limit_s: float, stage: str, what: str, hint: str = HINT
+        self,
+        loader: Any,
+        limit_s: float,
+        stage: str,
+        what: str,
+        hint: str = HINT,
+        keep: bool = False,
     ) -> None:
         self.loader = loader
+        # keep: a persistent-workers DataLoader whose workers serve the next epoch; they
+        # are stopped here only on the way out of an error (the caller stops them last).
+        self.keep = keep
         self.limit_s = limit_s
         self.stage = stage
         self.what = what
@@ -118,7 +127,7 @@ class Batches:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            if self._it is not None:
+            if self._it is not None and not (self.keep and exc[0] is None):
                 try:
                     stop_workers(self._it, stuck=self._expired)
                 except BaseException:

@@ -45,6 +45,8 @@ from starvecheck.stages.datasets import (
 from starvecheck.stages.layouts import MB, Progress
 from starvecheck.stages.loaderplan import Plan
 from starvecheck.stages.options import LoaderOptions, default_workers
+from starvecheck.stages.ownloader import Plan as OwnPlan
+from starvecheck.stages.ownloader import own_plan, run_factory
 from starvecheck.stages.reads import FileOps, timed_run
 from starvecheck.stages.residency import judge_cache, record_residency
 from starvecheck.stages.sources import Source, existing_sources, generate
@@ -421,12 +423,14 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
 
     name = "loader"
 
-    def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan]:
+    def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan] | OwnPlan:
         """`options` as the command parsed them (`path` checked); the machine's facts
-        in `ctx`."""
+        in `ctx`. With `factory`, the plan of the user's own pipeline (ownloader.py)."""
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
 
+        if options.factory is not None:
+            return own_plan(options, ctx)
         size = options.sample_size
         eff = ctx.effective_cpus
         n = options.samples or LoaderOptions.SAMPLES[options.existing][options.quick]
@@ -440,7 +444,7 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
             sample_size=size,
             workers=options.workers or default_workers(eff),
             runs=options.runs,
-            batch_size=options.batch_size,
+            batch_size=options.batch_size or LoaderOptions.BATCH_SIZE,
             prefetch_factor=options.prefetch_factor,
             pin_memory=options.pin_memory,
             cold=options.cold,
@@ -474,12 +478,16 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         )
         return OnDisk(path, False, plan)
 
-    def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
+    def measure(self, plan: OnDisk[Plan] | OwnPlan, ctx: RunContext) -> StageResult:
         """Measure and summarise: the curves alone (the recommended num_workers and the
-        capacity at it are advice/loader's, made when the run is judged). SIGTERM/SIGHUP
+        capacity at it are advice/loader's, made when the run is judged). With
+        --factory, the user's own pipeline (ownloader.py). SIGTERM/SIGHUP
         raise like Ctrl-C while this runs, and a DataLoader that delivers nothing within
         ctx.batch_timeout_s ends it: workers are shut down, Streaming's shared memory and
         the scratch data removed on every way out."""
+        if isinstance(plan, OwnPlan):
+            with signals_raise(), quiet_torch():
+                return run_factory(plan, ctx.progress)
         return _run(
             plan.path,
             plan.plan,

@@ -18,7 +18,7 @@ class Plan:
     sample_size: int
     workers: tuple[int, ...]
     runs: int
-    batch_size: int = LoaderOptions.batch_size
+    batch_size: int = LoaderOptions.BATCH_SIZE
     prefetch_factor: int = LoaderOptions.prefetch_factor
     pin_memory: bool | None = None  # None: when CUDA is available
     cold: bool = LoaderOptions.cold

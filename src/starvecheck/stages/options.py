@@ -92,13 +92,20 @@ class LoaderOptions:
     samples: int | None = None  # None: SAMPLES[existing][quick]
     workers: tuple[int, ...] | None = None  # None: default_workers(effective CPUs)
     runs: int = 3  # epochs per layout, cache state and worker count
-    batch_size: int = 32
+    batch_size: int | None = None  # None: BATCH_SIZE, or with `factory` the pipeline's own
     prefetch_factor: int = 2
     pin_memory: bool | None = None  # None: when a CUDA device is present
     cold: bool = True
     quick: bool = False
+    # The user's own pipeline (FILE.py:FUNC or package.module:FUNC) instead of data
+    # generated under `path`; see stages/factory.py.
+    factory: str | None = None
+    factory_timeout_s: float = 300.0  # importing the module and calling FUNC
+    budget_s: float | None = None  # seconds per configuration; None: BUDGET_S[quick]
 
     stage: ClassVar[str] = "loader"
+    BATCH_SIZE: ClassVar[int] = 32
+    BUDGET_S: ClassVar[dict[bool, float]] = {False: 20.0, True: 6.0}
     # --quick fits in 30 s on 2 cores; doctor runs the generated sizes.
     SAMPLES: ClassVar[dict[bool, dict[bool, int]]] = {
         False: {False: 5_000, True: 1_000},

@@ -1,0 +1,228 @@
+"""Judging `loader --factory` (advice/ownloader.py): the DataLoader line and its measured
+gain against the user's current settings, within the CPUs for CPU work and past them
+only where the workers' CPU time shows they wait on I/O, lowered to what fits in memory;
+copy-on-read from each worker's measured growth; large batches crossing processes. The
+rules are fed stage results built by hand (known cases), and the copy-on-read finding is
+checked end to end on a dataset of Python objects against the same data in numpy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from starvecheck.advice import ownloader
+from starvecheck.advice.results import Results
+from starvecheck.model import Metric, StageResult
+from starvecheck.stages.ownloader import metrics_of
+from starvecheck.stages.pipeline import Config, Memory, Run
+
+MIB = 1 << 20
+
+
+def run(
+    config: Config,
+    rate: float,
+    worker_cpu_ms: float = 0.0,
+    main_cpu_ms: float = 0.1,
+    worker_uss: float = 50 * MIB,
+    growth: float = 0.0,
+    batch_bytes: int = 1 * MIB,
+    epoch_start: float | None = None,
+) -> Run:
+    r = Run(config)
+    r.samples_per_s = [rate] * 5
+    r.batches_per_s = [rate / 32] * 5
+    r.first_batch_s = 0.1
+    r.samples = 1000
+    r.batches = 32
+    r.batch_bytes = [batch_bytes]
+    r.waits_ms = [1.0] * 10
+    r.main_cpu_s = main_cpu_ms * r.samples / 1e3
+    r.worker_cpu_s = worker_cpu_ms * r.samples / 1e3 if config.workers else 0.0
+    r.main_memory = (Memory(100 * MIB, 120 * MIB), Memory(100 * MIB, 120 * MIB))
+    if config.workers:
+        start = Memory(worker_uss - growth, worker_uss)
+        r.worker_memory = [(start, Memory(worker_uss, worker_uss))] * config.workers
+    r.restart_s = epoch_start
+    return r
+
+
+def stage(runs: list[tuple[str, Run]], current: Config, cpus: int = 2) -> StageResult:
+    metrics: list[Metric] = []
+    for role, r in runs:
+        metrics += metrics_of(role, r, r.config == current)
+    configs = [
+        {"role": role, "config": r.config.describe(), "samples": r.samples} for role, r in runs
+    ]
+    params = {
+        "source": "factory",
+        "effective_cpus": cpus,
+        "batch_size": 32,
+        "configurations": configs,
+    }
+    return StageResult("loader", parameters=params, metrics=tuple(metrics))
+
+
+def machine(limit: float | None = None, shm: float | None = None) -> Any:
+    return SimpleNamespace(
+        memory=SimpleNamespace(limit_bytes=limit, available_bytes=limit),
+        shm=SimpleNamespace(free_bytes=shm),
+    )
+
+
+def judge(result: StageResult, m: Any = None) -> dict[str, Any]:
+    return {f.id: f for f in ownloader.rules(Results({"loader": result}, m))}
+
+
+def sweep(rates: dict[int, float], worker_cpu_ms: float, **kw: Any) -> list[tuple[str, Run]]:
+    return [
+        ("workers", run(Config(w), v, worker_cpu_ms if w else 0.0, **kw)) for w, v in rates.items()
+    ]
+
+
+def test_cpu_work_is_kept_within_the_cpus_and_the_gain_is_measured_against_current() -> None:
+    # 4 workers read 10% more than 2 on a 2-CPU machine, and they are busy computing.
+    runs = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=1.8)
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix["num_workers"] == 2
+    assert f.gain.value == pytest.approx(2.5)
+    assert (
+        "num_workers=2" in f.recommendation
+        and "DataLoader(dataset, batch_size=32" in f.recommendation
+    )
+
+
+def test_workers_waiting_on_io_may_go_past_the_cpus() -> None:
+    # The same curve, but the workers use little CPU: they wait on storage.
+    runs = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=0.05)
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix["num_workers"] == 4
+    assert "wait on I/O" in f.recommendation
+
+
+def test_current_settings_that_are_best_are_ok() -> None:
+    runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    f = judge(stage(runs, Config(2)))["loader.own-config"]
+    assert f.severity.value == "ok" and f.gain is None
+
+
+def test_memory_lowers_the_count() -> None:
+    # 4 workers of 1 GiB each do not fit in 80% of 3 GiB.
+    runs = sweep({0: 100, 1: 200, 2: 300, 4: 400}, worker_cpu_ms=0.05, worker_uss=1024 * MIB)
+    f = judge(stage(runs, Config(0)), machine(limit=3 * 1024 * MIB))["loader.own-config"]
+    assert f.fix["num_workers"] == 2
+    assert "lowered to 2" in f.recommendation and "memory limit" in f.recommendation
+
+
+def test_a_setting_at_the_chosen_count_joins_the_line_where_measured_faster() -> None:
+    runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    runs.append(("prefetch", run(Config(2, 4), 1200, 1.8)))
+    runs.append(("persistent", run(Config(2, None, True), 1010, 1.8, epoch_start=0.02)))
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix == {
+        "num_workers": 2,
+        "prefetch_factor": 4,
+        "persistent_workers": False,
+        "pin_memory": False,
+    }
+    assert "prefetch_factor=4" in f.recommendation
+    assert f.gain.value == pytest.approx(3.0)
+
+
+def test_copy_on_read_from_growth_per_worker() -> None:
+    grown = sweep({0: 400, 2: 1000}, worker_cpu_ms=1.8, growth=400 * MIB, worker_uss=420 * MIB)
+    f = judge(stage(grown, Config(0)))["loader.copy-on-read"]
+    assert "grew by 400 MiB" in f.evidence and "pytorch/pytorch#13246" in f.recommendation
+    flat = sweep({0: 400, 2: 1000}, worker_cpu_ms=1.8, growth=2 * MIB)
+    assert "loader.copy-on-read" not in judge(stage(flat, Config(0)))
+
+
+def test_large_batches_crossing_processes() -> None:
+    # 19 MiB batches, 6 ms of the training process per batch, workers slower than none.
+    runs = sweep(
+        {0: 1000, 1: 780, 2: 900}, worker_cpu_ms=1.2, main_cpu_ms=0.19, batch_bytes=19 * MIB
+    )
+    f = judge(stage(runs, Config(0)))["loader.batch-transfer"]
+    assert f.severity.value == "warning" and "uint8" in f.recommendation
+    small = sweep({0: 1000, 2: 1300}, worker_cpu_ms=1.2, main_cpu_ms=0.19, batch_bytes=2 * MIB)
+    assert "loader.batch-transfer" not in judge(stage(small, Config(0)))
+
+
+def test_other_loader_runs_are_not_judged_here() -> None:
+    assert ownloader.rules(Results({"loader": StageResult("loader")})) == []
+
+
+OBJECTS = textwrap.dedent(
+    """
+    import numpy as np, torch
+    from torch.utils.data import Dataset
+    N = 3_000_000
+
+    class Objects(Dataset):
+        def __init__(self):
+            self.items = [{"id": i, "text": f"sample {i}"} for i in range(N)]
+        def __len__(self):
+            return N
+        def __getitem__(self, i):
+            return torch.tensor(self.items[i]["id"])
+
+    class Arrays(Dataset):
+        def __init__(self):
+            self.ids = np.arange(N)
+        def __len__(self):
+            return N
+        def __getitem__(self, i):
+            return torch.tensor(self.ids[i])
+
+    def objects():
+        return Objects()
+
+    def arrays():
+        return Arrays()
+    """
+)
+
+
+@pytest.mark.slow
+def test_copy_on_read_end_to_end(tmp_path: Path) -> None:
+    path = tmp_path / "cor.py"
+    path.write_text(OBJECTS)
+
+    def findings(func: str) -> dict[str, Any]:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "starvecheck",
+                "loader",
+                "--factory",
+                f"{path}:{func}",
+                "--workers",
+                "2",
+                "--batch-size",
+                "256",
+                "--budget",
+                "4",
+                "--json",
+                "-",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        assert r.returncode == 0, r.stderr
+        return {f["id"]: f for s in json.loads(r.stdout)["stages"] for f in s["findings"]}
+
+    grown = findings("objects")["loader.copy-on-read"]
+    mib = float(grown["title"].split(": ")[1].split(" MiB")[0].replace(",", ""))
+    assert mib >= 64
+    assert "loader.copy-on-read" not in findings("arrays")
