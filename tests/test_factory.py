@@ -432,3 +432,23 @@ def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     loop = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=workers)
     plain = sorted(plain_rate(loop) for _ in range(3))[1]
     assert measured["value"] == pytest.approx(plain, rel=0.15), (measured["value"], plain)
+
+
+@pytest.mark.slow
+def test_doctor_measures_the_loader_link_on_the_users_pipeline(pipes: Path, tmp_path: Path) -> None:
+    """doctor --factory (or `factory =` in the workload file): the loader link is the
+    pipeline's samples/s at the configuration recommended for it, its basis says so,
+    and starve's stand-in for the CPU work does not run."""
+    workload = tmp_path / "w.toml"
+    workload.write_text(f'factory = "{pipes}:dataset"\nbatch_size = 8\n')
+    r = run_cli(
+        "doctor", "--quick", "--only", "loader,starve", "--workload", str(workload),
+        "--json", "-", cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    (link,) = [x for x in report["chain"] if x["link"] == "loader"]
+    assert link["capacity_samples_per_s"] > 0
+    assert f"your pipeline {pipes}:dataset" in link["basis"]
+    assert report["workload"]["factory"] == {"value": f"{pipes}:dataset", "source": "file"}
+    assert "starve" not in {s["stage"] for s in report["stages"]}

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -55,7 +54,9 @@ def run(
     return r
 
 
-def stage(runs: list[tuple[str, Run]], current: Config, cpus: int = 2) -> StageResult:
+def stage(
+    runs: list[tuple[str, Run]], current: Config, cpus: int = 2, limit: float | None = None
+) -> StageResult:
     metrics: list[Metric] = []
     for role, r in runs:
         metrics += metrics_of(role, r, r.config == current)
@@ -67,15 +68,9 @@ def stage(runs: list[tuple[str, Run]], current: Config, cpus: int = 2) -> StageR
         "effective_cpus": cpus,
         "batch_size": 32,
         "configurations": configs,
+        "memory_limit_bytes": limit,
     }
     return StageResult("loader", parameters=params, metrics=tuple(metrics))
-
-
-def machine(limit: float | None = None, shm: float | None = None) -> Any:
-    return SimpleNamespace(
-        memory=SimpleNamespace(limit_bytes=limit, available_bytes=limit),
-        shm=SimpleNamespace(free_bytes=shm),
-    )
 
 
 def judge(result: StageResult, m: Any = None) -> dict[str, Any]:
@@ -117,7 +112,7 @@ def test_current_settings_that_are_best_are_ok() -> None:
 def test_memory_lowers_the_count() -> None:
     # 4 workers of 1 GiB each do not fit in 80% of 3 GiB.
     runs = sweep({0: 100, 1: 200, 2: 300, 4: 400}, worker_cpu_ms=0.05, worker_uss=1024 * MIB)
-    f = judge(stage(runs, Config(0)), machine(limit=3 * 1024 * MIB))["loader.own-config"]
+    f = judge(stage(runs, Config(0), limit=3 * 1024 * MIB))["loader.own-config"]
     assert f.fix["num_workers"] == 2
     assert "lowered to 2" in f.recommendation and "memory limit" in f.recommendation
 

@@ -43,6 +43,7 @@ _RULES: dict[str, tuple[str, Any, Any]] = {
     "dataset": ("text", None, None),
     "field": ("texts", None, None),
     "tokenizer": ("text", None, None),
+    "factory": ("text", None, None),
 }
 ALIASES = {"seq_len": "context"}
 
@@ -60,6 +61,8 @@ class Workload:
     dataset: str | None = None
     field: tuple[str, ...] = ()
     tokenizer: str | None = None
+    # The user's own pipeline (FILE.py:FUNC): the loader link is measured on it.
+    factory: str | None = None
     # key -> "default", "option", "file", "measured" or "assumed"
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -88,6 +91,8 @@ class Workload:
             if f.name == "sources":
                 continue
             value = getattr(self, f.name)
+            if f.name == "factory" and value is None:
+                continue  # a report without one reads as before it existed
             out[f.name] = {
                 "value": list(value) if isinstance(value, tuple) else value,
                 "source": self.source(f.name),

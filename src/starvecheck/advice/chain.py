@@ -85,7 +85,15 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
 
 
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
-    """The DataLoader's samples/s over the layout at its recommended num_workers."""
+    """The DataLoader's samples/s over the layout at its recommended num_workers; with
+    the user's own pipeline (`--factory`), its samples/s at the configuration
+    recommended for it."""
+    if loader.parameters.get("source") == "factory":
+        from starvecheck.advice import ownloader
+
+        if loader.capacity is None or loader.capacity.value is None:
+            return None, "your pipeline: no configuration measured to recommend"
+        return loader.capacity.value, ownloader.basis(loader)
     k = loader.value(quantity="recommended_num_workers", layout=layout)
     found = loader_curve(loader, layout)
     if k is None or found is None:
@@ -419,6 +427,8 @@ def build(results: Results) -> tuple[Link, ...]:
         read_capacity(loader_r, w.layout) if loader_r is not None else (None, "loader not selected")
     )
     cpu = cpu_capacity(starve) if starve is not None else (None, "starve not selected")
+    if loader_r is not None and loader_r.parameters.get("source") == "factory":
+        cpu = (None, "in your pipeline's own figure")
     padding_fix = (
         padding(pad, w.current, demand)
         if pad is not None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
@@ -93,7 +93,7 @@ def rules(results: Results) -> list[Finding]:
     found = points(loader)
     if not found:
         return []
-    out = [_config(loader, found, results)]
+    out = [_config(loader)]
     out += _copy_on_read(loader, found)
     out += _batch_transfer(loader, found)
     return [f for f in out if f is not None]
@@ -109,26 +109,25 @@ def _cpu_work(p: Point, effective: float) -> bool | None:
     return busy >= 0.5 * min(p.workers, max(1.0, effective))
 
 
-def _memory_cap(p: Point, results: Results) -> tuple[int | None, str]:
-    """The most workers whose private memory fits the memory limit (cgroup, else what is
-    available), and their batches in flight /dev/shm; None where nothing is known."""
-    machine = results.machine
-    if machine is None or not p.workers:
+def _memory_cap(p: Point, params: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The most workers whose private memory fits the memory limit (cgroup, else what was
+    available; read when measured), and their batches in flight /dev/shm; None where
+    nothing is known."""
+    if not p.workers:
         return None, ""
     cap: int | None = None
     why = ""
     worker = p.get("uss_bytes", process="worker")
     main = p.get("uss_bytes", process="main") or 0.0
-    limit = machine.memory.limit_bytes or machine.memory.available_bytes
+    limit = params.get("memory_limit_bytes")
     if worker and limit:
-        fits = max(0, math.floor((MEMORY_SHARE * limit - main) / worker))
-        cap = fits
+        cap = max(0, math.floor((MEMORY_SHARE * limit - main) / worker))
         why = (
-            f"{fits} worker(s) of {worker / MIB:,.0f} MiB each fit in {MEMORY_SHARE:.0%} "
+            f"{cap} worker(s) of {worker / MIB:,.0f} MiB each fit in {MEMORY_SHARE:.0%} "
             f"of the {limit / MIB:,.0f} MiB memory limit"
         )
     batch = p.get("batch_bytes")
-    shm = machine.shm.free_bytes
+    shm = params.get("shm_free_bytes")
     prefetch = int(p.labels.get("prefetch_factor") or 2)
     if batch and shm:
         fits = max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch)))
@@ -143,7 +142,22 @@ def _memory_cap(p: Point, results: Results) -> tuple[int | None, str]:
     return cap, why
 
 
-def _config(loader: StageResult, found: list[Point], results: Results) -> Finding | None:
+@dataclass(frozen=True)
+class Choice:
+    current: Point
+    chosen: Point
+    sweep: Mapping[int, Point]
+    notes: tuple[str, ...]
+
+    @property
+    def gain(self) -> float | None:
+        return round(self.chosen.rate / self.current.rate, 2) if self.current.rate > 0 else None
+
+
+def choose(loader: StageResult) -> Choice | None:
+    """The configuration to recommend (see the module docstring); None where the sweep
+    measured nothing to choose from."""
+    found = points(loader)
     params = loader.parameters
     effective = float(params.get("effective_cpus") or 1)
     sweep = {p.workers: p for p in found if p.labels.get("role") == "workers"}
@@ -158,7 +172,7 @@ def _config(loader: StageResult, found: list[Point], results: Results) -> Findin
     if advice is None:
         return None
     k = advice.workers
-    cap, cap_why = _memory_cap(sweep[k], results) if k in sweep else (None, "")
+    cap, cap_why = _memory_cap(sweep[k], params) if k in sweep else (None, "")
     notes = [advice.why]
     if cap is not None and k > cap:
         fitting = [w for w in sweep if w <= cap]
@@ -169,23 +183,52 @@ def _config(loader: StageResult, found: list[Point], results: Results) -> Findin
     if extra is not None:
         chosen, note = extra
         notes.append(note)
-    gain = round(chosen.rate / current.rate, 2) if current.rate > 0 else None
-    batch = params.get("batch_size")
+    if chosen.rate < AS_GOOD * current.rate:
+        chosen = current  # nothing measured faster enough to be worth a change
+    return Choice(current, chosen, sweep, tuple(notes))
+
+
+def complete(loader: StageResult) -> StageResult:
+    """The result as the report carries it: the capacity is the samples/s measured at
+    the configuration recommended (doctor's loader link)."""
+    choice = choose(loader)
+    if choice is None:
+        return replace(loader, capacity=None)
+    at = one(choice.chosen.metrics, quantity="samples_per_s")
+    assert at is not None
+    return replace(loader, capacity=replace(at, name=f"capacity ({at.name})"))
+
+
+def basis(loader: StageResult) -> str:
+    """What doctor's loader link rests on, in words."""
+    choice = choose(loader)
+    where = loader.parameters.get("factory")
+    said = _describe(choice.chosen) if choice is not None else "no configuration"
+    return f"your pipeline {where}, {said}, measured (its decode and collate included)"
+
+
+def _config(loader: StageResult) -> Finding | None:
+    choice = choose(loader)
+    if choice is None:
+        return None
+    params = loader.parameters
+    effective = float(params.get("effective_cpus") or 1)
+    current, chosen, gain = choice.current, choice.chosen, choice.gain
     evidence = (
         f"current ({_describe(current)}): {current.rate:,.0f} samples/s; "
         f"{_describe(chosen)}: {chosen.rate:,.0f} samples/s; "
-        + "; ".join(f"num_workers={w}: {p.rate:,.0f}" for w, p in sorted(sweep.items()))
+        + "; ".join(f"num_workers={w}: {p.rate:,.0f}" for w, p in sorted(choice.sweep.items()))
         + f" (medians, this machine, {effective:g} effective CPUs)"
     )
-    if chosen is current or (gain is not None and gain < AS_GOOD):
+    if chosen is current:
         return Finding(
             "loader.own-config",
             Severity.OK,
             "Your DataLoader settings load as fast as any measured "
             f"({current.rate:,.0f} samples/s)",
             evidence=evidence,
-            recommendation="Keep them. " + "; ".join(notes) + ".",
-            fix={"num_workers": current.workers},
+            recommendation="Keep them. " + "; ".join(choice.notes) + ".",
+            fix=_fix(current),
         )
     severity = Severity.WARNING if gain is not None and gain >= WARN_GAIN else Severity.INFO
     return Finding(
@@ -193,14 +236,9 @@ def _config(loader: StageResult, found: list[Point], results: Results) -> Findin
         severity,
         f"{_describe(chosen)} loads {gain:.2f}x faster than your current settings",
         evidence=evidence,
-        recommendation=f"Use {chosen.line(batch)} (the rest as you have it). Why: "
-        + "; ".join(notes)
-        + ".",
-        gain=Gain(
-            GainKind.THROUGHPUT, round(gain, 3), "measured: the two configurations' samples/s"
-        )
-        if gain
-        else None,
+        recommendation=f"Use {chosen.line(params.get('batch_size'))} (the rest as you have "
+        "it). Why: " + "; ".join(choice.notes) + ".",
+        gain=Gain(GainKind.THROUGHPUT, gain, MEASURED) if gain else None,
         fix=_fix(chosen),
     )
 

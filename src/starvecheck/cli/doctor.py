@@ -116,6 +116,16 @@ def doctor(
             show_default=False,
         ),
     ] = None,
+    factory: Annotated[
+        str | None,
+        typer.Option(
+            "--factory",
+            metavar="FILE.py:FUNC",
+            help="The loader link measured on your own pipeline: FUNC() returns a Dataset "
+            "or DataLoader (as `loader --factory`), instead of generated data.",
+            show_default=False,
+        ),
+    ] = None,
     fields: Annotated[
         list[str] | None,
         typer.Option(
@@ -129,7 +139,7 @@ def doctor(
             metavar="FILE.toml",
             help="The workload from a TOML file with the same keys (batch_size, "
             "sample_size, context, cpu_ms_per_sample, step_ms, layout, current, dataset, "
-            "field, tokenizer); options override it.",
+            "field, tokenizer, factory); options override it.",
             show_default=False,
         ),
     ] = None,
@@ -189,6 +199,7 @@ def doctor(
         ("dataset", "--dataset", dataset),
         ("field", "--field", fields or None),
         ("tokenizer", "--tokenizer", tokenizer),
+        ("factory", "--factory", factory),
     ):
         if value is not None:
             given[key] = check(key, value, option)

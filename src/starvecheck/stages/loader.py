@@ -452,9 +452,22 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         )
         return OnDisk(path, options.existing, plan)
 
-    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
+    def doctor_plan(
+        self, workload: Workload, quick: bool, ctx: RunContext
+    ) -> OnDisk[Plan] | OwnPlan:
         from starvecheck.scratch import space_problem
         from starvecheck.stages import sources
+
+        if workload.factory is not None:  # the user's own pipeline, at doctor's batch size
+            options = LoaderOptions(
+                path=ctx.path or os.getcwd(),
+                factory=workload.factory,
+                batch_size=workload.batch_size
+                if workload.source("batch_size") != "default"
+                else None,
+                quick=quick,
+            )
+            return own_plan(options, ctx)
 
         eff = ctx.effective_cpus
         n = LoaderOptions.SAMPLES[False][quick]

@@ -46,6 +46,10 @@ class Plan:
     factory_timeout_s: float = DEFAULT_FACTORY_TIMEOUT_S
     cuda: bool = False
     max_batches: int | None = None  # a cap per configuration (tests)
+    # What the workers must fit in, read when planned (the report's machine facts):
+    # the cgroup memory limit (else the memory available) and /dev/shm's free bytes.
+    memory_limit_bytes: int | None = None
+    shm_free_bytes: int | None = None
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -280,6 +284,8 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "batch_size": pipeline.settings.get("batch_size"),
         "current": current_config(pipeline).describe(),
         "effective_cpus": plan.effective_cpus,
+        "memory_limit_bytes": plan.memory_limit_bytes,
+        "shm_free_bytes": plan.shm_free_bytes,
         "budget_s": plan.budget_s,
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
@@ -293,6 +299,7 @@ def own_plan(options: LoaderOptions, ctx: RunContext) -> Plan:
     if options.existing:
         raise UsageError("--factory measures your own pipeline: --existing does not apply")
     parse_spec(options.factory or "")  # a malformed spec refuses before anything runs
+    m = ctx.machine
     workers = options.workers
     if workers is not None:
         fit = fit_open_files(workers)
@@ -310,6 +317,8 @@ def own_plan(options: LoaderOptions, ctx: RunContext) -> Plan:
         budget_s=options.budget_s or LoaderOptions.BUDGET_S[options.quick],
         batch_timeout_s=ctx.batch_timeout_s,
         factory_timeout_s=options.factory_timeout_s,
+        memory_limit_bytes=m.memory.limit_bytes or m.memory.available_bytes if m else None,
+        shm_free_bytes=m.shm.free_bytes if m else None,
     )
 
 
