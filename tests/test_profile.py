@@ -119,7 +119,7 @@ def advice(values):
     ms = [
         _labelled(Metric.single(f"data_wait_share.{k}", v, "fraction")) for k, v in values.items()
     ]
-    return judged(ms)
+    return judged(ms, {"effective_cpus": 2})
 
 
 def test_data_wait_thresholds_follow_five_and_twenty_percent():
@@ -135,6 +135,18 @@ def test_workers_and_small_files_findings():
     assert f["profile.workers"].gain.value == pytest.approx(0.30)
     assert f["profile.small-files"].gain.value == pytest.approx(0.13)
     assert f["profile.data-bound"].severity.value == "ok"  # mds with 2 workers is fed
+
+
+def test_the_worker_count_goes_through_the_one_rule():
+    """The fewest within 2 points of the least wait, at or below the effective CPUs:
+    4 workers on 2 CPUs are not recommended, nor 2 where 1 waits as little."""
+    values = {"mds.w0": 0.40, "mds.w1": 0.10, "mds.w2": 0.09, "mds.w4": 0.01}
+    ms = [
+        _labelled(Metric.single(f"data_wait_share.{k}", v, "fraction")) for k, v in values.items()
+    ]
+    f = judged(ms, {"effective_cpus": 2})["profile.workers"]
+    assert "num_workers=1" in f.recommendation and "num_workers=4" not in f.recommendation
+    assert f.gain.value == pytest.approx(0.30)
 
 
 def test_cold_says_whether_the_cache_was_really_emptied(tmp_path):
@@ -263,7 +275,7 @@ def _loop_metrics() -> list[Metric]:
 
 def test_table_and_rules_select_by_labels_not_names():
     ms = _loop_metrics()
-    r = StageResult("profile", {"device": "cuda"}, tuple(ms))
+    r = StageResult("profile", {"device": "cuda", "effective_cpus": 2}, tuple(ms))
     renamed = dataclasses.replace(
         r, metrics=tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(ms))
     )

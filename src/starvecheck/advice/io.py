@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
@@ -238,6 +239,9 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
             stage="io",
         )
     flat = scale < 0.8 * n
+    # Readers wait on storage, not the CPU: the one worker rule may go past the CPUs.
+    advice = recommend_workers(Throughput({1: one, n: many}, cpu_work=False), Cpus(None))
+    n = advice.workers if advice is not None else n
     return Finding(
         "io.few-readers",
         Severity.INFO,

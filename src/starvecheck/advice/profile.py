@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, select
 
 if TYPE_CHECKING:
@@ -51,7 +52,14 @@ def rules(results: Results) -> list[Finding]:
     s = shares(r.metrics)
     if not s:
         return []
-    findings = [_best(s), _workers(s), _layout(s), _tokenize(s), _h2d(r.metrics, r.parameters)]
+    cpus = Cpus(float(r.parameters.get("effective_cpus") or 1))
+    findings = [
+        _best(s),
+        _workers(s, cpus),
+        _layout(s),
+        _tokenize(s),
+        _h2d(r.metrics, r.parameters),
+    ]
     return [f for f in findings if f is not None]
 
 
@@ -154,14 +162,19 @@ def _best(s: Mapping[tuple[str, int], float]) -> Finding:
     )
 
 
-def _workers(s: Mapping[tuple[str, int], float]) -> Finding | None:
+def _workers(s: Mapping[tuple[str, int], float], cpus: Cpus) -> Finding | None:
+    """The data-wait share by num_workers, through the one worker rule: the fewest
+    workers within 2 points of the least wait, at or below the effective CPUs."""
     worst = None
     for layout in sorted({lay for lay, _ in s}):
         counts = {w: v for (lay, w), v in s.items() if lay == layout}
         if len(counts) < 2:
             continue
         low = min(counts)
-        best_w = min(counts, key=lambda w: (counts[w], w))
+        advice = recommend_workers(IdleShares(counts), cpus)
+        if advice is None or advice.workers == low:
+            continue
+        best_w = advice.workers
         gap = counts[low] - counts[best_w]
         if gap >= INPUT_BOUND and (worst is None or gap > worst[0]):
             worst = (gap, layout, low, best_w, counts[low], counts[best_w])
