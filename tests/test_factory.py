@@ -452,3 +452,8 @@ def test_doctor_measures_the_loader_link_on_the_users_pipeline(pipes: Path, tmp_
     assert f"your pipeline {pipes}:dataset" in link["basis"]
     assert report["workload"]["factory"] == {"value": f"{pipes}:dataset", "source": "file"}
     assert "starve" not in {s["stage"] for s in report["stages"]}
+
+
+def test_step_ms_without_factory_is_refused() -> None:
+    r = run_cli("loader", "--step-ms", "100")
+    assert r.returncode == 2 and "--step-ms applies with --factory only" in r.stderr

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,16 @@ def test_copy_on_read_end_to_end(tmp_path: Path) -> None:
     mib = float(grown["title"].split(": ")[1].split(" MiB")[0].replace(",", ""))
     assert mib >= 64
     assert "loader.copy-on-read" not in findings("arrays")
+
+
+def test_against_the_gpus_demand() -> None:
+    runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    result = stage(runs, Config(0))
+    fast = replace(result, parameters={**result.parameters, "step_ms": 64.0})  # 500/s
+    f = judge(fast)["loader.own-demand"]
+    assert f.severity.value == "info" and "would keep up" in f.title and "2.0x" in f.title
+    slow = replace(result, parameters={**result.parameters, "step_ms": 16.0})  # 2,000/s
+    f = judge(slow)["loader.own-demand"]
+    assert f.severity.value == "critical" and "wait 50%" in f.title
+    assert f.gain.value == pytest.approx(0.5)
+    assert "loader.own-demand" not in judge(result)  # no step given: nothing to judge

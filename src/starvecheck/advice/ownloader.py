@@ -93,7 +93,7 @@ def rules(results: Results) -> list[Finding]:
     found = points(loader)
     if not found:
         return []
-    out = [_config(loader)]
+    out = [_config(loader), _demand(loader)]
     out += _copy_on_read(loader, found)
     out += _batch_transfer(loader, found)
     return [f for f in out if f is not None]
@@ -240,6 +240,45 @@ def _config(loader: StageResult) -> Finding | None:
         "it). Why: " + "; ".join(choice.notes) + ".",
         gain=Gain(GainKind.THROUGHPUT, gain, MEASURED) if gain else None,
         fix=_fix(chosen),
+    )
+
+
+def _demand(loader: StageResult) -> Finding | None:
+    """With --step-ms: the configuration recommended against the samples/s the GPU
+    consumes (batch size / step), and the current one."""
+    params = loader.parameters
+    step_ms, batch = params.get("step_ms"), params.get("batch_size")
+    choice = choose(loader)
+    if not step_ms or not batch or choice is None:
+        return None
+    demand = float(batch) / (float(step_ms) / 1e3)
+    best, now = choice.chosen.rate, choice.current.rate
+    evidence = (
+        f"the GPU consumes {demand:,.0f} samples/s ({batch} a batch every {step_ms:g} ms, "
+        f"your figure); {_describe(choice.chosen)} delivers {best:,.0f}, your current "
+        f"settings {now:,.0f} (measured here)"
+    )
+    if best >= demand:
+        said = "keeps" if now >= demand else "would keep"
+        return Finding(
+            "loader.own-demand",
+            Severity.OK if now >= demand else Severity.INFO,
+            f"Your pipeline {said} up with the GPU ({best / demand:.1f}x its demand)",
+            evidence=evidence,
+        )
+    idle = 1 - best / demand
+    return Finding(
+        "loader.own-demand",
+        Severity.CRITICAL if idle > 0.2 else Severity.WARNING,
+        f"No configuration measured keeps up with the GPU: it would wait {idle:.0%} of each step",
+        evidence=evidence,
+        recommendation=(
+            "More workers do not close this gap on this machine (the sweep above measured "
+            "them). Do the per-sample work once, offline (decode and resize to the training "
+            "resolution, pre-tokenize), move conversion and augmentation to the GPU, or "
+            "give the job more CPUs."
+        ),
+        gain=Gain(GainKind.STEP_SHARE, round(idle, 4), "the share of each step the GPU waits"),
     )
 
 

@@ -78,6 +78,17 @@ def loader(
             help="With --factory: the most that importing FILE and calling FUNC may take.",
         ),
     ] = LoaderOptions.factory_timeout_s,
+    step_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--step-ms",
+            metavar="MS",
+            callback=finite(0.001, 600_000.0, above=True),
+            help="With --factory: your GPU's time per training step, from your logs: the "
+            "loader is judged against the samples/s it consumes (batch size / step).",
+            show_default=False,
+        ),
+    ] = None,
     budget: Annotated[
         float | None,
         typer.Option(
@@ -177,8 +188,9 @@ def loader(
             pin_memory=pin_memory,
             existing=existing,
         )
-    elif budget is not None:
-        raise UsageError("--budget applies with --factory only")
+    elif budget is not None or step_ms is not None:
+        which = "--budget" if budget is not None else "--step-ms"
+        raise UsageError(f"{which} applies with --factory only")
     target = args.data_path(path, existing or factory is not None, "loader")
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     options = LoaderOptions(
@@ -196,6 +208,7 @@ def loader(
         factory=factory,
         factory_timeout_s=factory_timeout,
         budget_s=budget,
+        step_ms=step_ms,
     )
     result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:

@@ -102,6 +102,7 @@ class LoaderOptions:
     factory: str | None = None
     factory_timeout_s: float = 300.0  # importing the module and calling FUNC
     budget_s: float | None = None  # seconds per configuration; None: BUDGET_S[quick]
+    step_ms: float | None = None  # with `factory`: the GPU's step, to judge against
 
     stage: ClassVar[str] = "loader"
     BATCH_SIZE: ClassVar[int] = 32

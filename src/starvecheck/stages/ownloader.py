@@ -50,6 +50,7 @@ class Plan:
     # the cgroup memory limit (else the memory available) and /dev/shm's free bytes.
     memory_limit_bytes: int | None = None
     shm_free_bytes: int | None = None
+    step_ms: float | None = None  # --step-ms: the GPU's step, given by the user
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -287,6 +288,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "memory_limit_bytes": plan.memory_limit_bytes,
         "shm_free_bytes": plan.shm_free_bytes,
         "budget_s": plan.budget_s,
+        "step_ms": plan.step_ms,
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
     }
@@ -319,6 +321,7 @@ def own_plan(options: LoaderOptions, ctx: RunContext) -> Plan:
         factory_timeout_s=options.factory_timeout_s,
         memory_limit_bytes=m.memory.limit_bytes or m.memory.available_bytes if m else None,
         shm_free_bytes=m.shm.free_bytes if m else None,
+        step_ms=options.step_ms,
     )
 
 
