@@ -424,7 +424,8 @@ def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
     before = [read_rate(current, batches) for _ in range(repeats)]
     after = [read_rate(applied, batches) for _ in range(repeats)]
     b, a = statistics.median(before), statistics.median(after)
-    said = ", ".join(f"{k}={v}" for k, v in fix.items())
+    defaults = {"prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+    said = ", ".join(f"{k}={v}" for k, v in fix.items() if defaults.get(k, object()) != v)
     if len(set(map(json.dumps, fixes))) > 1:
         said += f" (runs said {fixes})"
     # Outcome's times are per step: a batch of 32 samples here.

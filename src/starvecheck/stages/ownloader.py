@@ -5,8 +5,9 @@ Configurations, in this order, each measured by stages/pipeline.py until stable:
      persistent_workers, pin_memory), or num_workers=0 for a bare Dataset;
   2. num_workers swept (--workers, or 0, 1, 2, 4, ... as `loader` sweeps), the rest
      as the current configuration has it;
-  3. at the knee of that sweep (the fewest workers within KNEE_SHARE of the best: the
-     neutral rule, used here only to decide where to measure more): prefetch_factor 4
+  3. at the knee of that sweep (criteria.knee: the fewest workers within 5% of the best
+     at or below the effective CPUs, the rule the recommendation uses, here only to
+     decide where to measure more): prefetch_factor 4
      against the current one, persistent_workers=True where it is off (the start of
      every later epoch), and pin_memory with the host-to-device copy where CUDA is
      present.
@@ -20,8 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from starvecheck.criteria import knee
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.preflight import fit_open_files
+from starvecheck.stages import options
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.factory import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load, parse_spec
 from starvecheck.stages.options import LoaderOptions
@@ -31,7 +34,6 @@ from starvecheck.status import UsageError
 from starvecheck.timing import percentile
 
 LAYOUT = "own"  # the label of the user's own pipeline's figures
-KNEE_SHARE = 0.95
 
 
 @dataclass(frozen=True)
@@ -54,16 +56,13 @@ class Plan:
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
-    """0, 1, 2, 4, ... up to twice the effective CPUs (at least 4); with --quick up to
-    the effective CPUs (at least 2)."""
-    top = max(2, effective_cpus) if quick else max(4, 2 * effective_cpus)
-    out, k = [0, 1], 2
-    while k <= top:
-        out.append(k)
-        k *= 2
-    if quick and top not in out:
-        out.append(top)
-    return tuple(sorted(set(out)))
+    """`loader`'s sweep (0, 1, 2, 4, ... up to twice the effective CPUs, at least 4);
+    with --quick up to the effective CPUs (at least 2), the effective CPUs included."""
+    counts = options.default_workers(effective_cpus)
+    if not quick:
+        return counts
+    top = max(2, effective_cpus)
+    return tuple(sorted({w for w in counts if w <= top} | {top}))
 
 
 def current_config(pipeline: Pipeline) -> Config:
@@ -75,13 +74,6 @@ def current_config(pipeline: Pipeline) -> Config:
         bool(s.get("persistent_workers")) if workers else False,
         bool(s.get("pin_memory")),
     )
-
-
-def knee(curve: dict[int, float], share: float = KNEE_SHARE) -> int | None:
-    best = max(curve.values(), default=0.0)
-    if best <= 0:
-        return None
-    return min(k for k, v in curve.items() if v >= share * best)
 
 
 Measure = Callable[[Pipeline, Config, Budget, Any], Run]
@@ -121,7 +113,7 @@ def sweep(
         if pipeline.iterable and runs:
             # An IterableDataset may keep state from its last reader (Streaming's shared
             # memory is laid out for the worker count it first met): a fresh one from
-            # the factory for each configuration, the old one released first.
+            # the factory for each configuration, the last fresh one released first.
             fresh.clear()
             fresh.append(load(pipeline.spec, plan.batch_size, plan.factory_timeout_s))
         pin = device if config.pin_memory else None
@@ -132,31 +124,15 @@ def sweep(
     curve = {
         r.config.workers: r.median_samples_per_s or 0.0 for role, r in runs if role == "workers"
     }
-    best = knee(curve)
+    best = knee(curve, plan.effective_cpus)
     if best:
         base = next(r.config for role, r in runs if role == "workers" and r.config.workers == best)
-        extra = [
-            (
-                "prefetch",
-                Config(
-                    best,
-                    4 if (base.prefetch_factor or 2) != 4 else 8,
-                    base.persistent_workers,
-                    base.pin_memory,
-                ),
-            )
-        ]
+        more = 4 if (base.prefetch_factor or 2) != 4 else 8
+        extra = [("prefetch", replace(base, prefetch_factor=more))]
         if not base.persistent_workers:
-            extra.append(("persistent", Config(best, base.prefetch_factor, True, base.pin_memory)))
+            extra.append(("persistent", replace(base, persistent_workers=True)))
         if plan.cuda:
-            extra.append(
-                (
-                    "pin",
-                    Config(
-                        best, base.prefetch_factor, base.persistent_workers, not base.pin_memory
-                    ),
-                )
-            )
+            extra.append(("pin", replace(base, pin_memory=not base.pin_memory)))
         for role, config in extra:
             run(role, config)
     progress("measured", total, total)
