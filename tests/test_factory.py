@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -457,3 +458,59 @@ def test_doctor_measures_the_loader_link_on_the_users_pipeline(pipes: Path, tmp_
 def test_step_ms_without_factory_is_refused() -> None:
     r = run_cli("loader", "--step-ms", "100")
     assert r.returncode == 2 and "--step-ms applies with --factory only" in r.stderr
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return {int(x) for x in f.read().split()}
+    except OSError:
+        return set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _pymp() -> set[str]:
+    return {n for n in os.listdir("/tmp") if n.startswith("pymp-")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
+    pipes: Path, sig: int, status: int
+) -> None:
+    before = _pymp()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{pipes}:loader",
+         "--workers", "2", "--budget", "30", "--json", "-"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        seen: set[int] = set()
+        while time.monotonic() < deadline and len(seen) < 2:  # the workers are running
+            seen |= _children(proc.pid)
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(0.5)
+        seen |= _children(proc.pid)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == status, err
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 5
+    while [p for p in seen if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in seen if _alive(p)], "worker processes left running"
+    assert _pymp() - before == set()
