@@ -21,6 +21,7 @@ import pytest
 
 from starvecheck.stages import factory, owndata, ownloader, pipeline
 from starvecheck.status import UsageError
+from tests.conftest import alive, children
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -460,22 +461,6 @@ def test_step_ms_without_factory_is_refused() -> None:
     assert r.returncode == 2 and "--step-ms applies with --factory only" in r.stderr
 
 
-def _children(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return {int(x) for x in f.read().split()}
-    except OSError:
-        return set()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _pymp() -> set[str]:
     return {n for n in os.listdir("/tmp") if n.startswith("pymp-")}
 
@@ -496,11 +481,11 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
         deadline = time.monotonic() + 60
         seen: set[int] = set()
         while time.monotonic() < deadline and len(seen) < 2:  # the workers are running
-            seen |= _children(proc.pid)
+            seen |= children(proc.pid)
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.02)
         time.sleep(0.5)
-        seen |= _children(proc.pid)
+        seen |= children(proc.pid)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -510,7 +495,7 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
     assert proc.returncode == status, err
     assert "Traceback" not in err
     deadline = time.monotonic() + 5
-    while [p for p in seen if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in seen if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in seen if _alive(p)], "worker processes left running"
+    assert not [p for p in seen if alive(p)], "worker processes left running"
     assert _pymp() - before == set()

@@ -27,7 +27,7 @@ from starvecheck.scratch import Scratch
 from starvecheck.stages import mds, sources
 from starvecheck.stages.loader import steady
 from starvecheck.stages.loaderplan import Plan
-from tests.conftest import run
+from tests.conftest import alive, children, run
 from tests.fixtures.labels.loader import labels as loader_labels
 
 
@@ -433,22 +433,6 @@ def test_usage_errors_are_one_line(tmp_path, args, needle):
     assert list(tmp_path.iterdir()) == []
 
 
-def _children(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return {int(x) for x in f.read().split()}
-    except OSError:
-        return set()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def test_interrupt_during_the_sweep_leaves_nothing_behind(tmp_path):
     before = streaming_leftovers()
     proc = subprocess.Popen(
@@ -463,7 +447,7 @@ def test_interrupt_during_the_sweep_leaves_nothing_behind(tmp_path):
         deadline = time.monotonic() + 60
         seen: set[int] = set()
         while time.monotonic() < deadline:
-            seen |= _children(proc.pid)
+            seen |= children(proc.pid)
             if list(tmp_path.glob("starvecheck-loader-*/mds/index.json")) and len(seen) >= 2:
                 break
             assert proc.poll() is None, proc.communicate()
@@ -471,7 +455,7 @@ def test_interrupt_during_the_sweep_leaves_nothing_behind(tmp_path):
         else:
             pytest.fail("the sweep never started")
         time.sleep(1.0)
-        seen |= _children(proc.pid)
+        seen |= children(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -484,6 +468,6 @@ def test_interrupt_during_the_sweep_leaves_nothing_behind(tmp_path):
     assert streaming_leftovers() - before == set()
     # A worker torch had to terminate takes a moment to go.
     deadline = time.monotonic() + 5
-    while [p for p in seen if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in seen if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in seen if _alive(p)], "worker processes left running"
+    assert not [p for p in seen if alive(p)], "worker processes left running"
