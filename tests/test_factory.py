@@ -475,7 +475,7 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
         [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{pipes}:loader",
          "--workers", "2", "--budget", "30", "--json", "-"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -487,7 +487,12 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
         time.sleep(0.5)
         seen |= children(proc.pid)
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # where it waits: faulthandler's dump on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"no exit 120 s after the signal; where it waited:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
