@@ -504,3 +504,16 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
         time.sleep(0.05)
     assert not [p for p in seen if alive(p)], "worker processes left running"
     assert _pymp() - before == set()
+
+
+def test_a_dataset_of_fewer_batches_than_the_warm_up_is_still_measured(pipes: Path) -> None:
+    """Two batches an epoch, five to fill two workers' prefetch queues: the warm-up goes on
+    into the next epochs, then every batch counts, each epoch's restart with it."""
+    tiny = pipes.parent / "tiny.py"
+    tiny.write_text(
+        pipes.read_text() + "\ndef tiny():\n    return DataLoader(Small(16), batch_size=8)\n"
+    )
+    p = factory.load(factory.parse_spec(f"{tiny}:tiny"), None, limit_s=20)
+    run = pipeline.measure(p, pipeline.Config(2), budget(seconds=3.0))
+    assert run.batches > 0 and run.samples_per_s and run.epochs >= 3
+    assert run.restart_s is not None and run.restart_s > 0  # new workers every epoch

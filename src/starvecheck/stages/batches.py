@@ -18,7 +18,8 @@ not touched; the SIGALRM handler and unraisable hook in place before are put bac
 the way out, and a timer someone else has running is left alone (no limit then).
 
 The first batch's limit counts from iter(loader): worker start-up is part of it. With
-workers, iter() only forks them and is not interrupted (a fork cut short leaves a
+workers, iter() only forks them and is not interrupted, neither by the timer nor by
+Ctrl-C or SIGTERM, which are held until it returns (a fork cut short leaves a
 half-built iterator whose workers nobody could stop); the time it took is deducted.
 
 Not covered: outside the main thread, where handlers cannot be set (a DataLoader built
@@ -36,6 +37,7 @@ import sys
 import time
 from typing import Any
 
+from starvecheck.signals import signals_held
 from starvecheck.stages.workers import stop_workers
 from starvecheck.status import BatchTimeout
 
@@ -118,9 +120,19 @@ class Batches:
         try:
             if self._watching and not self.workers:
                 self._it = self._watched(iter, self.loader, self.limit_s)
-            else:
+            elif not self.workers:
                 self._it = iter(self.loader)
+            else:
+                # Ctrl-C or SIGTERM held while the workers start: one raised half-way
+                # through would leave a half-built iterator whose started workers,
+                # which ignore SIGTERM, nobody stops, and multiprocessing's exit would
+                # wait on them for ever. Delivered once the iterator is whole.
+                with signals_held():
+                    self._it = iter(self.loader)
         except BaseException:
+            if self._it is not None:  # the held signal, delivered: stop what started
+                stop_workers(self._it)
+                self._it = None
             self._uninstall()
             raise
         return self

@@ -170,8 +170,9 @@ class Budget:
 
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
     """Read `config` until stable or out of budget, epoch after epoch where the dataset
-    is shorter than that (each later epoch's first batch is recorded apart, as
-    `restart_s`, and left out of the windows)."""
+    is shorter than that. The warm-up (the batches that fill the prefetch queue) goes
+    on into the next epoch where one is shorter; after it, every batch counts, each
+    later epoch's first batch with its restart (also recorded apart, `restart_s`)."""
     run = Run(config)
     loader = _built(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
@@ -180,9 +181,13 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     try:
         while not run.stopped:
             epochs += 1
-            reading.epoch(loader, warmup if epochs == 1 else 1, first=epochs == 1)
-            if not run.stopped and (epochs >= MAX_EPOCHS or run.batches == 0):
-                run.stopped = "epochs"
+            reading.epoch(loader, warmup, first=epochs == 1)
+            if run.stopped:
+                break
+            if time.perf_counter() - reading.started >= budget.seconds:
+                run.stopped = "budget"
+            elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0):
+                run.stopped = "epochs"  # a dataset of a batch or two an epoch
         if config.workers and config.persistent_workers and not run.restarts_s:
             run.restart_s = _restart(loader, budget, pipeline.describe())
     finally:
@@ -217,6 +222,8 @@ class _Reading:
         self.window_batches = 0
         self.read_s = 0.0
         self.paused = 0.0  # when the last epoch ended
+        self.windowing = False  # the warm-up is over: batches count in windows
+        self.warmed = 0  # warm-up batches read so far, across epochs
 
     def _sample(self, pids: list[int | None], first: bool) -> None:
         for pid in pids:
@@ -244,18 +251,24 @@ class _Reading:
                 run.first_batch_s = clock() - t0
             elif batch is not None:
                 run.restarts_s.append(clock() - t0)
+                if self.windowing:  # in the window, its restart too, as a loop pays it
+                    self._batch(batch, clock() - t0)
             index = 1
-            while batch is not None and index < warmup:
-                check_signals()
+            if batch is not None and not self.windowing:
+                self.warmed += 1
+            while batch is not None and not self.windowing and self.warmed < warmup:
+                check_signals()  # the warm-up: the batches that fill the prefetch queue
                 batch = _next(it, self.pipeline, index)
                 index += 1
+                self.warmed += batch is not None
             if batch is None:
-                return
+                return  # an epoch no longer than the warm-up: the next one is measured
             pids: list[int | None] = [None, *_worker_pids(getattr(it, "_it", None))]
-            self._sample(pids, first)
+            self._sample(pids, not self.windowing)
             began = clock()
-            if first:
+            if not self.windowing:
                 self.window_start = began
+                self.windowing = True
             # Later epochs: the window goes on across the epoch's end, its restart (new
             # workers, their first batches) in it, as a training loop pays it.
             while not run.stopped:
