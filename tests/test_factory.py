@@ -118,10 +118,8 @@ def load(pipes: Path, func: str, batch_size: int | None = None) -> factory.Pipel
     return factory.load(factory.parse_spec(f"{pipes}:{func}"), batch_size, limit_s=20)
 
 
-def budget(
-    seconds: float = 3.0, limit: float = 20.0, batches: int | None = None
-) -> pipeline.Budget:
-    return pipeline.Budget(seconds, limit, batches)
+def budget(seconds: float = 3.0, limit: float = 20.0) -> pipeline.Budget:
+    return pipeline.Budget(seconds, limit)
 
 
 # --- the spec and the import ------------------------------------------------------------

@@ -62,7 +62,7 @@ def stage(
     for role, r in runs:
         metrics += metrics_of(role, r, r.config == current)
     configs = [
-        {"role": role, "config": r.config.describe(), "samples": r.samples} for role, r in runs
+        {"role": role, "workers": r.config.workers, "samples": r.samples} for role, r in runs
     ]
     params = {
         "source": "factory",

@@ -377,9 +377,7 @@ def _copy_on_read(loader: StageResult, found: list[Point]) -> list[Finding]:
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
     for c in loader.parameters.get("configurations") or ():
-        if c.get("role") == p.labels.get("role") and c.get("config", "").startswith(
-            f"num_workers={p.workers}"
-        ):
+        if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
             return int(c.get("samples") or 0) or None
     return None
 

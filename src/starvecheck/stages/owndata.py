@@ -91,12 +91,10 @@ def to_device(batch: Any, device: Any) -> Any:
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
         return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return (
-            type(batch)(to_device(v, device) for v in batch)
-            if isinstance(batch, list)
-            else tuple(to_device(v, device) for v in batch)
-        )
+    if isinstance(batch, list):
+        return [to_device(v, device) for v in batch]
+    if isinstance(batch, tuple):
+        return tuple(to_device(v, device) for v in batch)
     return batch
 
 

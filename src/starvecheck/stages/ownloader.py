@@ -47,7 +47,6 @@ class Plan:
     batch_timeout_s: float
     factory_timeout_s: float = DEFAULT_FACTORY_TIMEOUT_S
     cuda: bool = False
-    max_batches: int | None = None  # a cap per configuration (tests)
     # What the workers must fit in, read when planned (the report's machine facts):
     # the cgroup memory limit (else the memory available) and /dev/shm's free bytes.
     memory_limit_bytes: int | None = None
@@ -87,7 +86,7 @@ def sweep(
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`,
     `prefetch`, `persistent`, `pin`."""
-    budget = Budget(plan.budget_s, plan.batch_timeout_s, plan.max_batches)
+    budget = Budget(plan.budget_s, plan.batch_timeout_s)
     device = "cuda" if plan.cuda else None
     now = current_config(pipeline)
     counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
@@ -233,6 +232,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
             {
                 "role": role,
                 "config": run.config.describe(),
+                "workers": run.config.workers,
                 "stopped": run.stopped,
                 "batches": run.batches,
                 "samples": run.samples,

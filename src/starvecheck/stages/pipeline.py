@@ -165,7 +165,6 @@ def _worker_pids(it: Any) -> list[int]:
 class Budget:
     seconds: float  # per configuration, windows included
     batch_timeout_s: float
-    max_batches: int | None = None  # a hard cap (tests)
 
 
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
@@ -287,8 +286,6 @@ class _Reading:
                     if stable(run.samples_per_s):
                         run.stopped = "stable"
                 if now - self.started >= self.budget.seconds:
-                    run.stopped = run.stopped or "budget"
-                if self.budget.max_batches is not None and run.batches >= self.budget.max_batches:
                     run.stopped = run.stopped or "budget"
             self.paused = clock()
             self._sample(pids, False)
