@@ -25,6 +25,12 @@ leaves the CPU free):
                      DataLoader line applied to the example's own DataLoader, both read
                      by a plain loop (no step: the loader is what is measured), samples/s
                      over several epochs
+  jpeg-watch         `starvecheck.watch` on the same example's DataLoader at
+                     num_workers=0, in a loop whose step copies each 19 MB float batch
+                     into a staging buffer (what `.to("cuda")` does on the CPU) and
+                     sleeps 20 ms; the data-bound finding's DataLoader line applied as
+                     printed. Handing such batches over from workers costs about as
+                     much as the decode they save: the worker model has to count it
   straggler          examples/watch_ddp.py under torchrun, two ranks (DDP, gloo): rank
                      1's samples take 2 ms longer to read; the straggler finding's
                      predicted gain (the time the others lose, over the step) against
@@ -398,8 +404,6 @@ def read_rate(loader: DataLoader, batches: int) -> float:
 
 
 def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
-    import importlib.util
-
     cmd = [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{JPEG}:imagefolder"]
     predictions, fixes = [], []
     for _ in range(repeats):
@@ -412,11 +416,7 @@ def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
         predictions.append(finding["gain"]["value"] if finding["gain"] else 1.0)
         fixes.append(finding["fix"])
     fix = fixes[len(fixes) // 2]
-    spec = importlib.util.spec_from_file_location("jpeg_pipeline", JPEG)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    current = example.imagefolder()
+    current = _example().imagefolder()
     settings = {k: v for k, v in fix.items() if k != "num_workers" or v}
     if not fix.get("num_workers"):
         settings = {"num_workers": 0, "pin_memory": bool(fix.get("pin_memory"))}
@@ -430,6 +430,66 @@ def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
         said += f" (runs said {fixes})"
     # Outcome's times are per step: a batch of 32 samples here.
     return Outcome("jpeg-factory", said, statistics.median(predictions), a / b, 32e3 / b, 32e3 / a)
+
+
+def jpeg_loop(loader: DataLoader, steps: int, step_ms: float) -> Run:
+    """The JPEG example's batches through a training loop under watch: each step copies
+    its batch into a staging buffer (what `.to("cuda")` does on the CPU from pageable
+    memory) and then sleeps (the GPU's step, which leaves the CPU free)."""
+    staging: torch.Tensor | None = None
+    w = starvecheck.watch(loader, show=False)
+    marks: list[float] = []
+    while len(marks) < steps:
+        for x, _ in w:
+            if staging is None:
+                staging = torch.empty_like(x)
+            staging.copy_(x)
+            time.sleep(step_ms / 1e3)
+            marks.append(time.perf_counter())
+            if len(marks) >= steps:
+                break
+    step_s = (marks[-1] - marks[WARMUP - 1]) / (len(marks) - WARMUP)
+    return Run(step_s, w.report())
+
+
+def watch_jpeg_scenario(steps: int, repeats: int, step_ms: float = 20.0) -> Outcome:
+    """watch on the JPEG example at num_workers=0 (float batches of 19 MB: handing them
+    over from a worker costs about as much as the decode it saves), its data-bound
+    finding's DataLoader line applied as printed."""
+    example = _example()
+    current = example.imagefolder()
+    before, predictions, fixes, finding = [], [], [], None
+    for _ in range(repeats):
+        run = jpeg_loop(current, steps, step_ms)
+        before.append(run.step_s)
+        finding = top(run.report)
+        predictions.append(finding.gain.value)
+        fixes.append(dict(finding.fix))
+    assert finding is not None
+    fix = fixes[len(fixes) // 2]
+    k = fix.get("num_workers", 0)
+    # The line the finding prints: pin_memory, persistent_workers and prefetch_factor
+    # with the count (pin_memory is a no-op without CUDA).
+    settings = {"pin_memory": True, "persistent_workers": True, "prefetch_factor": 2} if k else {}
+    applied = DataLoader(
+        current.dataset, batch_size=current.batch_size, shuffle=True, num_workers=k, **settings
+    )
+    after = [jpeg_loop(applied, steps, step_ms).step_s for _ in range(repeats)]
+    b, a = statistics.median(before), statistics.median(after)
+    said = ", ".join(f"{k}={v}" for k, v in fix.items())
+    if len(set(map(json.dumps, fixes))) > 1:
+        said += f" (runs said {fixes})"
+    return Outcome("jpeg-watch", said, statistics.median(predictions), b / a, b * 1e3, a * 1e3)
+
+
+def _example() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jpeg_pipeline", JPEG)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
 
 
 def main() -> int:
@@ -463,6 +523,7 @@ def main() -> int:
         ),
         "padding": lambda: padding_scenario(rep),
         "jpeg-factory": lambda: factory_scenario(rep),
+        "jpeg-watch": lambda: watch_jpeg_scenario(steps, rep),
         "straggler": lambda: straggler_scenario(min(steps, 60), rep),
     }
     outcomes = []

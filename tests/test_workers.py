@@ -57,8 +57,12 @@ def test_waiting_on_io_may_outnumber_the_cpus():
 
 
 def test_the_training_step_and_a_fractional_quota_take_their_share():
-    a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=5.0)  # the step burns half a core
-    assert a.forecast.available_cpus == pytest.approx(1.5) and a.workers == 1
+    # The step burns half a core: two workers fit on the two CPUs, and the loading has
+    # the 1.5 CPUs left, a batch every 24 / 1.5 = 16 ms; the step's own path (5 ms of
+    # CPU shared three ways on two CPUs, 5 ms waiting) is shorter.
+    a = recommend(24.0, 10.0, 24.0, 2.0, step_cpu_ms=5.0)
+    assert a.forecast.available_cpus == pytest.approx(1.5) and a.workers == 2
+    assert a.forecast.step_ms == pytest.approx(16.0) and a.forecast.limit == "cpus"
     half = recommend(24.0, 10.0, 24.0, 0.5)  # a 0.5-CPU quota: one worker at most
     assert half.workers == 1 and half.forecast.cpu_bound
 
@@ -77,7 +81,8 @@ def test_nothing_to_recommend_without_a_wait_or_a_step():
 )
 def test_property_cpu_bound_work_is_capped_by_the_cpus(wait, rest, cpu_share, cpus, step_cpu):
     a = recommend(wait, rest, wait * cpu_share, cpus, step_cpu)
-    assert a is not None and a.workers >= 1
+    # No worker where the step itself keeps every CPU busy: then nothing changes.
+    assert a is not None and (a.workers >= 1 or (not a.changes and a.forecast.cpu_bound))
     assert a.workers <= max(1, math.floor(max(1.0, cpus) / cpu_share + 1e-9))
     assert a.forecast.speedup >= 1 - 1e-9  # a recommendation never predicts a slower loop
 
@@ -184,3 +189,68 @@ def test_a_loop_on_unknown_cpus_gets_the_workers_that_keep_level_and_no_forecast
     assert a is not None and a.workers == 5 and a.forecast is None
     assert recommend_workers(Loop(30.0, 70.0), Cpus(None)).workers == 2
     assert recommend_workers(Loop(100.0, 0.0), Cpus(None)) is None
+
+
+# Handing batches over between processes, and a step that keeps the CPUs busy itself.
+# The figures are the JPEG example's (examples/jpeg_pipeline.py, float batches of
+# 19.3 MB) under watch on this 2-core machine, a loop whose step copies the batch and
+# sleeps 20 ms: at num_workers=0 a 50 ms step, 1.39x faster with 2 workers measured.
+JPEG = {"batch_bytes": 19_267_840, "step_process_cpu_ms": 9.5}
+
+
+def test_handing_big_batches_over_is_counted_in_the_forecast():
+    bare = recommend_workers(Loop(29.4, 21.0, 29.1, 0.7), Cpus(2.0))
+    priced = recommend_workers(
+        Loop(29.4, 21.0, 29.1, 0.7, handover_worker_ms=9.7, handover_main_ms=12.5, **JPEG),
+        Cpus(2.0),
+    )
+    assert bare is not None and priced is not None
+    # Left out, the model promises the step down to about the 21 ms compute: 2.4x.
+    assert bare.forecast.speedup == pytest.approx(50.4 / (21.0 - 0.7 + 0.7 * 1.5))
+    # Counted: the training process's own path is its step plus receiving the batch
+    # (21 - 0.7 + 0.7 x 1.5 + 12.5 ms, three processes on two CPUs), slower than one
+    # worker's 29.4 + 9.7 ms only with two.
+    assert priced.workers == 2 and priced.forecast.limit == "own"
+    assert priced.forecast.step_ms == pytest.approx(21.0 - 0.7 + 0.7 * 1.5 + 12.5)
+    assert priced.forecast.speedup == pytest.approx(50.4 / 33.85, rel=1e-3)
+    assert "19.3 MB" in priced.why and "9.7 ms of CPU there" in priced.why
+
+
+def test_a_step_that_keeps_every_cpu_busy_gets_no_workers():
+    # A CPU conv step on torch's two threads: 15.7 ms, 31 ms of the process's CPU. A
+    # worker would take its CPU from the step (measured: 45 -> 60 ms with one worker).
+    a = recommend_workers(Loop(29.0, 15.7, 29.0, 15.7, step_process_cpu_ms=31.0), Cpus(2.0))
+    assert a is not None and not a.changes and a.workers == 0
+    assert a.forecast.limit == "contended" and a.forecast.cpu_bound
+    assert "keeps 2.0 of the 2.0 effective CPU(s) busy itself" in a.why
+    # The same step on 8 CPUs leaves room for workers.
+    assert recommend_workers(
+        Loop(29.0, 15.7, 29.0, 15.7, step_process_cpu_ms=31.0), Cpus(8.0)
+    ).changes
+
+
+def test_workers_that_keep_up_are_left_alone():
+    # Two workers; the loop's 4.1 ms wait is nearly all its own CPU receiving the batch.
+    a = recommend_workers(
+        Loop(4.1, 32.3, 41.4, 6.0, 2, receive_cpu_ms=3.9, batch_bytes=19_267_840), Cpus(2.0)
+    )
+    assert a is not None and not a.changes and a.forecast.limit == "own"
+    assert "3.9 ms are its own CPU receiving it from the 2 worker(s)" in a.why
+    # Where the workers do lag but no count gains 5%, nothing changes either.
+    b = recommend_workers(Loop(4.1, 32.3, 41.4, 6.0, 2, receive_cpu_ms=0.8), Cpus(2.0))
+    assert b is not None and not b.changes and b.forecast.speedup == 1.0
+
+
+def test_the_watch_finding_says_when_the_handover_dominates():
+    from starvecheck.advice.trace import _worker_change
+
+    a = recommend_workers(
+        Loop(29.4, 21.0, 29.1, 0.7, handover_worker_ms=9.7, handover_main_ms=12.5, **JPEG),
+        Cpus(2.0),
+    )
+    text, gain, fix = _worker_change(a)
+    assert fix == {"num_workers": 2} and gain.value == pytest.approx(1.489, abs=1e-3)
+    assert "22.2 ms a batch here (12.5 ms of it in the training process)" in text
+    assert "uint8" in text
+    small = recommend_workers(Loop(29.4, 21.0, 29.1, 0.7, handover_main_ms=0.3), Cpus(2.0))
+    assert "uint8" not in _worker_change(small)[0]

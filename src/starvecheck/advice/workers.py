@@ -11,22 +11,39 @@ num_workers, `recommend_workers(evidence, cpus)`, whatever the evidence:
 
 The loop model. At num_workers=0 the training process makes each batch itself: it
 waits W ms for a batch, of which C ms are CPU work (the rest waits on storage or
-sleeps), then runs the step for R ms. With k workers, batches arrive every
-max(W / k, C / A) ms, where A is the CPU the workers can have: the effective CPUs
-(affinity and cgroup quota, a fraction included) less what the training process
-itself burns during its step. The step then takes max(R, that interval). So:
+sleeps), then runs the step for R ms. With k workers:
+
+- each batch is also handed over: the worker writes it into shared memory and sends
+  it (Hw ms of its CPU), the training process receives, maps and first reads it (Hm
+  ms). loop/handover.py measures both for the loop's batch size; for 19 MB float
+  image batches they cost about as much as the decode a worker saves;
+- the workers deliver a batch every (W + Hw) / k ms, and no faster than their CPU
+  allows: (C + Hw) / A, A being the effective CPUs (affinity and cgroup quota, a
+  fraction included) less what the training thread burns in its step;
+- the training process's own path is R + Hm, its CPU part stretched where the workers
+  and it outnumber the CPUs (k + 1 processes on E CPUs: (k + 1) / E);
+
+and the step is the slowest of the three. The count is the fewest within 5% of the best
+predicted step, up to the count that hides the latency (one spare) and, for CPU work,
+never more than the CPUs could keep busy. So:
 
 - waiting on I/O (C small against W): more workers than cores help, up to W / R;
-- CPU work (C close to W): never more workers than A, and when C / A > R no worker
-  count keeps up: the loader is CPU-bound, and the fix is to do the work once,
-  offline (pre-tokenize, pre-decode), not more workers.
+- CPU work (C close to W): never more workers than the CPUs, and when C / A > R no
+  worker count keeps up: the loader is CPU-bound, and the fix is to do the work once,
+  offline (pre-tokenize, pre-decode), not more workers;
+- a step whose process keeps every CPU busy itself (torch's intra-op threads on a CPU
+  step): a worker would take its CPU from the step, and none is recommended;
+- big batches: the hand-over can be the limit; the fix is smaller batches (uint8,
+  converted and normalised on the device).
 
 A loop that already has k0 workers and still waits shows a step of S ms, which is
 then the interval at which its workers deliver: each worker takes W = k0 * S to make a
 batch, and C is the workers' own CPU time per batch (watch reads it from the worker
-processes). The same arithmetic then says how many workers keep up, and the speed-up
-is S over the predicted step. With the CPUs unknown (a trace of another machine),
-W / R workers keep level, one spare, and no forecast is made.
+processes); the hand-over is inside those figures. Where the wait is nearly all the
+loop's own CPU receiving the batch, the workers keep up and nothing changes; a count
+changes only for a predicted gain of 5% or more. The speed-up is S over the predicted
+step. With the CPUs unknown (a trace of another machine), W / R workers keep level,
+one spare, and no forecast is made.
 """
 
 from __future__ import annotations
@@ -41,6 +58,15 @@ from starvecheck.criteria import knee, least_idle
 CPU_WORK_SHARE = 0.5
 # Below this share of a core, the training step's own CPU is left out of the count.
 NEGLIGIBLE_SHARE = 0.1
+# A step whose process keeps busy all the effective CPUs but this many: no worker gains.
+CONTENDED_SLACK = 0.5
+# The fewest workers whose predicted step is within this factor of the best.
+KNEE = 1.05
+# A loop with workers changes its count only for a predicted gain of this or more.
+MIN_GAIN = 1.05
+# A wait, less the training process's own CPU receiving the batch, under this share of
+# the step: the workers keep up.
+QUIET_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,16 @@ class Loop:
     wait_cpu_ms: float | None = None
     step_cpu_ms: float = 0.0
     workers_now: int = 0
+    # The whole training process's CPU in the rest of the step (all its threads); None:
+    # not measured (a trace), taken as the loop thread's.
+    step_process_cpu_ms: float | None = None
+    # What handing a batch from a worker costs, ms of CPU per batch on each side
+    # (loop/handover.py); only used where the loop loads in its own process today.
+    handover_worker_ms: float = 0.0
+    handover_main_ms: float = 0.0
+    batch_bytes: int | None = None
+    # With workers: the loop thread's CPU inside its wait, receiving the batch.
+    receive_cpu_ms: float = 0.0
 
 
 Evidence = Throughput | IdleShares | Loop | None
@@ -98,6 +134,12 @@ class Forecast:
     available_cpus: float  # A: CPU the workers can have
     cpu_bound: bool  # no worker count keeps up: the CPU needed exceeds the CPU there is
     cpu_work: bool  # the wait is mostly CPU work (not I/O or sleep)
+    handover_ms: float = 0.0  # CPU per batch handing it over, both sides (0: none counted)
+    # What bounds the predicted step: "own" (the training process's step and receiving
+    # the batch), "workers" (their delivery), "cpus" (the CPU loading needs), or
+    # "contended" (the step's own threads keep the CPUs busy: no worker gains).
+    limit: str = "workers"
+    receive_ms: float = 0.0  # of handover_ms, the training process's share
 
 
 @dataclass(frozen=True)
@@ -153,41 +195,132 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
     if wait_ms <= 0 or rest_ms <= 0:
         return None
     step_now = wait_ms + rest_ms
-    if workers_now > 0:  # each worker takes k0 steps to make its batch
-        wait_ms = workers_now * step_now
-    keep_up = math.ceil(wait_ms / rest_ms)  # workers that hide the latency
+    # Loading in the training process today: in a worker, each batch also has to be
+    # handed over (measured apart, loop/handover.py). With workers it is in the figures:
+    # the workers' side in their CPU, the training process's in its wait (receiving).
+    hand_w, hand_m = max(0.0, loop.handover_worker_ms), max(0.0, loop.handover_main_ms)
+    if workers_now > 0:
+        hand_w, hand_m = 0.0, min(max(0.0, loop.receive_cpu_ms), wait_ms)
+        if wait_ms - hand_m < QUIET_SHARE * step_now and effective_cpus is not None:
+            return _keeping_up(loop, step_now, hand_m, effective_cpus)
+        wait_ms = workers_now * step_now  # each worker takes k0 steps to make its batch
+    made_ms = wait_ms + hand_w  # a worker's time to make and send a batch
+    main_cpu = min(max(loop.step_cpu_ms, 0.0), rest_ms)  # the loop thread's, in the step
     if effective_cpus is None:
+        keep_up = math.ceil(made_ms / (rest_ms + hand_m))
         why = f"a batch takes {wait_ms:,.1f} ms to load and the rest of the step {rest_ms:,.1f} ms"
         return WorkerAdvice(max(1, workers_now, keep_up + 1), why, workers_now)
     wait_cpu = loop.wait_cpu_ms
     cpu_ms = wait_ms if wait_cpu is None else min(max(wait_cpu, 0.0), wait_ms)
-    train_share = min(max(loop.step_cpu_ms / rest_ms, 0.0), 1.0)
+    cpu_ms += hand_w
+    train_share = min(main_cpu / rest_ms, 1.0)
     if train_share < NEGLIGIBLE_SHARE:  # a step that waits on the GPU: its CPU is noise
         train_share = 0.0
     available = max(1.0, effective_cpus - train_share)
-    cpu_work = cpu_ms >= CPU_WORK_SHARE * wait_ms
-    # Past this many workers the CPU, not the count, limits the batches.
-    cpu_cap = max(1, math.floor(min(available * wait_ms / cpu_ms, 1e6))) if cpu_ms > 0 else 10**6
-    workers = min(keep_up + 1, cpu_cap)  # one spare where the CPU allows it
-    workers = max(1, workers_now, workers)
+    cpu_work = cpu_ms >= CPU_WORK_SHARE * made_ms
+    # The CPUs the whole training process keeps busy in its step (torch's threads too):
+    # where that is all of them, a worker takes its CPU from the step's own threads.
+    process = loop.step_process_cpu_ms
+    step_cpus = max(main_cpu, process if process is not None else 0.0) / rest_ms
+    contended = step_cpus >= max(1.0, effective_cpus - CONTENDED_SLACK)
 
-    def interval(k: int) -> float:
-        return max(wait_ms / k, cpu_ms / available)
+    m = _Model(rest_ms, main_cpu, hand_m, made_ms, cpu_ms, available, effective_cpus)
+    keep_up = math.ceil(made_ms / (rest_ms + hand_m))  # workers that hide the latency
+    # CPU work: never more workers than the CPUs could keep busy (past them, the CPU,
+    # not the count, limits the batches); waiting on I/O or sleep may go past them.
+    cpu_cap = (
+        max(1, math.floor(min(effective_cpus * made_ms / cpu_ms, 1e6))) if cpu_ms > 0 else 10**6
+    )
+    most = max(1, workers_now, min(keep_up + 1, cpu_cap))  # one spare where the CPU allows
+    workers = workers_now if contended else m.choose(workers_now, most, step_now)
+    predicted = m.step(workers) if workers else step_now
+    at = m.bounds(max(1, workers))
+    limit = "contended" if contended else max(at, key=lambda b: at[b])
+    cpu_bound = contended or cpu_ms / available > rest_ms + hand_m
+    speedup = max(1.0, step_now / predicted)
+    why = _why(loop, m, wait_ms, step_now, hand_w)
+    if contended:
+        why += (
+            f", in which the training process keeps {step_cpus:.1f} of the "
+            f"{effective_cpus:.1f} effective CPU(s) busy itself (its own threads), so a "
+            "worker would take its CPU from the step"
+        )
+    else:
+        why += (
+            f"; {available:.1f} CPU(s) are free for workers ({effective_cpus:.1f} effective"
+            + (f", less {train_share:.1f} the training step uses" if train_share >= 0.05 else "")
+            + ")"
+        )
+    forecast = Forecast(
+        predicted, speedup, available, cpu_bound, cpu_work, hand_w + hand_m, limit, hand_m
+    )
+    return WorkerAdvice(max(workers, workers_now), why, workers_now, forecast)
 
-    step = max(rest_ms, interval(workers))
-    cpu_bound = cpu_ms / available > rest_ms
-    speedup = max(1.0, step_now / step)
+
+@dataclass(frozen=True)
+class _Model:
+    """The loop model's figures (see the module docstring), in ms per batch."""
+
+    rest_ms: float  # R: the step after the batch is in hand
+    main_cpu: float  # the training thread's CPU in it
+    hand_m: float  # Hm: receiving the batch in the training process
+    made_ms: float  # W + Hw: a worker's time to make and send a batch
+    cpu_ms: float  # C + Hw: its CPU
+    available: float  # A: CPUs the workers can have
+    effective: float  # E: the effective CPUs
+
+    def bounds(self, k: int) -> dict[str, float]:
+        """The step with k workers is the slowest of: the training process's own path
+        (its step, the CPU part of it shared with the workers where they and it
+        outnumber the CPUs, and receiving the batch, timed as it is: loop/handover.py),
+        the workers' delivery, and the CPU the loading needs beside the step."""
+        share = max(1.0, (k + 1) / self.effective)
+        own = (self.rest_ms - self.main_cpu) + self.main_cpu * share + self.hand_m
+        return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_ms / self.available}
+
+    def step(self, k: int) -> float:
+        return max(self.bounds(k).values())
+
+    def choose(self, now: int, most: int, step_now: float) -> int:
+        """`most` workers where they are within 5% of the best count up to it, else the
+        fewest that are (sharing the CPUs with the training process can make a larger
+        count slower); a loop with workers changes only for a gain of 5% or more."""
+        counts = range(max(1, now), most + 1)
+        best = min(self.step(k) for k in counts)
+        good = [k for k in counts if self.step(k) <= KNEE * best]
+        workers = most if most in good else min(good)
+        return now if now and step_now < MIN_GAIN * self.step(workers) else workers
+
+
+def _why(loop: Loop, m: _Model, wait_ms: float, step_now: float, hand_w: float) -> str:
+    """The arithmetic of a loop's advice, in words."""
+    k0 = loop.workers_now
     made = (
-        f"each of the {workers_now} worker(s) takes {wait_ms:,.1f} ms to make a batch "
-        f"({workers_now} x the {step_now:,.1f} ms step)"
-        if workers_now
+        f"each of the {k0} worker(s) takes {wait_ms:,.1f} ms to make a batch "
+        f"({k0} x the {step_now:,.1f} ms step)"
+        if k0
         else f"a batch takes {wait_ms:,.1f} ms to make in the training process"
     )
+    why = f"{made}, {m.cpu_ms - hand_w:,.1f} ms of it CPU work"
+    size = f" of {loop.batch_bytes / 1e6:,.1f} MB" if loop.batch_bytes else ""
+    if not k0 and (hand_w or m.hand_m):
+        why += (
+            f"; handing each batch{size} over from a worker costs {hand_w:,.1f} ms of CPU "
+            f"there and {m.hand_m:,.1f} ms in the training process (measured)"
+        )
+    elif m.hand_m >= 0.05:
+        why += f"; receiving each batch{size} takes {m.hand_m:,.1f} ms of the loop's CPU"
+    return why + f"; the rest of the step takes {loop.rest_ms:,.1f} ms"
+
+
+def _keeping_up(loop: Loop, step_now: float, receive: float, effective: float) -> WorkerAdvice:
+    """Workers that keep up: the loop's wait is its own CPU receiving each batch."""
+    k = loop.workers_now
     why = (
-        f"{made}, {cpu_ms:,.1f} ms of it CPU work; the rest of the step takes {rest_ms:,.1f} ms; "
-        f"{available:.1f} CPU(s) are free for workers ({effective_cpus:.1f} effective"
-        + (f", less {train_share:.1f} the training step uses" if train_share >= 0.05 else "")
-        + ")"
+        f"of the {loop.wait_ms:,.1f} ms the loop waits for each batch, {receive:,.1f} ms are "
+        f"its own CPU receiving it from the {k} worker(s)"
     )
-    forecast = Forecast(step, speedup, available, cpu_bound, cpu_work)
-    return WorkerAdvice(workers, why, workers_now, forecast)
+    if loop.batch_bytes:
+        why += f" ({loop.batch_bytes / 1e6:,.1f} MB a batch)"
+    forecast = Forecast(step_now, 1.0, effective, False, True, receive, "own", receive)
+    return WorkerAdvice(k, why, k, forecast)

@@ -47,6 +47,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
 
 from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
+from starvecheck.loop.handover import Handover, batch_nbytes, worth_measuring
+from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.times import LoopTimes
 from starvecheck.model import Caveat, Report, StageResult
 
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from starvecheck.loop.ranks import Gathered, Peers
 
 T = TypeVar("T")
+SIZED = 3  # the first batches whose bytes are read
 
 
 class Watch(Generic[T]):
@@ -88,8 +91,9 @@ class Watch(Generic[T]):
         # Trainers' steps: when the step in progress began, and when the gap before the
         # next one began (the last step's end, or the end of other work: resume_wait()).
         self._began: float | None = None
-        self._began_cpu = 0.0
+        self._began_cpu = self._began_pcpu = 0.0
         self._gap: float | None = None
+        self._handover: dict[int, Handover | None] = {}  # measured once per batch size
         self._gap_cpu = 0.0
 
     @property
@@ -105,28 +109,31 @@ class Watch(Generic[T]):
         sync = self._sync()
         self._distributed()
         barrier = self._rank_barrier()
-        clock, cpu = self.clock, time.thread_time
+        clock, cpu, pcpu = self.clock, time.thread_time, time.process_time
         runq = Runqueue()
         queued = runq.read
         t = self.times
         waits, computes, rank_waits = t.waits, t.computes, t.rank_waits
         wait_cpu, compute_cpu, wait_runq = t.wait_cpu, t.compute_cpu, t.wait_runq
-        got_cpu = 0.0
+        compute_pcpu = t.compute_process_cpu
+        got_cpu = got_pcpu = 0.0
+        sized = 0  # batches whose bytes were read (the first few)
         every = self.every
         it = iter(self.iterable)
         t.iterator = type(it).__name__
         t.num_workers = getattr(it, "_num_workers", t.num_workers)
         workers = WorkerCpu(it)
-        t.worker_cpu = []
+        t.new_pass()
         t.passes += 1
         received = None  # when the loop got its last batch; None before the first
         try:
             while True:
                 sync()
-                asked, asked_cpu = clock(), cpu()
+                asked, asked_cpu, asked_pcpu = clock(), cpu(), pcpu()
                 if received is not None:
                     computes.append(asked - received)
                     compute_cpu.append(asked_cpu - got_cpu)
+                    compute_pcpu.append(asked_pcpu - got_pcpu)
                     if workers and len(computes) % WORKER_SAMPLE == 1:
                         workers.sample(len(computes), t.worker_cpu)
                         asked = clock()  # reading /proc is ours: counted in neither
@@ -142,6 +149,11 @@ class Watch(Generic[T]):
                 waits.append(received - asked)
                 wait_cpu.append(got_cpu - asked_cpu)
                 wait_runq.append(queued() - asked_runq)
+                if sized < SIZED:  # reading the sizes is ours: counted in neither
+                    sized += 1
+                    t.batch_bytes = max(t.batch_bytes or 0, batch_nbytes(item))
+                    received, got_cpu = clock(), cpu()
+                got_pcpu = pcpu()
                 if barrier is not None:
                     arrived = received
                     barrier()
@@ -153,8 +165,11 @@ class Watch(Generic[T]):
             if received is not None and len(computes) < len(waits):
                 computes.append(clock() - received)
                 compute_cpu.append(cpu() - got_cpu)
+                compute_pcpu.append(pcpu() - got_pcpu)
             raise
         finally:
+            if workers:  # the pass's last reading, where its workers are still there
+                workers.sample(len(computes), t.worker_cpu)
             runq.close()
             self.end_pass()
 
@@ -179,7 +194,7 @@ class Watch(Generic[T]):
             arrived, now = now, self.clock()
             now_cpu = time.thread_time()
             t.rank_waits.append(now - arrived)
-        self._began, self._began_cpu = now, now_cpu
+        self._began, self._began_cpu, self._began_pcpu = now, now_cpu, time.process_time()
         self._gap = None
 
     def end_step(self) -> None:
@@ -191,6 +206,7 @@ class Watch(Generic[T]):
         now, now_cpu = self.clock(), time.thread_time()
         t.computes.append(now - self._began)
         t.compute_cpu.append(now_cpu - self._began_cpu)
+        t.compute_process_cpu.append(time.process_time() - self._began_pcpu)
         self._began = None
         if self.every and len(t.computes) % self.every == 0:
             self._checkpoint()
@@ -316,6 +332,8 @@ class Watch(Generic[T]):
                 self.gathered = peers.post(self.times, final=True)
             assert self.gathered is not None
             return combine(self.times, peers.rank, self.gathered)
+        if peers is None:
+            self._measure_handover()
         params = self.times.parameters()
         if peers is not None:
             params |= {"rank": peers.rank, "world_size": peers.world}
@@ -325,6 +343,19 @@ class Watch(Generic[T]):
             metrics=tuple(self.times.metrics()),
             caveats=tuple(self.times.caveats()),
         )
+
+    def _measure_handover(self) -> None:
+        """What handing this loop's batches from a worker would cost (or costs), measured
+        once per batch size where the loop waits for data and its batches are large:
+        the worker model needs it (advice/workers)."""
+        t = self.times
+        size = t.batch_bytes
+        if size is None or not worth_measuring(size, t.waits, t.computes):
+            return
+        if size not in self._handover:
+            self._handover[size] = measure_handover(size)
+        h = self._handover[size]
+        t.handover_ms = None if h is None else (h.worker_ms, h.main_ms)
 
     def report(self) -> Report:
         """The loop's result, judged once as a command's is, with the ranked checklist:

@@ -27,7 +27,15 @@ from starvecheck.model import Caveat, Metric
 SOURCE = "starvecheck.watch"
 VERSION = 1  # of the encoding
 # The per-step arrays, in seconds, one entry per completed step.
-ARRAYS = ("waits", "computes", "wait_cpu", "compute_cpu", "wait_runq", "rank_waits")
+ARRAYS = (
+    "waits",
+    "computes",
+    "wait_cpu",
+    "compute_cpu",
+    "wait_runq",
+    "rank_waits",
+    "compute_process_cpu",
+)
 
 
 def _seconds() -> array[float]:
@@ -45,6 +53,10 @@ class LoopTimes:
     # process making the batch, and its CPU share says CPU work from I/O or sleep.
     wait_cpu: array[float] = field(default_factory=_seconds)
     compute_cpu: array[float] = field(default_factory=_seconds)
+    # CPU seconds of the whole training process (all its threads: torch's intra-op
+    # pool, a pin-memory thread) in each compute: the CPUs the step itself keeps busy,
+    # which DataLoader workers would compete with.
+    compute_process_cpu: array[float] = field(default_factory=_seconds)
     # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
     # its batch: on a busy machine, CPU work it could not get, not I/O.
     wait_runq: array[float] = field(default_factory=_seconds)
@@ -59,7 +71,16 @@ class LoopTimes:
     # (steps completed, the worker processes' summed CPU seconds), sampled every few
     # steps: their CPU per batch says CPU work from I/O or sleep.
     worker_cpu: list[tuple[int, float]] = field(default_factory=list)
+    # (steps, CPU seconds) of the workers in passes already ended: a pass's workers may
+    # be new processes, so each pass is counted from its own samples.
+    worker_cpu_before: tuple[int, float] = (0, 0.0)
     notes: list[Caveat] = field(default_factory=list)  # what the timer found to say
+    # The largest of the first batches, in bytes of arrays (loop/handover.batch_nbytes):
+    # what a worker would hand over. None: not read (a trainer's hooks see no batch).
+    batch_bytes: int | None = None
+    # What handing such a batch from a worker costs here (loop/handover.measure), ms of
+    # CPU per batch (worker side, training-process side); None: not measured.
+    handover_ms: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ARRAYS:  # lists are welcome (tests); the timer appends to arrays
@@ -125,18 +146,38 @@ class LoopTimes:
             ]
             if len(self.wait_runq) == len(self.waits) and any(self.wait_runq[first:]):
                 out.append(_ms("data_wait_runqueue_ms", self.wait_runq[first:]))
+        if len(self.compute_process_cpu) == len(self.computes) > first:
+            out.append(_ms("compute_process_cpu_ms", self.compute_process_cpu[first:]))
         per_batch = self.worker_cpu_per_batch()
         if per_batch is not None:
             out.append(_single("worker_cpu_ms", per_batch, "ms"))
+        if self.batch_bytes is not None:
+            out.append(_single("batch_bytes", self.batch_bytes, "bytes"))
+        if self.handover_ms is not None:
+            out += [
+                _single("handover_worker_cpu_ms", self.handover_ms[0], "ms"),
+                _single("handover_main_ms", self.handover_ms[1], "ms"),
+            ]
         return out
+
+    def new_pass(self) -> None:
+        """A pass begins: the last pass's worker CPU is kept, its samples cleared."""
+        self.worker_cpu_before = self._worker_cpu_total()
+        self.worker_cpu = []
+
+    def _worker_cpu_total(self) -> tuple[int, float]:
+        steps, cpu = self.worker_cpu_before
+        if len(self.worker_cpu) >= 2:
+            (s0, c0), (s1, c1) = self.worker_cpu[0], self.worker_cpu[-1]
+            if s1 > s0 and c1 >= c0:
+                steps, cpu = steps + s1 - s0, cpu + c1 - c0
+        return steps, cpu
 
     def worker_cpu_per_batch(self) -> float | None:
         """The worker processes' CPU milliseconds per batch, between the first and last
-        sample (several steps apart)."""
-        if len(self.worker_cpu) < 2:
-            return None
-        (s0, c0), (s1, c1) = self.worker_cpu[0], self.worker_cpu[-1]
-        return (c1 - c0) / (s1 - s0) * 1e3 if s1 > s0 and c1 >= c0 else None
+        sample of each pass (several steps apart)."""
+        steps, cpu = self._worker_cpu_total()
+        return cpu / steps * 1e3 if steps > 0 else None
 
     def parameters(self) -> dict[str, Any]:
         """How this loop was timed (what the judgement reads beside the figures)."""
@@ -187,7 +228,8 @@ class LoopTimes:
             "offset": self.offset + cut,
             "params": self.parameters(),
             "notes": [[c.id, c.text] for c in self.notes],
-            "worker_cpu": self.worker_cpu[:1] + self.worker_cpu[-1:],  # all that is read
+            # All that is read of it: the steps and CPU seconds of every pass.
+            "worker_cpu": [(0, 0.0), total] if (total := self._worker_cpu_total())[0] else [],
             "arrays": {
                 a: base64.b64encode(getattr(self, a)[cut:].tobytes()).decode() for a in ARRAYS
             },

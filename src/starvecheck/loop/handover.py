@@ -1,0 +1,166 @@
+"""What handing a batch from a DataLoader worker to the training process costs, measured
+on this machine: a worker writes each batch into shared memory (default_collate makes
+its output there), the training process receives it (a file descriptor, a mapping) and
+reads it, then frees it. None of that happens at num_workers=0, so a loop that loads in
+its own process cannot show it; `measure(nbytes)` runs a DataLoader with one worker that
+sends batches of that size and times both sides against the same work done in one
+process. Large float batches (32 x 3 x 224 x 224 is 19 MB) can cost more to hand over
+than the decode a worker saves.
+
+Torch is imported here only (the caller has it loaded already: a loop over a DataLoader).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BATCHES = 10  # timed batches, after WARMUP
+WARMUP = 2
+LIMIT_S = 10.0  # the whole measurement gives up past this (a worker that never starts)
+MIN_BYTES = 1 << 20  # below this the hand-over is too small to matter: not measured
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Milliseconds per batch of `nbytes`, over the same work done in one process."""
+
+    nbytes: int
+    worker_ms: float  # CPU the worker spends more: shared memory, sending
+    main_ms: float  # time the training process spends more: receiving, first reads, freeing
+    batches: int
+
+
+WAITING = 0.05  # a loop that waits less than this share of its steps: not measured
+
+
+def worth_measuring(nbytes: int, waits: Sequence[float], computes: Sequence[float]) -> bool:
+    """Whether the worker model could need the hand-over's cost: batches of a MiB or
+    more, torch loaded, and a loop that waits for data."""
+    if nbytes < MIN_BYTES or "torch" not in sys.modules:
+        return False
+    total = sum(waits[1:]) + sum(computes[1:])
+    return total > 0 and sum(waits[1:]) / total >= WAITING
+
+
+def batch_nbytes(item: object, depth: int = 4, budget: list[int] | None = None) -> int:
+    """The bytes of the arrays in a batch (tensors, numpy arrays, bytes), found through
+    tuples, lists and dicts at most `depth` deep and 1,000 objects in all: what crosses
+    between processes when a worker hands it over. Never imports anything."""
+    budget = [1000] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return 0
+    if isinstance(item, bytes | bytearray):
+        return len(item)
+    n = getattr(item, "nbytes", None)
+    if isinstance(n, int) and not isinstance(item, type):
+        return n
+    if depth <= 0:
+        return 0
+    if isinstance(item, Mapping):
+        item = list(item.values())
+    if isinstance(item, tuple | list):
+        return sum(batch_nbytes(x, depth - 1, budget) for x in item)
+    return 0
+
+
+class _Batches:
+    """A map-style dataset whose every item is a new batch of `nbytes`, written: in a
+    worker straight into shared memory, as default_collate does there."""
+
+    def __init__(self, nbytes: int, n: int) -> None:
+        self.nbytes, self.n = nbytes, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is None:
+            x = torch.empty(self.nbytes, dtype=torch.uint8)
+        else:
+            storage = torch.UntypedStorage._new_shared(self.nbytes)
+            x = torch.empty(0, dtype=torch.uint8).set_(storage)
+        return x.fill_(i & 0xFF)
+
+
+def _read(x: Any, into: Any) -> None:
+    """What a training step does with a batch at least once: read all of it, as the copy
+    to the device does (from pageable memory, through a staging buffer)."""
+    into.copy_(x)
+
+
+def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
+    """The hand-over's cost for batches of `nbytes`; None where it cannot be measured
+    (too small to matter, no torch, no worker, past `limit_s`)."""
+    if nbytes < MIN_BYTES:
+        return None
+    try:
+        import psutil
+        import torch
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return None
+    threads = torch.get_num_threads()
+    clock = time.perf_counter
+    try:
+        n = WARMUP + BATCHES
+        local = _Batches(nbytes, n)
+        into = torch.empty(nbytes, dtype=torch.uint8)
+        made, used = [], []
+        for i in range(n):
+            torch.set_num_threads(1)  # making a batch as a worker does: one thread
+            t0 = time.thread_time()
+            x = local[i]
+            made.append(time.thread_time() - t0)
+            torch.set_num_threads(threads)  # using it as the training process does
+            t1 = clock()
+            _read(x, into)
+            del x
+            used.append(clock() - t1)
+        made, used = made[WARMUP:], used[WARMUP:]
+        # The worker's batch is ready before the training process asks (a worker that
+        # keeps up): what the training process spends is then its own.
+        ahead = 2 * statistics.median(made) + 0.002
+        loader = DataLoader(local, batch_size=None, num_workers=1, prefetch_factor=2)
+        started = time.monotonic()
+        it = iter(loader)
+        try:
+            pids = [p.pid for p in getattr(it, "_workers", ())]
+            if len(pids) != 1:
+                return None
+            worker = psutil.Process(pids[0])
+            received, cpu0, cpu1 = [], 0.0, 0.0
+            for i in range(n):
+                if time.monotonic() - started > limit_s:
+                    return None
+                if i == WARMUP:
+                    t = worker.cpu_times()
+                    cpu0 = t.user + t.system
+                time.sleep(ahead)
+                t0 = clock()
+                x = next(it)
+                _read(x, into)
+                del x
+                if i >= WARMUP:
+                    received.append(clock() - t0)
+            t = worker.cpu_times()
+            cpu1 = t.user + t.system
+        finally:
+            del it
+    except Exception:  # the measurement is ours: it never breaks the caller
+        return None
+    finally:
+        torch.set_num_threads(threads)
+    # The worker made BATCHES batches between the readings, and is at most the prefetch
+    # (2) ahead at either end: the same count, shifted.
+    worker_ms = (cpu1 - cpu0) / BATCHES * 1e3 - statistics.median(made) * 1e3
+    main_ms = (statistics.median(received) - statistics.median(used)) * 1e3
+    return Handover(nbytes, max(0.0, worker_ms), max(0.0, main_ms), BATCHES)

@@ -1,0 +1,109 @@
+"""What handing a batch from a DataLoader worker costs (loop/handover.py): the bytes of a
+batch found through any structure, the measurement with a real worker (nothing left
+running), and watch measuring it for a loop with big batches."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from starvecheck.loop.handover import MIN_BYTES, batch_nbytes, measure, worth_measuring
+from tests.conftest import children
+
+np = pytest.importorskip("numpy")
+
+
+def test_batch_bytes_are_found_through_tuples_lists_and_mappings():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(32, 3, 8, 8)  # 24,576 bytes
+    batch = {"image": x, "label": torch.zeros(32, dtype=torch.int64), "ids": [np.zeros(4)]}
+    assert batch_nbytes(batch) == 24_576 + 256 + 32
+    assert batch_nbytes((x, b"abc", "text", 7, None)) == 24_576 + 3
+    assert batch_nbytes(x) == 24_576
+
+
+def test_batch_bytes_are_bounded_in_depth_and_count():
+    deep: list = [np.zeros(8)]  # 64 bytes, ten lists down
+    for _ in range(10):
+        deep = [deep]
+    assert batch_nbytes(deep) == 0
+    many = [np.zeros(1) for _ in range(5000)]  # 8 bytes each, 1,000 objects looked at
+    assert 0 < batch_nbytes(many) < 8 * 1000
+    assert batch_nbytes(np) == 0 and batch_nbytes(type) == 0  # a module, a class
+
+
+@given(
+    st.recursive(
+        st.none() | st.integers() | st.text() | st.binary(),
+        lambda c: st.lists(c) | st.dictionaries(st.text(), c) | st.tuples(c, c),
+        max_leaves=30,
+    )
+)
+def test_property_batch_bytes_of_anything_is_a_count(item):
+    n = batch_nbytes(item)
+    assert isinstance(n, int) and n >= 0
+
+
+def test_only_a_loop_that_waits_with_big_batches_is_worth_measuring():
+    pytest.importorskip("torch")
+    waits, computes = [1.0, 0.02, 0.02], [0.01, 0.02, 0.02]
+    assert worth_measuring(MIN_BYTES, waits, computes)
+    assert not worth_measuring(MIN_BYTES - 1, waits, computes)
+    assert not worth_measuring(MIN_BYTES, [1.0, 0.0, 0.001], [0.01, 0.1, 0.1])  # fed
+    assert not worth_measuring(MIN_BYTES, [], [])
+
+
+def test_the_handover_is_measured_with_a_real_worker_and_nothing_is_left():
+    pytest.importorskip("torch")
+    before = children(os.getpid())
+    h = measure(4 * MIN_BYTES)
+    assert h is not None and h.nbytes == 4 * MIN_BYTES and h.batches == 10
+    assert h.worker_ms >= 0 and h.main_ms >= 0
+    # Bigger batches cost more on the training process's side (mapping and reading).
+    big = measure(64 * MIN_BYTES)
+    assert big is not None and big.main_ms > h.main_ms
+    deadline = time.monotonic() + 10
+    while children(os.getpid()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children(os.getpid()) - before == set()
+    assert measure(MIN_BYTES - 1) is None
+
+
+def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import starvecheck.loop.timer as timer
+
+    calls = []
+    real = timer.measure_handover
+    monkeypatch.setattr(timer, "measure_handover", lambda n: calls.append(n) or real(n))
+    from torch.utils.data import DataLoader, Dataset
+
+    import starvecheck
+
+    class Images(Dataset):  # 2 ms of CPU a sample, float samples of 0.6 MB
+        def __len__(self) -> int:
+            return 4 * 30
+
+        def __getitem__(self, i: int):
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+            return torch.ones(3, 224, 224)
+
+    w = starvecheck.watch(DataLoader(Images(), batch_size=4), show=False)
+    for _ in w:
+        time.sleep(0.004)
+    r = w.result()
+    assert r.value(quantity="batch_bytes") == 4 * 3 * 224 * 224 * 4
+    assert r.value(quantity="handover_worker_cpu_ms") is not None
+    assert r.value(quantity="handover_main_ms") is not None
+    assert r.value(quantity="compute_process_cpu_ms") is not None
+    (f,) = [f for f in r.findings if f.id == "profile.data-bound"]
+    assert "handing each batch of 2.4 MB over from a worker costs" in f.recommendation
+    # Measured once per batch size: a second report does not measure again.
+    w.result()
+    assert calls == [4 * 3 * 224 * 224 * 4]
