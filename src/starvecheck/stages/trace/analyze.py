@@ -335,6 +335,9 @@ class Job:
 
     ranks: tuple[Analysis, ...]
     caveats: tuple[Caveat, ...]
+    # How the files were read (stage.read): the run's files, its world size, every run
+    # in them, the files skipped; empty for a job analysed from events directly.
+    info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def common_steps(self) -> tuple[str, ...]:

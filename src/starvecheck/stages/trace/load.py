@@ -80,23 +80,38 @@ class Event(msgspec.Struct, gc=False):
 class _File(msgspec.Struct, gc=False):
     traceEvents: Any = msgspec.UNSET
     distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
 
 
 class _Typed(msgspec.Struct, gc=False):
     traceEvents: list[Event]
     distributedInfo: Any = None
+    baseTimeNanoseconds: Any = None
 
 
 _DECODE_TYPED = msgspec.json.Decoder(_Typed | list[Event])
 
 
 @dataclass(frozen=True)
+class JobId:
+    """Which job a file says it belongs to (its `distributedInfo`): the world size and
+    the process groups (backend, names, sizes, ranks), alike on every rank of one job."""
+
+    world_size: int | None = None
+    groups: str = ""  # the process groups' configuration, as canonical JSON
+
+
+@dataclass(frozen=True)
 class TraceFile:
-    """One file's events and the rank it says it is (distributedInfo.rank)."""
+    """One file's events, the rank it says it is (distributedInfo.rank), the job it says
+    it belongs to, and the clock its timestamps count from (baseTimeNanoseconds, in
+    µs: Kineto writes times relative to it)."""
 
     path: str
     events: list[Event]
     rank: int | None = None
+    job: JobId = JobId()
+    base_us: float = 0.0
 
 
 def span(e: Event) -> tuple[float, float] | None:
@@ -122,31 +137,38 @@ STDIN = "-"  # --trace -: the trace on standard input
 def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """The files to read: each path a file, or a directory whose trace files
     (`*.json`, `*.json.gz`, not recursive) are read, in name order."""
-    out: list[str] = []
+    return [path for path, _ in expand(paths)]
+
+
+def expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, bool]]:
+    """(file, whether it was found in a directory rather than named) for each file to
+    read, each once: a file found in a directory that is not a trace is skipped with a
+    note (a `metrics.json` beside the traces); one named is an error."""
+    out: list[tuple[str, bool]] = []
     for p in paths:
         name = os.fspath(p)
         if name == STDIN:
-            out.append(name)
+            out.append((name, False))
         elif os.path.isdir(name):
             found = sorted(
                 str(f)
                 for f in Path(name).iterdir()
-                if f.is_file() and f.name.endswith(TRACE_SUFFIXES)
+                if f.name.endswith(TRACE_SUFFIXES) and f.is_file()
             )
             if not found:
                 raise UsageError(
                     f"--trace {name}: a directory with no trace files (*.json, *.json.gz)"
                 )
-            out += found
+            out += [(f, True) for f in found]
         else:
-            out.append(name)
+            out.append((name, False))
     seen: set[str] = set()
     unique = []
-    for f in out:
+    for f, listed in out:
         key = f if f == STDIN else os.path.realpath(f)
         if key not in seen:
             seen.add(key)
-            unique.append(f)
+            unique.append((f, listed))
     return unique
 
 
@@ -177,18 +199,21 @@ def load(path: str | os.PathLike[str]) -> TraceFile:
         raise fail("too large to read into memory") from None
     except (msgspec.DecodeError, RecursionError):
         typed = None
+    base: Any = None
     if typed is not None:
         del data
         if isinstance(typed, list):
             events, info = typed, None
         else:
             events, info = typed.traceEvents, typed.distributedInfo
+            base = typed.baseTimeNanoseconds
     else:
-        events, info = _slow(data, fail)
+        events, info, base = _slow(data, fail)
         del data
     if not any(span(e) is not None for e in events):
         raise fail("no timed events (complete events with ts and dur) in the trace")
-    return TraceFile(name, events, _rank(info))
+    base_us = base / 1e3 if type(base) in _NUMBER and math.isfinite(base) else 0.0
+    return TraceFile(name, events, _rank(info), _job(info), base_us)
 
 
 def _read(name: str) -> bytes:
@@ -209,7 +234,7 @@ def _read(name: str) -> bytes:
         return raw.read()
 
 
-def _slow(data: bytes, fail: Any) -> tuple[list[Event], Any]:
+def _slow(data: bytes, fail: Any) -> tuple[list[Event], Any, Any]:
     """Plain JSON objects, as json reads them (mending what Kineto gets wrong), then
     the events among them."""
     try:
@@ -224,17 +249,17 @@ def _slow(data: bytes, fail: Any) -> tuple[list[Event], Any]:
         raise fail("too large to read into memory") from None
     except ValueError as e:  # what else json rejects, such as lone surrogates
         raise fail(f"not JSON ({' '.join(str(e).split())})") from None
-    info = None
+    info = base = None
     if isinstance(doc, dict):
         if "traceEvents" not in doc:
             raise fail("not a Chrome trace (no traceEvents)")
-        info = doc.get("distributedInfo")
+        info, base = doc.get("distributedInfo"), doc.get("baseTimeNanoseconds")
         doc = doc["traceEvents"]
         if not isinstance(doc, list):
             raise fail("not a Chrome trace (traceEvents is not a list)")
     elif not isinstance(doc, list):
         raise fail(f"not a Chrome trace (a JSON {type(doc).__name__}, not an object)")
-    return [Event.of(e) for e in doc if isinstance(e, dict)], info
+    return [Event.of(e) for e in doc if isinstance(e, dict)], info, base
 
 
 def _parse(data: bytes) -> Any:
@@ -260,6 +285,19 @@ def _mend_escape(match: re.Match[str]) -> str:
 def _rank(info: Any) -> int | None:
     rank = info.get("rank") if isinstance(info, dict) else None
     return rank if type(rank) is int and rank >= 0 else None
+
+
+def _job(info: Any) -> JobId:
+    """The job a file's distributedInfo names; JobId() where it names none."""
+    if not isinstance(info, dict):
+        return JobId()
+    size = info.get("world_size")
+    groups = {k: info.get(k) for k in ("backend", "pg_count", "pg_config")}
+    try:
+        text = json.dumps(groups, sort_keys=True, default=str)[:4096]
+    except (TypeError, ValueError):  # circular or odd values: not an identity
+        text = ""
+    return JobId(size if type(size) is int and size > 0 else None, text)
 
 
 def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:

@@ -14,7 +14,9 @@ from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
-from starvecheck.stages.trace.load import load, trace_files
+from starvecheck.stages.trace.load import expand, load
+from starvecheck.stages.trace.runs import Run, choose, one_timeline
+from starvecheck.status import UsageError
 
 SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
 NO_WAIT = "no DataLoader fetch in the trace"
@@ -167,6 +169,9 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
         "gpu_devices": len(a.devices),
         "gpu_device": None if a.device is None else str(a.device),
     }
+    for key in ("world_size", "runs", "skipped"):
+        if job.info.get(key):
+            params[key] = job.info[key]
     if several:
         params["ranks"] = [
             {"rank": r.name, "file": r.path, "devices": [str(d) for d in r.devices]}
@@ -180,8 +185,60 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
 
 
 def read(paths: Sequence[str | os.PathLike[str]]) -> Job:
-    """Every file's ranks: load -> analyze."""
-    return analyze_job([load(f) for f in trace_files(paths)])
+    """The job in the files: load (files in a folder that are not traces skipped with a
+    note) -> the run to analyse, each rank's cycles as one (runs.py) -> analyze."""
+    loaded, skipped = [], []
+    for path, listed in expand(paths):
+        try:
+            loaded.append(load(path))
+        except UsageError as e:
+            if not listed:
+                raise
+            skipped.append(f"{os.path.basename(path)} ({str(e).split(': ', 1)[-1]})")
+    if not loaded:
+        raise UsageError(f"--trace: no trace among the files: {'; '.join(skipped)}")
+    files, notes, runs = choose(loaded)
+    if skipped:
+        notes.append(
+            Caveat(
+                "trace.skipped",
+                f"{len(skipped)} file(s) in the folder are not traces and were skipped: "
+                + "; ".join(skipped[:5])
+                + (f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""),
+            )
+        )
+    job = analyze_job(files)
+    if len(runs) > 1:
+        notes.append(Caveat("trace.other-runs", "; ".join(_verdicts(runs[1:]))))
+    info = {
+        "files": [f.path for f in runs[0].files],
+        "world_size": runs[0].job.world_size,
+        "runs": [
+            {"world_size": r.job.world_size, "ranks": sorted(r.ranks), "files": len(r.files)}
+            for r in runs
+        ],
+        "skipped": skipped,
+    }
+    return dataclasses.replace(job, caveats=job.caveats + tuple(notes), info=info)
+
+
+def _verdicts(runs: Sequence[Run]) -> list[str]:
+    """Each other run's headline, judged on its own: the rank that waits most for data."""
+    out = []
+    for i, run in enumerate(runs, start=2):
+        try:
+            job = analyze_job(
+                [one_timeline(run.ranks[r]) for r in sorted(run.ranks)] + run.unranked
+            )
+        except UsageError as e:
+            out.append(f"run {i} could not be analysed: {e}")
+            continue
+        a = job.headline
+        step = a.step_time / max(1, len(a.measured)) / 1e3
+        wait = f"{a.data_wait_share:.0%}" if a.data_wait_share is not None else "an unknown share"
+        who = f"{a.name} waits most for data: " if len(job.ranks) > 1 else ""
+        out.append(f"run {i} on its own: {who}{wait} of a {step:,.1f} ms step")
+    return out
 
 
 class TraceStage(BaseStage[TraceOptions, list[str]]):
@@ -197,8 +254,8 @@ class TraceStage(BaseStage[TraceOptions, list[str]]):
 
     def measure(self, plan: Sequence[str], ctx: RunContext) -> StageResult:
         start = time.perf_counter()
-        files = trace_files(plan)
-        out = result(read(files), files)
+        job = read(plan)
+        out = result(job, job.info.get("files") or plan)
         return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
 
 
