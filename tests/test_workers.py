@@ -242,15 +242,15 @@ def test_workers_that_keep_up_are_left_alone():
 
 
 def test_the_watch_finding_says_when_the_handover_dominates():
-    from starvecheck.advice.trace import _worker_change
+    from starvecheck.advice.stepworkers import worker_change
 
     a = recommend_workers(
         Loop(29.4, 21.0, 29.1, 0.7, handover_worker_ms=9.7, handover_main_ms=12.5, **JPEG),
         Cpus(2.0),
     )
-    text, gain, fix = _worker_change(a)
+    text, gain, fix = worker_change(a)
     assert fix == {"num_workers": 2} and gain.value == pytest.approx(1.489, abs=1e-3)
     assert "22.2 ms a batch here (12.5 ms of it in the training process)" in text
     assert "uint8" in text
     small = recommend_workers(Loop(29.4, 21.0, 29.1, 0.7, handover_main_ms=0.3), Cpus(2.0))
-    assert "uint8" not in _worker_change(small)[0]
+    assert "uint8" not in worker_change(small)[0]

@@ -59,7 +59,7 @@ class Judgement:
     weakest_link: str | None = None
     weakest_summary: str = ""  # the sentence under the chain table
     # Verdicts as data, by stage: added to that stage's parameters for the JSON
-    # (watch's straggler summary across ranks).
+    # (the straggler summary across ranks of watch and of a multi-rank trace).
     parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Each stage's result as judged (`complete`d): what the report carries.
     stages: Mapping[str, StageResult] = field(default_factory=dict)

@@ -8,7 +8,7 @@ slow rank slows the whole job. One rule, two kinds of evidence:
   by step. A rank whose rate (1 / its work) is under 80% of the median rank's
   throughout is `profile.straggler`; a different rank in turn,
   `profile.straggler-rotating`. Reads figures labelled `rank` (model.per_rank).
-  `summary` states the verdict as data for the JSON.
+  `summary` states the verdict as data for the JSON, in the same shape for both.
 - **nodes of doctor** (doctor under torchrun, starvecheck.doctor_ranks): each node's
   data-pipeline capacity (the lower of storage and loader). A node under 80% of the
   median is `doctor.straggler`. Pure functions of the ranks' reports (as
@@ -76,6 +76,7 @@ def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str,
     out: dict[str, Any] = {
         "pattern": "none",
         "rank": None,
+        "cause": None,
         "lost_share": None,
         "slowest_in": {k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
         "steps_compared": len(per_step),
@@ -94,12 +95,14 @@ def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str,
 
 
 def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> dict[str, Any]:
-    """What judging adds to watch's parameters under torch.distributed: the straggler
-    `summary` of its ranks (advice.judge attaches it). A trace's ranks carry none."""
-    loop = stages.get("watch")
-    if loop is None or "ranks" not in loop.parameters:
-        return {}
-    return {"watch": {"straggler": summary(loop.metrics, findings)}}
+    """What judging adds to the parameters of a stage with several ranks (watch under
+    torch.distributed, `profile --trace` of a multi-rank job): the straggler `summary`
+    of its ranks, one shape for both (advice.judge attaches it)."""
+    return {
+        name: {"straggler": summary(r.metrics, findings)}
+        for name in ("profile", "watch")
+        if (r := stages.get(name)) is not None and "ranks" in r.parameters
+    }
 
 
 def among_ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:

@@ -15,8 +15,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
+from starvecheck.advice.stepworkers import (
+    EITHER,
+    LOADER_LINE,
+    SINGLE_PROCESS,
+    measured_advice,
+    single_process,
+    worker_change,
+    workers_needed,
+)
 from starvecheck.advice.stragglers import WAITING, among_ranks
-from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.model import (
     Finding,
     Gain,
@@ -34,12 +42,6 @@ GPU_IDLE = 0.20  # GPU idle share worth a finding, when data wait does not expla
 GPU_IDLE_CRITICAL = 0.50  # idle for other reasons over half the step
 MEMCPY = 0.10
 FIRST_STEP_STALL = 3.0  # first step over the median of the rest
-HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
-SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
-LOADER_LINE = (
-    "`DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True, "
-    "prefetch_factor=2)`"
-)
 
 
 # Quiet below this: a wait under a millisecond a step.
@@ -96,30 +98,14 @@ def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:
     return over, step.n
 
 
-def workers_needed(wait_ms: float, step_ms: float) -> int | None:
-    """num_workers that keep up with a loop that now loads in its own process, on CPUs
-    unknown (advice.workers: W / R workers keep level, one spare)."""
-    advice = recommend_workers(Loop(wait_ms, step_ms - wait_ms), Cpus(None))
-    return advice.workers if advice is not None else None
-
-
-def _single_process_line(wait_ms: float | None, step_ms: float | None) -> str:
-    n = workers_needed(wait_ms, step_ms) if wait_ms is not None and step_ms is not None else None
-    if n is None or wait_ms is None or step_ms is None:
-        return f"{LOADER_LINE.format(n='N')}, N up to the CPU cores you have"
-    return (
-        f"{LOADER_LINE.format(n=n)}: a batch takes {wait_ms:,.1f} ms to load and the "
-        f"rest of the step {step_ms - wait_ms:,.1f} ms, so "
-        f"{wait_ms / (step_ms - wait_ms):.1f} workers keep level; one spare, and no more "
-        "than the CPU cores you have"
-    )
-
-
 def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
     share = value(m, quantity="data_wait_share")
     if share is None:
         return None
     sev = severity(share)
+    # The title's words follow the share; the severity may be lowered below (a short
+    # trace, a wait too small to matter), and the evidence says why.
+    kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
     # The share is summed wait over summed step time: the milliseconds beside it are
     # the means of the same steps, so the three figures add up.
     wait_ms, step_ms = _mean(m, "data_wait_ms"), _mean(m, "step_ms")
@@ -134,6 +120,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         evidence += f"; {counted[0]} of {counted[1]} steps wait more than {INPUT_BOUND:.0%}"
     steps = _get(m, "step_ms")
     n = steps.n if steps is not None else 0
+    few = ""
     if sev is not Severity.OK and wait_ms is not None and wait_ms < QUIET_WAIT_MS:
         # Under a millisecond a step: nothing a loader change would buy.
         sev = Severity.INFO
@@ -158,8 +145,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
             gain=Gain(GainKind.STEP_SHARE, round(share, 4), "data wait inside the steps"),
             stage="profile",
         )
-    kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
-    advice = _workers(m, params, wait_ms, step_ms)
+    advice = measured_advice(m, params, wait_ms, step_ms)
     gain = Gain(
         GainKind.STEP_SHARE,
         round(share, 4),
@@ -167,7 +153,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
     )
     fix: dict[str, Any] = {}
     if advice is not None:
-        recommendation, gain, fix = _worker_change(advice)
+        recommendation, gain, fix = worker_change(advice)
         sharing = params.get("ranks_on_host")
         if isinstance(sharing, int) and sharing > 1 and gain.value:
             # Measured: two ranks on two cores reached 1.2x of a predicted 1.46x, 3.2x of
@@ -178,30 +164,21 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
             )
             gain = replace(gain, basis=basis)
     elif loader == SINGLE_PROCESS:
-        n = (
-            workers_needed(wait_ms, step_ms)
-            if wait_ms is not None and step_ms is not None
-            else None
-        )
-        fix = {"num_workers": n} if n is not None else {}
-        recommendation = (
-            "The DataLoader loads in the training process (num_workers=0): load in worker "
-            f"processes, {_single_process_line(wait_ms, step_ms)}. `starvecheck loader` "
-            "measures each num_workers on your storage; if more workers do not close the "
-            "gap, `starvecheck starve` (CPU preprocessing per sample) and `starvecheck io` "
-            "(storage, cold cache) find the slow link."
-        )
+        k = None if wait_ms is None or step_ms is None else workers_needed(wait_ms, step_ms)
+        fix = {"num_workers": k} if k is not None else {}
+        recommendation = single_process(k, wait_ms, step_ms)
     else:
         recommendation = (
             "Find the slow link: `starvecheck loader` (num_workers and file layout), "
             "`starvecheck starve` (CPU preprocessing per sample), `starvecheck io` "
             "(storage, cold cache); for text, `starvecheck pad` (padding). Keep the loader "
-            f"ahead of the step: {LOADER_LINE.format(n='N')}, N up to the CPU cores you have."
+            f"ahead of the step: {LOADER_LINE.format(n='N')}, {EITHER}."
         )
     return Finding(
         "profile.data-bound",
         sev,
-        f"The training step is {kind}: {share:.0%} of it waits for data",
+        f"The training step is {kind}: {share:.0%} of it waits for data"
+        + (f"; only {n} step{'s' if n > 1 else ''} measured" if few else ""),
         evidence=evidence + ".",
         recommendation=recommendation,
         gain=gain,
@@ -332,108 +309,3 @@ def _first_step(m: Sequence[Metric]) -> Finding | None:
         "the workers alive between epochs: `DataLoader(..., persistent_workers=True)`.",
         stage="profile",
     )
-
-
-def _workers(
-    m: Sequence[Metric], params: Mapping[str, Any], wait_ms: float | None, step_ms: float | None
-) -> WorkerAdvice | None:
-    """The worker count for a loop whose machine CPUs and loading CPU time are known
-    (watch measures both): the loading thread's at num_workers=0, the worker
-    processes' with workers."""
-    cpus = params.get("effective_cpus")
-    if not cpus or wait_ms is None or step_ms is None:
-        return None
-    step_cpu = value(m, quantity="compute_cpu_ms")
-    measured = {
-        "step_process_cpu_ms": value(m, quantity="compute_process_cpu_ms"),
-        "handover_worker_ms": value(m, quantity="handover_worker_cpu_ms") or 0.0,
-        "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
-        "batch_bytes": _int(value(m, quantity="batch_bytes")),
-    }
-    if params.get("dataloader") == SINGLE_PROCESS:
-        wait_cpu = value(m, quantity="data_wait_cpu_ms")
-        # Time the thread was ready to run but waited for a CPU is CPU work it could not
-        # get (another process had the cores), not I/O: it counts as CPU demand.
-        runq = value(m, quantity="data_wait_runqueue_ms")
-        if wait_cpu is not None and runq is not None:
-            wait_cpu += runq
-        loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0, 0, **measured)
-        return recommend_workers(loop, Cpus(float(cpus)))
-    workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
-    if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
-        return None
-    receive = value(m, quantity="data_wait_cpu_ms") or 0.0
-    measured |= {"receive_cpu_ms": receive, "handover_worker_ms": 0.0, "handover_main_ms": 0.0}
-    loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers, **measured)
-    return recommend_workers(loop, Cpus(float(cpus)))
-
-
-def _int(x: float | None) -> int | None:
-    return None if x is None else int(x)
-
-
-def _worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
-    """What to change, from the measured worker advice: the recommendation, the
-    predicted speed-up, the setting as data."""
-    f = a.forecast
-    assert f is not None  # a loop's advice on known CPUs
-    line = LOADER_LINE.format(n=a.workers)
-    now = f"num_workers={a.workers_now}"
-    offline = (
-        f"Do the {'CPU work' if f.cpu_work else 'work'} once, offline (pre-tokenize or "
-        "pre-decode into shards), make it cheaper, or train on a node with more CPUs per "
-        "GPU. `starvecheck starve` measures CPU per sample against your step."
-    )
-    handover = ""
-    if f.handover_ms >= HANDOVER_SHARE * f.step_ms:
-        handover = (
-            f" Handing batches over between processes costs {f.handover_ms:,.1f} ms a batch "
-            f"here ({f.receive_ms:,.1f} ms of it in the training process), which workers add "
-            "rather than save: make the batches smaller "
-            "(uint8 images, 4x fewer bytes than float32; int32 token ids) and convert and "
-            "normalise on the device (`x.to(device, non_blocking=True).float().div_(255)`)."
-        )
-    if not a.changes:
-        if f.limit == "own":
-            recommendation = (
-                f"At {now} the workers keep up: {a.why}. What is left is the training "
-                "process itself, receiving each batch and running its step, so more "
-                f"workers do not shorten it.{handover}"
-            )
-        else:
-            recommendation = (
-                f"Loading is CPU-bound at {now}: {a.why}, so more workers only compete for "
-                f"the same CPUs. {offline}{handover}"
-            )
-        gain = Gain(GainKind.STEP_SHARE, None, "no worker count gains here")
-        return recommendation, gain, {}
-    if f.cpu_bound:
-        recommendation = (
-            f"Loading is CPU-bound: {a.why}, so even {f.available_cpus:.1f} busy CPU(s) deliver "
-            f"a batch no faster than every {f.step_ms:,.1f} ms. {line} gets that far; past it, "
-            f"more workers only compete for the same CPUs. {offline}{handover}"
-        )
-    else:
-        where = (
-            "The DataLoader loads in the training process (num_workers=0): load in worker processes"
-            if not a.workers_now
-            else f"{now} cannot keep up: load in more worker processes"
-        )
-        recommendation = (
-            f"{where}, {line}: {a.why}, so {a.workers} worker(s) keep up"
-            + (
-                " (the wait is mostly I/O or sleep, so workers may outnumber the CPUs)"
-                if not f.cpu_work
-                else ""
-            )
-            + ". `starvecheck loader` measures each num_workers on your storage."
-            + handover
-        )
-    gain = Gain(
-        GainKind.THROUGHPUT,
-        round(f.speedup, 3),
-        f"predicted: the mean step from {f.step_ms * f.speedup:,.1f} ms to "
-        f"{f.step_ms:,.1f} ms with num_workers={a.workers} ({f.available_cpus:.1f} "
-        "CPU(s) for workers)",
-    )
-    return recommendation, gain, {"num_workers": a.workers}

@@ -24,6 +24,8 @@ HEADERS = (
     "waiting",
     "samples/s",
 )
+# The statistic the cells show, said under the table (a trace's breakdown shows means).
+NOTE = "medians over the profiled steps, ± their standard deviation"
 _QUANTITIES = ("phase_ms", "step_ms", "data_wait_share", "samples_per_s")
 _COLUMNS = (
     "phase_ms.dataloader_wait",

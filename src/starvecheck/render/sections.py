@@ -66,7 +66,8 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     rows, rest = profile.split(stage, before)
     if rows:
         right = range(1, len(profile.HEADERS))
-        out.append(Section(profile.HEADERS, rows, [], right, metrics=_taken(before, rest)))
+        notes = [profile.NOTE]
+        out.append(Section(profile.HEADERS, rows, notes, right, metrics=_taken(before, rest)))
     before = rest
     rows, rest, notes = trace.split(stage, before)
     if rows:

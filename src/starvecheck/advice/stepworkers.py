@@ -1,0 +1,182 @@
+"""num_workers advice from a step breakdown: a trace read by `profile --trace`, or a
+loop as `starvecheck.watch` timed it (advice/trace judges both).
+
+watch measures the CPUs of its machine and the loading's CPU time, so its loop gets
+one count from the worker model (advice/workers.py) and a predicted speed-up. A trace
+has neither: it cannot tell whether loading is CPU work or waits on storage, nor how
+many CPUs the machine it was taken on has, so where the count the waits call for is
+more than a couple of workers it gives both answers, and how to tell which applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
+from starvecheck.model import Gain, GainKind, Metric, value
+
+HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
+SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
+LOADER_LINE = (
+    "`DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True, "
+    "prefetch_factor=2)`"
+)
+# Up to this many workers a trace gives one count: two CPU cores per training process
+# are the common case, where CPU work and I/O waits call for the same count.
+ONE_COUNT = 2
+# How to tell CPU work from I/O waits, on the user's own loop or pipeline.
+WHICH = (
+    "`for batch in starvecheck.watch(loader):` in your loop measures the loading's CPU "
+    "time and gives one count; `starvecheck loader --factory FILE.py:FUNC` measures your "
+    "own pipeline at each num_workers"
+)
+EITHER = (
+    "N no more than the CPU cores per training process where loading is CPU work "
+    "(decode, tokenize, augment), more where it waits on storage or the network (I/O)"
+)
+SLOW_LINK = (
+    "`starvecheck starve` (CPU preprocessing per sample) and `starvecheck io` (storage, "
+    "cold cache) find the slow link"
+)
+
+
+def workers_needed(wait_ms: float, step_ms: float) -> int | None:
+    """num_workers that keep up with a loop that now loads in its own process, on CPUs
+    unknown (advice.workers: W / R workers keep level, one spare)."""
+    advice = recommend_workers(Loop(wait_ms, step_ms - wait_ms), Cpus(None))
+    return advice.workers if advice is not None else None
+
+
+def single_process(n: int | None, wait_ms: float | None, step_ms: float | None) -> str:
+    """What to change for a traced loop that loads in its own process, `n` workers
+    keeping up (`workers_needed`): as many if loading waits on I/O, past the cores if
+    need be; for CPU work, no more than the cores. Both said, where they can differ."""
+    head = "The DataLoader loads in the training process (num_workers=0): load in worker processes"
+    if n is None or wait_ms is None or step_ms is None:
+        return f"{head}, {LOADER_LINE.format(n='N')}, {EITHER}. To tell which: {WHICH}."
+    rest = step_ms - wait_ms
+    level = (
+        f"a batch takes {wait_ms:,.1f} ms to load and the rest of the step {rest:,.1f} ms, "
+        f"so {wait_ms / rest:.1f} workers keep level"
+    )
+    if n <= ONE_COUNT:
+        return (
+            f"{head}, {LOADER_LINE.format(n=n)}: {level}; one spare. `starvecheck loader` "
+            "measures each num_workers on your storage; if more workers do not close the "
+            f"gap, {SLOW_LINK}."
+        )
+    return (
+        f"{head}: {level}. A trace shows neither whether that loading is CPU work or "
+        "waits, nor how many CPUs its machine has, so: if it waits on storage or the "
+        f"network (I/O), {LOADER_LINE.format(n=n)} keeps up (one spare), even past the CPU "
+        "cores; if it is CPU work (decode, tokenize, augment), no more workers than the CPU "
+        "cores per training process on that machine, and past them the fix is to do the "
+        "work once, offline (pre-tokenize or pre-decode into shards), or to make it "
+        f"cheaper. To tell which: {WHICH}."
+    )
+
+
+def measured_advice(
+    m: Sequence[Metric], params: Mapping[str, Any], wait_ms: float | None, step_ms: float | None
+) -> WorkerAdvice | None:
+    """The worker count for a loop whose machine CPUs and loading CPU time are known
+    (watch measures both): the loading thread's at num_workers=0, the worker
+    processes' with workers."""
+    cpus = params.get("effective_cpus")
+    if not cpus or wait_ms is None or step_ms is None:
+        return None
+    step_cpu = value(m, quantity="compute_cpu_ms")
+    measured = {
+        "step_process_cpu_ms": value(m, quantity="compute_process_cpu_ms"),
+        "handover_worker_ms": value(m, quantity="handover_worker_cpu_ms") or 0.0,
+        "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
+        "batch_bytes": _int(value(m, quantity="batch_bytes")),
+    }
+    if params.get("dataloader") == SINGLE_PROCESS:
+        wait_cpu = value(m, quantity="data_wait_cpu_ms")
+        # Time the thread was ready to run but waited for a CPU is CPU work it could not
+        # get (another process had the cores), not I/O: it counts as CPU demand.
+        runq = value(m, quantity="data_wait_runqueue_ms")
+        if wait_cpu is not None and runq is not None:
+            wait_cpu += runq
+        loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0, 0, **measured)
+        return recommend_workers(loop, Cpus(float(cpus)))
+    workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
+    if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
+        return None
+    receive = value(m, quantity="data_wait_cpu_ms") or 0.0
+    measured |= {"receive_cpu_ms": receive, "handover_worker_ms": 0.0, "handover_main_ms": 0.0}
+    loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers, **measured)
+    return recommend_workers(loop, Cpus(float(cpus)))
+
+
+def _int(x: float | None) -> int | None:
+    return None if x is None else int(x)
+
+
+def worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
+    """What to change, from the measured worker advice: the recommendation, the
+    predicted speed-up, the setting as data."""
+    f = a.forecast
+    assert f is not None  # a loop's advice on known CPUs
+    line = LOADER_LINE.format(n=a.workers)
+    now = f"num_workers={a.workers_now}"
+    offline = (
+        f"Do the {'CPU work' if f.cpu_work else 'work'} once, offline (pre-tokenize or "
+        "pre-decode into shards), make it cheaper, or train on a node with more CPUs per "
+        "GPU. `starvecheck starve` measures CPU per sample against your step."
+    )
+    handover = ""
+    if f.handover_ms >= HANDOVER_SHARE * f.step_ms:
+        handover = (
+            f" Handing batches over between processes costs {f.handover_ms:,.1f} ms a batch "
+            f"here ({f.receive_ms:,.1f} ms of it in the training process), which workers add "
+            "rather than save: make the batches smaller "
+            "(uint8 images, 4x fewer bytes than float32; int32 token ids) and convert and "
+            "normalise on the device (`x.to(device, non_blocking=True).float().div_(255)`)."
+        )
+    if not a.changes:
+        if f.limit == "own":
+            recommendation = (
+                f"At {now} the workers keep up: {a.why}. What is left is the training "
+                "process itself, receiving each batch and running its step, so more "
+                f"workers do not shorten it.{handover}"
+            )
+        else:
+            recommendation = (
+                f"Loading is CPU-bound at {now}: {a.why}, so more workers only compete for "
+                f"the same CPUs. {offline}{handover}"
+            )
+        gain = Gain(GainKind.STEP_SHARE, None, "no worker count gains here")
+        return recommendation, gain, {}
+    if f.cpu_bound:
+        recommendation = (
+            f"Loading is CPU-bound: {a.why}, so even {f.available_cpus:.1f} busy CPU(s) deliver "
+            f"a batch no faster than every {f.step_ms:,.1f} ms. {line} gets that far; past it, "
+            f"more workers only compete for the same CPUs. {offline}{handover}"
+        )
+    else:
+        where = (
+            "The DataLoader loads in the training process (num_workers=0): load in worker processes"
+            if not a.workers_now
+            else f"{now} cannot keep up: load in more worker processes"
+        )
+        recommendation = (
+            f"{where}, {line}: {a.why}, so {a.workers} worker(s) keep up"
+            + (
+                " (the wait is mostly I/O or sleep, so workers may outnumber the CPUs)"
+                if not f.cpu_work
+                else ""
+            )
+            + ". `starvecheck loader` measures each num_workers on your storage."
+            + handover
+        )
+    gain = Gain(
+        GainKind.THROUGHPUT,
+        round(f.speedup, 3),
+        f"predicted: the mean step from {f.step_ms * f.speedup:,.1f} ms to "
+        f"{f.step_ms:,.1f} ms with num_workers={a.workers} ({f.available_cpus:.1f} "
+        "CPU(s) for workers)",
+    )
+    return recommendation, gain, {"num_workers": a.workers}
