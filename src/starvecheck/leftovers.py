@@ -8,7 +8,7 @@ lock files by prefix, multiprocessing's /tmp/pymp-* directory).
 
 A run that ends normally, by Ctrl-C, SIGTERM or SIGHUP removes all of it. SIGKILL (an
 out-of-memory kill is one) cannot be caught: the directory stays. A later run in the
-same PATH reports such leftovers; `starvecheck clean PATH` removes a
+same PATH reports such leftovers; `starvecheck clean PATH` (reclaim.py) removes a
 directory only when its marker proves it is starvecheck's (a small regular file of
 the caller's in a directory of the caller's, a well-formed record) and that its
 creator is gone (no process with that pid and start time on this boot).
@@ -16,7 +16,7 @@ creator is gone (no process with that pid and start time on this boot).
 A marker is written by whoever can write in PATH (a shared scratch or data mount), so
 it is untrusted input: it is read by file type first (a directory, FIFO, link or huge
 file named like it is "not starvecheck's", never an error), and what it names outside
-the directory is removed only where it is what such a line may name.
+the directory is removed only where reclaim.py proves it is starvecheck's own.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 MARKER = ".starvecheck-owner"
@@ -39,7 +39,6 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # A marker is opened without following a link and without blocking (a FIFO).
 MARKER_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 NO_MARKER = "no starvecheck marker (made before 0.2, or not ours)"
-SHM_DIR = "/dev/shm"
 
 
 def _read(path: str) -> str | None:
@@ -242,100 +241,3 @@ def report(path: str, warn: Callable[[str], None]) -> None:
             f"starvecheck runs that were killed ({names}{more}): `starvecheck clean {path}` "
             "removes them"
         )
-
-
-# --- removing -------------------------------------------------------------------------
-
-
-@dataclass
-class Cleaned:
-    removed: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)  # "path: why"
-
-
-def remove(x: Leftover, dry_run: bool = False) -> Cleaned:
-    """Remove a dead run's directory and what its marker says it made elsewhere."""
-    out = Cleaned()
-    if not x.removable:
-        out.left.append(f"{x.path}: {x.why}")
-        return out
-    for extra in x.extras:
-        for target in _extra_paths(extra, x.path):
-            if dry_run:
-                if os.path.lexists(target):
-                    out.removed.append(target)
-                continue
-            try:
-                if os.path.isdir(target) and not os.path.islink(target):
-                    _empty_and_remove(target, out, depth=1)
-                else:
-                    os.unlink(target)
-                    out.removed.append(target)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                out.left.append(f"{target}: {e.strerror}")
-    if dry_run:
-        out.removed.append(x.path)
-    else:
-        _empty_and_remove(x.path, out, depth=2)
-    return out
-
-
-def _extra_paths(extra: dict[str, Any], scratch: str) -> Iterator[str]:
-    """The paths one marker line names, each checked to be what such a line may name."""
-    prefix, names = extra.get("streaming_prefix"), extra.get("shm_names", [])
-    if isinstance(prefix, int) and 0 <= prefix < 10**6 and _prefix_is(prefix, scratch):
-        for name in names if isinstance(names, list) else []:
-            if isinstance(name, str) and "/" not in name:
-                yield os.path.join(SHM_DIR, f"{prefix:06}_{name}")
-        root = extra.get("filelock_root")
-        for name in extra.get("filelock_names", []) if isinstance(root, str) else []:
-            if isinstance(name, str) and "/" not in name:
-                yield os.path.join(root, f"{prefix:06}_{name}")
-    pymp = extra.get("pymp")
-    if isinstance(pymp, str) and os.path.basename(pymp).startswith("pymp-"):
-        yield pymp
-
-
-def _prefix_is(prefix: int, scratch: str) -> bool:
-    """Streaming's prefix is still the dead run's: its `locals` block, which lists the
-    local directories of the datasets using the prefix, is gone or names `scratch`
-    (a prefix is handed out again only once that block is gone)."""
-    try:
-        with open(os.path.join(SHM_DIR, f"{prefix:06}_locals"), "rb") as f:
-            held = f.read(1 << 20)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return os.fsencode(scratch) in held
-
-
-def _empty_and_remove(path: str, out: Cleaned, depth: int) -> None:
-    """Unlink what `path` holds (links themselves, never their targets), down `depth`
-    levels of directories, then rmdir it; what is deeper or odd is left and said."""
-    try:
-        fd = os.open(path, DIR_FLAGS)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")
-        return
-    try:
-        for entry in sorted(os.listdir(fd), key=lambda n: n == MARKER):  # the marker last
-            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                if depth > 1:
-                    _empty_and_remove(os.path.join(path, entry), out, depth - 1)
-                else:
-                    out.left.append(f"{os.path.join(path, entry)}: deeper than starvecheck makes")
-                continue
-            os.unlink(entry, dir_fd=fd)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(path)
-        out.removed.append(path)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")

@@ -28,11 +28,15 @@ def clean(
     out-of-memory kill) in PATH, with the shared memory and lock files their markers
     name.
 
-    A directory is removed only when its marker proves it is starvecheck's (same owner)
-    and that the process that made it is gone; others are listed with the reason
-    (still running, made on another host, no marker). Nothing else is touched.
+    A directory is removed only when its marker proves it is starvecheck's (a file of
+    yours, same owner) and that the process that made it is gone; others are listed
+    with the reason (still running, made on another host, no marker). What a marker
+    names outside PATH is removed only where it is exactly what starvecheck makes there
+    (multiprocessing's pymp-* directory and Streaming's blocks and lock files in the
+    temporary directory, /dev/shm), yours, and used by no process; anything else is
+    refused and listed. Nothing else is touched.
     """
-    from starvecheck import leftovers
+    from starvecheck import leftovers, reclaim
 
     c = context_of(ctx)
     target = os.path.realpath(path)
@@ -42,7 +46,7 @@ def clean(
     removed: list[str] = []
     left: list[str] = []
     for x in found:
-        done = leftovers.remove(x, dry_run=dry_run)
+        done = reclaim.remove(x, environ=c.environ, dry_run=dry_run)
         removed += done.removed
         left += done.left
     verb = "would remove" if dry_run else "removed"
