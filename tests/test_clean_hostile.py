@@ -529,6 +529,25 @@ def test_stray_entries_named_like_scratch_directories_stop_nothing(where) -> Non
     assert (real / "shard.bin").exists()  # never cleaned through the link
 
 
+# --- names shown escaped -------------------------------------------------------------------
+
+
+def test_clean_shows_control_characters_and_odd_bytes_escaped(where) -> None:
+    data = where["data"]
+    d = _forge(data, "starvecheck-\x1b[31mred\nx")
+    raw = os.path.join(os.fsencode(data), b"starvecheck-\xff")
+    os.mkdir(raw)
+    forged = {"pymp": "/tmp/pymp-\x1b]0;owned\x07"}
+    _forge(data, "starvecheck-io-b", forged)
+    out = _clean(data, where["tmp"])
+    assert not d.exists()
+    assert f"removed {data}/starvecheck-\\x1b[31mred\\nx\n" in out
+    assert f"left   {data}/starvecheck-\\xff: no starvecheck marker" in out
+    assert "left   /tmp/pymp-\\x1b]0;owned\\x07: refused:" in out
+    assert "\x1b" not in out and "\x07" not in out and "\udcff" not in out
+    assert len(out.splitlines()) == 4  # removed, two left, the kept marker
+
+
 # --- the readers of /proc, fed text ------------------------------------------------------
 
 

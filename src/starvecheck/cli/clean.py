@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from starvecheck.cli.common import app, context_of
+from starvecheck.cli.common import app, context_of, printable
 from starvecheck.status import UsageError
 
 
@@ -50,11 +50,12 @@ def clean(
         removed += done.removed
         left += done.left
     verb = "would remove" if dry_run else "removed"
+    # Names come from PATH and from markers anyone who can write there wrote: escaped.
     for p in removed:
-        c.stdout.write(f"{verb} {p}\n")
+        c.stdout.write(f"{verb} {printable(p)}\n")
     for p in left:
-        c.stdout.write(f"left   {p}\n")
+        c.stdout.write(f"left   {printable(p)}\n")
     if not found:
-        c.stdout.write(f"no starvecheck scratch directories in {target}\n")
+        c.stdout.write(f"no starvecheck scratch directories in {printable(target)}\n")
     c.stdout.flush()
     return 0
