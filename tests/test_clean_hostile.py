@@ -610,3 +610,40 @@ def test_locals_dirs_reads_streamings_packing() -> None:
 def test_temp_dir_is_chosen_as_tempfile_chooses_it(tmp_path) -> None:
     assert claims.temp_dir({"TMPDIR": str(tmp_path)}) == str(tmp_path)
     assert claims.temp_dir({"TMPDIR": str(tmp_path / "missing")}) in ("/tmp", "/var/tmp")
+
+
+# --- what starvecheck itself records passes the proofs -----------------------------------
+
+
+def _recorded(tmp_path: Path, note: Callable[[], None]) -> list[object]:
+    """What `note` records in a scratch directory's marker, as clean plans it."""
+    from starvecheck.scratch import Scratch
+
+    with Scratch(str(tmp_path)) as s:
+        note()
+        owner, extras, _ = leftovers._marker(s.dir_fd())
+        assert owner is not None
+        x = leftovers.Leftover(s.path, owner, tuple(extras))
+        return claims.plan(x, claims.temp_dir(os.environ))
+
+
+def test_what_prepare_workers_records_is_provably_multiprocessings(tmp_path) -> None:
+    from starvecheck.stages.workers import prepare_workers
+
+    (item,) = _recorded(tmp_path, prepare_workers)
+    assert isinstance(item, claims.Target) and item.kind == "pymp", item
+
+
+def test_what_marker_line_records_is_provably_streamings(tmp_path) -> None:
+    pytest.importorskip("streaming")
+    import tempfile
+    import types
+
+    from starvecheck import scratch
+    from starvecheck.stages import mds
+
+    streaming = mds.load_streaming()
+    dataset = types.SimpleNamespace(_shm_prefix_int=987_654, _filelock_root=tempfile.gettempdir())
+    items = _recorded(tmp_path, lambda: scratch.note_all(mds.marker_line(dataset, streaming)))
+    assert items and all(isinstance(i, claims.Target) for i in items), items
+    assert len(items) == len(streaming.shm_names) + len(streaming.filelock_names)
