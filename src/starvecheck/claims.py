@@ -57,7 +57,7 @@ _RANDOM = "[a-z0-9_]{8}"
 PYMP_NAME = re.compile(f"pymp-{_RANDOM}")  # multiprocessing.util.get_temp_dir
 LISTENER_NAME = re.compile(f"listener-{_RANDOM}")  # connection.arbitrary_address
 ARENA_NAME = re.compile(f"pym-[0-9]+-{_RANDOM}")  # heap.Arena, when /dev/shm is full
-SHOWN_CHARS = 200  # of a marker value that is not even a path
+SHOWN_CHARS = 200  # of a marker value, as a refusal shows it
 
 
 @dataclass(frozen=True)
@@ -113,20 +113,26 @@ def _shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
+def _cut(path: str) -> str:
+    """A path as a refusal shows it: a marker may name one of 64 KiB."""
+    return path if len(path) <= SHOWN_CHARS else path[:SHOWN_CHARS] + "..."
+
+
 def _pymp_target(value: Any, tmp: str) -> Target | Refused:
     if not isinstance(value, str):
         return Refused(f"pymp {_shown(value)}", "not a path")
     if not os.path.isabs(value) or os.path.normpath(value) != value:
-        return Refused(value, "not an absolute path in its plain form")
+        return Refused(_cut(value), "not an absolute path in its plain form")
     parent, name = os.path.split(value)
     if parent not in (tmp, "/tmp"):
         return Refused(
-            value,
+            _cut(value),
             f"not in the temporary directory ({tmp}) or /tmp, where multiprocessing makes "
             "its directory (run clean with the TMPDIR the run had)",
         )
     if not PYMP_NAME.fullmatch(name):
-        return Refused(value, "not a name multiprocessing gives its directory (pymp-XXXXXXXX)")
+        why = "not a name multiprocessing gives its directory (pymp-XXXXXXXX)"
+        return Refused(_cut(value), why)
     return Target("pymp", parent, name)
 
 
@@ -169,7 +175,7 @@ def _listed(value: Any) -> list[Any]:
 
 
 def _named(where: str, group: str, name: Any) -> str:
-    return os.path.join(where, f"{group}_{name if isinstance(name, str) else _shown(name)}")
+    return _cut(os.path.join(where, f"{group}_{name if isinstance(name, str) else _shown(name)}"))
 
 
 def locals_dirs(data: bytes) -> list[str] | None:
