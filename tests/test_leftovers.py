@@ -159,7 +159,11 @@ def test_a_run_killed_with_sigkill_is_reported_then_cleaned(tmp_path: Path) -> N
     )
     assert f"starvecheck clean {data}" in r.stderr
 
-    dry = run("clean", "--dry-run", str(data))
+    # Streaming's lock files are in the run's TMPDIR: another one proves nothing there.
+    elsewhere = run("clean", "--dry-run", str(data))
+    assert elsewhere.exit_code == 0 and "the TMPDIR the run had" in elsewhere.stdout
+    assert f"would remove {left}\n" not in elsewhere.stdout
+    dry = run("clean", "--dry-run", str(data), env={"TMPDIR": str(tmp)})
     assert dry.exit_code == 0 and f"would remove {left}" in dry.stdout and left.is_dir()
 
     r = run("clean", str(data), env={"TMPDIR": str(tmp)})

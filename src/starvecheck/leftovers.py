@@ -8,11 +8,15 @@ lock files by prefix, multiprocessing's /tmp/pymp-* directory).
 
 A run that ends normally, by Ctrl-C, SIGTERM or SIGHUP removes all of it. SIGKILL (an
 out-of-memory kill is one) cannot be caught: the directory stays. A later run in the
-same PATH reports such leftovers; `starvecheck clean PATH` removes a directory only
-when its marker proves it is starvecheck's (same uid, a well-formed record) and that
-its creator is gone (no process with that pid and start time on this boot), and
-removes only what a scratch directory can hold (files and one level of
-subdirectories, never following a link). Nothing else is ever touched.
+same PATH reports such leftovers; `starvecheck clean PATH` (reclaim.py) removes a
+directory only when its marker proves it is starvecheck's (a small regular file of
+the caller's in a directory of the caller's, a well-formed record) and that its
+creator is gone (no process with that pid and start time on this boot).
+
+A marker is written by whoever can write in PATH (a shared scratch or data mount), so
+it is untrusted input: it is read by file type first (a directory, FIFO, link or huge
+file named like it is "not starvecheck's", never an error), and what it names outside
+the directory is removed only where reclaim.py proves it is starvecheck's own.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 MARKER = ".starvecheck-owner"
@@ -32,7 +36,9 @@ PREFIX = "starvecheck-"
 MAX_MARKER_BYTES = 64 << 10  # a marker is a few lines; anything bigger is not ours
 # A directory opened to work relative to it, never through a link (scratch.py too).
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-SHM_DIR = "/dev/shm"
+# A marker is opened without following a link and without blocking (a FIFO).
+MARKER_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+NO_MARKER = "no starvecheck marker (made before 0.2, or not ours)"
 
 
 def _read(path: str) -> str | None:
@@ -81,35 +87,68 @@ class Leftover:
     extras: tuple[dict[str, Any], ...] = ()  # things made outside the directory
     why: str = ""  # why it is not removable, where it is not
     kept: bool = False  # left on purpose (--keep), not by a killed run
+    ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) as scanned: removal checks it
 
     @property
     def removable(self) -> bool:
         return not self.why
 
 
-def _marker(dir_fd: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _marker(dir_fd: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
+    """The marker's owner record and its other lines, or None and why it is not one.
+
+    By file type first: anything but a small regular file of this user's is not
+    starvecheck's, never an error (a directory, a FIFO that would block a read, a link,
+    a huge file: anyone who can write in PATH can put one there)."""
     try:
-        fd = os.open(MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        st = os.stat(MARKER, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
-        return None, []
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None, []
-        data = f.read(MAX_MARKER_BYTES + 1)
+        return None, [], NO_MARKER
+    if (why := _not_ours(st)) is not None:
+        return None, [], why
+    try:  # opened without blocking and without following, then checked again: a swap
+        fd = os.open(MARKER, MARKER_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None, [], NO_MARKER
+    try:
+        st = os.fstat(fd)
+        if (why := _not_ours(st)) is not None:
+            return None, [], why
+        data = b""
+        while len(data) <= MAX_MARKER_BYTES and (chunk := os.read(fd, 1 << 16)):
+            data += chunk
+    except OSError:
+        return None, [], NO_MARKER
+    finally:
+        os.close(fd)
     if len(data) > MAX_MARKER_BYTES:
-        return None, []
+        return None, [], f"{NO_MARKER}: its {MARKER} is larger than a marker"
+    return _records(data)
+
+
+def _not_ours(st: os.stat_result) -> str | None:
+    if not stat.S_ISREG(st.st_mode):
+        return f"{NO_MARKER}: its {MARKER} is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"{NO_MARKER}: its {MARKER} belongs to uid {st.st_uid}, not to you"
+    if st.st_size > MAX_MARKER_BYTES:
+        return f"{NO_MARKER}: its {MARKER} is larger than a marker"
+    return None
+
+
+def _records(data: bytes) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
     records = []
     for line in data.splitlines():
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):  # [[[[... nests too deep
             value = json.loads(line)
             if isinstance(value, dict):
                 records.append(value)
     if not records or records[0].get("tool") != "starvecheck":
-        return None, []
+        return None, [], NO_MARKER
     owner = records[0]
-    if not isinstance(owner.get("pid"), int) or not isinstance(owner.get("uid"), int):
-        return None, []
-    return owner, records[1:]
+    if type(owner.get("pid")) is not int or type(owner.get("uid")) is not int:
+        return None, [], NO_MARKER
+    return owner, records[1:], ""
 
 
 def alive(owner: dict[str, Any]) -> bool | None:
@@ -127,39 +166,57 @@ def alive(owner: dict[str, Any]) -> bool | None:
 
 def scan(path: str) -> list[Leftover]:
     """Every `starvecheck-*` directory directly in `path`, with whether it may be
-    removed (its creator gone) and, where not, why."""
+    removed (its creator gone) and, where not, why. Entries that are not directories
+    (files, FIFOs, links) are not starvecheck's and are skipped; nothing here raises."""
     try:
-        entries = sorted(e for e in os.listdir(path) if e.startswith(PREFIX))
+        path_fd = os.open(path, DIR_FLAGS & ~os.O_NOFOLLOW)
     except OSError:
         return []
     found = []
-    for name in entries:
-        full = os.path.join(path, name)
-        try:
-            fd = os.open(full, DIR_FLAGS)
-        except OSError:
-            continue  # not a directory (or a link to one): not ours
-        try:
-            owner, extras = _marker(fd)
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        found.append(_judge(full, owner, extras, st.st_uid))
+    try:
+        for name in sorted(e for e in os.listdir(path_fd) if e.startswith(PREFIX)):
+            try:
+                fd = os.open(name, DIR_FLAGS, dir_fd=path_fd)
+            except OSError:
+                continue  # not a directory (or a link to one): not ours
+            try:
+                owner, extras, why = _marker(fd)
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            full = os.path.join(path, name)
+            found.append(_judge(full, owner, extras, why, st))
+    except OSError:
+        pass
+    finally:
+        os.close(path_fd)
     return found
 
 
-def _judge(path: str, owner: dict[str, Any] | None, extras: list[Any], uid: int) -> Leftover:
+def _judge(
+    path: str, owner: dict[str, Any] | None, extras: list[Any], why: str, st: os.stat_result
+) -> Leftover:
+    ident = (st.st_dev, st.st_ino)
     if owner is None:
-        return Leftover(path, None, (), "no starvecheck marker (made before 0.2, or not ours)")
-    if owner["uid"] != uid:
-        return Leftover(path, owner, (), "its marker names another owner than the directory's")
+        return Leftover(path, None, (), why or NO_MARKER, ident=ident)
+    if st.st_uid != os.geteuid():
+        why = f"the directory belongs to uid {st.st_uid}, not to you"
+        return Leftover(path, owner, (), why, ident=ident)
+    if owner["uid"] != st.st_uid:
+        why = "its marker names another owner than the directory's"
+        return Leftover(path, owner, (), why, ident=ident)
     running = alive(owner)
     if running is None:
-        return Leftover(path, owner, (), f"made on host {owner.get('host')}: run clean there")
+        why = f"made on host {owner.get('host')}: run clean there"
+        return Leftover(path, owner, (), why, ident=ident)
     if running:
-        return Leftover(path, owner, (), f"in use: pid {owner['pid']} is still running")
+        why = f"in use: pid {owner['pid']} is still running"
+        return Leftover(path, owner, (), why, ident=ident)
     kept = any(e.get("kept") is True for e in extras)
-    return Leftover(path, owner, tuple(e for e in extras if "kept" not in e), kept=kept)
+    others = tuple(e for e in extras if "kept" not in e)
+    return Leftover(path, owner, others, kept=kept, ident=ident)
 
 
 def dead(path: str) -> list[Leftover]:
@@ -184,100 +241,3 @@ def report(path: str, warn: Callable[[str], None]) -> None:
             f"starvecheck runs that were killed ({names}{more}): `starvecheck clean {path}` "
             "removes them"
         )
-
-
-# --- removing -------------------------------------------------------------------------
-
-
-@dataclass
-class Cleaned:
-    removed: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)  # "path: why"
-
-
-def remove(x: Leftover, dry_run: bool = False) -> Cleaned:
-    """Remove a dead run's directory and what its marker says it made elsewhere."""
-    out = Cleaned()
-    if not x.removable:
-        out.left.append(f"{x.path}: {x.why}")
-        return out
-    for extra in x.extras:
-        for target in _extra_paths(extra, x.path):
-            if dry_run:
-                if os.path.lexists(target):
-                    out.removed.append(target)
-                continue
-            try:
-                if os.path.isdir(target) and not os.path.islink(target):
-                    _empty_and_remove(target, out, depth=1)
-                else:
-                    os.unlink(target)
-                    out.removed.append(target)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                out.left.append(f"{target}: {e.strerror}")
-    if dry_run:
-        out.removed.append(x.path)
-    else:
-        _empty_and_remove(x.path, out, depth=2)
-    return out
-
-
-def _extra_paths(extra: dict[str, Any], scratch: str) -> Iterator[str]:
-    """The paths one marker line names, each checked to be what such a line may name."""
-    prefix, names = extra.get("streaming_prefix"), extra.get("shm_names", [])
-    if isinstance(prefix, int) and 0 <= prefix < 10**6 and _prefix_is(prefix, scratch):
-        for name in names if isinstance(names, list) else []:
-            if isinstance(name, str) and "/" not in name:
-                yield os.path.join(SHM_DIR, f"{prefix:06}_{name}")
-        root = extra.get("filelock_root")
-        for name in extra.get("filelock_names", []) if isinstance(root, str) else []:
-            if isinstance(name, str) and "/" not in name:
-                yield os.path.join(root, f"{prefix:06}_{name}")
-    pymp = extra.get("pymp")
-    if isinstance(pymp, str) and os.path.basename(pymp).startswith("pymp-"):
-        yield pymp
-
-
-def _prefix_is(prefix: int, scratch: str) -> bool:
-    """Streaming's prefix is still the dead run's: its `locals` block, which lists the
-    local directories of the datasets using the prefix, is gone or names `scratch`
-    (a prefix is handed out again only once that block is gone)."""
-    try:
-        with open(os.path.join(SHM_DIR, f"{prefix:06}_locals"), "rb") as f:
-            held = f.read(1 << 20)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return os.fsencode(scratch) in held
-
-
-def _empty_and_remove(path: str, out: Cleaned, depth: int) -> None:
-    """Unlink what `path` holds (links themselves, never their targets), down `depth`
-    levels of directories, then rmdir it; what is deeper or odd is left and said."""
-    try:
-        fd = os.open(path, DIR_FLAGS)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")
-        return
-    try:
-        for entry in sorted(os.listdir(fd), key=lambda n: n == MARKER):  # the marker last
-            st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                if depth > 1:
-                    _empty_and_remove(os.path.join(path, entry), out, depth - 1)
-                else:
-                    out.left.append(f"{os.path.join(path, entry)}: deeper than starvecheck makes")
-                continue
-            os.unlink(entry, dir_fd=fd)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")
-    finally:
-        os.close(fd)
-    try:
-        os.rmdir(path)
-        out.removed.append(path)
-    except OSError as e:
-        out.left.append(f"{path}: {e.strerror}")

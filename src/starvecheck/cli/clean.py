@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from starvecheck.cli.common import app, context_of
+from starvecheck.cli.common import app, context_of, printable
 from starvecheck.status import UsageError
 
 
@@ -28,11 +28,15 @@ def clean(
     out-of-memory kill) in PATH, with the shared memory and lock files their markers
     name.
 
-    A directory is removed only when its marker proves it is starvecheck's (same owner)
-    and that the process that made it is gone; others are listed with the reason
-    (still running, made on another host, no marker). Nothing else is touched.
+    A directory is removed only when its marker proves it is starvecheck's (a file of
+    yours, same owner) and that the process that made it is gone; others are listed
+    with the reason (still running, made on another host, no marker). What a marker
+    names outside PATH is removed only where it is exactly what starvecheck makes there
+    (multiprocessing's pymp-* directory and Streaming's blocks and lock files in the
+    temporary directory, /dev/shm), yours, and used by no process; anything else is
+    refused and listed. Nothing else is touched.
     """
-    from starvecheck import leftovers
+    from starvecheck import leftovers, reclaim
 
     c = context_of(ctx)
     target = os.path.realpath(path)
@@ -42,15 +46,16 @@ def clean(
     removed: list[str] = []
     left: list[str] = []
     for x in found:
-        done = leftovers.remove(x, dry_run=dry_run)
+        done = reclaim.remove(x, environ=c.environ, dry_run=dry_run)
         removed += done.removed
         left += done.left
     verb = "would remove" if dry_run else "removed"
+    # Names come from PATH and from markers anyone who can write there wrote: escaped.
     for p in removed:
-        c.stdout.write(f"{verb} {p}\n")
+        c.stdout.write(f"{verb} {printable(p)}\n")
     for p in left:
-        c.stdout.write(f"left   {p}\n")
+        c.stdout.write(f"left   {printable(p)}\n")
     if not found:
-        c.stdout.write(f"no starvecheck scratch directories in {target}\n")
+        c.stdout.write(f"no starvecheck scratch directories in {printable(target)}\n")
     c.stdout.flush()
     return 0

@@ -344,12 +344,19 @@ def _say(c: Context, line: str) -> None:
     terminal. Nowhere to say it (stderr closed): nothing."""
     if c.stderr is None:
         return
-    c.stderr.write(_printable(line) + "\n")
+    c.stderr.write(printable(line) + "\n")
     c.stderr.flush()
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on shown as an escape: control
+    characters and newlines as \\n, \\x1b, ...; the bytes of a file name that are not
+    UTF-8 (os.fsdecode's surrogates) as \\xff; printable text of any script as is."""
     return "".join(
-        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        ch
+        if ch.isprintable() or ch == " "
+        else f"\\x{ord(ch) - 0xDC00:02x}"
+        if 0xDC80 <= ord(ch) <= 0xDCFF
+        else ch.encode("unicode_escape").decode("ascii")
         for ch in text
     )

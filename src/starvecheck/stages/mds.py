@@ -185,7 +185,8 @@ def release(dataset: Any, streaming: Streaming) -> None:
 
 def marker_line(dataset: Any, streaming: Streaming) -> dict[str, Any]:
     """What `release` removes, as a scratch marker records it (leftovers.py): should
-    the run be killed, `starvecheck clean` removes the same."""
+    the run be killed, `starvecheck clean` removes the same, by Streaming's own names
+    and in the temporary directory it uses, whatever a marker says (claims.py)."""
     return {
         "streaming_prefix": getattr(dataset, "_shm_prefix_int", None),
         "shm_names": list(streaming.shm_names),

@@ -34,7 +34,9 @@ def prepare_workers() -> None:
         path = util.get_temp_dir()
     finally:
         tempfile.tempdir = saved
-    note_all({"pymp": path})  # for `starvecheck clean`, should we be killed
+    # For `starvecheck clean`, should we be killed. clean removes it only as made here:
+    # directly in the temporary directory or /tmp, named pymp-XXXXXXXX (claims.py).
+    note_all({"pymp": path})
 
 
 # `stop_workers(stuck=True)`: how long idle workers get to leave on their own before
