@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, TextIO
 
+from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S
 from starvecheck.loop.timer import Watch
 
 SINGLE = "_SingleProcessDataLoaderIter"  # the DataLoader iterator at num_workers=0
@@ -28,9 +29,16 @@ class Hooked:
         file: TextIO | None = None,
         show: bool = True,
         barrier: bool = False,
+        barrier_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.watch: Watch[Any] = Watch(
-            (), sync=sync, every=every, file=file, show=show, barrier=barrier
+            (),
+            sync=sync,
+            every=every,
+            file=file,
+            show=show,
+            barrier=barrier,
+            barrier_timeout=barrier_timeout,
         )
         self.watch.times.iterator = self.trainer
 
