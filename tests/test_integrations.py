@@ -272,3 +272,62 @@ def test_the_readme_snippet_runs_as_printed(tmp_path, callback, packages):
     assert waits, r.stderr[-3000:]
     # 8 samples of 5 ms each: most of a toy step waits for data
     assert 30 <= float(waits.group(1)) <= 120 and float(waits.group(2)) > 70
+
+
+# --- a trainer that is there but broken: one line, never a trainer's traceback ------------
+
+
+def fake_package(root: Path, name: str, body: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(body)
+
+
+BROKEN = "raise RuntimeError('this lightning is broken: ' + 'x' * 40)\n"
+
+
+def import_callback(root: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """`from starvecheck.integrations import <name>` in a fresh interpreter whose
+    sys.path holds the fake packages in `root` before the real ones."""
+    code = f"from starvecheck.integrations import {name} as C; "
+    code += "print([c.__module__ for c in C.__mro__])"
+    path = os.pathsep.join([str(root), str(SRC)])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
+def test_a_broken_lightning_falls_back_to_pytorch_lightning(tmp_path):
+    fake_package(tmp_path, "lightning", BROKEN)
+    fake_package(tmp_path, "pytorch_lightning", "class Callback:\n    pass\n")
+    r = import_callback(tmp_path, "LightningCallback")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "pytorch_lightning" in r.stdout
+
+
+def test_no_lightning_that_imports_is_one_line_saying_how_to_install(tmp_path):
+    fake_package(tmp_path, "lightning", BROKEN)
+    fake_package(tmp_path, "pytorch_lightning", "import no_such_module_here\n")
+    r = import_callback(tmp_path, "LightningCallback")
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: LightningCallback needs Lightning"), r.stderr
+    assert "RuntimeError: this lightning is broken" in last
+    assert "No module named 'no_such_module_here'" in last
+    assert "pip install 'starvecheck[lightning]'" in last
+    # the trainers' own tracebacks are not chained on: ours and the import line alone
+    assert "During handling" not in r.stderr and len(r.stderr.splitlines()) < 12, r.stderr
+
+
+def test_a_broken_transformers_is_one_line_saying_how_to_install(tmp_path):
+    fake_package(tmp_path, "transformers", "raise RuntimeError('broken transformers')\n")
+    r = import_callback(tmp_path, "TransformersCallback")
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: TransformersCallback needs transformers"), r.stderr
+    assert "RuntimeError: broken transformers" in last
+    assert "pip install 'starvecheck[transformers]'" in last
+    assert "During handling" not in r.stderr and len(r.stderr.splitlines()) < 12, r.stderr

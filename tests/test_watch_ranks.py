@@ -337,3 +337,38 @@ def test_a_long_run_sends_only_its_last_steps(monkeypatch):
     assert stage.one(quantity="step_ms", rank="rank 1").n == 8
     assert stage.parameters["common_steps"] == 8
     assert f["profile.straggler"].title.startswith("rank 1 is a straggler")
+
+
+STOPS_EARLY_AT_THE_BARRIER = """
+import sys, time
+import torch.distributed as dist
+import starvecheck
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+steps = 6 if rank == 1 else 30
+started = time.monotonic()
+for _ in starvecheck.watch(range(steps), barrier=True, barrier_timeout=TIMEOUT):
+    time.sleep(0.002)
+print(f"rank {rank} done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+if rank == 1:
+    time.sleep(LIVES_S)  # other work, or a hang: it never comes to the barrier again
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lives_s", [12, 0])
+def test_a_barrier_that_a_rank_left_is_given_up_within_its_timeout(tmp_path, lives_s):
+    """Rank 1 stops after 6 steps, then lives on 12 s (or leaves at once): rank 0's 7th
+    barrier waits at most barrier_timeout, goes on without it, and says so."""
+    timeout = 2
+    script = tmp_path / "stops_early.py"
+    script.write_text(f"TIMEOUT, LIVES_S = {timeout}, {lives_s}\n" + STOPS_EARLY_AT_THE_BARRIER)
+    p = torchrun(str(script), timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    took = float(p.stderr.split("rank 0 done in ", 1)[1].split(" s", 1)[0])
+    assert took < timeout + 4, p.stderr[-3000:]
+    text = " ".join(p.stderr.split())
+    assert "barrier=True: rank 0 gave up its barrier at step 7 after" in text
+    assert "ranks completed different numbers of steps (rank 0 30, rank 1 6)" in text
+    assert "Traceback" not in p.stderr

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from starvecheck.model import Finding, Report
+from starvecheck.signals import importing
 from starvecheck.status import Unavailable, UsageError
 
 SLOW_ENV = "STARVECHECK_SLOW_RANKS"
@@ -68,7 +69,8 @@ def slow_ms(environ: Mapping[str, str], rank: int) -> float:
 
 def gather(report: Report, rank: Rank, environ: Mapping[str, str]) -> list[dict[str, Any]] | None:
     """Every rank's report on rank 0 (None on the others), through gloo."""
-    import torch.distributed as dist
+    with importing():
+        import torch.distributed as dist
 
     payload = {
         "rank": rank.rank,

@@ -1,8 +1,9 @@
 """Signals as exceptions, process-wide: SIGTERM and SIGHUP raise like Ctrl-C while a
 run has something to clean up, so every `finally` runs; held while a critical step
-(making or removing a directory) must not be cut short; a signal swallowed where Python
-drops exceptions (an at-fork callback, a `__del__`) raised again at the next
-`check_signals`. scratch.py, the stages and the command line all use it.
+(making or removing a directory) must not be cut short, and while a library whose
+import runs C++ code is imported (`importing`); a signal swallowed where Python drops
+exceptions (an at-fork callback, a `__del__`) raised again at the next `check_signals`.
+scratch.py, the stages and the command line all use it.
 """
 
 from __future__ import annotations
@@ -161,7 +162,10 @@ def signals_held() -> Iterator[None]:
     def hold(signum: int, frame: object) -> None:
         pending.append(signum)
 
-    old = {s: signal.signal(s, hold) for s in SIGNALS}
+    # A handler set outside Python (getsignal says None) cannot be put back: left alone.
+    old = {s: h for s in SIGNALS if (h := signal.getsignal(s)) is not None}
+    for s in old:
+        signal.signal(s, hold)
     try:
         yield
     finally:
@@ -169,3 +173,21 @@ def signals_held() -> Iterator[None]:
             signal.signal(s, h)
         if pending:
             signal.raise_signal(pending[0])
+
+
+@contextlib.contextmanager
+def importing() -> Iterator[None]:
+    """Around the import of a library whose import runs C++ code: torch, and what imports
+    it (transformers, streaming), matplotlib, pyarrow. Signals are held until the import
+    is done, then the first is raised at the next line of Python.
+
+    Why: while torch initialises its C++ extension, pybind11 calls back into Python
+    (importlib's locks); a handler that raises there (ours, in `signals_raise`) throws a
+    C++ exception through code that cannot pass it on, and the process aborts (exit
+    134, 85 lines from pybind11). `torch._C._c10d_init` did, for one SIGTERM to the
+    process group at start-up in a dozen on one machine, in a few hundred on another
+    (tests/test_signals_import.py hits it every time). Held, the signal waits the rest
+    of the import (a second or so), never longer.
+    """
+    with signals_held():
+        yield

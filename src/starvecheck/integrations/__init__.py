@@ -13,8 +13,8 @@ A step begins when the trainer has its batch (transformers: `on_step_begin`;
 Lightning: `on_train_batch_start`) and ends after the optimizer step (`on_step_end`,
 `on_train_batch_end`); the data wait is the time from one step's end to the next
 one's begin, less logging, evaluation and checkpoints the trainer reports there.
-Options as `watch`'s: sync, every, file, show, barrier. Under torch.distributed
-(DDP through accelerate or Lightning) rank 0 reports every rank.
+Options as `watch`'s: sync, every, file, show, barrier, barrier_timeout. Under
+torch.distributed (DDP through accelerate or Lightning) rank 0 reports every rank.
 
 Importing this package imports neither trainer: each class is made on first use.
 The callbacks live with the loop's timer (starvecheck/loop/trainers/); this is their

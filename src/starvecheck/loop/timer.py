@@ -26,9 +26,9 @@ ends.
 
 Under torch.distributed (a process group initialised when the loop starts) each rank
 times its own loop and rank 0 reports every rank (loop/ranks.py). `barrier=True` adds
-a timed `dist.barrier()` once each batch has arrived, so what the other ranks lose
-waiting for a slow rank's data is measured there (`rank_wait_ms`) rather than
-estimated.
+a timed barrier once each batch has arrived, so what the other ranks lose waiting for
+a slow rank's data is measured there (`rank_wait_ms`) rather than estimated; a barrier
+that waits past `barrier_timeout` seconds is given up (loop/barrier.py).
 
 At the end of each pass (and every `every` steps) it prints the step breakdown and
 the checklist that `starvecheck profile --trace` gives for a trace, to stderr, or
@@ -36,6 +36,10 @@ returns it: `report()`, `result()`, `summary()`. The report is built, judged and
 rendered as a command's is (starvecheck.report, render.terminal). The per-step cost
 is a few perf_counter calls and two array appends (see benchmarks/watch_overhead.py).
 The figures themselves are a `LoopTimes` (loop/times.py), in `.times`.
+
+starvecheck's own code never raises into the loop (loop/output.py): a `file=` that can
+never take the report is refused when the watch is made; a report that cannot be
+written later, or any failure of ours while reporting, is one warning line on stderr.
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
 
+from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
 from starvecheck.loop.handover import Handover, batch_nbytes, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
+from starvecheck.loop.output import check_file, never_raising
 from starvecheck.loop.times import LoopTimes
 from starvecheck.model import Caveat, Report, StageResult
 
@@ -71,19 +77,27 @@ class Watch(Generic[T]):
         file: TextIO | None = None,
         show: bool = True,
         barrier: bool = False,
+        barrier_timeout: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ValueError(f"every must be a positive number of steps, not {every!r}")
+        if not isinstance(barrier_timeout, int | float) or not 0 < barrier_timeout < 1e9:
+            raise ValueError(
+                f"barrier_timeout must be a positive number of seconds, not {barrier_timeout!r}"
+            )
+        check_file(file)
         self.iterable = iterable
         self.barrier = barrier
+        self.barrier_timeout = float(barrier_timeout)
         self.every = every
         self.file = file
         self.show = show
         self.clock = clock
         self.times = LoopTimes(sync=sync)  # what is measured
         self._synchronize: Callable[[], None] | None = None
-        self._barrier: Callable[[], object] | None = None
+        self._barrier: Barrier | None = None
+        self._warned: set[str] = set()  # what the loop was warned of (loop/output.py)
         self._printed_at = 0  # steps completed when the report was last printed
         self.peers: Peers | None = None  # the other ranks, under torch.distributed
         self._found_peers = False
@@ -151,14 +165,17 @@ class Watch(Generic[T]):
                 wait_runq.append(queued() - asked_runq)
                 if sized < SIZED:  # reading the sizes is ours: counted in neither
                     sized += 1
-                    t.batch_bytes = max(t.batch_bytes or 0, batch_nbytes(item))
+                    t.batch_bytes = max(t.batch_bytes or 0, self._nbytes(item))
                     received, got_cpu = clock(), cpu()
                 got_pcpu = pcpu()
                 if barrier is not None:
-                    arrived = received
-                    barrier()
-                    received, got_cpu = clock(), cpu()
-                    rank_waits.append(received - arrived)
+                    barrier.wait(len(waits))
+                    if barrier:
+                        arrived = received
+                        received, got_cpu = clock(), cpu()
+                        rank_waits.append(received - arrived)
+                    else:  # given up: the wait is the step's, as without a barrier
+                        barrier = self._rank_barrier()
                 yield item
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
@@ -168,9 +185,10 @@ class Watch(Generic[T]):
                 compute_pcpu.append(pcpu() - got_pcpu)
             raise
         finally:
-            if workers:  # the pass's last reading, where its workers are still there
-                workers.sample(len(computes), t.worker_cpu)
-            runq.close()
+            with never_raising(self._warned, "end the pass"):
+                if workers:  # the pass's last reading, where its workers are still there
+                    workers.sample(len(computes), t.worker_cpu)
+                runq.close()
             self.end_pass()
 
     # A trainer's steps and passes, from its hooks (loop/trainers/).
@@ -190,10 +208,13 @@ class Watch(Generic[T]):
         t.wait_runq.append(0.0)
         barrier = self._rank_barrier()
         if barrier is not None:
-            barrier()
-            arrived, now = now, self.clock()
-            now_cpu = time.thread_time()
-            t.rank_waits.append(now - arrived)
+            barrier.wait(len(t.waits))
+            if barrier:
+                arrived, now = now, self.clock()
+                now_cpu = time.thread_time()
+                t.rank_waits.append(now - arrived)
+            else:
+                self._rank_barrier()  # the note of why
         self._began, self._began_cpu, self._began_pcpu = now, now_cpu, time.process_time()
         self._gap = None
 
@@ -236,19 +257,21 @@ class Watch(Generic[T]):
         self.times.drop_unfinished()
         steps = len(self.times.computes)
         show = self.show and steps != self._printed_at
-        if self._distributed() is not None:
-            self._exchange(final=True, show=show)
-        elif show:
-            self._print()
         self._printed_at = steps
+        with never_raising(self._warned, "write its report"):
+            if self._distributed() is not None:
+                self._exchange(final=True, show=show)
+            elif show:
+                self._print()
 
     def _checkpoint(self) -> None:
         """Every `every` steps: print (rank 0: every rank's figures so far)."""
-        if self._distributed() is not None:
-            self._exchange(final=False, show=True)
-        else:
-            self._print()
         self._printed_at = len(self.times.computes)
+        with never_raising(self._warned, "write its report"):
+            if self._distributed() is not None:
+                self._exchange(final=False, show=True)
+            else:
+                self._print()
 
     # torch.distributed
 
@@ -271,13 +294,18 @@ class Watch(Generic[T]):
         if show and len(self.times.computes):
             self._print()
 
-    def _rank_barrier(self) -> Callable[[], object] | None:
-        """dist.barrier when barrier=True and a process group is there, else None
-        (with a note saying why, once)."""
+    def _rank_barrier(self) -> Barrier | None:
+        """The barrier when barrier=True and a process group is there, else None (with
+        a note saying why, once): none either once it was given up (loop/barrier.py)."""
         if not self.barrier:
             return None
         if self._barrier is not None:
-            return self._barrier
+            if self._barrier:
+                return self._barrier
+            self.barrier = False
+            assert self._barrier.gave_up is not None
+            self.times.notes.append(self._barrier.gave_up)
+            return None
         peers = self._distributed()
         if peers is None:
             self.barrier = False
@@ -289,17 +317,8 @@ class Watch(Generic[T]):
                 )
             )
             return None
-        import torch.distributed as dist
-
-        self._barrier = dist.barrier
-        if dist.get_backend() == "nccl":
-            # NCCL's barrier guesses the device from the rank unless told; the one this
-            # process uses is the current one (torch.cuda.set_device(local_rank)).
-            import torch
-
-            device = torch.cuda.current_device()
-            self._barrier = lambda: dist.barrier(device_ids=[device])
-        return self._barrier
+        self._barrier = Barrier.make(self.barrier_timeout, peers.rank)
+        return self._rank_barrier()
 
     def _sync(self) -> Callable[[], None]:
         if self._synchronize is not None:
@@ -318,6 +337,15 @@ class Watch(Generic[T]):
                     )
                 )
         return self._synchronize
+
+    @staticmethod
+    def _nbytes(item: object) -> int:
+        """A batch's bytes (loop/handover.batch_nbytes), 0 where the user's objects
+        will not say (an `nbytes` property that raises)."""
+        try:
+            return batch_nbytes(item)
+        except Exception:
+            return 0
 
     # What it found
 
@@ -397,6 +425,15 @@ def watch(
     file: TextIO | None = None,
     show: bool = True,
     barrier: bool = False,
+    barrier_timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Watch[T]:
     """Wrap the iterable a training loop consumes; see the module docstring."""
-    return Watch(iterable, sync=sync, every=every, file=file, show=show, barrier=barrier)
+    return Watch(
+        iterable,
+        sync=sync,
+        every=every,
+        file=file,
+        show=show,
+        barrier=barrier,
+        barrier_timeout=barrier_timeout,
+    )

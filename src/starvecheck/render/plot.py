@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.model import StageResult
+from starvecheck.signals import importing, signals_held
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot on Agg (files, no display), imported with signals held."""
+    with importing():
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    return plt
 
 
 def _save(fig: Any, path: str) -> None:
@@ -12,10 +23,7 @@ def _save(fig: Any, path: str) -> None:
     half-written PNG behind, and one during the short write waits for it to end."""
     import io
 
-    import matplotlib.pyplot as plt
-
-    from starvecheck.signals import signals_held
-
+    plt = _pyplot()
     buf = io.BytesIO()
     try:
         fig.savefig(buf, format="png")
@@ -27,10 +35,7 @@ def _save(fig: Any, path: str) -> None:
 
 def sweep_plot(result: StageResult, path: str) -> None:
     """GPU idle share against num_workers: measured, and both models' predictions."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     g = float(result.parameters.get("step_ms", 0.0))
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
@@ -74,10 +79,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
 def loader_plot(result: StageResult, path: str) -> None:
     """Samples/s against num_workers, one line per layout and cache state, with the
     effective CPUs and each layout's recommended count marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     from starvecheck.figures import loader_curve
 
@@ -182,12 +184,10 @@ def _batch_image(layout: Any, lengths: Any, batch: int, width: int) -> Any:
 def pad_plot(run: Any, path: str) -> None:
     """One heatmap per strategy: a typical batch, rows by positions, real tokens (two
     shades, so packed samples show their boundaries) against padding."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
+    plt = _pyplot()
+    with importing():
+        from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Patch
 
     from starvecheck.strategies import LABELS
 
@@ -260,10 +260,7 @@ def chain_plot(report: Any, path: str) -> None:
     consumes (a log scale: links differ by orders of magnitude), the demand as the line
     at 1x, the weakest link marked, the sentence on its fix as the title. A link not
     measured is drawn hatched, with why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     links = list(report.chain)
     demand = next((x.demand for x in links if x.demand), None)

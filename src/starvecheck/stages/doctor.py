@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.model import StageResult
+from starvecheck.signals import importing
 from starvecheck.stages import registry
 from starvecheck.stages.base import Progress, RunContext
 from starvecheck.status import Unavailable, UsageError
@@ -76,7 +77,8 @@ def resolve_step(w: Workload, quick: bool, progress: Progress) -> tuple[Workload
 
 
 def cuda_present() -> bool:
-    import torch
+    with importing():
+        import torch
 
     return bool(torch.cuda.is_available())
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.signals import importing
 from starvecheck.status import UsageError
 
 # FILE.py:FUNC or package.module:FUNC; FUNC a plain name (no dots: an attribute path
@@ -188,6 +189,11 @@ def load(
     """Import the module, call FUNC, and read what it returned."""
     started = time.perf_counter()
     where = f"loader --factory {spec.text}"
+    # torch first, with signals held (signals.importing): the module's own `import
+    # torch` then finds it loaded, so neither a signal nor the time limit's SIGALRM
+    # raises inside torch's C++ start-up.
+    with importing():
+        import torch  # noqa: F401
 
     def run() -> Any:
         with stdout_to_stderr():
@@ -223,7 +229,8 @@ def load(
 
 def from_object(spec: Spec, made: Any, batch_size: int | None) -> Pipeline:
     """A Pipeline from what FUNC returned, or one line saying it is none of the three."""
-    from torch.utils.data import DataLoader, Dataset, IterableDataset
+    with importing():
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     where = f"loader --factory {spec.text}"
     if isinstance(made, DataLoader):
@@ -276,7 +283,8 @@ def loader_settings(dl: Any) -> dict[str, Any]:
         out["prefetch_factor"] = int(dl.prefetch_factor)
     if getattr(dl, "in_order", True) is False:
         out["in_order"] = False
-    from torch.utils.data import IterableDataset
+    with importing():
+        from torch.utils.data import IterableDataset
 
     if not isinstance(dl.dataset, IterableDataset):
         if dl.batch_size is None:  # a batch_sampler of the user's own

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from starvecheck.model import Metric
+from starvecheck.signals import importing
 from starvecheck.status import Unavailable
 
 GPT2_POSITIONS = 1024
@@ -32,7 +33,8 @@ class Measured:
 
 
 def measure(batch_size: int, context: int, quick: bool) -> Measured:
-    import torch
+    with importing():
+        import torch
 
     from starvecheck.stages import profile as profile_stage
 
@@ -89,7 +91,8 @@ def _time_steps(
 ) -> list[float]:
     import contextlib
 
-    import torch
+    with importing():
+        import torch
 
     def precision() -> contextlib.AbstractContextManager[object]:
         if bf16:

@@ -36,7 +36,7 @@ from starvecheck import cache
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch import Scratch
-from starvecheck.signals import check_signals, signals_held, signals_raise
+from starvecheck.signals import check_signals, importing, signals_held, signals_raise
 from starvecheck.stages.base import BaseStage, OnDisk, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.datasets import (
@@ -115,7 +115,8 @@ def run_epoch(
     """One epoch (or `limit` batches) through a fresh DataLoader, each batch within
     `batch_timeout_s` (stages/batches.py; 0: no limit). Workers are shut down and the
     dataset released on every way out, Ctrl-C and a stuck worker included."""
-    import torch
+    with importing():
+        import torch
 
     clock = time.perf_counter
     dataset = None
@@ -323,7 +324,8 @@ def _run(
     """LoaderStage.measure's work."""
     import multiprocessing
 
-    import torch
+    with importing():
+        import torch
 
     from starvecheck import preflight
 

@@ -36,6 +36,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.signals import importing
+
 LOCALS = "locals"  # the block that holds a prefix (streaming.base.shared.prefix)
 INSTALL_HINT = "install the streaming extra: pip install 'starvecheck[streaming]'"
 
@@ -60,10 +62,11 @@ def load_streaming() -> Streaming:
         raise StreamingUnavailable(INSTALL_HINT)
     added = _hollow_packages(next(iter(spec.submodule_search_locations)))
     try:
-        from streaming.base import constant
-        from streaming.base.dataset import StreamingDataset
-        from streaming.base.format.mds.writer import MDSWriter
-        from streaming.base.shared.memory import SharedMemory
+        with importing():
+            from streaming.base import constant
+            from streaming.base.dataset import StreamingDataset
+            from streaming.base.format.mds.writer import MDSWriter
+            from streaming.base.shared.memory import SharedMemory
     except Exception as e:  # a broken install: numpy or torch of the wrong version, ...
         for name in added:
             sys.modules.pop(name, None)

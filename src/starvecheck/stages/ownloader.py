@@ -24,6 +24,7 @@ from typing import Any
 from starvecheck.criteria import knee
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.preflight import fit_open_files
+from starvecheck.signals import importing
 from starvecheck.stages import options
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.factory import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load, parse_spec
@@ -306,7 +307,8 @@ def run_factory(plan: Plan, progress: Callable[[str, int, int], None]) -> StageR
     (signals_raise): workers are stopped on every way out."""
     import time
 
-    import torch
+    with importing():
+        import torch
 
     started = time.perf_counter()
     pipeline = load(parse_spec(plan.spec), plan.batch_size, plan.factory_timeout_s)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.signals import check_signals
+from starvecheck.signals import check_signals, importing
 from starvecheck.stages.batches import Batches
 from starvecheck.stages.factory import Pipeline, one_line
 from starvecheck.stages.owndata import (
@@ -117,7 +117,8 @@ def make_loader(pipeline: Pipeline, config: Config) -> Any:
     """A DataLoader on the user's dataset with the user's sampler, collate and other
     settings, and `config`'s num_workers, prefetch_factor, persistent_workers and
     pin_memory."""
-    from torch.utils.data import DataLoader
+    with importing():
+        from torch.utils.data import DataLoader
 
     kwargs = {
         k: v

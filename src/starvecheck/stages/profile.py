@@ -29,7 +29,7 @@ from typing import Any
 from starvecheck import cache
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.scratch import Scratch
-from starvecheck.signals import check_signals, signals_held, signals_raise
+from starvecheck.signals import check_signals, importing, signals_held, signals_raise
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.options import ProfileOptions
@@ -133,17 +133,20 @@ class _Collate:
 
 
 def build_model(plan: Plan) -> tuple[Any, Any]:
-    import torch
+    with importing():
+        import torch
 
     try:
-        import transformers.utils.import_utils as transformers_imports
+        with importing():
+            import transformers.utils.import_utils as transformers_imports
 
         # A text model needs no torchvision, but transformers imports it whenever it is
         # installed, and a torchvision built for another torch fails to import (as with
         # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
         if hasattr(transformers_imports, "_torchvision_available"):
             transformers_imports._torchvision_available = False
-        from transformers import GPT2Config, GPT2LMHeadModel
+        with importing():
+            from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError as e:
         raise UsageError("profile needs transformers: pip install 'starvecheck[text]'") from e
     layers, heads, width, vocab, seq, _ = plan.shape
@@ -184,8 +187,9 @@ def run_scenario(
     """Warm-up, eviction (with --cold), profiled steps, each batch within
     `batch_timeout_s` (0: no limit); workers shut down and the dataset released on
     every way out."""
-    import torch
-    from torch.profiler import ProfilerActivity, record_function, schedule
+    with importing():
+        import torch
+        from torch.profiler import ProfilerActivity, record_function, schedule
 
     cuda = plan.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -308,7 +312,8 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
 
 
 def resolve_device(requested: str) -> str:
-    import torch
+    with importing():
+        import torch
 
     available = torch.cuda.is_available()
     if requested == "auto":

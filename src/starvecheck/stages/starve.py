@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.criteria import least_idle
 from starvecheck.model import Caveat, Metric, StageResult
-from starvecheck.signals import check_signals
+from starvecheck.signals import check_signals, importing
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.options import StarveOptions, default_workers
@@ -179,7 +179,8 @@ def measure_point(
 ) -> Point:
     """One worker count: the first batch, warm-up steps, then the measured steps, each
     batch within `batch_timeout_s` plus its simulated work (0: no limit)."""
-    import torch
+    with importing():
+        import torch
 
     point = Point(workers)
     clock = time.perf_counter
@@ -375,7 +376,8 @@ def run(
             )
             extra = {"capacity_workers": w, "capacity_runs": plan.capacity_runs}
     metrics = summarize(plan, d_ms, points)
-    import torch
+    with importing():
+        import torch
 
     params = {
         **plan.parameters(),

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from starvecheck.signals import importing
 from starvecheck.status import UsageError
 
 FORMATS = ("jsonl", "json", "parquet", "csv", "tsv", "text")
@@ -578,7 +579,8 @@ def _parquet(
             "it is read as written: gunzip it first"
         )
     try:
-        import pyarrow.parquet as pq  # an optional extra: starvecheck[parquet]
+        with importing():
+            import pyarrow.parquet as pq  # an optional extra: starvecheck[parquet]
     except ImportError:
         raise UsageError(
             f"--dataset {path}: Parquet needs pyarrow: pip install 'starvecheck[parquet]'"
@@ -819,11 +821,13 @@ def load_tokenizer(name: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        from transformers import AutoTokenizer
+        with importing():
+            from transformers import AutoTokenizer
     except ImportError as e:
         raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
     if os.path.isfile(name):  # a lone tokenizer.json, as `tokenizer.save("...")` writes it
-        from transformers import PreTrainedTokenizerFast
+        with importing():
+            from transformers import PreTrainedTokenizerFast
 
         try:
             return PreTrainedTokenizerFast(tokenizer_file=name)

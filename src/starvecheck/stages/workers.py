@@ -8,6 +8,8 @@ import signal
 import sys
 from typing import Any
 
+from starvecheck.signals import importing
+
 # Workers hand each batch over through a Unix socket in that directory
 # (`pymp-XXXXXXXX/listener-XXXXXXXX`), and a socket's path holds at most 107 bytes: a
 # temporary directory longer than this leaves too little room, and every hand-over
@@ -77,7 +79,8 @@ def _kill_stuck(it: Any) -> None:
     import contextlib
     import time
 
-    from torch.utils.data import _utils
+    with importing():
+        from torch.utils.data import _utils
 
     # Not after torch's shutdown ran (a second call, its queues closed): kill only.
     with contextlib.suppress(AttributeError, OSError, ValueError):

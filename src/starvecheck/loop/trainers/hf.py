@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import TrainerCallback
+from starvecheck.loop.trainers.hooks import Hooked, trainer_class
 
-from starvecheck.loop.trainers.hooks import Hooked
+TrainerCallback = trainer_class(
+    "TransformersCallback",
+    "transformers",
+    "transformers",
+    ("transformers", "TrainerCallback"),
+)
 
 
 class TransformersCallback(Hooked, TrainerCallback):  # type: ignore[misc]

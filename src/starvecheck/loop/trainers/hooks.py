@@ -6,8 +6,10 @@ options. Each callback maps its trainer's hooks onto the timer's two lifecycles:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, TextIO
 
+from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S
 from starvecheck.loop.timer import Watch
 
 SINGLE = "_SingleProcessDataLoaderIter"  # the DataLoader iterator at num_workers=0
@@ -27,9 +29,16 @@ class Hooked:
         file: TextIO | None = None,
         show: bool = True,
         barrier: bool = False,
+        barrier_timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.watch: Watch[Any] = Watch(
-            (), sync=sync, every=every, file=file, show=show, barrier=barrier
+            (),
+            sync=sync,
+            every=every,
+            file=file,
+            show=show,
+            barrier=barrier,
+            barrier_timeout=barrier_timeout,
         )
         self.watch.times.iterator = self.trainer
 
@@ -39,3 +48,23 @@ class Hooked:
         if isinstance(workers, int):
             self.watch.times.num_workers = workers
             self.watch.times.iterator = SINGLE if workers == 0 else MULTI
+
+
+def trainer_class(callback: str, needs: str, extra: str, *where: tuple[str, str]) -> Any:
+    """The trainer's class from the first of `where` (module, name) that imports. Any
+    error counts as not importing, not only ImportError: a broken installation raises
+    whatever its own import raises (a RuntimeError from transformers' lazy modules, or
+    from a package whose dependency changed under it). None that imports: an ImportError
+    of one line, what failed and how to install, instead of the trainer's traceback."""
+    failed = []
+    for module, name in where:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except Exception as e:
+            why = " ".join(str(e).split())
+            why = why if len(why) <= 200 else why[:197] + "..."
+            failed.append(f"import {module} failed ({type(e).__name__}: {why})")
+    raise ImportError(
+        f"{callback} needs {needs}: {'; '.join(failed)}; "
+        f"install it with: pip install 'starvecheck[{extra}]'"
+    )

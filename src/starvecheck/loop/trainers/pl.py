@@ -7,19 +7,23 @@ validation where due (`on_validation_start` .. `on_validation_end`, left out of 
 wait). An epoch's first wait counts from `on_train_epoch_start`.
 
 Subclasses `lightning.pytorch.Callback`, or `pytorch_lightning.Callback` where only
-that package is installed: pass it to the Trainer of the same package.
+that package is installed, or `lightning` is there but does not import: pass it to the
+Trainer of the same package.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from starvecheck.loop.trainers.hooks import Hooked
+from starvecheck.loop.trainers.hooks import Hooked, trainer_class
 
-try:
-    from lightning.pytorch import Callback
-except ImportError:  # the older package name
-    from pytorch_lightning import Callback  # type: ignore[no-redef]
+Callback = trainer_class(
+    "LightningCallback",
+    "Lightning",
+    "lightning",
+    ("lightning.pytorch", "Callback"),
+    ("pytorch_lightning", "Callback"),  # the older package name
+)
 
 
 class LightningCallback(Hooked, Callback):  # type: ignore[misc]

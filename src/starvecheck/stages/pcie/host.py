@@ -12,6 +12,7 @@ from typing import Any
 
 from starvecheck.probe.machine import Machine
 from starvecheck.probe.nvml import normalise_bus_id
+from starvecheck.signals import importing
 from starvecheck.stages.options import PcieOptions
 from starvecheck.stages.pcie import bandwidth as bw
 
@@ -43,7 +44,8 @@ class Plan:
 def cuda_unavailable() -> str | None:
     """None when a CUDA device can be used, else why not, in one line."""
     try:
-        import torch
+        with importing():
+            import torch
     except ImportError as e:
         return f"torch is not installed ({e})"
     version = getattr(torch, "__version__", "?")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.model import Metric
+from starvecheck.signals import importing
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import copies
 from starvecheck.stages.pcie.bandwidth import size_name
@@ -53,7 +54,8 @@ class Measurement:
         self.done += 1
 
     def run(self) -> None:
-        import torch
+        with importing():
+            import torch
 
         self.torch = torch
         self.device = torch.device("cuda", torch.cuda.current_device())
