@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from starvecheck.inputs import PSEUDO_FS, fstype
 from starvecheck.stages.options import default_threads
 from starvecheck.status import UsageError
 from starvecheck.units import parse_size
@@ -21,15 +22,6 @@ def sample_size(text: str) -> int:
     if size > MAX_SAMPLE_SIZE:
         raise UsageError(f"--sample-size {text}: at most 1GiB")
     return size
-
-
-# Filesystems that hold no data: a kernel's views (/proc, /sys, ...). Measuring there
-# read 0 B free and wrote nowhere sensible.
-PSEUDO_FS = {
-    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
-    "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "binfmt_misc",
-    "autofs", "efivarfs", "selinuxfs", "rpc_pipefs", "nsfs",
-}  # fmt: skip
 
 
 def data_path(path: str | None, existing: bool, command: str = "io") -> str:
@@ -48,10 +40,10 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     except OSError as e:
         raise UsageError(f"{shown}: {_reason(e)}") from None
     target = os.path.realpath(path)
-    fstype = _fstype(target)
-    if fstype in PSEUDO_FS:
+    kind = fstype(target)
+    if kind in PSEUDO_FS:
         raise UsageError(
-            f"{shown}: on {fstype}, a kernel interface, not storage: give a directory on the "
+            f"{shown}: on {kind}, a kernel interface, not storage: give a directory on the "
             "filesystem that holds your training data"
         )
     if existing:
@@ -85,15 +77,6 @@ def _reason(e: OSError) -> str:
     return text[0].lower() + text[1:]
 
 
-def _fstype(path: str) -> str | None:
-    from starvecheck.probe.mounts import mount_for, read_mounts
-    from starvecheck.probe.sysroot import SysRoot
-
-    mounts = read_mounts(SysRoot(Path("/"))).value
-    mount = mount_for(mounts, path) if mounts else None
-    return mount.fstype if mount is not None else None
-
-
 def thread_counts(text: str | None, effective: int | None) -> tuple[int, ...]:
     if text is None:
         return default_threads(effective)
@@ -124,6 +107,14 @@ def fields(given: list[str] | None) -> tuple[str, ...]:
     if any(not n for n in names):
         raise UsageError("--field: empty field name")
     return names
+
+
+def byte_limit(option: str, text: str) -> int | None:
+    """A limit on bytes read: a size such as 4GiB or 512M; 0 for none (None)."""
+    size = parse_size(text)
+    if size is None:
+        raise UsageError(f"{option} {text!r}: expected a size such as 4GiB or 512M (0: no limit)")
+    return size or None
 
 
 def plot_path(value: str | None) -> str | None:
