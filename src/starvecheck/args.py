@@ -5,6 +5,8 @@ text)."""
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from starvecheck.inputs import PSEUDO_FS, fstype
@@ -118,19 +120,85 @@ def byte_limit(option: str, text: str) -> int | None:
 
 
 def plot_path(value: str | None) -> str | None:
-    """Check --plot before anything runs: its directory, and that matplotlib is there."""
+    """Check --plot before anything runs: the file (as output_file), and that
+    matplotlib is there. '-' is no file: a PNG is not written to stdout."""
     if value is None:
         return None
-    target = Path(value)
-    if value == "" or target.is_dir():
+    if value in ("", "-") or os.path.isdir(value):
         raise UsageError(f"--plot {value!r}: needs a file path, such as idle.png")
-    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
-        raise UsageError(f"--plot {value}: directory {target.parent} is missing or not writable")
+    output_file("--plot", value)
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
     return value
+
+
+def output_file(option: str, value: str) -> None:
+    """Refuse, before anything is measured, a path that cannot take a report: a
+    directory, a file of a kernel interface (/proc/version: the write fails, after the
+    run), a missing directory, no permission. A file that exists is written in place
+    (/dev/null, a CI step summary, a pipe): its own permission decides; a new one needs
+    a writable directory. What only the write can tell (a full disk, /dev/full) is
+    one line then."""
+    if value == "":
+        raise UsageError(f"{option} needs a path, or '-' for stdout")
+    try:
+        st = os.stat(value)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"{option} {value}: {_reason(e)}") from None
+    target = Path(value)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{option} {value}: is a directory")
+        kind = fstype(os.path.realpath(value)) if stat.S_ISREG(st.st_mode) else None
+        if kind in PSEUDO_FS:
+            raise UsageError(
+                f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
+            )
+        if not os.access(value, os.W_OK):
+            raise UsageError(f"{option} {value}: not writable")
+        return
+    parent = target.parent  # Path("r.json").parent is Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {value}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {value}: not writable")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """One file under two names: ./F, a symlink (realpath), a hard link (samefile)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def distinct_files(
+    outputs: Sequence[tuple[str, str | None]], inputs: Sequence[tuple[str, str | None]] = ()
+) -> None:
+    """Refuse, before anything is measured, two outputs that name one file (one would
+    overwrite the other: --plot X --json X), and an output that names an input (the
+    report would overwrite the trace or dataset it was made from). `-` is stdout, not
+    a file: where it may appear twice is the caller's to say."""
+    files = [(o, p) for o, p in outputs if p not in (None, "", "-")]
+    sources = [(o, p) for o, p in inputs if p not in (None, "", "-")]
+    for i, (option, path) in enumerate(files):
+        for other, other_path in files[i + 1 :]:
+            if _same_file(path, other_path):
+                raise UsageError(
+                    f"{option} {path} and {other} {other_path} are the same file: give each its own"
+                )
+        for source, source_path in sources:
+            if _same_file(path, source_path):
+                raise UsageError(
+                    f"{option} {path} is the file {source} {source_path} reads: writing the "
+                    "report there would overwrite it; give the report its own file"
+                )
 
 
 def output_dir(option: str, value: str) -> str:
@@ -166,6 +234,12 @@ def copy_sizes(text: str) -> tuple[int, ...]:
     if bad:
         raise UsageError(f"--sizes {text!r}: each size must be from 4KiB to 16GiB")
     return tuple(sorted({s for s in sizes if s is not None}))
+
+
+def factory_file(spec: str | None) -> str | None:
+    """The file of a --factory FILE.py:FUNC (None for package.module:FUNC or none)."""
+    where = (spec or "").rpartition(":")[0]
+    return where if where.endswith(".py") or os.sep in where else None
 
 
 def factory_alone(**given: object) -> None:

@@ -184,7 +184,6 @@ def doctor(
     from starvecheck.workload import check, read_file, resolve
 
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
     plot_path = args.plot_path(plot)
     stages = doctor_stage.select(only, skip)
     given: dict[str, Any] = {}
@@ -208,6 +207,17 @@ def doctor(
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
     from_option = w.source("dataset") == "option"
+    out = Outputs.check(
+        json_path,
+        markdown_path,
+        fail_on,
+        plot=plot,
+        inputs=[
+            ("--workload", workload_file),
+            ("--dataset" if from_option else "the workload's dataset", w.dataset),
+            ("--factory", args.factory_file(w.factory)),
+        ],
+    )
     if w.dataset is not None and "pad" in stages:  # refused now, not after the other stages
         where = "--dataset" if from_option else f"--workload {workload_file}: dataset"
         inputs.check(w.dataset, f"{where} {w.dataset}")

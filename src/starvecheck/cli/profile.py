@@ -128,7 +128,9 @@ def profile(
     With --trace FILE|DIR, your own run's traces are analysed instead, every rank.
     """
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
+    out = Outputs.check(
+        json_path, markdown_path, fail_on, inputs=[("--trace", t) for t in trace or ()]
+    )
     if trace is not None:
         loop_options = {
             "PATH": path is not None,
