@@ -5,8 +5,11 @@ text)."""
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Sequence
 from pathlib import Path
 
+from starvecheck.inputs import PSEUDO_FS, fstype
 from starvecheck.stages.options import default_threads
 from starvecheck.status import UsageError
 from starvecheck.units import parse_size
@@ -21,15 +24,6 @@ def sample_size(text: str) -> int:
     if size > MAX_SAMPLE_SIZE:
         raise UsageError(f"--sample-size {text}: at most 1GiB")
     return size
-
-
-# Filesystems that hold no data: a kernel's views (/proc, /sys, ...). Measuring there
-# read 0 B free and wrote nowhere sensible.
-PSEUDO_FS = {
-    "proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
-    "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "binfmt_misc",
-    "autofs", "efivarfs", "selinuxfs", "rpc_pipefs", "nsfs",
-}  # fmt: skip
 
 
 def data_path(path: str | None, existing: bool, command: str = "io") -> str:
@@ -48,10 +42,10 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     except OSError as e:
         raise UsageError(f"{shown}: {_reason(e)}") from None
     target = os.path.realpath(path)
-    fstype = _fstype(target)
-    if fstype in PSEUDO_FS:
+    kind = fstype(target)
+    if kind in PSEUDO_FS:
         raise UsageError(
-            f"{shown}: on {fstype}, a kernel interface, not storage: give a directory on the "
+            f"{shown}: on {kind}, a kernel interface, not storage: give a directory on the "
             "filesystem that holds your training data"
         )
     if existing:
@@ -83,15 +77,6 @@ def _reason(e: OSError) -> str:
     """An OSError's reason in lower case, as ls says it ("no such file or directory")."""
     text = e.strerror or type(e).__name__
     return text[0].lower() + text[1:]
-
-
-def _fstype(path: str) -> str | None:
-    from starvecheck.probe.mounts import mount_for, read_mounts
-    from starvecheck.probe.sysroot import SysRoot
-
-    mounts = read_mounts(SysRoot(Path("/"))).value
-    mount = mount_for(mounts, path) if mounts else None
-    return mount.fstype if mount is not None else None
 
 
 def thread_counts(text: str | None, effective: int | None) -> tuple[int, ...]:
@@ -126,20 +111,94 @@ def fields(given: list[str] | None) -> tuple[str, ...]:
     return names
 
 
+def byte_limit(option: str, text: str) -> int | None:
+    """A limit on bytes read: a size such as 4GiB or 512M; 0 for none (None)."""
+    size = parse_size(text)
+    if size is None:
+        raise UsageError(f"{option} {text!r}: expected a size such as 4GiB or 512M (0: no limit)")
+    return size or None
+
+
 def plot_path(value: str | None) -> str | None:
-    """Check --plot before anything runs: its directory, and that matplotlib is there."""
+    """Check --plot before anything runs: the file (as output_file), and that
+    matplotlib is there. '-' is no file: a PNG is not written to stdout."""
     if value is None:
         return None
-    target = Path(value)
-    if value == "" or target.is_dir():
+    if value in ("", "-") or os.path.isdir(value):
         raise UsageError(f"--plot {value!r}: needs a file path, such as idle.png")
-    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
-        raise UsageError(f"--plot {value}: directory {target.parent} is missing or not writable")
+    output_file("--plot", value)
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
     return value
+
+
+def output_file(option: str, value: str) -> None:
+    """Refuse, before anything is measured, a path that cannot take a report: a
+    directory, a file of a kernel interface (/proc/version: the write fails, after the
+    run), a missing directory, no permission. A file that exists is written in place
+    (/dev/null, a CI step summary, a pipe): its own permission decides; a new one needs
+    a writable directory. What only the write can tell (a full disk, /dev/full) is
+    one line then."""
+    if value == "":
+        raise UsageError(f"{option} needs a path, or '-' for stdout")
+    try:
+        st = os.stat(value)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"{option} {value}: {_reason(e)}") from None
+    target = Path(value)
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{option} {value}: is a directory")
+        kind = fstype(os.path.realpath(value)) if stat.S_ISREG(st.st_mode) else None
+        if kind in PSEUDO_FS:
+            raise UsageError(
+                f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
+            )
+        if not os.access(value, os.W_OK):
+            raise UsageError(f"{option} {value}: not writable")
+        return
+    parent = target.parent  # Path("r.json").parent is Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {value}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {value}: not writable")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """One file under two names: ./F, a symlink (realpath), a hard link (samefile)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def distinct_files(
+    outputs: Sequence[tuple[str, str | None]], inputs: Sequence[tuple[str, str | None]] = ()
+) -> None:
+    """Refuse, before anything is measured, two outputs that name one file (one would
+    overwrite the other: --plot X --json X), and an output that names an input (the
+    report would overwrite the trace or dataset it was made from). `-` is stdout, not
+    a file: where it may appear twice is the caller's to say."""
+    files = [(o, p) for o, p in outputs if p not in (None, "", "-")]
+    sources = [(o, p) for o, p in inputs if p not in (None, "", "-")]
+    for i, (option, path) in enumerate(files):
+        for other, other_path in files[i + 1 :]:
+            if _same_file(path, other_path):
+                raise UsageError(
+                    f"{option} {path} and {other} {other_path} are the same file: give each its own"
+                )
+        for source, source_path in sources:
+            if _same_file(path, source_path):
+                raise UsageError(
+                    f"{option} {path} is the file {source} {source_path} reads: writing the "
+                    "report there would overwrite it; give the report its own file"
+                )
 
 
 def output_dir(option: str, value: str) -> str:
@@ -175,6 +234,12 @@ def copy_sizes(text: str) -> tuple[int, ...]:
     if bad:
         raise UsageError(f"--sizes {text!r}: each size must be from 4KiB to 16GiB")
     return tuple(sorted({s for s in sizes if s is not None}))
+
+
+def factory_file(spec: str | None) -> str | None:
+    """The file of a --factory FILE.py:FUNC (None for package.module:FUNC or none)."""
+    where = (spec or "").rpartition(":")[0]
+    return where if where.endswith(".py") or os.sep in where else None
 
 
 def factory_alone(**given: object) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from starvecheck.inputs import open_input, read_all
 from starvecheck.status import UsageError
 from starvecheck.strategies import STRATEGIES
 from starvecheck.units import format_bytes, parse_size
@@ -29,6 +30,8 @@ LAYOUTS = ("shard", "small_files")
 # of ~1 PFLOP/s of bf16), so a CPU-only run still judges the pipeline against a GPU.
 ASSUMED_STEP_MS = 400.0
 MAX_SAMPLE_SIZE = 1 << 30
+# A workload file holds a dozen keys: a few hundred bytes. More than this is not one.
+MAX_FILE_BYTES = 1 << 20
 
 # key: (kind, low, high). kind: int, float, size, choice, text, texts.
 _RULES: dict[str, tuple[str, Any, Any]] = {
@@ -170,14 +173,10 @@ def read_file(path: str) -> dict[str, Any]:
             raise UsageError("--workload needs Python 3.11 or the tomli package") from e
     where = f"--workload {path}"
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError as e:
-        raise UsageError(f"{where}: no such file") from e
-    except IsADirectoryError as e:
-        raise UsageError(f"{where}: is a directory") from e
+        with open_input(path, where, MAX_FILE_BYTES, gunzip=False) as f:
+            data = tomllib.loads(read_all(f).decode("utf-8"))
     except OSError as e:
-        raise UsageError(f"{where}: cannot read it: {e.strerror}") from e
+        raise UsageError(f"{where}: cannot read it: {e.strerror or e}") from e
     except UnicodeDecodeError as e:
         raise UsageError(f"{where}: not UTF-8 text") from e
     except tomllib.TOMLDecodeError as e:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -171,35 +171,28 @@ class Outputs:
         return "-" not in (self.json, self.markdown)
 
     @classmethod
-    def check(cls, json_path: str | None, markdown_path: str | None, fail_on: FailOn) -> Outputs:
-        """Refuse unwritable destinations before anything is measured."""
+    def check(
+        cls,
+        json_path: str | None,
+        markdown_path: str | None,
+        fail_on: FailOn,
+        *,
+        plot: str | None = None,
+        inputs: Sequence[tuple[str, str | None]] = (),
+    ) -> Outputs:
+        """Refuse, before anything is measured, what cannot take the report (args.
+        output_file), two outputs naming one file, an output naming one of the `inputs`
+        ((option, path): the trace, dataset, ... the command reads), and stdout twice."""
+        from starvecheck import args
+
         if json_path == "-" and markdown_path == "-":
             raise UsageError("--json - and --markdown - cannot both write to stdout")
-        if json_path not in (None, "-", "") and markdown_path not in (None, "-", ""):
-            # realpath: the same file through ./F or a symlink; samefile: a hard link.
-            same = os.path.realpath(json_path) == os.path.realpath(markdown_path)
-            with contextlib.suppress(OSError):
-                same = same or os.path.samefile(json_path, markdown_path)
-            if same:
-                raise UsageError(
-                    f"--json {json_path} and --markdown {markdown_path} are the same file: "
-                    "give each its own"
-                )
         for option, value in (("--json", json_path), ("--markdown", markdown_path)):
-            if value is None or value == "-":
-                continue
-            if value == "":
-                raise UsageError(f"{option} needs a path, or '-' for stdout")
-            target = Path(value)
-            if target.is_dir():
-                raise UsageError(f"{option} {value}: is a directory")
-            parent = target.parent  # Path("r.json").parent is Path(".")
-            if not parent.is_dir():
-                raise UsageError(f"{option} {value}: directory {parent} does not exist")
-            # A file that exists is written in place (/dev/null, a CI step summary): its
-            # own permission decides. A new one needs a writable directory.
-            if not os.access(target if target.exists() else parent, os.W_OK):
-                raise UsageError(f"{option} {value}: not writable")
+            if value is not None and value != "-":
+                args.output_file(option, value)
+        args.distinct_files(
+            [("--json", json_path), ("--markdown", markdown_path), ("--plot", plot)], inputs
+        )
         return cls(json_path, markdown_path, fail_on)
 
 
@@ -287,7 +280,8 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
             try:
                 Path(path).write_text(serialize(report), encoding="utf-8")
             except OSError as e:
-                raise UsageError(f"cannot write {path}: {e.strerror}") from e
+                option = "--json" if path == out.json else "--markdown"
+                raise UsageError(f"{option} {path}: cannot write it: {e.strerror}") from e
     if out.terminal:
         from starvecheck.render.terminal import as_text
 

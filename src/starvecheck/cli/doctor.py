@@ -177,14 +177,13 @@ def doctor(
     stage's findings in one checklist. Under torchrun, every rank measures its own node
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
-    from starvecheck import doctor_ranks
+    from starvecheck import doctor_ranks, inputs
     from starvecheck.probe.sysroot import SysRoot
     from starvecheck.stages import doctor as doctor_stage
     from starvecheck.stages import env as env_stage
     from starvecheck.workload import check, read_file, resolve
 
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
     plot_path = args.plot_path(plot)
     stages = doctor_stage.select(only, skip)
     given: dict[str, Any] = {}
@@ -207,6 +206,21 @@ def doctor(
     w = resolve(from_file, given)
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
+    from_option = w.source("dataset") == "option"
+    out = Outputs.check(
+        json_path,
+        markdown_path,
+        fail_on,
+        plot=plot,
+        inputs=[
+            ("--workload", workload_file),
+            ("--dataset" if from_option else "the workload's dataset", w.dataset),
+            ("--factory", args.factory_file(w.factory)),
+        ],
+    )
+    if w.dataset is not None and "pad" in stages:  # refused now, not after the other stages
+        where = "--dataset" if from_option else f"--workload {workload_file}: dataset"
+        inputs.check(w.dataset, f"{where} {w.dataset}")
     rank = doctor_ranks.from_environ(c.environ)
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None

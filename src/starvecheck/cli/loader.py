@@ -174,7 +174,13 @@ def loader(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
+    out = Outputs.check(
+        json_path,
+        markdown_path,
+        fail_on,
+        plot=plot,
+        inputs=[("--factory", args.factory_file(factory))],
+    )
     size = args.sample_size(sample_size)
     sweep = args.worker_counts(workers)
     plot_path = args.plot_path(plot)

@@ -140,7 +140,13 @@ def pad(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
+    out = Outputs.check(
+        json_path,
+        markdown_path,
+        fail_on,
+        plot=plot,
+        inputs=[("--dataset", dataset), ("--lengths", lengths)],
+    )
     options = PadOptions(
         context=context,
         batch_size=batch_size,

@@ -27,7 +27,7 @@ from starvecheck.cli.common import (
 )
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.report import build_report
-from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick
+from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
 from starvecheck.status import UsageError
 
 
@@ -103,6 +103,17 @@ def profile(
             show_default=False,
         ),
     ] = None,
+    max_trace_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--max-trace-bytes",
+            metavar="SIZE",
+            help="With --trace: the most JSON one trace file may hold, unpacked, such as "
+            f"16GiB; it is read whole, so this bounds memory [default: "
+            f"{size_text(TraceOptions.max_bytes)}; 0: no limit].",
+            show_default=False,
+        ),
+    ] = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -117,7 +128,9 @@ def profile(
     With --trace FILE|DIR, your own run's traces are analysed instead, every rank.
     """
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
+    out = Outputs.check(
+        json_path, markdown_path, fail_on, inputs=[("--trace", t) for t in trace or ()]
+    )
     if trace is not None:
         loop_options = {
             "PATH": path is not None,
@@ -136,10 +149,17 @@ def profile(
                 f"--trace reads traces and runs no loop: drop {', '.join(given)}"
                 + (" (several traces: repeat --trace, or name their directory)" if path else "")
             )
-        result = measure_one(TraceOptions(tuple(trace)), c, out, None).result
+        limit = (
+            TraceOptions.max_bytes
+            if max_trace_bytes is None
+            else args.byte_limit("--max-trace-bytes", max_trace_bytes)
+        )
+        result = measure_one(TraceOptions(tuple(trace), limit), c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
 
+    if max_trace_bytes is not None:
+        raise UsageError("--max-trace-bytes applies with --trace")
     from starvecheck.probe.machine import collect
 
     target = args.data_path(path, False, "profile")

@@ -98,7 +98,7 @@ def starve(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
-    out = Outputs.check(json_path, markdown_path, fail_on)
+    out = Outputs.check(json_path, markdown_path, fail_on, plot=plot)
     plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
     sweep = args.worker_counts(workers)

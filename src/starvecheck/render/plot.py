@@ -6,6 +6,7 @@ from typing import Any
 
 from starvecheck.model import StageResult
 from starvecheck.signals import importing, signals_held
+from starvecheck.status import UsageError
 
 
 def _pyplot() -> Any:
@@ -29,8 +30,11 @@ def _save(fig: Any, path: str) -> None:
         fig.savefig(buf, format="png")
     finally:
         plt.close(fig)
-    with signals_held(), open(path, "wb") as f:
-        f.write(buf.getvalue())
+    try:
+        with signals_held(), open(path, "wb") as f:
+            f.write(buf.getvalue())
+    except OSError as e:  # a full disk, /dev/full, a file gone read-only since the check
+        raise UsageError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
 
 
 def sweep_plot(result: StageResult, path: str) -> None:

@@ -185,6 +185,8 @@ class ProfileOptions:
 @dataclass(frozen=True)
 class TraceOptions:
     traces: tuple[str, ...]  # files or directories of torch.profiler traces
+    # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole.
+    max_bytes: int | None = 4 << 30
 
     stage: ClassVar[str] = "trace"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import gzip
 import io
 import json
 import os
@@ -22,6 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from starvecheck.inputs import STDIN, check, open_input
 from starvecheck.signals import importing
 from starvecheck.status import UsageError
 
@@ -45,6 +45,17 @@ RECORD_CHARS = 64 << 20
 # tokenized: tokens of English or code average 3 to 5 characters and BPE's longest run
 # to a few dozen, so what is cut away lies past the context, which training truncates.
 CHARS_PER_TOKEN = 64
+# Without --limit, what is held is bounded too, whatever the file unpacks to (a 14 MB
+# gzip of "1\n" lines is 7 G counts, 56 GB as int64): at most MAX_LENGTHS counts of a
+# --lengths file (800 MB), and samples of a dataset whose text, each sample counted
+# with SAMPLE_COST characters more for what Python spends on it, is at most MAX_HELD.
+# --limit N lifts both: the first N samples are read, however many that is.
+MAX_LENGTHS = 100_000_000
+MAX_LENGTHS_BYTES = 2 << 30  # a --lengths file's bytes (unpacked): 100 M counts are ~0.5 GB
+_LIFT = "; measure the first N samples with --limit N"
+MAX_LINE_CHARS = 1 << 30  # a line's characters read past its cut, at most
+MAX_HELD = 2 << 30
+SAMPLE_COST = 64
 TOKENIZE_BATCH = 1000
 
 Progress = Callable[[str, int, int | None], None]
@@ -129,16 +140,28 @@ def _count(raw: str, name: str, lineno: int) -> int | None:
 
 
 def read_lengths(path: str, stdin: IO[str] | None = None, limit: int | None = None) -> np.ndarray:
-    """The counts of a --lengths file ("-": standard input), the first `limit` of them."""
+    """The counts of a --lengths file ("-": standard input), the first `limit` of them;
+    with no `limit`, more than MAX_LENGTHS is one line."""
     sizes = {"long": LONG_CHARS, "small": SMALL_CHARS}  # read here: tests make them small
+    most = limit if limit is not None else MAX_LENGTHS + 1
+    # Blank lines and comments hold no count: bytes bound them (`yes "" |` never ends).
+    bound = None if limit is not None else MAX_LENGTHS_BYTES
     if path == "-":
         f = stdin if stdin is not None else sys.stdin
         if f is None:  # started with standard input closed (`<&-`)
             raise UsageError("--lengths -: standard input is closed")
-        return parse_lengths_text(_stream_pieces(f, "--lengths -"), "-", limit, **sizes)
-    with _open_binary(path, "--lengths") as raw:
-        pieces = _pieces(raw, f"--lengths {path}", size=READ_SIZE)
-        return parse_lengths_text(pieces, path, limit, **sizes)
+        pieces = _stream_pieces(f, "--lengths -", bound)
+        counts = parse_lengths_text(pieces, "-", most, **sizes)
+    else:
+        with _open_binary(path, "--lengths", bound) as raw:
+            pieces = _pieces(raw, f"--lengths {path}", size=READ_SIZE)
+            counts = parse_lengths_text(pieces, path, most, **sizes)
+    if limit is None and counts.size > MAX_LENGTHS:
+        raise UsageError(
+            f"--lengths {path}: more than {MAX_LENGTHS:,} lengths, more than pad holds "
+            "unasked: measure the first N with --limit N"
+        )
+    return counts
 
 
 def parse_lengths_text(
@@ -240,7 +263,7 @@ class _LengthsReader:
         """The per-line reader, on lines the fast parse refused, numbered on."""
         out: list[int] = []
         lineno = 0
-        for lineno, line, _ in _lines(f, self.cap):
+        for lineno, line, _ in _lines(f, self.cap, name=f"--lengths {self.name}"):
             value = _count(line, self.name, self.lineno + lineno)
             if value is not None:
                 out.append(value)
@@ -308,15 +331,13 @@ def detect_format(path: str) -> str:
     return _SUFFIXES.get(os.path.splitext(name)[1], "text")
 
 
-def _open_binary(path: str, option: str) -> IO[bytes]:
-    if os.path.isdir(path):
-        raise UsageError(f"{option} {path}: is a directory (name a file)")
-    try:
-        return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
-    except FileNotFoundError:
-        raise UsageError(f"{option} {path}: no such file") from None
-    except OSError as e:
-        raise UsageError(f"{option} {path}: {e.strerror or e}") from None
+def _open_binary(path: str, option: str, limit: int | None = None) -> IO[bytes]:
+    """The file, checked first (a FIFO, a device, a socket or a directory is one line,
+    before anything opens it; a pipe the shell hands over is read with an idle time
+    limit: starvecheck.inputs), gunzipped where its name ends in .gz; more than `limit`
+    bytes (unpacked) is one line."""
+    zipped = path.lower().endswith(".gz")
+    return open_input(path, f"{option} {path}", limit, _LIFT, gunzip=zipped)
 
 
 def _open_text(path: str, option: str) -> IO[str]:
@@ -405,14 +426,17 @@ def _decoded_before(e: UnicodeDecodeError) -> str:
         return ""
 
 
-def _stream_pieces(f: IO[str], where: str) -> Iterator[str]:
+def _stream_pieces(f: IO[str], where: str, limit: int | None = None) -> Iterator[str]:
     """The pieces of a text stream (standard input). Its bytes where it has them, read
     as they come and decoded as the stream would; text from a stream without (a test's
     StringIO)."""
     buffer = getattr(f, "buffer", None)
     encoding = getattr(f, "encoding", None)
     if buffer is not None and isinstance(encoding, str):
-        yield from _pieces(buffer, where, encoding, getattr(f, "errors", None) or "strict")
+        # Its descriptor, read with starvecheck.inputs' idle time limit: a terminal or a
+        # pipe that never ends is one line, not a wait for ever; a device is refused.
+        with open_input(STDIN, where, limit, _LIFT, gunzip=False, stdin=f) as raw:
+            yield from _pieces(raw, where, encoding, getattr(f, "errors", None) or "strict")
         return
     while True:
         try:
@@ -465,10 +489,14 @@ class _Stretch:
 # --- records ----------------------------------------------------------------------
 
 
-def _lines(f: IO[str], cap: int, refuse: str | None = None) -> Iterator[tuple[int, str, bool]]:
+def _lines(
+    f: IO[str], cap: int, refuse: str | None = None, name: str = "the input"
+) -> Iterator[tuple[int, str, bool]]:
     """(line number, line, whether it was cut) for each line, never holding more than
     `cap` characters of one: a longer line is cut to its first `cap` (the rest read
-    and dropped in pieces), or, where `refuse` names the file, refused in one line."""
+    and dropped in pieces, up to MAX_LINE_CHARS: a stream with no line end, such as
+    NUL bytes from a pipe, is no text), or, where `refuse` names the file, refused in
+    one line."""
     lineno = 0
     while True:
         line = f.readline(cap)
@@ -484,9 +512,15 @@ def _lines(f: IO[str], cap: int, refuse: str | None = None) -> Iterator[tuple[in
                 "starvecheck reads as one record (memory stays bounded whatever the file); "
                 "split such records, or measure their token counts with --lengths"
             )
-        rest = line
+        rest, dropped = line, 0
         while len(rest) == cap and not rest.endswith("\n"):
             rest = f.readline(cap)
+            dropped += len(rest)
+            if dropped > MAX_LINE_CHARS:
+                raise UsageError(
+                    f"{name}: line {lineno} goes on past {MAX_LINE_CHARS:,} characters "
+                    "with no line end: not text"
+                )
         yield lineno, line, True
 
 
@@ -556,7 +590,7 @@ def _delimited(path: str, f: IO[str], delimiter: str) -> Iterator[tuple[str, Any
 
 
 def _text(path: str, f: IO[str], max_chars: int) -> Iterator[tuple[str, Any]]:
-    for lineno, line, cut in _lines(f, max_chars):
+    for lineno, line, cut in _lines(f, max_chars, name=f"--dataset {path}"):
         text = line.rstrip("\r\n")
         if text.strip():
             yield f"line {lineno}", _Cut(text) if cut else text
@@ -569,10 +603,7 @@ class _Cut(str):
 def _parquet(
     path: str, columns: Sequence[str] | None, schema_only: bool = False
 ) -> Iterator[tuple[str, Any]]:
-    if os.path.isdir(path):
-        raise UsageError(f"--dataset {path}: is a directory (name a file)")
-    if not os.path.exists(path):
-        raise UsageError(f"--dataset {path}: no such file")
+    check(path, f"--dataset {path}", pipes=False)  # Parquet is read by seeking
     if path.lower().endswith(".gz"):
         raise UsageError(
             f"--dataset {path}: a gzipped Parquet file; Parquet compresses its own pages, so "
@@ -696,22 +727,10 @@ def read_samples(
     error listing the fields there are. A field may hold text, token ids (counted,
     not tokenized) or chat messages (a list of {"role", "content"})."""
     max_chars = min(max_chars, RECORD_CHARS)
-    out = Samples(fields=tuple(fields))
     if fmt == "text":
-        if fields:
-            raise UsageError(
-                f"--field: {path} is plain text, one sample per line; --field applies to "
-                "JSON Lines, JSON, Parquet and CSV (use --format to say which it is)"
-            )
-        for _, line in records(path, fmt, max_chars=max_chars):
-            out.items.append(str(line))
-            out.cut += isinstance(line, _Cut)
-            out.records += 1
-            if limit is not None and out.records >= limit:
-                break
-        if not out.items:
-            raise UsageError(f"--dataset {path}: no samples (every line is blank)")
-        return out
+        return _text_samples(path, fields, limit, max_chars)
+    out = Samples(fields=tuple(fields))
+    held = 0  # characters held, for MAX_HELD
     chosen: tuple[str, ...] = tuple(fields)
     columns: Sequence[str] | None = chosen or None
     if not chosen and fmt == "parquet":  # read one column, not the whole table
@@ -755,12 +774,50 @@ def read_samples(
         out.items.append(joined)
         if limit is not None and out.records >= limit:
             break
+        held = _held(path, held, joined, limit)
     if not out.items:
         raise UsageError(f"--dataset {path}: no records")
     for name, n in out.missing.items():
         if n == out.records:
             raise UsageError(f"--field {name}: in no record of {path}")
     return out
+
+
+def _text_samples(path: str, fields: Sequence[str], limit: int | None, max_chars: int) -> Samples:
+    """A plain text file's samples: one a line, blank lines skipped."""
+    if fields:
+        raise UsageError(
+            f"--field: {path} is plain text, one sample per line; --field applies to "
+            "JSON Lines, JSON, Parquet and CSV (use --format to say which it is)"
+        )
+    out = Samples()
+    held = 0
+    for _, line in records(path, "text", max_chars=max_chars):
+        out.items.append(str(line))
+        out.cut += isinstance(line, _Cut)
+        out.records += 1
+        if limit is not None and out.records >= limit:
+            break
+        held = _held(path, held, line, limit)
+    if not out.items:
+        raise UsageError(f"--dataset {path}: no samples (every line is blank)")
+    return out
+
+
+def _held(path: str, held: int, sample: Sample, limit: int | None) -> int:
+    """`held` and this sample's share (its text's characters and SAMPLE_COST); past
+    MAX_HELD with no --limit, one line."""
+    if isinstance(sample, str):
+        held += len(sample)
+    elif isinstance(sample, list):  # chat messages
+        held += sum(len(str(m.get("content") or "")) for m in sample if isinstance(m, dict))
+    held += SAMPLE_COST
+    if limit is None and held > MAX_HELD:
+        raise UsageError(
+            f"--dataset {path}: more than {MAX_HELD >> 30} Gi characters of samples, more "
+            "than pad holds unasked: measure the first N with --limit N"
+        )
+    return held
 
 
 def _names(record: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import sys
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,9 +25,13 @@ from typing import Any
 
 import msgspec
 
+from starvecheck.inputs import STDIN, open_input, read_all
 from starvecheck.status import UsageError
 
-GZIP_MAGIC = b"\x1f\x8b"
+# The most JSON one trace file may hold, unpacked: it is decoded whole, so this bounds
+# the memory a file costs (about as much again for its events). A real job's trace is
+# hundreds of MB; profile --max-trace-bytes raises it.
+MAX_BYTES = 4 << 30
 # A JSON escape (kept), or a backslash that starts none (doubled).
 _BAD_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})?')
 _NUMBER = (int, float)
@@ -131,9 +134,6 @@ def span(e: Event) -> tuple[float, float] | None:
     return (start, end) if length >= 0 and math.isfinite(end) else None
 
 
-STDIN = "-"  # --trace -: the trace on standard input
-
-
 def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """The files to read: each path a file, or a directory whose trace files
     (`*.json`, `*.json.gz`, not recursive) are read, in name order."""
@@ -172,15 +172,16 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, bool]]:
     return unique
 
 
-def load(path: str | os.PathLike[str]) -> TraceFile:
-    """One trace file, read as fast as its shape allows."""
+def load(path: str | os.PathLike[str], max_bytes: int | None = MAX_BYTES) -> TraceFile:
+    """One trace file, read as fast as its shape allows; more than `max_bytes` of JSON
+    (unpacked; None: no limit) is refused in one line."""
     name = os.fspath(path)
 
     def fail(why: str) -> UsageError:
         return UsageError(f"--trace {name}: {why}")
 
     try:
-        data = _read(name)
+        data = _read(name, max_bytes)
     except FileNotFoundError:
         raise fail("no such file") from None
     except IsADirectoryError:
@@ -216,22 +217,15 @@ def load(path: str | os.PathLike[str]) -> TraceFile:
     return TraceFile(name, events, _rank(info), _job(info), base_us)
 
 
-def _read(name: str) -> bytes:
-    """The trace's bytes, gunzipped. `-` is standard input; a pipe (/dev/stdin, a
-    process substitution) is read whole first, as it cannot be rewound."""
-    if name == STDIN:
-        data = sys.stdin.buffer.read()
-        return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
-    with open(name, "rb") as raw:
-        if not raw.seekable():
-            data = raw.read()
-            return gzip.decompress(data) if data[:2] == GZIP_MAGIC else data
-        gzipped = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        if gzipped:
-            with gzip.GzipFile(fileobj=raw) as unzipped:
-                return unzipped.read()
-        return raw.read()
+def _read(name: str, max_bytes: int | None) -> bytearray:
+    """The trace's bytes, gunzipped, read a chunk at a time and counted as they come:
+    past `max_bytes` (unpacked) the read stops in one line, so a gzip bomb costs
+    `max_bytes` of memory, not its unpacked size. `-` is standard input; a pipe
+    (/dev/stdin, a process substitution) is read as it comes, with the idle time limit
+    of starvecheck.inputs; a FIFO, a device or a socket is refused before it is opened."""
+    lift = "; raise it with --max-trace-bytes, 0 for none"
+    with open_input(name, f"--trace {name}", max_bytes, lift) as f:
+        return read_all(f)
 
 
 def _slow(data: bytes, fail: Any) -> tuple[list[Event], Any, Any]:

@@ -10,11 +10,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from starvecheck.inputs import TooLarge
 from starvecheck.model import Caveat, Metric, StageResult
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
-from starvecheck.stages.trace.load import expand, load
+from starvecheck.stages.trace.load import MAX_BYTES, expand, load
 from starvecheck.stages.trace.runs import Run, choose, one_timeline
 from starvecheck.status import UsageError
 
@@ -184,13 +185,16 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
     )
 
 
-def read(paths: Sequence[str | os.PathLike[str]]) -> Job:
+def read(paths: Sequence[str | os.PathLike[str]], max_bytes: int | None = MAX_BYTES) -> Job:
     """The job in the files: load (files in a folder that are not traces skipped with a
-    note) -> the run to analyse, each rank's cycles as one (runs.py) -> analyze."""
+    note; one over `max_bytes` is not skipped, it ends the run) -> the run to analyse,
+    each rank's cycles as one (runs.py) -> analyze."""
     loaded, skipped = [], []
     for path, listed in expand(paths):
         try:
-            loaded.append(load(path))
+            loaded.append(load(path, max_bytes))
+        except TooLarge:
+            raise
         except UsageError as e:
             if not listed:
                 raise
@@ -241,7 +245,7 @@ def _verdicts(runs: Sequence[Run]) -> list[str]:
     return out
 
 
-class TraceStage(BaseStage[TraceOptions, list[str]]):
+class TraceStage(BaseStage[TraceOptions, TraceOptions]):
     """`profile --trace FILE|DIR ...` in the registry (stages/base.Stage): torch.profiler
     traces of another run, analysed. Its result reports under the stage `profile`
     (schema 1 named it so), its figures labelled with their quantity alone where the
@@ -249,13 +253,13 @@ class TraceStage(BaseStage[TraceOptions, list[str]]):
 
     name = "trace"
 
-    def plan(self, options: TraceOptions, ctx: RunContext) -> list[str]:
-        return [os.fspath(p) for p in options.traces]
+    def plan(self, options: TraceOptions, ctx: RunContext) -> TraceOptions:
+        return options
 
-    def measure(self, plan: Sequence[str], ctx: RunContext) -> StageResult:
+    def measure(self, plan: TraceOptions, ctx: RunContext) -> StageResult:
         start = time.perf_counter()
-        job = read(plan)
-        out = result(job, job.info.get("files") or plan)
+        job = read(plan.traces, plan.max_bytes)
+        out = result(job, job.info.get("files") or [os.fspath(p) for p in plan.traces])
         return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
 
 
