@@ -179,6 +179,22 @@ def top(report: Any) -> Any:
     )
 
 
+def judged(
+    loop: Callable[[], Run], repeats: int
+) -> tuple[list[float], list[float], list[dict], Any]:
+    """The loop as it is, `repeats` times under watch: each run's step, the top finding's
+    predicted gain and fix, and the last run's finding."""
+    before, predictions, fixes, finding = [], [], [], None
+    for _ in range(repeats):
+        run = loop()
+        before.append(run.step_s)
+        finding = top(run.report)
+        predictions.append(finding.gain.value)
+        fixes.append(dict(finding.fix))
+    assert finding is not None
+    return before, predictions, fixes, finding
+
+
 def loop_scenario(
     name: str,
     make: Callable[[], Dataset],
@@ -190,14 +206,10 @@ def loop_scenario(
 ) -> Outcome:
     data = make()
     n = steps * 8
-    before, predictions, fixes, finding = [], [], [], None
-    for _ in range(repeats):
-        run = train(DataLoader(data, batch_size=8, num_workers=workers), step_ms, steps)
-        before.append(run.step_s)
-        finding = top(run.report)
-        predictions.append(finding.gain.value)
-        fixes.append(dict(finding.fix))
-    assert finding is not None
+    before, predictions, fixes, finding = judged(
+        lambda: train(DataLoader(data, batch_size=8, num_workers=workers), step_ms, steps),
+        repeats,
+    )
     fix = fixes[len(fixes) // 2]
     after = []
     for _ in range(repeats):
@@ -458,14 +470,7 @@ def watch_jpeg_scenario(steps: int, repeats: int, step_ms: float = 20.0) -> Outc
     finding's DataLoader line applied as printed."""
     example = _example()
     current = example.imagefolder()
-    before, predictions, fixes, finding = [], [], [], None
-    for _ in range(repeats):
-        run = jpeg_loop(current, steps, step_ms)
-        before.append(run.step_s)
-        finding = top(run.report)
-        predictions.append(finding.gain.value)
-        fixes.append(dict(finding.fix))
-    assert finding is not None
+    before, predictions, fixes, _ = judged(lambda: jpeg_loop(current, steps, step_ms), repeats)
     fix = fixes[len(fixes) // 2]
     k = fix.get("num_workers", 0)
     # The line the finding prints: pin_memory, persistent_workers and prefetch_factor

@@ -19,13 +19,13 @@ import importlib
 import importlib.util
 import os
 import re
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.inputs import check
 from starvecheck.signals import importing
 from starvecheck.status import UsageError
 
@@ -66,20 +66,10 @@ def parse_spec(text: str) -> Spec:
 def check_source(path: str) -> None:
     """A regular file of bounded size, checked before anything opens it: a FIFO would
     block the import, a device would be read for ever."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise UsageError(f"--factory {path}: no such file") from None
-    except OSError as e:
-        raise UsageError(f"--factory {path}: {e.strerror or e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"--factory {path}: is a directory (name a .py file)")
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"--factory {path}: not a regular file (a FIFO, device or socket)")
-    if st.st_size > MAX_SOURCE_BYTES:
-        raise UsageError(f"--factory {path}: {st.st_size:,} bytes is too large for Python source")
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"--factory {path}: permission denied")
+    check(path, f"--factory {path}", pipes=False)
+    size = os.stat(path).st_size
+    if size > MAX_SOURCE_BYTES:
+        raise UsageError(f"--factory {path}: {size:,} bytes is too large for Python source")
 
 
 @dataclass
