@@ -111,3 +111,36 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def one_line(r: Result) -> str:
+    """A refusal as the CLI promises it: exit 2 and one line on stderr, no traceback."""
+    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
+# Runs the command and prints its peak RSS (KiB) last on stderr: the only child of a
+# fresh process, so no other test's subprocess counts.
+PEAK = (
+    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+    "sys.exit(r.returncode)"
+)
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Processes of the group that still run (zombies not counted: a container's init
+    may never reap the orphans it inherits)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import group_alive
+
 COMMANDS = {
     "io": ["io", "--samples", "3000", "--runs", "1"],
     "loader": ["loader", "--quick", "--samples", "1500", "--runs", "1"],
@@ -43,23 +45,6 @@ def _shm() -> set[str]:
         return set()
 
 
-def _alive(pgid: int) -> list[int]:
-    """Processes of the group that still run (zombies not counted: a container's init
-    may never reap the orphans it inherits)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
 def _whose(names: list[str], root: Path) -> str:
     """Which run Streaming's leftover blocks were for: their `locals` block lists the
     dataset's local directory, which is in that run's PATH."""
@@ -75,7 +60,7 @@ def _whose(names: list[str], root: Path) -> str:
 def _describe(pgid: int) -> str:
     """Each live process of the group: pid, state, where the kernel has it waiting."""
     out = []
-    for pid in _alive(pgid):
+    for pid in group_alive(pgid):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             wchan = Path(f"/proc/{pid}/wchan").read_text()
@@ -128,7 +113,7 @@ def _wave(tmp_path: Path, rng: random.Random, wave: int) -> list[str]:
         except subprocess.TimeoutExpired:
             stuck = _describe(proc.pid)
             if os.environ.get("STARVECHECK_CHAOS_PYSPY"):  # a Python stack of each, to debug
-                for pid in _alive(proc.pid):
+                for pid in group_alive(proc.pid):
                     subprocess.run(
                         [os.environ["STARVECHECK_CHAOS_PYSPY"], "dump", "--pid", str(pid)]
                     )
@@ -149,9 +134,9 @@ def _wave(tmp_path: Path, rng: random.Random, wave: int) -> list[str]:
         elif rc != 0:  # 0: it ended before the signal came
             problems.append(f"{what}: exit {rc}, stderr {lines!r}")
         deadline = time.monotonic() + 10
-        while _alive(proc.pid) and time.monotonic() < deadline:
+        while group_alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if left := _alive(proc.pid):
+        if left := group_alive(proc.pid):
             problems.append(f"{what}: processes of its group still run: {left}")
         if mine := sorted(p.name for p in (work / "data").iterdir()):
             problems.append(f"{what}: left in PATH: {mine}")

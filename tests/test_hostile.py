@@ -13,16 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, run
+from tests.conftest import FIXTURES, one_line, run
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
 SC = [sys.executable, "-m", "starvecheck"]
-
-
-def one_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stderr)
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    return r.stderr
 
 
 @pytest.mark.parametrize(

@@ -24,23 +24,10 @@ from starvecheck.cli import main
 from starvecheck.context import Context
 from starvecheck.stages import textdata
 from starvecheck.status import UsageError
-from tests.conftest import FIXTURES, run, tiny_tokenizer
+from tests.conftest import FIXTURES, PEAK, one_line, run, tiny_tokenizer
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
 SC = [sys.executable, "-m", "starvecheck"]
-# Runs the command and prints its peak RSS (KiB) last on stderr: the only child of a
-# fresh process, so no other test's subprocess counts.
-PEAK = (
-    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-    "sys.exit(r.returncode)"
-)
-
-
-def one_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr)
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    return r.stderr
 
 
 def sub_one_line(argv: list[str], **kw) -> str:

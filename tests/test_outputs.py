@@ -11,18 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, run
+from tests.conftest import FIXTURES, one_line, run
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
 needs_plot = pytest.mark.skipif(
     importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib"
 )
-
-
-def one_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr)
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    return r.stderr
 
 
 def refused_before_measuring(*argv: str) -> str:

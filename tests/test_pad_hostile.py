@@ -12,21 +12,9 @@ from pathlib import Path
 import pytest
 
 from starvecheck.stages import textdata
-from tests.conftest import run, tiny_tokenizer
+from tests.conftest import PEAK, one_line, run, tiny_tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog "
-# Runs the command and prints its own peak RSS (KiB) last on stderr.
-PEAK = (
-    "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-    "sys.exit(r.returncode)"
-)
-
-
-def one_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr)
-    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    return r.stderr
 
 
 def test_a_huge_single_line_is_cut_while_read_and_memory_stays_bounded(tmp_path: Path) -> None:

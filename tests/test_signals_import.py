@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import group_alive
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 LOADER = ["loader", "--quick", "--samples", "1500", "--runs", "1"]
 LINE = "starvecheck: error: terminated by SIGTERM"
@@ -211,21 +213,6 @@ AT_ONCE = 3
 EXIT_TIMEOUT_S = 60
 
 
-def _alive(pgid: int) -> list[int]:
-    """Processes of the group that still run (zombies not counted)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                text = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = text[text.rindex(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry))
-    return pids
-
-
 @pytest.mark.slow
 def test_sigterm_to_the_process_group_during_start_up_never_aborts(tmp_path):
     pytest.importorskip("torch")
@@ -255,10 +242,10 @@ def test_sigterm_to_the_process_group_during_start_up_never_aborts(tmp_path):
             p.communicate()
             return [f"{what}: still running after {EXIT_TIMEOUT_S} s"]
         deadline = time.monotonic() + 10
-        while _alive(p.pid) and time.monotonic() < deadline:
+        while group_alive(p.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         problems = _problems(what, p.returncode, err.decode(errors="replace"), data, tmp)
-        if left := _alive(p.pid):
+        if left := group_alive(p.pid):
             problems.append(f"{what}: processes of its group still run: {left}")
         return problems
 
