@@ -44,6 +44,10 @@ class Run:
     def files(self) -> list[TraceFile]:
         return [f for r in sorted(self.ranks) for f in self.ranks[r]] + self.unranked
 
+    def timelines(self) -> list[TraceFile]:
+        """The files to analyse: each rank's cycles as one file, in rank order."""
+        return [one_timeline(self.ranks[r]) for r in sorted(self.ranks)] + self.unranked
+
     def overlaps(self, start: float, end: float) -> bool:
         return start <= self.end + SLACK_US and end >= self.start - SLACK_US
 
@@ -167,8 +171,7 @@ def choose(files: Sequence[TraceFile]) -> tuple[list[TraceFile], list[Caveat], l
                     "cannot be seen",
                 )
             )
-    merged = [one_timeline(run.ranks[r]) for r in sorted(run.ranks)] + run.unranked
-    return merged, caveats, runs
+    return run.timelines(), caveats, runs
 
 
 def _spans(ranks: Sequence[int]) -> str:

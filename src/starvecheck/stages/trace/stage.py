@@ -16,7 +16,7 @@ from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
 from starvecheck.stages.trace.load import MAX_BYTES, expand, load
-from starvecheck.stages.trace.runs import Run, choose, one_timeline
+from starvecheck.stages.trace.runs import Run, choose
 from starvecheck.status import UsageError
 
 SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
@@ -231,9 +231,7 @@ def _verdicts(runs: Sequence[Run]) -> list[str]:
     out = []
     for i, run in enumerate(runs, start=2):
         try:
-            job = analyze_job(
-                [one_timeline(run.ranks[r]) for r in sorted(run.ranks)] + run.unranked
-            )
+            job = analyze_job(run.timelines())
         except UsageError as e:
             out.append(f"run {i} could not be analysed: {e}")
             continue
