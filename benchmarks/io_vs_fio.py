@@ -28,12 +28,12 @@ import statistics
 import subprocess
 import sys
 
-from starvecheck import cache
-from starvecheck.scratch import Scratch
-from starvecheck.signals import signals_raise
+from starvecheck.core.signals import signals_raise
+from starvecheck.core.units import parse_size
+from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.io import MB, Layout, Plan, generate
-from starvecheck.stages.reads import timed_run
-from starvecheck.units import parse_size
+from starvecheck.stages.samples import cache
+from starvecheck.stages.samples.reads import timed_run
 
 BARS = {"shard.sequential.cold": 0.10, "small_files.random.cold": 0.15}
 

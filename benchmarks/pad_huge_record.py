@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--size", default="1GiB", help="bytes in the one record (1GiB, 100MB, ...)")
     ap.add_argument("--dir", default=None, help="where to build the files (default: $TMPDIR)")
     args = ap.parse_args()
-    from starvecheck.units import parse_size
+    from starvecheck.core.units import parse_size
 
     size = parse_size(args.size)
     if size is None:

@@ -36,8 +36,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from starvecheck.stages import pad, textdata
-from starvecheck.status import UsageError
+from starvecheck.core.status import UsageError
+from starvecheck.inputs import text as textdata
+from starvecheck.stages.pad import stage as pad
 
 TARGET_RATIO = 0.5
 

@@ -28,8 +28,9 @@ import time
 
 import numpy as np
 
-from starvecheck.stages import packing, textdata
-from starvecheck.strategies import STRATEGIES
+from starvecheck.core.strategies import STRATEGIES
+from starvecheck.inputs import text as textdata
+from starvecheck.stages.pad import packing
 
 BAR_S = 5.0
 CONTEXT = 4096

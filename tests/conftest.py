@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from starvecheck.cli import main
-from starvecheck.context import Context
+from starvecheck.core.context import Context
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYSROOTS = FIXTURES / "sysroots"

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from starvecheck.stages.batches import Batches
-from starvecheck.status import BatchTimeout
+from starvecheck.core.status import BatchTimeout
+from starvecheck.stages.dataloader.batches import Batches
 
 LIMIT_S = 2.0
 MARGIN_S = 15.0  # interpreter exit, the workers' shutdown, a busy 2-core machine
@@ -32,8 +32,8 @@ import sys, threading, time
 import torch
 from starvecheck.cli.common import app
 from starvecheck.cli.main import main
-from starvecheck.stages.batches import Batches
-from starvecheck.stages.workers import prepare_workers, worker_init
+from starvecheck.stages.dataloader.batches import Batches
+from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
 
 class Blocking(torch.utils.data.Dataset):
     def __len__(self):
@@ -63,7 +63,7 @@ RUNNER = r"""
 import os, sys, threading
 import torch.utils.data
 from starvecheck.cli.main import main
-from starvecheck.stages import datasets
+from starvecheck.stages.samples import datasets
 
 original = {c: c.__getitem__ for c in (datasets.FileSamples, datasets.ShardSamples)}
 
@@ -223,7 +223,7 @@ class Slow:
 def _loader(dataset: object, workers: int, **more: object) -> object:
     import torch
 
-    from starvecheck.stages.workers import prepare_workers, worker_init
+    from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
 
     if workers:
         prepare_workers()

@@ -9,10 +9,11 @@ import pytest
 
 from starvecheck.advice import chain, stragglers
 from starvecheck.advice.results import Results
-from starvecheck.doctor_ranks import from_environ, slow_ms
-from starvecheck.model import Finding, Gain, GainKind, Link, Metric, Report, Severity, StageResult
-from starvecheck.status import UsageError
-from starvecheck.workload import Workload
+from starvecheck.cli.ranks import from_environ, slow_ms
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Finding, Gain, GainKind, Link, Report, Severity, StageResult
+from starvecheck.core.status import UsageError
+from starvecheck.inputs.workload import Workload
 
 
 def _rate(layout: str, cache: str, threads: int) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck import claims, inuse, leftovers
+from starvecheck.scratch import claims, inuse, leftovers
 from tests.conftest import run
 
 PRECIOUS = b"not starvecheck's\n"
@@ -415,7 +415,7 @@ def test_a_lease_break_does_not_end_clean(tmp_path) -> None:
 
 def test_the_names_match_the_installed_streaming() -> None:
     pytest.importorskip("streaming")
-    from starvecheck.stages import mds
+    from starvecheck.stages.samples import mds
 
     streaming = mds.load_streaming()
     assert set(streaming.shm_names) == claims.SHM_NAMES
@@ -617,7 +617,7 @@ def test_temp_dir_is_chosen_as_tempfile_chooses_it(tmp_path) -> None:
 
 def _recorded(tmp_path: Path, note: Callable[[], None]) -> list[object]:
     """What `note` records in a scratch directory's marker, as clean plans it."""
-    from starvecheck.scratch import Scratch
+    from starvecheck.scratch.directory import Scratch
 
     with Scratch(str(tmp_path)) as s:
         note()
@@ -628,7 +628,7 @@ def _recorded(tmp_path: Path, note: Callable[[], None]) -> list[object]:
 
 
 def test_what_prepare_workers_records_is_provably_multiprocessings(tmp_path) -> None:
-    from starvecheck.stages.workers import prepare_workers
+    from starvecheck.stages.dataloader.workers import prepare_workers
 
     (item,) = _recorded(tmp_path, prepare_workers)
     assert isinstance(item, claims.Target) and item.kind == "pymp", item
@@ -639,8 +639,8 @@ def test_what_marker_line_records_is_provably_streamings(tmp_path) -> None:
     import tempfile
     import types
 
-    from starvecheck import scratch
-    from starvecheck.stages import mds
+    from starvecheck.scratch import directory as scratch
+    from starvecheck.stages.samples import mds
 
     streaming = mds.load_streaming()
     dataset = types.SimpleNamespace(_shm_prefix_int=987_654, _filelock_root=tempfile.gettempdir())

@@ -117,7 +117,7 @@ def test_quick_is_accepted():
 )
 def test_fail_on(monkeypatch, fail_on, findings, expected):
     from starvecheck.advice import env as env_advice
-    from starvecheck.model import Finding, Severity
+    from starvecheck.core.model import Finding, Severity
 
     fake = tuple(Finding(f"env.t{i}", Severity(s), s) for i, s in enumerate(findings))
     monkeypatch.setattr(env_advice, "advise", lambda m: fake)

@@ -32,10 +32,10 @@ import pytest
 
 from starvecheck.advice.judge import Results, judge
 from starvecheck.advice.starve import recommended
-from starvecheck.model import Finding, Report, Severity, StageResult
+from starvecheck.core.model import Finding, Report, Severity, StageResult
+from starvecheck.inputs.workload import Workload
 from starvecheck.probe.machine import Machine, collect
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.workload import Workload
 from tests.conftest import FIXTURES, SYSROOTS, run
 
 GOLDEN = Path(__file__).parent / "golden"

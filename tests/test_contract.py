@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.model import Report
+from starvecheck.core.model import Report
 from starvecheck.render.sections import stage_sections
 from tests.conftest import run, tiny_tokenizer
 
@@ -114,7 +114,7 @@ def test_stages_never_import_advice():
 
 # probe/ reads the machine and sits under everything: it may import itself and these
 # basics, which import nothing of starvecheck (today probe/ needs none of them).
-PROBE_MAY_IMPORT = ("starvecheck.status", "starvecheck.units")
+PROBE_MAY_IMPORT = ("starvecheck.core.status", "starvecheck.core.units")
 
 
 def _in_probe(module: str) -> bool:
@@ -224,11 +224,10 @@ MAX_FUNCTION_LINES = 80
 LONG = {
     "advice/chain.py": "every link's capacity and the weakest link, one rule set",
     "advice/env.py": "one small check per machine fact, about 25 of them",
-    "model.py": "every result class with its to_dict/from_dict and schema history",
-    "stages/loader.py": "the loader stage: layouts, worker sweep, cold and warm reads",
-    "stages/profile.py": "the profiled training loop and its scenarios",
+    "stages/loader/stage.py": "the loader stage: layouts, worker sweep, cold and warm reads",
+    "stages/profile/stage.py": "the profiled training loop and its scenarios",
     "stages/starve.py": "the producer/consumer run, its sweep and its model",
-    "stages/textdata.py": "every token-length source (dataset, lengths file, default)",
+    "inputs/text.py": "every token-length source (dataset, lengths file, default)",
     "advice/pad.py::_waste": "the padding verdict: evidence, gain and fix in one finding",
     "advice/trace.py::_data_bound": "the data-bound verdict from a trace's step breakdown",
     "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
@@ -239,11 +238,11 @@ LONG = {
     "cli/starve.py::starve": "a Typer command: its signature declares every option",
     "render/facts.py::_all_rows": "one row per machine fact, in the table's order",
     "render/trace.py::split": "the step-breakdown table's rows out of the metrics",
-    "stages/existing.py::layouts": "the user's files as layouts, with their caveats",
-    "stages/loader.py::_run": "LoaderStage.measure's work",
-    "stages/profile.py::run_scenario": "warm-up, eviction, profiled steps, clean-up",
-    "stages/profile.py::_measure": "the profile stage's measurement, every scenario",
-    "stages/sources.py::generate": "the samples written in every layout",
+    "stages/samples/existing.py::layouts": "the user's files as layouts, with their caveats",
+    "stages/loader/stage.py::_run": "LoaderStage.measure's work",
+    "stages/profile/stage.py::run_scenario": "warm-up, eviction, profiled steps, clean-up",
+    "stages/profile/stage.py::_measure": "the profile stage's measurement, every scenario",
+    "stages/samples/sources.py::generate": "the samples written in every layout",
     "stages/trace/analyze.py::_caveats": "every caveat a trace's analysis can raise",
 }
 

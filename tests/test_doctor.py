@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.context import Context
-from starvecheck.model import Report
+from starvecheck.core.context import Context
+from starvecheck.core.model import Report
+from starvecheck.core.units import size_name
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render
-from starvecheck.units import size_name
 from tests.conftest import run, tiny_tokenizer
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -328,8 +328,9 @@ def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
     """The real pcie stage with its CUDA half stood in for: whether CUDA is there, and
     the measurement (round rates per size, labelled as the stage labels them); records
     the plans doctor hands it."""
-    from starvecheck.model import Metric, StageResult
-    from starvecheck.stages import pcie
+    from starvecheck.core.metric import Metric
+    from starvecheck.core.model import StageResult
+    from starvecheck.stages.pcie import stage as pcie
     from starvecheck.stages.pcie.names import labelled
 
     calls: list = []
@@ -373,10 +374,10 @@ def test_pcie_link_null_with_the_stages_reason(monkeypatch):
 
 
 def test_pcie_failing_mid_way_leaves_the_link_null_and_the_rest_of_the_report(monkeypatch):
-    from starvecheck.status import Unavailable
+    from starvecheck.core.status import Unavailable
 
     _fake_pcie(monkeypatch, None)
-    from starvecheck.stages import pcie
+    from starvecheck.stages.pcie import stage as pcie
 
     def broken(plan, machine, progress, warn):
         raise Unavailable("CUDA error: an illegal memory access was encountered")
@@ -391,7 +392,7 @@ def test_pcie_failing_mid_way_leaves_the_link_null_and_the_rest_of_the_report(mo
 
 
 def test_pcie_link_without_cuda_says_why_from_the_real_stage():
-    from starvecheck.stages import pcie
+    from starvecheck.stages.pcie import stage as pcie
 
     why = pcie.cuda_unavailable()
     if why is None:
@@ -409,8 +410,8 @@ def test_gpu_step_needs_cuda():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    from starvecheck.stages import gpustep
-    from starvecheck.status import Unavailable
+    from starvecheck.core.status import Unavailable
+    from starvecheck.stages.doctor import gpustep
 
     with pytest.raises(Unavailable, match="give --step-ms"):
         gpustep.measure(16, 2048, quick=True)

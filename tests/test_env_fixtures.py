@@ -254,10 +254,10 @@ def test_the_stage_measures_and_the_rules_judge_the_machine():
 
 
 def test_a_missing_path_is_refused_by_the_stages_plan(tmp_path):
+    from starvecheck.core.status import UsageError
     from starvecheck.stages import registry
     from starvecheck.stages.base import RunContext
     from starvecheck.stages.options import EnvOptions
-    from starvecheck.status import UsageError
 
     ctx = RunContext(environ=sysroot_env("k8s-pod-v2"))
     with pytest.raises(UsageError, match="no such file or directory in STARVECHECK_SYSROOT="):

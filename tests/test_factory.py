@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 
-from starvecheck.stages import factory, owndata, ownloader, pipeline
-from starvecheck.status import UsageError
+from starvecheck.core.status import UsageError
+from starvecheck.stages.loader.factory import configuration as pipeline
+from starvecheck.stages.loader.factory import load as factory
+from starvecheck.stages.loader.factory import owndata
+from starvecheck.stages.loader.factory import stage as ownloader
 from tests.conftest import alive, children
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Judging `loader --factory` (advice/ownloader.py): the DataLoader line and its measured
+"""Judging `loader --factory` (advice/factory.py): the DataLoader line and its measured
 gain against the user's current settings, within the CPUs for CPU work and past them
 only where the workers' CPU time shows they wait on I/O, lowered to what fits in memory;
 copy-on-read from each worker's measured growth; large batches crossing processes. The
@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from starvecheck.advice import ownloader
+from starvecheck.advice import factory as ownloader
 from starvecheck.advice.results import Results
-from starvecheck.model import Metric, StageResult
-from starvecheck.stages.ownloader import metrics_of
-from starvecheck.stages.pipeline import Config, Memory, Run
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
+from starvecheck.stages.loader.factory.configuration import Config, Memory, Run
+from starvecheck.stages.loader.factory.stage import metrics_of
 
 MIB = 1 << 20
 

@@ -160,7 +160,7 @@ def test_control_characters_from_the_user_are_escaped(tmp_path: Path) -> None:
 
 
 def test_sighup_exits_129() -> None:
-    from starvecheck.status import ExitStatus, signal_status
+    from starvecheck.core.status import ExitStatus, signal_status
 
     assert signal_status(1) == ExitStatus.HANGUP == 129
 
@@ -168,7 +168,7 @@ def test_sighup_exits_129() -> None:
 def test_running_out_of_file_descriptors_anyway_is_one_line(monkeypatch, tmp_path: Path) -> None:
     import errno
 
-    from starvecheck import args
+    from starvecheck.cli import args
 
     def emfile(*a, **k):
         raise OSError(errno.EMFILE, "Too many open files")

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from starvecheck import inputs
 from starvecheck.cli import main
-from starvecheck.context import Context
-from starvecheck.stages import textdata
-from starvecheck.status import UsageError
+from starvecheck.core.context import Context
+from starvecheck.core.status import UsageError
+from starvecheck.inputs import files as inputs
+from starvecheck.inputs import text as textdata
 from tests.conftest import FIXTURES, PEAK, one_line, run, tiny_tokenizer
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
@@ -155,7 +155,7 @@ def test_a_kernel_interface_file_is_no_input() -> None:
 # --- pipes and standard input ------------------------------------------------------
 
 SILENT = (
-    "import sys; from starvecheck import inputs; inputs.IDLE_TIMEOUT_S = 0.5; "
+    "import sys; from starvecheck.inputs import files; files.IDLE_TIMEOUT_S = 0.5; "
     "from starvecheck.cli.main import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -312,8 +312,8 @@ def test_what_is_read_is_the_file_or_one_line_past_the_limit(data, limit, zipped
 
 @given(text=st.text(max_size=30))
 def test_byte_limits_are_a_size_or_one_line(text: str) -> None:
-    from starvecheck import args
-    from starvecheck.units import parse_size
+    from starvecheck.cli import args
+    from starvecheck.core.units import parse_size
 
     try:
         got = args.byte_limit("--max-trace-bytes", text)

@@ -17,18 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck import cache, scratch
 from starvecheck.advice import io as io_advice
 from starvecheck.advice.results import Results
-from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Severity, StageResult
+from starvecheck.core.units import format_bytes
 from starvecheck.probe.machine import Machine, Storage, collect
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.render import throughput
-from starvecheck.stages import existing
+from starvecheck.scratch import directory as scratch
 from starvecheck.stages import io as io_stage
-from starvecheck.stages.reads import FileOps, RangeOps, ReadError, RunResult, timed_run
-from starvecheck.stages.residency import COLD_MAX_RESIDENT
-from starvecheck.units import format_bytes
+from starvecheck.stages.samples import cache, existing
+from starvecheck.stages.samples.reads import FileOps, RangeOps, ReadError, RunResult, timed_run
+from starvecheck.stages.samples.residency import COLD_MAX_RESIDENT
 from tests.conftest import SYSROOTS, run
 from tests.fixtures.labels.io import labels as io_labels
 
@@ -88,7 +89,7 @@ def evictable(tmp_path):
     return tmp_path
 
 
-# --- cache.py ---------------------------------------------------------------------------
+# --- stages/samples/cache.py ------------------------------------------------------------
 
 
 def test_evict_then_read_moves_residency_from_none_to_all(evictable):
@@ -517,7 +518,7 @@ def test_layout_residency_is_checked_on_the_ranges_read(evictable):
     assert gone.residency().unknown_files == 1
 
 
-# --- stages/existing.py -----------------------------------------------------------------
+# --- stages/samples/existing.py ---------------------------------------------------------
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-import starvecheck.scratch as scratch_mod
-import starvecheck.signals as signals_mod
-from starvecheck import scratch as scratch_module
-from starvecheck.scratch import Scratch
-from starvecheck.signals import Terminated, signals_held, signals_raise
+import starvecheck.core.signals as signals_mod
+import starvecheck.scratch.directory as scratch_mod
+from starvecheck.core.signals import Terminated, signals_held, signals_raise
+from starvecheck.scratch import directory as scratch_module
+from starvecheck.scratch.directory import Scratch
 from starvecheck.stages import io as io_stage
 from tests.conftest import run
 
@@ -265,7 +265,7 @@ def test_sighup_during_measurement_leaves_nothing_behind(
 
 
 class _OsWithFailingWrite:
-    """`os` as starvecheck.scratch sees it (its write_all writes every sample file and
+    """`os` as starvecheck.scratch.directory sees it (its write_all writes every sample file and
     the shard), where write fails with ENOSPC after `ok_writes` successful calls;
     everything else is the real os."""
 
@@ -436,7 +436,7 @@ def test_a_taken_name_is_never_reused(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 class _OsInterrupting:
-    """`os` as starvecheck.scratch sees it, where one call succeeds and then Ctrl-C
+    """`os` as starvecheck.scratch.directory sees it, where one call succeeds and then Ctrl-C
     arrives (a real SIGINT, delivered by Python's handler)."""
 
     def __init__(self, call: str, name: str | None = None) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from starvecheck.args import thread_counts as _threads
-from starvecheck.model import Metric, StageResult
+from starvecheck.cli.args import thread_counts as _threads
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
+from starvecheck.core.status import UsageError
+from starvecheck.core.units import parse_size
 from starvecheck.render import throughput
-from starvecheck.status import UsageError
-from starvecheck.units import parse_size
 
 SETTINGS = settings(max_examples=300, deadline=None)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck import leftovers
-from starvecheck.scratch import Scratch
+from starvecheck.scratch import leftovers
+from starvecheck.scratch.directory import Scratch
 from tests.conftest import run
 
 MINE = b"my own data\n"

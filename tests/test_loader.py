@@ -18,15 +18,16 @@ import pytest
 
 from starvecheck.advice.loader import complete, dataloader_line, rules
 from starvecheck.advice.results import Results
-from starvecheck.criteria import knee
-from starvecheck.figures import headline
-from starvecheck.figures import loader_curves as curves
-from starvecheck.model import Caveat, Metric, Severity, StageResult
+from starvecheck.core.criteria import knee
+from starvecheck.core.figures import headline
+from starvecheck.core.figures import loader_curves as curves
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import Severity, StageResult
 from starvecheck.render import loader as loader_render
-from starvecheck.scratch import Scratch
-from starvecheck.stages import mds, sources
-from starvecheck.stages.loader import steady
-from starvecheck.stages.loaderplan import Plan
+from starvecheck.scratch.directory import Scratch
+from starvecheck.stages.loader.stage import steady
+from starvecheck.stages.samples import mds, sources
+from starvecheck.stages.samples.plan import Plan
 from tests.conftest import alive, children, run
 from tests.fixtures.labels.loader import labels as loader_labels
 
@@ -269,7 +270,7 @@ def test_recommend_labels_its_figures_and_ids_its_caveat():
 def test_streaming_loads_without_torchvision():
     code = (
         "import sys\n"
-        "from starvecheck.stages.mds import load_streaming\n"
+        "from starvecheck.stages.samples.mds import load_streaming\n"
         "s = load_streaming()\n"
         "heavy = ('torchvision', 'transformers', 'streaming.vision')\n"
         "print(s.StreamingDataset.__name__, s.MDSWriter.__name__,\n"

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from starvecheck.advice import rank, verdict
-from starvecheck.model import (
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import (
     SCHEMA_VERSION,
     Finding,
     Gain,
     GainKind,
-    Metric,
     Report,
     Severity,
     StageResult,

@@ -38,7 +38,9 @@ def test_no_stage_parses_command_line_strings():
                 if isinstance(node, ast.Import)
                 else []
             )
-            if any(n == "starvecheck.args" or n.startswith("starvecheck.args.") for n in names):
+            if any(
+                n == "starvecheck.cli.args" or n.startswith("starvecheck.cli.args.") for n in names
+            ):
                 importers.append(path.name)
     assert importers == []
 
@@ -73,7 +75,7 @@ def test_the_optional_abilities_have_defaults():
         name = "plain"
 
         def measure(self, plan, ctx):
-            from starvecheck.model import StageResult
+            from starvecheck.core.model import StageResult
 
             return StageResult(stage=plan)
 

@@ -12,11 +12,13 @@ import pytest
 
 from starvecheck.advice.pad import rules
 from starvecheck.advice.results import Results
-from starvecheck.model import StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.status import UsageError
+from starvecheck.core.strategies import STRATEGIES
+from starvecheck.inputs import text as textdata
 from starvecheck.render import pad as pad_table
-from starvecheck.stages import packing, pad, textdata
-from starvecheck.status import UsageError
-from starvecheck.strategies import STRATEGIES
+from starvecheck.stages.pad import packing
+from starvecheck.stages.pad import stage as pad
 from tests.conftest import run, tiny_tokenizer
 
 L = np.array([1, 2, 3, 4])  # 10 tokens; sum of squares 30

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.stages import textdata
+from starvecheck.inputs import text as textdata
 from tests.conftest import PEAK, one_line, run, tiny_tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog "

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from starvecheck.stages import packing, textdata
-from starvecheck.status import UsageError
-from starvecheck.strategies import SHARES_ROWS, STRATEGIES
+from starvecheck.core.status import UsageError
+from starvecheck.core.strategies import SHARES_ROWS, STRATEGIES
+from starvecheck.inputs import text as textdata
+from starvecheck.stages.pad import packing
 
 
 @st.composite

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from starvecheck.core.units import format_bytes, parse_size
 from starvecheck.probe.cgroup import (
     parse_cpu_max,
     parse_flat_keyed,
@@ -23,7 +24,6 @@ from starvecheck.probe.memory import parse_meminfo, parse_proc_limits
 from starvecheck.probe.mounts import classify_fs, mount_for, parse_mountinfo, parse_tmpfs_size
 from starvecheck.probe.nvml import affinity_words_to_cpulist, normalise_bus_id
 from starvecheck.probe.software import parse_torch_version_py
-from starvecheck.units import format_bytes, parse_size
 
 
 @pytest.mark.parametrize(

@@ -14,16 +14,17 @@ from dataclasses import replace
 import pytest
 
 from starvecheck.advice import pcie as advice
-from starvecheck.criteria import overlap_verdict
-from starvecheck.model import Metric, Report, Severity, StageResult
+from starvecheck.core.criteria import overlap_verdict
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Report, Severity, StageResult
+from starvecheck.core.status import Unavailable, UsageError
+from starvecheck.core.units import parse_size
 from starvecheck.probe.machine import collect
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages import pcie as stage
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import cudart, linkwatch
+from starvecheck.stages.pcie import stage as stage
 from starvecheck.stages.pcie.names import labelled
-from starvecheck.status import Unavailable, UsageError
-from starvecheck.units import parse_size
 from tests.conftest import SYSROOTS, run, sysroot_env
 
 
@@ -692,7 +693,7 @@ def test_bad_usage_is_one_line_and_exit_2(argv, message):
 
 
 def test_sizes_parser():
-    from starvecheck import args
+    from starvecheck.cli import args
 
     assert args.copy_sizes("256M,64K,1M,1M") == (64 << 10, MiB, 256 * MiB)
     assert args.copy_sizes(" 1GiB ") == (GiB,)

@@ -13,8 +13,8 @@ import pytest
 
 from starvecheck.probe.machine import GpuInfo, Numa, NumaNodeInfo, Pcie, collect
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages import pcie as stage
 from starvecheck.stages.pcie import cudart
+from starvecheck.stages.pcie import stage as stage
 from tests import fake_cuda
 from tests.conftest import run
 

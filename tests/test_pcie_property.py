@@ -11,10 +11,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from starvecheck import args
-from starvecheck.criteria import overlap_verdict
+from starvecheck.cli import args
+from starvecheck.core.criteria import overlap_verdict
+from starvecheck.core.status import UsageError
 from starvecheck.stages.pcie import bandwidth as bw
-from starvecheck.status import UsageError
 from tests.conftest import run
 
 SIZEISH = st.sampled_from([*"0123456789.,kKmMgGtTiIbB -", "MiB", "GiB", "1e400", "\n", "\x00"])

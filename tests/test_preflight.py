@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck import preflight
-from starvecheck.status import UsageError
+from starvecheck.core.status import UsageError
+from starvecheck.stages.dataloader import preflight
 
 
 def test_worker_counts_that_need_more_files_than_the_limit_are_left_out() -> None:

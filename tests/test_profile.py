@@ -10,11 +10,12 @@ import pytest
 
 from starvecheck.advice.profile import rules
 from starvecheck.advice.results import Results
-from starvecheck.model import Metric, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
 from starvecheck.render import profile as profile_table
-from starvecheck.stages import profile as profile_stage
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.options import ProfileOptions
+from starvecheck.stages.profile import stage as profile_stage
 from tests.conftest import run
 from tests.fixtures.labels.profile import labels as profile_labels
 
@@ -210,9 +211,9 @@ def test_tokenizer_adds_a_text_layout_tokenized_in_the_loader(tmp_path):
 def test_text_samples_are_token_ids_cut_or_padded_to_the_row(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from starvecheck.scratch import Scratch
-    from starvecheck.stages.sources import text_source
-    from starvecheck.stages.textdata import load_tokenizer
+    from starvecheck.inputs.text import load_tokenizer
+    from starvecheck.scratch.directory import Scratch
+    from starvecheck.stages.samples.sources import text_source
     from tests.conftest import tiny_tokenizer
 
     tok = load_tokenizer(str(tiny_tokenizer(tmp_path / "tok")))
@@ -306,8 +307,8 @@ def test_the_loop_table_is_profiles_alone():
 
 
 def test_trace_dir_is_made_by_the_command_before_the_stage_plans(tmp_path):
-    from starvecheck import args
-    from starvecheck.status import UsageError
+    from starvecheck.cli import args
+    from starvecheck.core.status import UsageError
 
     with pytest.raises(UsageError, match="does not exist"):
         args.output_dir("--trace-dir", str(tmp_path / "a" / "b"))

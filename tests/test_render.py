@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.context import Context
-from starvecheck.model import Finding, Report, Severity
+from starvecheck.core.context import Context
+from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.render import json as json_export
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render

@@ -150,13 +150,13 @@ def test_a_signal_inside_torchs_cpp_start_up_is_raised_after_it(tmp_path):
 # holding there would swap three signal handlers for every sample.
 HEAVY = ("torch", "transformers", "streaming", "matplotlib", "pyarrow")
 UNHELD = {
-    "stages/datasets.py::_tensor": "a sample's bytes as a tensor",
-    "stages/datasets.py::TextSamples.__getitem__": "a sample",
-    "stages/datasets.py::stack_tokens": "a collate",
-    "stages/datasets.py::collate_flat": "a collate",
-    "stages/profile.py::collate_tokens": "a collate",
+    "stages/samples/datasets.py::_tensor": "a sample's bytes as a tensor",
+    "stages/samples/datasets.py::TextSamples.__getitem__": "a sample",
+    "stages/samples/datasets.py::stack_tokens": "a collate",
+    "stages/samples/datasets.py::collate_flat": "a collate",
+    "stages/profile/stage.py::collate_tokens": "a collate",
     "stages/starve.py::_Samples.__getitem__": "a sample",
-    "stages/pipeline.py::_Reading._batch": "a batch",
+    "stages/loader/factory/configuration.py::_Reading._batch": "a batch",
 }
 
 

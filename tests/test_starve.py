@@ -13,9 +13,10 @@ import pytest
 
 from starvecheck.advice.results import Results
 from starvecheck.advice.starve import complete, recommended, rules
-from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Severity, StageResult
+from starvecheck.inputs import text as textdata
 from starvecheck.render import sweep
-from starvecheck.stages import textdata
 from starvecheck.stages.starve import (
     Plan,
     Point,

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from starvecheck.timing import mad, outliers, percentile, repeat, stability_warnings
+from starvecheck.stages.timing import mad, outliers, percentile, repeat, stability_warnings
 
 
 def test_repeat_separates_warmups_with_a_fake_clock():

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 
 from starvecheck.advice.judge import Results, attach, judge
 from starvecheck.advice.trace import rules, workers_needed
-from starvecheck.model import Metric, Severity, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Severity, StageResult
+from starvecheck.core.status import UsageError
 from starvecheck.render import trace as trace_table
 from starvecheck.stages import trace
 from starvecheck.stages.base import RunContext
-from starvecheck.status import UsageError
 from tests.conftest import FIXTURES, run
 
 TRACES = FIXTURES / "traces"

@@ -11,7 +11,7 @@ import pytest
 
 from starvecheck.advice.results import Results
 from starvecheck.advice.trace import rules
-from starvecheck.model import Severity
+from starvecheck.core.model import Severity
 from starvecheck.stages import trace
 from tests.conftest import FIXTURES, run
 

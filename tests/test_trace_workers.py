@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
 from starvecheck.render.sections import stage_sections
 from tests.conftest import FIXTURES, run
 

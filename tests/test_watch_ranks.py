@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.context import Context
+from starvecheck.advice.report import build_report
+from starvecheck.core.context import Context
 from starvecheck.loop import ranks
 from starvecheck.loop.ranks import Gathered, Peers
 from starvecheck.loop.timer import Watch
 from starvecheck.loop.times import LoopTimes, RankTimes
-from starvecheck.report import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from starvecheck.status import UsageError
-from starvecheck.workload import ASSUMED_STEP_MS, Workload, check, read_file, resolve
+from starvecheck.core.status import UsageError
+from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload, check, read_file, resolve
 from tests.conftest import run
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from starvecheck.model import Finding, Severity
+from starvecheck.core.model import Finding, Severity
 
 
 def rank(findings: Iterable[Finding]) -> tuple[Finding, ...]:

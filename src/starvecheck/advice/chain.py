@@ -37,13 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from starvecheck.figures import loader_curve
-from starvecheck.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity, StageResult
+from starvecheck.core.figures import loader_curve
+from starvecheck.core.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
-from starvecheck.strategies import LABELS, STRATEGIES
-from starvecheck.units import size_name
+from starvecheck.core.strategies import LABELS, STRATEGIES
+from starvecheck.core.units import size_name
 
 LINKS = CHAIN_LINKS
 # Below this speed-up a fix is not worth a checklist line.
@@ -89,7 +89,7 @@ def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
     the user's own pipeline (`--factory`), its samples/s at the configuration
     recommended for it."""
     if loader.parameters.get("source") == "factory":
-        from starvecheck.advice import ownloader
+        from starvecheck.advice import factory as ownloader
 
         if loader.capacity is None or loader.capacity.value is None:
             return None, "your pipeline: no configuration measured to recommend"

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, recommend_workers
-from starvecheck.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.units import format_bytes
 from starvecheck.probe.cpu import format_cpulist, parse_cpulist
 from starvecheck.probe.machine import GpuInfo, Machine
-from starvecheck.units import format_bytes
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
-from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.results import Results
-from starvecheck.model import Finding, Link, StageResult
+from starvecheck.core.model import Finding, Link, StageResult
 
 if TYPE_CHECKING:
     pass
@@ -33,7 +33,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "env": ("starvecheck.advice.env",),
     "io": ("starvecheck.advice.io",),
     # generated layouts, and the user's own pipeline (`loader --factory`)
-    "loader": ("starvecheck.advice.loader", "starvecheck.advice.ownloader"),
+    "loader": ("starvecheck.advice.loader", "starvecheck.advice.factory"),
     "starve": ("starvecheck.advice.starve",),
     "pad": ("starvecheck.advice.pad",),
     "pcie": ("starvecheck.advice.pcie",),

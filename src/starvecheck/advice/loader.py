@@ -13,8 +13,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
-from starvecheck.figures import headline, loader_curves
-from starvecheck.model import Caveat, Finding, Gain, GainKind, Metric, Severity, StageResult
+from starvecheck.core.figures import headline, loader_curves
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -81,7 +82,7 @@ def complete(loader: StageResult) -> StageResult:
     curve at that count), and a caveat for a layout with no count to recommend. Made
     here, when the run is judged; a stored report's are made again from its curves."""
     if loader.parameters.get("source") == "factory":  # the user's own pipeline
-        from starvecheck.advice import ownloader
+        from starvecheck.advice import factory as ownloader
 
         return ownloader.complete(loader)
     metrics = [m for m in loader.metrics if m.labels.get("quantity") != "recommended_num_workers"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.strategies import LABELS, SHARES_ROWS, STRATEGIES
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.strategies import LABELS, SHARES_ROWS, STRATEGIES
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -23,10 +23,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
-from starvecheck.model import Finding, Gain, GainKind, Labels, Severity, StageResult
+from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
+from starvecheck.core.metric import Labels
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.units import size_name
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
-from starvecheck.units import size_name
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, one, select
+from starvecheck.core.metric import Metric, one, select
+from starvecheck.core.model import Finding, Gain, GainKind, Severity
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

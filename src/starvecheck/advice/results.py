@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import StageResult
+from starvecheck.core.model import StageResult
 
 if TYPE_CHECKING:
+    from starvecheck.inputs.workload import Workload
     from starvecheck.probe.machine import Machine
-    from starvecheck.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
-from starvecheck.criteria import IDLE_AS_GOOD
-from starvecheck.model import Finding, Gain, GainKind, Metric, Severity, StageResult
+from starvecheck.core.criteria import IDLE_AS_GOOD
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
-from starvecheck.model import Gain, GainKind, Metric, value
+from starvecheck.core.metric import Metric, value
+from starvecheck.core.model import Gain, GainKind
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
 SINGLE_PROCESS = "_SingleProcessDataLoaderIter"

@@ -9,7 +9,7 @@ slow rank slows the whole job. One rule, two kinds of evidence:
   throughout is `profile.straggler`; a different rank in turn,
   `profile.straggler-rotating`. Reads figures labelled `rank` (model.per_rank).
   `summary` states the verdict as data for the JSON, in the same shape for both.
-- **nodes of doctor** (doctor under torchrun, starvecheck.doctor_ranks): each node's
+- **nodes of doctor** (doctor under torchrun, starvecheck.cli.ranks): each node's
   data-pipeline capacity (the lower of storage and loader). A node under 80% of the
   median is `doctor.straggler`. Pure functions of the ranks' reports (as
   `Report.to_dict()` gives them).
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from starvecheck.advice.profile import few_steps
-from starvecheck.model import (
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import (
     Finding,
     Gain,
     GainKind,
-    Metric,
     Severity,
     StageResult,
     per_rank,

@@ -25,15 +25,8 @@ from starvecheck.advice.stepworkers import (
     workers_needed,
 )
 from starvecheck.advice.stragglers import WAITING, among_ranks
-from starvecheck.model import (
-    Finding,
-    Gain,
-    GainKind,
-    Metric,
-    Severity,
-    one,
-    value,
-)
+from starvecheck.core.metric import Metric, one, value
+from starvecheck.core.model import Finding, Gain, GainKind, Severity
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -4,7 +4,7 @@ num_workers, `recommend_workers(evidence, cpus)`, whatever the evidence:
 - a sweep's measured curve: loader's samples/s by num_workers (`Throughput`: the
   fewest workers within 5% of the best) or starve's GPU idle share (`IdleShares`: the
   fewest within 2 points of the least idle), each at or below the effective CPUs
-  (criteria.py: the same rules the stages measure by);
+  (core/criteria.py: the same rules the stages measure by);
 - a loop's timing (`Loop`: profile --trace, watch), by the model below;
 - nothing measured (`None`: env): the effective CPUs per training process, less one
   for the process itself.
@@ -52,7 +52,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from starvecheck.criteria import knee, least_idle
+from starvecheck.core.criteria import knee, least_idle
 
 # CPU work is this share of the wait or more: the loader is doing CPU work.
 CPU_WORK_SHARE = 0.5

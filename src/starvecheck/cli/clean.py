@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from starvecheck.cli.common import app, context_of, printable
-from starvecheck.status import UsageError
+from starvecheck.core.status import UsageError
 
 
 @app.command()
@@ -36,7 +36,7 @@ def clean(
     temporary directory, /dev/shm), yours, and used by no process; anything else is
     refused and listed. Nothing else is touched.
     """
-    from starvecheck import leftovers, reclaim
+    from starvecheck.scratch import leftovers, reclaim
 
     c = context_of(ctx)
     target = os.path.realpath(path)

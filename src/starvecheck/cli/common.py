@@ -1,5 +1,5 @@
 """What every command shares: the Typer app, the common options, output checks,
-report emission (starvecheck.report builds the report), the progress bar, warnings
+report emission (starvecheck.advice.report builds the report), the progress bar, warnings
 and errors."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from starvecheck import __version__
-from starvecheck.context import Context
-from starvecheck.model import Report, Severity, StageResult, at_or_above
+from starvecheck.core.context import Context
+from starvecheck.core.model import Report, Severity, StageResult, at_or_above
+from starvecheck.core.status import ExitStatus, Unavailable, UsageError
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
-from starvecheck.status import ExitStatus, Unavailable, UsageError
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
@@ -120,7 +120,7 @@ def finite(low: float, high: float, above: bool = False) -> Callable[[float | No
 
 
 # --batch-timeout: where a command iterates a DataLoader (loader, starve, profile,
-# doctor). None: the default (stages/batches.py), which the help states.
+# doctor). None: the default (stages/dataloader/batches.py), which the help states.
 BatchTimeoutOpt = Annotated[
     float | None,
     typer.Option(
@@ -183,7 +183,7 @@ class Outputs:
         """Refuse, before anything is measured, what cannot take the report (args.
         output_file), two outputs naming one file, an output naming one of the `inputs`
         ((option, path): the trace, dataset, ... the command reads), and stdout twice."""
-        from starvecheck import args
+        from starvecheck.cli import args
 
         if json_path == "-" and markdown_path == "-":
             raise UsageError("--json - and --markdown - cannot both write to stdout")

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     BatchTimeoutOpt,
     FailOn,
@@ -27,10 +28,9 @@ from starvecheck.cli.common import (
     progress_bar,
     warning,
 )
-from starvecheck.model import Report, StageResult
-from starvecheck.report import build_report
+from starvecheck.core.model import Report, StageResult
+from starvecheck.core.status import UsageError
 from starvecheck.stages.base import RunContext, no_progress
-from starvecheck.status import UsageError
 
 
 @app.command()
@@ -177,11 +177,12 @@ def doctor(
     stage's findings in one checklist. Under torchrun, every rank measures its own node
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
-    from starvecheck import doctor_ranks, inputs
+    from starvecheck.cli import ranks as doctor_ranks
+    from starvecheck.inputs import files as inputs
+    from starvecheck.inputs.workload import check, read_file, resolve
     from starvecheck.probe.sysroot import SysRoot
-    from starvecheck.stages import doctor as doctor_stage
     from starvecheck.stages import env as env_stage
-    from starvecheck.workload import check, read_file, resolve
+    from starvecheck.stages.doctor import measure as doctor_stage
 
     c = context_of(ctx)
     plot_path = args.plot_path(plot)

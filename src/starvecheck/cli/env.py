@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from starvecheck.advice.report import build_report
 from starvecheck.cli.common import (
     FailOn,
     FailOnOpt,
@@ -19,7 +20,6 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
-from starvecheck.report import build_report
 
 
 @app.command()

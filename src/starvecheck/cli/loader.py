@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     BatchTimeoutOpt,
     FailOn,
@@ -24,10 +25,9 @@ from starvecheck.cli.common import (
     finite,
     measure_one,
 )
+from starvecheck.core.status import UsageError
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.report import build_report
 from starvecheck.stages.options import LoaderOptions, by_quick, size_text
-from starvecheck.status import UsageError
 
 
 @app.command()

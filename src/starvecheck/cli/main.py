@@ -24,9 +24,9 @@ from starvecheck.cli.common import app, error
 from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor, clean  # noqa: F401
 
 # isort: on
-from starvecheck.context import Context
-from starvecheck.signals import Terminated, forget_received, received, signals_raise
-from starvecheck.status import ExitStatus, StarvecheckError, signal_status
+from starvecheck.core.context import Context
+from starvecheck.core.signals import Terminated, forget_received, received, signals_raise
+from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
         if (signum := received()) is not None:
             return _signalled(c, signum)
         if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
-            # Preflight (preflight.py) leaves a margin; a run that still runs out: one line.
+            # Preflight (stages/dataloader/preflight.py) leaves a margin; a run that still
+            # runs out: one line.
             error(c, f"too many open files ({e.strerror}): raise the limit (ulimit -n 1024)")
             return ExitStatus.USAGE
         if debug:

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     FailOn,
     FailOnOpt,
@@ -23,10 +24,9 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
+from starvecheck.core.strategies import STRATEGIES
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.report import build_report
 from starvecheck.stages.options import PadOptions
-from starvecheck.strategies import STRATEGIES
 
 
 class DataFormat(str, Enum):
@@ -39,7 +39,7 @@ class DataFormat(str, Enum):
     text = "text"
 
 
-# --current's choices; the ids live in one place, strategies.py (no numpy there).
+# --current's choices; the ids live in one place, core/strategies.py (no numpy there).
 Strategy = Enum("Strategy", {s: s for s in STRATEGIES}, type=str)  # type: ignore[misc]
 DEFAULT_STRATEGY = Strategy(PadOptions.current)
 

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     FailOn,
     FailOnOpt,
@@ -20,8 +21,7 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
-from starvecheck.model import StageResult
-from starvecheck.report import build_report
+from starvecheck.core.model import StageResult
 from starvecheck.stages.options import PcieOptions, by_quick, size_list
 
 

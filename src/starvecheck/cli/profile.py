@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     BatchTimeoutOpt,
     FailOn,
@@ -25,10 +26,9 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
+from starvecheck.core.status import UsageError
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.report import build_report
 from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
-from starvecheck.status import UsageError
 
 
 class Device(str, Enum):

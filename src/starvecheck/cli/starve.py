@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from starvecheck import args
+from starvecheck.advice.report import build_report
+from starvecheck.cli import args
 from starvecheck.cli.common import (
     BatchTimeoutOpt,
     FailOn,
@@ -26,7 +27,6 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.report import build_report
 from starvecheck.stages.options import StarveOptions, by_quick
 
 

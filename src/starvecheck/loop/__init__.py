@@ -10,7 +10,7 @@
     trainers/    transformers' and Lightning's callbacks (public as
                  starvecheck.integrations)
 
-The report is built, judged and rendered as a command's (starvecheck.report,
+The report is built, judged and rendered as a command's (starvecheck.advice.report,
 advice/, render/). Not named `watch`: a subpackage `starvecheck.watch` would replace
 the function `starvecheck.watch` on the package as soon as it was imported.
 """

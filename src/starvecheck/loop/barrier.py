@@ -22,7 +22,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from starvecheck.model import Caveat
+from starvecheck.core.metric import Caveat
 
 DEFAULT_TIMEOUT_S = 60.0
 

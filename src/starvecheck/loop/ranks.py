@@ -31,8 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import StageResult
 from starvecheck.loop.times import LoopTimes, RankTimes
-from starvecheck.model import Caveat, Metric, StageResult
 
 KEY = "starvecheck.watch"
 WAIT_EVERY_S = 5.0  # an `every` report: how long rank 0 waits for the others' same step

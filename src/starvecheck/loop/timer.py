@@ -33,7 +33,7 @@ that waits past `barrier_timeout` seconds is given up (loop/barrier.py).
 At the end of each pass (and every `every` steps) it prints the step breakdown and
 the checklist that `starvecheck profile --trace` gives for a trace, to stderr, or
 returns it: `report()`, `result()`, `summary()`. The report is built, judged and
-rendered as a command's is (starvecheck.report, render.terminal). The per-step cost
+rendered as a command's is (starvecheck.advice.report, render.terminal). The per-step cost
 is a few perf_counter calls and two array appends (see benchmarks/watch_overhead.py).
 The figures themselves are a `LoopTimes` (loop/times.py), in `.times`.
 
@@ -50,13 +50,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
 
+from starvecheck.core.metric import Caveat
+from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
 from starvecheck.loop.handover import Handover, batch_nbytes, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.output import check_file, never_raising
 from starvecheck.loop.times import LoopTimes
-from starvecheck.model import Caveat, Report, StageResult
 
 if TYPE_CHECKING:
     from starvecheck.loop.ranks import Gathered, Peers
@@ -387,9 +388,9 @@ class Watch(Generic[T]):
 
     def report(self) -> Report:
         """The loop's result, judged once as a command's is, with the ranked checklist:
-        the report the CLI would build (starvecheck.report.build_report)."""
-        from starvecheck.context import Context
-        from starvecheck.report import build_report
+        the report the CLI would build (starvecheck.advice.report.build_report)."""
+        from starvecheck.advice.report import build_report
+        from starvecheck.core.context import Context
 
         return build_report("watch", None, [self.measured()], Context(stdout_isatty=False))
 
@@ -400,7 +401,7 @@ class Watch(Generic[T]):
 
     def summary(self, color: bool = False, width: int | None = 100) -> str:
         """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
-        from starvecheck.context import Context
+        from starvecheck.core.context import Context
         from starvecheck.render.terminal import as_text
 
         c = Context(stdout_isatty=color, width=width, environ=os.environ)

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.model import Caveat, Metric
+from starvecheck.core.metric import Caveat, Metric
 
 SOURCE = "starvecheck.watch"
 VERSION = 1  # of the encoding

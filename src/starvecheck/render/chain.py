@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starvecheck.model import CHAIN_LINKS as LINKS
-from starvecheck.model import Link, Report
-from starvecheck.units import format_bytes
+from starvecheck.core.model import CHAIN_LINKS as LINKS
+from starvecheck.core.model import Link, Report
+from starvecheck.core.units import format_bytes
 
 CHAIN_HEADERS = ("link", "capacity samples/s", "vs demand", "from", "")
 WORKLOAD_HEADERS = ("workload", "value", "source")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from starvecheck.units import format_bytes
+from starvecheck.core.units import format_bytes
 
 
 def _get(d: Mapping[str, Any], dotted: str) -> Any:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from starvecheck.figures import loader_curves
-from starvecheck.model import Metric, StageResult, one, select
+from starvecheck.core.figures import loader_curves
+from starvecheck.core.metric import Metric, one, select
+from starvecheck.core.model import StageResult
 
 HEADERS = (
     "layout",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from starvecheck.model import Finding, Metric, Report, Severity
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.render import chain
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 from starvecheck.render.sections import stage_sections

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from starvecheck.model import Metric, value
-from starvecheck.strategies import STRATEGIES
+from starvecheck.core.metric import Metric, value
+from starvecheck.core.strategies import STRATEGIES
 
 HEADERS = (
     "strategy",

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.model import Metric
-from starvecheck.units import format_bytes, parse_size, size_name
+from starvecheck.core.metric import Metric
+from starvecheck.core.units import format_bytes, parse_size, size_name
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
 OVERLAP_HEADERS = ("memory", "mode", "copy ms", "CPU ms", "sequential ms", "together ms",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from starvecheck.model import StageResult
-from starvecheck.signals import importing, signals_held
-from starvecheck.status import UsageError
+from starvecheck.core.model import StageResult
+from starvecheck.core.signals import importing, signals_held
+from starvecheck.core.status import UsageError
 
 
 def _pyplot() -> Any:
@@ -85,7 +85,7 @@ def loader_plot(result: StageResult, path: str) -> None:
     effective CPUs and each layout's recommended count marked."""
     plt = _pyplot()
 
-    from starvecheck.figures import loader_curve
+    from starvecheck.core.figures import loader_curve
 
     series: dict[tuple[str, str], dict[int, float]] = {}
     for m in result.select(quantity="samples_per_s"):
@@ -193,7 +193,7 @@ def pad_plot(run: Any, path: str) -> None:
         from matplotlib.colors import ListedColormap
         from matplotlib.patches import Patch
 
-    from starvecheck.strategies import LABELS
+    from starvecheck.core.strategies import LABELS
 
     params = run.result.parameters
     layouts = run.layouts

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
 
 HEADERS = (
     "layout",

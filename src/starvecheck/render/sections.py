@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from starvecheck.model import Metric, StageResult
-from starvecheck.render import loader, ownloader, pad, pcie, profile, sweep, throughput, trace
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
+from starvecheck.render import factory as ownloader
+from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ of the metrics whose only dimension is `workers` (labels `quantity` and `workers
 
 from __future__ import annotations
 
-from starvecheck.model import Metric
+from starvecheck.core.metric import Metric
 
 SWEEP_LABELS = {"quantity", "workers"}
 MAX_COLUMNS = 7  # wider than this, a pivot is harder to read than the list

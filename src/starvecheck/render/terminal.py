@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from starvecheck.model import Finding, Metric, Report, Severity
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.render import chain
 from starvecheck.render.facts import (
     GPU_HEADERS,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from starvecheck.model import Metric, StageResult
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
 
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
 HEADERS = (

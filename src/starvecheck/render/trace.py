@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from starvecheck.model import Metric, StageResult, slowest_per_step
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult, slowest_per_step
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
 HEADERS = ("per step", "ms (mean ± σ)", "share of step")

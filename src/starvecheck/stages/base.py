@@ -3,7 +3,7 @@
 A stage is an object with a `name` and four methods (the `Stage` protocol, generic
 over its options type and its plan type): whether it can run here; `plan(options,
 ctx)`, from its command's options, a frozen dataclass of stages/options.py that the
-command built from values already parsed (args.py), so a stage checks only how
+command built from values already parsed (cli/args.py), so a stage checks only how
 options combine; a plan from doctor's workload; and `measure(plan, ctx)`, which
 returns a `StageResult` with metrics, caveats and, where the stage can state it, its
 capacity in samples/s, but never findings: judging (`advice.judge`) runs once per
@@ -25,12 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from starvecheck.model import StageResult
-from starvecheck.stages.batches import DEFAULT_TIMEOUT_S
+from starvecheck.core.model import StageResult
+from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from starvecheck.inputs.workload import Workload
     from starvecheck.probe.machine import Machine
-    from starvecheck.workload import Workload
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 Warn = Callable[[str], None]
@@ -56,7 +56,7 @@ class RunContext:
     path: str | None = None  # the directory a stage writes its data under (doctor's PATH)
     slow_ms: float = 0.0  # testing hook (STARVECHECK_SLOW_RANKS): slower loader samples
     # --batch-timeout: a DataLoader that delivers no batch for this long ends the run in
-    # one line (stages/batches.py); 0: no limit.
+    # one line (stages/dataloader/batches.py); 0: no limit.
     batch_timeout_s: float = DEFAULT_TIMEOUT_S
 
     @property

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from starvecheck.model import Caveat, StageResult
+from starvecheck.core.metric import Caveat
+from starvecheck.core.model import StageResult
+from starvecheck.core.status import UsageError
 from starvecheck.probe.machine import Machine, collect, resolve_data_path
 from starvecheck.probe.nvml import NvmlSource
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
 from starvecheck.stages.base import BaseStage, Measured, RunContext
 from starvecheck.stages.options import EnvOptions
-from starvecheck.status import UsageError
 
 if TYPE_CHECKING:
-    from starvecheck.workload import Workload
+    from starvecheck.inputs.workload import Workload
 
 
 def run(

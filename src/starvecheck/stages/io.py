@@ -22,23 +22,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck import cache
-from starvecheck.model import Caveat, Metric, StageResult, one, select
+from starvecheck.core.metric import Caveat, Metric, one, select
+from starvecheck.core.model import StageResult
+from starvecheck.core.signals import check_signals, signals_raise
+from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.probe.cpu import under_hypervisor
-from starvecheck.scratch import Scratch, space_problem, write_all
-from starvecheck.signals import check_signals, signals_raise
-from starvecheck.stages import existing as existing_mode
+from starvecheck.scratch.directory import Scratch, space_problem, write_all
 from starvecheck.stages.base import BaseStage, OnDisk, RunContext
-from starvecheck.stages.layouts import MB, Layout, Progress
-from starvecheck.stages.layouts import no_progress as _no_progress
 from starvecheck.stages.options import IoOptions, default_threads
-from starvecheck.stages.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
-from starvecheck.stages.residency import (
-    judge_cache,
-    record_residency,
-)
-from starvecheck.status import Unavailable, UsageError
-from starvecheck.timing import (
+from starvecheck.stages.samples import cache
+from starvecheck.stages.samples import existing as existing_mode
+from starvecheck.stages.samples.layouts import MB, Layout, Progress
+from starvecheck.stages.samples.layouts import no_progress as _no_progress
+from starvecheck.stages.samples.reads import FileOps, Ops, RangeOps, ReadError, RunResult, timed_run
+from starvecheck.stages.samples.residency import judge_cache, record_residency
+from starvecheck.stages.timing import (
     UNSTABLE_SPREAD,
     first_cold_slower,
     hypervisor_cache,
@@ -46,10 +44,10 @@ from starvecheck.timing import (
     percentile,
     too_few_runs,
 )
-from starvecheck.timing import unstable as timing_unstable
+from starvecheck.stages.timing import unstable as timing_unstable
 
 if TYPE_CHECKING:
-    from starvecheck.workload import Workload
+    from starvecheck.inputs.workload import Workload
 
 # A first cold run this much slower than the later ones points to a cache below ours.
 FIRST_COLD_SLOWER = 1.5

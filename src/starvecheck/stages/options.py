@@ -4,7 +4,7 @@ One frozen dataclass per stage, and each default is written once, here: the comm
 help text reads it from the dataclass, the stage's plan falls back to it. A field whose
 default depends on the run (`--quick`, `--existing`, the effective CPUs) is None until
 the plan resolves it, from the tables and functions below. Values arrive parsed
-(`args.py`, called by cli/): counts as tuples, sizes in bytes, paths checked; a stage
+(`cli/args.py`, called by cli/): counts as tuples, sizes in bytes, paths checked; a stage
 checks only how options combine. Nothing here imports more than the standard library,
 so the CLI reads it at start-up for free.
 """
@@ -98,7 +98,7 @@ class LoaderOptions:
     cold: bool = True
     quick: bool = False
     # The user's own pipeline (FILE.py:FUNC or package.module:FUNC) instead of data
-    # generated under `path`; see stages/factory.py.
+    # generated under `path`; see stages/loader/factory/load.py.
     factory: str | None = None
     factory_timeout_s: float = 300.0  # importing the module and calling FUNC
     budget_s: float | None = None  # seconds per configuration; None: BUDGET_S[quick]

@@ -16,11 +16,11 @@ from starvecheck.stages.base import Stage
 MODULES = {
     "env": "starvecheck.stages.env",
     "io": "starvecheck.stages.io",
-    "loader": "starvecheck.stages.loader",
+    "loader": "starvecheck.stages.loader.stage",
     "starve": "starvecheck.stages.starve",
-    "pad": "starvecheck.stages.pad",
-    "pcie": "starvecheck.stages.pcie",
-    "profile": "starvecheck.stages.profile",
+    "pad": "starvecheck.stages.pad.stage",
+    "pcie": "starvecheck.stages.pcie.stage",
+    "profile": "starvecheck.stages.profile.stage",
     "trace": "starvecheck.stages.trace",
 }
 # The order doctor runs its stages in: cheap ones that can refuse bad input first.

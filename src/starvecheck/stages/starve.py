@@ -22,17 +22,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.criteria import least_idle
-from starvecheck.model import Caveat, Metric, StageResult
-from starvecheck.signals import check_signals, importing
+from starvecheck.core.criteria import least_idle
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import StageResult
+from starvecheck.core.signals import check_signals, importing
+from starvecheck.inputs.text import default_texts, load_tokenizer
 from starvecheck.stages.base import BaseStage, RunContext
-from starvecheck.stages.batches import DEFAULT_TIMEOUT_S, Batches
+from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
+from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
 from starvecheck.stages.options import StarveOptions, default_workers
-from starvecheck.stages.textdata import default_texts, load_tokenizer
-from starvecheck.stages.workers import prepare_workers, worker_init
 
 if TYPE_CHECKING:
-    from starvecheck.workload import Workload
+    from starvecheck.inputs.workload import Workload
 
 Progress = Callable[[str, int, int], None]
 
@@ -333,8 +334,8 @@ def run(
     warn: Callable[[str], None] = lambda m: None,
     batch_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> StageResult:
-    from starvecheck import preflight
-    from starvecheck.signals import signals_raise
+    from starvecheck.core.signals import signals_raise
+    from starvecheck.stages.dataloader import preflight
 
     # A sample is a small tensor of token ids (or nothing, with --sleep): a batch is tiny.
     plan = preflight.fitted(plan, plan.batch_size * 4096, PREFETCH, warn)
@@ -406,7 +407,7 @@ class StarveStage(BaseStage[StarveOptions, Plan]):
     name = "starve"
 
     def plan(self, options: StarveOptions, ctx: RunContext) -> Plan:
-        from starvecheck.status import UsageError
+        from starvecheck.core.status import UsageError
 
         if options.sleep and options.tokenizer:
             raise UsageError("--sleep and --tokenizer: choose one kind of work per sample")

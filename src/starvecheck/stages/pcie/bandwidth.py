@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from starvecheck.core.units import size_name as size_name
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
 from starvecheck.stages.options import PcieOptions
-from starvecheck.units import size_name as size_name
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = PcieOptions.SIZES[False]
@@ -164,7 +164,7 @@ def plan_sizes(
     cudaHostAlloc memory itself (torch's pin_memory goes through it), not through
     mlock(2), so the limit does not cap pinned buffers; it does cap RDMA
     registrations (GPUDirect RDMA, NCCL over InfiniBand)."""
-    from starvecheck.units import format_bytes
+    from starvecheck.core.units import format_bytes
 
     notes: list[str] = []
     budget = int(room * HEADROOM_SHARE) if room is not None else None

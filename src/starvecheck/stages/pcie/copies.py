@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from starvecheck.signals import check_signals
+from starvecheck.core.signals import check_signals
 from starvecheck.stages.pcie.bandwidth import Overlap, calibrate, gbps, spin
 
 # The CPU work of the overlap experiment lasts at least this long, and as long as

@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.core.signals import importing
 from starvecheck.probe.machine import Machine
 from starvecheck.probe.nvml import normalise_bus_id
-from starvecheck.signals import importing
 from starvecheck.stages.options import PcieOptions
 from starvecheck.stages.pcie import bandwidth as bw
 

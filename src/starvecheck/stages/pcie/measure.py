@@ -9,12 +9,12 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.model import Metric
-from starvecheck.signals import importing
+from starvecheck.core.metric import Metric
+from starvecheck.core.signals import importing
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import copies
 from starvecheck.stages.pcie.bandwidth import size_name
-from starvecheck.timing import stability_warnings
+from starvecheck.stages.timing import stability_warnings
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine

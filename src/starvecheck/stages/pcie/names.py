@@ -7,8 +7,8 @@ and never read a name."""
 
 from __future__ import annotations
 
-from starvecheck.model import LabelValue, Metric
-from starvecheck.units import parse_size
+from starvecheck.core.metric import LabelValue, Metric
+from starvecheck.core.units import parse_size
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORIES = ("pinned", "pageable")

@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.model import Caveat
+from starvecheck.core.metric import Caveat
+from starvecheck.core.status import UsageError
+from starvecheck.stages.timing import too_few_runs
 from starvecheck.stages.trace import hta
 from starvecheck.stages.trace.events import NO_GPU, Device, Process, device_owners, sort_events
 from starvecheck.stages.trace.intervals import Interval, clip, length
@@ -31,8 +33,6 @@ from starvecheck.stages.trace.steps import (
     timeline,
     warmup_steps,
 )
-from starvecheck.status import UsageError
-from starvecheck.timing import too_few_runs
 
 AFTER_LAST_STEP = 0.01  # GPU busy time after the last step worth a caveat
 # ---------------------------------------------------------------------------------

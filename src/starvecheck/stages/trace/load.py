@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-from starvecheck.inputs import STDIN, open_input, read_all
-from starvecheck.status import UsageError
+from starvecheck.core.status import UsageError
+from starvecheck.inputs.files import STDIN, open_input, read_all
 
 # The most JSON one trace file may hold, unpacked: it is decoded whole, so this bounds
 # the memory a file costs (about as much again for its events). A real job's trace is
@@ -222,7 +222,7 @@ def _read(name: str, max_bytes: int | None) -> bytearray:
     past `max_bytes` (unpacked) the read stops in one line, so a gzip bomb costs
     `max_bytes` of memory, not its unpacked size. `-` is standard input; a pipe
     (/dev/stdin, a process substitution) is read as it comes, with the idle time limit
-    of starvecheck.inputs; a FIFO, a device or a socket is refused before it is opened."""
+    of starvecheck.inputs.files; a FIFO, a device or a socket is refused before it is opened."""
     lift = "; raise it with --max-trace-bytes, 0 for none"
     with open_input(name, f"--trace {name}", max_bytes, lift) as f:
         return read_all(f)

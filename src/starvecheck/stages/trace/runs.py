@@ -24,7 +24,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from starvecheck.model import Caveat
+from starvecheck.core.metric import Caveat
 from starvecheck.stages.trace.load import Event, JobId, TraceFile, span
 
 SLACK_US = 1e6  # ranks' clocks (several hosts) may differ by this much and still overlap

@@ -10,14 +10,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from starvecheck.inputs import TooLarge
-from starvecheck.model import Caveat, Metric, StageResult
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import StageResult
+from starvecheck.core.status import UsageError
+from starvecheck.inputs.files import TooLarge
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
 from starvecheck.stages.trace.load import MAX_BYTES, expand, load
 from starvecheck.stages.trace.runs import Run, choose
-from starvecheck.status import UsageError
 
 SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
 NO_WAIT = "no DataLoader fetch in the trace"

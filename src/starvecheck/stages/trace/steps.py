@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.stages.profile import PHASES
+from starvecheck.stages.profile.stage import PHASES
 from starvecheck.stages.trace.events import Device, Process
 from starvecheck.stages.trace.intervals import Interval, clip, length, overlap, union
 

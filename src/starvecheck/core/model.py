@@ -1,0 +1,363 @@
+"""The result model: what stages return and what renderers read.
+
+Results are frozen once made; their figures (`Metric`, with labels, and `Caveat`) are
+core/metric.py's. Every class has `to_dict()` and `from_dict()` so a report written as
+JSON loads back into the same objects.
+
+JSON schema versions (`Report.to_dict()["schema_version"]`):
+  1  first release: machine, stages (metrics, findings, caveats, capacity),
+     checklist, weakest_link, verdict.
+     Added since, without a version change (new keys, present only where they
+     apply, so readers of version 1 are unaffected): `doctor` reports carry
+     `workload` (the figures judged against, each with its source), `chain` (one
+     `Link` per link: link, capacity_samples_per_s, demand_samples_per_s, basis,
+     reason, parts, limited_by) and, under torchrun, `nodes` (one row per rank).
+  2  every metric carries `labels`: the dimensions it was measured under
+     (`quantity`, what the figure is, and e.g. layout, pattern, cache, threads,
+     workers, size, direction, memory), so scripts select figures by label instead
+     of parsing names. Every name of version 1 is kept. Version 1 files still load
+     (their metrics without labels). doctor reports add `weakest_summary`, the
+     sentence under the chain (judging writes it; renderers only print it).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+class Severity(str, Enum):
+    CRITICAL = "critical"
+    WARNING = "warning"
+    INFO = "info"
+    OK = "ok"
+
+    @property
+    def rank(self) -> int:
+        """Higher is worse; used for --fail-on and for ordering."""
+        return {"ok": 0, "info": 1, "warning": 2, "critical": 3}[self.value]
+
+
+class GainKind(str, Enum):
+    # The job cannot run well at all until this is fixed (workers killed by a bus
+    # error, training on the CPU): ranked above any measured gain.
+    BLOCKER = "blocker"
+    # Throughput would be multiplied by `value` (1.4 = 40% more samples/s).
+    THROUGHPUT = "throughput"
+    # A share of step time (0..1) that would be recovered.
+    STEP_SHARE = "step_share"
+
+
+@dataclass(frozen=True)
+class Gain:
+    kind: GainKind
+    value: float | None = None
+    basis: str = ""  # how the figure was estimated, in words
+
+    @property
+    def score(self) -> float:
+        """Comparable size of the gain: the share of time saved (0..1), blockers above all."""
+        if self.kind is GainKind.BLOCKER:
+            return float("inf")
+        if self.value is None:
+            return 0.0
+        if self.kind is GainKind.THROUGHPUT:
+            return 1.0 - 1.0 / self.value if self.value > 0 else 0.0
+        return self.value
+
+    def describe(self) -> str:
+        if self.kind is GainKind.BLOCKER:
+            text = "blocker: fix before anything else"
+        elif self.value is None:
+            text = "not estimated"
+        elif self.kind is GainKind.THROUGHPUT:
+            text = f"{self.value:.2f}x throughput"
+        else:
+            text = f"{self.value:.0%} of step time recovered"
+        return f"{text} ({self.basis})" if self.basis else text
+
+    @property
+    def speedup(self) -> float | None:
+        """The training step's predicted throughput multiplier: the value itself for a
+        throughput gain; 1 / (1 - share) for a share of step time recovered (the same
+        step, that share shorter). None where the gain is not estimated."""
+        if self.kind is GainKind.BLOCKER or self.value is None:
+            return None
+        if self.kind is GainKind.THROUGHPUT:
+            return self.value
+        return 1.0 / (1.0 - self.value) if 0 <= self.value < 1 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.speedup
+        return {
+            "kind": self.kind.value,
+            "value": self.value,
+            "basis": self.basis,
+            "speedup": None if s is None else round(s, 3),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Gain:
+        return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing to know or change, with the numbers that show it."""
+
+    id: str  # stable: "env.shm-too-small"; people grep and gate on it
+    severity: Severity
+    title: str
+    evidence: str = ""
+    recommendation: str = ""
+    gain: Gain | None = None
+    stage: str = ""
+    # The change recommended, as data where it is a setting ({"num_workers": 2}).
+    fix: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "id": self.id,
+            "severity": self.severity.value,
+            "title": self.title,
+            "evidence": self.evidence,
+            "recommendation": self.recommendation,
+            "gain": self.gain.to_dict() if self.gain else None,
+            "stage": self.stage,
+        }
+        return d | ({"fix": dict(self.fix)} if self.fix else {})
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        return cls(
+            id=d["id"],
+            severity=Severity(d["severity"]),
+            title=d["title"],
+            evidence=d.get("evidence", ""),
+            recommendation=d.get("recommendation", ""),
+            gain=Gain.from_dict(d["gain"]) if d.get("gain") else None,
+            stage=d.get("stage", ""),
+            fix=dict(d.get("fix") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What one stage measured. Stages leave `findings` empty: judging (advice.judge)
+    runs once over every result of the run and fills them in."""
+
+    stage: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    metrics: tuple[Metric, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    caveats: tuple[Caveat, ...] = ()
+    # Samples per second this link can deliver for the workload, where it can say.
+    capacity: Metric | None = None
+    duration_s: float | None = None
+    # What judging read off the figures for the tables to show beside them (pcie's
+    # overlap verdicts and link peaks), keyed by name. Not in the JSON: it follows from
+    # the metrics, so a report loaded from JSON has it again once judged.
+    judged: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Plain sentences are accepted and become caveats of their own kind.
+        object.__setattr__(self, "caveats", tuple(caveat(c) for c in self.caveats))
+
+    def metric(self, name: str) -> Metric | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    def select(self, **want: LabelValue) -> list[Metric]:
+        return select(self.metrics, **want)
+
+    def one(self, **want: LabelValue) -> Metric | None:
+        return one(self.metrics, **want)
+
+    def value(self, **want: LabelValue) -> float | None:
+        return value(self.metrics, **want)
+
+    def has_caveat(self, caveat_id: str) -> bool:
+        return any(c.id == caveat_id for c in self.caveats)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "parameters": dict(self.parameters),
+            "metrics": [m.to_dict() for m in self.metrics],
+            "findings": [f.to_dict() for f in self.findings],
+            "caveats": [c.text for c in self.caveats],
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StageResult:
+        return cls(
+            stage=d["stage"],
+            parameters=dict(d.get("parameters", {})),
+            metrics=tuple(Metric.from_dict(m) for m in d.get("metrics", ())),
+            findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+            caveats=tuple(d.get("caveats", ())),
+            capacity=Metric.from_dict(d["capacity"]) if d.get("capacity") else None,
+            duration_s=d.get("duration_s"),
+        )
+
+
+# The links of the chain, upstream first (DESIGN.md, "Result model"): the pipeline
+# links deliver samples/s, the GPU consumes them. Padding is no link: it is part of
+# the GPU's step (the gpu link's `parts`).
+CHAIN_LINKS = ("storage", "loader", "pcie", "gpu")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link of the chain (storage, loader, padding, pcie, gpu) against one workload:
+    the samples per second it can deliver next to what the GPU consumes. `capacity`
+    is None only when the link was not measured, and `reason` says why."""
+
+    link: str
+    capacity: float | None
+    demand: float | None
+    basis: str = ""  # what the capacity came from, in a short phrase
+    reason: str | None = None  # why capacity is None
+    # Where a link is the lower of several limits (loader: reading vs CPU work): each.
+    parts: Mapping[str, float | None] = field(default_factory=dict)
+    limited_by: str | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        """Capacity over demand: below 1 the GPU waits for this link."""
+        if self.capacity is None or not self.demand:
+            return None
+        return self.capacity / self.demand
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "link": self.link,
+            "capacity_samples_per_s": self.capacity,
+            "demand_samples_per_s": self.demand,
+            "basis": self.basis,
+            "reason": self.reason,
+            "parts": dict(self.parts),
+            "limited_by": self.limited_by,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Link:
+        return cls(
+            link=d["link"],
+            capacity=d.get("capacity_samples_per_s"),
+            demand=d.get("demand_samples_per_s"),
+            basis=d.get("basis", ""),
+            reason=d.get("reason"),
+            parts=dict(d.get("parts", {})),
+            limited_by=d.get("limited_by"),
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one command found: machine facts, stage results, the ranked checklist."""
+
+    command: str
+    machine: Mapping[str, Any]  # JSON-ready facts from probe.machine (Machine.to_dict())
+    stages: tuple[StageResult, ...] = ()
+    checklist: tuple[Finding, ...] = ()  # ranked; see advice.rank
+    weakest_link: str | None = None
+    verdict: str = ""
+    tool_version: str = ""
+    created_at: str = ""
+    # doctor only (empty elsewhere, and then left out of the JSON):
+    workload: Mapping[str, Any] = field(default_factory=dict)
+    chain: tuple[Link, ...] = ()
+    weakest_summary: str = ""  # the sentence judging wrote under the chain
+    nodes: tuple[Mapping[str, Any], ...] = ()  # one per rank under torchrun
+
+    @property
+    def findings(self) -> tuple[Finding, ...]:
+        return tuple(f for s in self.stages for f in s.findings)
+
+    def worst_severity(self) -> Severity:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "starvecheck", "version": self.tool_version},
+            "command": self.command,
+            "created_at": self.created_at,
+            "machine": dict(self.machine),
+            "stages": [s.to_dict() for s in self.stages],
+            "checklist": [f.to_dict() for f in self.checklist],
+            "weakest_link": self.weakest_link,
+            "verdict": self.verdict,
+        } | self._doctor_dict()
+
+    def _doctor_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.workload:
+            d["workload"] = dict(self.workload)
+        if self.chain:
+            d["chain"] = [link.to_dict() for link in self.chain]
+            d["weakest_summary"] = self.weakest_summary
+        if self.nodes:
+            d["nodes"] = [dict(n) for n in self.nodes]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        version = d.get("schema_version")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"unsupported report schema_version {version!r}")
+        return cls(
+            command=d["command"],
+            machine=dict(d.get("machine", {})),
+            stages=tuple(StageResult.from_dict(s) for s in d.get("stages", ())),
+            checklist=tuple(Finding.from_dict(f) for f in d.get("checklist", ())),
+            weakest_link=d.get("weakest_link"),
+            verdict=d.get("verdict", ""),
+            tool_version=d.get("tool", {}).get("version", ""),
+            created_at=d.get("created_at", ""),
+            workload=dict(d.get("workload", {})),
+            chain=tuple(Link.from_dict(x) for x in d.get("chain", ())),
+            weakest_summary=d.get("weakest_summary", ""),
+            nodes=tuple(dict(n) for n in d.get("nodes", ())),
+        )
+
+
+def at_or_above(findings: Sequence[Finding], threshold: Severity) -> list[Finding]:
+    return [f for f in findings if f.severity.rank >= threshold.rank]
+
+
+# A multi-rank trace's figures carry a `rank` label (profile --trace over several ranks).
+
+
+def per_rank(metrics: Sequence[Metric], quantity: str) -> dict[str, Metric]:
+    """rank -> its figure of this quantity, among a multi-rank trace's figures."""
+    return {
+        str(x.labels["rank"]): x
+        for x in metrics
+        if x.labels.get("quantity") == quantity and "rank" in x.labels and "device" not in x.labels
+    }
+
+
+def slowest_per_step(metrics: Sequence[Metric]) -> list[tuple[str, float, float]]:
+    """Per step every rank has: (the rank with the most work, its work, the median
+    rank's work), in ms. Work is the step less its GPU's time in collectives: in a
+    synchronous job the fast ranks wait there for the slow one."""
+    work = {k: x.values for k, x in per_rank(metrics, "work_ms").items() if x.values}
+    if len(work) < 2 or len({len(v) for v in work.values()}) != 1:
+        return []
+    out = []
+    for i in range(len(next(iter(work.values())))):
+        at = {k: v[i] for k, v in work.items()}
+        slow = max(at, key=lambda k: at[k])
+        out.append((slow, at[slow], statistics.median(at.values())))
+    return out

@@ -1,0 +1,136 @@
+"""`loader --factory`: one row per DataLoader configuration of the user's own pipeline.
+
+The JSON keeps one flat metric per figure (`own.w2.samples_per_s`,
+`own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...), labelled
+with layout `own`, the configuration (workers, prefetch_factor, persistent_workers,
+pin_memory), `role` (workers: the num_workers sweep; prefetch, persistent, pin: one
+setting changed at the sweep's knee; current: the user's configuration where the sweep
+does not include it) and `current`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from starvecheck.core.metric import Metric, one, select
+from starvecheck.core.model import StageResult
+
+HEADERS = (
+    "workers",
+    "prefetch",
+    "persistent",
+    "samples/s",
+    "σ/med",
+    "1st batch s",
+    "epoch start s",
+    "wait p50 ms",
+    "",
+)
+# The second table: what each configuration costs the machine.
+COST_HEADERS = (
+    "workers",
+    "prefetch",
+    "persistent",
+    "CPU ms/sample: main",
+    "workers",
+    "USS MiB: main",
+    "per worker",
+    "growth per worker",
+)
+LAYOUT = "own"
+MIB = float(1 << 20)
+
+
+def _setting(labels: Mapping[str, Any]) -> tuple[str, str, str]:
+    workers = int(labels.get("workers", 0))
+    if not workers:
+        return "0", "", ""
+    return (
+        str(workers),
+        str(labels.get("prefetch_factor")),
+        "yes" if labels.get("persistent_workers") else "",
+    )
+
+
+def split(
+    stage: StageResult, metrics: Sequence[Metric]
+) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[Metric], list[str]]:
+    """(rows, cost rows, every other metric, notes) for the configurations of a factory
+    run: one row per configuration in each table."""
+    if stage.stage != "loader" or stage.parameters.get("source") != "factory":
+        return [], [], list(metrics), []
+    rows: list[tuple[str, ...]] = []
+    costs: list[tuple[str, ...]] = []
+    used: set[int] = set()
+    for m in select(metrics, quantity="samples_per_s", layout=LAYOUT):
+        keys = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
+        mine = select(metrics, layout=LAYOUT, **{k: m.labels[k] for k in keys if k in m.labels})
+        used.update(id(x) for x in mine)
+        rows.append(_row(m, mine))
+        costs.append(_cost(m, mine))
+    rest = [m for m in metrics if id(m) not in used]
+    notes = [
+        "samples/s: median of windows of at least 0.25 s, read until the last 4 agree within "
+        "10% or the time budget is spent. CPU: user+system time per sample in the training "
+        "process and in all workers together. USS: memory no other process shares, the "
+        "median over workers, and each worker's growth since its first batch (every worker "
+        "in the JSON)"
+    ]
+    configs = stage.parameters.get("configurations") or []
+    stopped = sorted({str(c.get("stopped")) for c in configs if c.get("stopped")})
+    if stopped:
+        notes.append("stopped: " + ", ".join(_stopped(s, configs) for s in stopped))
+    return rows, costs, rest, notes
+
+
+def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
+    def get(quantity: str, **more: Any) -> Metric | None:
+        return one(mine, quantity=quantity, **more)
+
+    return (
+        *_setting(m.labels),
+        _n(m, ",.0f"),
+        f"{m.stdev / m.value:.0%}" if m.n > 1 and m.value else "",
+        _n(get("first_batch_s"), ".2f"),
+        _n(get("epoch_start_s"), ".2f"),
+        _n(get("batch_wait_ms", percentile=50), ".1f"),
+        "current" if m.labels.get("current") else "",
+    )
+
+
+def _cost(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
+    def get(quantity: str, **more: Any) -> Metric | None:
+        return one(mine, quantity=quantity, **more)
+
+    workers = int(m.labels.get("workers", 0))
+    return (
+        *_setting(m.labels),
+        _n(get("cpu_ms_per_sample", process="main"), ".2f"),
+        _n(get("cpu_ms_per_sample", process="workers"), ".2f") if workers else "",
+        _mib(get("uss_bytes", process="main")),
+        _mib(get("uss_bytes", process="worker")) if workers else "",
+        _mib(get("uss_growth_bytes", process="worker")) if workers else "",
+    )
+
+
+def _stopped(reason: str, configs: Sequence[Mapping[str, Any]]) -> str:
+    n = sum(1 for c in configs if c.get("stopped") == reason)
+    words = {
+        "stable": "stable",
+        "budget": "time budget spent",
+        "epochs": "epoch limit",
+    }
+    return f"{words.get(reason, reason)} ({n})"
+
+
+def _n(m: Metric | None, fmt: str) -> str:
+    if m is None:
+        return ""
+    return "n/a" if m.value is None else format(m.value, fmt)
+
+
+def _mib(m: Metric | None) -> str:
+    if m is None or m.value is None:
+        return ""
+    return f"{m.value / MIB:,.0f}"

@@ -1,0 +1,134 @@
+"""What every DataLoader worker starvecheck starts runs first (`worker_init_fn`), and
+what the main process does before it starts any."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from starvecheck.core.signals import importing
+
+# Workers hand each batch over through a Unix socket in that directory
+# (`pymp-XXXXXXXX/listener-XXXXXXXX`), and a socket's path holds at most 107 bytes: a
+# temporary directory longer than this leaves too little room, and every hand-over
+# fails ("AF_UNIX path too long"). CPython 3.13 falls back to a short directory the
+# same way (multiprocessing.util._get_base_temp_dir).
+MAX_TEMP_DIR = 60
+
+
+def prepare_workers() -> None:
+    """Before forking workers: make multiprocessing's temporary directory (pymp-*)
+    here, once, so that every worker inherits it instead of making its own, which a
+    worker that is stopped early leaves behind. This process removes it at exit."""
+    import tempfile
+    from multiprocessing import util
+
+    from starvecheck.scratch.directory import note_all
+
+    base = tempfile.gettempdir()
+    short = len(os.fsencode(base)) > MAX_TEMP_DIR and os.access("/tmp", os.W_OK | os.X_OK)
+    saved = tempfile.tempdir
+    if short:
+        tempfile.tempdir = "/tmp"
+    try:
+        path = util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+    # For `starvecheck clean`, should we be killed. clean removes it only as made here:
+    # directly in the temporary directory or /tmp, named pymp-XXXXXXXX (scratch/claims.py).
+    note_all({"pymp": path})
+
+
+# `stop_workers(stuck=True)`: how long idle workers get to leave on their own before
+# every worker still running is killed.
+STUCK_GRACE_S = 1.0
+
+
+def stop_workers(it: object, stuck: bool = False) -> None:
+    """Shut a DataLoader iterator's workers down now, not at garbage collection (also
+    on Ctrl-C), and kill any that torch's shutdown left running: a worker ignores the
+    SIGTERM torch falls back on (worker_init), and one stuck (in Streaming's barrier,
+    out of file descriptors) would hang multiprocessing's join at exit. `stuck`: the
+    DataLoader delivered nothing in time (stages/dataloader/batches.py), so some worker will not
+    read the request to stop; torch's shutdown would wait 5 s for each before killing
+    it, so they are stopped first (`_kill_stuck`)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is None:  # num_workers=0
+        return
+    if stuck:
+        _kill_stuck(it)
+    shutdown()
+    for w in getattr(it, "_workers", ()):
+        if w.is_alive():
+            w.kill()
+            w.join(timeout=5)
+
+
+def _kill_stuck(it: Any) -> None:
+    """torch's own shutdown, in its order, with one short wait for all instead of 5 s
+    per worker: the pin-memory thread first (a worker killed while handing a batch over
+    could leave half a message it would wait on for good), the request to stop, then
+    the workers' pids out of torch's SIGCHLD check (which raises "worker exited
+    unexpectedly" in this process at a death it did not ask for), `STUCK_GRACE_S` for
+    the idle workers to leave, and SIGKILL for the rest. torch's `_shutdown_workers`
+    then finds them gone and closes the queues. Private attributes of torch's iterator
+    (stable since torch 1.x): where they are missing, or its pids are still watched,
+    the work is left to `_shutdown_workers` at its own pace."""
+    import contextlib
+    import time
+
+    with importing():
+        from torch.utils.data import _utils
+
+    # Not after torch's shutdown ran (a second call, its queues closed): kill only.
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        if not it._shutdown:
+            if hasattr(it, "_pin_memory_thread"):
+                it._pin_memory_thread_done_event.set()
+                it._worker_result_queue.put((None, None))
+                it._pin_memory_thread.join(timeout=2 * _utils.MP_STATUS_CHECK_INTERVAL)
+            it._workers_done_event.set()
+            for worker_id, running in enumerate(it._workers_status):
+                if running:
+                    it._mark_worker_as_unavailable(worker_id, shutdown=True)
+    with contextlib.suppress(AttributeError):
+        if it._worker_pids_set:
+            _utils.signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+    if getattr(it, "_worker_pids_set", True):
+        return
+    workers = list(getattr(it, "_workers", ()))
+    deadline = time.monotonic() + STUCK_GRACE_S
+    for w in workers:
+        w.join(timeout=max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+    for w in workers:
+        w.join(timeout=5)
+
+
+def worker_init(worker_id: int) -> None:
+    """Workers are forked while starvecheck turns signals into exceptions (the fork
+    itself already set the handlers below: scratch/directory.py, `_child_after_fork`). SIGTERM and
+    SIGHUP are ignored: sent to the whole process group (a closed terminal, systemd,
+    Slurm's scancel, `kill -- -PGID`) they reach the workers too, and a worker killed
+    mid-batch leaves its shared memory behind and makes torch report the run as a
+    failure; the main process, which got the same signal, shuts its workers down, and
+    torch's watchdog ends a worker whose main process is gone. Ctrl-C, which torch
+    handles in workers itself, ends them quietly. And when the main process stops early,
+    a batch being handed over through multiprocessing's resource sharer meets a closed
+    pipe in the worker: expected, so not printed as a traceback."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    default = sys.excepthook
+
+    def quiet(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        if issubclass(kind, (BrokenPipeError, ConnectionResetError, EOFError)):
+            return
+        default(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = quiet

@@ -1,0 +1,285 @@
+"""The user's own pipeline: `--factory FILE.py:FUNC` or `package.module:FUNC`.
+
+`FUNC()` returns a map-style `Dataset`, an `IterableDataset` or a `DataLoader`. Given a
+DataLoader, its batch size, sampler, collate_fn, worker_init_fn and settings are the
+user's current configuration, which every other configuration is measured against.
+
+The user's code is untrusted input (DESIGN.md, principle 7): importing it and calling
+FUNC may raise, print to stdout, or never return. Each of those ends in one line and
+exit 2 (`UsageError`): the import and the call run with stdout sent to stderr (so
+`--json -` stays one JSON document), under a time limit, and any exception becomes
+"loader --factory SPEC: <what> raised <Type>: <message>" (the traceback only with
+--debug, which the command line's error path handles).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starvecheck.core.signals import importing
+from starvecheck.core.status import UsageError
+from starvecheck.inputs.files import check
+
+# FILE.py:FUNC or package.module:FUNC; FUNC a plain name (no dots: an attribute path
+# would run more of the user's code than the one call).
+_SPEC = re.compile(r"^(?P<where>[^:]+):(?P<func>[A-Za-z_][A-Za-z0-9_]*)$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# A factory file is Python source: more than this is not one someone wrote by hand.
+MAX_SOURCE_BYTES = 16 << 20
+# How long importing the module and calling FUNC may take together (a factory that
+# downloads, or scans a huge directory, says so by taking long; one that never returns
+# ends here). --batch-timeout bounds each batch separately.
+DEFAULT_FACTORY_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    text: str  # as given
+    path: str | None  # FILE.py, or None for a module
+    module: str | None  # package.module, or None for a file
+    func: str
+
+
+def parse_spec(text: str) -> Spec:
+    """FILE.py:FUNC or package.module:FUNC, or one line saying what is expected."""
+    m = _SPEC.match(text.strip()) if text else None
+    expected = "give FILE.py:FUNC or package.module:FUNC, FUNC returning a Dataset or DataLoader"
+    if m is None:
+        raise UsageError(f"--factory {text!r}: {expected}")
+    where, func = m.group("where"), m.group("func")
+    if where.endswith(".py") or os.sep in where:
+        return Spec(text, where, None, func)
+    if not _MODULE.match(where):
+        raise UsageError(f"--factory {text!r}: {where!r} is neither a .py file nor a module name")
+    return Spec(text, None, where, func)
+
+
+def check_source(path: str) -> None:
+    """A regular file of bounded size, checked before anything opens it: a FIFO would
+    block the import, a device would be read for ever."""
+    check(path, f"--factory {path}", pipes=False)
+    size = os.stat(path).st_size
+    if size > MAX_SOURCE_BYTES:
+        raise UsageError(f"--factory {path}: {size:,} bytes is too large for Python source")
+
+
+@dataclass
+class Pipeline:
+    """What FUNC returned: the dataset, and the user's DataLoader settings where it
+    returned a DataLoader (`given` True), else torch's defaults with --batch-size."""
+
+    spec: Spec
+    dataset: Any
+    iterable: bool  # an IterableDataset (no sampler, no len() needed)
+    given: bool  # FUNC returned a DataLoader: `settings` are the user's current ones
+    settings: dict[str, Any] = field(default_factory=dict)
+    length: int | None = None  # len(dataset) where it has one
+    factory_s: float = 0.0  # importing and calling FUNC
+
+    @property
+    def current_workers(self) -> int:
+        return int(self.settings.get("num_workers", 0) or 0)
+
+    def describe(self) -> str:
+        kind = "IterableDataset" if self.iterable else "Dataset"
+        return f"{type(self.dataset).__name__} ({kind})"
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: message`, the message on one line and cut to a readable length."""
+    text = " ".join(str(e).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """The user's prints go to stderr, Python's and the C library's alike (fd 1 pointed
+    at fd 2), so a report on stdout (`--json -`) stays whole."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _import(spec: Spec) -> Any:
+    if spec.path is not None:
+        check_source(spec.path)
+        path = os.path.abspath(spec.path)
+        name = "_starvecheck_factory_" + re.sub(r"\W", "_", os.path.basename(path)[:-3] or "x")
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise UsageError(f"--factory {spec.text}: cannot load {spec.path} as Python")
+        module = importlib.util.module_from_spec(loader_spec)
+        # Workers started by fork find it; its own directory is importable, as it is
+        # for `python FILE.py` (helpers next to it).
+        sys.modules[name] = module
+        folder = os.path.dirname(path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        loader_spec.loader.exec_module(module)
+        return module
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # package.module importable from here
+    return importlib.import_module(spec.module or "")
+
+
+def _call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
+    """call() with a SIGALRM limit where one can be set (the main thread, no timer of
+    someone else's running); without one, unbounded."""
+    import signal
+
+    class _Late(BaseException):
+        pass
+
+    def ring(signum: int, frame: object) -> None:
+        raise _Late()
+
+    try:
+        if limit_s <= 0 or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+            return call()
+        previous = signal.signal(signal.SIGALRM, ring)
+    except ValueError:  # not the main thread
+        return call()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            return call()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _Late:
+        raise UsageError(
+            f"{what} did not return in {limit_s:,.0f} s (raise --factory-timeout if it "
+            "really takes this long)"
+        ) from None
+    finally:
+        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
+
+
+def load(
+    spec: Spec, batch_size: int | None, limit_s: float = DEFAULT_FACTORY_TIMEOUT_S
+) -> Pipeline:
+    """Import the module, call FUNC, and read what it returned."""
+    started = time.perf_counter()
+    where = f"loader --factory {spec.text}"
+    # torch first, with signals held (signals.importing): the module's own `import
+    # torch` then finds it loaded, so neither a signal nor the time limit's SIGALRM
+    # raises inside torch's C++ start-up.
+    with importing():
+        import torch  # noqa: F401
+
+    def run() -> Any:
+        with stdout_to_stderr():
+            try:
+                module = _import(spec)
+            except UsageError:
+                raise
+            except SyntaxError as e:
+                raise UsageError(
+                    f"{where}: importing it raised SyntaxError: {e.msg} (line {e.lineno})"
+                ) from e
+            except (Exception, SystemExit) as e:  # not Ctrl-C, SIGTERM or the time limit
+                raise UsageError(f"{where}: importing it raised {one_line(e)}") from e
+            func = getattr(module, spec.func, None)
+            if func is None:
+                raise UsageError(f"{where}: the module has no {spec.func!r}")
+            if not callable(func):
+                raise UsageError(
+                    f"{where}: {spec.func!r} is a {type(func).__name__}, not a function"
+                )
+            try:
+                return func()
+            except UsageError:
+                raise
+            except (Exception, SystemExit) as e:
+                raise UsageError(f"{where}: {spec.func}() raised {one_line(e)}") from e
+
+    made = _call_limited(run, limit_s, f"{where}: importing it and calling {spec.func}()")
+    pipeline = from_object(spec, made, batch_size)
+    pipeline.factory_s = time.perf_counter() - started
+    return pipeline
+
+
+def from_object(spec: Spec, made: Any, batch_size: int | None) -> Pipeline:
+    """A Pipeline from what FUNC returned, or one line saying it is none of the three."""
+    with importing():
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+    where = f"loader --factory {spec.text}"
+    if isinstance(made, DataLoader):
+        settings = loader_settings(made)
+        if batch_size is not None:
+            settings["batch_size"] = batch_size
+            settings.pop("batch_sampler", None)
+        dataset = made.dataset
+        given = True
+    elif isinstance(made, Dataset | IterableDataset):
+        dataset, given = made, False
+        # As a training loop reads a map-style dataset: shuffled.
+        settings = {"batch_size": batch_size or 32, "num_workers": 0}
+        if not isinstance(made, IterableDataset):
+            settings["shuffle"] = True
+    else:
+        raise UsageError(
+            f"{where}: {spec.func}() returned a {type(made).__name__}, not a torch Dataset, "
+            "IterableDataset or DataLoader"
+        )
+    iterable = isinstance(dataset, IterableDataset)
+    length = None
+    if not iterable:
+        try:
+            length = len(dataset)
+        except TypeError:
+            raise UsageError(f"{where}: the map-style dataset has no __len__") from None
+        except Exception as e:
+            raise UsageError(f"{where}: len(dataset) raised {one_line(e)}") from e
+        if length <= 0:
+            raise UsageError(f"{where}: the dataset is empty")
+    return Pipeline(spec, dataset, iterable, given, settings, length)
+
+
+# The DataLoader arguments read back from a user's DataLoader: everything that shapes
+# its batches (sampler, collate) and how it loads them.
+def loader_settings(dl: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "num_workers": int(dl.num_workers),
+        "pin_memory": bool(dl.pin_memory),
+        "persistent_workers": bool(getattr(dl, "persistent_workers", False)),
+        "timeout": float(getattr(dl, "timeout", 0) or 0),
+        "collate_fn": dl.collate_fn,
+        "worker_init_fn": dl.worker_init_fn,
+        "drop_last": bool(dl.drop_last),
+        "generator": dl.generator,
+        "multiprocessing_context": dl.multiprocessing_context,
+    }
+    if dl.num_workers and getattr(dl, "prefetch_factor", None) is not None:
+        out["prefetch_factor"] = int(dl.prefetch_factor)
+    if getattr(dl, "in_order", True) is False:
+        out["in_order"] = False
+    with importing():
+        from torch.utils.data import IterableDataset
+
+    if not isinstance(dl.dataset, IterableDataset):
+        if dl.batch_size is None:  # a batch_sampler of the user's own
+            out["batch_sampler"] = dl.batch_sampler
+        else:
+            out["sampler"] = dl.sampler
+    out["batch_size"] = dl.batch_size
+    return out

@@ -1,0 +1,1 @@
+"""`profile`: a real training loop under torch.profiler (stage.py)."""
