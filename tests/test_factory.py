@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from starvecheck.core.status import UsageError
+from starvecheck.inputs.factory import FactorySpec, check_source, parse_spec
 from starvecheck.stages.loader.factory import configuration as pipeline
 from starvecheck.stages.loader.factory import load as factory
 from starvecheck.stages.loader.factory import owndata
@@ -118,7 +119,7 @@ def pipes(tmp_path: Path) -> Path:
 
 
 def load(pipes: Path, func: str, batch_size: int | None = None) -> factory.Pipeline:
-    return factory.load(factory.parse_spec(f"{pipes}:{func}"), batch_size, limit_s=20)
+    return factory.load(parse_spec(f"{pipes}:{func}"), batch_size, limit_s=20)
 
 
 def budget(seconds: float = 3.0, limit: float = 20.0) -> pipeline.Budget:
@@ -134,27 +135,27 @@ def budget(seconds: float = 3.0, limit: float = 20.0) -> pipeline.Budget:
 )
 def test_a_malformed_spec_is_one_line(text: str) -> None:
     with pytest.raises(UsageError, match=r"FILE\.py:FUNC or package\.module:FUNC"):
-        factory.parse_spec(text)
+        parse_spec(text)
     with pytest.raises(UsageError, match=r"neither a \.py file nor a module name"):
-        factory.parse_spec("a b:func")
+        parse_spec("a b:func")
 
 
 def test_module_and_file_specs() -> None:
-    assert factory.parse_spec("pkg.mod:make") == factory.Spec(
+    assert parse_spec("pkg.mod:make") == FactorySpec(
         "pkg.mod:make", None, "pkg.mod", "make"
     )
-    assert factory.parse_spec("x/y.py:make").path == "x/y.py"
+    assert parse_spec("x/y.py:make").path == "x/y.py"
 
 
 def test_a_fifo_or_directory_is_refused_before_opening(tmp_path: Path) -> None:
     fifo = tmp_path / "f.py"
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="not a regular file"):
-        factory.load(factory.parse_spec(f"{fifo}:make"), None)
+        factory.load(parse_spec(f"{fifo}:make"), None)
     with pytest.raises(UsageError, match="is a directory"):
-        factory.check_source(str(tmp_path))
+        check_source(str(tmp_path))
     with pytest.raises(UsageError, match="no such file"):
-        factory.load(factory.parse_spec(f"{tmp_path}/missing.py:make"), None)
+        factory.load(parse_spec(f"{tmp_path}/missing.py:make"), None)
 
 
 def test_an_import_error_is_one_line(tmp_path: Path) -> None:
@@ -163,10 +164,10 @@ def test_an_import_error_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(
         UsageError, match=r"importing it raised ModuleNotFoundError: No module named"
     ):
-        factory.load(factory.parse_spec(f"{bad}:make"), None)
+        factory.load(parse_spec(f"{bad}:make"), None)
     bad.write_text("def make(:\n")
     with pytest.raises(UsageError, match=r"importing it raised SyntaxError: .*\(line 1\)"):
-        factory.load(factory.parse_spec(f"{bad}:make"), None)
+        factory.load(parse_spec(f"{bad}:make"), None)
 
 
 def test_a_factory_that_raises_or_returns_something_else(pipes: Path) -> None:
@@ -183,7 +184,7 @@ def test_a_factory_that_raises_or_returns_something_else(pipes: Path) -> None:
 def test_a_factory_that_never_returns_ends_within_its_limit(pipes: Path) -> None:
     started = time.monotonic()
     with pytest.raises(UsageError, match=r"did not return in 1 s"):
-        factory.load(factory.parse_spec(f"{pipes}:never_returns"), None, limit_s=1.0)
+        factory.load(parse_spec(f"{pipes}:never_returns"), None, limit_s=1.0)
     assert time.monotonic() - started < 10
 
 
@@ -514,7 +515,7 @@ def test_a_dataset_of_fewer_batches_than_the_warm_up_is_still_measured(pipes: Pa
     tiny.write_text(
         pipes.read_text() + "\ndef tiny():\n    return DataLoader(Small(16), batch_size=8)\n"
     )
-    p = factory.load(factory.parse_spec(f"{tiny}:tiny"), None, limit_s=20)
+    p = factory.load(parse_spec(f"{tiny}:tiny"), None, limit_s=20)
     run = pipeline.measure(p, pipeline.Config(2), budget(seconds=3.0))
     assert run.batches > 0 and run.samples_per_s and run.epochs >= 3
     assert run.restart_s is not None and run.restart_s > 0  # new workers every epoch

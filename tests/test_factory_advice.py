@@ -72,11 +72,11 @@ def stage(
         "configurations": configs,
         "memory_limit_bytes": limit,
     }
-    return StageResult("loader", parameters=params, metrics=tuple(metrics))
+    return StageResult("factory", parameters=params, metrics=tuple(metrics))
 
 
 def judge(result: StageResult, m: Any = None) -> dict[str, Any]:
-    return {f.id: f for f in ownloader.rules(Results({"loader": result}, m))}
+    return {f.id: f for f in ownloader.rules(Results({"factory": result}, m))}
 
 
 def sweep(rates: dict[int, float], worker_cpu_ms: float, **kw: Any) -> list[tuple[str, Run]]:

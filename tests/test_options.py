@@ -19,6 +19,7 @@ OPTIONS = [
     opts.EnvOptions,
     opts.IoOptions,
     opts.LoaderOptions,
+    opts.FactoryOptions,
     opts.StarveOptions,
     opts.PadOptions,
     opts.PcieOptions,

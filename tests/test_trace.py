@@ -70,7 +70,7 @@ def finding(r: StageResult | tuple, fid: str):
 def test_cpu_only_trace_waits_30_percent():
     r = read("cpu_only.json")
     v = values(r)
-    assert r.stage == "profile"
+    assert r.stage == "trace" and r.reported_as == "profile"
     assert r.parameters["trace"] == str(TRACES / "cpu_only.json")
     assert r.parameters["steps"] == 4 and r.parameters["warmup_steps"] == 1
     assert v["steps"] == 4
@@ -223,8 +223,8 @@ def test_table_and_rules_select_by_labels_not_names(name):
     rows, rest, _ = trace_table.split(r, r.metrics)
     assert rows and trace_table.split(renamed, renamed.metrics)[0] == rows
     assert [m.name for m in rest] == []  # the breakdown takes every figure
-    found = rules(Results({"profile": r}))
-    assert found and rules(Results({"profile": renamed})) == found
+    found = rules(Results({"trace": r}))
+    assert found and rules(Results({"trace": renamed})) == found
 
 
 def test_figures_with_a_layout_are_no_breakdown():
@@ -235,7 +235,7 @@ def test_figures_with_a_layout_are_no_breakdown():
         r, metrics=tuple(m.labelled(layout="mds", workers=0) for m in r.metrics)
     )
     assert trace_table.split(loop, loop.metrics)[0] == []
-    assert rules(Results({"profile": loop})) == []
+    assert rules(Results({"trace": loop})) == []
     # and another stage's figures, whatever their labels, are not read as a step's
     other = dataclasses.replace(r, stage="starve")
     assert trace_table.split(other, other.metrics)[0] == []
@@ -319,8 +319,8 @@ def judged(**figures) -> tuple:
             metrics.append(Metric.repeated(name, v, "ms", labels))
         else:
             metrics.append(Metric.single(name, v, "fraction", labels))
-    result = StageResult("profile", {"trace": "x.json"}, tuple(metrics))
-    return tuple(rules(Results({"profile": result})))
+    result = StageResult("trace", {"trace": "x.json"}, tuple(metrics))
+    return tuple(rules(Results({"trace": result})))
 
 
 @pytest.mark.parametrize(

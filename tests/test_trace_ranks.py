@@ -25,7 +25,7 @@ def measured(*paths):
 
 
 def findings(r):
-    return {f.id: f for f in rules(Results({"profile": r}))}
+    return {f.id: f for f in rules(Results({"trace": r}))}
 
 
 def by_rank(r, quantity):

@@ -85,8 +85,8 @@ def test_without_a_count_the_condition_is_said(loader):
     from starvecheck.advice.trace import rules
 
     share = Metric.single("data_wait_share", 0.3, "fraction", {"quantity": "data_wait_share"})
-    r = StageResult("profile", {"trace": "x.json", "dataloader": loader}, (share,))
-    (f,) = [f for f in rules(Results({"profile": r})) if f.id == "profile.data-bound"]
+    r = StageResult("trace", {"trace": "x.json", "dataloader": loader}, (share,))
+    (f,) = [f for f in rules(Results({"trace": r})) if f.id == "profile.data-bound"]
     assert "N no more than the CPU cores per training process where loading is CPU" in (
         f.recommendation
     )

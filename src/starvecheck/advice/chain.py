@@ -84,16 +84,18 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     return missing("storage", demand, withheld or f"io measured no {layout}.random reads")
 
 
-def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
-    """The DataLoader's samples/s over the layout at its recommended num_workers; with
-    the user's own pipeline (`--factory`), its samples/s at the configuration
+def own_capacity(factory: StageResult) -> tuple[float | None, str]:
+    """The user's own pipeline (`--factory`): its samples/s at the configuration
     recommended for it."""
-    if loader.parameters.get("source") == "factory":
-        from starvecheck.advice import factory as ownloader
+    from starvecheck.advice import factory as own
 
-        if loader.capacity is None or loader.capacity.value is None:
-            return None, "your pipeline: no configuration measured to recommend"
-        return loader.capacity.value, ownloader.basis(loader)
+    if factory.capacity is None or factory.capacity.value is None:
+        return None, "your pipeline: no configuration measured to recommend"
+    return factory.capacity.value, own.basis(factory)
+
+
+def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
+    """The DataLoader's samples/s over the layout at its recommended num_workers."""
     k = loader.value(quantity="recommended_num_workers", layout=layout)
     found = loader_curve(loader, layout)
     if k is None or found is None:
@@ -321,6 +323,7 @@ def advise(chain: Sequence[Link], w: Weakest) -> tuple[Finding, ...]:
 STAGE_LINK = {
     "io": "storage",
     "loader": "loader",
+    "factory": "loader",
     "starve": "loader",
     "pcie": "pcie",
 }
@@ -415,8 +418,8 @@ def build(results: Results) -> tuple[Link, ...]:
     assert w is not None
     demand = w.demand
     why = results.extra.get("unavailable", {})
-    io, loader_r, starve, pad, pcie_r = (
-        results.get(s) for s in ("io", "loader", "starve", "pad", "pcie")
+    io, loader_r, factory, starve, pad, pcie_r = (
+        results.get(s) for s in ("io", "loader", "factory", "starve", "pad", "pcie")
     )
     storage_link = (
         storage(io, w.layout, demand)
@@ -424,10 +427,14 @@ def build(results: Results) -> tuple[Link, ...]:
         else missing("storage", demand, f"not measured: {why.get('io', 'io not run')}")
     )
     read = (
-        read_capacity(loader_r, w.layout) if loader_r is not None else (None, "loader not selected")
+        own_capacity(factory)
+        if factory is not None
+        else read_capacity(loader_r, w.layout)
+        if loader_r is not None
+        else (None, "loader not selected")
     )
     cpu = cpu_capacity(starve) if starve is not None else (None, "starve not selected")
-    if loader_r is not None and loader_r.parameters.get("source") == "factory":
+    if factory is not None:
         cpu = (None, "in your pipeline's own figure")
     padding_fix = (
         padding(pad, w.current, demand)

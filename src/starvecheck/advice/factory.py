@@ -88,8 +88,8 @@ def points(loader: StageResult) -> list[Point]:
 
 
 def rules(results: Results) -> list[Finding]:
-    loader = results.get("loader")
-    if loader is None or loader.parameters.get("source") != "factory":
+    loader = results.get("factory")
+    if loader is None:
         return []
     found = points(loader)
     if not found:

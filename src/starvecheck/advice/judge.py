@@ -20,31 +20,28 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starvecheck.advice.results import Results
 from starvecheck.core.model import Finding, Link, StageResult
-
-if TYPE_CHECKING:
-    pass
 
 # The advice modules that judge each stage, in the order their findings are gathered.
 MODULES: dict[str, tuple[str, ...]] = {
     "env": ("starvecheck.advice.env",),
     "io": ("starvecheck.advice.io",),
-    # generated layouts, and the user's own pipeline (`loader --factory`)
-    "loader": ("starvecheck.advice.loader", "starvecheck.advice.factory"),
+    "loader": ("starvecheck.advice.loader",),
+    "factory": ("starvecheck.advice.factory",),  # `loader --factory`: the user's own pipeline
     "starve": ("starvecheck.advice.starve",),
     "pad": ("starvecheck.advice.pad",),
     "pcie": ("starvecheck.advice.pcie",),
-    # profile's loop, and a trace of another run (`profile --trace`), which reports
-    # under the same stage: each module judges the kind it knows.
-    "profile": ("starvecheck.advice.profile", "starvecheck.advice.trace"),
+    "profile": ("starvecheck.advice.profile",),  # profile's own loop
+    "trace": ("starvecheck.advice.trace",),  # `profile --trace`: traces of another run
     "watch": ("starvecheck.advice.trace",),  # a user's own loop, timed by starvecheck.watch
 }
 # The modules that complete their stage's result before any rule runs (see above).
 COMPLETES: dict[str, str] = {
     "loader": "starvecheck.advice.loader",
+    "factory": "starvecheck.advice.factory",
     "starve": "starvecheck.advice.starve",
     "pcie": "starvecheck.advice.pcie",
 }
@@ -119,7 +116,13 @@ def judge(results: Results) -> Judgement:
 # the data and the CPU sweep (one measures the reads, the other the CPU work, and the
 # workers must do both: the larger count of the two); the storage's readers; env's rule
 # of thumb last.
-AUTHORITY = (("watch", "profile"), ("loader", "starve"), ("io",), ("env",), ("pad", "doctor"))
+AUTHORITY = (
+    ("watch", "profile", "trace"),
+    ("loader", "factory", "starve"),
+    ("io",),
+    ("env",),
+    ("pad", "doctor"),
+)
 # A flag that a measurement of the same thing replaces: (flag, measurement).
 MEASURED_BEATS_FLAGGED = (("env.rotational-storage", "io.rotational"),)
 

@@ -81,10 +81,6 @@ def complete(loader: StageResult) -> StageResult:
     of each layout and overall (the headline layout's), the capacity (the headline
     curve at that count), and a caveat for a layout with no count to recommend. Made
     here, when the run is judged; a stored report's are made again from its curves."""
-    if loader.parameters.get("source") == "factory":  # the user's own pipeline
-        from starvecheck.advice import factory as ownloader
-
-        return ownloader.complete(loader)
     metrics = [m for m in loader.metrics if m.labels.get("quantity") != "recommended_num_workers"]
     caveats = list(loader.caveats)
     judged, rec = loader_curves(loader), recommended(loader)

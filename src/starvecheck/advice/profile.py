@@ -44,9 +44,8 @@ def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
 
 
 def rules(results: Results) -> list[Finding]:
-    """profile's loop: its figures per layout and num_workers. A trace (`profile
-    --trace`) reports under the same stage with figures of one kind each, no layout nor
-    workers among their labels: advice/trace judges those."""
+    """profile's loop: its figures per layout and num_workers (a trace of another run
+    is the `trace` stage's, judged by advice/trace)."""
     r = results.get("profile")
     if r is None:
         return []

@@ -100,7 +100,7 @@ def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> 
     of its ranks, one shape for both (advice.judge attaches it)."""
     return {
         name: {"straggler": summary(r.metrics, findings)}
-        for name in ("profile", "watch")
+        for name in ("trace", "watch")
         if (r := stages.get(name)) is not None and "ranks" in r.parameters
     }
 
@@ -162,7 +162,7 @@ def among_ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = Non
                 round(lost / step, 4) if step else None,
                 "the mean time the others wait for the slowest rank, over the step",
             ),
-            stage="profile",
+            stage="trace",
         )
     ]
 
@@ -245,7 +245,7 @@ def _straggler(
             f"the straggler at the others' pace: each step then lasts as long as the slowest "
             f"of {len(work)} ranks like them; the time it saves, over the step",
         ),
-        stage="profile",
+        stage="trace",
         fix={"rank": rank, "cause": "data wait" if data else "compute"},
     )
 

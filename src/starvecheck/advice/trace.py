@@ -56,10 +56,11 @@ def _get(m: Sequence[Metric], quantity: str) -> Metric | None:
 
 
 def rules(results: Results) -> list[Finding]:
-    """A step breakdown: a trace of another run (`profile --trace`, reported under the
-    stage profile), or a loop as `starvecheck.watch` timed it."""
+    """A step breakdown: a trace of another run (`profile --trace`, the `trace` stage),
+    or a loop as `starvecheck.watch` timed it. The findings of both are this module's,
+    stamped `trace` (under `profile` in the JSON, as they always were)."""
     found: list[Finding] = []
-    for stage in ("profile", "watch"):
+    for stage in ("trace", "watch"):
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
@@ -68,9 +69,9 @@ def rules(results: Results) -> list[Finding]:
 
 
 def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
-    """A step breakdown's figures: one of a kind each (step_ms, data_wait_share,
-    gpu_idle_share, ...), labelled with their quantity alone. profile's loop labels
-    the same quantities with a layout and num_workers, and is judged by advice/profile."""
+    """A step breakdown's headline figures: one of a kind each (step_ms,
+    data_wait_share, gpu_idle_share, ...), labelled with their quantity alone; each
+    rank's and each GPU's carry a `rank` or `device` label besides."""
     return [x for x in metrics if set(x.labels) == {"quantity"}]
 
 
@@ -136,7 +137,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
             recommendation="The input keeps up; step time is compute. For text, "
             "`starvecheck pad` shows how much of that compute goes on padding.",
             gain=Gain(GainKind.STEP_SHARE, round(share, 4), "data wait inside the steps"),
-            stage="profile",
+            stage="trace",
         )
     advice = measured_advice(m, params, wait_ms, step_ms)
     gain = Gain(
@@ -175,7 +176,7 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
         evidence=evidence + ".",
         recommendation=recommendation,
         gain=gain,
-        stage="profile",
+        stage="trace",
         fix=fix,
     )
 
@@ -223,7 +224,7 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
             round(other, 4),
             "GPU idle time not spent waiting for data; at most, as some host work cannot overlap",
         ),
-        stage="profile",
+        stage="trace",
     )
 
 
@@ -282,7 +283,7 @@ def _memcpy(m: Sequence[Metric]) -> Finding | None:
             round(share, 4),
             "copy time on the GPU timeline; at most, if every copy overlaps compute",
         ),
-        stage="profile",
+        stage="trace",
         fix={"pin_memory": True} if pageable > 0 else {},
     )
 
@@ -300,5 +301,5 @@ def _first_step(m: Sequence[Metric]) -> Finding | None:
         recommendation="Once per run this is start-up (CUDA context, cuDNN autotuning, "
         "torch.compile, DataLoader workers starting). If it comes back every epoch, keep "
         "the workers alive between epochs: `DataLoader(..., persistent_workers=True)`.",
-        stage="profile",
+        stage="trace",
     )

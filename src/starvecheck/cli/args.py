@@ -11,6 +11,7 @@ from pathlib import Path
 
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import parse_size
+from starvecheck.inputs.factory import FactorySpec, parse_spec
 from starvecheck.inputs.files import PSEUDO_FS, fstype
 from starvecheck.stages.options import default_threads
 
@@ -236,10 +237,10 @@ def copy_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted({s for s in sizes if s is not None}))
 
 
-def factory_file(spec: str | None) -> str | None:
-    """The file of a --factory FILE.py:FUNC (None for package.module:FUNC or none)."""
-    where = (spec or "").rpartition(":")[0]
-    return where if where.endswith(".py") or os.sep in where else None
+def factory_spec(text: str | None) -> FactorySpec | None:
+    """--factory FILE.py:FUNC or package.module:FUNC, parsed once, here: every later
+    step takes the FactorySpec (inputs/factory.py). None where none was given."""
+    return None if text is None else parse_spec(text)
 
 
 def factory_alone(**given: object) -> None:

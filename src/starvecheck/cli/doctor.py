@@ -216,7 +216,7 @@ def doctor(
         inputs=[
             ("--workload", workload_file),
             ("--dataset" if from_option else "the workload's dataset", w.dataset),
-            ("--factory", args.factory_file(w.factory)),
+            ("--factory", w.factory.path if w.factory else None),
         ],
     )
     if w.dataset is not None and "pad" in stages:  # refused now, not after the other stages

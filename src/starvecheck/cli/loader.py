@@ -27,7 +27,7 @@ from starvecheck.cli.common import (
 )
 from starvecheck.core.status import UsageError
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import LoaderOptions, by_quick, size_text
+from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
 
 
 @app.command()
@@ -77,7 +77,7 @@ def loader(
             callback=finite(1.0, 86_400.0),
             help="With --factory: the most that importing FILE and calling FUNC may take.",
         ),
-    ] = LoaderOptions.factory_timeout_s,
+    ] = FactoryOptions.factory_timeout_s,
     step_ms: Annotated[
         float | None,
         typer.Option(
@@ -97,7 +97,7 @@ def loader(
             callback=finite(0.5, 3_600.0),
             help="With --factory: the most each configuration is read for; it stops "
             "sooner once its samples/s is stable [default: "
-            f"{LoaderOptions.BUDGET_S[False]:g}; {LoaderOptions.BUDGET_S[True]:g} with --quick].",
+            f"{FactoryOptions.BUDGET_S[False]:g}; {FactoryOptions.BUDGET_S[True]:g} with --quick].",
             show_default=False,
         ),
     ] = None,
@@ -174,17 +174,19 @@ def loader(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
+    spec = args.factory_spec(factory)
     out = Outputs.check(
         json_path,
         markdown_path,
         fail_on,
         plot=plot,
-        inputs=[("--factory", args.factory_file(factory))],
+        inputs=[("--factory", spec.path if spec else None)],
     )
     size = args.sample_size(sample_size)
     sweep = args.worker_counts(workers)
     plot_path = args.plot_path(plot)
-    if factory is not None:
+    options: LoaderOptions | FactoryOptions
+    if spec is not None:
         args.factory_alone(
             path=path,
             sample_size=sample_size != size_text(LoaderOptions.sample_size),
@@ -194,28 +196,35 @@ def loader(
             pin_memory=pin_memory,
             existing=existing,
         )
-    elif budget is not None or step_ms is not None:
-        which = "--budget" if budget is not None else "--step-ms"
-        raise UsageError(f"{which} applies with --factory only")
-    target = args.data_path(path, existing or factory is not None, "loader")
+        target = args.data_path(path, True, "loader")
+        options = FactoryOptions(
+            spec=spec,
+            batch_size=batch_size,
+            workers=sweep,
+            quick=quick,
+            factory_timeout_s=factory_timeout,
+            budget_s=budget,
+            step_ms=step_ms,
+        )
+    else:
+        if budget is not None or step_ms is not None:
+            which = "--budget" if budget is not None else "--step-ms"
+            raise UsageError(f"{which} applies with --factory only")
+        target = args.data_path(path, existing, "loader")
+        options = LoaderOptions(
+            path=target,
+            existing=existing,
+            sample_size=size,
+            samples=samples,
+            workers=sweep,
+            runs=runs,
+            batch_size=batch_size,
+            prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory,
+            cold=cold,
+            quick=quick,
+        )
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = LoaderOptions(
-        path=target,
-        existing=existing,
-        sample_size=size,
-        samples=samples,
-        workers=sweep,
-        runs=runs,
-        batch_size=batch_size,
-        prefetch_factor=prefetch_factor,
-        pin_memory=pin_memory,
-        cold=cold,
-        quick=quick,
-        factory=factory,
-        factory_timeout_s=factory_timeout,
-        budget_s=budget,
-        step_ms=step_ms,
-    )
     result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:
         from starvecheck.render.plot import loader_plot

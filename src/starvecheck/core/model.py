@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -109,6 +109,29 @@ class Gain:
         return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
 
 
+# Stages that report under another stage's name: a command's modes, which the JSON has
+# named after the command since schema 1 (`loader --factory` under loader, `profile
+# --trace` under profile). In the code a result's `stage` is always its own stage's
+# name; the JSON and the screen show `reported_as(stage)`, and reading a report back
+# tells the modes apart by what only they record (`_own_stage`).
+REPORTED_AS = {"factory": "loader", "trace": "profile"}
+
+
+def reported_as(stage: str) -> str:
+    """The name the JSON and the screen give a stage's results and findings."""
+    return REPORTED_AS.get(stage, stage)
+
+
+def _own_stage(reported: str, parameters: Mapping[str, Any]) -> str:
+    """A result's own stage from its JSON: `loader --factory` records its spec
+    (`factory`), `profile --trace` its files (`trace`); every other stage reports under
+    its own name."""
+    for own, name in REPORTED_AS.items():
+        if reported == name and own in parameters:
+            return own
+    return reported
+
+
 @dataclass(frozen=True)
 class Finding:
     """One thing to know or change, with the numbers that show it."""
@@ -131,7 +154,7 @@ class Finding:
             "evidence": self.evidence,
             "recommendation": self.recommendation,
             "gain": self.gain.to_dict() if self.gain else None,
-            "stage": self.stage,
+            "stage": reported_as(self.stage),
         }
         return d | ({"fix": dict(self.fix)} if self.fix else {})
 
@@ -186,9 +209,14 @@ class StageResult:
     def has_caveat(self, caveat_id: str) -> bool:
         return any(c.id == caveat_id for c in self.caveats)
 
+    @property
+    def reported_as(self) -> str:
+        """The name the JSON and the screen give this result (REPORTED_AS)."""
+        return reported_as(self.stage)
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "stage": self.stage,
+            "stage": self.reported_as,
             "parameters": dict(self.parameters),
             "metrics": [m.to_dict() for m in self.metrics],
             "findings": [f.to_dict() for f in self.findings],
@@ -199,11 +227,15 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StageResult:
+        parameters = dict(d.get("parameters", {}))
+        stage = _own_stage(d["stage"], parameters)
         return cls(
-            stage=d["stage"],
-            parameters=dict(d.get("parameters", {})),
+            stage=stage,
+            parameters=parameters,
             metrics=tuple(Metric.from_dict(m) for m in d.get("metrics", ())),
-            findings=tuple(Finding.from_dict(f) for f in d.get("findings", ())),
+            findings=tuple(
+                _restamped(Finding.from_dict(f), {d["stage"]: stage}) for f in d.get("findings", ())
+            ),
             caveats=tuple(d.get("caveats", ())),
             capacity=Metric.from_dict(d["capacity"]) if d.get("capacity") else None,
             duration_s=d.get("duration_s"),
@@ -316,11 +348,13 @@ class Report:
         version = d.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise ValueError(f"unsupported report schema_version {version!r}")
+        stages = tuple(StageResult.from_dict(s) for s in d.get("stages", ()))
+        own = {s.reported_as: s.stage for s in stages}
         return cls(
             command=d["command"],
             machine=dict(d.get("machine", {})),
-            stages=tuple(StageResult.from_dict(s) for s in d.get("stages", ())),
-            checklist=tuple(Finding.from_dict(f) for f in d.get("checklist", ())),
+            stages=stages,
+            checklist=tuple(_restamped(Finding.from_dict(f), own) for f in d.get("checklist", ())),
             weakest_link=d.get("weakest_link"),
             verdict=d.get("verdict", ""),
             tool_version=d.get("tool", {}).get("version", ""),
@@ -330,6 +364,12 @@ class Report:
             weakest_summary=d.get("weakest_summary", ""),
             nodes=tuple(dict(n) for n in d.get("nodes", ())),
         )
+
+
+def _restamped(f: Finding, own: Mapping[str, str]) -> Finding:
+    """A finding read from JSON, with the own name of the stage it reports under."""
+    stage = own.get(f.stage, f.stage)
+    return f if stage == f.stage else replace(f, stage=stage)
 
 
 def at_or_above(findings: Sequence[Finding], threshold: Severity) -> list[Finding]:

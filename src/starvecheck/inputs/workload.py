@@ -21,6 +21,7 @@ from typing import Any
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.core.units import format_bytes, parse_size
+from starvecheck.inputs.factory import FactorySpec, parse_spec
 from starvecheck.inputs.files import open_input, read_all
 
 LAYOUTS = ("shard", "small_files")
@@ -33,7 +34,7 @@ MAX_SAMPLE_SIZE = 1 << 30
 # A workload file holds a dozen keys: a few hundred bytes. More than this is not one.
 MAX_FILE_BYTES = 1 << 20
 
-# key: (kind, low, high). kind: int, float, size, choice, text, texts.
+# key: (kind, low, high). kind: int, float, size, choice, text, texts, factory.
 _RULES: dict[str, tuple[str, Any, Any]] = {
     "batch_size": ("int", 1, 1_000_000),
     "context": ("int", 1, 10_000_000),
@@ -46,7 +47,7 @@ _RULES: dict[str, tuple[str, Any, Any]] = {
     "dataset": ("text", None, None),
     "field": ("texts", None, None),
     "tokenizer": ("text", None, None),
-    "factory": ("text", None, None),
+    "factory": ("factory", None, None),
 }
 ALIASES = {"seq_len": "context"}
 
@@ -65,7 +66,7 @@ class Workload:
     field: tuple[str, ...] = ()
     tokenizer: str | None = None
     # The user's own pipeline (FILE.py:FUNC): the loader link is measured on it.
-    factory: str | None = None
+    factory: FactorySpec | None = None
     # key -> "default", "option", "file", "measured" or "assumed"
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
@@ -94,8 +95,10 @@ class Workload:
             if f.name == "sources":
                 continue
             value = getattr(self, f.name)
-            if f.name == "factory" and value is None:
-                continue  # a report without one reads as before it existed
+            if f.name == "factory":
+                if value is None:
+                    continue  # a report without one reads as before it existed
+                value = value.text
             out[f.name] = {
                 "value": list(value) if isinstance(value, tuple) else value,
                 "source": self.source(f.name),
@@ -107,6 +110,8 @@ class Workload:
         values = {k: v["value"] for k, v in d.items() if k in _FIELDS}
         if "field" in values:
             values["field"] = tuple(values["field"] or ())
+        if values.get("factory") is not None:
+            values["factory"] = parse_spec(values["factory"])
         return cls(**values, sources={k: v["source"] for k, v in d.items() if k in _FIELDS})
 
 
@@ -142,10 +147,10 @@ def check(key: str, value: Any, where: str) -> Any:
         if value not in low:
             raise UsageError(f"{bad}: expected one of {', '.join(low)}")
         return value
-    if kind == "text":
+    if kind in ("text", "factory"):
         if not isinstance(value, str) or not value.strip():
             raise UsageError(f"{bad}: expected a non-empty string")
-        return value
+        return value if kind == "text" else parse_spec(value)
     # texts: a name or a list of names ("instruction,input,output" splits)
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(v, str) for v in items):

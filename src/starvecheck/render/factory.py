@@ -58,7 +58,7 @@ def split(
 ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, cost rows, every other metric, notes) for the configurations of a factory
     run: one row per configuration in each table."""
-    if stage.stage != "loader" or stage.parameters.get("source") != "factory":
+    if stage.stage != "factory":
         return [], [], list(metrics), []
     rows: list[tuple[str, ...]] = []
     costs: list[tuple[str, ...]] = []

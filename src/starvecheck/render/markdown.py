@@ -80,7 +80,7 @@ def serialize(report: Report) -> str:
     for stage in report.stages:
         sections, rest = stage_sections(stage)
         if stage.metrics:
-            out += [f"### {stage.stage}", ""]
+            out += [f"### {stage.reported_as}", ""]
         for section in sections:
             if section.rows:
                 if section.title:
@@ -92,7 +92,7 @@ def serialize(report: Report) -> str:
             out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")
         for caveat in stage.caveats:
-            out.append(f"> ⚠️ {stage.stage}: {caveat}")
+            out.append(f"> ⚠️ {stage.reported_as}: {caveat}")
         if stage.caveats:
             out.append("")
     out += ["### Checklist", ""]

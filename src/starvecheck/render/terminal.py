@@ -74,19 +74,19 @@ def render(report: Report, console: Any) -> None:
         for section in sections:
             if section.rows:
                 console.print()
-                title = section.title or stage.stage
+                title = section.title or stage.reported_as
                 console.print(_table(title, section.headers, section.rows, right=section.right))
                 tables = True
             elif not tables:  # notes without a table above them: name the stage first
                 console.print()
-                console.print(Text(stage.stage, style="bold"))
+                console.print(Text(stage.reported_as, style="bold"))
             for line in section.notes:
                 console.print(Text(line, style="dim"))
         if rest:
             console.print()
-            console.print(_metrics_table("" if tables else stage.stage, tuple(rest)))
+            console.print(_metrics_table("" if tables else stage.reported_as, tuple(rest)))
         for caveat in stage.caveats:
-            console.print(Text(f"! {stage.stage}: {caveat}", style="yellow"))
+            console.print(Text(f"! {stage.reported_as}: {caveat}", style="yellow"))
 
     console.print()
     console.print(

@@ -55,7 +55,7 @@ def split(
     before this one left; no rows unless they are a step breakdown of `profile --trace`
     or `watch` (a `step_ms` beside a `data_wait_share`, each labelled with its quantity
     alone: profile's loop labels its own with a layout and num_workers)."""
-    if stage.stage not in ("profile", "watch"):
+    if stage.stage not in ("trace", "watch"):
         return [], list(metrics), []
     by_quantity = {str(m.labels["quantity"]): m for m in metrics if set(m.labels) == {"quantity"}}
     step = by_quantity.get("step_ms")
@@ -165,7 +165,7 @@ def ranks(
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, every other metric, notes): one row per rank of a multi-rank trace
     (figures labelled `rank`), one per GPU where a rank drives several (`device`)."""
-    if stage.stage != "profile":
+    if stage.stage != "trace":
         return [], list(metrics), []
     mine = [m for m in metrics if "rank" in m.labels or "device" in m.labels]
     if not mine:

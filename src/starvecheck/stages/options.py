@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from starvecheck.inputs.factory import FactorySpec
     from starvecheck.probe.sysroot import SysRoot
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -92,26 +93,36 @@ class LoaderOptions:
     samples: int | None = None  # None: SAMPLES[existing][quick]
     workers: tuple[int, ...] | None = None  # None: default_workers(effective CPUs)
     runs: int = 3  # epochs per layout, cache state and worker count
-    batch_size: int | None = None  # None: BATCH_SIZE, or with `factory` the pipeline's own
+    batch_size: int | None = None  # None: BATCH_SIZE
     prefetch_factor: int = 2
     pin_memory: bool | None = None  # None: when a CUDA device is present
     cold: bool = True
     quick: bool = False
-    # The user's own pipeline (FILE.py:FUNC or package.module:FUNC) instead of data
-    # generated under `path`; see stages/loader/factory/load.py.
-    factory: str | None = None
-    factory_timeout_s: float = 300.0  # importing the module and calling FUNC
-    budget_s: float | None = None  # seconds per configuration; None: BUDGET_S[quick]
-    step_ms: float | None = None  # with `factory`: the GPU's step, to judge against
 
     stage: ClassVar[str] = "loader"
     BATCH_SIZE: ClassVar[int] = 32
-    BUDGET_S: ClassVar[dict[bool, float]] = {False: 20.0, True: 6.0}
     # --quick fits in 30 s on 2 cores; doctor runs the generated sizes.
     SAMPLES: ClassVar[dict[bool, dict[bool, int]]] = {
         False: {False: 5_000, True: 1_000},
         True: {False: 1_000, True: 200},
     }
+
+
+@dataclass(frozen=True)
+class FactoryOptions:
+    """`loader --factory`: the user's own pipeline instead of data generated under a
+    path (stages/loader/factory/)."""
+
+    spec: FactorySpec  # parsed where it entered (cli/args.py, inputs/workload.py)
+    batch_size: int | None = None  # None: the pipeline's own
+    workers: tuple[int, ...] | None = None  # None: the default sweep
+    quick: bool = False
+    factory_timeout_s: float = 300.0  # importing the module and calling FUNC
+    budget_s: float | None = None  # seconds per configuration; None: BUDGET_S[quick]
+    step_ms: float | None = None  # the GPU's step, to judge against
+
+    stage: ClassVar[str] = "factory"
+    BUDGET_S: ClassVar[dict[bool, float]] = {False: 20.0, True: 6.0}
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,7 @@ StageOptions = (
     EnvOptions
     | IoOptions
     | LoaderOptions
+    | FactoryOptions
     | StarveOptions
     | PadOptions
     | PcieOptions

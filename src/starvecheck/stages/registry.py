@@ -17,11 +17,12 @@ MODULES = {
     "env": "starvecheck.stages.env",
     "io": "starvecheck.stages.io",
     "loader": "starvecheck.stages.loader.stage",
+    "factory": "starvecheck.stages.loader.factory.stage",
     "starve": "starvecheck.stages.starve",
     "pad": "starvecheck.stages.pad.stage",
     "pcie": "starvecheck.stages.pcie.stage",
     "profile": "starvecheck.stages.profile.stage",
-    "trace": "starvecheck.stages.trace",
+    "trace": "starvecheck.stages.trace.stage",
 }
 # The order doctor runs its stages in: cheap ones that can refuse bad input first.
 DOCTOR_ORDER = ("pad", "starve", "io", "loader", "pcie")

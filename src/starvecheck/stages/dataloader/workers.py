@@ -3,9 +3,12 @@ what the main process does before it starts any."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from starvecheck.core.signals import importing
@@ -132,3 +135,14 @@ def worker_init(worker_id: int) -> None:
         default(kind, value, tb)  # type: ignore[arg-type]
 
     sys.excepthook = quiet
+
+
+@contextlib.contextmanager
+def quiet_torch() -> Iterator[None]:
+    """Warnings that are the point of the measurement, not news: more workers than
+    CPUs (the sweep goes past them on purpose) and read-only arrays from MDS (the
+    tensors are only counted). Forked workers inherit the filters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*worker processes in total.*")
+        warnings.filterwarnings("ignore", message=r".*NumPy array is not writable.*")
+        yield

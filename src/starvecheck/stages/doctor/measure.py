@@ -53,6 +53,12 @@ def select(only: str | None, skip: str | None) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in chosen)
 
 
+def measured_by(name: str, w: Workload) -> str:
+    """The stage that measures what --only/--skip call `name`: the loader link is the
+    factory stage's where the workload names the user's own pipeline."""
+    return "factory" if name == "loader" and w.factory is not None else name
+
+
 def resolve_step(w: Workload, quick: bool, progress: Progress) -> tuple[Workload, str, str | None]:
     """(workload with step_ms, what the GPU link's figure is, a caveat or None)."""
     if w.step_ms is not None:
@@ -116,16 +122,16 @@ def run(
         if name == "starve" and w.factory is not None:
             # The user's own pipeline is measured (loader): its decode and collate are
             # the CPU preprocessing, so starve's stand-in for them does not run.
-            unavailable[name] = f"starve not run: the CPU work is measured in {w.factory}"
+            unavailable[name] = f"starve not run: the CPU work is measured in {w.factory.text}"
             continue
-        stage = registry.get(name)
+        stage = registry.get(measured_by(name, w))
         if (why := stage.unavailable()) is not None:
             unavailable[name] = why
             continue
         plans[name] = stage.doctor_plan(w, quick, ctx)
     results: dict[str, StageResult] = {}
     for name, plan in plans.items():
-        stage = registry.get(name)
+        stage = registry.get(measured_by(name, w))
         try:
             results[name] = stage.measure(plan, ctx)
         except Unavailable as e:  # a stage failing mid-way (CUDA): its link says why

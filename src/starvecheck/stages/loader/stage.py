@@ -23,12 +23,10 @@ A cold epoch starts with the layout's files evicted and `mincore` checked, as in
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +38,12 @@ from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.base import BaseStage, OnDisk, RunContext
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
-from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
-from starvecheck.stages.loader.factory.stage import Plan as OwnPlan
-from starvecheck.stages.loader.factory.stage import own_plan, run_factory
+from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch, worker_init
 from starvecheck.stages.options import LoaderOptions, default_workers
 from starvecheck.stages.samples import cache
 from starvecheck.stages.samples.datasets import batch_size_of
 from starvecheck.stages.samples.layouts import MB, Progress
+from starvecheck.stages.samples.mds import streaming_or_why
 from starvecheck.stages.samples.plan import Plan
 from starvecheck.stages.samples.reads import FileOps, timed_run
 from starvecheck.stages.samples.residency import judge_cache, record_residency
@@ -176,17 +173,6 @@ def run_epoch(
         first_batch_s=(arrivals[0] - started) if arrivals else 0.0,
         waits_s=tuple(waits),
     )
-
-
-@contextlib.contextmanager
-def quiet_torch() -> Iterator[None]:
-    """Warnings that are the point of the measurement, not news: more workers than
-    CPUs (the sweep goes past them on purpose) and read-only arrays from MDS (the
-    tensors are only counted). Forked workers inherit the filters."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*worker processes in total.*")
-        warnings.filterwarnings("ignore", message=r".*NumPy array is not writable.*")
-        yield
 
 
 def measure(
@@ -357,7 +343,7 @@ def _run(
             caveats += more
             measured = _measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
         else:
-            streaming, why = _streaming() if plan.wants("mds") else (None, "")
+            streaming, why = streaming_or_why() if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
                 extra_metrics.append(
                     Metric.missing(
@@ -402,15 +388,6 @@ def _run(
     )
 
 
-def _streaming() -> tuple[Any | None, str]:
-    from starvecheck.stages.samples.mds import StreamingUnavailable, load_streaming
-
-    try:
-        return load_streaming(), ""
-    except StreamingUnavailable as e:
-        return None, str(e)
-
-
 def _measure_or_fail(
     sources: Sequence[Source], plan: Plan, pin: bool, progress: Progress, batch_timeout_s: float
 ) -> Measured:
@@ -430,14 +407,12 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
 
     name = "loader"
 
-    def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan] | OwnPlan:
+    def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan]:
         """`options` as the command parsed them (`path` checked); the machine's facts
-        in `ctx`. With `factory`, the plan of the user's own pipeline (ownloader.py)."""
+        in `ctx`."""
         from starvecheck.scratch.directory import space_problem
         from starvecheck.stages.samples import sources
 
-        if options.factory is not None:
-            return own_plan(options, ctx)
         size = options.sample_size
         eff = ctx.effective_cpus
         n = options.samples or LoaderOptions.SAMPLES[options.existing][options.quick]
@@ -459,22 +434,9 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         )
         return OnDisk(path, options.existing, plan)
 
-    def doctor_plan(
-        self, workload: Workload, quick: bool, ctx: RunContext
-    ) -> OnDisk[Plan] | OwnPlan:
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
         from starvecheck.scratch.directory import space_problem
         from starvecheck.stages.samples import sources
-
-        if workload.factory is not None:  # the user's own pipeline, at doctor's batch size
-            options = LoaderOptions(
-                path=ctx.path or os.getcwd(),
-                factory=workload.factory,
-                batch_size=workload.batch_size
-                if workload.source("batch_size") != "default"
-                else None,
-                quick=quick,
-            )
-            return own_plan(options, ctx)
 
         eff = ctx.effective_cpus
         n = LoaderOptions.SAMPLES[False][quick]
@@ -498,16 +460,12 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         )
         return OnDisk(path, False, plan)
 
-    def measure(self, plan: OnDisk[Plan] | OwnPlan, ctx: RunContext) -> StageResult:
+    def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
         """Measure and summarise: the curves alone (the recommended num_workers and the
-        capacity at it are advice/loader's, made when the run is judged). With
-        --factory, the user's own pipeline (ownloader.py). SIGTERM/SIGHUP
+        capacity at it are advice/loader's, made when the run is judged). SIGTERM/SIGHUP
         raise like Ctrl-C while this runs, and a DataLoader that delivers nothing within
         ctx.batch_timeout_s ends it: workers are shut down, Streaming's shared memory and
         the scratch data removed on every way out."""
-        if isinstance(plan, OwnPlan):
-            with signals_raise(), quiet_torch():
-                return run_factory(plan, ctx.progress)
         return _run(
             plan.path,
             plan.plan,

@@ -34,7 +34,7 @@ from starvecheck.inputs.text import default_texts, load_tokenizer
 from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
-from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
+from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch, worker_init
 from starvecheck.stages.options import ProfileOptions
 from starvecheck.stages.samples import cache
 from starvecheck.stages.samples.residency import (
@@ -330,7 +330,8 @@ def resolve_device(requested: str) -> str:
 
 def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     from starvecheck.stages.dataloader import preflight
-    from starvecheck.stages.loader import stage as loader_stage
+    from starvecheck.stages.samples.mds import streaming_or_why
+    from starvecheck.stages.samples.plan import Plan as SamplePlan
     from starvecheck.stages.samples.sources import generate, text_source
 
     progress, warn = ctx.progress, ctx.warn
@@ -341,7 +342,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     caveats: list[Caveat] = []
     params: dict[str, Any] = {"path": path, **plan.parameters()}
-    streaming, why = loader_stage._streaming()
+    streaming, why = streaming_or_why()
     if streaming is None:
         raise Unavailable(f"profile reads MDS shards and cannot load mosaicml-streaming: {why}")
     tokenizer = None
@@ -353,7 +354,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
         tokenizer = load_tokenizer(plan.tokenizer)
     plan = preflight.fitted(plan, plan.batch_size * plan.seq_len * 2, 2, warn)
     model, optimizer = build_model(plan)
-    data_plan = loader_stage.Plan(
+    data_plan = SamplePlan(
         samples=plan.samples,
         sample_size=plan.seq_len * 2,  # u16 tokens
         workers=plan.workers,
@@ -365,7 +366,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     residency_errors: list[str] = []
     scratch = Scratch(path, prefix="starvecheck-profile-", warn=warn)
     try:
-        with signals_raise(), loader_stage.quiet_torch(), warnings.catch_warnings(), scratch:
+        with signals_raise(), quiet_torch(), warnings.catch_warnings(), scratch:
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
             try:
                 sources = generate(scratch, data_plan, streaming, progress)

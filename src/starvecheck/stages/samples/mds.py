@@ -208,3 +208,11 @@ def _shared_memories(obj: Any, kind: type, depth: int = 3) -> list[Any]:
         elif depth > 1 and type(value).__module__.startswith("streaming.base.shared"):
             found += _shared_memories(value, kind, depth - 1)
     return found
+
+
+def streaming_or_why() -> tuple[Streaming | None, str]:
+    """Streaming, loaded (`load_streaming`), or None and why it cannot be."""
+    try:
+        return load_streaming(), ""
+    except StreamingUnavailable as e:
+        return None, str(e)

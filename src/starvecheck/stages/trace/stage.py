@@ -182,7 +182,7 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
         params["headline_rank"] = a.name
         params["common_steps"] = list(job.common_steps)
     return StageResult(
-        stage="profile", parameters=params, metrics=tuple(found), caveats=tuple(caveats)
+        stage="trace", parameters=params, metrics=tuple(found), caveats=tuple(caveats)
     )
 
 
@@ -246,9 +246,8 @@ def _verdicts(runs: Sequence[Run]) -> list[str]:
 
 class TraceStage(BaseStage[TraceOptions, TraceOptions]):
     """`profile --trace FILE|DIR ...` in the registry (stages/base.Stage): torch.profiler
-    traces of another run, analysed. Its result reports under the stage `profile`
-    (schema 1 named it so), its figures labelled with their quantity alone where the
-    loop's carry a layout and num_workers."""
+    traces of another run, analysed. Its result reports under `profile`
+    (core/model.REPORTED_AS: schema 1 named it so)."""
 
     name = "trace"
 

@@ -27,49 +27,12 @@ from typing import Any
 
 from starvecheck.core.signals import importing
 from starvecheck.core.status import UsageError
-from starvecheck.inputs.files import check
+from starvecheck.inputs.factory import FactorySpec, check_source
 
-# FILE.py:FUNC or package.module:FUNC; FUNC a plain name (no dots: an attribute path
-# would run more of the user's code than the one call).
-_SPEC = re.compile(r"^(?P<where>[^:]+):(?P<func>[A-Za-z_][A-Za-z0-9_]*)$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-# A factory file is Python source: more than this is not one someone wrote by hand.
-MAX_SOURCE_BYTES = 16 << 20
 # How long importing the module and calling FUNC may take together (a factory that
 # downloads, or scans a huge directory, says so by taking long; one that never returns
 # ends here). --batch-timeout bounds each batch separately.
 DEFAULT_FACTORY_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class Spec:
-    text: str  # as given
-    path: str | None  # FILE.py, or None for a module
-    module: str | None  # package.module, or None for a file
-    func: str
-
-
-def parse_spec(text: str) -> Spec:
-    """FILE.py:FUNC or package.module:FUNC, or one line saying what is expected."""
-    m = _SPEC.match(text.strip()) if text else None
-    expected = "give FILE.py:FUNC or package.module:FUNC, FUNC returning a Dataset or DataLoader"
-    if m is None:
-        raise UsageError(f"--factory {text!r}: {expected}")
-    where, func = m.group("where"), m.group("func")
-    if where.endswith(".py") or os.sep in where:
-        return Spec(text, where, None, func)
-    if not _MODULE.match(where):
-        raise UsageError(f"--factory {text!r}: {where!r} is neither a .py file nor a module name")
-    return Spec(text, None, where, func)
-
-
-def check_source(path: str) -> None:
-    """A regular file of bounded size, checked before anything opens it: a FIFO would
-    block the import, a device would be read for ever."""
-    check(path, f"--factory {path}", pipes=False)
-    size = os.stat(path).st_size
-    if size > MAX_SOURCE_BYTES:
-        raise UsageError(f"--factory {path}: {size:,} bytes is too large for Python source")
 
 
 @dataclass
@@ -77,7 +40,7 @@ class Pipeline:
     """What FUNC returned: the dataset, and the user's DataLoader settings where it
     returned a DataLoader (`given` True), else torch's defaults with --batch-size."""
 
-    spec: Spec
+    spec: FactorySpec
     dataset: Any
     iterable: bool  # an IterableDataset (no sampler, no len() needed)
     given: bool  # FUNC returned a DataLoader: `settings` are the user's current ones
@@ -119,7 +82,7 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _import(spec: Spec) -> Any:
+def _import(spec: FactorySpec) -> Any:
     if spec.path is not None:
         check_source(spec.path)
         path = os.path.abspath(spec.path)
@@ -174,7 +137,7 @@ def _call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
 
 
 def load(
-    spec: Spec, batch_size: int | None, limit_s: float = DEFAULT_FACTORY_TIMEOUT_S
+    spec: FactorySpec, batch_size: int | None, limit_s: float = DEFAULT_FACTORY_TIMEOUT_S
 ) -> Pipeline:
     """Import the module, call FUNC, and read what it returned."""
     started = time.perf_counter()
@@ -217,7 +180,7 @@ def load(
     return pipeline
 
 
-def from_object(spec: Spec, made: Any, batch_size: int | None) -> Pipeline:
+def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipeline:
     """A Pipeline from what FUNC returned, or one line saying it is none of the three."""
     with importing():
         from torch.utils.data import DataLoader, Dataset, IterableDataset

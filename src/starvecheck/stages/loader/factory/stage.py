@@ -19,33 +19,32 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.criteria import knee
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.signals import importing
+from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.status import UsageError
 from starvecheck.stages import options
-from starvecheck.stages.base import RunContext
+from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.dataloader.preflight import fit_open_files
-from starvecheck.stages.dataloader.workers import prepare_workers
+from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Config, Run, measure
-from starvecheck.stages.loader.factory.load import (
-    DEFAULT_FACTORY_TIMEOUT_S,
-    Pipeline,
-    load,
-    parse_spec,
-)
-from starvecheck.stages.options import LoaderOptions
+from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
+from starvecheck.stages.options import FactoryOptions
 from starvecheck.stages.timing import percentile
+
+if TYPE_CHECKING:
+    from starvecheck.inputs.factory import FactorySpec
+    from starvecheck.inputs.workload import Workload
 
 LAYOUT = "own"  # the label of the user's own pipeline's figures
 
 
 @dataclass(frozen=True)
 class Plan:
-    spec: str
+    spec: FactorySpec
     batch_size: int | None  # --batch-size: replaces the pipeline's
     workers: tuple[int, ...] | None  # --workers; None: the default sweep
     quick: bool
@@ -259,7 +258,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         )
     parameters: dict[str, Any] = {
         "source": "factory",
-        "factory": plan.spec,
+        "factory": plan.spec.text,
         "dataset": pipeline.describe(),
         "samples_in_dataset": pipeline.length,
         "given_dataloader": pipeline.given,
@@ -275,15 +274,12 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
     }
-    return StageResult("loader", parameters=parameters, metrics=metrics, caveats=caveats)
+    return StageResult("factory", parameters=parameters, metrics=metrics, caveats=caveats)
 
 
-def own_plan(options: LoaderOptions, ctx: RunContext) -> Plan:
-    """The plan of `loader --factory`: options that describe generated data do not
-    apply (one line, exit 2)."""
-    if options.existing:
-        raise UsageError("--factory measures your own pipeline: --existing does not apply")
-    parse_spec(options.factory or "")  # a malformed spec refuses before anything runs
+def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
+    """The plan of `loader --factory`: the worker counts asked for, fitted to the
+    open-file limit; what the workers must fit in, from this machine's facts."""
     m = ctx.machine
     workers = options.workers
     if workers is not None:
@@ -294,12 +290,12 @@ def own_plan(options: LoaderOptions, ctx: RunContext) -> Plan:
             ctx.warn(fit.warning)
         workers = fit.workers
     return Plan(
-        spec=options.factory or "",
+        spec=options.spec,
         batch_size=options.batch_size,
         workers=workers,
         quick=options.quick,
         effective_cpus=ctx.effective_cpus,
-        budget_s=options.budget_s or LoaderOptions.BUDGET_S[options.quick],
+        budget_s=options.budget_s or FactoryOptions.BUDGET_S[options.quick],
         batch_timeout_s=ctx.batch_timeout_s,
         factory_timeout_s=options.factory_timeout_s,
         memory_limit_bytes=m.memory.limit_bytes or m.memory.available_bytes if m else None,
@@ -317,10 +313,41 @@ def run_factory(plan: Plan, progress: Callable[[str, int, int], None]) -> StageR
         import torch
 
     started = time.perf_counter()
-    pipeline = load(parse_spec(plan.spec), plan.batch_size, plan.factory_timeout_s)
+    pipeline = load(plan.spec, plan.batch_size, plan.factory_timeout_s)
     plan = replace(plan, cuda=torch.cuda.is_available())
     counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
     if any(counts) or pipeline.current_workers:
         prepare_workers()
     out = result(pipeline, plan, sweep(pipeline, plan, progress))
     return replace(out, duration_s=round(time.perf_counter() - started, 3))
+
+
+class FactoryStage(BaseStage[FactoryOptions, Plan]):
+    """`loader --factory` in the registry (stages/base.Stage): the user's own pipeline,
+    swept. Its result reports under `loader` (core/model.REPORTED_AS)."""
+
+    name = "factory"
+
+    def plan(self, options: FactoryOptions, ctx: RunContext) -> Plan:
+        return plan_of(options, ctx)
+
+    def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
+        """doctor's loader link on the user's own pipeline, at the workload's batch size
+        where one was given."""
+        assert workload.factory is not None  # doctor runs this stage only with one
+        options = FactoryOptions(
+            spec=workload.factory,
+            batch_size=workload.batch_size if workload.source("batch_size") != "default" else None,
+            quick=quick,
+        )
+        return plan_of(options, ctx)
+
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        """Load the pipeline and sweep it. SIGTERM/SIGHUP raise like Ctrl-C while this
+        runs, and a DataLoader that delivers nothing within the batch timeout ends it:
+        workers are shut down on every way out."""
+        with signals_raise(), quiet_torch():
+            return run_factory(plan, ctx.progress)
+
+
+STAGE = FactoryStage()
