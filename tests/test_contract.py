@@ -2,8 +2,13 @@
 
 - layers, type-only imports (`if TYPE_CHECKING:`) included: advice/ never imports
   stages/; render/ never imports stages/, advice/ nor probe/; stages/ never imports
-  advice/; probe/ imports only probe/ and the basics (status, units), which import
-  nothing of starvecheck;
+  advice/; probe/ imports only probe/ and the basics (core's status, units), which
+  import nothing of starvecheck; core/ imports only core/; inputs/ and scratch/ only
+  core/ and probe/ (and themselves); no stage imports another stage's module or
+  folder, and the machinery stages share (stages/samples/, stages/dataloader/, the
+  contract modules) imports no stage;
+- advice/ and render/ read a stage's parameters through their typed accessors
+  (core/parameters.py), never by a key written out;
 - no import cycle among starvecheck's modules, imports inside functions included;
   counting type-only imports, none either;
 - render/ and advice/ read metrics by labels: neither imports `re`;
@@ -117,6 +122,106 @@ def test_stages_never_import_advice():
 PROBE_MAY_IMPORT = ("starvecheck.core.status", "starvecheck.core.units")
 
 
+def _escapes(src: str, allowed: tuple[str, ...]) -> list[str]:
+    """Every import from the package `src` to a starvecheck module outside `allowed`
+    (type-only imports included)."""
+    return sorted(
+        f"{m} imports {t}"
+        for m, targets in FULL_GRAPH.items()
+        if m == src or m.startswith(src + ".")
+        for t in targets
+        if not any(t == a or t.startswith(a + ".") for a in allowed)
+    )
+
+
+def test_core_imports_only_core():
+    """core/ is the vocabulary every layer speaks: it stands on nothing of ours."""
+    assert any(m.startswith("starvecheck.core.") for m in FULL_GRAPH)
+    assert _escapes("starvecheck.core", ("starvecheck.core",)) == []
+
+
+@pytest.mark.parametrize("package", ["starvecheck.inputs", "starvecheck.scratch"])
+def test_inputs_and_scratch_import_only_core_and_probe(package):
+    assert any(m.startswith(package + ".") for m in FULL_GRAPH)
+    allowed = (package, "starvecheck.core", "starvecheck.probe")
+    assert _escapes(package, allowed) == []
+
+
+# Each stage: a module (a link without parts) or a folder of its parts.
+STAGES = ("env", "io", "starve", "loader", "pad", "pcie", "profile", "trace", "doctor")
+
+
+def _stage_of(module: str) -> str | None:
+    """The stage a module of stages/ belongs to; None for the machinery they share."""
+    parts = module.split(".")
+    if parts[:2] != ["starvecheck", "stages"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in STAGES else None
+
+
+def test_no_stage_imports_another_stage():
+    """A stage reaches the others only through the registry (by name, at run time);
+    what several need lives in the machinery they share, which imports none of them."""
+    assert {_stage_of(m) for m in FULL_GRAPH} >= set(STAGES)  # the names are there
+    offences = sorted(
+        f"{m} imports {t}"
+        for m, targets in FULL_GRAPH.items()
+        if m.startswith("starvecheck.stages.")
+        for t in targets
+        if _stage_of(t) is not None and _stage_of(t) != _stage_of(m)
+    )
+    assert offences == []
+
+
+def _parameters(node: ast.AST) -> bool:
+    """`x.parameters`, or a name that holds a stage's parameters (`params`)."""
+    if isinstance(node, ast.Attribute):
+        return node.attr == "parameters"
+    return isinstance(node, ast.Name) and node.id in ("params", "parameters")
+
+
+def parameter_keys(tree: ast.AST) -> list[int]:
+    """Lines that read a stage's parameters by a key written out: `params["x"]`,
+    `r.parameters.get("x")`, `"x" in params`."""
+    found = []
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Subscript) and _parameters(node.value):
+            key = node.slice
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and _parameters(node.func.value)
+            and node.args
+        ):
+            key = node.args[0]
+        elif (
+            isinstance(node, ast.Compare)
+            and any(isinstance(o, ast.In) for o in node.ops)
+            and any(_parameters(c) for c in node.comparators)
+        ):
+            key = node.left
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            found.append(node.lineno)
+    return found
+
+
+def test_parameter_reads_are_seen():
+    code = 'a = params["x"]\nb = r.parameters.get("y", 1)\nc = "z" in params\nd = params.cpus\n'
+    assert parameter_keys(ast.parse(code)) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("layer", ["advice", "render"])
+def test_judging_and_showing_read_parameters_by_their_accessors(layer):
+    offences = [
+        f"{p.relative_to(SRC)}:{line}"
+        for p in sorted((SRC / layer).rglob("*.py"))
+        for line in parameter_keys(ast.parse(p.read_text()))
+    ]
+    assert offences == []
+
+
 def _in_probe(module: str) -> bool:
     return module == "starvecheck.probe" or module.startswith("starvecheck.probe.")
 
@@ -228,8 +333,6 @@ LONG = {
     "stages/profile/stage.py": "the profiled training loop and its scenarios",
     "stages/starve.py": "the producer/consumer run, its sweep and its model",
     "inputs/text.py": "every token-length source (dataset, lengths file, default)",
-    "advice/pad.py::_waste": "the padding verdict: evidence, gain and fix in one finding",
-    "advice/trace.py::_data_bound": "the data-bound verdict from a trace's step breakdown",
     "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
     "cli/io.py::io": "a Typer command: its signature declares every option",
     "cli/loader.py::loader": "a Typer command: its signature declares every option",

@@ -141,9 +141,7 @@ def test_a_malformed_spec_is_one_line(text: str) -> None:
 
 
 def test_module_and_file_specs() -> None:
-    assert parse_spec("pkg.mod:make") == FactorySpec(
-        "pkg.mod:make", None, "pkg.mod", "make"
-    )
+    assert parse_spec("pkg.mod:make") == FactorySpec("pkg.mod:make", None, "pkg.mod", "make")
     assert parse_spec("x/y.py:make").path == "x/y.py"
 
 

@@ -31,7 +31,7 @@ from tests.conftest import SYSROOTS, run, sysroot_env
 def advise_pcie(metrics, params):
     """pcie's judgement of these figures (labelled as the stage labels them)."""
     ms = tuple(labelled(list(metrics)))
-    return advice.advise(StageResult("pcie", params, ms), params)
+    return advice.advise(StageResult("pcie", params, ms))
 
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -840,10 +840,7 @@ def test_tables_and_findings_select_by_labels_not_names():
     r = synthetic_result()
     renamed = replace(r, metrics=tuple(replace(m, name=f"m{i}") for i, m in enumerate(r.metrics)))
     renamed = advice.complete(replace(renamed, judged={}))
-    params = r.parameters
-    assert [f.to_dict() for f in advice.advise(renamed, params)] == [
-        f.to_dict() for f in advice.advise(r, params)
-    ]
+    assert [f.to_dict() for f in advice.advise(renamed)] == [f.to_dict() for f in advice.advise(r)]
     text = render_text(renamed)
     ov = next(line for line in text.splitlines() if line.startswith("pinned") and "non_bl" in line)
     assert ov.split()[-2:] == ["90%", "PARALLEL"] and "reference_ratio: 0.92" in text

@@ -59,7 +59,7 @@ def missing(link: str, demand: float | None, reason: str) -> Link:
 
 def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
-    threads = max(io.parameters.get("threads") or [1])
+    threads = max(io.parameters.threads)
     withheld = None
     for temp in ("cold", "warm"):
         metric = io.one(
@@ -128,8 +128,8 @@ def cpu_capacity(starve: StageResult) -> tuple[float | None, str]:
     if starve.capacity is None or starve.capacity.value is None:
         reason = starve.capacity.reason if starve.capacity else None
         return None, reason or "starve measured no preprocessing capacity"
-    d = starve.parameters.get("sample_cpu_ms")
-    workers = starve.parameters.get("capacity_workers")
+    d = starve.parameters.sample_cpu_ms
+    workers = starve.parameters.capacity_workers
     return starve.capacity.value, f"starve, {d} ms CPU per sample in {workers} worker(s)"
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -110,7 +111,7 @@ def _cpu_work(p: Point, effective: float) -> bool | None:
     return busy >= 0.5 * min(p.workers, max(1.0, effective))
 
 
-def _memory_cap(p: Point, params: Mapping[str, Any]) -> tuple[int | None, str]:
+def _memory_cap(p: Point, params: Parameters) -> tuple[int | None, str]:
     """The most workers whose private memory fits the memory limit (cgroup, else what was
     available; read when measured), and their batches in flight /dev/shm; None where
     nothing is known."""
@@ -120,7 +121,7 @@ def _memory_cap(p: Point, params: Mapping[str, Any]) -> tuple[int | None, str]:
     why = ""
     worker = p.get("uss_bytes", process="worker")
     main = p.get("uss_bytes", process="main") or 0.0
-    limit = params.get("memory_limit_bytes")
+    limit = params.memory_limit_bytes
     if worker and limit:
         cap = max(0, math.floor((MEMORY_SHARE * limit - main) / worker))
         why = (
@@ -128,7 +129,7 @@ def _memory_cap(p: Point, params: Mapping[str, Any]) -> tuple[int | None, str]:
             f"of the {limit / MIB:,.0f} MiB memory limit"
         )
     batch = p.get("batch_bytes")
-    shm = params.get("shm_free_bytes")
+    shm = params.shm_free_bytes
     prefetch = int(p.labels.get("prefetch_factor") or 2)
     if batch and shm:
         fits = max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch)))
@@ -160,7 +161,7 @@ def choose(loader: StageResult) -> Choice | None:
     measured nothing to choose from."""
     found = points(loader)
     params = loader.parameters
-    effective = float(params.get("effective_cpus") or 1)
+    effective = float(params.cpus)
     sweep = {p.workers: p for p in found if p.labels.get("role") == "workers"}
     current = next((p for p in found if p.labels.get("current")), None)
     if not sweep or current is None:
@@ -203,7 +204,7 @@ def complete(loader: StageResult) -> StageResult:
 def basis(loader: StageResult) -> str:
     """What doctor's loader link rests on, in words."""
     choice = choose(loader)
-    where = loader.parameters.get("factory")
+    where = loader.parameters.factory
     said = _describe(choice.chosen) if choice is not None else "no configuration"
     return f"your pipeline {where}, {said}, measured (its decode and collate included)"
 
@@ -213,7 +214,7 @@ def _config(loader: StageResult) -> Finding | None:
     if choice is None:
         return None
     params = loader.parameters
-    effective = float(params.get("effective_cpus") or 1)
+    effective = float(params.cpus)
     current, chosen, gain = choice.current, choice.chosen, choice.gain
     evidence = (
         f"current ({_describe(current)}): {current.rate:,.0f} samples/s; "
@@ -237,7 +238,7 @@ def _config(loader: StageResult) -> Finding | None:
         severity,
         f"{_describe(chosen)} loads {gain:.2f}x faster than your current settings",
         evidence=evidence,
-        recommendation=f"Use {chosen.line(params.get('batch_size'))} (the rest as you have "
+        recommendation=f"Use {chosen.line(params.batch_size)} (the rest as you have "
         "it). Why: " + "; ".join(choice.notes) + ".",
         gain=Gain(GainKind.THROUGHPUT, gain, MEASURED) if gain else None,
         fix=_fix(chosen),
@@ -248,7 +249,7 @@ def _demand(loader: StageResult) -> Finding | None:
     """With --step-ms: the configuration recommended against the samples/s the GPU
     consumes (batch size / step), and the current one."""
     params = loader.parameters
-    step_ms, batch = params.get("step_ms"), params.get("batch_size")
+    step_ms, batch = params.step_ms, params.batch_size
     choice = choose(loader)
     if not step_ms or not batch or choice is None:
         return None
@@ -377,7 +378,7 @@ def _copy_on_read(loader: StageResult, found: list[Point]) -> list[Finding]:
 
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
-    for c in loader.parameters.get("configurations") or ():
+    for c in loader.parameters.configurations:
         if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
             return int(c.get("samples") or 0) or None
     return None
@@ -395,7 +396,7 @@ def _batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
         [c for p in with_workers if (c := p.get("cpu_ms_per_sample", process="main")) is not None]
         or [0.0]
     )
-    size = loader.parameters.get("batch_size") or 1
+    size = loader.parameters.batch_size or 1
     receive_ms = per_sample * float(size)
     if batch < LARGE_BATCH_BYTES or receive_ms < RECEIVE_MS:
         return []

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -66,13 +67,11 @@ def rules(results: Results) -> list[Finding]:
         return []
     parameters = r.parameters
     storage = asdict(results.machine.storage) if results.machine is not None else {}
-    layout = "files" if parameters.get("existing") else "small_files"
+    layout = "files" if parameters.existing else "small_files"
     checks = (
-        _small_files_existing(r, parameters)
-        if parameters.get("existing")
-        else _small_files_generated(r),
+        _small_files_existing(r, parameters) if parameters.existing else _small_files_generated(r),
         _cold_gap(r),
-        _readers(r, sorted(parameters.get("threads", [1])), layout),
+        _readers(r, sorted(parameters.threads), layout),
         _network(r, storage, parameters),
         _rotational(r, storage, parameters),
     )
@@ -133,8 +132,8 @@ def _small_files_generated(m: StageResult) -> Finding | None:
     )
 
 
-def _small_files_existing(m: StageResult, params: Mapping[str, Any]) -> Finding | None:
-    median = params.get("median_file_bytes")
+def _small_files_existing(m: StageResult, params: Parameters) -> Finding | None:
+    median = params.median_file_bytes
     files = _best(m, "files", "random")
     if median is None or files is None:
         return None
@@ -142,7 +141,7 @@ def _small_files_existing(m: StageResult, params: Mapping[str, Any]) -> Finding 
     per_s = _value(m, "files", "random", temp, "samples_per_s")
     p50 = _value(m, "files", "random", temp, "p50_ms")
     evidence = (
-        f"{params.get('small_files_seen', 0):,} files of at most 8 MiB, median "
+        f"{params.small_files_seen:,} files of at most 8 MiB, median "
         f"{median / 1024:,.0f} KiB; {temp}, 1 reader: {v:,.1f} MB/s"
         + (f", {per_s:,.0f} files/s" if per_s else "")
         + (f", {p50:.2f} ms p50 per file" if p50 else "")
@@ -256,16 +255,14 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
     )
 
 
-def _cold_small(m: StageResult, params: Mapping[str, Any]) -> tuple[float, float] | None:
-    layout = "files" if params.get("existing") else "small_files"
+def _cold_small(m: StageResult, params: Parameters) -> tuple[float, float] | None:
+    layout = "files" if params.existing else "small_files"
     v = _value(m, layout, "random", "cold")
     p50 = _value(m, layout, "random", "cold", "p50_ms")
     return (v, p50) if v and p50 else None
 
 
-def _network(
-    m: StageResult, storage: Mapping[str, Any], params: Mapping[str, Any]
-) -> Finding | None:
+def _network(m: StageResult, storage: Mapping[str, Any], params: Parameters) -> Finding | None:
     if storage.get("network") is not True:
         return None
     cold = _cold_small(m, params)
@@ -285,9 +282,7 @@ def _network(
     )
 
 
-def _rotational(
-    m: StageResult, storage: Mapping[str, Any], params: Mapping[str, Any]
-) -> Finding | None:
+def _rotational(m: StageResult, storage: Mapping[str, Any], params: Parameters) -> Finding | None:
     if storage.get("rotational") is not True:
         return None
     cold = _cold_small(m, params)

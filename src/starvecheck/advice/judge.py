@@ -43,6 +43,7 @@ COMPLETES: dict[str, str] = {
     "loader": "starvecheck.advice.loader",
     "factory": "starvecheck.advice.factory",
     "starve": "starvecheck.advice.starve",
+    "trace": "starvecheck.advice.trace",
     "pcie": "starvecheck.advice.pcie",
 }
 

@@ -16,6 +16,7 @@ from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core.figures import headline, loader_curves
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -54,20 +55,23 @@ SHARD_RECIPE = {
 }
 
 
-def dataloader_line(params: Mapping[str, Any], workers: int) -> str:
-    batch = params.get("batch_size", 32)
+def dataloader_line(parameters: Mapping[str, Any], workers: int) -> str:
+    """The DataLoader line for `workers`, at the batch size and prefetch the loader
+    stage measured with."""
+    params = Parameters.of(parameters)
+    batch = params.batch_size or 32
     if workers == 0:
         return f"`DataLoader(dataset, batch_size={batch}, num_workers=0, pin_memory=True)`"
     return (
         f"`DataLoader(dataset, batch_size={batch}, num_workers={workers}, pin_memory=True, "
-        f"persistent_workers=True, prefetch_factor={params.get('prefetch_factor', 2)})`"
+        f"persistent_workers=True, prefetch_factor={params.prefetch_factor or 2})`"
     )
 
 
 def recommended(loader: StageResult) -> dict[str, int]:
     """num_workers for each layout whose curve has a count at or below the effective
     CPUs (advice.workers: the fewest within 5% of the best)."""
-    cpus = Cpus(int(loader.parameters.get("effective_cpus") or 1))
+    cpus = Cpus(loader.parameters.cpus)
     out = {}
     for layout, (_, curve) in loader_curves(loader).items():
         advice = recommend_workers(Throughput(curve), cpus)
@@ -84,7 +88,7 @@ def complete(loader: StageResult) -> StageResult:
     metrics = [m for m in loader.metrics if m.labels.get("quantity") != "recommended_num_workers"]
     caveats = list(loader.caveats)
     judged, rec = loader_curves(loader), recommended(loader)
-    cpus = int(loader.parameters.get("effective_cpus") or 1)
+    cpus = loader.parameters.cpus
     for layout in judged:
         if layout in rec:
             labels = {"quantity": "recommended_num_workers", "layout": layout}
@@ -121,7 +125,7 @@ def rules(results: Results) -> list[Finding]:
     top = headline(counts)
     if top is None:
         return []
-    cpus = int(params.get("effective_cpus") or 1)
+    cpus = params.cpus
     temp, curve = judged[top]
     rec = counts[top]
     findings = [
@@ -139,14 +143,14 @@ def _curve_text(curve: Mapping[int, float]) -> str:
 
 
 def _workers(
-    layout: str, temp: str, curve: Mapping[int, float], rec: int, params: Mapping[str, Any]
+    layout: str, temp: str, curve: Mapping[int, float], rec: int, params: Parameters
 ) -> Finding | None:
     if len(curve) < 2:  # one worker count measured: nothing to compare it with
         return None
     evidence = (
         f"{LABEL.get(layout, layout)}, {temp} cache, samples/s by num_workers: "
         f"{_curve_text(curve)}; the fewest workers within 5% of the best at or below "
-        f"{params.get('effective_cpus')} effective CPUs: {rec}"
+        f"{params.effective_cpus} effective CPUs: {rec}"
     )
     if rec == 0:
         return Finding(
@@ -229,9 +233,7 @@ def _above_cpus(
     )
 
 
-def _first_batch(
-    m: StageResult, layout: str, rec: int, params: Mapping[str, Any]
-) -> Finding | None:
+def _first_batch(m: StageResult, layout: str, rec: int, params: Parameters) -> Finding | None:
     first = m.value(quantity="first_batch_s", layout=layout, workers=rec)
     if first is None or rec == 0:
         return None

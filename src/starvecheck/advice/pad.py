@@ -10,9 +10,11 @@ linear layers, which dominate; attention is reported on its own).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 from starvecheck.core.strategies import LABELS, SHARES_ROWS, STRATEGIES
 
 if TYPE_CHECKING:
@@ -64,53 +66,68 @@ def _best(eff: Mapping[str, float], among: Sequence[str]) -> str | None:
     return max(names, key=lambda s: (round(eff[s], 4), -STRATEGIES.index(s)), default=None)
 
 
-def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
-    current = params.get("current", "dynamic")
+@dataclass(frozen=True)
+class Waste:
+    """What pad measured of the padding trained with today: the detection behind
+    `pad.waste`, apart from the words it is said in."""
+
+    current: str  # the strategy trained with today
+    best: str  # the most real tokens per computed position
+    padded_best: str | None  # the best that keeps samples in rows of their own
+    gain: float  # best's real tokens per position over current's
+    severity: Severity
+    embedded: bool  # judged on pad's embedded lengths, not the user's
+
+
+def waste(eff: Mapping[str, float], params: Parameters) -> Waste | None:
+    current = params.current or "dynamic"
     if current not in eff or eff[current] <= 0:
         return None
-    context = int(params.get("context") or 0)
     best = _best(eff, STRATEGIES)
     assert best is not None
     gain = eff[best] / eff[current]
     padded_best = _best(eff, [s for s in STRATEGIES if s not in SHARES_ROWS])
+    severity = (
+        Severity.OK
+        if gain < INFO_GAIN
+        else Severity.CRITICAL
+        if gain >= CRITICAL_GAIN
+        else Severity.WARNING
+        if gain >= WARNING_GAIN
+        else Severity.INFO
+    )
+    embedded = params.lengths_source == "default"
+    if embedded and severity is not Severity.OK:
+        # Judged on lengths the user never gave: a hint, never a verdict on their job.
+        severity = min(severity, Severity.WARNING, key=lambda x: x.rank)
+    return Waste(current, best, padded_best, gain, severity, embedded)
+
+
+def _waste_evidence(w: Waste, m: StageResult, eff: Mapping[str, float], params: Parameters) -> str:
+    current, best = w.current, w.best
     mean = m.value(quantity="length", statistic="mean")
     p90 = m.value(quantity="length", statistic="p90")
     padding = m.value(quantity="padding_positions", strategy=current)
     others = ", ".join(
         f"{s} {eff[s]:.1%}" for s in STRATEGIES if s in eff and s not in (current, best)
     )
-    evidence = (
+    return (
         f"{current}: {eff[current]:.1%} of computed positions are real tokens"
         + (f" ({padding:,.0f} padding positions per epoch)" if padding is not None else "")
         + f"; {best}: {eff[best]:.1%}; {others}."
         + (
-            f" Samples: mean {mean:,.0f} tokens, p90 {p90:,.0f}; context {context:,}, "
-            f"batch {params.get('batch_size')}."
+            f" Samples: mean {mean:,.0f} tokens, p90 {p90:,.0f}; context {params.context:,}, "
+            f"batch {params.batch_size}."
             if mean is not None and p90 is not None
             else ""
         )
     )
-    basis = (
-        f"real tokens per computed position, {best} over {current}; step time taken as "
-        "proportional to positions"
-    )
-    if gain < INFO_GAIN:
-        return Finding(
-            "pad.waste",
-            Severity.OK,
-            f"{LABELS[current].capitalize()} wastes little: {eff[current]:.0%} of positions "
-            "are real tokens",
-            evidence=evidence,
-            gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),
-            stage="pad",
-        )
-    severity = (
-        Severity.CRITICAL
-        if gain >= CRITICAL_GAIN
-        else Severity.WARNING
-        if gain >= WARNING_GAIN
-        else Severity.INFO
-    )
+
+
+def _waste_change(w: Waste, m: StageResult, eff: Mapping[str, float], context: int) -> str:
+    """How to switch to the best strategy, and the padded one where the best needs
+    attention that keeps samples apart."""
+    best, current, padded_best = w.best, w.current, w.padded_best
     recommendation = f"Switch to {LABELS[best]}: {change(best, context)}."
     if best in SHARES_ROWS:
         unmasked = m.value(quantity="attention_unmasked_vs_ideal", strategy=best)
@@ -126,13 +143,35 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) 
                     f" If your model cannot: {LABELS[padded_best]}, {change(padded_best, context)}"
                     f" ({eff[padded_best]:.1%} real, {alt:.2f}x)."
                 )
+    return recommendation
+
+
+def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Finding | None:
+    w = waste(eff, params)
+    if w is None:
+        return None
+    current, best = w.current, w.best
+    evidence = _waste_evidence(w, m, eff, params)
+    basis = (
+        f"real tokens per computed position, {best} over {current}; step time taken as "
+        "proportional to positions"
+    )
+    gain = Gain(GainKind.THROUGHPUT, round(w.gain, 3), basis)
+    if w.severity is Severity.OK:
+        return Finding(
+            "pad.waste",
+            Severity.OK,
+            f"{LABELS[current].capitalize()} wastes little: {eff[current]:.0%} of positions "
+            "are real tokens",
+            evidence=evidence,
+            gain=gain,
+            stage="pad",
+        )
     title = (
         f"{LABELS[current].capitalize()} spends {1 - eff[current]:.0%} of each step on "
-        f"padding; {LABELS[best]} would do {gain:.2f}x the real work"
+        f"padding; {LABELS[best]} would do {w.gain:.2f}x the real work"
     )
-    if params.get("source") == "default":
-        # Judged on lengths the user never gave: a hint, never a verdict on their job.
-        severity = min(severity, Severity.WARNING, key=lambda x: x.rank)
+    if w.embedded:
         title += " (on the embedded Alpaca-like lengths, not your data)"
         evidence += (
             " Lengths: pad's embedded Alpaca-like default, not your dataset; measure yours "
@@ -140,23 +179,23 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Mapping[str, Any]) 
         )
     return Finding(
         "pad.waste",
-        severity,
+        w.severity,
         title,
         evidence=evidence,
-        recommendation=recommendation,
-        gain=Gain(GainKind.THROUGHPUT, round(gain, 3), basis),
+        recommendation=_waste_change(w, m, eff, params.context),
+        gain=gain,
         stage="pad",
         fix={"strategy": best},
     )
 
 
-def _truncated(m: StageResult, params: Mapping[str, Any]) -> Finding | None:
+def _truncated(m: StageResult, params: Parameters) -> Finding | None:
     n = m.value(quantity="truncated_samples")
     cut = m.value(quantity="truncated_tokens")
     samples, tokens = m.value(quantity="samples"), m.value(quantity="tokens")
     if not n or cut is None or not samples or tokens is None:
         return None
-    context = int(params.get("context") or 0)
+    context = params.context
     share = cut / (tokens + cut)
     longest = m.value(quantity="length", statistic="max")
     p99 = m.value(quantity="length", statistic="p99")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.core.metric import Labels
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 from starvecheck.core.units import size_name
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 
@@ -81,7 +82,7 @@ def _sizes(result: StageResult, direction: str, memory: str) -> list[int]:
 
 def rules(results: Results) -> list[Finding]:
     r = results.get("pcie")
-    return [] if r is None else list(advise(r, r.parameters))
+    return [] if r is None else list(advise(r))
 
 
 # The overlap table's rows and the link table's, as render/pcie shows them.
@@ -112,8 +113,8 @@ def complete(result: StageResult) -> StageResult:
     return replace(result, judged={**result.judged, **judged})
 
 
-def advise(result: StageResult, params: Mapping[str, Any]) -> tuple[Finding, ...]:
-    v = _values(result)
+def advise(result: StageResult) -> tuple[Finding, ...]:
+    v, params = _values(result), result.parameters
     found = [
         link_below_max(v),
         low_efficiency(v),
@@ -314,11 +315,11 @@ def _overlap_gain(v: Mapping[str, float]) -> Gain | None:
     )
 
 
-def numa_penalty(v: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
+def numa_penalty(v: Mapping[str, float], params: Parameters) -> Finding | None:
     if "numa.remote_penalty" not in v:
         return None
     penalty = v["numa.remote_penalty"]
-    local, remote = params.get("numa_local_node"), params.get("numa_remote_node")
+    local, remote = params.numa_local_node, params.numa_remote_node
     if penalty < NUMA_PENALTY:
         return Finding(
             "pcie.numa-remote",
@@ -348,11 +349,11 @@ def numa_penalty(v: Mapping[str, float], params: Mapping[str, Any]) -> Finding |
     )
 
 
-def reference_gap(v: Mapping[str, float], params: Mapping[str, Any]) -> Finding | None:
+def reference_gap(v: Mapping[str, float], params: Parameters) -> Finding | None:
     if "reference_ratio" not in v:
         return None
     ratio = v["reference_ratio"]
-    size = params.get("reference_size", "256MiB")
+    size = params.reference_size or "256MiB"
     if ratio >= REFERENCE_GAP:
         return Finding(
             "pcie.reference",

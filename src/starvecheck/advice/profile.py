@@ -10,11 +10,12 @@ above 20% highly input-bound.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -52,7 +53,7 @@ def rules(results: Results) -> list[Finding]:
     s = shares(r.metrics)
     if not s:
         return []
-    cpus = Cpus(float(r.parameters.get("effective_cpus") or 1))
+    cpus = Cpus(float(r.parameters.cpus))
     findings = [
         _best(s),
         _workers(s, cpus),
@@ -103,7 +104,7 @@ def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
     )
 
 
-def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
+def _h2d(metrics: Sequence[Metric], params: Parameters) -> Finding | None:
     """Copies the loop waits for: the loop times H2D_TRANSFER to its end (synchronised on
     CUDA), which is what a loop pays when the copy does not overlap compute."""
     worst = None
@@ -120,7 +121,7 @@ def _h2d(metrics: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None
     if worst is None or worst[0] <= H2D_SHARE:
         return None
     share, where = worst
-    pinned = params.get("device") == "cuda"  # the loop pins its batches on CUDA
+    pinned = params.device == "cuda"  # the loop pins its batches on CUDA
     return Finding(
         "profile.h2d",
         Severity.WARNING,

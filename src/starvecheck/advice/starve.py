@@ -7,14 +7,14 @@ as a fresh one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core.criteria import IDLE_AS_GOOD
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -37,7 +37,7 @@ def _idle(r: StageResult) -> dict[int, float]:
 def recommended(r: StageResult) -> int | None:
     """num_workers from the sweep (advice.workers: the fewest within 2 points of the
     least idle at or below the effective CPUs); None where none was measured there."""
-    cpus = Cpus(int(r.parameters.get("effective_cpus") or 1))
+    cpus = Cpus(r.parameters.cpus)
     advice = recommend_workers(IdleShares(_idle(r)), cpus)
     return advice.workers if advice is not None else None
 
@@ -61,10 +61,10 @@ def rules(results: Results) -> list[Finding]:
     if not idle:
         return []
     params = r.parameters
-    cpus = int(params.get("effective_cpus") or 1)
+    cpus = params.cpus
     quota = results.machine.cpu.quota_cpus if results.machine is not None else None
     said = cpus_text(cpus, quota)
-    d, b, g = params["sample_ms"], params["batch_size"], params["step_ms"]
+    d, b, g = params.sample_ms, params.batch_size, params.step_ms
     d = r.value(quantity="sample_cpu_ms") or d
     rec = recommended(r)
     findings = [
@@ -77,10 +77,10 @@ def rules(results: Results) -> list[Finding]:
     return _simulated([f for f in findings if f is not None], params)
 
 
-def _simulated(findings: list[Finding], params: Mapping[str, Any]) -> list[Finding]:
+def _simulated(findings: list[Finding], params: Parameters) -> list[Finding]:
     """On a workload the user did not give (default --sample-ms, --step-ms), findings
     are about a simulation: at most a warning, and the title and evidence say so."""
-    assumed = params.get("assumed") or []
+    assumed = params.assumed
     if not assumed:
         return findings
     given = {"sample_ms": "--sample-ms", "step_ms": "--step-ms"}
@@ -281,9 +281,9 @@ def _first_batch(result: StageResult, rec: float | None) -> Finding | None:
     )
 
 
-def _pin_memory(params: Mapping[str, Any], rec: float | None) -> Finding | None:
+def _pin_memory(params: Parameters, rec: float | None) -> Finding | None:
     """Only where there is a GPU to copy to: without CUDA, pinning does not apply."""
-    if not params.get("cuda") or not rec:
+    if not params.cuda or not rec:
         return None
     return Finding(
         "starve.pin-memory",

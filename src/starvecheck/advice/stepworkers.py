@@ -10,12 +10,13 @@ more than a couple of workers it gives both answers, and how to tell which appli
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core.metric import Metric, value
 from starvecheck.core.model import Gain, GainKind
+from starvecheck.core.parameters import Parameters
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
 SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
@@ -79,12 +80,12 @@ def single_process(n: int | None, wait_ms: float | None, step_ms: float | None) 
 
 
 def measured_advice(
-    m: Sequence[Metric], params: Mapping[str, Any], wait_ms: float | None, step_ms: float | None
+    m: Sequence[Metric], params: Parameters, wait_ms: float | None, step_ms: float | None
 ) -> WorkerAdvice | None:
     """The worker count for a loop whose machine CPUs and loading CPU time are known
     (watch measures both): the loading thread's at num_workers=0, the worker
     processes' with workers."""
-    cpus = params.get("effective_cpus")
+    cpus = params.effective_cpus
     if not cpus or wait_ms is None or step_ms is None:
         return None
     step_cpu = value(m, quantity="compute_cpu_ms")
@@ -94,7 +95,7 @@ def measured_advice(
         "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
         "batch_bytes": _int(value(m, quantity="batch_bytes")),
     }
-    if params.get("dataloader") == SINGLE_PROCESS:
+    if params.dataloader == SINGLE_PROCESS:
         wait_cpu = value(m, quantity="data_wait_cpu_ms")
         # Time the thread was ready to run but waited for a CPU is CPU work it could not
         # get (another process had the cores), not I/O: it counts as CPU demand.
@@ -103,7 +104,7 @@ def measured_advice(
             wait_cpu += runq
         loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0, 0, **measured)
         return recommend_workers(loop, Cpus(float(cpus)))
-    workers, worker_cpu = params.get("num_workers"), value(m, quantity="worker_cpu_ms")
+    workers, worker_cpu = params.num_workers, value(m, quantity="worker_cpu_ms")
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
         return None
     receive = value(m, quantity="data_wait_cpu_ms") or 0.0

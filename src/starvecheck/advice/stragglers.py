@@ -7,7 +7,7 @@ slow rank slows the whole job. One rule, two kinds of evidence:
   torch.distributed): each rank's work, the step less its wait for the others, step
   by step. A rank whose rate (1 / its work) is under 80% of the median rank's
   throughout is `profile.straggler`; a different rank in turn,
-  `profile.straggler-rotating`. Reads figures labelled `rank` (model.per_rank).
+  `profile.straggler-rotating`. Reads figures labelled `rank` (`per_rank`).
   `summary` states the verdict as data for the JSON, in the same shape for both.
 - **nodes of doctor** (doctor under torchrun, starvecheck.cli.ranks): each node's
   data-pipeline capacity (the lower of storage and loader). A node under 80% of the
@@ -24,15 +24,7 @@ from typing import Any, TypeVar
 
 from starvecheck.advice.profile import few_steps
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import (
-    Finding,
-    Gain,
-    GainKind,
-    Severity,
-    StageResult,
-    per_rank,
-    slowest_per_step,
-)
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 K = TypeVar("K", int, str)
 
@@ -52,6 +44,33 @@ def below_median(
 
 
 # Ranks of one job: profile --trace and watch.
+
+# Their figures carry a `rank` label.
+
+
+def per_rank(metrics: Sequence[Metric], quantity: str) -> dict[str, Metric]:
+    """rank -> its figure of this quantity, among a multi-rank trace's figures."""
+    return {
+        str(x.labels["rank"]): x
+        for x in metrics
+        if x.labels.get("quantity") == quantity and "rank" in x.labels and "device" not in x.labels
+    }
+
+
+def slowest_per_step(metrics: Sequence[Metric]) -> list[tuple[str, float, float]]:
+    """Per step every rank has: (the rank with the most work, its work, the median
+    rank's work), in ms. Work is the step less its GPU's time in collectives: in a
+    synchronous job the fast ranks wait there for the slow one."""
+    work = {k: x.values for k, x in per_rank(metrics, "work_ms").items() if x.values}
+    if len(work) < 2 or len({len(v) for v in work.values()}) != 1:
+        return []
+    out = []
+    for i in range(len(next(iter(work.values())))):
+        at = {k: v[i] for k, v in work.items()}
+        slow = max(at, key=lambda k: at[k])
+        out.append((slow, at[slow], statistics.median(at.values())))
+    return out
+
 
 # How the time a rank waits for the others was had: (what work is the step less of,
 # where the others wait). A trace times its collectives; watch times a barrier or
@@ -101,7 +120,7 @@ def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> 
     return {
         name: {"straggler": summary(r.metrics, findings)}
         for name in ("trace", "watch")
-        if (r := stages.get(name)) is not None and "ranks" in r.parameters
+        if (r := stages.get(name)) is not None and r.parameters.ranks
     }
 
 

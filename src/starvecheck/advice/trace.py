@@ -11,7 +11,7 @@ input-bound, above 20% highly input-bound.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
@@ -25,8 +25,9 @@ from starvecheck.advice.stepworkers import (
     workers_needed,
 )
 from starvecheck.advice.stragglers import WAITING, among_ranks
-from starvecheck.core.metric import Metric, one, value
-from starvecheck.core.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.metric import Caveat, Metric, one, value
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -55,6 +56,26 @@ def _get(m: Sequence[Metric], quantity: str) -> Metric | None:
     return x if x is not None and x.value is not None else None
 
 
+def complete(r: StageResult) -> StageResult:
+    """A trace's result as the report carries it: where its files hold other runs
+    than the one analysed, each one's headline said (`trace.other-runs`), from the
+    figures the stage recorded of it."""
+    others = [_other_run(i, run) for i, run in enumerate(r.parameters.runs[1:], start=2)]
+    said = Caveat("trace.other-runs", "; ".join(others))
+    if not others or said in r.caveats:
+        return r
+    return replace(r, caveats=(*r.caveats, said))
+
+
+def _other_run(i: int, run: Mapping[str, Any]) -> str:
+    if run.get("error"):
+        return f"run {i} could not be analysed: {run['error']}"
+    share, rank = run.get("data_wait_share"), run.get("headline_rank")
+    wait = f"{share:.0%}" if share is not None else "an unknown share"
+    who = f"{rank} waits most for data: " if rank else ""
+    return f"run {i} on its own: {who}{wait} of a {run.get('step_ms') or 0:,.1f} ms step"
+
+
 def rules(results: Results) -> list[Finding]:
     """A step breakdown: a trace of another run (`profile --trace`, the `trace` stage),
     or a loop as `starvecheck.watch` timed it. The findings of both are this module's,
@@ -64,7 +85,7 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             found += _breakdown(breakdown(r.metrics), r.parameters)
-            found += among_ranks(r.metrics, WAITING.get(r.parameters.get("rank_wait_source")))
+            found += among_ranks(r.metrics, WAITING.get(r.parameters.rank_wait_source or ""))
     return found
 
 
@@ -75,7 +96,7 @@ def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
     return [x for x in metrics if set(x.labels) == {"quantity"}]
 
 
-def _breakdown(m: Sequence[Metric], params: Mapping[str, Any]) -> list[Finding]:
+def _breakdown(m: Sequence[Metric], params: Parameters) -> list[Finding]:
     findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
     return [f for f in findings if f is not None]
 
@@ -92,7 +113,23 @@ def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:
     return over, step.n
 
 
-def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | None:
+@dataclass(frozen=True)
+class DataWait:
+    """What a step breakdown says of its wait for data: the detection behind
+    `profile.data-bound`, apart from the words it is said in."""
+
+    share: float  # summed wait over summed step time
+    severity: Severity  # lowered for a wait too small to matter or too few steps
+    kind: str  # the title's words, from the share alone
+    wait_ms: float | None  # means of the same steps: the three figures add up
+    step_ms: float | None
+    waiting: tuple[int, int] | None  # (steps waiting over INPUT_BOUND, steps measured)
+    steps: int  # steps measured
+    quiet: bool  # under QUIET_WAIT_MS a step: nothing a loader change would buy
+    few: str  # why the severity was lowered for too few steps, or ""
+
+
+def data_wait(m: Sequence[Metric]) -> DataWait | None:
     share = value(m, quantity="data_wait_share")
     if share is None:
         return None
@@ -100,55 +137,50 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
     # The title's words follow the share; the severity may be lowered below (a short
     # trace, a wait too small to matter), and the evidence says why.
     kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
-    # The share is summed wait over summed step time: the milliseconds beside it are
-    # the means of the same steps, so the three figures add up.
     wait_ms, step_ms = _mean(m, "data_wait_ms"), _mean(m, "step_ms")
-    counted = steps_waiting(m)
-    evidence = f"{share:.1%} of step time waits for data"
-    rank, ranks = params.get("headline_rank"), params.get("ranks")
-    if rank is not None and ranks:
-        evidence = f"on {rank}, of {len(ranks)} ranks the one that waits most: " + evidence
-    if wait_ms is not None and step_ms is not None:
-        evidence += f" (a mean {wait_ms:,.1f} ms of a mean {step_ms:,.1f} ms step)"
-    if counted is not None:
-        evidence += f"; {counted[0]} of {counted[1]} steps wait more than {INPUT_BOUND:.0%}"
     steps = _get(m, "step_ms")
     n = steps.n if steps is not None else 0
+    quiet = sev is not Severity.OK and wait_ms is not None and wait_ms < QUIET_WAIT_MS
     few = ""
-    if sev is not Severity.OK and wait_ms is not None and wait_ms < QUIET_WAIT_MS:
-        # Under a millisecond a step: nothing a loader change would buy.
+    if quiet:
         sev = Severity.INFO
-        evidence += f"; under {QUIET_WAIT_MS:g} ms of wait per step"
     else:
         sev, few = few_steps(n, sev)
-        evidence += few
-    source = params.get("data_wait_source")
-    loader = params.get("dataloader")
+    return DataWait(share, sev, kind, wait_ms, step_ms, steps_waiting(m), n, quiet, few)
+
+
+def _data_wait_evidence(d: DataWait, params: Parameters) -> str:
+    evidence = f"{d.share:.1%} of step time waits for data"
+    rank, ranks = params.headline_rank, params.ranks
+    if rank is not None and ranks:
+        evidence = f"on {rank}, of {len(ranks)} ranks the one that waits most: " + evidence
+    if d.wait_ms is not None and d.step_ms is not None:
+        evidence += f" (a mean {d.wait_ms:,.1f} ms of a mean {d.step_ms:,.1f} ms step)"
+    if d.waiting is not None:
+        evidence += f"; {d.waiting[0]} of {d.waiting[1]} steps wait more than {INPUT_BOUND:.0%}"
+    evidence += f"; under {QUIET_WAIT_MS:g} ms of wait per step" if d.quiet else d.few
+    source, loader = params.data_wait_source, params.dataloader
     if source or loader:
         evidence += f"; measured from {source or 'DataLoader.__next__'}" + (
             f" ({loader})" if loader else ""
         )
-    if sev is Severity.OK:
-        return Finding(
-            "profile.data-bound",
-            Severity.OK,
-            f"The training step is fed: {share:.1%} of it waits for data",
-            evidence=evidence + ".",
-            recommendation="The input keeps up; step time is compute. For text, "
-            "`starvecheck pad` shows how much of that compute goes on padding.",
-            gain=Gain(GainKind.STEP_SHARE, round(share, 4), "data wait inside the steps"),
-            stage="trace",
-        )
-    advice = measured_advice(m, params, wait_ms, step_ms)
+    return evidence + "."
+
+
+def _data_bound_fix(
+    d: DataWait, m: Sequence[Metric], params: Parameters
+) -> tuple[str, Gain, dict[str, Any]]:
+    """(recommendation, gain, fix): the measured worker change where the loop's figures
+    allow one, else what to look at."""
     gain = Gain(
         GainKind.STEP_SHARE,
-        round(share, 4),
+        round(d.share, 4),
         "data wait inside the steps: what a loader that keeps ahead of the step recovers",
     )
-    fix: dict[str, Any] = {}
+    advice = measured_advice(m, params, d.wait_ms, d.step_ms)
     if advice is not None:
         recommendation, gain, fix = worker_change(advice)
-        sharing = params.get("ranks_on_host")
+        sharing = params.ranks_on_host
         if isinstance(sharing, int) and sharing > 1 and gain.value:
             # Measured: two ranks on two cores reached 1.2x of a predicted 1.46x, 3.2x of
             # 4.85x (docs/performance.md): their workers and steps contend for the CPUs.
@@ -157,23 +189,46 @@ def _data_bound(m: Sequence[Metric], params: Mapping[str, Any]) -> Finding | Non
                 "their workers and steps contend for them, which the model leaves out"
             )
             gain = replace(gain, basis=basis)
-    elif loader == SINGLE_PROCESS:
+        return recommendation, gain, fix
+    if params.dataloader == SINGLE_PROCESS:
+        wait_ms, step_ms = d.wait_ms, d.step_ms
         k = None if wait_ms is None or step_ms is None else workers_needed(wait_ms, step_ms)
         fix = {"num_workers": k} if k is not None else {}
-        recommendation = single_process(k, wait_ms, step_ms)
-    else:
-        recommendation = (
-            "Find the slow link: `starvecheck loader` (num_workers and file layout), "
-            "`starvecheck starve` (CPU preprocessing per sample), `starvecheck io` "
-            "(storage, cold cache); for text, `starvecheck pad` (padding). Keep the loader "
-            f"ahead of the step: {LOADER_LINE.format(n='N')}, {EITHER}."
+        return single_process(k, wait_ms, step_ms), gain, fix
+    return (
+        "Find the slow link: `starvecheck loader` (num_workers and file layout), "
+        "`starvecheck starve` (CPU preprocessing per sample), `starvecheck io` "
+        "(storage, cold cache); for text, `starvecheck pad` (padding). Keep the loader "
+        f"ahead of the step: {LOADER_LINE.format(n='N')}, {EITHER}.",
+        gain,
+        {},
+    )
+
+
+def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
+    d = data_wait(m)
+    if d is None:
+        return None
+    evidence = _data_wait_evidence(d, params)
+    if d.severity is Severity.OK:
+        return Finding(
+            "profile.data-bound",
+            Severity.OK,
+            f"The training step is fed: {d.share:.1%} of it waits for data",
+            evidence=evidence,
+            recommendation="The input keeps up; step time is compute. For text, "
+            "`starvecheck pad` shows how much of that compute goes on padding.",
+            gain=Gain(GainKind.STEP_SHARE, round(d.share, 4), "data wait inside the steps"),
+            stage="trace",
         )
+    recommendation, gain, fix = _data_bound_fix(d, m, params)
+    n = d.steps
     return Finding(
         "profile.data-bound",
-        sev,
-        f"The training step is {kind}: {share:.0%} of it waits for data"
-        + (f"; only {n} step{'s' if n > 1 else ''} measured" if few else ""),
-        evidence=evidence + ".",
+        d.severity,
+        f"The training step is {d.kind}: {d.share:.0%} of it waits for data"
+        + (f"; only {n} step{'s' if n > 1 else ''} measured" if d.few else ""),
+        evidence=evidence,
         recommendation=recommendation,
         gain=gain,
         stage="trace",

@@ -22,13 +22,13 @@ JSON schema versions (`Report.to_dict()["schema_version"]`):
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
+from starvecheck.core.parameters import Parameters
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -178,7 +178,9 @@ class StageResult:
     runs once over every result of the run and fills them in."""
 
     stage: str
-    parameters: Mapping[str, Any] = field(default_factory=dict)
+    # What it measured with, as the JSON writes it, typed where another layer reads it
+    # (core/parameters.py); any mapping given becomes one.
+    parameters: Parameters = field(default_factory=Parameters)
     metrics: tuple[Metric, ...] = ()
     findings: tuple[Finding, ...] = ()
     caveats: tuple[Caveat, ...] = ()
@@ -193,6 +195,8 @@ class StageResult:
     def __post_init__(self) -> None:
         # Plain sentences are accepted and become caveats of their own kind.
         object.__setattr__(self, "caveats", tuple(caveat(c) for c in self.caveats))
+        if not isinstance(self.parameters, Parameters):
+            object.__setattr__(self, "parameters", Parameters(self.parameters))
 
     def metric(self, name: str) -> Metric | None:
         return next((m for m in self.metrics if m.name == name), None)
@@ -374,30 +378,3 @@ def _restamped(f: Finding, own: Mapping[str, str]) -> Finding:
 
 def at_or_above(findings: Sequence[Finding], threshold: Severity) -> list[Finding]:
     return [f for f in findings if f.severity.rank >= threshold.rank]
-
-
-# A multi-rank trace's figures carry a `rank` label (profile --trace over several ranks).
-
-
-def per_rank(metrics: Sequence[Metric], quantity: str) -> dict[str, Metric]:
-    """rank -> its figure of this quantity, among a multi-rank trace's figures."""
-    return {
-        str(x.labels["rank"]): x
-        for x in metrics
-        if x.labels.get("quantity") == quantity and "rank" in x.labels and "device" not in x.labels
-    }
-
-
-def slowest_per_step(metrics: Sequence[Metric]) -> list[tuple[str, float, float]]:
-    """Per step every rank has: (the rank with the most work, its work, the median
-    rank's work), in ms. Work is the step less its GPU's time in collectives: in a
-    synchronous job the fast ranks wait there for the slow one."""
-    work = {k: x.values for k, x in per_rank(metrics, "work_ms").items() if x.values}
-    if len(work) < 2 or len({len(v) for v in work.values()}) != 1:
-        return []
-    out = []
-    for i in range(len(next(iter(work.values())))):
-        at = {k: v[i] for k, v in work.items()}
-        slow = max(at, key=lambda k: at[k])
-        out.append((slow, at[slow], statistics.median(at.values())))
-    return out

@@ -77,7 +77,7 @@ def split(
         "median over workers, and each worker's growth since its first batch (every worker "
         "in the JSON)"
     ]
-    configs = stage.parameters.get("configurations") or []
+    configs = stage.parameters.configurations
     stopped = sorted({str(c.get("stopped")) for c in configs if c.get("stopped")})
     if stopped:
         notes.append("stopped: " + ", ".join(_stopped(s, configs) for s in stopped))

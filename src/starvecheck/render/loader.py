@@ -40,7 +40,7 @@ def split(
     if stage.stage != "loader":
         return [], list(metrics), []
     parameters = stage.parameters
-    first_cache = parameters.get("first_batch_cache") or {}
+    first_cache = parameters.first_batch_cache
     judged = loader_curves(metrics)
     rows: list[tuple[str, ...]] = []
     used: set[int] = set()
@@ -86,7 +86,7 @@ def split(
     rest = [m for m in metrics if id(m) not in used]
     notes = [f"n/a ({', '.join(w)}): {reason}" for reason, w in reasons.items()]
     if marks:
-        cpus = parameters.get("effective_cpus")
+        cpus = parameters.effective_cpus
         notes.append(
             f"{MARK} recommended num_workers: the fewest within 5% of the layout's best "
             f"samples/s at or below {cpus} effective CPUs (median of each point's epochs; "

@@ -7,10 +7,10 @@ strategy trained with today (--current).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from starvecheck.core.metric import Metric, value
+from starvecheck.core.parameters import Parameters
 from starvecheck.core.strategies import STRATEGIES
 
 HEADERS = (
@@ -95,7 +95,7 @@ def summary(m: list[Metric], context: Any) -> str:
 
 
 def split(
-    metrics: tuple[Metric, ...] | list[Metric], params: Mapping[str, Any]
+    metrics: tuple[Metric, ...] | list[Metric], params: Parameters
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, other metrics, notes); no rows unless the metrics are a pad run's."""
     cells: dict[str, dict[str, Metric]] = {}
@@ -111,7 +111,7 @@ def split(
             rest.append(m)
     if not cells:
         return [], list(metrics), []
-    current = params.get("current")
+    current = params.current
     base = cells.get(str(current), {}).get("efficiency")
     rows = []
     for s in STRATEGIES:
@@ -138,5 +138,5 @@ def split(
                 relative,
             )
         )
-    notes = [summary(lengths, f"{params.get('context', '?'):,}")] if lengths else []
+    notes = [summary(lengths, f"{params.context:,}")] if lengths else []
     return rows, rest, [*notes, NOTE]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Metric
+from starvecheck.core.parameters import Parameters
 from starvecheck.core.units import format_bytes, parse_size, size_name
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
@@ -61,7 +62,7 @@ def _size_key(size: str) -> int:
 
 
 def split(
-    metrics: Sequence[Metric], params: Mapping[str, Any], judged: Mapping[str, Any] | None = None
+    metrics: Sequence[Metric], params: Parameters, judged: Mapping[str, Any] | None = None
 ) -> tuple[list[Table], list[Metric], list[str]]:
     """(tables, other metrics, notes); nothing unless the metrics are a pcie run's.
     `judged`: what judging read off them (advice/pcie.complete)."""
@@ -129,7 +130,7 @@ def _sweep_table(
     sweep: dict,
     group: list[Metric],
     ratio: Metric | None,
-    params: Mapping[str, Any],
+    params: Parameters,
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -167,7 +168,7 @@ def _sweep_table(
         if m.value is None and m.reason and m is not ratio:
             notes.append(f"{m.name}: {m.reason}")
     if ratio is not None:
-        size = params.get("reference_size") or "256MiB"
+        size = params.reference_size or "256MiB"
         notes.append(
             f"reference_ratio: {ratio.value:.2f} (torch's pinned H2D at {size} over the CUDA "
             "runtime's cudaMemcpy, medians)"
@@ -239,7 +240,7 @@ def _num(m: Metric | None) -> str:
 def _link_table(
     link: dict[str, Metric],
     group: list[Metric],
-    params: Mapping[str, Any],
+    params: Parameters,
     judged: Mapping[str, Any],
     tables: list[Table],
     notes: list[str],
@@ -273,12 +274,12 @@ def _link_table(
     if rx is not None and rx.value is not None:
         notes.append(
             f"NVML PCIe counters while loaded (median, 20 ms windows): RX {rx.value:.1f} GB/s, "
-            f"TX {_gbps(tx)} GB/s; {params.get('link_samples', '?')} samples"
+            f"TX {_gbps(tx)} GB/s; {_or_unknown(params.link_samples)} samples"
         )
 
 
 def _numa_table(
-    numa: dict[str, Metric], params: Mapping[str, Any], tables: list[Table], notes: list[str]
+    numa: dict[str, Metric], params: Parameters, tables: list[Table], notes: list[str]
 ) -> None:
     if not numa:
         return
@@ -296,30 +297,30 @@ def _numa_table(
         notes.append(f"remote node penalty: {pen.value:.0%} of the local bandwidth")
 
 
-def _host_notes(params: Mapping[str, Any]) -> list[str]:
-    room = params.get("host_headroom_bytes")
+def _host_notes(params: Parameters) -> list[str]:
+    room = params.host_headroom_bytes
     if "host_headroom_source" not in params:
         return []
-    memlock = (
-        "unlimited"
-        if params.get("memlock_unlimited")
-        else format_bytes(params.get("memlock_bytes"))
-    )
+    memlock = "unlimited" if params.memlock_unlimited else format_bytes(params.memlock_bytes)
     line = (
         f"host memory for pinned buffers: {format_bytes(room)} left "
-        f"({params.get('host_headroom_source')}), budget "
-        f"{format_bytes(params.get('pinned_budget_bytes'))}; RLIMIT_MEMLOCK {memlock}"
+        f"({params.host_headroom_source}), budget "
+        f"{format_bytes(params.pinned_budget_bytes)}; RLIMIT_MEMLOCK {memlock}"
     )
-    skipped = params.get("sizes_skipped") or {}
+    skipped = params.sizes_skipped
     if skipped:
         line += "; skipped: " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
     else:
         line += "; every size fits"
     lines = [line]
-    nodes = params.get("numa_nodes")
-    if nodes and nodes > 1 and not params.get("cuda"):
+    nodes = params.numa_nodes
+    if nodes and nodes > 1 and not params.cuda:
         lines.append(
             f"NUMA: {nodes} nodes; with a CUDA device, pinned H2D is measured from a thread "
             "on the GPU's node and from one on another node"
         )
     return lines
+
+
+def _or_unknown(count: int | None) -> str:
+    return "?" if count is None else str(count)

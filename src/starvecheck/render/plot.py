@@ -41,7 +41,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
     """GPU idle share against num_workers: measured, and both models' predictions."""
     plt = _pyplot()
 
-    g = float(result.parameters.get("step_ms", 0.0))
+    g = float(result.parameters.step_ms or 0.0)
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
     models = {"predicted_wait_ms": "CPU-aware model", "sleep_model_wait_ms": "sleep model"}
     for m in result.metrics:
@@ -63,7 +63,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
             linestyle="-" if label == "measured" else "--",
             label=label,
         )
-    cpus = result.parameters.get("effective_cpus")
+    cpus = result.parameters.effective_cpus
     if cpus:
         ax.axvline(cpus, color="grey", linewidth=0.8, linestyle=":")
         ax.annotate(f"{cpus} effective CPUs", (cpus, 0.95), fontsize=8, color="grey")
@@ -72,8 +72,8 @@ def sweep_plot(result: StageResult, path: str) -> None:
     ax.set_ylabel("GPU idle share")
     ax.set_ylim(0, 1)
     ax.set_title(
-        f"starvecheck starve: D={result.parameters.get('sample_cpu_ms')} ms, "
-        f"B={result.parameters.get('batch_size')}, G={g:g} ms"
+        f"starvecheck starve: D={result.parameters.sample_cpu_ms} ms, "
+        f"B={result.parameters.batch_size}, G={g:g} ms"
     )
     ax.legend()
     fig.tight_layout()
@@ -117,7 +117,7 @@ def loader_plot(result: StageResult, path: str) -> None:
                 color=line.get_color(),
                 linestyle="none",
             )
-    cpus = result.parameters.get("effective_cpus")
+    cpus = result.parameters.effective_cpus
     if cpus:
         ax.axvline(cpus, color="grey", linewidth=0.8, linestyle=":")
         ax.annotate(
@@ -133,8 +133,8 @@ def loader_plot(result: StageResult, path: str) -> None:
     ax.set_ylabel("samples/s")
     ax.set_ylim(bottom=0)
     ax.set_title(
-        f"starvecheck loader: batch {result.parameters.get('batch_size')}, "
-        f"{result.parameters.get('sample_size_bytes', 0) / 1024:g} KiB samples (★ recommended)"
+        f"starvecheck loader: batch {result.parameters.batch_size}, "
+        f"{result.parameters.sample_size_bytes / 1024:g} KiB samples (★ recommended)"
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -197,7 +197,7 @@ def pad_plot(run: Any, path: str) -> None:
 
     params = run.result.parameters
     layouts = run.layouts
-    context = int(params["context"])
+    context = params.context
     width = max([context] + [int(lay.row_len.max()) for lay in layouts.values() if lay.rows])
     colors = ["#ffffff", "#e4572e", "#1f5f8b", "#7cb8de"]
     cmap = ListedColormap(colors)
@@ -226,7 +226,7 @@ def pad_plot(run: Any, path: str) -> None:
         rows = f"{shown} rows" + (
             f" of {lay.rows_per_batch}" if shown < min(lay.rows_per_batch, lay.rows) else ""
         )
-        current = " (current)" if name == params.get("current") else ""
+        current = " (current)" if name == params.current else ""
         ax.set_title(
             f"{name}{current}: {LABELS[name]}, {eff.value:.1%} real tokens over the epoch"
             f"  ·  batch {batch + 1:,} of {lay.batches:,} (median), {rows}",
@@ -250,7 +250,7 @@ def pad_plot(run: Any, path: str) -> None:
     )
     fig.suptitle(
         f"starvecheck pad: {run.result.value(quantity='samples'):,.0f} samples, "
-        f"context {context:,}, batch {params['batch_size']}",
+        f"context {context:,}, batch {params.batch_size}",
         x=0.01,
         ha="left",
         fontsize=11,

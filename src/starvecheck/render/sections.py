@@ -54,7 +54,7 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     before = rest
     rows, costs, rest, notes = ownloader.split(stage, before)
     if rows:
-        title = f"your pipeline: {stage.parameters.get('factory')}"
+        title = f"your pipeline: {stage.parameters.factory}"
         right = range(0, len(ownloader.HEADERS) - 1)
         out.append(Section(ownloader.HEADERS, rows, [], right, title, _taken(before, rest)))
         right = range(0, len(ownloader.COST_HEADERS))

@@ -8,11 +8,10 @@ step, and as a share of the step.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import StageResult, slowest_per_step
+from starvecheck.core.model import StageResult
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
 HEADERS = ("per step", "ms (mean ± σ)", "share of step")
@@ -70,14 +69,14 @@ def split(
         label = f"step ({step.n} measured)"
     rows: list[tuple[str, ...]] = [(label, _ms(step), "100.0%")]
     notes: list[str] = []
-    headline = stage.parameters.get("headline_rank")
+    headline = stage.parameters.headline_rank
     if headline:
         notes.append(
-            f"{headline}'s steps: of {len(stage.parameters.get('ranks', []))} ranks, the one that "
+            f"{headline}'s steps: of {len(stage.parameters.ranks)} ranks, the one that "
             "waits most for data (or idles most); every rank's figures below"
         )
-    device = stage.parameters.get("gpu_device")
-    if stage.parameters.get("gpu_devices", 0) > 1 and device is not None:
+    device = stage.parameters.gpu_device
+    if stage.parameters.gpu_devices > 1 and device is not None:
         notes.append(f"GPU figures are GPU {device}'s, the idlest of the rank's GPUs")
     for name, text, nested in _SHARES:
         m = by_quantity.get(name)
@@ -178,8 +177,7 @@ def ranks(
             devices.setdefault(rank, {})[str(m.labels["device"])] = m
         else:
             by.setdefault(rank, {})[str(m.labels["quantity"])] = m
-    per_step = slowest_per_step(metrics)
-    turns = Counter(k for k, _, _ in per_step)
+    turns, compared = stage.parameters.slowest_in, stage.parameters.steps_compared
     rows: list[tuple[str, ...]] = []
 
     def share(x: Metric | None) -> str:
@@ -199,14 +197,14 @@ def ranks(
                     share(f.get("gpu_idle_share")),
                     share(f.get("collective_share")),
                     share(f.get("memcpy_h2d_share")),
-                    f"{turns.get(rank, 0)} of {len(per_step)}" if per_step else "",
+                    f"{turns.get(rank, 0)} of {compared}" if compared else "",
                 )
             )
         for dev, m in sorted(devices.get(rank, {}).items(), key=lambda kv: _natural(kv[0])):
             label = f"  ↳ GPU {dev}" if rank else f"GPU {dev}"
             rows.append((label, "", "", "", _share(m.value), "", "", ""))
     notes = []
-    if per_step:
+    if compared:
         notes.append(
             "slowest in: steps where the rank had the most work (the step less its time in "
             "collectives), over the steps every rank has"
@@ -245,8 +243,7 @@ def loop_ranks(
     by: dict[str, dict[str, Metric]] = {}
     for m in mine:
         by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
-    per_step = slowest_per_step(metrics)
-    turns = Counter(k for k, _, _ in per_step)
+    turns, compared = stage.parameters.slowest_in, stage.parameters.steps_compared
     rows = []
     for rank in sorted(by, key=_natural):
         f = by[rank]
@@ -259,10 +256,10 @@ def loop_ranks(
                 *(_ms(f.get(q)).split(" ±")[0] for q in _LOOP_RANK_MS),
                 _share(f["data_wait_share"].value) if "data_wait_share" in f else "",
                 "" if first is None or first.value is None else f"{first.value:,.0f}",
-                f"{turns.get(rank, 0)} of {len(per_step)}" if per_step else "",
+                f"{turns.get(rank, 0)} of {compared}" if compared else "",
             )
         )
-    how = stage.parameters.get("rank_wait_source")
+    how = stage.parameters.rank_wait_source
     notes = [
         "means per step, the first step left out; waits for others: "
         + (
@@ -271,7 +268,7 @@ def loop_ranks(
             else "estimated, the rank's compute above the fastest rank's in the same step"
         )
     ]
-    if per_step:
+    if compared:
         notes.append(
             "slowest in: steps where the rank had the most work (its step less its wait for "
             "the others), over the steps every rank has"

@@ -1,4 +1,4 @@
-"""The GPU step of a workload, measured: GPT-2 small (profile's build_model, random
+"""The GPU step of a workload, measured: GPT-2 small (stages/trainstep.py, random
 weights, nothing downloaded) trained on random token ids at the workload's batch size
 and context, on the CUDA device, in bf16 mixed precision (autocast) where the device
 supports it, as models are trained on such GPUs (fp32 otherwise; the report says which).
@@ -36,14 +36,13 @@ def measure(batch_size: int, context: int, quick: bool) -> Measured:
     with importing():
         import torch
 
-    from starvecheck.stages.profile import stage as profile_stage
+    from starvecheck.stages.trainstep import MODEL_SIZES, build_model
 
     if not torch.cuda.is_available():
         raise Unavailable("measuring the GPU step needs a CUDA device; give --step-ms")
     seq = min(context, GPT2_POSITIONS)
-    plan = profile_stage.Plan(workers=(0,), model_size="base", device="cuda")
-    model, optimizer = profile_stage.build_model(plan)
-    vocab = plan.shape[3]
+    model, optimizer = build_model("base", "cuda")
+    vocab = MODEL_SIZES["base"][3]
     warmup, steps = (2, 5) if quick else (3, 20)
     bf16 = bool(torch.cuda.is_bf16_supported())
     precision = "bf16 autocast" if bf16 else "fp32"

@@ -43,16 +43,10 @@ from starvecheck.stages.samples.residency import (
     resident_metric,
 )
 from starvecheck.stages.timing import not_cold
+from starvecheck.stages.trainstep import MODEL_SIZES, PHASES, build_model
 
-PHASES = ("DATALOADER_WAIT", "H2D_TRANSFER", "FORWARD", "BACKWARD", "OPTIMIZER")
 LAYOUTS = ("small_files", "mds")
 TEXT_CHARS_PER_TOKEN = 5  # English runs ~4 characters a BPE token: enough text to fill a row
-# (layers, heads, embedding width, vocabulary, sequence length, batch size)
-MODEL_SIZES = {
-    "tiny": (2, 2, 128, 4096, 128, 8),
-    "small": (4, 4, 256, 8192, 256, 16),
-    "base": (12, 12, 768, 50257, 1024, 8),  # GPT-2 small itself
-}
 
 
 @dataclass(frozen=True)
@@ -135,36 +129,6 @@ class _Collate:
 
     def __call__(self, batch: list[Any]) -> Any:
         return collate_tokens(batch, self.vocab)
-
-
-def build_model(plan: Plan) -> tuple[Any, Any]:
-    with importing():
-        import torch
-
-    try:
-        with importing():
-            import transformers.utils.import_utils as transformers_imports
-
-        # A text model needs no torchvision, but transformers imports it whenever it is
-        # installed, and a torchvision built for another torch fails to import (as with
-        # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
-        if hasattr(transformers_imports, "_torchvision_available"):
-            transformers_imports._torchvision_available = False
-        with importing():
-            from transformers import GPT2Config, GPT2LMHeadModel
-    except ImportError as e:
-        raise UsageError("profile needs transformers: pip install 'starvecheck[text]'") from e
-    layers, heads, width, vocab, seq, _ = plan.shape
-    torch.manual_seed(plan.seed)
-    config = GPT2Config(
-        vocab_size=vocab, n_positions=seq, n_embd=width, n_layer=layers, n_head=heads
-    )
-    model = GPT2LMHeadModel(config).to(plan.device)
-    # transformers 5 leaves loss_type unset and warns on the first step ("`loss_type=None`
-    # was set in the config but it is unrecognized"); name the loss it falls back to.
-    model.loss_type = "ForCausalLM"
-    model.train()
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
 @dataclass
@@ -353,7 +317,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         tokenizer = load_tokenizer(plan.tokenizer)
     plan = preflight.fitted(plan, plan.batch_size * plan.seq_len * 2, 2, warn)
-    model, optimizer = build_model(plan)
+    model, optimizer = build_model(plan.model_size, plan.device, plan.seed)
     data_plan = SamplePlan(
         samples=plan.samples,
         sample_size=plan.seq_len * 2,  # u16 tokens

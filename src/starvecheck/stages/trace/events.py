@@ -12,10 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.stages.profile.stage import PHASES
 from starvecheck.stages.trace import hta
 from starvecheck.stages.trace.intervals import Interval
 from starvecheck.stages.trace.load import Event, span
+from starvecheck.stages.trainstep import PHASES
 
 GPU_KERNEL = "kernel"
 GPU_MEMCPY = "gpu_memcpy"

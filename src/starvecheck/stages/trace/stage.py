@@ -101,7 +101,7 @@ def breakdown(a: Analysis) -> list[Metric]:
     return out
 
 
-def per_rank(job: Job) -> list[Metric]:
+def rank_figures(job: Job) -> list[Metric]:
     """Each rank's figures (labelled `rank`), with its work per common step; each GPU's
     idle where a rank drives several (labelled `device`)."""
     several = len(job.ranks) > 1
@@ -149,7 +149,7 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
     if isinstance(job, Analysis):
         job = Job((job,), ())
     a = job.headline
-    found = breakdown(a) + per_rank(job)
+    found = breakdown(a) + rank_figures(job)
     several = len(job.ranks) > 1
     caveats = list(job.caveats)
     for r in job.ranks:
@@ -213,35 +213,33 @@ def read(paths: Sequence[str | os.PathLike[str]], max_bytes: int | None = MAX_BY
             )
         )
     job = analyze_job(files)
-    if len(runs) > 1:
-        notes.append(Caveat("trace.other-runs", "; ".join(_verdicts(runs[1:]))))
     info = {
         "files": [f.path for f in runs[0].files],
         "world_size": runs[0].job.world_size,
         "runs": [
             {"world_size": r.job.world_size, "ranks": sorted(r.ranks), "files": len(r.files)}
-            for r in runs
+            | (_headline(r) if i else {})
+            for i, r in enumerate(runs)
         ],
         "skipped": skipped,
     }
     return dataclasses.replace(job, caveats=job.caveats + tuple(notes), info=info)
 
 
-def _verdicts(runs: Sequence[Run]) -> list[str]:
-    """Each other run's headline, judged on its own: the rank that waits most for data."""
-    out = []
-    for i, run in enumerate(runs, start=2):
-        try:
-            job = analyze_job(run.timelines())
-        except UsageError as e:
-            out.append(f"run {i} could not be analysed: {e}")
-            continue
-        a = job.headline
-        step = a.step_time / max(1, len(a.measured)) / 1e3
-        wait = f"{a.data_wait_share:.0%}" if a.data_wait_share is not None else "an unknown share"
-        who = f"{a.name} waits most for data: " if len(job.ranks) > 1 else ""
-        out.append(f"run {i} on its own: {who}{wait} of a {step:,.1f} ms step")
-    return out
+def _headline(run: Run) -> dict[str, Any]:
+    """Another run's headline figures, analysed on its own (advice/trace says them):
+    its headline rank (the one that waits most for data, where it has several), that
+    rank's data-wait share and mean step; or why it could not be analysed."""
+    try:
+        job = analyze_job(run.timelines())
+    except UsageError as e:
+        return {"error": str(e)}
+    a = job.headline
+    return {
+        "headline_rank": a.name if len(job.ranks) > 1 else None,
+        "data_wait_share": a.data_wait_share,
+        "step_ms": a.step_time / max(1, len(a.measured)) / 1e3,
+    }
 
 
 class TraceStage(BaseStage[TraceOptions, TraceOptions]):

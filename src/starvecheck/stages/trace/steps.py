@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.stages.profile.stage import PHASES
 from starvecheck.stages.trace.events import Device, Process
 from starvecheck.stages.trace.intervals import Interval, clip, length, overlap, union
+from starvecheck.stages.trainstep import PHASES
 
 WARMUP_MIN_STEPS = 3  # a warm-up step is left out only when two or more others remain
 STUB_SHARE = 0.10  # a last step under this share of the others' median is the profiler closing

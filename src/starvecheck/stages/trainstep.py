@@ -1,0 +1,54 @@
+"""The training step starvecheck runs itself: profile's loop trains on it, doctor times
+it on a CUDA device (stages/doctor/gpustep.py), and a trace of such a loop is read by
+the phases it marks (stages/trace/).
+
+A GPT-2 configuration from transformers, randomly initialised: nothing is downloaded.
+Each step of profile's loop is five `record_function` phases, PHASES, in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starvecheck.core.signals import importing
+from starvecheck.core.status import UsageError
+
+PHASES = ("DATALOADER_WAIT", "H2D_TRANSFER", "FORWARD", "BACKWARD", "OPTIMIZER")
+# (layers, heads, embedding width, vocabulary, sequence length, batch size)
+MODEL_SIZES = {
+    "tiny": (2, 2, 128, 4096, 128, 8),
+    "small": (4, 4, 256, 8192, 256, 16),
+    "base": (12, 12, 768, 50257, 1024, 8),  # GPT-2 small itself
+}
+
+
+def build_model(size: str, device: str, seed: int = 0) -> tuple[Any, Any]:
+    """A GPT-2 of MODEL_SIZES[size], randomly initialised (seeded), in train mode on
+    `device`, and its AdamW optimizer."""
+    with importing():
+        import torch
+
+    try:
+        with importing():
+            import transformers.utils.import_utils as transformers_imports
+
+        # A text model needs no torchvision, but transformers imports it whenever it is
+        # installed, and a torchvision built for another torch fails to import (as with
+        # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
+        if hasattr(transformers_imports, "_torchvision_available"):
+            transformers_imports._torchvision_available = False
+        with importing():
+            from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        raise UsageError("profile needs transformers: pip install 'starvecheck[text]'") from e
+    layers, heads, width, vocab, seq, _ = MODEL_SIZES[size]
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=vocab, n_positions=seq, n_embd=width, n_layer=layers, n_head=heads
+    )
+    model = GPT2LMHeadModel(config).to(device)
+    # transformers 5 leaves loss_type unset and warns on the first step ("`loss_type=None`
+    # was set in the config but it is unrecognized"); name the loss it falls back to.
+    model.loss_type = "ForCausalLM"
+    model.train()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
