@@ -6,7 +6,8 @@
   import nothing of starvecheck; core/ imports only core/; inputs/ and scratch/ only
   core/ and probe/ (and themselves); no stage imports another stage's module or
   folder, and the machinery stages share (stages/samples/, stages/dataloader/, the
-  contract modules) imports no stage;
+  contract modules) imports no stage; advice/ imports only core/, probe/ and inputs/,
+  render/ only core/;
 - advice/ and render/ read a stage's parameters through their typed accessors
   (core/parameters.py), never by a key written out;
 - no import cycle among starvecheck's modules, imports inside functions included;
@@ -145,6 +146,19 @@ def test_inputs_and_scratch_import_only_core_and_probe(package):
     assert any(m.startswith(package + ".") for m in FULL_GRAPH)
     allowed = (package, "starvecheck.core", "starvecheck.probe")
     assert _escapes(package, allowed) == []
+
+
+@pytest.mark.parametrize(
+    ("package", "allowed"),
+    [
+        ("starvecheck.advice", ("starvecheck.core", "starvecheck.probe", "starvecheck.inputs")),
+        ("starvecheck.render", ("starvecheck.core",)),
+    ],
+)
+def test_judging_and_showing_stand_on_the_vocabulary(package, allowed):
+    """advice/ judges results with the machine's facts and the workload; render/ shows
+    a report, which holds everything it prints."""
+    assert _escapes(package, (package, *allowed)) == []
 
 
 # Each stage: a module (a link without parts) or a folder of its parts.
@@ -521,6 +535,18 @@ def test_every_finding_id_is_documented():
     assert {i.partition(".")[0] for i in ids} >= stages
     docs = _docs()
     assert sorted(i for i in ids if not documented(i, docs)) == []
+
+
+def test_the_design_the_code_cites_is_in_the_repository():
+    """The principles and conventions the code cites live in docs/architecture.md: no
+    file of the project points at a design document outside it."""
+    outside = re.compile(r"\bDESIGN\.md\b")
+    files = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    for top in ("src", "tests", "benchmarks", "scripts", "examples"):
+        files += [p for p in (ROOT / top).rglob("*.py") if p.resolve() != Path(__file__).resolve()]
+    assert len(files) > 100
+    assert [str(p.relative_to(ROOT)) for p in files if outside.search(p.read_text())] == []
+    assert "## Principles" in (ROOT / "docs" / "architecture.md").read_text()
 
 
 def _docs() -> str:

@@ -1,6 +1,6 @@
 """Garbage in, no exception out: every parser, and whole fake machines of garbled files.
 
-Probes never raise (DESIGN.md, principle 2): a truncated or mangled file in
+Probes never raise (docs/architecture.md, principle 2): a truncated or mangled file in
 /proc or /sys is normal on some machine somewhere.
 """
 

@@ -46,7 +46,7 @@ class FailOn(str, Enum):
     critical = "critical"
 
 
-# Options every command takes (DESIGN.md, "Command-line conventions").
+# Options every command takes (docs/architecture.md, "Command-line conventions").
 JsonOpt = Annotated[
     str | None,
     typer.Option(
@@ -298,7 +298,7 @@ def exit_status(report: Report, fail_on: FailOn) -> int:
 
 @contextmanager
 def progress_bar(c: Context, out: Outputs) -> Iterator[Callable[[str, int, int], None]]:
-    """A transient progress bar on stderr, when a person is watching (DESIGN.md)."""
+    """A transient progress bar on stderr, when a person is watching (docs/architecture.md)."""
     isatty = getattr(c.stderr, "isatty", lambda: False)()
     if not (isatty and out.terminal):
         yield lambda what, done, total: None

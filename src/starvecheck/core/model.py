@@ -18,6 +18,10 @@ JSON schema versions (`Report.to_dict()["schema_version"]`):
      of parsing names. Every name of version 1 is kept. Version 1 files still load
      (their metrics without labels). doctor reports add `weakest_summary`, the
      sentence under the chain (judging writes it; renderers only print it).
+     Added since, without a version change: a `profile --trace` report's
+     `parameters.runs` entries after the first carry that run's headline figures
+     (`headline_rank`, `data_wait_share`, `step_ms`, or `error`), from which judging
+     words the `trace.other-runs` caveat.
 """
 
 from __future__ import annotations
@@ -246,7 +250,7 @@ class StageResult:
         )
 
 
-# The links of the chain, upstream first (DESIGN.md, "Result model"): the pipeline
+# The links of the chain, upstream first (docs/architecture.md, "The result model"): the pipeline
 # links deliver samples/s, the GPU consumes them. Padding is no link: it is part of
 # the GPU's step (the gpu link's `parts`).
 CHAIN_LINKS = ("storage", "loader", "pcie", "gpu")

@@ -1,6 +1,6 @@
 """The user's files, read: bounded in bytes and in time, and only what is a file.
 
-DESIGN.md, principle 7: a trace, a workload file, a dataset or a lengths file is
+docs/architecture.md, principle 7: a trace, a workload file, a dataset or a lengths file is
 untrusted input. Each is looked at (stat) before it is opened: a directory, a FIFO
 (opening one waits for a writer, for ever if none comes), a device (/dev/zero never
 ends), a socket, or a file of a kernel interface (/proc, /sys) is refused in one line.

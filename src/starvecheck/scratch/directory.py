@@ -1,6 +1,6 @@
 """The one place that creates benchmark data on disk, and removes it again.
 
-Rules (DESIGN.md, "Do no harm"):
+Rules (docs/architecture.md, principle 3, "Do no harm"):
 - Everything lives in a fresh directory made here with mkdir (never reused);
   every later path is opened relative to that directory's descriptor, with
   O_NOFOLLOW, so a symlink planted inside cannot send a write or an unlink

@@ -9,7 +9,7 @@ Two modes:
   byte ranges of large ones), read-only.
 
 A run is only called cold when `mincore` says the data was not resident before
-it; otherwise its figures are withheld with the reason (DESIGN.md, principle 1).
+it; otherwise its figures are withheld with the reason (docs/architecture.md, principle 1).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Whether a cold run was cold: each layout's page-cache residency before its runs
 (mincore), and what that means for the figures, for io, loader and profile alike.
-A cold figure whose data was still cached is withheld with the reason (DESIGN.md,
+A cold figure whose data was still cached is withheld with the reason (docs/architecture.md,
 principle 1)."""
 
 from __future__ import annotations

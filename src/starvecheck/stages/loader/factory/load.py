@@ -4,7 +4,7 @@
 DataLoader, its batch size, sampler, collate_fn, worker_init_fn and settings are the
 user's current configuration, which every other configuration is measured against.
 
-The user's code is untrusted input (DESIGN.md, principle 7): importing it and calling
+The user's code is untrusted input (docs/architecture.md, principle 7): importing it and calling
 FUNC may raise, print to stdout, or never return. Each of those ends in one line and
 exit 2 (`UsageError`): the import and the call run with stdout sent to stderr (so
 `--json -` stays one JSON document), under a time limit, and any exception becomes
