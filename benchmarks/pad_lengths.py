@@ -37,7 +37,7 @@ from typing import IO, Any
 import numpy as np
 
 from starvecheck.core.status import UsageError
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import embedded, lengths
 from starvecheck.stages.pad import stage as pad
 
 TARGET_RATIO = 0.5
@@ -165,7 +165,7 @@ def read_per_line(path: str, limit: int | None = None) -> np.ndarray:
 READERS: dict[str, Callable[[str], np.ndarray]] = {
     "before the hardening (eea5d0b)": read_before_hardening,
     "per line, cut while read (cb5a92a)": read_per_line,
-    "block reader (textdata.read_lengths)": textdata.read_lengths,
+    "block reader (lengths.read_lengths)": lengths.read_lengths,
 }
 
 
@@ -227,7 +227,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as out:
         path = os.path.join(out, "lengths.txt")
-        np.savetxt(path, textdata.alpaca_like(opts.samples), fmt="%d")
+        np.savetxt(path, embedded.alpaca_like(opts.samples), fmt="%d")
         size_mib = os.path.getsize(path) / (1 << 20)
         print(f"{opts.samples:,} Alpaca-like lengths, {size_mib:.1f} MiB, one per line")
         times = time_readers(path, opts.repeat)

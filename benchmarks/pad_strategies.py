@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from starvecheck.core.strategies import STRATEGIES
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import embedded
 from starvecheck.stages.pad import packing
 
 BAR_S = 5.0
@@ -52,7 +52,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     opts = ap.parse_args()
     sets = {
-        "alpaca": textdata.alpaca_like(opts.samples),
+        "alpaca": embedded.alpaca_like(opts.samples),
         "uniform": np.random.RandomState(0).randint(1, CONTEXT + 1, opts.samples),
     }
     failed = False

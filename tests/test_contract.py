@@ -346,7 +346,6 @@ LONG = {
     "stages/loader/stage.py": "the loader stage: layouts, worker sweep, cold and warm reads",
     "stages/profile/stage.py": "the profiled training loop and its scenarios",
     "stages/starve.py": "the producer/consumer run, its sweep and its model",
-    "inputs/text.py": "every token-length source (dataset, lengths file, default)",
     "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
     "cli/io.py::io": "a Typer command: its signature declares every option",
     "cli/loader.py::loader": "a Typer command: its signature declares every option",

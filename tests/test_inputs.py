@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from starvecheck.cli import main
 from starvecheck.core.context import Context
 from starvecheck.core.status import UsageError
+from starvecheck.inputs import dataset, records
 from starvecheck.inputs import files as inputs
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import lengths as lengthsfile
 from tests.conftest import FIXTURES, PEAK, one_line, run, tiny_tokenizer
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
@@ -243,13 +244,13 @@ def test_a_workload_file_over_1_mib_is_refused(tmp_path: Path) -> None:
 def test_lengths_and_datasets_are_bounded_unless_limit_says_how_many(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(textdata, "MAX_LENGTHS", 10)
+    monkeypatch.setattr(lengthsfile, "MAX_LENGTHS", 10)
     lengths = tmp_path / "l.txt"
     lengths.write_text("5\n" * 11)
     err = one_line(run("pad", "--lengths", str(lengths)))
     assert "more than 10 lengths" in err and "--limit N" in err
     assert run("pad", "--lengths", str(lengths), "--limit", "11").exit_code == 0
-    monkeypatch.setattr(textdata, "MAX_HELD", 1000)
+    monkeypatch.setattr(dataset, "MAX_HELD", 1000)
     data = tmp_path / "d.jsonl"
     data.write_text('{"input_ids": [1, 2, 3]}\n' * 20)  # 20 samples of 64 each
     err = one_line(run("pad", "--dataset", str(data)))
@@ -260,7 +261,7 @@ def test_lengths_and_datasets_are_bounded_unless_limit_says_how_many(
 def test_a_gzip_bomb_of_blank_lengths_stops_at_the_byte_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(textdata, "MAX_LENGTHS_BYTES", 1 << 20)
+    monkeypatch.setattr(lengthsfile, "MAX_LENGTHS_BYTES", 1 << 20)
     bomb = tmp_path / "l.txt.gz"
     bomb.write_bytes(gzip.compress(b"\n" * (8 << 20)))
     err = one_line(run("pad", "--lengths", str(bomb)))
@@ -271,7 +272,7 @@ def test_a_line_with_no_end_is_refused_after_a_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `cat /dev/zero |` as --lengths - or a text dataset: NULs with no "\n", for ever.
-    monkeypatch.setattr(textdata, "MAX_LINE_CHARS", 100_000)
+    monkeypatch.setattr(records, "MAX_LINE_CHARS", 100_000)
     nul = tmp_path / "nul.txt"
     nul.write_bytes(b"\0" * 1_000_000)
     tok = str(tiny_tokenizer(tmp_path / "tok"))

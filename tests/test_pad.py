@@ -15,7 +15,8 @@ from starvecheck.advice.results import Results
 from starvecheck.core.model import StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import dataset, embedded, records, tokenizers
+from starvecheck.inputs import lengths as lengthsfile
 from starvecheck.render import pad as pad_table
 from starvecheck.stages.pad import packing
 from starvecheck.stages.pad import stage as pad
@@ -102,7 +103,7 @@ def test_length_grouped_is_transformers_group_by_length(monkeypatch):
 
 
 def test_length_grouping_beats_random_batches_on_varied_lengths():
-    lengths = textdata.alpaca_like(4000)
+    lengths = embedded.alpaca_like(4000)
     grouped = fig("length_grouped", lengths, context=4096, batch=32).efficiency
     assert grouped > 1.5 * fig("dynamic", lengths, context=4096, batch=32).efficiency
 
@@ -118,13 +119,13 @@ def test_lengths_outside_the_context_are_refused():
 
 
 def test_the_default_matches_the_published_alpaca_figures():
-    lengths = textdata.alpaca_like()
+    lengths = embedded.alpaca_like()
     assert lengths.size == 2000
     assert (lengths.min(), lengths.max(), float(np.median(lengths))) == (13, 307, 83.0)
     assert abs(lengths.mean() - 95) < 0.1
-    assert np.array_equal(lengths, textdata.alpaca_like())  # the same every run
+    assert np.array_equal(lengths, embedded.alpaca_like())  # the same every run
     assert not np.array_equal(lengths, np.sort(lengths))  # shuffled: arrival order is random
-    assert textdata.alpaca_like(10**5).max() == 307
+    assert embedded.alpaca_like(10**5).max() == 307
 
 
 # --- reading datasets ---------------------------------------------------------------
@@ -140,7 +141,7 @@ def test_jsonl_fields_are_joined_with_a_newline(tmp_path):
         tmp_path / "a.jsonl",
         [{"instruction": "fix", "input": "", "output": "ok"}, {"instruction": "go", "output": "x"}],
     )
-    s = textdata.read_samples(str(p), "jsonl", ("instruction", "input", "output"))
+    s = dataset.read_samples(str(p), "jsonl", ("instruction", "input", "output"))
     assert s.items == ["fix\n\nok", "go\nx"]
     assert s.missing == {"input": 1}
 
@@ -166,8 +167,8 @@ def test_every_format_gives_the_same_samples(tmp_path, fmt):
         p = tmp_path / "d.jsonl.gz"
         with gzip.open(p, "wt") as f:
             f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
-    detected = textdata.detect_format(str(p))
-    assert textdata.read_samples(str(p), detected, ()).items == texts
+    detected = records.detect_format(str(p))
+    assert dataset.read_samples(str(p), detected, ()).items == texts
 
 
 def test_parquet_reads_only_the_field(tmp_path):
@@ -175,8 +176,8 @@ def test_parquet_reads_only_the_field(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     p = tmp_path / "d.parquet"
     pq.write_table(pa.table({"id": [1, 2], "text": ["a b", "c"], "input_ids": [[1, 2], [3]]}), p)
-    assert textdata.read_samples(str(p), "parquet", ()).items == ["a b", "c"]
-    ids = textdata.read_samples(str(p), "parquet", ("input_ids",))
+    assert dataset.read_samples(str(p), "parquet", ()).items == ["a b", "c"]
+    ids = dataset.read_samples(str(p), "parquet", ("input_ids",))
     assert ids.items == [2, 1] and ids.pretokenized
 
 
@@ -188,8 +189,8 @@ def test_token_ids_and_chat_messages(tmp_path):
             {"input_ids": [1], "messages": [{"role": "user", "content": "a b"}]},
         ],
     )
-    assert textdata.read_samples(str(p), "jsonl", ()).items == [3, 1]  # input_ids by default
-    chats = textdata.read_samples(str(p), "jsonl", ("messages",)).items
+    assert dataset.read_samples(str(p), "jsonl", ()).items == [3, 1]  # input_ids by default
+    chats = dataset.read_samples(str(p), "jsonl", ("messages",)).items
     assert chats[1] == [{"role": "user", "content": "a b"}]
 
 
@@ -209,7 +210,7 @@ def test_bad_datasets_are_one_usage_line(tmp_path, content, fields, message):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)
     with pytest.raises(UsageError) as e:
-        textdata.read_samples(str(p), "jsonl", fields)
+        dataset.read_samples(str(p), "jsonl", fields)
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -217,23 +218,23 @@ def test_undecodable_and_missing_files(tmp_path):
     p = tmp_path / "latin1.txt"
     p.write_bytes(b"caf\xe9\n")
     with pytest.raises(UsageError, match="not UTF-8"):
-        textdata.read_samples(str(p), "text", ())
+        dataset.read_samples(str(p), "text", ())
     with pytest.raises(UsageError, match="no such file"):
-        textdata.read_samples(str(tmp_path / "nope.jsonl"), "jsonl", ())
+        dataset.read_samples(str(tmp_path / "nope.jsonl"), "jsonl", ())
     with pytest.raises(UsageError, match="is a directory"):
-        textdata.read_samples(str(tmp_path), "jsonl", ())
+        dataset.read_samples(str(tmp_path), "jsonl", ())
     bad_gz = tmp_path / "x.jsonl.gz"
     bad_gz.write_bytes(b"not gzip at all")
     with pytest.raises(UsageError, match="cannot read"):
-        textdata.read_samples(str(bad_gz), "jsonl", ())
+        dataset.read_samples(str(bad_gz), "jsonl", ())
 
 
 def test_lengths_file_parsing(tmp_path):
-    assert textdata.parse_lengths(["# n", "3", " 7 ", "", "0"], "f").tolist() == [3, 7, 0]
-    assert textdata.parse_lengths(["1", "2", "3"], "f", limit=2).tolist() == [1, 2]
+    assert lengthsfile.parse_lengths(["# n", "3", " 7 ", "", "0"], "f").tolist() == [3, 7, 0]
+    assert lengthsfile.parse_lengths(["1", "2", "3"], "f", limit=2).tolist() == [1, 2]
     for bad, line in (("-3", 1), ("4.5", 1), ("x", 1), ("1e3", 1)):
         with pytest.raises(UsageError, match=f"line {line}: "):
-            textdata.parse_lengths([bad], "f")
+            lengthsfile.parse_lengths([bad], "f")
 
 
 # --- reading --lengths a block at a time ---------------------------------------------
@@ -242,10 +243,10 @@ def test_lengths_file_parsing(tmp_path):
 def per_line(path) -> np.ndarray | str:
     """What --lengths gave when every line was read and parsed on its own: the
     reference the block reader must match."""
-    f = textdata._open_text(str(path), "--lengths")
+    f = records._open_text(str(path), "--lengths")
     try:
-        lines = (line for _, line, _ in textdata._lines(f, textdata.LINE_CHARS))
-        return textdata.parse_lengths(lines, str(path))
+        lines = (line for _, line, _ in records._lines(f, lengthsfile.LINE_CHARS))
+        return lengthsfile.parse_lengths(lines, str(path))
     except UsageError as e:
         return str(e)
     finally:
@@ -254,7 +255,7 @@ def per_line(path) -> np.ndarray | str:
 
 def read(path, limit=None) -> np.ndarray | str:
     try:
-        return textdata.read_lengths(str(path), limit=limit)
+        return lengthsfile.read_lengths(str(path), limit=limit)
     except UsageError as e:
         return str(e)
 
@@ -263,9 +264,9 @@ def read(path, limit=None) -> np.ndarray | str:
 def tiny_blocks(monkeypatch):
     """64 bytes a read and blocks halved down to 8 characters, so that a file of 40
     short lines crosses every kind of boundary."""
-    monkeypatch.setattr(textdata, "READ_SIZE", 64)
-    monkeypatch.setattr(textdata, "SMALL_CHARS", 8)
-    monkeypatch.setattr(textdata, "LONG_CHARS", 64)
+    monkeypatch.setattr(lengthsfile, "READ_SIZE", 64)
+    monkeypatch.setattr(lengthsfile, "SMALL_CHARS", 8)
+    monkeypatch.setattr(lengthsfile, "LONG_CHARS", 64)
 
 
 @pytest.mark.parametrize(
@@ -279,7 +280,7 @@ def tiny_blocks(monkeypatch):
         (b" 3 \n\t7\t\n0007\n", [3, 7, 7]),  # blanks around a number; leading zeros
         (b"\xef\xbb\xbf3\n7\n", [3, 7]),  # a byte-order mark (Excel) is skipped
         (b"1\r2\r3\r", [1, 2, 3]),  # "\r" alone ends a line, as it did
-        (b"1099511627776\n", [textdata.MAX_LENGTH]),
+        (b"1099511627776\n", [lengthsfile.MAX_LENGTH]),
         (b"", []),
     ],
 )
@@ -387,9 +388,9 @@ def test_lengths_from_stdin_are_read_as_they_come(tmp_path):
 
 def test_tokenized_lengths_count_special_tokens_as_training_does(tmp_path):
     tiny_tokenizer(tmp_path / "tok")
-    tok = textdata.load_tokenizer(str(tmp_path / "tok"))
+    tok = tokenizers.load_tokenizer(str(tmp_path / "tok"))
     samples = ["the quick fox", "lazy dog jumps over the dog", 17]
-    got = textdata.token_lengths(samples, tok, batch=2).tolist()
+    got = tokenizers.token_lengths(samples, tok, batch=2).tolist()
     want = [len(tok(t)["input_ids"]) for t in samples[:2]] + [17]
     assert got == want == [3, 6, 17]
 
@@ -413,7 +414,7 @@ def pad_run(lengths, **plan):
 
 
 def test_padding_to_the_context_on_short_samples_is_critical(tmp_path):
-    f = advise_on(textdata.alpaca_like(), path=tmp_path / "l", current="pad_to_context")
+    f = advise_on(embedded.alpaca_like(), path=tmp_path / "l", current="pad_to_context")
     waste = f["pad.waste"]
     assert waste.severity.value == "critical"
     assert waste.gain.value == pytest.approx(1 / 0.0232, rel=0.02)  # 100% over 2.3%
@@ -423,7 +424,7 @@ def test_padding_to_the_context_on_short_samples_is_critical(tmp_path):
 
 
 def test_packing_already_is_passed(tmp_path):
-    f = advise_on(textdata.alpaca_like(), path=tmp_path / "l", current="bfd_pack")
+    f = advise_on(embedded.alpaca_like(), path=tmp_path / "l", current="bfd_pack")
     assert f["pad.waste"].severity.value == "ok"
 
 
@@ -443,7 +444,7 @@ def test_samples_past_the_context_are_counted_and_cut(tmp_path):
 
 
 def test_stored_reports_are_judged_as_fresh_ones(tmp_path):
-    r = pad_run(textdata.alpaca_like(), path=tmp_path / "l")
+    r = pad_run(embedded.alpaca_like(), path=tmp_path / "l")
     assert r.result.findings == ()  # the stage measures; judging comes after
     stored = StageResult.from_dict(json.loads(json.dumps(r.result.to_dict())))
     fresh = judged(r.result)
@@ -522,7 +523,7 @@ def test_fail_on_critical_gates_ci(tmp_path):
     assert run("pad", "--json", "/dev/null", "--fail-on", "critical").exit_code == 0
     # ... the user's own lengths do, and packing them already passes.
     lengths = tmp_path / "lengths.txt"
-    lengths.write_text("\n".join(map(str, textdata.alpaca_like())) + "\n")
+    lengths.write_text("\n".join(map(str, embedded.alpaca_like())) + "\n")
     mine = ("--lengths", str(lengths), "--json", "/dev/null", "--fail-on", "critical")
     assert run("pad", *mine, "--current", "pad_to_context").exit_code == 1
     assert run("pad", *mine, "--current", "bfd_pack").exit_code == 0
@@ -655,8 +656,8 @@ def test_deeply_nested_json_is_a_usage_error(tmp_path):
     p = tmp_path / "deep.jsonl"
     p.write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(UsageError, match="nested too deeply"):
-        textdata.read_samples(str(p), "jsonl", ())
+        dataset.read_samples(str(p), "jsonl", ())
     q = tmp_path / "deep.json"
     q.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UsageError, match="nested too deeply"):
-        textdata.read_samples(str(q), "json", ())
+        dataset.read_samples(str(q), "json", ())

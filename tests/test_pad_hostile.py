@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import records
 from tests.conftest import PEAK, one_line, run, tiny_tokenizer
 
 WORDS = "the quick brown fox jumps over the lazy dog "
@@ -41,7 +41,7 @@ def test_a_huge_single_line_is_cut_while_read_and_memory_stays_bounded(tmp_path:
 
 
 def test_a_record_too_long_to_parse_is_refused(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(textdata, "RECORD_CHARS", 1000)
+    monkeypatch.setattr(records, "RECORD_CHARS", 1000)
     long_text = WORDS * 100
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": long_text}) + "\n")

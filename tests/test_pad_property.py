@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import SHARES_ROWS, STRATEGIES
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import dataset, records
+from starvecheck.inputs import lengths as lengthsfile
 from starvecheck.stages.pad import packing
 
 
@@ -104,7 +105,7 @@ def test_fit_decreasing_matches_the_one_at_a_time_algorithm(best, case):
 @given(st.text(max_size=200))
 def test_lengths_parser_meets_garbage_with_a_usage_error(text):
     try:
-        out = textdata.parse_lengths(text.splitlines(), "x")
+        out = lengthsfile.parse_lengths(text.splitlines(), "x")
     except UsageError as e:
         assert "\n" not in str(e) and str(e).startswith("--lengths x: line ")
     else:
@@ -115,7 +116,7 @@ def test_lengths_parser_meets_garbage_with_a_usage_error(text):
 @given(st.lists(st.integers(0, 10**12), max_size=50))
 def test_lengths_parser_reads_what_was_written(values):
     text = "\n".join(["# lengths", *map(str, values), ""])
-    assert textdata.parse_lengths(text.splitlines(), "x").tolist() == values
+    assert lengthsfile.parse_lengths(text.splitlines(), "x").tolist() == values
 
 
 @settings(max_examples=150, deadline=None)
@@ -128,7 +129,7 @@ def test_dataset_reader_meets_garbage_with_a_usage_error(tmp_path_factory, data,
     path = tmp_path_factory.mktemp("garbage") / f"d.{fmt}"
     path.write_bytes(data)
     try:
-        samples = textdata.read_samples(str(path), fmt, fields)
+        samples = dataset.read_samples(str(path), fmt, fields)
     except UsageError as e:
         assert "\n" not in str(e)
     else:
@@ -153,18 +154,20 @@ _TEXTS = st.lists(_PIECES, max_size=120).map("".join) | st.text(max_size=300)
 def per_line(data: bytes, cap: int, limit: int | None) -> np.ndarray | str:
     """What the reader before blocks gave: the file's lines one by one (`_lines` over
     the file as `_Checked` reads it), each through `parse_lengths`; or its message."""
-    f = textdata._Checked(io.BytesIO(data), "--lengths x")
+    f = records._Checked(io.BytesIO(data), "--lengths x")
     try:
-        return textdata.parse_lengths((line for _, line, _ in textdata._lines(f, cap)), "x", limit)
+        return lengthsfile.parse_lengths(
+            (line for _, line, _ in records._lines(f, cap)), "x", limit
+        )
     except UsageError as e:
         return str(e)
 
 
 def blocks(data: bytes, read: int, limit: int | None, **sizes: int) -> np.ndarray | str:
     """What the block reader gives on the same file, read `read` bytes at a time."""
-    pieces = textdata._pieces(io.BytesIO(data), "--lengths x", size=read)
+    pieces = records._pieces(io.BytesIO(data), "--lengths x", size=read)
     try:
-        return textdata.parse_lengths_text(pieces, "x", limit, **sizes)
+        return lengthsfile.parse_lengths_text(pieces, "x", limit, **sizes)
     except UsageError as e:
         return str(e)
 
@@ -201,7 +204,7 @@ def test_the_block_reader_meets_bytes_that_are_not_text_as_the_per_line_reader_d
     # The per-line reader decoded 8 KiB ahead of the line it parsed, so which problem
     # it named first depended on where its 8 KiB fell; the block reader names the
     # first in the file. Either way: one line, the same counts when there is none.
-    want = per_line(data, textdata.LINE_CHARS, None)
+    want = per_line(data, lengthsfile.LINE_CHARS, None)
     got = blocks(data, read, None)
     if isinstance(want, np.ndarray):
         assert isinstance(got, np.ndarray) and got.tolist() == want.tolist()

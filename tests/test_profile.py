@@ -211,7 +211,7 @@ def test_tokenizer_adds_a_text_layout_tokenized_in_the_loader(tmp_path):
 def test_text_samples_are_token_ids_cut_or_padded_to_the_row(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from starvecheck.inputs.text import load_tokenizer
+    from starvecheck.inputs.tokenizers import load_tokenizer
     from starvecheck.scratch.directory import Scratch
     from starvecheck.stages.samples.sources import text_source
     from tests.conftest import tiny_tokenizer

@@ -15,7 +15,7 @@ from starvecheck.advice.results import Results
 from starvecheck.advice.starve import complete, recommended, rules
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Severity, StageResult
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs import embedded
 from starvecheck.render import sweep
 from starvecheck.stages.starve import (
     Plan,
@@ -260,7 +260,7 @@ def test_real_tokenization_is_measured_and_used(tmp_path):
 
 
 def test_default_texts_are_real_prose():
-    texts = textdata.default_texts(5, chars=500)
+    texts = embedded.default_texts(5, chars=500)
     assert len(texts) == 5 and all(len(t) == 500 for t in texts)
     assert sum(t.count(" the ") for t in texts) > 5  # English, not noise
 

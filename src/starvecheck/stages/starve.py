@@ -26,7 +26,8 @@ from starvecheck.core.criteria import least_idle
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, importing
-from starvecheck.inputs.text import default_texts, load_tokenizer
+from starvecheck.inputs.embedded import default_texts
+from starvecheck.inputs.tokenizers import load_tokenizer
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.dataloader.workers import prepare_workers, worker_init

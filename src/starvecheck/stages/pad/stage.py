@@ -23,7 +23,11 @@ from starvecheck.core.metric import Caveat, Metric, value
 from starvecheck.core.model import StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
-from starvecheck.inputs import text as textdata
+from starvecheck.inputs.dataset import CHARS_PER_TOKEN, read_samples
+from starvecheck.inputs.embedded import ALPACA_RANGE, ALPACA_SAMPLES, alpaca_like
+from starvecheck.inputs.lengths import read_lengths
+from starvecheck.inputs.records import RECORD_CHARS, detect_format
+from starvecheck.inputs.tokenizers import load_tokenizer, token_lengths
 from starvecheck.stages.base import BaseStage, Measured, RunContext
 from starvecheck.stages.options import PadOptions
 from starvecheck.stages.pad import packing
@@ -88,15 +92,15 @@ class Input:
 
 def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = None) -> Input:
     if plan.lengths is not None:
-        lengths = textdata.read_lengths(plan.lengths, stdin, plan.limit)
+        lengths = read_lengths(plan.lengths, stdin, plan.limit)
         if lengths.size == 0:
             raise UsageError(f"--lengths {plan.lengths}: no lengths (one count per line)")
         return Input(lengths)
     if plan.dataset is None:
-        n = plan.limit or textdata.ALPACA_SAMPLES
-        lo, hi = textdata.ALPACA_RANGE
+        n = plan.limit or ALPACA_SAMPLES
+        lo, hi = ALPACA_RANGE
         return Input(
-            textdata.alpaca_like(n, plan.seed),
+            alpaca_like(n, plan.seed),
             [
                 Caveat(
                     "pad.default-lengths",
@@ -106,18 +110,18 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
                 )
             ],
         )
-    fmt = plan.fmt or textdata.detect_format(plan.dataset)
+    fmt = plan.fmt or detect_format(plan.dataset)
     progress("reading", 0, plan.limit)
-    max_chars = plan.context * textdata.CHARS_PER_TOKEN
-    samples = textdata.read_samples(plan.dataset, fmt, plan.fields, plan.limit, max_chars)
+    max_chars = plan.context * CHARS_PER_TOKEN
+    samples = read_samples(plan.dataset, fmt, plan.fields, plan.limit, max_chars)
     caveats: list[Caveat] = []
     if samples.cut:
-        kept = min(max_chars, textdata.RECORD_CHARS)
+        kept = min(max_chars, RECORD_CHARS)
         caveats.append(
             Caveat(
                 "pad.long-samples-cut",
                 f"{samples.cut:,} sample{'s' if samples.cut != 1 else ''} over {kept:,} "
-                f"characters ({textdata.CHARS_PER_TOKEN} "
+                f"characters ({CHARS_PER_TOKEN} "
                 f"per token of the {plan.context:,}-token context) were cut to that before "
                 "tokenizing, so memory stays bounded: their token counts are of the part "
                 "kept, lower bounds (as are length.max, length.mean and truncated_tokens)",
@@ -134,7 +138,7 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
         )
     tokenizer = None
     if plan.tokenizer:
-        tokenizer = textdata.load_tokenizer(plan.tokenizer)
+        tokenizer = load_tokenizer(plan.tokenizer)
         if not getattr(tokenizer, "is_fast", True):
             caveats.append(
                 Caveat(
@@ -150,7 +154,7 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
         )
     elif plan.tokenizer is None:
         details["pretokenized"] = True
-    lengths = textdata.token_lengths(samples.items, tokenizer, progress)
+    lengths = token_lengths(samples.items, tokenizer, progress)
     return Input(lengths, caveats, details)
 
 

@@ -30,7 +30,8 @@ from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, importing, signals_held, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
-from starvecheck.inputs.text import default_texts, load_tokenizer
+from starvecheck.inputs.embedded import default_texts
+from starvecheck.inputs.tokenizers import load_tokenizer
 from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
