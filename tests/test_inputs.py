@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from starvecheck.cli import main
 from starvecheck.core.context import Context
 from starvecheck.core.status import UsageError
-from starvecheck.inputs import dataset, records
+from starvecheck.inputs import dataset, streams
 from starvecheck.inputs import files as inputs
 from starvecheck.inputs import lengths as lengthsfile
 from tests.conftest import FIXTURES, PEAK, one_line, run, tiny_tokenizer
@@ -272,7 +272,7 @@ def test_a_line_with_no_end_is_refused_after_a_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # `cat /dev/zero |` as --lengths - or a text dataset: NULs with no "\n", for ever.
-    monkeypatch.setattr(records, "MAX_LINE_CHARS", 100_000)
+    monkeypatch.setattr(streams, "MAX_LINE_CHARS", 100_000)
     nul = tmp_path / "nul.txt"
     nul.write_bytes(b"\0" * 1_000_000)
     tok = str(tiny_tokenizer(tmp_path / "tok"))

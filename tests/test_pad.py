@@ -15,7 +15,7 @@ from starvecheck.advice.results import Results
 from starvecheck.core.model import StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES
-from starvecheck.inputs import dataset, embedded, records, tokenizers
+from starvecheck.inputs import dataset, embedded, records, streams, tokenizers
 from starvecheck.inputs import lengths as lengthsfile
 from starvecheck.render import pad as pad_table
 from starvecheck.stages.pad import packing
@@ -243,9 +243,9 @@ def test_lengths_file_parsing(tmp_path):
 def per_line(path) -> np.ndarray | str:
     """What --lengths gave when every line was read and parsed on its own: the
     reference the block reader must match."""
-    f = records._open_text(str(path), "--lengths")
+    f = streams.open_text(str(path), "--lengths")
     try:
-        lines = (line for _, line, _ in records._lines(f, lengthsfile.LINE_CHARS))
+        lines = (line for _, line, _ in streams.bounded_lines(f, lengthsfile.LINE_CHARS))
         return lengthsfile.parse_lengths(lines, str(path))
     except UsageError as e:
         return str(e)

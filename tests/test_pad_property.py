@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import SHARES_ROWS, STRATEGIES
-from starvecheck.inputs import dataset, records
+from starvecheck.inputs import dataset, streams
 from starvecheck.inputs import lengths as lengthsfile
 from starvecheck.stages.pad import packing
 
@@ -153,11 +153,11 @@ _TEXTS = st.lists(_PIECES, max_size=120).map("".join) | st.text(max_size=300)
 
 def per_line(data: bytes, cap: int, limit: int | None) -> np.ndarray | str:
     """What the reader before blocks gave: the file's lines one by one (`_lines` over
-    the file as `_Checked` reads it), each through `parse_lengths`; or its message."""
-    f = records._Checked(io.BytesIO(data), "--lengths x")
+    the file as `Checked` reads it), each through `parse_lengths`; or its message."""
+    f = streams.Checked(io.BytesIO(data), "--lengths x")
     try:
         return lengthsfile.parse_lengths(
-            (line for _, line, _ in records._lines(f, cap)), "x", limit
+            (line for _, line, _ in streams.bounded_lines(f, cap)), "x", limit
         )
     except UsageError as e:
         return str(e)
@@ -165,7 +165,7 @@ def per_line(data: bytes, cap: int, limit: int | None) -> np.ndarray | str:
 
 def blocks(data: bytes, read: int, limit: int | None, **sizes: int) -> np.ndarray | str:
     """What the block reader gives on the same file, read `read` bytes at a time."""
-    pieces = records._pieces(io.BytesIO(data), "--lengths x", size=read)
+    pieces = streams.text_pieces(io.BytesIO(data), "--lengths x", size=read)
     try:
         return lengthsfile.parse_lengths_text(pieces, "x", limit, **sizes)
     except UsageError as e:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.status import UsageError
-from starvecheck.inputs.records import RECORD_CHARS, _Cut, parquet_columns, records
+from starvecheck.inputs.records import RECORD_CHARS, parquet_columns, records
+from starvecheck.inputs.streams import Cut
 
 # A text sample is cut to this many characters per token of the context before it is
 # tokenized: tokens of English or code average 3 to 5 characters and BPE's longest run
@@ -162,7 +163,7 @@ def _text_samples(path: str, fields: Sequence[str], limit: int | None, max_chars
     held = 0
     for _, line in records(path, "text", max_chars=max_chars):
         out.items.append(str(line))
-        out.cut += isinstance(line, _Cut)
+        out.cut += isinstance(line, Cut)
         out.records += 1
         if limit is not None and out.records >= limit:
             break

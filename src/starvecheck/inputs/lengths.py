@@ -20,7 +20,13 @@ from typing import IO
 import numpy as np
 
 from starvecheck.core.status import UsageError
-from starvecheck.inputs.records import READ_SIZE, _lines, _open_binary, _pieces, _stream_pieces
+from starvecheck.inputs.streams import (
+    READ_SIZE,
+    bounded_lines,
+    open_binary,
+    stream_pieces,
+    text_pieces,
+)
 
 MAX_LENGTH = 1 << 40  # a token count past this is a typo, not a document
 # Without --limit, what is held is bounded whatever the file unpacks to (a 14 MB gzip
@@ -86,11 +92,11 @@ def read_lengths(path: str, stdin: IO[str] | None = None, limit: int | None = No
         f = stdin if stdin is not None else sys.stdin
         if f is None:  # started with standard input closed (`<&-`)
             raise UsageError("--lengths -: standard input is closed")
-        pieces = _stream_pieces(f, "--lengths -", bound)
+        pieces = stream_pieces(f, "--lengths -", bound)
         counts = parse_lengths_text(pieces, "-", most, **sizes)
     else:
-        with _open_binary(path, "--lengths", bound) as raw:
-            pieces = _pieces(raw, f"--lengths {path}", size=READ_SIZE)
+        with open_binary(path, "--lengths", bound) as raw:
+            pieces = text_pieces(raw, f"--lengths {path}", size=READ_SIZE)
             counts = parse_lengths_text(pieces, path, most, **sizes)
     if limit is None and counts.size > MAX_LENGTHS:
         raise UsageError(
@@ -109,7 +115,7 @@ def parse_lengths_text(
     small: int = SMALL_CHARS,
 ) -> np.ndarray:
     """`parse_lengths` over the lines of a text given in pieces (cut anywhere), each line
-    cut to `cap` characters as `_lines` cuts it: the same counts, or the same error.
+    cut to `cap` characters as `bounded_lines` cuts it: the same counts, or the same error.
 
     Lines are taken a block at a time, a block ending at a "\\n" (where the per-line
     reader starts a fresh line whatever came before; or at a "\\r" alone that ends a
@@ -199,7 +205,7 @@ class _LengthsReader:
         """The per-line reader, on lines the fast parse refused, numbered on."""
         out: list[int] = []
         lineno = 0
-        for lineno, line, _ in _lines(f, self.cap, name=f"--lengths {self.name}"):
+        for lineno, line, _ in bounded_lines(f, self.cap, name=f"--lengths {self.name}"):
             value = _count(line, self.name, self.lineno + lineno)
             if value is not None:
                 out.append(value)
@@ -265,7 +271,7 @@ _LINE_END = re.compile(r"[\r\n]")
 
 class _Stretch:
     """The text from a line's start to the next "\\n" (or the end of the file), for the
-    per-line reader (`_lines`) without holding it whole: a line longer than a block
+    per-line reader (`bounded_lines`) without holding it whole: a line longer than a block
     (with no short line ended by "\\r" alone to cut at, see `_after_cr`). Reads on from
     `pieces` as it goes; what followed the "\\n" is left in `rest`."""
 
