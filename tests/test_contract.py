@@ -343,9 +343,6 @@ MAX_FUNCTION_LINES = 80
 LONG = {
     "advice/chain.py": "every link's capacity and the weakest link, one rule set",
     "advice/env.py": "one small check per machine fact, about 25 of them",
-    "stages/loader/stage.py": "the loader stage: layouts, worker sweep, cold and warm reads",
-    "stages/profile/stage.py": "the profiled training loop and its scenarios",
-    "stages/starve.py": "the producer/consumer run, its sweep and its model",
     "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
     "cli/io.py::io": "a Typer command: its signature declares every option",
     "cli/loader.py::loader": "a Typer command: its signature declares every option",
@@ -354,12 +351,6 @@ LONG = {
     "cli/starve.py::starve": "a Typer command: its signature declares every option",
     "render/facts.py::_all_rows": "one row per machine fact, in the table's order",
     "render/trace.py::split": "the step-breakdown table's rows out of the metrics",
-    "stages/samples/existing.py::layouts": "the user's files as layouts, with their caveats",
-    "stages/loader/stage.py::_run": "LoaderStage.measure's work",
-    "stages/profile/stage.py::run_scenario": "warm-up, eviction, profiled steps, clean-up",
-    "stages/profile/stage.py::_measure": "the profile stage's measurement, every scenario",
-    "stages/samples/sources.py::generate": "the samples written in every layout",
-    "stages/trace/analyze.py::_caveats": "every caveat a trace's analysis can raise",
 }
 
 

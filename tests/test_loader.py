@@ -25,7 +25,7 @@ from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Severity, StageResult
 from starvecheck.render import loader as loader_render
 from starvecheck.scratch.directory import Scratch
-from starvecheck.stages.loader.stage import steady
+from starvecheck.stages.loader.epochs import steady
 from starvecheck.stages.samples import mds, sources
 from starvecheck.stages.samples.plan import Plan
 from tests.conftest import alive, children, run

@@ -15,6 +15,7 @@ from starvecheck.core.model import StageResult
 from starvecheck.render import profile as profile_table
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.options import ProfileOptions
+from starvecheck.stages.profile import loop as profile_loop
 from starvecheck.stages.profile import stage as profile_stage
 from tests.conftest import run
 from tests.fixtures.labels.profile import labels as profile_labels
@@ -80,7 +81,7 @@ def test_collate_reads_bytes_as_u16_tokens_modulo_the_vocabulary():
     torch = pytest.importorskip("torch")
     raw = np.array([1, 0, 2, 0, 0xFF, 0x7F], np.uint8)  # 1, 2, 32767
     batch = [torch.from_numpy(raw.copy()), {"data": raw.copy()}]
-    tokens = profile_stage.collate_tokens(batch, vocab=1000)
+    tokens = profile_loop.collate_tokens(batch, vocab=1000)
     assert tokens.tolist() == [[1, 2, 767], [1, 2, 767]]
     assert tokens.dtype == torch.int64
 

@@ -154,8 +154,8 @@ UNHELD = {
     "stages/samples/datasets.py::TextSamples.__getitem__": "a sample",
     "stages/samples/datasets.py::stack_tokens": "a collate",
     "stages/samples/datasets.py::collate_flat": "a collate",
-    "stages/profile/stage.py::collate_tokens": "a collate",
-    "stages/starve.py::_Samples.__getitem__": "a sample",
+    "stages/profile/loop.py::collate_tokens": "a collate",
+    "stages/starve/sweep.py::_Samples.__getitem__": "a sample",
     "stages/loader/factory/configuration.py::_Reading._batch": "a batch",
 }
 

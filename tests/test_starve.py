@@ -17,15 +17,9 @@ from starvecheck.core.metric import Metric
 from starvecheck.core.model import Severity, StageResult
 from starvecheck.inputs import embedded
 from starvecheck.render import sweep
-from starvecheck.stages.starve import (
-    Plan,
-    Point,
-    burn_cpu,
-    capacity_workers,
-    predicted_wait_ms,
-    sleep_model_wait_ms,
-    summarize,
-)
+from starvecheck.stages.starve.model import Plan, predicted_wait_ms, sleep_model_wait_ms
+from starvecheck.stages.starve.stage import summarize
+from starvecheck.stages.starve.sweep import Point, burn_cpu, capacity_workers
 from tests.conftest import run, tiny_tokenizer
 
 

@@ -18,7 +18,7 @@ MODULES = {
     "io": "starvecheck.stages.io",
     "loader": "starvecheck.stages.loader.stage",
     "factory": "starvecheck.stages.loader.factory.stage",
-    "starve": "starvecheck.stages.starve",
+    "starve": "starvecheck.stages.starve.stage",
     "pad": "starvecheck.stages.pad.stage",
     "pcie": "starvecheck.stages.pcie.stage",
     "profile": "starvecheck.stages.profile.stage",

@@ -19,6 +19,7 @@ arrived:
   first_batch_s  from iter(loader) to the first batch: worker start-up
   batch_wait_ms  time blocked in next(iterator) for every later batch (p50, p99)
 A cold epoch starts with the layout's files evicted and `mincore` checked, as in `io`.
+The epochs are measured in epochs.py; here, the plan, the data, and the figures.
 """
 
 from __future__ import annotations
@@ -27,26 +28,23 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.signals import check_signals, importing, signals_held, signals_raise
-from starvecheck.core.status import Unavailable, UsageError
+from starvecheck.core.signals import importing, signals_raise
+from starvecheck.core.status import UsageError
 from starvecheck.probe.cpu import under_hypervisor
 from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.base import BaseStage, OnDisk, RunContext
-from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
-from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch, worker_init
+from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S
+from starvecheck.stages.dataloader.workers import quiet_torch
+from starvecheck.stages.loader.epochs import Measured, measure_or_fail
 from starvecheck.stages.options import LoaderOptions, default_workers
-from starvecheck.stages.samples import cache
-from starvecheck.stages.samples.datasets import batch_size_of
 from starvecheck.stages.samples.layouts import MB, Progress
 from starvecheck.stages.samples.mds import streaming_or_why
 from starvecheck.stages.samples.plan import Plan
-from starvecheck.stages.samples.reads import FileOps, timed_run
-from starvecheck.stages.samples.residency import judge_cache, record_residency
+from starvecheck.stages.samples.residency import judge_cache
 from starvecheck.stages.samples.sources import Source, existing_sources, generate
 from starvecheck.stages.timing import (
     UNSTABLE_SPREAD,
@@ -59,161 +57,6 @@ from starvecheck.stages.timing import unstable as timing_unstable
 
 if TYPE_CHECKING:
     from starvecheck.inputs.workload import Workload
-
-# Batches read in this process before measuring each layout (first-use costs).
-WARMUP_BATCHES = 4
-
-
-def _no_progress(what: str, done: int, total: int) -> None:
-    pass
-
-
-# --- the steady-state window (pure) ----------------------------------------------------
-
-
-def steady(
-    started: float, arrivals: Sequence[float], workers: int, prefetch: int
-) -> tuple[int, float]:
-    """The loader once running: (index of the first batch counted, seconds). Counting
-    starts after the batch that empties the queue filled during start-up (1 + workers
-    x prefetch batches) and ends at the last arrival. Short epochs keep at least their
-    second half; a one-batch epoch counts from `started`."""
-    n = len(arrivals)
-    skip = max(0, min(1 + workers * prefetch, n // 2))
-    if n == 0:
-        return 0, 0.0
-    return skip, arrivals[-1] - (arrivals[skip - 1] if skip else started)
-
-
-# --- measuring -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Epoch:
-    seconds: float  # steady state (see `steady`)
-    steady_samples: int
-    steady_bytes: int
-    first_batch_s: float
-    waits_s: tuple[float, ...]  # every batch after the first
-
-
-@dataclass
-class Measured:
-    epochs: dict[tuple[str, str, int], list[Epoch]] = field(default_factory=dict)
-    resident_cold: dict[str, list[float | None]] = field(default_factory=dict)
-    resident_warm: dict[str, list[float | None]] = field(default_factory=dict)
-    residency_errors: list[str] = field(default_factory=list)
-
-
-def run_epoch(
-    source: Source,
-    plan: Plan,
-    workers: int,
-    pin_memory: bool,
-    run: int,
-    limit: int = 0,
-    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Epoch:
-    """One epoch (or `limit` batches) through a fresh DataLoader, each batch within
-    `batch_timeout_s` (stages/dataloader/batches.py; 0: no limit). Workers are shut down and the
-    dataset released on every way out, Ctrl-C and a stuck worker included."""
-    with importing():
-        import torch
-
-    clock = time.perf_counter
-    dataset = None
-    try:
-        with signals_held():  # the dataset exists only once it can be released
-            dataset = source.make(run)
-        if workers:
-            prepare_workers()
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=plan.batch_size,
-            shuffle=source.shuffle,
-            num_workers=workers,
-            collate_fn=source.collate,
-            pin_memory=pin_memory,
-            prefetch_factor=plan.prefetch_factor if workers else None,
-            persistent_workers=False,
-            worker_init_fn=worker_init if workers else None,
-            generator=torch.Generator().manual_seed(plan.seed + run),
-        )
-        arrivals: list[float] = []
-        waits: list[float] = []  # time blocked in next(it), every batch after the first
-        counts: list[int] = []
-        sizes: list[int] = []
-        # The testing hook's delay (STARVECHECK_SLOW_RANKS) comes on top of the limit.
-        delay_s = plan.batch_size * plan.sample_delay_ms / 1e3
-        timeout = batch_timeout_s + delay_s if batch_timeout_s else 0.0
-        started = clock()
-        with Batches(loader, timeout, "loader", source.name) as it:
-            while not limit or len(arrivals) < limit:
-                check_signals()  # an interrupt swallowed while forking workers
-                asked = clock()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                arrivals.append(clock())
-                if len(arrivals) > 1:
-                    waits.append(arrivals[-1] - asked)
-                n, nbytes = batch_size_of(batch)
-                counts.append(n)
-                sizes.append(nbytes)
-    finally:
-        if dataset is not None:
-            with signals_held():
-                source.release(dataset)
-    skip, seconds = steady(started, arrivals, workers, plan.prefetch_factor)
-    return Epoch(
-        seconds=seconds,
-        steady_samples=sum(counts[skip:]),
-        steady_bytes=sum(sizes[skip:]),
-        first_batch_s=(arrivals[0] - started) if arrivals else 0.0,
-        waits_s=tuple(waits),
-    )
-
-
-def measure(
-    sources: Sequence[Source],
-    plan: Plan,
-    pin_memory: bool,
-    progress: Progress = _no_progress,
-    batch_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Measured:
-    """Every (cache, layout, num_workers): `plan.runs` epochs, each cold one evicted
-    and checked first; warm ones after a full unmeasured read."""
-    out = Measured()
-    for source in sources:  # first-use costs (imports, code paths) out of the figures
-        run_epoch(source, plan, 0, pin_memory, 0, WARMUP_BATCHES, batch_timeout_s)
-    configs = [(t, s, w) for t in plan.temperatures for s in sources for w in plan.workers]
-    total = len(configs) * plan.runs
-    done = 0
-    warmed: set[str] = set()
-    for temp, source, workers in configs:
-        layout = source.layout
-        if temp == "warm" and layout.name not in warmed:
-            files = FileOps(layout.paths, layout.dir_fd, layout.evict_flags)
-            timed_run(files, threads=1, buffer_size=1 << 20, contiguous=True)
-            out.resident_warm.setdefault(layout.name, []).append(
-                record_residency(layout, out.residency_errors)
-            )
-            warmed.add(layout.name)
-        epochs = out.epochs.setdefault((layout.name, temp, workers), [])
-        for run in range(plan.runs):
-            if temp == "cold":
-                cache.evict(
-                    layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags
-                )
-                out.resident_cold.setdefault(layout.name, []).append(
-                    record_residency(layout, out.residency_errors)
-                )
-            progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
-            epochs.append(run_epoch(source, plan, workers, pin_memory, run, 0, batch_timeout_s))
-            done += 1
-    progress("measuring", total, total)
-    return out
 
 
 # --- summarising -------------------------------------------------------------------------
@@ -341,7 +184,7 @@ def _run(
             sources, extra, more = existing_sources(path, plan)
             params.update(extra)
             caveats += more
-            measured = _measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
+            measured = measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
         else:
             streaming, why = streaming_or_why() if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
@@ -353,25 +196,9 @@ def _run(
                         {"quantity": "samples_per_s", "layout": "mds"},
                     )
                 )
-            scratch = Scratch(path, prefix="starvecheck-loader-", warn=warn)
-            try:
-                with scratch:
-                    try:
-                        sources = generate(scratch, plan, streaming, progress)
-                        measured = _measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
-                    except OSError as e:
-                        raise UsageError(
-                            f"writing test data in {scratch.path} failed: {e.strerror}"
-                        ) from e
-                    finally:
-                        scratch.adopt("mds")  # MDSWriter's files, also after an interrupt
-            finally:
-                if scratch.leftovers:
-                    warn(
-                        "could not remove everything starvecheck created (it holds something "
-                        "else, or permissions changed): " + "; ".join(scratch.leftovers)
-                    )
-            params["scratch"] = scratch.path
+            sources, measured, params["scratch"] = _generated(
+                path, plan, streaming, pin, progress, warn, batch_timeout_s
+            )
     names = [s.name for s in sources]
     metrics, more, first_cache = summarize(names, plan, measured, storage.get("kind"))
     caveats += more
@@ -388,18 +215,35 @@ def _run(
     )
 
 
-def _measure_or_fail(
-    sources: Sequence[Source], plan: Plan, pin: bool, progress: Progress, batch_timeout_s: float
-) -> Measured:
+def _generated(
+    path: str,
+    plan: Plan,
+    streaming: Any | None,
+    pin: bool,
+    progress: Progress,
+    warn: Callable[[str], None],
+    batch_timeout_s: float,
+) -> tuple[list[Source], Measured, str]:
+    """The samples written in a fresh scratch directory under `path` (MDS too with
+    `streaming`) and measured, then removed on every way out: the layouts, their
+    figures, and the scratch directory they were in."""
+    scratch = Scratch(path, prefix="starvecheck-loader-", warn=warn)
     try:
-        return measure(sources, plan, pin, progress, batch_timeout_s)
-    except OSError as e:
-        where = f" ({os.fsdecode(e.filename)})" if e.filename else ""
-        raise Unavailable(f"I/O error during the measurement{where}: {e.strerror}") from e
-    except RuntimeError as e:
-        # torch reports a worker killed by a signal (out of memory, a bus error when
-        # /dev/shm is full) as a RuntimeError: say so in one line.
-        raise Unavailable(f"the DataLoader failed: {' '.join(str(e).split())}") from e
+        with scratch:
+            try:
+                sources = generate(scratch, plan, streaming, progress)
+                measured = measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
+            except OSError as e:
+                raise UsageError(f"writing test data in {scratch.path} failed: {e.strerror}") from e
+            finally:
+                scratch.adopt("mds")  # MDSWriter's files, also after an interrupt
+    finally:
+        if scratch.leftovers:
+            warn(
+                "could not remove everything starvecheck created (it holds something "
+                "else, or permissions changed): " + "; ".join(scratch.leftovers)
+            )
+    return sources, measured, scratch.path
 
 
 class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):

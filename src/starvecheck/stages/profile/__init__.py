@@ -1,1 +1,2 @@
-"""`profile`: a real training loop under torch.profiler (stage.py)."""
+"""`profile`: a real training loop under torch.profiler: the stage, its data and its
+figures (stage.py), and the profiled loop one scenario runs (loop.py)."""

@@ -130,7 +130,6 @@ def layouts(path: str, plan: Sampling) -> tuple[list[Layout], dict, list[Caveat]
     rng = random.Random(plan.seed)
     found = discover(path, plan.samples, rng)
     flags = read_flags(found.owners)
-    caveats: list[Caveat] = []
     out: list[Layout] = []
 
     small_paths, bad_small = readable([p for p, _ in found.small], flags)
@@ -179,6 +178,13 @@ def layouts(path: str, plan: Sampling) -> tuple[list[Layout], dict, list[Caveat]
         "median_file_bytes": small_sizes[len(small_sizes) // 2] if small_sizes else None,
         "large_file_threshold_bytes": LARGE_FILE,
     }
+    return out, params, _caveats(found, found.unreadable + bad_small + bad_large, flags)
+
+
+def _caveats(found: Found, skipped: int, flags: int) -> list[Caveat]:
+    """What the sample leaves out or may touch: the listing cut short, symlinks not
+    followed, `skipped` files or directories unreadable, access times without O_NOATIME."""
+    caveats: list[Caveat] = []
     if found.truncated:
         caveats.append(
             Caveat(
@@ -193,7 +199,6 @@ def layouts(path: str, plan: Sampling) -> tuple[list[Layout], dict, list[Caveat]
                 f"{found.symlinks:,} symlinks not followed (the sample stays inside PATH)",
             )
         )
-    skipped = found.unreadable + bad_small + bad_large
     if skipped:
         caveats.append(
             Caveat(
@@ -209,7 +214,7 @@ def layouts(path: str, plan: Sampling) -> tuple[list[Layout], dict, list[Caveat]
                 "times may change (contents and modification times do not)",
             )
         )
-    return out, params, caveats
+    return caveats
 
 
 def _ranges(

@@ -1,7 +1,7 @@
 """What one `loader` sweep measures (its Plan): the samples and their size, the
 num_workers swept, the epochs per point, the DataLoader's settings and the layouts.
-The stage (stages/loader/stage.py) and the layouts it reads (stages/samples/sources.py) both take
-it; neither imports the other for it.
+The stage (stages/loader/: stage.py, epochs.py) and the layouts it reads
+(stages/samples/sources.py) both take it; neither imports the other for it.
 """
 
 from __future__ import annotations

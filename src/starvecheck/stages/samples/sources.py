@@ -86,38 +86,8 @@ def generate(
 ) -> list[Source]:
     """Write every sample as its own file, into one shard with an index, and (where
     mosaicml-streaming is installed) into MDS shards; return the layouts."""
-    import numpy as np
-
+    names = _write(scratch, plan, streaming, progress)
     size = plan.sample_size
-    scratch.mkdir("samples")
-    names = [f"{i:07d}.bin" for i in range(plan.samples)]
-    offsets = [i * size for i in range(plan.samples + 1)]
-    writer = None
-    if streaming is not None:
-        scratch.mkdir("mds")
-        # The writer opens its own files in mds/: Scratch.adopt records them below, and
-        # again in run()'s `finally` should writing be interrupted.
-        writer = streaming.MDSWriter(
-            out=os.path.join(scratch.path, "mds"), columns={"data": f"ndarray:uint8:{size}"}
-        )
-    shard_fd = scratch.new_file("shard.bin")
-    try:
-        for i, name in enumerate(names):
-            data = os.urandom(size)  # incompressible: no fs compression tricks
-            scratch.write_file(name, data, "samples")
-            write_all(shard_fd, data)
-            if writer is not None:
-                writer.write({"data": np.frombuffer(data, np.uint8)})
-            if i % 256 == 0:
-                progress("writing samples", i, plan.samples)
-        if writer is not None:
-            writer.finish()
-    finally:
-        os.close(shard_fd)
-    scratch.write_file("shard.idx", b"".join(SHARD_INDEX.pack(o) for o in offsets))
-    progress("writing samples", plan.samples, plan.samples)
-    scratch.syncfs()
-
     total = plan.samples * size
     root_fd, samples_fd = scratch.dir_fd(), scratch.dir_fd("samples")
     sources = [
@@ -162,6 +132,44 @@ def generate(
             )
         )
     return sources
+
+
+def _write(scratch: Scratch, plan: Plan, streaming: Any | None, progress: Progress) -> list[str]:
+    """The samples, random bytes, each written three ways: its own file in samples/,
+    appended to shard.bin (offsets in shard.idx), and with `streaming` to MDS shards
+    in mds/; synced. The small files' names, in order."""
+    import numpy as np
+
+    size = plan.sample_size
+    scratch.mkdir("samples")
+    names = [f"{i:07d}.bin" for i in range(plan.samples)]
+    offsets = [i * size for i in range(plan.samples + 1)]
+    writer = None
+    if streaming is not None:
+        scratch.mkdir("mds")
+        # The writer opens its own files in mds/: Scratch.adopt records them in
+        # generate(), and again in the stage's `finally` should writing be interrupted.
+        writer = streaming.MDSWriter(
+            out=os.path.join(scratch.path, "mds"), columns={"data": f"ndarray:uint8:{size}"}
+        )
+    shard_fd = scratch.new_file("shard.bin")
+    try:
+        for i, name in enumerate(names):
+            data = os.urandom(size)  # incompressible: no fs compression tricks
+            scratch.write_file(name, data, "samples")
+            write_all(shard_fd, data)
+            if writer is not None:
+                writer.write({"data": np.frombuffer(data, np.uint8)})
+            if i % 256 == 0:
+                progress("writing samples", i, plan.samples)
+        if writer is not None:
+            writer.finish()
+    finally:
+        os.close(shard_fd)
+    scratch.write_file("shard.idx", b"".join(SHARD_INDEX.pack(o) for o in offsets))
+    progress("writing samples", plan.samples, plan.samples)
+    scratch.syncfs()
+    return names
 
 
 def _slowed(make: Callable[[int], Any], delay_ms: float) -> Callable[[int], Any]:

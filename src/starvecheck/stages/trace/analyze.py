@@ -126,6 +126,13 @@ class Analysis:
 
 
 def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
+    """Every caveat on a rank's figures: the steps left out or too few, the data wait,
+    and the GPUs, in that order."""
+    return [*_step_caveats(a), *_wait_caveats(a, t), *_gpu_caveats(a, all_busy)]
+
+
+def _step_caveats(a: Analysis) -> list[Caveat]:
+    """The steps left out (a warm-up, the profiler closing), and too few measured."""
     steps, out = a.steps, []
     if a.warmup:
         out.append(
@@ -154,6 +161,13 @@ def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -
                 + "profile 3 or more (torch.profiler.schedule(active=...))"
             )
         )
+    return out
+
+
+def _wait_caveats(a: Analysis, t: Timeline) -> list[Caveat]:
+    """The data wait: no fetch to measure, fetches outside the steps, and what a trace
+    with DataLoader workers cannot show."""
+    out: list[Caveat] = []
     if t.source is None:
         out.append(
             Caveat(
@@ -165,7 +179,7 @@ def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -
         )
     else:
         outside = length(t.wait) - sum(
-            length(clip(t.wait, s.start, s.start + s.dur)) for s in steps
+            length(clip(t.wait, s.start, s.start + s.dur)) for s in a.steps
         )
         if outside > 0.0005 * length(t.wait):  # more than float rounding
             out.append(
@@ -183,6 +197,13 @@ def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -
                 "what the workers did not hide, not what each sample costs them",
             )
         )
+    return out
+
+
+def _gpu_caveats(a: Analysis, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
+    """GPU work after the last step (in no step's figures), and a rank that drives
+    several GPUs."""
+    steps, out = a.steps, []
     if not a.whole_trace and steps:
         end = steps[-1].start + steps[-1].dur
         for dev, busy in all_busy.items():
