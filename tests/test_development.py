@@ -9,6 +9,7 @@ here.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -46,13 +47,19 @@ def named(lines: list[str]) -> set[str]:
     return out
 
 
+def holds_code(path: Path) -> bool:
+    """More than a docstring: a package's __init__.py that defines or hands on names."""
+    body = ast.parse(path.read_text()).body
+    return any(not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)) for n in body)
+
+
 def on_disk() -> set[str]:
     """Every module and folder of the package, as the tree names them: a folder by
-    its own line, its `__init__.py` only at the package root."""
+    its own line, its `__init__.py` only where it holds code."""
     out: set[str] = set()
     for p in SRC.rglob("*.py"):
         rel = p.relative_to(SRC)
-        if rel.name == "__init__.py" and len(rel.parts) > 1:
+        if rel.name == "__init__.py" and len(rel.parts) > 1 and not holds_code(p):
             continue
         out.add(rel.as_posix())
         for parent in rel.parents:
