@@ -337,8 +337,6 @@ LONG = {
     "cli/pad.py::pad": "a Typer command: its signature declares every option",
     "cli/profile.py::profile": "a Typer command: its signature declares every option",
     "cli/starve.py::starve": "a Typer command: its signature declares every option",
-    "render/facts.py::_all_rows": "one row per machine fact, in the table's order",
-    "render/trace.py::split": "the step-breakdown table's rows out of the metrics",
     "stages/samples/existing.py::layouts": "the user's files as layouts, with their caveats",
     "stages/loader/stage.py::_run": "LoaderStage.measure's work",
     "stages/profile/stage.py::run_scenario": "warm-up, eviction, profiled steps, clean-up",
