@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from starvecheck.advice import chain, stragglers
+from starvecheck.advice import capacity, chain, stragglers
 from starvecheck.advice.results import Results
 from starvecheck.cli.ranks import from_environ, slow_ms
 from starvecheck.core.metric import Metric
@@ -51,20 +51,20 @@ def _io(cold: float | None, warm: float, reason: str = "tmpfs") -> StageResult:
 
 
 def test_storage_is_the_layouts_cold_random_read_with_the_most_readers():
-    link = chain.storage(_io(1000.0, 9000.0), "shard", demand=400.0)
+    link = capacity.storage(_io(1000.0, 9000.0), "shard", demand=400.0)
     assert link.capacity == 1000.0 and link.demand == 400.0
     assert "shard.random.cold, 2 reader(s)" in link.basis
-    assert chain.storage(_io(1000.0, 9000.0), "small_files", 400.0).capacity == 7.0
+    assert capacity.storage(_io(1000.0, 9000.0), "small_files", 400.0).capacity == 7.0
 
 
 def test_storage_falls_back_to_warm_and_says_why():
-    link = chain.storage(_io(None, 9000.0, "this path is on tmpfs"), "shard", 400.0)
+    link = capacity.storage(_io(None, 9000.0, "this path is on tmpfs"), "shard", 400.0)
     assert link.capacity == 9000.0
     assert "warm" in link.basis and "this path is on tmpfs" in link.basis
 
 
 def test_storage_without_figures_is_null_with_a_reason():
-    link = chain.storage(StageResult("io", parameters={"threads": [1]}), "shard", 400.0)
+    link = capacity.storage(StageResult("io", parameters={"threads": [1]}), "shard", 400.0)
     assert link.capacity is None and "no shard.random" in (link.reason or "")
 
 
@@ -90,19 +90,19 @@ def _loader(rec: int, **curve: float) -> StageResult:
 
 
 def test_loader_is_the_lower_of_reading_and_cpu_and_names_it():
-    read = chain.read_capacity(_loader(2, w0=900.0, w1=1500.0, w2=2000.0), "shard")
+    read = capacity.read_capacity(_loader(2, w0=900.0, w1=1500.0, w2=2000.0), "shard")
     assert read[0] == 2000.0 and "2 worker(s)" in read[1]
-    link = chain.loader(read, (800.0, "starve"), demand=400.0)
+    link = capacity.loader(read, (800.0, "starve"), demand=400.0)
     assert link.capacity == 800.0 and link.limited_by == "cpu"
     assert link.parts == {"reading": 2000.0, "cpu": 800.0}
-    link = chain.loader(read, (5000.0, "starve"), 400.0)
+    link = capacity.loader(read, (5000.0, "starve"), 400.0)
     assert link.capacity == 2000.0 and link.limited_by == "reading"
 
 
 def test_loader_with_one_part_missing_uses_the_other_and_says_so():
-    link = chain.loader((None, "loader not selected"), (800.0, "starve"), 400.0)
+    link = capacity.loader((None, "loader not selected"), (800.0, "starve"), 400.0)
     assert link.capacity == 800.0 and "reading not measured (loader not selected)" in link.basis
-    both = chain.loader((None, "loader not selected"), (None, "starve not selected"), 400.0)
+    both = capacity.loader((None, "loader not selected"), (None, "starve not selected"), 400.0)
     assert both.capacity is None
     assert both.reason == "loader not selected; starve not selected"
 
@@ -113,8 +113,8 @@ def test_cpu_capacity_comes_from_starves_capacity():
         parameters={"sample_cpu_ms": 2.0, "capacity_workers": 2},
         capacity=Metric.repeated("capacity.w2", [950.0, 1000.0, 990.0], "samples/s"),
     )
-    assert chain.cpu_capacity(starve) == (990.0, "starve, 2.0 ms CPU per sample in 2 worker(s)")
-    assert chain.cpu_capacity(StageResult("starve"))[0] is None
+    assert capacity.cpu_capacity(starve) == (990.0, "starve, 2.0 ms CPU per sample in 2 worker(s)")
+    assert capacity.cpu_capacity(StageResult("starve"))[0] is None
 
 
 def _pad(**eff: float) -> StageResult:
@@ -128,23 +128,23 @@ def _pad(**eff: float) -> StageResult:
 
 
 def test_less_padding_raises_the_gpus_rate_by_the_efficiency_ratio():
-    rate, basis = chain.padding(
+    rate, basis = capacity.padding(
         _pad(dynamic=0.4, length_grouped=0.8, bfd_pack=0.99), "dynamic", 100.0
     )
     assert rate == pytest.approx(100 * 0.99 / 0.4) and "dynamic padding 40.0%" in basis
     # Already the best: exactly the rate trained at.
-    assert chain.padding(_pad(dynamic=0.4), "dynamic", 100.0)[0] == 100.0
-    assert chain.padding(_pad(dynamic=0.4), "bfd_pack", 100.0)[0] is None
-    assert chain.padding(_pad(dynamic=0.4), "dynamic", None)[0] is None
-    gpu = chain.gpu(
-        100.0, "step_ms 160", chain.padding(_pad(dynamic=0.4, bfd_pack=0.99), "dynamic", 100.0)
+    assert capacity.padding(_pad(dynamic=0.4), "dynamic", 100.0)[0] == 100.0
+    assert capacity.padding(_pad(dynamic=0.4), "bfd_pack", 100.0)[0] is None
+    assert capacity.padding(_pad(dynamic=0.4), "dynamic", None)[0] is None
+    gpu = capacity.gpu(
+        100.0, "step_ms 160", capacity.padding(_pad(dynamic=0.4, bfd_pack=0.99), "dynamic", 100.0)
     )
     assert gpu.capacity == 100.0 and gpu.parts["padding_fixed"] == pytest.approx(247.5)
 
 
 def test_best_strategy_ties_go_to_the_simpler():
-    assert chain.best_strategy({"padding_free": 1.0, "bfd_pack": 1.0}) == "padding_free"
-    assert chain.best_strategy({}) is None
+    assert capacity.best_strategy({"padding_free": 1.0, "bfd_pack": 1.0}) == "padding_free"
+    assert capacity.best_strategy({}) is None
 
 
 def _copy(memory: str, size: int, **more: str) -> dict:
@@ -180,19 +180,19 @@ def _pcie() -> StageResult:
 
 def test_pcie_uses_pinned_bandwidth_at_the_size_nearest_a_batch():
     # 2,048 tokens x 8 bytes = 16 KiB a sample; 32 of them 512 KiB, nearest 1 MiB.
-    link = chain.pcie(_pcie(), 16384, 32, demand=80.0)
+    link = capacity.pcie(_pcie(), 16384, 32, demand=80.0)
     assert link.capacity == pytest.approx(10e9 / 16384)
     assert "1MiB" in link.basis
-    assert chain.nearest_size([64 << 10, 1 << 20], 300 << 10) == 1 << 20
-    assert chain.nearest_size([64 << 10, 1 << 20], 256 << 10) == 64 << 10  # a tie: the smaller
-    assert chain.pcie(StageResult("pcie"), 16384, 32, 80.0).capacity is None
+    assert capacity.nearest_size([64 << 10, 1 << 20], 300 << 10) == 1 << 20
+    assert capacity.nearest_size([64 << 10, 1 << 20], 256 << 10) == 64 << 10  # a tie: the smaller
+    assert capacity.pcie(StageResult("pcie"), 16384, 32, 80.0).capacity is None
 
 
 def test_build_chain_with_a_pcie_result_and_skipped_stages():
     w = Workload(step_ms=200.0)  # 16 per 0.2 s: 80 samples/s
     why = {"io": "io not selected (--only/--skip)", "pad": "pad not selected (--only/--skip)"}
     extra = {"gpu_basis": "step_ms 200 (option)", "unavailable": why}
-    links = chain.build(Results({"pcie": _pcie()}, workload=w, extra=extra))
+    links = capacity.build(Results({"pcie": _pcie()}, workload=w, extra=extra))
     assert "padding" not in {x.link for x in links}  # a property of the GPU step
     by = {x.link: x for x in links}
     assert [x.link for x in links] == list(chain.LINKS)
@@ -201,7 +201,7 @@ def test_build_chain_with_a_pcie_result_and_skipped_stages():
     assert by["gpu"].capacity == by["gpu"].demand == 80.0
     assert by["storage"].capacity is None and "io not selected" in (by["storage"].reason or "")
     why["pcie"] = "no CUDA device"
-    skipped = chain.build(Results({}, workload=w, extra={"unavailable": why}))
+    skipped = capacity.build(Results({}, workload=w, extra={"unavailable": why}))
     assert skipped[2].link == "pcie" and skipped[2].reason == "not measured: no CUDA device"
 
 

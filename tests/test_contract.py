@@ -341,16 +341,21 @@ MAX_FUNCTION_LINES = 80
 # The present offenders, each with why it is long today. A new long module or function
 # fails; one split below its limit fails too until its line here is removed.
 LONG = {
-    "advice/chain.py": "every link's capacity and the weakest link, one rule set",
-    "advice/env.py": "one small check per machine fact, about 25 of them",
-    "cli/doctor.py::doctor": "a Typer command: its signature declares every option",
-    "cli/io.py::io": "a Typer command: its signature declares every option",
-    "cli/loader.py::loader": "a Typer command: its signature declares every option",
-    "cli/pad.py::pad": "a Typer command: its signature declares every option",
-    "cli/profile.py::profile": "a Typer command: its signature declares every option",
-    "cli/starve.py::starve": "a Typer command: its signature declares every option",
-    "render/facts.py::_all_rows": "one row per machine fact, in the table's order",
-    "render/trace.py::split": "the step-breakdown table's rows out of the metrics",
+    "cli/doctor.py::doctor": (
+        "a Typer command: its signature declares every option (the body is 21 lines)"
+    ),
+    "cli/io.py::io": (
+        "a Typer command: its signature declares every option (the body is 11 lines)"
+    ),
+    "cli/loader.py::loader": (
+        "a Typer command: its signature declares every option (the body is 27 lines)"
+    ),
+    "cli/pad.py::pad": (
+        "a Typer command: its signature declares every option (the body is 18 lines)"
+    ),
+    "cli/profile.py::profile": (
+        "a Typer command: its signature declares every option (the body is 21 lines)"
+    ),
 }
 
 

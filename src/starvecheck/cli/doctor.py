@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -31,6 +31,13 @@ from starvecheck.cli.common import (
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.stages.base import RunContext, no_progress
+
+if TYPE_CHECKING:
+    from starvecheck.cli.ranks import Rank
+    from starvecheck.core.context import Context
+    from starvecheck.inputs.workload import Workload
+    from starvecheck.probe.machine import Machine
+    from starvecheck.stages.doctor.measure import Outcome
 
 
 @app.command()
@@ -178,15 +185,46 @@ def doctor(
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
     """
     from starvecheck.cli import ranks as doctor_ranks
-    from starvecheck.inputs import files as inputs
-    from starvecheck.inputs.workload import check, read_file, resolve
-    from starvecheck.probe.sysroot import SysRoot
-    from starvecheck.stages import env as env_stage
     from starvecheck.stages.doctor import measure as doctor_stage
 
     c = context_of(ctx)
     plot_path = args.plot_path(plot)
     stages = doctor_stage.select(only, skip)
+    w = _workload(
+        workload_file, batch_size, sample_size, context, cpu_ms, step_ms, layout, current,
+        dataset, fields, tokenizer, factory,
+    )  # fmt: skip
+    out = _outputs(w, workload_file, stages, json_path, markdown_path, fail_on, plot)
+    rank = doctor_ranks.from_environ(c.environ)
+    machine, results, outcome = _measure(c, out, w, stages, path, rank, batch_timeout, quick)
+    report, shown = _judged(c, machine, results, outcome, rank)
+    if not shown:  # not rank 0: nothing on stdout, the same exit status
+        return exit_status(report, out.fail_on)
+    if plot_path:
+        from starvecheck.render.plot import chain_plot
+
+        chain_plot(report, plot_path)
+    return emit(report, out, c)
+
+
+def _workload(
+    workload_file: str | None,
+    batch_size: int | None,
+    sample_size: str | None,
+    context: int | None,
+    cpu_ms: float | None,
+    step_ms: float | None,
+    layout: str | None,
+    current: str | None,
+    dataset: str | None,
+    fields: list[str] | None,
+    tokenizer: str | None,
+    factory: str | None,
+) -> Workload:
+    """The workload: the defaults, then --workload's file, then the options given (the
+    command's values, in its signature's order), each checked (one line, exit 2)."""
+    from starvecheck.inputs.workload import check, read_file, resolve
+
     given: dict[str, Any] = {}
     for key, option, value in (
         ("batch_size", "--batch-size", batch_size),
@@ -207,6 +245,23 @@ def doctor(
     w = resolve(from_file, given)
     if w.field and not w.dataset:
         raise UsageError("--field applies to --dataset")
+    return w
+
+
+def _outputs(
+    w: Workload,
+    workload_file: str | None,
+    stages: tuple[str, ...],
+    json_path: str | None,
+    markdown_path: str | None,
+    fail_on: FailOn,
+    plot: str | None,
+) -> Outputs:
+    """The outputs, checked against each other and against the files the workload
+    reads; the dataset pad will read, refused now if unreadable, not after the other
+    stages."""
+    from starvecheck.inputs import files as inputs
+
     from_option = w.source("dataset") == "option"
     out = Outputs.check(
         json_path,
@@ -219,10 +274,29 @@ def doctor(
             ("--factory", w.factory.path if w.factory else None),
         ],
     )
-    if w.dataset is not None and "pad" in stages:  # refused now, not after the other stages
+    if w.dataset is not None and "pad" in stages:
         where = "--dataset" if from_option else f"--workload {workload_file}: dataset"
         inputs.check(w.dataset, f"{where} {w.dataset}")
-    rank = doctor_ranks.from_environ(c.environ)
+    return out
+
+
+def _measure(
+    c: Context,
+    out: Outputs,
+    w: Workload,
+    stages: tuple[str, ...],
+    path: str | None,
+    rank: Rank | None,
+    batch_timeout: float | None,
+    quick: bool,
+) -> tuple[Machine, list[StageResult], Outcome]:
+    """This machine's facts (env), then every selected stage against the workload:
+    the machine, every result (env's first) and doctor's outcome."""
+    from starvecheck.cli import ranks as doctor_ranks
+    from starvecheck.probe.sysroot import SysRoot
+    from starvecheck.stages import env as env_stage
+    from starvecheck.stages.doctor import measure as doctor_stage
+
     needs_disk = any(s in stages for s in ("io", "loader"))
     target = args.data_path(path, False, "doctor") if needs_disk or path else None
     root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
@@ -241,21 +315,31 @@ def doctor(
         if batch_timeout is not None:
             run_ctx = replace(run_ctx, batch_timeout_s=batch_timeout)
         outcome = doctor_stage.run(w, stages, quick, run_ctx)
-    results = [env_result, *outcome.results]
+    return machine, [env_result, *outcome.results], outcome
+
+
+def _judged(
+    c: Context,
+    machine: Machine,
+    results: list[StageResult],
+    outcome: Outcome,
+    rank: Rank | None,
+) -> tuple[Report, bool]:
+    """The report, judged once, and whether this process shows it. Under torchrun,
+    rank 0 shows every node's, judged again with the stragglers across them; the other
+    ranks show nothing, and exit as their own report says."""
+    from starvecheck.cli import ranks as doctor_ranks
+    from starvecheck.stages.doctor import measure as doctor_stage
 
     def report_of(results: list[StageResult], **more: Any) -> Report:
         return build_report("doctor", machine, results, c, workload=outcome.workload, **more)
 
     report = report_of(results, extra=outcome.extra)
-    if rank is not None:
-        gathered = doctor_ranks.gather(report, rank, c.environ)
-        if gathered is None:  # not rank 0: nothing on stdout, the same exit status
-            return exit_status(report, out.fail_on)
-        nodes, findings, caveats = doctor_ranks.judge(gathered, outcome.workload.demand)
-        results = doctor_stage.with_caveats(results, caveats)
-        report = report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes)
-    if plot_path:
-        from starvecheck.render.plot import chain_plot
-
-        chain_plot(report, plot_path)
-    return emit(report, out, c)
+    if rank is None:
+        return report, True
+    gathered = doctor_ranks.gather(report, rank, c.environ)
+    if gathered is None:
+        return report, False
+    nodes, findings, caveats = doctor_ranks.judge(gathered, outcome.workload.demand)
+    results = doctor_stage.with_caveats(results, caveats)
+    return report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes), True

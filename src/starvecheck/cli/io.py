@@ -121,11 +121,32 @@ def io(
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
+    options = _options(
+        path, samples, sample_size, runs, threads, cold, drop_caches, keep, existing, quick
+    )
+    # io measures this machine, never a fake sysroot: facts and figures must match.
+    machine = collect(SysRoot(Path("/")), path=options.path, environ=c.environ)
+    result = measure_one(options, c, out, machine).result
+    return emit(build_report("io", machine, [result], c), out, c)
+
+
+def _options(
+    path: str | None,
+    samples: int | None,
+    sample_size: str,
+    runs: int | None,
+    threads: str | None,
+    cold: bool,
+    drop_caches: bool,
+    keep: bool,
+    existing: bool,
+    quick: bool,
+) -> IoOptions:
+    """io's typed options from the command's values (in its signature's order), each
+    string parsed and checked (one line, exit 2)."""
     size = args.sample_size(sample_size)
     target = args.data_path(path, existing)
-    # io measures this machine, never a fake sysroot: facts and figures must match.
-    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = IoOptions(
+    return IoOptions(
         path=target,
         existing=existing,
         sample_size=size,
@@ -137,5 +158,3 @@ def io(
         keep=keep,
         quick=quick,
     )
-    result = measure_one(options, c, out, machine).result
-    return emit(build_report("io", machine, [result], c), out, c)

@@ -26,6 +26,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.core.status import UsageError
+from starvecheck.inputs.factory import FactorySpec
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
 
@@ -175,55 +176,22 @@ def loader(
 
     c = context_of(ctx)
     spec = args.factory_spec(factory)
-    out = Outputs.check(
-        json_path,
-        markdown_path,
-        fail_on,
-        plot=plot,
-        inputs=[("--factory", spec.path if spec else None)],
-    )
+    inputs = [("--factory", spec.path if spec else None)]
+    out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
     size = args.sample_size(sample_size)
     sweep = args.worker_counts(workers)
     plot_path = args.plot_path(plot)
     options: LoaderOptions | FactoryOptions
     if spec is not None:
-        args.factory_alone(
-            path=path,
-            sample_size=sample_size != size_text(LoaderOptions.sample_size),
-            samples=samples,
-            runs=runs != LoaderOptions.runs,
-            prefetch_factor=prefetch_factor != LoaderOptions.prefetch_factor,
-            pin_memory=pin_memory,
-            existing=existing,
-        )
-        target = args.data_path(path, True, "loader")
-        options = FactoryOptions(
-            spec=spec,
-            batch_size=batch_size,
-            workers=sweep,
-            quick=quick,
-            factory_timeout_s=factory_timeout,
-            budget_s=budget,
-            step_ms=step_ms,
-        )
+        target, options = _factory_options(
+            spec, path, sweep, batch_size, factory_timeout, step_ms, budget, samples,
+            sample_size, prefetch_factor, pin_memory, runs, existing, quick,
+        )  # fmt: skip
     else:
-        if budget is not None or step_ms is not None:
-            which = "--budget" if budget is not None else "--step-ms"
-            raise UsageError(f"{which} applies with --factory only")
-        target = args.data_path(path, existing, "loader")
-        options = LoaderOptions(
-            path=target,
-            existing=existing,
-            sample_size=size,
-            samples=samples,
-            workers=sweep,
-            runs=runs,
-            batch_size=batch_size,
-            prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory,
-            cold=cold,
-            quick=quick,
-        )
+        target, options = _loader_options(
+            path, sweep, batch_size, step_ms, budget, samples, size, prefetch_factor,
+            pin_memory, runs, cold, existing, quick,
+        )  # fmt: skip
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:
@@ -231,3 +199,82 @@ def loader(
 
         loader_plot(result, plot_path)
     return emit(build_report("loader", machine, [result], c), out, c)
+
+
+def _factory_options(
+    spec: FactorySpec,
+    path: str | None,
+    sweep: tuple[int, ...] | None,
+    batch_size: int | None,
+    factory_timeout: float,
+    step_ms: float | None,
+    budget: float | None,
+    samples: int | None,
+    sample_size: str,
+    prefetch_factor: int,
+    pin_memory: bool | None,
+    runs: int,
+    existing: bool,
+    quick: bool,
+) -> tuple[str, FactoryOptions]:
+    """(the directory checked, the options) of `loader --factory`, from the command's
+    values in its signature's order: the options that shape generated data are
+    refused, the first one given named (one line, exit 2)."""
+    args.factory_alone(
+        path=path,
+        sample_size=sample_size != size_text(LoaderOptions.sample_size),
+        samples=samples,
+        runs=runs != LoaderOptions.runs,
+        prefetch_factor=prefetch_factor != LoaderOptions.prefetch_factor,
+        pin_memory=pin_memory,
+        existing=existing,
+    )
+    target = args.data_path(path, True, "loader")
+    options = FactoryOptions(
+        spec=spec,
+        batch_size=batch_size,
+        workers=sweep,
+        quick=quick,
+        factory_timeout_s=factory_timeout,
+        budget_s=budget,
+        step_ms=step_ms,
+    )
+    return target, options
+
+
+def _loader_options(
+    path: str | None,
+    sweep: tuple[int, ...] | None,
+    batch_size: int | None,
+    step_ms: float | None,
+    budget: float | None,
+    samples: int | None,
+    size: int,
+    prefetch_factor: int,
+    pin_memory: bool | None,
+    runs: int,
+    cold: bool,
+    existing: bool,
+    quick: bool,
+) -> tuple[str, LoaderOptions]:
+    """(the directory checked, the options) of `loader` on generated data (or, with
+    --existing, the files under PATH), from the command's values in its signature's
+    order: --budget and --step-ms, which apply with --factory only, refused."""
+    if budget is not None or step_ms is not None:
+        which = "--budget" if budget is not None else "--step-ms"
+        raise UsageError(f"{which} applies with --factory only")
+    target = args.data_path(path, existing, "loader")
+    options = LoaderOptions(
+        path=target,
+        existing=existing,
+        sample_size=size,
+        samples=samples,
+        workers=sweep,
+        runs=runs,
+        batch_size=batch_size,
+        prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory,
+        cold=cold,
+        quick=quick,
+    )
+    return target, options

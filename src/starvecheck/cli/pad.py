@@ -24,6 +24,7 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
+from starvecheck.core.context import Context
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import PadOptions
@@ -140,14 +141,40 @@ def pad(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
-    out = Outputs.check(
-        json_path,
-        markdown_path,
-        fail_on,
-        plot=plot,
-        inputs=[("--dataset", dataset), ("--lengths", lengths)],
-    )
-    options = PadOptions(
+    inputs = [("--dataset", dataset), ("--lengths", lengths)]
+    out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
+    options = _options(
+        c, dataset, fields, data_format, tokenizer, lengths, context, batch_size, limit,
+        current, seed, quick,
+    )  # fmt: skip
+    plot_path = args.plot_path(plot)
+    # The layouts behind the figures too: --plot draws a batch of each.
+    measured = measure_one(options, c, out, None)
+    if plot_path and measured.pad_run is not None:
+        from starvecheck.render.plot import pad_plot
+
+        pad_plot(measured.pad_run, plot_path)
+    machine = collect(SysRoot(Path("/")), environ=c.environ)
+    return emit(build_report("pad", machine, [measured.result], c), out, c)
+
+
+def _options(
+    c: Context,
+    dataset: str | None,
+    fields: list[str] | None,
+    data_format: DataFormat,
+    tokenizer: str | None,
+    lengths: str | None,
+    context: int,
+    batch_size: int,
+    limit: int | None,
+    current: Strategy,
+    seed: int,
+    quick: bool,
+) -> PadOptions:
+    """pad's typed options from the command's values (in its signature's order),
+    --field parsed and checked (one line, exit 2); --lengths - reads `c`'s stdin."""
+    return PadOptions(
         context=context,
         batch_size=batch_size,
         current=current.value,
@@ -161,12 +188,3 @@ def pad(
         stdin=c.stdin,
         quick=quick,
     )
-    plot_path = args.plot_path(plot)
-    # The layouts behind the figures too: --plot draws a batch of each.
-    measured = measure_one(options, c, out, None)
-    if plot_path and measured.pad_run is not None:
-        from starvecheck.render.plot import pad_plot
-
-        pad_plot(measured.pad_run, plot_path)
-    machine = collect(SysRoot(Path("/")), environ=c.environ)
-    return emit(build_report("pad", machine, [measured.result], c), out, c)

@@ -132,42 +132,84 @@ def profile(
         json_path, markdown_path, fail_on, inputs=[("--trace", t) for t in trace or ()]
     )
     if trace is not None:
-        loop_options = {
-            "PATH": path is not None,
-            "--workers": workers is not None,
-            "--steps": steps is not None,
-            "--model-size": model_size is not ModelSize.auto,
-            "--device": device is not Device.auto,
-            "--cold": cold,
-            "--trace-dir": trace_dir is not None,
-            "--tokenizer": tokenizer is not None,
-            "--batch-timeout": batch_timeout is not None,
-        }
-        given = [name for name, set_ in loop_options.items() if set_]
-        if given:
-            raise UsageError(
-                f"--trace reads traces and runs no loop: drop {', '.join(given)}"
-                + (" (several traces: repeat --trace, or name their directory)" if path else "")
-            )
-        limit = (
-            TraceOptions.max_bytes
-            if max_trace_bytes is None
-            else args.byte_limit("--max-trace-bytes", max_trace_bytes)
+        _no_loop(
+            path, workers, steps, model_size, device, cold, trace_dir, tokenizer, batch_timeout
         )
-        result = measure_one(TraceOptions(tuple(trace), limit), c, out, None).result
+        result = measure_one(_trace_options(trace, max_trace_bytes), c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
-
     if max_trace_bytes is not None:
         raise UsageError("--max-trace-bytes applies with --trace")
     from starvecheck.probe.machine import collect
 
+    options = _loop_options(
+        path, workers, steps, model_size, device, cold, trace_dir, tokenizer, quick
+    )
+    machine = collect(SysRoot(Path("/")), path=options.path, environ=c.environ)
+    result = measure_one(options, c, out, machine, batch_timeout).result
+    return emit(build_report("profile", machine, [result], c), out, c)
+
+
+def _no_loop(
+    path: str | None,
+    workers: str | None,
+    steps: int | None,
+    model_size: ModelSize,
+    device: Device,
+    cold: bool,
+    trace_dir: str | None,
+    tokenizer: str | None,
+    batch_timeout: float | None,
+) -> None:
+    """With --trace no loop runs: every option of the loop given (the command's values,
+    in its signature's order) is refused, all named in one line (exit 2)."""
+    loop_options = {
+        "PATH": path is not None,
+        "--workers": workers is not None,
+        "--steps": steps is not None,
+        "--model-size": model_size is not ModelSize.auto,
+        "--device": device is not Device.auto,
+        "--cold": cold,
+        "--trace-dir": trace_dir is not None,
+        "--tokenizer": tokenizer is not None,
+        "--batch-timeout": batch_timeout is not None,
+    }
+    given = [name for name, set_ in loop_options.items() if set_]
+    if given:
+        raise UsageError(
+            f"--trace reads traces and runs no loop: drop {', '.join(given)}"
+            + (" (several traces: repeat --trace, or name their directory)" if path else "")
+        )
+
+
+def _trace_options(trace: list[str], max_trace_bytes: str | None) -> TraceOptions:
+    """`profile --trace`'s options: the traces, and --max-trace-bytes parsed (exit 2)."""
+    limit = (
+        TraceOptions.max_bytes
+        if max_trace_bytes is None
+        else args.byte_limit("--max-trace-bytes", max_trace_bytes)
+    )
+    return TraceOptions(tuple(trace), limit)
+
+
+def _loop_options(
+    path: str | None,
+    workers: str | None,
+    steps: int | None,
+    model_size: ModelSize,
+    device: Device,
+    cold: bool,
+    trace_dir: str | None,
+    tokenizer: str | None,
+    quick: bool,
+) -> ProfileOptions:
+    """The profiled loop's options from the command's values (in its signature's
+    order), each string parsed and checked (one line, exit 2)."""
     target = args.data_path(path, False, "profile")
     # Checked in this order: made, parsed, or refused in one line.
     made = args.output_dir("--trace-dir", trace_dir) if trace_dir is not None else None
     sweep = args.worker_counts(workers, 64)
-    machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
-    options = ProfileOptions(
+    return ProfileOptions(
         path=target,
         workers=sweep,
         steps=steps,
@@ -178,5 +220,3 @@ def profile(
         tokenizer=tokenizer,
         quick=quick,
     )
-    result = measure_one(options, c, out, machine, batch_timeout).result
-    return emit(build_report("profile", machine, [result], c), out, c)

@@ -101,20 +101,34 @@ def starve(
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot)
     plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)
-    sweep = args.worker_counts(workers)
-    options = StarveOptions(
-        sample_ms=sample_ms,
-        batch_size=batch_size,
-        step_ms=step_ms,
-        workers=sweep,
-        steps=steps,
-        sleep=sleep,
-        tokenizer=tokenizer,
-        quick=quick,
-    )
+    options = _options(sample_ms, batch_size, step_ms, workers, steps, sleep, tokenizer, quick)
     result = measure_one(options, c, out, machine, batch_timeout).result
     if plot_path:
         from starvecheck.render.plot import sweep_plot
 
         sweep_plot(result, plot_path)
     return emit(build_report("starve", machine, [result], c), out, c)
+
+
+def _options(
+    sample_ms: float | None,
+    batch_size: int,
+    step_ms: float | None,
+    workers: str | None,
+    steps: int | None,
+    sleep: bool,
+    tokenizer: str | None,
+    quick: bool,
+) -> StarveOptions:
+    """starve's typed options from the command's values (in its signature's order),
+    --workers parsed and checked (one line, exit 2)."""
+    return StarveOptions(
+        sample_ms=sample_ms,
+        batch_size=batch_size,
+        step_ms=step_ms,
+        workers=args.worker_counts(workers),
+        steps=steps,
+        sleep=sleep,
+        tokenizer=tokenizer,
+        quick=quick,
+    )

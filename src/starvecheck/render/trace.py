@@ -61,14 +61,34 @@ def split(
     if step is None or "data_wait_share" not in by_quantity:
         return [], list(metrics), []
     used = {id(x) for x in (step, by_quantity.get("steps")) if x is not None}
-    steps = by_quantity.get("steps")
+    rows = [_step_row(step, by_quantity.get("steps"))]
+    notes = _whose(stage)
+    rows += _share_rows(by_quantity, used, notes)
+    total = sum(step.values) if step.values else 0.0
+    rows += _loop_rows(by_quantity, step, total, used)
+    rows += _phase_rows(metrics, step, total, used)
+    notes += _hta_note(by_quantity, used)
+    rows += _first_rows(by_quantity, used)
+    return rows, [m for m in metrics if id(m) not in used], notes
+
+
+# The helpers below each add to `used` the ids of the metrics their rows (or notes)
+# show, so that `split` hands on the others.
+
+
+def _step_row(step: Metric, steps: Metric | None) -> tuple[str, ...]:
+    """The step itself, the whole: how many steps its mean is over."""
     label = "step"
     if steps is not None and steps.value is not None and step.n and steps.value != step.n:
         label = f"step ({step.n} of {int(steps.value)} measured)"
     elif step.n:
         label = f"step ({step.n} measured)"
-    rows: list[tuple[str, ...]] = [(label, _ms(step), "100.0%")]
-    notes: list[str] = []
+    return (label, _ms(step), "100.0%")
+
+
+def _whose(stage: StageResult) -> list[str]:
+    """Notes on whose figures these are: the headline rank's, one GPU's of several."""
+    notes = []
     headline = stage.parameters.headline_rank
     if headline:
         notes.append(
@@ -78,6 +98,15 @@ def split(
     device = stage.parameters.gpu_device
     if stage.parameters.gpu_devices > 1 and device is not None:
         notes.append(f"GPU figures are GPU {device}'s, the idlest of the rank's GPUs")
+    return notes
+
+
+def _share_rows(
+    by_quantity: dict[str, Metric], used: set[int], notes: list[str]
+) -> list[tuple[str, ...]]:
+    """A row per share of the step (_SHARES), with its ms where timed; a share not
+    measured says why in `notes`, once."""
+    rows: list[tuple[str, ...]] = []
     for name, text, nested in _SHARES:
         m = by_quantity.get(name)
         if m is None:
@@ -96,18 +125,33 @@ def split(
                 notes.append(note)
             continue
         rows.append((label, _ms(ms), f"{m.value:.1%}"))
-        cpu = by_quantity.get("data_wait_cpu_ms") if name == "data_wait_share" else None
-        if cpu is not None and cpu.value is not None:
-            # watch: the loop's own thread's CPU time while it waited (num_workers=0:
-            # the process making the batch): CPU work, against I/O or sleep.
-            used.add(id(cpu))
-            rows.append(("  ↳ CPU time of the loop's thread", _ms(cpu), ""))
-            runq = by_quantity.get("data_wait_runqueue_ms")
-            if runq is not None and runq.value is not None:
-                used.add(id(runq))  # it was ready to run, and waited for a CPU
-                rows.append(("  ↳ waiting for a CPU", _ms(runq), ""))
-    total = sum(step.values) if step.values else 0.0
-    compute = by_quantity.get("compute_ms")  # watch: the loop's own step, after its batch came
+        if name == "data_wait_share":
+            rows += _wait_cpu_rows(by_quantity, used)
+    return rows
+
+
+def _wait_cpu_rows(by_quantity: dict[str, Metric], used: set[int]) -> list[tuple[str, ...]]:
+    """watch: the loop's own thread's CPU time while it waited (num_workers=0: the
+    process making the batch): CPU work, against I/O or sleep."""
+    cpu = by_quantity.get("data_wait_cpu_ms")
+    if cpu is None or cpu.value is None:
+        return []
+    used.add(id(cpu))
+    rows: list[tuple[str, ...]] = [("  ↳ CPU time of the loop's thread", _ms(cpu), "")]
+    runq = by_quantity.get("data_wait_runqueue_ms")
+    if runq is not None and runq.value is not None:
+        used.add(id(runq))  # it was ready to run, and waited for a CPU
+        rows.append(("  ↳ waiting for a CPU", _ms(runq), ""))
+    return rows
+
+
+def _loop_rows(
+    by_quantity: dict[str, Metric], step: Metric, total: float, used: set[int]
+) -> list[tuple[str, ...]]:
+    """watch: the loop's own step after its batch came (compute), and with
+    barrier=True its wait for the other ranks; each a share of the steps' `total`."""
+    rows: list[tuple[str, ...]] = []
+    compute = by_quantity.get("compute_ms")
     if compute is not None and compute.value is not None:
         used.add(id(compute))
         share = sum(compute.values) / total if total and compute.n == step.n else None
@@ -118,11 +162,19 @@ def split(
         if compute_cpu is not None and compute_cpu.value is not None:
             used.add(id(compute_cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(compute_cpu), ""))
-    barrier = by_quantity.get("rank_wait_ms")  # watch(barrier=True): waiting for the others
+    barrier = by_quantity.get("rank_wait_ms")
     if barrier is not None and barrier.value is not None:
         used.add(id(barrier))
         share = sum(barrier.values) / total if total and barrier.n == step.n else None
         rows.append(("waiting for the other ranks", _ms(barrier), _share(share)))
+    return rows
+
+
+def _phase_rows(
+    metrics: Sequence[Metric], step: Metric, total: float, used: set[int]
+) -> list[tuple[str, ...]]:
+    """A row per phase timed (`phase_ms` labelled with its `phase`)."""
+    rows: list[tuple[str, ...]] = []
     for m in metrics:
         if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != "phase_ms":
             continue
@@ -131,20 +183,31 @@ def split(
         used.add(id(m))
         share = sum(m.values) / total if total and m.n == step.n else None
         rows.append((f"phase {m.labels['phase']}", _ms(m), _share(share)))
+    return rows
+
+
+def _hta_note(by_quantity: dict[str, Metric], used: set[int]) -> list[str]:
+    """HolisticTraceAnalysis's idle split, as a note, where all three parts are known."""
     hta = [by_quantity.get(f"hta_idle_{p}_ratio") for p in ("host_wait", "kernel_wait", "other")]
     used.update(id(x) for x in hta if x is not None)  # missing: the GPU row says why
-    if all(x is not None and x.value is not None for x in hta):
-        host, kernel, other = (x.value for x in hta)  # type: ignore[union-attr]
-        notes.append(
-            f"HolisticTraceAnalysis's idle split (per stream, whole trace): host wait {host:.0%}, "
-            f"kernel wait {kernel:.0%}, other {other:.0%} of the streams' idle time"
-        )
+    if not all(x is not None and x.value is not None for x in hta):
+        return []
+    host, kernel, other = (x.value for x in hta)  # type: ignore[union-attr]
+    return [
+        f"HolisticTraceAnalysis's idle split (per stream, whole trace): host wait {host:.0%}, "
+        f"kernel wait {kernel:.0%}, other {other:.0%} of the streams' idle time"
+    ]
+
+
+def _first_rows(by_quantity: dict[str, Metric], used: set[int]) -> list[tuple[str, ...]]:
+    """The first step, left out of the figures above, and its data wait."""
+    rows: list[tuple[str, ...]] = []
     for name, text in _FIRST:
         first = by_quantity.get(name)
         if first is not None and first.value is not None:
             used.add(id(first))
             rows.append((text, _ms(first), ""))
-    return rows, [m for m in metrics if id(m) not in used], notes
+    return rows
 
 
 RANK_HEADERS = (

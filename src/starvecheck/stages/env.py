@@ -1,5 +1,5 @@
 """`env`: read-only facts about this machine. The facts travel in the report's
-`machine`; advice/env.py judges them for a training job."""
+`machine`; advice/env.py (with advice/devices.py) judges them for a training job."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Each selected stage (stages/registry.py) makes its plan from the workload first,
 an unreadable dataset, a missing tokenizer or too little free space is one line
 before anything is measured; then the stages measure in DOCTOR_ORDER. doctor returns
 their results untouched, with its own (the GPU step's caveat, testing hooks): the
-chain, the weakest link and the checklist are judgement (advice/chain.py), made once
-over all of them.
+chain (advice/capacity.py), the weakest link and the checklist (advice/chain.py) are
+judgement, made once over all of them.
 
 --quick sizes fit the whole run in under a minute on two CPU cores: each stage's own
 --quick sizes, and fewer points where a stage sweeps (loader: the workload's layout

@@ -1,0 +1,231 @@
+"""The chain's links: each one's capacity in samples/s for one workload.
+
+Pure functions of stage results (metrics selected by their labels) and the workload;
+`build` makes the chain for a doctor run, which advice/chain.py judges (the weakest
+link, the gains capped per workload). The GPU consumes demand = batch_size / step
+time samples per second; every link is stated in the same unit so they compare
+directly:
+
+  storage  io's cold samples/s for the workload's layout read as a shuffling loader
+           reads it (shard.random or small_files.random), with the most readers
+           measured; warm, said so, where io withheld the cold figure
+  loader   the lower of: the DataLoader reading the layout at loader's recommended
+           num_workers, and the CPU preprocessing rate starve measured (`capacity`
+           of the starve result: cpu_ms_per_sample of real work per sample, in
+           min(recommended, effective CPUs) workers, the consumer taking no time)
+  pcie     pinned host-to-device GB/s at the transfer size nearest one batch (doctor
+           measures one batch's own size), over the bytes one sample takes on the
+           wire (context token ids)
+  gpu      demand itself, batch_size / step time as trained now. Padding is part of
+           the step, not a link: pad's real-token share of the strategy trained with
+           and of the best one give the rate the same step would reach with less
+           padding, demand x e_best / e_current (the gpu link's `parts`:
+           `as_trained`, `padding_fixed`; step time taken as proportional to
+           positions)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from starvecheck.core.figures import loader_curve
+from starvecheck.core.model import Link, StageResult
+from starvecheck.core.strategies import LABELS, STRATEGIES
+from starvecheck.core.units import size_name
+
+if TYPE_CHECKING:
+    from starvecheck.advice.results import Results
+
+WIRE_GB = 1e9  # pcie reports decimal GB/s, as bandwidths are quoted
+
+
+def missing(link: str, demand: float | None, reason: str) -> Link:
+    return Link(link, None, demand, reason=reason)
+
+
+def storage(io: StageResult, layout: str, demand: float | None) -> Link:
+    """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
+    threads = max(io.parameters.threads)
+    withheld = None
+    for temp in ("cold", "warm"):
+        metric = io.one(
+            quantity="samples_per_s", layout=layout, pattern="random", cache=temp, threads=threads
+        )
+        if metric is None:
+            continue
+        if metric.value is None:
+            withheld = metric.reason
+            continue
+        basis = (
+            f"io {layout}.random.{temp}, {threads} reader(s): random order, as a "
+            "shuffling loader reads"
+        )
+        if temp == "warm":
+            basis += (
+                "; warm, from the page cache: the cold figure was withheld"
+                + (f" ({withheld})" if withheld else "")
+                + ", so this is what a second epoch gets, not the storage itself"
+            )
+        return Link("storage", metric.value, demand, basis)
+    return missing("storage", demand, withheld or f"io measured no {layout}.random reads")
+
+
+def own_capacity(factory: StageResult) -> tuple[float | None, str]:
+    """The user's own pipeline (`--factory`): its samples/s at the configuration
+    recommended for it."""
+    from starvecheck.advice import factory as own
+
+    if factory.capacity is None or factory.capacity.value is None:
+        return None, "your pipeline: no configuration measured to recommend"
+    return factory.capacity.value, own.basis(factory)
+
+
+def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
+    """The DataLoader's samples/s over the layout at its recommended num_workers."""
+    k = loader.value(quantity="recommended_num_workers", layout=layout)
+    found = loader_curve(loader, layout)
+    if k is None or found is None:
+        return None, f"loader recommended no num_workers for {layout}"
+    temp, curve = found
+    value = curve.get(int(k))
+    if value is None:
+        return None, f"loader has no {layout} figure at {int(k)} workers"
+    return value, f"loader {layout} {temp}, {int(k)} worker(s)"
+
+
+def loader(
+    read: tuple[float | None, str], cpu: tuple[float | None, str], demand: float | None
+) -> Link:
+    """The lower of reading through the DataLoader and CPU preprocessing, each
+    (capacity, what it came from or why it is missing)."""
+    parts = {"reading": read[0], "cpu": cpu[0]}
+    known = {k: v for k, v in parts.items() if v is not None}
+    if not known:
+        return Link("loader", None, demand, reason=f"{read[1]}; {cpu[1]}", parts=parts)
+    limited_by = min(known, key=lambda k: (known[k], k != "cpu"))
+    basis = "; ".join(
+        f"{name} {value:,.0f}/s ({why})" if value is not None else f"{name} not measured ({why})"
+        for name, value, why in (("reading", read[0], read[1]), ("cpu", cpu[0], cpu[1]))
+    )
+    return Link("loader", known[limited_by], demand, basis, parts=parts, limited_by=limited_by)
+
+
+def cpu_capacity(starve: StageResult) -> tuple[float | None, str]:
+    if starve.capacity is None or starve.capacity.value is None:
+        reason = starve.capacity.reason if starve.capacity else None
+        return None, reason or "starve measured no preprocessing capacity"
+    d = starve.parameters.sample_cpu_ms
+    workers = starve.parameters.capacity_workers
+    return starve.capacity.value, f"starve, {d} ms CPU per sample in {workers} worker(s)"
+
+
+def best_strategy(efficiency: Mapping[str, float]) -> str | None:
+    """The strategy with the most real tokens per position; ties go to the simpler one
+    (listed first), as pad's advice picks it."""
+    names = [s for s in STRATEGIES if s in efficiency]
+    return max(names, key=lambda s: (round(efficiency[s], 4), -STRATEGIES.index(s)), default=None)
+
+
+def padding(pad: StageResult, current: str, demand: float | None) -> tuple[float | None, str]:
+    """(the GPU's samples/s with the least-padding strategy, what it rests on); the
+    rate is None, with the reason, where pad measured no figure to scale by."""
+    eff = {
+        s: v for s in STRATEGIES if (v := pad.value(quantity="efficiency", strategy=s)) is not None
+    }
+    best = best_strategy(eff)
+    if demand is None:
+        return None, "no GPU step time, so no rate to scale"
+    if best is None or not eff.get(current):
+        return None, f"pad measured no efficiency for {current}"
+    e_cur, e_best = eff[current], eff[best]
+    basis = (
+        f"padding: {LABELS[current]} {e_cur:.1%} real tokens per position, "
+        f"{LABELS[best]} {e_best:.1%}"
+    )
+    return demand * e_best / e_cur, basis
+
+
+def nearest_size(sizes: Sequence[int], nbytes: float) -> int | None:
+    """The size (bytes) nearest `nbytes` on a log scale; the smaller on a tie."""
+    valid = [b for b in sizes if b > 0]
+    if not valid or nbytes <= 0:
+        return None
+    return min(valid, key=lambda b: (abs(math.log(b / nbytes)), b))
+
+
+def pcie(result: StageResult, wire_bytes_per_sample: int, batch: int, demand: float | None) -> Link:
+    rates = {
+        int(m.labels["size"]): m.value
+        for m in result.select(
+            quantity="gbps", direction="h2d", memory="pinned", clock="wall", source="torch"
+        )
+        if m.value is not None and "variant" not in m.labels
+    }
+    size = nearest_size(list(rates), wire_bytes_per_sample * batch)
+    if size is None:
+        return missing("pcie", demand, "pcie measured no pinned host-to-device bandwidth")
+    gbps = rates[size]
+    basis = (
+        f"pcie h2d pinned {gbps:,.1f} GB/s at {size_name(size)} (one batch is "
+        f"{wire_bytes_per_sample * batch:,} bytes), {wire_bytes_per_sample:,} bytes per sample"
+    )
+    return Link("pcie", gbps * WIRE_GB / wire_bytes_per_sample, demand, basis)
+
+
+def gpu(
+    demand: float | None, basis: str, padding_fix: tuple[float | None, str] | None = None
+) -> Link:
+    """The GPU's rate as trained now; with pad's figures, the rate the same step would
+    reach with less padding (`parts`)."""
+    if demand is None:
+        return missing("gpu", None, "no GPU step time")
+    parts: dict[str, float | None] = {}
+    if padding_fix is not None:
+        rate, why = padding_fix
+        if rate is not None:
+            parts = {"as_trained": demand, "padding_fixed": rate}
+            basis += f"; {why}: {rate:,.0f} samples/s with it"
+        else:
+            basis += f"; padding not judged: {why}"
+    return Link("gpu", demand, demand, basis, parts=parts)
+
+
+def build(results: Results) -> tuple[Link, ...]:
+    """The chain for a doctor run: each link from its stage's result, or missing with
+    the reason (not selected, no CUDA device, failed part-way)."""
+    w = results.workload
+    assert w is not None
+    demand = w.demand
+    why = results.extra.get("unavailable", {})
+    io, loader_r, factory, starve, pad, pcie_r = (
+        results.get(s) for s in ("io", "loader", "factory", "starve", "pad", "pcie")
+    )
+    storage_link = (
+        storage(io, w.layout, demand)
+        if io is not None
+        else missing("storage", demand, f"not measured: {why.get('io', 'io not run')}")
+    )
+    read = (
+        own_capacity(factory)
+        if factory is not None
+        else read_capacity(loader_r, w.layout)
+        if loader_r is not None
+        else (None, "loader not selected")
+    )
+    cpu = cpu_capacity(starve) if starve is not None else (None, "starve not selected")
+    if factory is not None:
+        cpu = (None, "in your pipeline's own figure")
+    padding_fix = (
+        padding(pad, w.current, demand)
+        if pad is not None
+        else (None, f"not measured: {why.get('pad', 'pad not run')}")
+    )
+    pcie_link = (
+        pcie(pcie_r, w.wire_bytes_per_sample, w.batch_size, demand)
+        if pcie_r is not None
+        else missing("pcie", demand, f"not measured: {why.get('pcie', 'no CUDA device')}")
+    )
+    gpu_link = gpu(demand, results.extra.get("gpu_basis", ""), padding_fix)
+    return (storage_link, loader(read, cpu, demand), pcie_link, gpu_link)
