@@ -22,7 +22,8 @@ from starvecheck.advice import factory as ownloader
 from starvecheck.advice.results import Results
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.stages.loader.factory.configuration import Config, Memory, Run
+from starvecheck.stages.loader.factory.configuration import Memory, Run
+from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.stage import metrics_of
 
 MIB = 1 << 20
@@ -37,7 +38,12 @@ def run(
     growth: float = 0.0,
     batch_bytes: int = 1 * MIB,
     epoch_start: float | None = None,
+    runq_ms: float = 0.0,
+    blocked_ms: float | None = None,
 ) -> Run:
+    """One configuration, read in 5 rounds at `rate` each. The workers' time per sample:
+    `worker_cpu_ms` on a CPU, `runq_ms` waiting for one, `blocked_ms` neither (None:
+    nothing alive but the CPU and the run queue)."""
     r = Run(config)
     r.samples_per_s = [rate] * 5
     r.batches_per_s = [rate / 32] * 5
@@ -48,6 +54,10 @@ def run(
     r.waits_ms = [1.0] * 10
     r.main_cpu_s = main_cpu_ms * r.samples / 1e3
     r.worker_cpu_s = worker_cpu_ms * r.samples / 1e3 if config.workers else 0.0
+    if config.workers:
+        r.worker_runq_s = runq_ms * r.samples / 1e3
+        alive = worker_cpu_ms + runq_ms + (blocked_ms or 0.0)
+        r.worker_alive_s = alive * r.samples / 1e3
     r.main_memory = (Memory(100 * MIB, 120 * MIB), Memory(100 * MIB, 120 * MIB))
     if config.workers:
         start = Memory(worker_uss - growth, worker_uss)
@@ -97,12 +107,26 @@ def test_cpu_work_is_kept_within_the_cpus_and_the_gain_is_measured_against_curre
     )
 
 
-def test_workers_waiting_on_io_may_go_past_the_cpus() -> None:
-    # The same curve, but the workers use little CPU: they wait on storage.
-    runs = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=0.05)
+def test_workers_measured_blocked_may_go_past_the_cpus() -> None:
+    # The same curve, but the workers are blocked most of their time: they wait on storage.
+    runs = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=0.05, blocked_ms=2.0)
     f = judge(stage(runs, Config(0)))["loader.own-config"]
     assert f.fix["num_workers"] == 4
-    assert "wait on I/O" in f.recommendation
+    assert "measured blocked (I/O, sleep)" in f.recommendation
+
+
+def test_workers_waiting_for_a_cpu_are_never_read_as_waiting_on_io() -> None:
+    # Little CPU per sample, but the rest of their time runnable, waiting for a CPU
+    # another process held: CPU work they could not get, so no count past the CPUs.
+    runs = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=0.3, runq_ms=2.0)
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix["num_workers"] == 2
+    assert "at or below 2 effective CPUs" in f.recommendation
+    # Nothing measured of their time but the CPU: taken as CPU work, the safe side.
+    unknown = sweep({0: 400, 1: 700, 2: 1000, 4: 1100}, worker_cpu_ms=0.05)
+    for _, r in unknown:
+        r.worker_runq_s = r.worker_alive_s = None
+    assert judge(stage(unknown, Config(0)))["loader.own-config"].fix["num_workers"] == 2
 
 
 def test_current_settings_that_are_best_are_ok() -> None:
@@ -113,7 +137,9 @@ def test_current_settings_that_are_best_are_ok() -> None:
 
 def test_memory_lowers_the_count() -> None:
     # 4 workers of 1 GiB each do not fit in 80% of 3 GiB.
-    runs = sweep({0: 100, 1: 200, 2: 300, 4: 400}, worker_cpu_ms=0.05, worker_uss=1024 * MIB)
+    runs = sweep(
+        {0: 100, 1: 200, 2: 300, 4: 400}, worker_cpu_ms=0.05, worker_uss=1024 * MIB, blocked_ms=2
+    )
     f = judge(stage(runs, Config(0), limit=3 * 1024 * MIB))["loader.own-config"]
     assert f.fix["num_workers"] == 2
     assert "lowered to 2" in f.recommendation and "memory limit" in f.recommendation
@@ -121,17 +147,26 @@ def test_memory_lowers_the_count() -> None:
 
 def test_a_setting_at_the_chosen_count_joins_the_line_where_measured_faster() -> None:
     runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    # The count read again beside its variants, in their own rounds: they pair with it.
+    runs.append(("base", run(Config(2), 1000, 1.8, epoch_start=0.2)))
     runs.append(("prefetch", run(Config(2, 4), 1200, 1.8)))
     runs.append(("persistent", run(Config(2, None, True), 1010, 1.8, epoch_start=0.02)))
     f = judge(stage(runs, Config(0)))["loader.own-config"]
-    assert f.fix == {
-        "num_workers": 2,
-        "prefetch_factor": 4,
-        "persistent_workers": False,
-        "pin_memory": False,
-    }
-    assert "prefetch_factor=4" in f.recommendation
+    assert f.fix == {"num_workers": 2, "prefetch_factor": 4}  # exactly the line printed
+    assert "`DataLoader(dataset, batch_size=32, num_workers=2, prefetch_factor=4, ...)`" in (
+        f.recommendation
+    )
+    # 1200 over 1000 beside the count, times the count's 1000 over the current 400.
     assert f.gain.value == pytest.approx(3.0)
+
+
+def test_a_variant_slower_than_its_count_never_joins_the_line() -> None:
+    runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    runs.append(("base", run(Config(2), 1000, 1.8, epoch_start=0.5)))
+    # Each later epoch starts sooner, but it reads 0.81x the count's samples/s.
+    runs.append(("persistent", run(Config(2, None, True), 810, 1.8, epoch_start=0.02)))
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix == {"num_workers": 2} and "persistent" not in f.recommendation
 
 
 def test_copy_on_read_from_growth_per_worker() -> None:
@@ -236,3 +271,54 @@ def test_against_the_gpus_demand() -> None:
     assert f.severity.value == "critical" and "wait 50%" in f.title
     assert f.gain.value == pytest.approx(0.5)
     assert "loader.own-demand" not in judge(result)  # no step given: nothing to judge
+
+
+def test_other_work_that_moved_the_figures_is_said_in_one_line() -> None:
+    runs = sweep({0: 400, 2: 1000}, worker_cpu_ms=1.8)
+    for _, r in runs:
+        r.others_each = [0.9, 1.0, 0.2, 0.8, 0.9]
+        r.samples_per_s = [r.samples_per_s[0] * k for k in (1.0, 0.4, 1.0, 0.5, 1.0)]
+    judged = ownloader.complete(stage(runs, Config(0)))
+    (moved,) = [c for c in judged.caveats if c.id == "machine.busy"]
+    assert "other processes kept 0.9 of the 2 CPUs busy" in moved
+    assert "moved up to 2.50x between rounds" in moved
+    # Side by side, round by round, the ratio held: the change is still recommended.
+    f = judge(judged)["loader.own-config"]
+    assert f.fix == {"num_workers": 2} and f.gain.value == pytest.approx(2.5)
+
+
+def test_a_quiet_machine_says_nothing_of_itself() -> None:
+    runs = sweep({0: 400, 2: 1000}, worker_cpu_ms=1.8)
+    for _, r in runs:
+        r.others_each = [0.02] * 5
+    assert not ownloader.complete(stage(runs, Config(0))).has_caveat("machine.busy")
+
+
+def test_a_gain_inside_the_noise_is_no_change_and_says_why() -> None:
+    runs = sweep({0: 1000, 1: 600, 2: 1030}, worker_cpu_ms=1.8)
+    zero, two = runs[0][1], runs[2][1]
+    # 1.30x, 1.00x, 1.15x round by round: a median past 5%, an interval down to 0.92x.
+    zero.samples_per_s = [1000.0, 1000.0, 1000.0]
+    two.samples_per_s = [1300.0, 1000.0, 1150.0]
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.severity.value == "ok" and f.fix == {"num_workers": 0}
+    assert f.title.startswith("No change clears the noise")
+    assert "interval is above 1.05x" in f.recommendation
+
+
+def test_growth_the_pipeline_has_in_the_training_process_too_is_no_copy_on_read() -> None:
+    # A shuffle buffer: the training process alone grows as much as a worker does.
+    runs = sweep({0: 400, 2: 1000}, worker_cpu_ms=1.8, growth=300 * MIB, worker_uss=320 * MIB)
+    runs[0][1].main_memory = (Memory(100 * MIB, 100 * MIB), Memory(400 * MIB, 400 * MIB))
+    assert "loader.copy-on-read" not in judge(stage(runs, Config(0)))
+
+
+def test_never_nothing_to_fix_beside_a_measured_gain() -> None:
+    from starvecheck.advice import rank, verdict
+
+    runs = sweep({0: 1000, 2: 1200}, worker_cpu_ms=1.8)
+    found = list(judge(stage(runs, Config(0))).values())
+    own = next(f for f in found if f.id == "loader.own-config")
+    assert own.severity.value == "info" and own.gain.value == pytest.approx(1.2)
+    text = verdict(rank(found), len(found))
+    assert "nothing to fix" not in text and "start with loader.own-config" in text

@@ -254,3 +254,70 @@ def test_the_watch_finding_says_when_the_handover_dominates():
     assert "uint8" in text
     small = recommend_workers(Loop(29.4, 21.0, 29.1, 0.7, handover_main_ms=0.3), Cpus(2.0))
     assert "uint8" not in worker_change(small)[0]
+
+
+# --- on a machine where the workers wait for a CPU -------------------------------------
+
+
+def test_workers_time_per_batch_inflated_by_sharing_is_never_read_as_latency():
+    # 4 workers on 2 CPUs, 68.5 ms a step: each takes 274 ms a batch, of which 95.8 ms
+    # on a CPU and 178 ms runnable, waiting for one (sharing). The old model took the
+    # 274 ms as the time a batch takes and capped at 2 x 274 / 95.8: 5 workers.
+    loop = Loop(60.0, 8.5, 95.8, 0.0, 4, runq_ms=178.0)
+    a = recommend_workers(loop, Cpus(2.0))
+    assert a is not None and a.forecast is not None
+    # CPU-bound at 4 already: no more workers (the old model's 5), and none fewer than now.
+    assert a.workers == 4 and not a.changes
+    assert a.forecast.cpu_work and a.forecast.cpu_bound
+    assert "waiting for a CPU another process held" in a.why
+
+
+def test_a_busy_machine_makes_cpu_work_no_io_at_num_workers_0():
+    # 40 ms to make a batch: 10 ms on the loop's CPU, 30 ms runnable, waiting for a CPU.
+    loop = Loop(40.0, 10.0, 10.0, 0.0, 0, runq_ms=30.0)
+    a = recommend_workers(loop, Cpus(2.0))
+    assert a is not None and a.forecast is not None and a.forecast.cpu_work
+    assert a.workers <= 2
+
+
+def test_intra_op_threads_at_num_workers_0_are_one_workers_time():
+    # 30 ms to make a batch, but 60 ms of the process's CPU (torch on two threads): a
+    # worker, on one thread, takes 60 ms; the model says so.
+    loop = Loop(30.0, 10.0, 5.0, 0.0, 0, process_cpu_ms=60.0)
+    a = recommend_workers(loop, Cpus(2.0))
+    assert a is not None and a.forecast is not None
+    assert a.forecast.cpu_work and "2.0 of them busy" in a.why
+    assert a.forecast.step_ms >= 30.0 - 1e-9  # two workers: a batch every 30 ms at best
+
+
+def test_a_watched_loop_on_busy_workers_never_gets_more_workers_than_cpus():
+    """A real loop: 4 workers doing CPU work on this machine's CPUs, a short step."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, Dataset
+
+    import starvecheck
+
+    class Busy(Dataset):
+        def __len__(self) -> int:
+            return 8 * 60
+
+        def __getitem__(self, i: int):
+            x = 0
+            for k in range(60_000):
+                x += k
+            return torch.zeros(4)
+
+    cpus = len(os.sched_getaffinity(0))
+    w = starvecheck.watch(DataLoader(Busy(), batch_size=8, num_workers=4), show=False)
+    for _ in w:
+        time.sleep(0.002)
+    report = w.report()
+    data = next(f for f in report.findings if f.id == "profile.data-bound")
+    assert data.fix.get("num_workers", 4) <= max(4, cpus)
+    if data.fix:
+        assert data.fix == {"num_workers": data.fix["num_workers"]}  # the line is the fix
+        assert f"`DataLoader(..., num_workers={data.fix['num_workers']})`" in data.recommendation
+        assert data.fix["num_workers"] <= cpus
+    # With workers the hand-over is in the loop's own figures: no second figure for it.
+    result = report.stages[0]
+    assert result.one(quantity="handover_main_ms") is None

@@ -42,9 +42,15 @@ def verdict(checklist: tuple[Finding, ...], checked: int) -> str:
         if counts[s]
     ]
     first = checklist[0]
-    if not counts[Severity.CRITICAL] and not counts[Severity.WARNING]:
+    if not counts[Severity.CRITICAL] and not counts[Severity.WARNING] and not _changes(first):
         return f"{', '.join(parts)}: nothing to fix; see the notes."
     return f"{', '.join(parts)}: start with {first.id} ({first.title})."
+
+
+def _changes(f: Finding) -> bool:
+    """A finding that recommends a change with a measured or predicted gain: never
+    "nothing to fix" beside it, whatever its severity."""
+    return bool(f.fix) and f.gain is not None and (f.gain.speedup or 1.0) >= 1.05
 
 
 def _plural(n: int, word: str) -> str:

@@ -82,6 +82,27 @@ def own_capacity(factory: StageResult) -> tuple[float | None, str]:
     return factory.capacity.value, own.basis(factory)
 
 
+def link_workers(
+    factory: StageResult | None, loader: StageResult | None, starve: StageResult | None, layout: str
+) -> int | None:
+    """The num_workers the loader link's figure is at: the configuration recommended for
+    the user's own pipeline; else the larger of loader's count for the layout and
+    starve's (the workers must both read and preprocess). None where unknown."""
+    if factory is not None:
+        from starvecheck.advice import factory as own
+
+        choice = own.choose(factory)
+        return None if choice is None else choice.chosen.workers
+    counts = []
+    if loader is not None:
+        k = loader.value(quantity="recommended_num_workers", layout=layout)
+        counts.append(None if k is None else int(k))
+    if starve is not None and starve.capacity is not None:
+        counts.append(starve.parameters.capacity_workers)
+    known = [k for k in counts if k is not None]
+    return max(known) if known and len(known) == len(counts) else None
+
+
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
     """The DataLoader's samples/s over the layout at its recommended num_workers."""
     k = loader.value(quantity="recommended_num_workers", layout=layout)
@@ -96,10 +117,16 @@ def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
 
 
 def loader(
-    read: tuple[float | None, str], cpu: tuple[float | None, str], demand: float | None
+    read: tuple[float | None, str],
+    cpu: tuple[float | None, str],
+    demand: float | None,
+    workers: int | None = None,
 ) -> Link:
     """The lower of reading through the DataLoader and CPU preprocessing, each
-    (capacity, what it came from or why it is missing)."""
+    (capacity, what it came from or why it is missing). `workers`: the num_workers the
+    link's figure is at. At 0 the training process loads each batch and then runs its
+    step: the two take turns, so with the GPU's step the link delivers c * d / (c + d)
+    samples/s (c alone, d the GPU's demand), not c."""
     parts = {"reading": read[0], "cpu": cpu[0]}
     known = {k: v for k, v in parts.items() if v is not None}
     if not known:
@@ -109,7 +136,16 @@ def loader(
         f"{name} {value:,.0f}/s ({why})" if value is not None else f"{name} not measured ({why})"
         for name, value, why in (("reading", read[0], read[1]), ("cpu", cpu[0], cpu[1]))
     )
-    return Link("loader", known[limited_by], demand, basis, parts=parts, limited_by=limited_by)
+    capacity = known[limited_by]
+    if workers == 0 and demand:
+        alone = capacity
+        capacity = alone * demand / (alone + demand)
+        parts = {**parts, "alone": alone}
+        basis += (
+            f"; at num_workers=0 loading and the GPU step take turns: {alone:,.0f}/s alone, "
+            f"{capacity:,.0f}/s beside the step"
+        )
+    return Link("loader", capacity, demand, basis, parts=parts, limited_by=limited_by)
 
 
 def cpu_capacity(starve: StageResult) -> tuple[float | None, str]:
@@ -228,4 +264,5 @@ def build(results: Results) -> tuple[Link, ...]:
         else missing("pcie", demand, f"not measured: {why.get('pcie', 'no CUDA device')}")
     )
     gpu_link = gpu(demand, results.extra.get("gpu_basis", ""), padding_fix)
-    return (storage_link, loader(read, cpu, demand), pcie_link, gpu_link)
+    workers = link_workers(factory, loader_r, starve, w.layout)
+    return (storage_link, loader(read, cpu, demand, workers), pcie_link, gpu_link)

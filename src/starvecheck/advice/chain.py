@@ -70,7 +70,9 @@ def weakest(chain: Sequence[Link]) -> Weakest:
     low, others = ranked[0], ranked[1:]
     assert low.capacity is not None
     demand = gpu_link.capacity if gpu_link is not None else None
-    if demand is not None and low.capacity >= demand:
+    # Within 1% of the demand keeps up: a loader that takes turns with the step at
+    # num_workers=0 is always a hair below it (advice/capacity.loader).
+    if demand is not None and low.capacity >= demand * (1 - SAME):
         return _gpu_weakest(gpu_link, low)
     # A pipeline link starves the GPU: fixing it helps until the next pipeline limit
     # or the GPU's rate, whichever is lower.

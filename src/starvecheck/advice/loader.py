@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
-from starvecheck.core.figures import headline, loader_curves
+from starvecheck.core.figures import headline, loader_curves, loader_rounds
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.parameters import Parameters
@@ -70,11 +70,13 @@ def dataloader_line(parameters: Mapping[str, Any], workers: int) -> str:
 
 def recommended(loader: StageResult) -> dict[str, int]:
     """num_workers for each layout whose curve has a count at or below the effective
-    CPUs (advice.workers: the fewest within 5% of the best)."""
+    CPUs (advice.workers: the fewest within 5% of the best, run by run: the counts were
+    read in rounds)."""
     cpus = Cpus(loader.parameters.cpus)
     out = {}
-    for layout, (_, curve) in loader_curves(loader).items():
-        advice = recommend_workers(Throughput(curve), cpus)
+    for layout, (temp, curve) in loader_curves(loader).items():
+        rounds = loader_rounds(loader, layout, temp)
+        advice = recommend_workers(Throughput(curve, rounds=rounds), cpus)
         if advice is not None:
             out[layout] = advice.workers
     return out

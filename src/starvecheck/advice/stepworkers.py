@@ -10,20 +10,20 @@ more than a couple of workers it gives both answers, and how to tell which appli
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from starvecheck.advice.paired import Comparison, compare
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
-from starvecheck.core.metric import Metric, value
+from starvecheck.core.metric import Metric, one, value
 from starvecheck.core.model import Gain, GainKind
 from starvecheck.core.parameters import Parameters
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
 SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
-LOADER_LINE = (
-    "`DataLoader(..., num_workers={n}, pin_memory=True, persistent_workers=True, "
-    "prefetch_factor=2)`"
-)
+# The change as the finding's `fix` states it: num_workers, and nothing it does not set.
+LOADER_LINE = "`DataLoader(..., num_workers={n})`"
 # Up to this many workers a trace gives one count: two CPU cores per training process
 # are the common case, where CPU work and I/O waits call for the same count.
 ONE_COUNT = 2
@@ -97,29 +97,84 @@ def measured_advice(
     }
     if params.dataloader == SINGLE_PROCESS:
         wait_cpu = value(m, quantity="data_wait_cpu_ms")
-        # Time the thread was ready to run but waited for a CPU is CPU work it could not
-        # get (another process had the cores), not I/O: it counts as CPU demand.
-        runq = value(m, quantity="data_wait_runqueue_ms")
-        if wait_cpu is not None and runq is not None:
-            wait_cpu += runq
+        runq = value(m, quantity="data_wait_runqueue_ms") or 0.0
+        measured |= {
+            "runq_ms": runq,
+            "process_cpu_ms": value(m, quantity="data_wait_process_cpu_ms"),
+        }
         loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0, 0, **measured)
         return recommend_workers(loop, Cpus(float(cpus)))
     workers, worker_cpu = params.num_workers, value(m, quantity="worker_cpu_ms")
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
         return None
     receive = value(m, quantity="data_wait_cpu_ms") or 0.0
-    measured |= {"receive_cpu_ms": receive, "handover_worker_ms": 0.0, "handover_main_ms": 0.0}
+    measured |= {
+        "receive_cpu_ms": receive,
+        "handover_worker_ms": 0.0,
+        "handover_main_ms": 0.0,
+        "runq_ms": value(m, quantity="worker_runqueue_ms") or 0.0,
+    }
     loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers, **measured)
     return recommend_workers(loop, Cpus(float(cpus)))
+
+
+# The loop's steps in this many blocks: the model predicts each block's speed-up, and
+# their spread is the prediction's interval (advice/paired.py), as rounds are a sweep's.
+BLOCKS = 5
+# Per-step figures the model reads, averaged per block.
+_PER_STEP = (
+    "step_ms",
+    "data_wait_ms",
+    "data_wait_cpu_ms",
+    "data_wait_runqueue_ms",
+    "data_wait_process_cpu_ms",
+    "compute_cpu_ms",
+    "compute_process_cpu_ms",
+)
+
+
+def prediction_interval(m: Sequence[Metric], params: Parameters) -> Comparison | None:
+    """The predicted speed-up, block by block of steps: the loop's steps cut into
+    BLOCKS runs of consecutive steps, the model fed each block's means; None with too
+    few steps for two blocks. A change is recommended only where this interval clears
+    no-change by the margin, the rule a sweep's rounds obey."""
+    per_step = {q: x for q in _PER_STEP if (x := one(m, quantity=q)) is not None and x.values}
+    step, wait = per_step.get("step_ms"), per_step.get("data_wait_ms")
+    if step is None or wait is None or len(step.values) != len(wait.values):
+        return None
+    n = len(step.values)
+    blocks = min(BLOCKS, n // 2)
+    if blocks < 2:
+        return None
+    speedups = []
+    others = [x for x in m if x.labels.get("quantity") not in per_step]
+    for b in range(blocks):
+        lo, hi = b * n // blocks, (b + 1) * n // blocks
+        means = [
+            Metric.single(x.name, statistics.fmean(x.values[lo:hi]), x.unit, x.labels)
+            for x in per_step.values()
+            if len(x.values) == n
+        ]
+        block = [*others, *means]
+        advice = measured_advice(
+            block, params, value(block, quantity="data_wait_ms"), value(block, quantity="step_ms")
+        )
+        if advice is None or advice.forecast is None:
+            return None
+        speedups.append(advice.forecast.speedup)
+    return compare(speedups, [1.0] * len(speedups))
 
 
 def _int(x: float | None) -> int | None:
     return None if x is None else int(x)
 
 
-def worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
+def worker_change(
+    a: WorkerAdvice, interval: Comparison | None = None
+) -> tuple[str, Gain, dict[str, Any]]:
     """What to change, from the measured worker advice: the recommendation, the
-    predicted speed-up, the setting as data."""
+    predicted speed-up (with its interval over blocks of steps, where there is one),
+    the setting as data."""
     f = a.forecast
     assert f is not None  # a loop's advice on known CPUs
     line = LOADER_LINE.format(n=a.workers)
@@ -174,11 +229,16 @@ def worker_change(a: WorkerAdvice) -> tuple[str, Gain, dict[str, Any]]:
             + ". `starvecheck loader` measures each num_workers on your storage."
             + handover
         )
+    spread = (
+        ""
+        if interval is None
+        else f"; over {interval.rounds} blocks of steps {interval.low:.2f}x-{interval.high:.2f}x"
+    )
     gain = Gain(
         GainKind.THROUGHPUT,
         round(f.speedup, 3),
         f"predicted: the mean step from {f.step_ms * f.speedup:,.1f} ms to "
         f"{f.step_ms:,.1f} ms with num_workers={a.workers} ({f.available_cpus:.1f} "
-        "CPU(s) for workers)",
+        f"CPU(s) for workers){spread}",
     )
     return recommendation, gain, {"num_workers": a.workers}

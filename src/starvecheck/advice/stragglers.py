@@ -286,12 +286,19 @@ def node_rows(payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for p in sorted(payloads, key=lambda p: p["rank"]):
         chain = p["report"].get("chain", [])
         caps = {x["link"]: x.get("capacity_samples_per_s") for x in chain}
+        # The node's own pipeline is compared: a loader at num_workers=0 counted alone,
+        # not taking turns with the step (advice/capacity.loader), which would make
+        # every node look alike.
+        own = {
+            x["link"]: (x.get("parts") or {}).get("alone") or x.get("capacity_samples_per_s")
+            for x in chain
+        }
         out.append(
             {
                 "rank": p["rank"],
                 "host": p.get("host", ""),
                 "capacity_samples_per_s": caps,
-                "data_pipeline_samples_per_s": data_pipeline(caps),
+                "data_pipeline_samples_per_s": data_pipeline(own),
                 "straggler": False,
             }
         )

@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice.paired import MARGIN, Comparison
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
 from starvecheck.advice.stepworkers import (
     EITHER,
     LOADER_LINE,
     SINGLE_PROCESS,
     measured_advice,
+    prediction_interval,
     single_process,
     worker_change,
     workers_needed,
@@ -179,7 +181,10 @@ def _data_bound_fix(
     )
     advice = measured_advice(m, params, d.wait_ms, d.step_ms)
     if advice is not None:
-        recommendation, gain, fix = worker_change(advice)
+        interval = prediction_interval(m, params) if advice.changes else None
+        if interval is not None and not interval.clears():
+            return _inside_noise(advice.workers, interval), gain, {}
+        recommendation, gain, fix = worker_change(advice, interval)
         sharing = params.ranks_on_host
         if isinstance(sharing, int) and sharing > 1 and gain.value:
             # Measured: two ranks on two cores reached 1.2x of a predicted 1.46x, 3.2x of
@@ -202,6 +207,16 @@ def _data_bound_fix(
         f"ahead of the step: {LOADER_LINE.format(n='N')}, {EITHER}.",
         gain,
         {},
+    )
+
+
+def _inside_noise(workers: int, interval: Comparison) -> str:
+    return (
+        f"No worker count clears the noise of this loop: the model predicts num_workers="
+        f"{workers} at {interval.describe().replace(' rounds', ' blocks of steps')}, and a "
+        f"change is recommended only where that interval is above {1 + MARGIN:.2f}x. "
+        "`starvecheck loader --factory FILE.py:FUNC` measures your pipeline at each "
+        "num_workers side by side."
     )
 
 

@@ -49,10 +49,10 @@ one spare, and no forecast is made.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from starvecheck.core.criteria import knee, least_idle
+from starvecheck.core.criteria import knee, least_idle, paired_knee
 
 # CPU work is this share of the wait or more: the loader is doing CPU work.
 CPU_WORK_SHARE = 0.5
@@ -87,6 +87,9 @@ class Throughput:
 
     curve: Mapping[int, float]
     cpu_work: bool | None = None
+    # Each count's figures in round order, where the counts were read in interleaved
+    # rounds: then the counts are compared round by round (core/criteria.paired_knee).
+    rounds: Mapping[int, Sequence[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,14 @@ class Loop:
     batch_bytes: int | None = None
     # With workers: the loop thread's CPU inside its wait, receiving the batch.
     receive_cpu_ms: float = 0.0
+    # Time runnable but waiting for a CPU (schedstat), per batch: with workers, the
+    # workers'; at num_workers=0, the loading thread's. Another process held the CPU:
+    # a batch made on a CPU of its own takes that much less, and none of it is I/O.
+    runq_ms: float = 0.0
+    # At num_workers=0: the CPU the whole training process spent making a batch (all
+    # its threads; torch's intra-op pool runs the pipeline's tensor operations there,
+    # where a worker runs them on one thread). None: not measured.
+    process_cpu_ms: float | None = None
 
 
 Evidence = Throughput | IdleShares | Loop | None
@@ -171,17 +182,21 @@ def recommend_workers(evidence: Evidence, cpus: Cpus) -> WorkerAdvice | None:
 
 
 def _sweep(evidence: Throughput | IdleShares, effective: float) -> WorkerAdvice | None:
-    if isinstance(evidence, Throughput) and evidence.cpu_work is False and evidence.curve:
-        k = knee(evidence.curve, max(evidence.curve))
-        rule = (
-            "the fewest workers within 5% of the best samples/s; the workers wait on I/O, "
-            "not the CPU (their CPU time measured), so counts past the "
-            f"{effective:g} effective CPUs count"
-        )
-        return None if k is None else WorkerAdvice(k, rule)
     if isinstance(evidence, Throughput):
-        k = knee(evidence.curve, effective)
-        rule = "the fewest workers within 5% of the best samples/s"
+        rounds = evidence.rounds
+        paired = ", round by round," if rounds else ""
+        waits = evidence.cpu_work is False and bool(evidence.curve)
+        limit = max(evidence.curve) if waits else effective
+        k = paired_knee(rounds, limit) if rounds else knee(evidence.curve, limit)
+        if waits:
+            rule = (
+                "the fewest workers within 5% of the best samples/s"
+                f"{paired.rstrip(',')}; the workers are "
+                "measured blocked (I/O, sleep), not on a CPU nor waiting for one, so counts "
+                f"past the {effective:g} effective CPUs count"
+            )
+            return None if k is None else WorkerAdvice(k, rule)
+        rule = f"the fewest workers within 5% of the best samples/s{paired}"
     else:
         k = least_idle(evidence.curve, effective)
         rule = "the fewest workers within 2 points of the least GPU idle"
@@ -199,19 +214,28 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
     # handed over (measured apart, loop/handover.py). With workers it is in the figures:
     # the workers' side in their CPU, the training process's in its wait (receiving).
     hand_w, hand_m = max(0.0, loop.handover_worker_ms), max(0.0, loop.handover_main_ms)
+    runq = max(0.0, loop.runq_ms)
     if workers_now > 0:
         hand_w, hand_m = 0.0, min(max(0.0, loop.receive_cpu_ms), wait_ms)
         if wait_ms - hand_m < QUIET_SHARE * step_now and effective_cpus is not None:
             return _keeping_up(loop, step_now, hand_m, effective_cpus)
         wait_ms = workers_now * step_now  # each worker takes k0 steps to make its batch
-    made_ms = wait_ms + hand_w  # a worker's time to make and send a batch
+    # What making a batch takes on a CPU of its own: the time measured less the time it
+    # waited for one (another process had it), and, at num_workers=0, at least the CPU
+    # all the training process's threads spent on it (one worker thread does it alone).
+    own_ms = max(wait_ms - runq, 1e-3)
+    if workers_now == 0 and loop.process_cpu_ms is not None:
+        own_ms = max(own_ms, loop.process_cpu_ms)
+    made_ms = own_ms + hand_w  # a worker's time to make and send a batch
     main_cpu = min(max(loop.step_cpu_ms, 0.0), rest_ms)  # the loop thread's, in the step
     if effective_cpus is None:
         keep_up = math.ceil(made_ms / (rest_ms + hand_m))
         why = f"a batch takes {wait_ms:,.1f} ms to load and the rest of the step {rest_ms:,.1f} ms"
         return WorkerAdvice(max(1, workers_now, keep_up + 1), why, workers_now)
     wait_cpu = loop.wait_cpu_ms
-    cpu_ms = wait_ms if wait_cpu is None else min(max(wait_cpu, 0.0), wait_ms)
+    if workers_now == 0 and wait_cpu is not None and loop.process_cpu_ms is not None:
+        wait_cpu = max(wait_cpu, loop.process_cpu_ms)
+    cpu_ms = own_ms if wait_cpu is None else min(max(wait_cpu, 0.0), own_ms)
     cpu_ms += hand_w
     train_share = min(main_cpu / rest_ms, 1.0)
     if train_share < NEGLIGIBLE_SHARE:  # a step that waits on the GPU: its CPU is noise
@@ -301,7 +325,17 @@ def _why(loop: Loop, m: _Model, wait_ms: float, step_now: float, hand_w: float) 
         if k0
         else f"a batch takes {wait_ms:,.1f} ms to make in the training process"
     )
-    why = f"{made}, {m.cpu_ms - hand_w:,.1f} ms of it CPU work"
+    waited = min(max(0.0, loop.runq_ms), wait_ms)
+    if waited >= 0.05 * wait_ms:
+        made += f", {waited:,.1f} ms of it waiting for a CPU another process held"
+    why = f"{made}; {m.cpu_ms - hand_w:,.1f} ms of CPU work"
+    own = max(wait_ms - waited, 1e-9)
+    threads = (loop.process_cpu_ms or 0.0) / own
+    if not k0 and threads > 1.2:
+        why += (
+            f" (the training process's threads together, {threads:.1f} of them busy; a "
+            "worker does it on one)"
+        )
     size = f" of {loop.batch_bytes / 1e6:,.1f} MB" if loop.batch_bytes else ""
     if not k0 and (hand_w or m.hand_m):
         why += (

@@ -96,8 +96,8 @@ def loader(
             "--budget",
             metavar="SECONDS",
             callback=finite(0.5, 3_600.0),
-            help="With --factory: the most each configuration is read for; it stops "
-            "sooner once its samples/s is stable [default: "
+            help="With --factory: the seconds each configuration is read for, over its "
+            "rounds (every configuration is read in turn, round after round) [default: "
             f"{FactoryOptions.BUDGET_S[False]:g}; {FactoryOptions.BUDGET_S[True]:g} with --quick].",
             show_default=False,
         ),

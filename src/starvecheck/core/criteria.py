@@ -10,7 +10,8 @@ sweep says is enough); the recommendation a person reads is advice/'s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 
 # The knee of a throughput curve: the fewest workers that reach this share of the best.
 KNEE_SHARE = 0.95
@@ -44,6 +45,45 @@ def knee(
         return None
     best = max(eligible.values())
     return min(w for w, v in eligible.items() if v >= share * best)
+
+
+def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """a[i] / b[i], round by round, for the rounds both measured (figures of two
+    configurations read side by side, so each ratio sees one state of the machine)."""
+    return [x / y for x, y in zip(a, b, strict=False) if y > 0]
+
+
+def paired_knee(
+    rates: Mapping[int, Sequence[float]], effective_cpus: float, share: float = KNEE_SHARE
+) -> int | None:
+    """`knee` over figures read in interleaved rounds: the best count (the highest
+    median) at or below the effective CPUs, then the fewest whose rate, round by round
+    against the best's, has a median ratio of at least `share`."""
+    eligible = {w: v for w, v in rates.items() if v and w <= max(1, effective_cpus)}
+    if not eligible:
+        return None
+    best = max(eligible, key=lambda w: statistics.median(eligible[w]))
+    return min(
+        w
+        for w, v in eligible.items()
+        if (r := ratios(v, eligible[best])) and statistics.median(r) >= share
+    )
+
+
+# Workers whose CPU time is at least this share of their time not spent waiting for a
+# CPU do CPU work; less, and they mostly wait (I/O, sleep, a full prefetch queue).
+CPU_WORK_SHARE = 0.5
+
+
+def cpu_work(cpu_s: float | None, runq_s: float | None, alive_s: float | None) -> bool | None:
+    """Whether workers spend their time on CPU work, from their measured seconds: on a
+    CPU, runnable on a run queue (waiting for a CPU another process holds: CPU work
+    they could not get, never I/O), alive. What is left is blocked: I/O or sleep. None
+    where a figure is missing: callers take that as CPU work, the safe side."""
+    if cpu_s is None or runq_s is None or alive_s is None or alive_s <= 0:
+        return None
+    blocked = max(0.0, alive_s - cpu_s - runq_s)
+    return cpu_s >= CPU_WORK_SHARE * (cpu_s + blocked)
 
 
 def least_idle(

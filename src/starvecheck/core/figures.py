@@ -37,6 +37,19 @@ def loader_curve(loader: StageResult | Sequence[Metric], layout: str) -> Curve |
     return None
 
 
+def loader_rounds(
+    loader: StageResult | Sequence[Metric], layout: str, cache: str
+) -> dict[int, tuple[float, ...]]:
+    """A layout's samples/s by num_workers in one cache state, each count's figures in
+    run order: counts read in rounds pair run by run (stages/loader/epochs.py)."""
+    metrics = _metrics(loader)
+    return {
+        int(m.labels["workers"]): tuple(m.values) if m.values else (m.value,)
+        for m in select(metrics, quantity="samples_per_s", layout=layout, cache=cache)
+        if "workers" in m.labels and m.value is not None
+    }
+
+
 def loader_curves(loader: StageResult | Sequence[Metric]) -> dict[str, Curve]:
     """Every measured layout's curve (loader_curve), in the order they were measured."""
     metrics = _metrics(loader)

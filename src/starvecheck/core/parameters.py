@@ -157,7 +157,11 @@ class Parameters(Mapping[str, Any]):
     small_files_seen = whole(absent=0)  # --existing: files of at most 8 MiB among them
     # loader --factory: the spec, the configurations read, what the workers must fit in
     factory = text()
+    dataset = text()  # what FUNC returned, described
+    read_as_is = flag()  # FUNC returned an iterable holding no DataLoader: one configuration
     configurations = items()
+    torch_threads = whole()  # torch's intra-op threads in the measuring process
+    rounds = whole()  # each configuration read this many times, in interleaved rounds
     memory_limit_bytes = whole()
     shm_free_bytes = whole()
     # pad

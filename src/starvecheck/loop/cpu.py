@@ -48,7 +48,11 @@ class WorkerCpu:
     def __bool__(self) -> bool:
         return bool(self.pids)
 
-    def sample(self, steps: int, into: list[tuple[int, float]]) -> None:
+    def sample(
+        self, steps: int, into: list[tuple[int, float]], runq: list[tuple[int, float]] | None = None
+    ) -> None:
+        """Append (steps, the workers' CPU seconds) to `into` and, where their schedstat
+        can be read, (steps, their seconds waiting for a CPU) to `runq`."""
         try:
             import psutil
 
@@ -62,3 +66,9 @@ class WorkerCpu:
             self.pids = []
             return
         into.append((steps, total))
+        if runq is not None:
+            from starvecheck.probe.load import runq_seconds
+
+            waited = [runq_seconds(pid) for pid in self.pids]
+            if all(w is not None for w in waited):
+                runq.append((steps, sum(w for w in waited if w is not None)))

@@ -110,6 +110,7 @@ class Watch(Generic[T]):
         self._gap: float | None = None
         self._handover: dict[int, Handover | None] = {}  # measured once per batch size
         self._gap_cpu = 0.0
+        self._gap_pcpu = 0.0
 
     @property
     def sync(self) -> bool:
@@ -130,7 +131,7 @@ class Watch(Generic[T]):
         t = self.times
         waits, computes, rank_waits = t.waits, t.computes, t.rank_waits
         wait_cpu, compute_cpu, wait_runq = t.wait_cpu, t.compute_cpu, t.wait_runq
-        compute_pcpu = t.compute_process_cpu
+        compute_pcpu, wait_pcpu = t.compute_process_cpu, t.wait_process_cpu
         got_cpu = got_pcpu = 0.0
         sized = 0  # batches whose bytes were read (the first few)
         every = self.every
@@ -150,7 +151,7 @@ class Watch(Generic[T]):
                     compute_cpu.append(asked_cpu - got_cpu)
                     compute_pcpu.append(asked_pcpu - got_pcpu)
                     if workers and len(computes) % WORKER_SAMPLE == 1:
-                        workers.sample(len(computes), t.worker_cpu)
+                        workers.sample(len(computes), t.worker_cpu, t.worker_runq)
                         asked = clock()  # reading /proc is ours: counted in neither
                     if every and len(computes) % every == 0:
                         self._checkpoint()
@@ -163,6 +164,7 @@ class Watch(Generic[T]):
                 received, got_cpu = clock(), cpu()
                 waits.append(received - asked)
                 wait_cpu.append(got_cpu - asked_cpu)
+                wait_pcpu.append(pcpu() - asked_pcpu)
                 wait_runq.append(queued() - asked_runq)
                 if sized < SIZED:  # reading the sizes is ours: counted in neither
                     sized += 1
@@ -188,7 +190,7 @@ class Watch(Generic[T]):
         finally:
             with never_raising(self._warned, "end the pass"):
                 if workers:  # the pass's last reading, where its workers are still there
-                    workers.sample(len(computes), t.worker_cpu)
+                    workers.sample(len(computes), t.worker_cpu, t.worker_runq)
                 runq.close()
             self.end_pass()
 
@@ -206,6 +208,7 @@ class Watch(Generic[T]):
         gap = now if self._gap is None else self._gap
         t.waits.append(now - gap)
         t.wait_cpu.append(now_cpu - self._gap_cpu)
+        t.wait_process_cpu.append(time.process_time() - self._gap_pcpu)
         t.wait_runq.append(0.0)
         barrier = self._rank_barrier()
         if barrier is not None:
@@ -233,13 +236,14 @@ class Watch(Generic[T]):
         if self.every and len(t.computes) % self.every == 0:
             self._checkpoint()
             now, now_cpu = self.clock(), time.thread_time()  # printing is ours
-        self._gap, self._gap_cpu = now, now_cpu
+        self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, time.process_time()
 
     def resume_wait(self) -> None:
         """Work that is not waiting for data ended just now between two steps
         (logging, evaluation, a checkpoint): the data wait starts counting here."""
         if self._began is None:
             self._gap, self._gap_cpu = self.clock(), time.thread_time()
+            self._gap_pcpu = time.process_time()
 
     def begin_pass(self) -> None:
         """A pass begins now (a trainer's epoch): its first step's wait counts from here."""
@@ -248,6 +252,7 @@ class Watch(Generic[T]):
             self._distributed()
             self.times.passes += 1
             self._gap, self._gap_cpu = self.clock(), time.thread_time()
+            self._gap_pcpu = time.process_time()
 
     def end_pass(self) -> None:
         """A pass ended (a `for` over the watch; a trainer's training): a step left open
@@ -374,11 +379,14 @@ class Watch(Generic[T]):
         )
 
     def _measure_handover(self) -> None:
-        """What handing this loop's batches from a worker would cost (or costs), measured
-        once per batch size where the loop waits for data and its batches are large:
-        the worker model needs it (advice/workers)."""
+        """What handing this loop's batches from a worker would cost, measured once per
+        batch size where the loop loads in its own process, waits for data and its
+        batches are large: the worker model needs it (advice/workers). With workers the
+        loop's own figures hold it (its CPU receiving each batch): one figure for it."""
         t = self.times
         size = t.batch_bytes
+        if t.num_workers:  # with workers the hand-over is in the loop's own figures
+            return
         if size is None or not worth_measuring(size, t.waits, t.computes):
             return
         if size not in self._handover:

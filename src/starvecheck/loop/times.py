@@ -35,6 +35,7 @@ ARRAYS = (
     "wait_runq",
     "rank_waits",
     "compute_process_cpu",
+    "wait_process_cpu",
 )
 
 
@@ -57,6 +58,10 @@ class LoopTimes:
     # pool, a pin-memory thread) in each compute: the CPUs the step itself keeps busy,
     # which DataLoader workers would compete with.
     compute_process_cpu: array[float] = field(default_factory=_seconds)
+    # ... and in each wait: at num_workers=0, the CPU making the batch takes on all the
+    # process's threads (torch's intra-op pool runs ToTensor, Normalize, an STFT there),
+    # which one thread's time alone misses.
+    wait_process_cpu: array[float] = field(default_factory=_seconds)
     # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
     # its batch: on a busy machine, CPU work it could not get, not I/O.
     wait_runq: array[float] = field(default_factory=_seconds)
@@ -74,6 +79,10 @@ class LoopTimes:
     # (steps, CPU seconds) of the workers in passes already ended: a pass's workers may
     # be new processes, so each pass is counted from its own samples.
     worker_cpu_before: tuple[int, float] = (0, 0.0)
+    # The same for the workers' seconds runnable but waiting for a CPU (schedstat): a
+    # worker's time per batch less this is what it takes with a CPU of its own.
+    worker_runq: list[tuple[int, float]] = field(default_factory=list)
+    worker_runq_before: tuple[int, float] = (0, 0.0)
     notes: list[Caveat] = field(default_factory=list)  # what the timer found to say
     # The largest of the first batches, in bytes of arrays (loop/handover.batch_nbytes):
     # what a worker would hand over. None: not read (a trainer's hooks see no batch).
@@ -96,7 +105,13 @@ class LoopTimes:
     def drop_unfinished(self) -> None:
         """Forget a batch whose step never finished (the loop stopped inside it)."""
         n = len(self.computes)
-        for a in (self.waits, self.wait_cpu, self.wait_runq, self.rank_waits):
+        for a in (
+            self.waits,
+            self.wait_cpu,
+            self.wait_runq,
+            self.rank_waits,
+            self.wait_process_cpu,
+        ):
             del a[n:]
 
     # The metrics
@@ -148,9 +163,14 @@ class LoopTimes:
                 out.append(_ms("data_wait_runqueue_ms", self.wait_runq[first:]))
         if len(self.compute_process_cpu) == len(self.computes) > first:
             out.append(_ms("compute_process_cpu_ms", self.compute_process_cpu[first:]))
+        if len(self.wait_process_cpu) == len(self.waits) > first:
+            out.append(_ms("data_wait_process_cpu_ms", self.wait_process_cpu[first:]))
         per_batch = self.worker_cpu_per_batch()
         if per_batch is not None:
             out.append(_single("worker_cpu_ms", per_batch, "ms"))
+        runq = _per_batch(self._total(self.worker_runq, self.worker_runq_before))
+        if runq is not None and per_batch is not None:
+            out.append(_single("worker_runqueue_ms", runq, "ms"))
         if self.batch_bytes is not None:
             out.append(_single("batch_bytes", self.batch_bytes, "bytes"))
         if self.handover_ms is not None:
@@ -164,14 +184,21 @@ class LoopTimes:
         """A pass begins: the last pass's worker CPU is kept, its samples cleared."""
         self.worker_cpu_before = self._worker_cpu_total()
         self.worker_cpu = []
+        self.worker_runq_before = self._total(self.worker_runq, self.worker_runq_before)
+        self.worker_runq = []
 
     def _worker_cpu_total(self) -> tuple[int, float]:
-        steps, cpu = self.worker_cpu_before
-        if len(self.worker_cpu) >= 2:
-            (s0, c0), (s1, c1) = self.worker_cpu[0], self.worker_cpu[-1]
+        return self._total(self.worker_cpu, self.worker_cpu_before)
+
+    @staticmethod
+    def _total(samples: list[tuple[int, float]], before: tuple[int, float]) -> tuple[int, float]:
+        """(steps, seconds) over every pass: the passes ended, and this one's samples."""
+        steps, seconds = before
+        if len(samples) >= 2:
+            (s0, c0), (s1, c1) = samples[0], samples[-1]
             if s1 > s0 and c1 >= c0:
-                steps, cpu = steps + s1 - s0, cpu + c1 - c0
-        return steps, cpu
+                steps, seconds = steps + s1 - s0, seconds + c1 - c0
+        return steps, seconds
 
     def worker_cpu_per_batch(self) -> float | None:
         """The worker processes' CPU milliseconds per batch, between the first and last
@@ -230,6 +257,9 @@ class LoopTimes:
             "notes": [[c.id, c.text] for c in self.notes],
             # All that is read of it: the steps and CPU seconds of every pass.
             "worker_cpu": [(0, 0.0), total] if (total := self._worker_cpu_total())[0] else [],
+            "worker_runq": [(0, 0.0), q]
+            if (q := self._total(self.worker_runq, self.worker_runq_before))[0]
+            else [],
             "arrays": {
                 a: base64.b64encode(getattr(self, a)[cut:].tobytes()).decode() for a in ARRAYS
             },
@@ -274,6 +304,7 @@ class RankTimes:
             num_workers=params.get("num_workers"),
             sync=bool(params.get("sync")),
             worker_cpu=[(int(s), float(c)) for s, c in p.get("worker_cpu", ())],
+            worker_runq=[(int(s), float(c)) for s, c in p.get("worker_runq", ())],
             notes=[Caveat(i, t) for i, t in p.get("notes", ())],
         )
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
@@ -305,3 +336,8 @@ def _effective_cpus() -> float | None:
     from starvecheck.probe.machine import process_cpus
 
     return process_cpus()
+
+
+def _per_batch(total: tuple[int, float]) -> float | None:
+    steps, seconds = total
+    return seconds / steps * 1e3 if steps > 0 else None

@@ -19,9 +19,10 @@ from starvecheck.core.model import StageResult
 HEADERS = (
     "workers",
     "prefetch",
-    "persistent",
+    "persist",
     "samples/s",
-    "σ/med",
+    "spread",
+    "vs current",
     "1st batch s",
     "epoch start s",
     "wait p50 ms",
@@ -31,12 +32,14 @@ HEADERS = (
 COST_HEADERS = (
     "workers",
     "prefetch",
-    "persistent",
-    "CPU ms/sample: main",
+    "persist",
+    "CPU ms: main",
     "workers",
+    "run queue",
+    "blocked",
     "USS MiB: main",
-    "per worker",
-    "growth per worker",
+    "worker",
+    "growth",
 )
 LAYOUT = "own"
 MIB = float(1 << 20)
@@ -70,17 +73,20 @@ def split(
         rows.append(_row(m, mine))
         costs.append(_cost(m, mine))
     rest = [m for m in metrics if id(m) not in used]
+    rounds = stage.parameters.rounds
     notes = [
-        "samples/s: median of windows of at least 0.25 s, read until the last 4 agree within "
-        "10% or the time budget is spent. CPU: user+system time per sample in the training "
-        "process and in all workers together. USS: memory no other process shares, the "
-        "median over workers, and each worker's growth since its first batch (every worker "
-        "in the JSON)"
+        f"every configuration read once a round, {rounds or 'several'} rounds, each round "
+        "in another order; samples/s: the median over the rounds (each round's figure over "
+        "its own windows, epoch restarts included); spread: the largest figure over the "
+        "smallest; vs current: the ratio to your settings round by round (geometric mean; "
+        "its 90% interval in the JSON and the finding); beside: the count read again in "
+        "the rounds of its variants, which compare with it. Per sample: CPU ms, user+system "
+        "time in the training process and in all workers together; run queue, time ready "
+        "to run but waiting for a CPU; blocked, the workers' time neither on a CPU nor "
+        "waiting for one (I/O, sleep). USS: memory no other process shares, the median "
+        "over workers, and each worker's growth over its longest round (every worker in "
+        "the JSON)"
     ]
-    configs = stage.parameters.configurations
-    stopped = sorted({str(c.get("stopped")) for c in configs if c.get("stopped")})
-    if stopped:
-        notes.append("stopped: " + ", ".join(_stopped(s, configs) for s in stopped))
     return rows, costs, rest, notes
 
 
@@ -88,14 +94,20 @@ def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
     def get(quantity: str, **more: Any) -> Metric | None:
         return one(mine, quantity=quantity, **more)
 
+    ratio = get("vs_current")
+    against = ""
+    if ratio is not None and ratio.value is not None:
+        against = f"{ratio.value:.2f}x"
+    mark = "current" if m.labels.get("current") and m.labels.get("role") != "base" else ""
     return (
         *_setting(m.labels),
         _n(m, ",.0f"),
-        f"{m.stdev / m.value:.0%}" if m.n > 1 and m.value else "",
+        f"{m.max / m.min:.2f}x" if m.n > 1 and m.min and m.max else "",
+        against,
         _n(get("first_batch_s"), ".2f"),
         _n(get("epoch_start_s"), ".2f"),
         _n(get("batch_wait_ms", percentile=50), ".1f"),
-        "current" if m.labels.get("current") else "",
+        "beside" if m.labels.get("role") == "base" else mark,
     )
 
 
@@ -108,20 +120,12 @@ def _cost(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
         *_setting(m.labels),
         _n(get("cpu_ms_per_sample", process="main"), ".2f"),
         _n(get("cpu_ms_per_sample", process="workers"), ".2f") if workers else "",
+        _n(get("runq_ms_per_sample", process="workers" if workers else "main"), ".2f"),
+        _n(get("blocked_ms_per_sample", process="workers"), ".2f") if workers else "",
         _mib(get("uss_bytes", process="main")),
         _mib(get("uss_bytes", process="worker")) if workers else "",
         _mib(get("uss_growth_bytes", process="worker")) if workers else "",
     )
-
-
-def _stopped(reason: str, configs: Sequence[Mapping[str, Any]]) -> str:
-    n = sum(1 for c in configs if c.get("stopped") == reason)
-    words = {
-        "stable": "stable",
-        "budget": "time budget spent",
-        "epochs": "epoch limit",
-    }
-    return f"{words.get(reason, reason)} ({n})"
 
 
 def _n(m: Metric | None, fmt: str) -> str:

@@ -93,6 +93,7 @@ class Batches:
         what: str,
         hint: str = HINT,
         keep: bool = False,
+        workers: int | None = None,
     ) -> None:
         self.loader = loader
         # keep: a persistent-workers DataLoader whose workers serve the next epoch; they
@@ -102,7 +103,8 @@ class Batches:
         self.stage = stage
         self.what = what
         self.hint = hint
-        self.workers = int(getattr(loader, "num_workers", 0) or 0)
+        # The DataLoader's; where `loader` is an object around one, the caller says.
+        self.workers = int(getattr(loader, "num_workers", 0) or 0) if workers is None else workers
         self._it: Any = None
         self._first = True
         self._started = 0.0

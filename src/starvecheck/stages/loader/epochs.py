@@ -140,6 +140,12 @@ def run_epoch(
     )
 
 
+def rotated(items: list[int], by: int) -> list[int]:
+    """`items` turned by `by` places: round r starts at its r-th worker count."""
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def measure(
     sources: Sequence[Source],
     plan: Plan,
@@ -152,11 +158,19 @@ def measure(
     out = Measured()
     for source in sources:  # first-use costs (imports, code paths) out of the figures
         run_epoch(source, plan, 0, pin_memory, 0, WARMUP_BATCHES, batch_timeout_s)
-    configs = [(t, s, w) for t in plan.temperatures for s in sources for w in plan.workers]
-    total = len(configs) * plan.runs
-    done = 0
+    total = len(plan.temperatures) * len(sources) * len(plan.workers) * plan.runs
     warmed: set[str] = set()
-    for temp, source, workers in configs:
+    # Each (cache, layout)'s worker counts in rounds: run r reads every count once, in
+    # an order turned by r, so counts compared are read side by side and a machine
+    # whose other work comes and goes slows them alike (their ratio, run by run, holds).
+    rounds = [
+        (temp, source, run, workers)
+        for temp in plan.temperatures
+        for source in sources
+        for run in range(plan.runs)
+        for workers in rotated(list(plan.workers), run)
+    ]
+    for done, (temp, source, run, workers) in enumerate(rounds):
         layout = source.layout
         if temp == "warm" and layout.name not in warmed:
             files = FileOps(layout.paths, layout.dir_fd, layout.evict_flags)
@@ -166,17 +180,15 @@ def measure(
             )
             warmed.add(layout.name)
         epochs = out.epochs.setdefault((layout.name, temp, workers), [])
-        for run in range(plan.runs):
-            if temp == "cold":
-                cache.evict(
-                    layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags
-                )
-                out.resident_cold.setdefault(layout.name, []).append(
-                    record_residency(layout, out.residency_errors)
-                )
-            progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
-            epochs.append(run_epoch(source, plan, workers, pin_memory, run, 0, batch_timeout_s))
-            done += 1
+        if temp == "cold":
+            cache.evict(
+                layout.paths, dir_fd=layout.dir_fd, sync=layout.sync, flags=layout.evict_flags
+            )
+            out.resident_cold.setdefault(layout.name, []).append(
+                record_residency(layout, out.residency_errors)
+            )
+        progress(f"{layout.name} {temp}, {workers} worker(s)", done, total)
+        epochs.append(run_epoch(source, plan, workers, pin_memory, run, 0, batch_timeout_s))
     progress("measuring", total, total)
     return out
 

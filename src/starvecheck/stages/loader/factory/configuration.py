@@ -13,7 +13,11 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
                   the time budget is spent ("budget"), or at the end of the epoch
                   ("epoch"); which one is recorded.
   CPU             user+system seconds of the main process and of every worker over the
-                  windows (psutil), per sample
+                  windows (psutil), per sample; their seconds runnable but waiting for a
+                  CPU (run queue, /proc/PID/task/*/schedstat), so that a wait for the CPU
+                  is never read as I/O; the workers' seconds alive over the windows, of
+                  which what is neither CPU nor run queue is blocked (I/O, sleep)
+  machine         the CPU other processes used over the windows (/proc/stat less ours)
   memory          USS and PSS of the main process and each worker after the warm-up
                   and at the end: their growth is what copy-on-read costs
                   (pytorch/pytorch#13246)
@@ -27,20 +31,21 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from starvecheck.core.signals import check_signals, importing
+from starvecheck.core.signals import check_signals
 from starvecheck.core.status import UsageError
+from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_seconds
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.workers import stop_workers
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
+from starvecheck.stages.loader.factory.loaders import Built, Config, built_for
 from starvecheck.stages.loader.factory.owndata import (
-    ChainedInit,
-    Named,
     SampleFailed,
     batch_figures,
     to_device,
@@ -51,32 +56,6 @@ WINDOW_S = 0.25  # a window's least length
 WINDOW_BATCHES = 2  # and least batches
 STABLE_WINDOWS = 4
 STABLE_SPREAD = 0.10  # (max - min) / median of the last windows
-
-
-@dataclass(frozen=True)
-class Config:
-    workers: int
-    prefetch_factor: int | None = None  # None: torch's default (2) where workers > 0
-    persistent_workers: bool = False
-    pin_memory: bool = False
-
-    def kwargs(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"num_workers": self.workers, "pin_memory": self.pin_memory}
-        if self.workers:
-            out["persistent_workers"] = self.persistent_workers
-            if self.prefetch_factor is not None:
-                out["prefetch_factor"] = self.prefetch_factor
-        return out
-
-    def describe(self) -> str:
-        parts = [f"num_workers={self.workers}"]
-        if self.workers and self.prefetch_factor is not None:
-            parts.append(f"prefetch_factor={self.prefetch_factor}")
-        if self.workers and self.persistent_workers:
-            parts.append("persistent_workers=True")
-        if self.pin_memory:
-            parts.append("pin_memory=True")
-        return ", ".join(parts)
 
 
 @dataclass
@@ -107,35 +86,19 @@ class Run:
     restarts_s: list[float] = field(default_factory=list)  # later epochs' first batches
     epochs: int = 0
     copy_s: list[float] = field(default_factory=list)  # host-to-device per batch (CUDA)
+    main_runq_s: float | None = None  # runnable, waiting for a CPU, over the windows
+    worker_runq_s: float | None = None
+    worker_alive_s: float | None = None  # the workers' wall time over the windows, summed
+    others_cpus: float | None = None  # CPUs other processes kept busy over the windows
+    window_s: float = 0.0  # the windows' time, epoch restarts inside them included
+    window_samples: int = 0
+    window_batches: int = 0
+    main_span_s: float | None = None  # the time the main process's CPU was read over
+    others_each: list[float | None] = field(default_factory=list)  # per slice, in rounds
 
     @property
     def median_samples_per_s(self) -> float | None:
         return statistics.median(self.samples_per_s) if self.samples_per_s else None
-
-
-def make_loader(pipeline: Pipeline, config: Config) -> Any:
-    """A DataLoader on the user's dataset with the user's sampler, collate and other
-    settings, and `config`'s num_workers, prefetch_factor, persistent_workers and
-    pin_memory."""
-    with importing():
-        from torch.utils.data import DataLoader
-
-    kwargs = {
-        k: v
-        for k, v in pipeline.settings.items()
-        if k
-        not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
-    }
-    if kwargs.get("batch_sampler") is not None:
-        for k in ("batch_size", "drop_last", "sampler"):
-            kwargs.pop(k, None)
-    kwargs["worker_init_fn"] = (
-        ChainedInit(kwargs.get("worker_init_fn"))
-        if config.workers
-        else kwargs.get("worker_init_fn")
-    )
-    dataset = pipeline.dataset if pipeline.iterable else Named(pipeline.dataset)
-    return DataLoader(dataset, **kwargs, **config.kwargs())
 
 
 def _memory(pid: int | None = None) -> Memory:
@@ -164,8 +127,9 @@ def _worker_pids(it: Any) -> list[int]:
 
 @dataclass(frozen=True)
 class Budget:
-    seconds: float  # per configuration, windows included
+    seconds: float  # per configuration (per slice, in rounds), windows included
     batch_timeout_s: float
+    until_stable: bool = True  # stop once the windows agree; False: read all `seconds`
 
 
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
@@ -174,14 +138,14 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     on into the next epoch where one is shorter; after it, every batch counts, each
     later epoch's first batch with its restart (also recorded apart, `restart_s`)."""
     run = Run(config)
-    loader = _built(pipeline, config)
+    built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
     reading = _Reading(run, pipeline, budget, device, time.perf_counter())
     epochs = 0
     try:
         while not run.stopped:
             epochs += 1
-            reading.epoch(loader, warmup, first=epochs == 1)
+            reading.epoch(built, warmup, first=epochs == 1)
             if run.stopped:
                 break
             if time.perf_counter() - reading.started >= budget.seconds:
@@ -189,10 +153,11 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0):
                 run.stopped = "epochs"  # a dataset of a batch or two an epoch
         if config.workers and config.persistent_workers and not run.restarts_s:
-            run.restart_s = _restart(loader, budget, pipeline.describe())
+            run.restart_s = _restart(built, budget, pipeline.describe())
     finally:
         # Persistent workers outlive each epoch's iterator: stopped here, on every way out.
-        stop_workers(getattr(loader, "_iterator", None))
+        stop_workers(getattr(built.inner, "_iterator", None))
+        built.stop()
     if run.restarts_s:
         run.restart_s = statistics.median(run.restarts_s)
     run.epochs = epochs
@@ -215,6 +180,12 @@ class _Reading:
         self.clock = time.perf_counter
         self.cpu0: dict[int | None, float] = {}  # pid (None: this process) -> at the start
         self.cpu1: dict[int | None, float] = {}  # -> latest
+        self.runq0: dict[int | None, float] = {}
+        self.runq1: dict[int | None, float] = {}
+        self.seen0: dict[int | None, float] = {}  # when each was first and last read
+        self.seen1: dict[int | None, float] = {}
+        self.machine0: CpuTimes | None = None  # the machine's CPU times, windows' start
+        self.ours0: float | None = None  # this process and its children, then
         self.mem0: dict[int | None, Memory] = {}
         self.mem1: dict[int | None, Memory] = {}
         self.window_start = 0.0
@@ -223,28 +194,47 @@ class _Reading:
         self.read_s = 0.0
         self.paused = 0.0  # when the last epoch ended
         self.windowing = False  # the warm-up is over: batches count in windows
+        self.started_windows = 0.0
         self.warmed = 0  # warm-up batches read so far, across epochs
 
     def _sample(self, pids: list[int | None], first: bool) -> None:
+        now = self.clock()
+        if self.machine0 is None:
+            self.machine0, self.ours0 = machine_times(), ours_cpu()
         for pid in pids:
             cpu = _cpu(pid)
             if cpu is not None:
                 if first or pid not in self.cpu0:
                     self.cpu0.setdefault(pid, cpu)
+                    self.seen0.setdefault(pid, now)
                 self.cpu1[pid] = cpu
+                self.seen1[pid] = now
+            runq = runq_seconds(os.getpid() if pid is None else pid)
+            if runq is not None:
+                self.runq0.setdefault(pid, runq)
+                self.runq1[pid] = runq
             mem = _memory(pid)
             if mem.uss is not None:
                 self.mem0.setdefault(pid, mem)
                 self.mem1[pid] = mem
 
-    def epoch(self, loader: Any, warmup: int, first: bool) -> None:
+    def epoch(self, built: Built, warmup: int, first: bool) -> None:
+        keep = self.run.config.workers > 0 and self.run.config.persistent_workers
+        try:
+            self._epoch(built, warmup, first)
+        finally:
+            if not keep:
+                built.stop()  # a DataLoader inside the user's object: its workers, now
+
+    def _epoch(self, built: Built, warmup: int, first: bool) -> None:
         run, clock = self.run, self.clock
         what = self.pipeline.describe()
         t0 = clock()
         keep = run.config.workers > 0 and run.config.persistent_workers
+        limit, workers = self.budget.batch_timeout_s, run.config.workers
         with (
             _starting(self.pipeline, run.config),
-            Batches(loader, self.budget.batch_timeout_s, "loader", what, keep=keep) as it,
+            Batches(built.loader, limit, "loader", what, keep=keep, workers=workers) as it,
         ):
             batch = _next(it, self.pipeline, 0)
             if first:
@@ -263,11 +253,12 @@ class _Reading:
                 self.warmed += batch is not None
             if batch is None:
                 return  # an epoch no longer than the warm-up: the next one is measured
-            pids: list[int | None] = [None, *_worker_pids(getattr(it, "_it", None))]
+            pids: list[int | None] = [None, *_worker_pids(built.iterator(it))]
             self._sample(pids, not self.windowing)
             began = clock()
             if not self.windowing:
                 self.window_start = began
+                self.started_windows = began
                 self.windowing = True
             # Later epochs: the window goes on across the epoch's end, its restart (new
             # workers, their first batches) in it, as a training loop pays it.
@@ -284,7 +275,7 @@ class _Reading:
                 if now - self.window_start >= WINDOW_S and self.window_batches >= WINDOW_BATCHES:
                     self._window(now)
                     self._sample(pids, False)
-                    if stable(run.samples_per_s):
+                    if self.budget.until_stable and stable(run.samples_per_s):
                         run.stopped = "stable"
                 if now - self.started >= self.budget.seconds:
                     run.stopped = run.stopped or "budget"
@@ -314,6 +305,9 @@ class _Reading:
         span = max(now - self.window_start, 1e-9)
         self.run.samples_per_s.append(self.window_samples / span)
         self.run.batches_per_s.append(self.window_batches / span)
+        self.run.window_s += span
+        self.run.window_samples += self.window_samples
+        self.run.window_batches += self.window_batches
         self.window_start, self.window_samples, self.window_batches = now, 0, 0
 
     def finish(self) -> None:
@@ -329,19 +323,29 @@ class _Reading:
             if workers
             else (0.0 if not run.config.workers else None)
         )
+        if None in self.runq0:
+            run.main_runq_s = self.runq1[None] - self.runq0[None]
+        waited = [p for p in workers if p in self.runq0]
+        if waited:
+            run.worker_runq_s = sum(self.runq1[p] - self.runq0[p] for p in waited)
+        if workers:
+            run.worker_alive_s = sum(self.seen1[p] - self.seen0[p] for p in workers)
+        if None in self.seen0:
+            run.main_span_s = self.seen1[None] - self.seen0[None]
+        end, ours = machine_times(), ours_cpu()
+        if (
+            self.machine0 is not None
+            and end is not None
+            and self.ours0 is not None
+            and ours is not None
+            and self.started_windows
+        ):
+            span = max(self.clock() - self.started_windows, 1e-9)
+            busy = end.busy - self.machine0.busy
+            run.others_cpus = max(0.0, (busy - (ours - self.ours0)) / span)
         if None in self.mem0:
             run.main_memory = (self.mem0[None], self.mem1[None])
         run.worker_memory = [(self.mem0[p], self.mem1[p]) for p in self.mem0 if p is not None]
-
-
-def _built(pipeline: Pipeline, config: Config) -> Any:
-    try:
-        return make_loader(pipeline, config)
-    except (ValueError, TypeError) as e:
-        raise UsageError(
-            f"loader --factory {pipeline.spec.text}: DataLoader({config.describe()}) refused "
-            f"the pipeline's settings: {one_line(e)}"
-        ) from e
 
 
 def _next(it: Any, pipeline: Pipeline, index: int) -> Any:
@@ -380,10 +384,10 @@ def _starting(pipeline: Pipeline, config: Config) -> Iterator[None]:
         ) from e
 
 
-def _restart(loader: Any, budget: Budget, what: str) -> float | None:
+def _restart(built: Built, budget: Budget, what: str) -> float | None:
     """A second iter() on a persistent-workers DataLoader: its first batch."""
     started = time.perf_counter()
-    with Batches(loader, budget.batch_timeout_s, "loader", what) as it:
+    with Batches(built.loader, budget.batch_timeout_s, "loader", what, keep=True) as it:
         try:
             next(it)
         except StopIteration:

@@ -15,6 +15,7 @@ exit 2 (`UsageError`): the import and the call run with stdout sent to stderr (s
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import os
@@ -47,14 +48,29 @@ class Pipeline:
     settings: dict[str, Any] = field(default_factory=dict)
     length: int | None = None  # len(dataset) where it has one
     factory_s: float = 0.0  # importing and calling FUNC
+    # A loader-like object FUNC returned: what the user's loop iterates, holding a
+    # DataLoader (WebDataset's WebLoader, a DataPipeline whose first stage is one). It is
+    # read as it is, in what it yields, never batched again; `rewrap(loader)` is a copy
+    # of it with another DataLoader inside, so that DataLoader's settings (`settings`,
+    # `dataset`) are what the sweep changes.
+    outer: Any = None
+    rewrap: Callable[[Any], Any] | None = None
+    # An iterable holding no DataLoader (a generator, a loader of the user's own): read
+    # as it is, once, in its one configuration: nothing of it can be swept.
+    fixed: bool = False
 
     @property
     def current_workers(self) -> int:
         return int(self.settings.get("num_workers", 0) or 0)
 
     def describe(self) -> str:
+        if self.fixed:
+            return f"{type(self.outer).__name__} (an iterable, read as it is)"
         kind = "IterableDataset" if self.iterable else "Dataset"
-        return f"{type(self.dataset).__name__} ({kind})"
+        inner = f"{type(self.dataset).__name__} ({kind})"
+        if self.outer is not None:
+            return f"{type(self.outer).__name__} around a DataLoader of {inner}"
+        return inner
 
 
 def one_line(e: BaseException) -> str:
@@ -186,9 +202,15 @@ def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipelin
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     where = f"loader --factory {spec.text}"
+    outer: Any = None
+    rewrap: Callable[[Any], Any] | None = None
+    wrapped = None if isinstance(made, DataLoader) else _inner_loader(made)
+    if wrapped is not None:
+        outer, (inner, rewrap) = made, wrapped
+        made = inner  # its settings are what the sweep changes; `made` is read as it is
     if isinstance(made, DataLoader):
         settings = loader_settings(made)
-        if batch_size is not None:
+        if batch_size is not None and outer is None:
             settings["batch_size"] = batch_size
             settings.pop("batch_sampler", None)
         dataset = made.dataset
@@ -199,10 +221,12 @@ def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipelin
         settings = {"batch_size": batch_size or 32, "num_workers": 0}
         if not isinstance(made, IterableDataset):
             settings["shuffle"] = True
+    elif _iterable(made):
+        return Pipeline(spec, made, True, True, {"num_workers": 0}, None, outer=made, fixed=True)
     else:
         raise UsageError(
             f"{where}: {spec.func}() returned a {type(made).__name__}, not a torch Dataset, "
-            "IterableDataset or DataLoader"
+            "IterableDataset, DataLoader or an iterable of batches"
         )
     iterable = isinstance(dataset, IterableDataset)
     length = None
@@ -215,7 +239,50 @@ def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipelin
             raise UsageError(f"{where}: len(dataset) raised {one_line(e)}") from e
         if length <= 0:
             raise UsageError(f"{where}: the dataset is empty")
-    return Pipeline(spec, dataset, iterable, given, settings, length)
+    return Pipeline(spec, dataset, iterable, given, settings, length, outer=outer, rewrap=rewrap)
+
+
+def _iterable(made: Any) -> bool:
+    """A loader of the user's own: a generator, an iterator, an object with __iter__;
+    not a container of samples (a list is a dataset without __getitem__'s contract)."""
+    if isinstance(made, str | bytes | dict | list | tuple | set | frozenset):
+        return False
+    return callable(getattr(type(made), "__iter__", None))
+
+
+def _inner_loader(made: Any) -> tuple[Any, Callable[[Any], Any]] | None:
+    """(the DataLoader a loader-like object holds, a function making a copy of it with
+    another DataLoader in its place), where `made` holds one: in a list of stages
+    (`pipeline`, as WebDataset's DataPipeline and WebLoader keep it) or as an attribute.
+    One level deep: the user's object is not searched further."""
+    with importing():
+        from torch.utils.data import DataLoader
+
+    fields = getattr(made, "__dict__", None)
+    if not isinstance(fields, dict):
+        return None
+    for name, value in fields.items():
+        if isinstance(value, DataLoader):
+
+            def swap(loader: Any, name: str = name) -> Any:
+                new = copy.copy(made)
+                setattr(new, name, loader)
+                return new
+
+            return value, swap
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, DataLoader):
+
+                    def swap_item(loader: Any, name: str = name, i: int = i) -> Any:
+                        new = copy.copy(made)
+                        stages = list(getattr(made, name))
+                        stages[i] = loader
+                        setattr(new, name, stages)
+                        return new
+
+                    return item, swap_item
+    return None
 
 
 # The DataLoader arguments read back from a user's DataLoader: everything that shapes
@@ -240,9 +307,9 @@ def loader_settings(dl: Any) -> dict[str, Any]:
         from torch.utils.data import IterableDataset
 
     if not isinstance(dl.dataset, IterableDataset):
-        if dl.batch_size is None:  # a batch_sampler of the user's own
+        if dl.batch_size is None and dl.batch_sampler is not None:  # the user's own
             out["batch_sampler"] = dl.batch_sampler
-        else:
+        else:  # batches of batch_size, or (None) samples that are batches already
             out["sampler"] = dl.sampler
     out["batch_size"] = dl.batch_size
     return out

@@ -1,0 +1,217 @@
+"""What else the machine is doing while starvecheck measures: the CPU other processes
+use, time stolen by the hypervisor, the cgroup's throttling, and how long our own
+processes waited for a CPU while runnable (their run-queue time). A figure measured
+while other work holds the cores says less about the pipeline than about the machine;
+these readings say by how much.
+
+Sources, each read where it is there and skipped (None) where it is not:
+- /proc/stat, first line: the whole machine's CPU time by kind (USER_HZ ticks);
+- /proc/PID/stat fields 14 and 15: a process's user and system time (ticks), all its
+  threads together;
+- /proc/PID/task/TID/schedstat: each thread's time on a CPU and waiting on a run
+  queue (nanoseconds; present with CONFIG_SCHED_INFO, which common kernels have),
+  summed over the process's threads;
+- the cgroup's cpu.stat: throttled time where a CPU quota is enforced.
+Parsers are pure functions of text; `sample` never raises.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from starvecheck.probe.sysroot import SysRoot
+
+TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """/proc/stat's `cpu` line in seconds: busy (user, nice, system, irq, softirq),
+    idle (idle, iowait), stolen by the hypervisor."""
+
+    busy: float
+    idle: float
+    steal: float
+
+    @property
+    def total(self) -> float:
+        return self.busy + self.idle + self.steal
+
+
+def parse_proc_stat(text: str) -> CpuTimes | None:
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or parts[0] != "cpu":
+            continue
+        try:
+            v = [int(x) for x in parts[1:]]
+        except ValueError:
+            return None
+        if len(v) < 4:
+            return None
+        v += [0] * (8 - len(v))
+        user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+        busy = (user + nice + system + irq + softirq) * TICK_S
+        return CpuTimes(busy, (idle + iowait) * TICK_S, steal * TICK_S)
+    return None
+
+
+def parse_pid_stat(text: str) -> float | None:
+    """A process's user + system CPU seconds, from /proc/PID/stat (its name may hold
+    spaces and parentheses: fields are counted after the last ')')."""
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    try:
+        return (int(fields[11]) + int(fields[12])) * TICK_S
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_schedstat(text: str) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable on a run queue) from /proc/PID/schedstat."""
+    parts = text.split()
+    try:
+        return int(parts[0]) / 1e9, int(parts[1]) / 1e9
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_throttled(text: str) -> float | None:
+    """Throttled seconds from a cgroup's cpu.stat (v2 `throttled_usec`, v1
+    `throttled_time` in ns); None where it counts none."""
+    for line in text.splitlines():
+        key, _, number = line.partition(" ")
+        try:
+            if key == "throttled_usec":
+                return int(number) / 1e6
+            if key == "throttled_time":
+                return int(number) / 1e9
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading: the machine's CPU times, our processes' CPU and run-queue seconds
+    (summed over the pids asked for), the cgroup's throttled seconds."""
+
+    machine: CpuTimes | None
+    ours_cpu: float | None
+    ours_runq: float | None
+    throttled: float | None
+
+
+def _read(root: SysRoot, path: str) -> str | None:
+    text = root.read(path)
+    return text.value if text.known else None
+
+
+def machine_times(root: SysRoot | None = None) -> CpuTimes | None:
+    """The machine's CPU times now (/proc/stat), or None where they cannot be read."""
+    text = _read(root or SysRoot.from_environ({}), "/proc/stat")
+    return parse_proc_stat(text) if text else None
+
+
+def ours_cpu() -> float | None:
+    """CPU seconds of this process and every process it started: its own threads, the
+    children it has reaped (cutime, cstime), and those still alive; None where they
+    cannot be read. Over an interval, with the machine's busy time, it tells what the
+    rest of the machine used."""
+    try:
+        import psutil
+
+        me = psutil.Process()
+        t = me.cpu_times()
+        total = t.user + t.system + t.children_user + t.children_system
+        for child in me.children(recursive=True):
+            try:
+                c = child.cpu_times()
+            except psutil.Error:
+                continue  # gone in between: reaped, its time in children_*
+            total += c.user + c.system
+        return total
+    except Exception:
+        return None
+
+
+def runq_seconds(pid: int, root: SysRoot | None = None) -> float | None:
+    """Seconds every thread of `pid` has waited on a run queue, or None."""
+    return _runq(root or SysRoot.from_environ({}), pid)
+
+
+def _runq(root: SysRoot, pid: int) -> float | None:
+    """Run-queue seconds of every thread of `pid` (torch's intra-op threads too)."""
+    try:
+        tids = os.listdir(root.path(f"/proc/{pid}/task"))
+    except OSError:
+        tids = []
+    total, seen = 0.0, False
+    paths = [f"/proc/{pid}/task/{t}/schedstat" for t in tids] or [f"/proc/{pid}/schedstat"]
+    for path in paths:
+        text = _read(root, path)
+        s = parse_schedstat(text) if text else None
+        if s is not None:
+            total += s[1]
+            seen = True
+    return total if seen else None
+
+
+def sample(pids: Iterable[int], cpu_stat: str | None = None, root: SysRoot | None = None) -> Sample:
+    """The machine now, and `pids` (processes that may have exited: skipped).
+    `cpu_stat`: the cgroup's cpu.stat path where a quota is enforced (probe/cgroup.py
+    finds it), else None."""
+    root = root or SysRoot.from_environ({})
+    text = _read(root, "/proc/stat")
+    machine = parse_proc_stat(text) if text else None
+    cpu = runq = 0.0
+    seen_cpu = seen_runq = False
+    for pid in pids:
+        stat = _read(root, f"/proc/{pid}/stat")
+        t = parse_pid_stat(stat) if stat else None
+        if t is not None:
+            cpu += t
+            seen_cpu = True
+        waited = _runq(root, pid)
+        if waited is not None:
+            runq += waited
+            seen_runq = True
+    throttled = None
+    if cpu_stat:
+        text = _read(root, cpu_stat)
+        throttled = parse_throttled(text) if text else None
+    return Sample(machine, cpu if seen_cpu else None, runq if seen_runq else None, throttled)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the machine did between two samples: CPUs other processes kept busy, the
+    share of the CPU time stolen, our processes' run-queue wait per second of wall
+    time, seconds throttled; None where it could not be read."""
+
+    seconds: float
+    others_cpus: float | None
+    steal_share: float | None
+    ours_runq_per_s: float | None
+    throttled_s: float | None
+
+
+def between(a: Sample, b: Sample, seconds: float) -> Load:
+    """The load over `seconds` between samples `a` and `b` (the same pids in both:
+    a process that started or ended in between makes its part unreliable, and callers
+    sample the same set)."""
+    others = steal = runq = throttled = None
+    if a.machine and b.machine and seconds > 0:
+        busy = b.machine.busy - a.machine.busy
+        total = b.machine.total - a.machine.total
+        if a.ours_cpu is not None and b.ours_cpu is not None:
+            others = max(0.0, (busy - (b.ours_cpu - a.ours_cpu)) / seconds)
+        if total > 0:
+            steal = max(0.0, (b.machine.steal - a.machine.steal) / total)
+    if a.ours_runq is not None and b.ours_runq is not None and seconds > 0:
+        runq = max(0.0, (b.ours_runq - a.ours_runq) / seconds)
+    if a.throttled is not None and b.throttled is not None:
+        throttled = max(0.0, b.throttled - a.throttled)
+    return Load(seconds, others, steal, runq, throttled)

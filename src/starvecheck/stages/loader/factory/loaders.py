@@ -1,0 +1,130 @@
+"""The DataLoader each configuration of `loader --factory` reads: its settings
+(`Config`), and the loader built from the user's pipeline with them (`make_loader`): a
+DataLoader on the user's dataset, sampler and collate_fn; inside the user's own
+loader-like object where FUNC returned one (WebDataset's WebLoader), so that object is
+read as it is; the user's fixed iterable, as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from starvecheck.core.signals import importing
+from starvecheck.core.status import UsageError
+from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.loader.factory.load import Pipeline, one_line
+from starvecheck.stages.loader.factory.owndata import ChainedInit, Named
+
+
+@dataclass(frozen=True)
+class Config:
+    workers: int
+    prefetch_factor: int | None = None  # None: torch's default (2) where workers > 0
+    persistent_workers: bool = False
+    pin_memory: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_workers": self.workers, "pin_memory": self.pin_memory}
+        if self.workers:
+            out["persistent_workers"] = self.persistent_workers
+            if self.prefetch_factor is not None:
+                out["prefetch_factor"] = self.prefetch_factor
+        return out
+
+    def describe(self) -> str:
+        parts = [f"num_workers={self.workers}"]
+        if self.workers and self.prefetch_factor is not None:
+            parts.append(f"prefetch_factor={self.prefetch_factor}")
+        if self.workers and self.persistent_workers:
+            parts.append("persistent_workers=True")
+        if self.pin_memory:
+            parts.append("pin_memory=True")
+        return ", ".join(parts)
+
+
+@dataclass
+class Built:
+    """What one configuration reads: `loader`, the DataLoader, or the user's loader-like
+    object with our DataLoader inside (`inner`), or a fixed iterable read as it is
+    (`inner` None)."""
+
+    loader: Any
+    inner: Any
+
+    def iterator(self, it: Any) -> Any:
+        """This epoch's DataLoader iterator (its workers), from the Batches `it`."""
+        if self.inner is None:
+            return None
+        if self.inner is self.loader:
+            return getattr(it, "_it", None)
+        return getattr(self.inner, "held", None)
+
+    def stop(self) -> None:
+        """Stop the workers of a DataLoader inside another object: closing the outer
+        iterator does not reach them."""
+        if self.inner is not None and self.inner is not self.loader:
+            stop_workers(getattr(self.inner, "held", None))
+
+
+def make_loader(pipeline: Pipeline, config: Config) -> Built:
+    """A DataLoader on the user's dataset with the user's sampler, collate and other
+    settings, and `config`'s num_workers, prefetch_factor, persistent_workers and
+    pin_memory; inside the user's loader-like object where FUNC returned one; the
+    user's fixed iterable as it is."""
+    if pipeline.fixed:
+        return Built(pipeline.outer, None)
+    with importing():
+        from torch.utils.data import DataLoader
+
+    kwargs = {
+        k: v
+        for k, v in pipeline.settings.items()
+        if k
+        not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
+    }
+    if kwargs.get("batch_sampler") is not None:
+        for k in ("batch_size", "drop_last", "sampler"):
+            kwargs.pop(k, None)
+    kwargs["worker_init_fn"] = (
+        ChainedInit(kwargs.get("worker_init_fn"))
+        if config.workers
+        else kwargs.get("worker_init_fn")
+    )
+    dataset = pipeline.dataset if pipeline.iterable else Named(pipeline.dataset)
+    if pipeline.rewrap is None:
+        loader = DataLoader(dataset, **kwargs, **config.kwargs())
+        return Built(loader, loader)
+    inner = _held_loader()(dataset, **kwargs, **config.kwargs())
+    return Built(pipeline.rewrap(inner), inner)
+
+
+_HELD: list[type] = []
+
+
+def _held_loader() -> type:
+    """A DataLoader that keeps its current iterator (`held`): inside the user's object
+    its iterator is out of reach, and its workers are read and stopped through it."""
+    if not _HELD:
+        with importing():
+            from torch.utils.data import DataLoader
+
+        class HeldLoader(DataLoader):  # type: ignore[misc]
+            held: Any = None
+
+            def __iter__(self) -> Any:
+                self.held = super().__iter__()
+                return self.held
+
+        _HELD.append(HeldLoader)
+    return _HELD[0]
+
+
+def built_for(pipeline: Pipeline, config: Config) -> Built:
+    try:
+        return make_loader(pipeline, config)
+    except (ValueError, TypeError) as e:
+        raise UsageError(
+            f"loader --factory {pipeline.spec.text}: DataLoader({config.describe()}) refused "
+            f"the pipeline's settings: {one_line(e)}"
+        ) from e

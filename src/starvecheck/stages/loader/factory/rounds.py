@@ -1,0 +1,85 @@
+"""Configurations read in interleaved rounds (`loader --factory`): every configuration
+read once a round, in an order that turns each round, so that two configurations
+compared are read seconds apart, never minutes, and a machine whose other work comes
+and goes slows both alike: their ratio, round by round, holds where their figures do
+not (advice/paired.py compares them so). A configuration's slices merge into one run
+with one figure a round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from starvecheck.stages.loader.factory.configuration import Budget, Run
+from starvecheck.stages.loader.factory.load import Pipeline
+from starvecheck.stages.loader.factory.loaders import Config
+
+ROUNDS = {False: 5, True: 3}  # full, quick
+
+Measure = Callable[[Pipeline, Config, Budget, Any], Run]
+Progress = Callable[[str, int, int], None]
+
+
+def rotated(items: list[Any], by: int) -> list[Any]:
+    """`items` turned by `by` places: round r starts at its r-th configuration."""
+    if not items:
+        return items
+    k = by % len(items)
+    return items[k:] + items[:k]
+
+
+def read_rounds(
+    todo: list[tuple[str, Config]],
+    rounds: int,
+    read_one: Callable[[Config], Run],
+    progress: Callable[[str], None],
+) -> list[tuple[str, Run]]:
+    """(role, run) for each of `todo`, each read `rounds` times, in turn."""
+    slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
+    for r in range(rounds):
+        for _, config in rotated(todo, r):
+            progress(f"round {r + 1} of {rounds}: {config.describe()}")
+            slices[config].append(read_one(config))
+    return [(role, merge(slices[c])) for role, c in todo]
+
+
+def merge(slices: list[Run]) -> Run:
+    """One configuration read in several slices, one a round: `samples_per_s` and
+    `batches_per_s` hold one figure per slice, in round order, so two configurations
+    pair round by round; times and CPU add up; the first batch is the first slice's;
+    memory is the longest slice's (each slice starts fresh workers)."""
+    first = slices[0]
+    out = Run(first.config, first_batch_s=first.first_batch_s, stopped="rounds")
+
+    def total(name: str) -> float | None:
+        values = [getattr(r, name) for r in slices]
+        return None if any(v is None for v in values) else sum(values)
+
+    for r in slices:
+        if r.window_s > 0 and r.window_samples:
+            out.samples_per_s.append(r.window_samples / r.window_s)
+            out.batches_per_s.append(r.window_batches / r.window_s)
+        out.window_s += r.window_s
+        out.window_samples += r.window_samples
+        out.window_batches += r.window_batches
+        out.waits_ms += r.waits_ms
+        out.batch_bytes += r.batch_bytes
+        out.restarts_s += r.restarts_s
+        out.copy_s += r.copy_s
+        out.samples += r.samples
+        out.batches += r.batches
+        out.seconds += r.seconds
+        out.epochs += r.epochs
+    names = ("main_cpu_s", "worker_cpu_s", "main_runq_s", "worker_runq_s", "worker_alive_s")
+    for name in (*names, "main_span_s"):
+        setattr(out, name, total(name))
+    others = [r.others_cpus for r in slices if r.others_cpus is not None]
+    out.others_cpus = statistics.median(others) if others else None
+    out.others_each = [r.others_cpus for r in slices]
+    longest = max(slices, key=lambda r: r.samples)
+    out.main_memory, out.worker_memory = longest.main_memory, longest.worker_memory
+    restarts = out.restarts_s or [r.restart_s for r in slices if r.restart_s is not None]
+    out.restart_s = statistics.median(restarts) if restarts else None
+    return out
