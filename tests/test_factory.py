@@ -406,8 +406,11 @@ def plain_rate(loader: Any, batches: int = 120, warmup: int = 5) -> float:
 @pytest.mark.slow
 def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     """The README's run: real JPEG decode. The count recommended is within the CPUs (the
-    work is decoding), and the samples/s measured at it is within 15% of a plain
-    DataLoader loop at the same setting."""
+    work is decoding), and what it predicts against the current num_workers=0 comes true
+    in a plain DataLoader loop: the two settings read side by side, round by round, the
+    recommendation is not slower, and the ratio predicted is within 35% of the one
+    measured (ratios measured in one run, as a noisy machine allows; absolute samples/s
+    minutes apart are not compared)."""
     import importlib.util
 
     from torch.utils.data import DataLoader
@@ -419,10 +422,12 @@ def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     (finding,) = [f for f in stage["findings"] if f["id"] == "loader.own-config"]
     workers = finding["fix"]["num_workers"]
     assert workers <= stage["parameters"]["effective_cpus"]
-    (measured,) = [
+    if workers == 0:
+        return
+    (predicted,) = [
         m
         for m in stage["metrics"]
-        if m["labels"].get("quantity") == "samples_per_s"
+        if m["labels"].get("quantity") == "vs_current"
         and m["labels"].get("role") == "workers"
         and m["labels"]["workers"] == workers
     ]
@@ -431,9 +436,12 @@ def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     dataset = module.imagefolder().dataset
-    loop = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=workers)
-    plain = sorted(plain_rate(loop) for _ in range(3))[1]
-    assert measured["value"] == pytest.approx(plain, rel=0.15), (measured["value"], plain)
+    now = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=0)
+    rec = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=workers)
+    ratios = sorted(plain_rate(rec, 60) / plain_rate(now, 60) for _ in range(3))
+    measured = ratios[1]
+    assert measured > 1.0, ratios
+    assert predicted["value"] == pytest.approx(measured, rel=0.35), (predicted["value"], ratios)
 
 
 @pytest.mark.slow

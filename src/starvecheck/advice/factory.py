@@ -44,8 +44,13 @@ from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResul
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-# persistent_workers: recommended when a later epoch starts this much sooner.
+# persistent_workers: recommended when a later epoch starts this much sooner, and this
+# share of an epoch.
 EPOCH_START_SAVED_S = 0.05
+EPOCH_SHARE = 0.05
+# A setting second to the worker count (prefetch_factor, persistent_workers) joins the
+# line only where its interval is above 1 + this.
+EXTRA_MARGIN = 0.10
 # The change is worth a warning from this gain on.
 WARN_GAIN = 1.5
 # Other processes keeping this many CPUs busy (median over the rounds), or one
@@ -116,7 +121,7 @@ def choose(loader: StageResult) -> Choice | None:
         k = max(fitting, key=lambda w: sweep[w].rate) if fitting else 0
         notes.append(f"lowered to {k}: {cap_why}")
     best = sweep[k]
-    extra = _extra_setting(found, best)
+    extra = _extra_setting(found, best, params.samples_in_dataset)
     if extra is not None:
         best, note = extra
         notes.append(note)
@@ -406,10 +411,16 @@ def _threads(loader: StageResult, found: list[Point]) -> Finding | None:
     )
 
 
-def _extra_setting(found: list[Point], base: Point) -> tuple[Point, str] | None:
-    """prefetch_factor or persistent_workers at the chosen count, where measured faster
-    than the count itself, read beside it (role `base`), beyond the noise; persistent
-    workers also where each later epoch starts sooner and they are not slower."""
+def _extra_setting(
+    found: list[Point], base: Point, dataset_samples: int | None = None
+) -> tuple[Point, str] | None:
+    """prefetch_factor or persistent_workers at the chosen count, read beside the count
+    itself (role `base`): prefetch where its samples/s clear EXTRA_MARGIN over the
+    count's, round by round; persistent workers where each later epoch starts sooner by
+    at least EPOCH_START_SAVED_S and 5% of an epoch, at samples/s not clearly lower, or
+    where their samples/s clear EXTRA_MARGIN. A setting second to the worker count is
+    held to a higher bar than the count, so that it joins the line run after run or
+    not at all. A variant measured slower never joins."""
     if not base.workers:
         return None
     beside = next((p for p in found if p.role == "base" and p.workers == base.workers), None)
@@ -423,21 +434,31 @@ def _extra_setting(found: list[Point], base: Point) -> tuple[Point, str] | None:
         if c is None or c.below(0.0):
             continue  # slower than the count alone: never part of the line
         note = ""
-        if p.role == "prefetch" and c.clears():
-            note = (
-                f"prefetch_factor={p.labels.get('prefetch_factor')} measured {c.describe()} "
-                f"the samples/s of prefetch_factor={beside.labels.get('prefetch_factor')}"
+        if c.clears(EXTRA_MARGIN):
+            what = (
+                f"prefetch_factor={p.labels.get('prefetch_factor')}"
+                if p.role == "prefetch"
+                else "persistent_workers=True"
             )
-        if p.role == "persistent":
-            before, after = beside.get("epoch_start_s"), p.get("epoch_start_s")
-            if c.clears():
-                note = f"persistent_workers=True measured {c.describe()} the samples/s"
-            elif before is not None and after is not None and before - after >= EPOCH_START_SAVED_S:
-                note = (
-                    f"persistent_workers=True starts each later epoch in {after:.2f} s "
-                    f"instead of {before:.2f} s (its workers are not started again), at the "
-                    f"same samples/s ({c.describe()})"
-                )
+            note = f"{what} measured {c.describe()} the samples/s of the count alone"
+        elif p.role == "persistent" and c.high >= 1.0:
+            note = _sooner(p, beside, c, dataset_samples)
         if note and (best is None or c.ratio > best[2]):
             best = (p, note, c.ratio)
     return None if best is None else (best[0], best[1])
+
+
+def _sooner(p: Point, beside: Point, c: Comparison, dataset_samples: int | None) -> str:
+    """Why persistent workers join: each later epoch starts sooner, by enough of it."""
+    before, after = beside.get("epoch_start_s"), p.get("epoch_start_s")
+    if before is None or after is None or not dataset_samples or beside.rate <= 0:
+        return ""
+    saved = before - after
+    epoch = dataset_samples / beside.rate
+    if saved < max(EPOCH_START_SAVED_S, EPOCH_SHARE * epoch):
+        return ""
+    return (
+        f"persistent_workers=True starts each later epoch in {after:.2f} s instead of "
+        f"{before:.2f} s (its workers are not started again), {saved / epoch:.0%} of an "
+        f"epoch of {epoch:.2f} s, at the same samples/s ({c.describe()})"
+    )

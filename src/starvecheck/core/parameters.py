@@ -158,6 +158,7 @@ class Parameters(Mapping[str, Any]):
     # loader --factory: the spec, the configurations read, what the workers must fit in
     factory = text()
     dataset = text()  # what FUNC returned, described
+    samples_in_dataset = whole()  # its len(), where it has one
     read_as_is = flag()  # FUNC returned an iterable holding no DataLoader: one configuration
     configurations = items()
     torch_threads = whole()  # torch's intra-op threads in the measuring process

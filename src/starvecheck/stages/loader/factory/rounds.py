@@ -81,5 +81,9 @@ def merge(slices: list[Run]) -> Run:
     longest = max(slices, key=lambda r: r.samples)
     out.main_memory, out.worker_memory = longest.main_memory, longest.worker_memory
     restarts = out.restarts_s or [r.restart_s for r in slices if r.restart_s is not None]
+    if not restarts and not first.config.persistent_workers:
+        # No epoch ended inside a slice: without persistent workers every epoch starts
+        # as each slice did, new workers and their first batch.
+        restarts = [r.first_batch_s for r in slices if r.first_batch_s > 0]
     out.restart_s = statistics.median(restarts) if restarts else None
     return out
