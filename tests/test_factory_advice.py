@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -255,7 +256,9 @@ def test_copy_on_read_end_to_end(tmp_path: Path) -> None:
         return {f["id"]: f for s in json.loads(r.stdout)["stages"] for f in s["findings"]}
 
     grown = findings("objects")["loader.copy-on-read"]
-    mib = float(grown["title"].split(": ")[1].split(" MiB")[0].replace(",", ""))
+    said = re.search(r"(holds|copies) ([\d,]+) MiB", grown["title"])
+    assert said is not None, grown["title"]
+    mib = float(said.group(2).replace(",", ""))
     assert mib >= 64
     assert "loader.copy-on-read" not in findings("arrays")
 

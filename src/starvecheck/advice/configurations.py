@@ -11,12 +11,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.advice.paired import spread
 from starvecheck.core.criteria import cpu_work
-from starvecheck.core.metric import Metric, one, select
+from starvecheck.core.metric import Caveat, Metric, one, select
 from starvecheck.core.model import StageResult
 
 LAYOUT = "own"
 KEYS = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
+
+
+# Other processes keeping this many CPUs busy (median over the rounds), or one
+# configuration's figure moving this much between rounds: the machine moved the figures.
+BUSY_CPUS = 0.25
+MOVED = 1.25
+# Repeats within an epoch this much above the same pipeline's with the fewest workers:
+# the workers deliver the same samples, and rates count unique samples only.
+REPEATS_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,7 @@ class Point:
     labels: Mapping[str, Any]
     rates: tuple[float, ...]  # samples/s, one figure a round, in round order
     metrics: tuple[Metric, ...]
+    unique: bool = False  # rates count unique samples (repeats were found)
 
     @property
     def rate(self) -> float:
@@ -59,6 +70,9 @@ class Point:
 
 
 def points(loader: StageResult) -> list[Point]:
+    """Every configuration measured. Where workers repeat samples (repeats_grow), every
+    configuration's samples/s counts unique samples only: delivering the same sample
+    twice is no faster."""
     out = []
     for m in select(loader.metrics, quantity="samples_per_s", layout=LAYOUT):
         rates = m.values or ((m.value,) if m.value is not None else ())
@@ -68,7 +82,31 @@ def points(loader: StageResult) -> list[Point]:
         out.append(
             Point(m.labels, tuple(rates), tuple(select(loader.metrics, layout=LAYOUT, **where)))
         )
+    if loader.parameters.iterable and repeats_grow(out):
+        out = [
+            Point(p.labels, tuple(r * (1.0 - (p.get("repeat_share") or 0.0)) for r in p.rates),
+                  p.metrics, unique=True)
+            for p in out
+        ]  # fmt: skip
     return out
+
+
+def repeats_grow(found: list[Point]) -> list[tuple[Point, float]]:
+    """(configuration, its repeat share) where its samples repeat within an epoch more
+    than the same pipeline's with the fewest workers measured: the workers, not the
+    dataset, repeat them. Empty where nothing was fingerprinted."""
+    shares = [(p, s) for p in found if (s := p.get("repeat_share")) is not None]
+    if not shares:
+        return []
+    fewest = min(p.workers for p, _ in shares)
+    base = min(s for p, s in shares if p.workers == fewest)
+    return [(p, s) for p, s in shares if p.workers > fewest and s - base > REPEATS_MARGIN]
+
+
+def base_repeats(found: list[Point]) -> tuple[int, float] | None:
+    """(workers, repeat share) of the configuration with the fewest workers."""
+    shares = [(p.workers, s) for p in found if (s := p.get("repeat_share")) is not None]
+    return min(shares) if shares else None
 
 
 def describe(p: Point) -> str:
@@ -88,3 +126,26 @@ def fix_of(p: Point) -> dict[str, Any]:
     if p.labels.get("pin_memory"):
         fix["pin_memory"] = True
     return fix
+
+
+def moved_caveat(found: list[Point], loader: StageResult) -> Caveat | None:
+    """One line where other work on the machine moved the figures, saying how much."""
+    others = [v for p in found for m in select(p.metrics, quantity="others_cpus") for v in m.values]
+    busy = statistics.median(others) if others else None
+    moves = [(p, s) for p in found if (s := spread(p.rates)) is not None]
+    worst = max(moves, key=lambda kv: kv[1], default=None)
+    if worst is None or ((busy is None or busy < BUSY_CPUS) and worst[1] < MOVED):
+        return None
+    p, most = worst
+    text = ""
+    if busy is not None and busy >= BUSY_CPUS:
+        text = (
+            f"other processes kept {busy:.1f} of the {float(loader.parameters.cpus):g} CPUs busy "
+            f"(median over the rounds, up to {max(others):.1f}); "
+        )
+    text += (
+        f"one configuration's samples/s moved up to {most:.2f}x between rounds "
+        f"({describe(p)}); configurations were read side by side, round by round, and are "
+        "compared by their ratio in each round, which such load moves far less"
+    )
+    return Caveat("machine.busy", "The machine moved the figures: " + text)

@@ -1,7 +1,9 @@
 """What the user's pipeline costs the machine, judged for `loader --factory`: the
 workers that fit in memory and /dev/shm (`memory_cap`, which lowers the count
-advice/factory.py recommends), each worker's private memory growing as it reads
-(`loader.copy-on-read`), and large batches crossing from the workers to the training
+advice/factory.py recommends, and `loader.shm`, the forecast for the fastest
+configuration), each worker's private memory, grown as it reads or held from its first
+batch on (`loader.copy-on-read`), torch's threads loading in the training process
+(`loader.main-threads`), and large batches crossing from the workers to the training
 process (`loader.batch-transfer`).
 """
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from starvecheck.advice.configurations import Point
+from starvecheck.advice.configurations import Point, describe
+from starvecheck.advice.paired import spread
 from starvecheck.core.model import Finding, Severity, StageResult
 from starvecheck.core.parameters import Parameters
 
@@ -24,6 +27,9 @@ OWN_GROWTH_SHARE = 0.5
 # worth shrinking.
 LARGE_BATCH_BYTES = 8 << 20
 RECEIVE_MS = 2.0
+# At num_workers=0, the training process on more than this many CPUs at once: the
+# pipeline's torch operations ran on its intra-op threads.
+THREADED_CPUS = 1.3
 # Of the memory limit, what the loader may take (the training process needs the rest).
 MEMORY_SHARE = 0.8
 
@@ -61,49 +67,163 @@ def memory_cap(p: Point, params: Parameters) -> tuple[int | None, str]:
     return cap, why
 
 
-def copy_on_read(loader: StageResult, found: list[Point]) -> list[Finding]:
-    grown = [
-        (growth, p)
-        for p in found
-        if p.workers and (growth := p.get("uss_growth_bytes", process="worker")) is not None
-    ]
-    if not grown:
+def copy_on_read(
+    loader: StageResult, found: list[Point], chosen: Point | None = None
+) -> list[Finding]:
+    """Workers that hold memory of their own: grown while reading (copy-on-read as it
+    happens), or held from the first batch on against a worker that has read nothing
+    (a copy made at once: a pass over a list of Python objects, the garbage collector),
+    projected to the count recommended and to the memory limit."""
+    idle = loader.parameters.idle_worker_uss_bytes
+    figures = []
+    for p in found:
+        if not p.workers:
+            continue
+        growth = p.get("uss_growth_bytes", process="worker")
+        end = p.get("uss_bytes", process="worker")
+        held = end - idle if end is not None and idle is not None else None
+        figures.append((max(growth or 0.0, held or 0.0), growth, held, end, p))
+    if not figures:
         return []
-    growth, p = max(grown, key=lambda t: t[0])
-    end = p.get("uss_bytes", process="worker") or 0.0
-    if growth < COPY_ON_READ_BYTES:
+    _, growth, held, end, p = max(figures, key=lambda t: (t[0], t[4].workers))
+    grew = growth is not None and growth >= COPY_ON_READ_BYTES
+    holds = held is not None and held >= COPY_ON_READ_BYTES
+    if not (grew or holds):
         return []
-    # The same pipeline in the training process alone (num_workers=0): where it grows as
-    # much there, the growth is the pipeline's own (a shuffle buffer, a cache it fills),
-    # not pages a fork shares and a worker copies.
+    if grew and not holds and _own_growth(found, growth or 0.0):
+        return []
+    assert end is not None
+    return [_copy_finding(loader, p, growth, held, end, chosen)]
+
+
+def _own_growth(found: list[Point], growth: float) -> bool:
+    """The same pipeline in the training process alone (num_workers=0) grows as much:
+    the growth is the pipeline's own (a shuffle buffer, a cache it fills), not pages a
+    fork shares and a worker copies."""
     zero = next((q for q in found if q.workers == 0 and q.role in ("workers", "current")), None)
     own = zero.get("uss_growth_bytes", process="main") if zero is not None else None
-    if own is not None and own >= OWN_GROWTH_SHARE * growth:
-        return []
+    return own is not None and own >= OWN_GROWTH_SHARE * growth
+
+
+def _copy_finding(
+    loader: StageResult,
+    p: Point,
+    growth: float | None,
+    held: float | None,
+    end: float,
+    chosen: Point | None,
+) -> Finding:
+    params = loader.parameters
     samples = _samples_read(loader, p)
     read = f" while the workers read {samples:,} samples" if samples else ""
+    parts = [f"num_workers={p.workers}: each worker's USS (memory no other process shares) is "
+             f"{end / MIB:,.0f} MiB (median over workers)"]  # fmt: skip
+    if held is not None and params.idle_worker_uss_bytes is not None:
+        idle = params.idle_worker_uss_bytes
+        parts.append(f"{held / MIB:,.0f} MiB more than a worker that has read nothing "
+                     f"({idle / MIB:,.0f} MiB, measured, {params.start_method or 'the default'} "
+                     "start)")  # fmt: skip
+    if growth is not None:
+        parts.append(f"it grew by {growth / MIB:,.0f} MiB{read}")
+    own = max(held or 0.0, growth or 0.0)
+    k = chosen.workers if chosen is not None and chosen.workers else p.workers
+    main = p.get("uss_bytes", process="main") or 0.0
+    total = main + k * end
+    parts.append(
+        f"at num_workers={k}{' (recommended)' if chosen is not None and chosen.workers else ''}"
+        f" the training process and its workers hold {total / MIB:,.0f} MiB"
+    )
+    limit = params.memory_limit_bytes
+    if limit:
+        fits = max(0, math.floor((MEMORY_SHARE * limit - main) / end)) if end else None
+        parts.append(f"{fits} such workers fit in {MEMORY_SHARE:.0%} of the "
+                     f"{limit / MIB:,.0f} MiB memory limit")  # fmt: skip
+        rate = _growth_per_s(loader, p, growth)
+        room = MEMORY_SHARE * limit - total
+        if rate and room > 0:
+            parts.append(f"growing {rate * 60 / MIB:,.1f} MiB a minute per worker, "
+                         f"{k} reach it in {room / (k * rate) / 60:,.0f} min")  # fmt: skip
+        elif room <= 0:
+            parts.append("they do not fit now")
+        else:
+            parts.append("held from the first batch on, not growing")
+    over = bool(limit) and total > MEMORY_SHARE * (limit or 0)
+    how = "holds" if held is not None and (growth or 0.0) < COPY_ON_READ_BYTES else "copies"
+    title = (
+        f"Each worker {how} {own / MIB:,.0f} MiB of its own: at num_workers={k}, "
+        f"{k * own / MIB:,.0f} MiB in all"
+    )
+    return Finding(
+        "loader.copy-on-read",
+        Severity.CRITICAL if over else Severity.WARNING,
+        title,
+        evidence="; ".join(parts),
+        recommendation=(
+            "The dataset keeps Python objects (lists of str, dicts, lists of tuples): a "
+            "forked worker that touches them (a pass over a list, the garbage collector) "
+            "writes their reference counts, and the kernel copies every page it touches "
+            "(pytorch/pytorch#13246); under spawn or forkserver each worker unpickles "
+            "its own. Keep the samples in numpy arrays (strings as one bytes buffer plus "
+            "offsets), an Arrow table, tensors, or a memory-mapped file, and build Python "
+            "objects in `__getitem__` only."
+        ),
+    )
+
+
+def _growth_per_s(loader: StageResult, p: Point, growth: float | None) -> float | None:
+    if not growth or growth < MIB:
+        return None
+    for c in loader.parameters.configurations:
+        if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
+            seconds = float(c.get("seconds") or 0.0)
+            return growth / seconds if seconds > 0 else None
+    return None
+
+
+def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) -> list[Finding]:
+    """Batches in flight (workers x prefetch_factor x the batch's bytes) against the
+    /dev/shm free, for the fastest configuration measured: past it, a DataLoader dies
+    with "Bus error" (Docker's default is 64 MB)."""
+    shm = loader.parameters.shm_free_bytes
+    with_workers = [p for p in found if p.workers and p.get("batch_bytes")]
+    if not shm or not with_workers:
+        return []
+    fastest = max(with_workers, key=lambda p: p.rate)
+    over = [
+        p
+        for p in (fastest, chosen)
+        if p is not None and p.workers and _in_flight(p) > MEMORY_SHARE * shm
+    ]
+    if not over:
+        return []
+    p = over[0]
+    need = _in_flight(p)
+    batch = p.get("batch_bytes") or 0.0
+    prefetch = int(p.labels.get("prefetch_factor") or 2)
+    fits = max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch))) if batch else 0
+    size = 1 << max(30, math.ceil(math.log2(max(need * 2, 1.0))))
     return [
         Finding(
-            "loader.copy-on-read",
+            "loader.shm",
             Severity.WARNING,
-            f"Each worker copies the dataset as it reads it: {growth / MIB:,.0f} MiB more "
-            "private memory per worker",
+            f"{describe(p)} needs {need / MIB:,.0f} MiB of /dev/shm; {shm / MIB:,.0f} MiB is free",
             evidence=(
-                f"num_workers={p.workers}: each worker's USS (memory no other process shares) "
-                f"grew by {growth / MIB:,.0f} MiB{read}, to {end / MIB:,.0f} MiB (median over "
-                f"workers); {p.workers} workers hold {p.workers * end / MIB:,.0f} MiB of "
-                "copies, and it grows with every worker"
+                f"{p.workers} workers x prefetch_factor {prefetch} x {batch / MIB:,.1f} MiB a "
+                f"batch (measured) are in /dev/shm at once; {fits} worker(s) fit in "
+                f'{MEMORY_SHARE:.0%} of it. Past it the DataLoader dies with "Bus error" '
+                "(pytorch/pytorch#16979)"
             ),
             recommendation=(
-                "The dataset keeps Python objects (lists of str, dicts, lists of tuples): a "
-                "forked worker that touches them writes their reference counts, and the "
-                "kernel copies every page it touches (pytorch/pytorch#13246). Keep the "
-                "samples in numpy arrays (strings as one bytes buffer plus offsets), an "
-                "Arrow table, or a memory-mapped file, and build Python objects in "
-                "`__getitem__` only."
+                f"Give the container more shared memory: `docker run --shm-size={size >> 30}g`, "
+                "or in Kubernetes an `emptyDir: {medium: Memory, sizeLimit: "
+                f"{size >> 30}Gi}}` mounted at /dev/shm; or keep num_workers at {fits} or less."
             ),
         )
     ]
+
+
+def _in_flight(p: Point) -> float:
+    return p.workers * int(p.labels.get("prefetch_factor") or 2) * (p.get("batch_bytes") or 0.0)
 
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
@@ -158,3 +278,42 @@ def batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
             ),
         )
     ]
+
+
+def main_threads(loader: StageResult, found: list[Point]) -> Finding | None:
+    """At num_workers=0, the training process on several CPUs at once: torch's intra-op
+    threads run the pipeline's operations (ToTensor, Normalize, an STFT) there."""
+    zero = next((p for p in found if p.workers == 0 and p.role in ("workers", "current")), None)
+    if zero is None:
+        return None
+    cpu = zero.get("cpu_ms_per_sample", process="main")
+    cpus_busy = zero.get("cpus_busy", process="main")
+    if cpu is None or cpus_busy is None or cpus_busy < THREADED_CPUS:
+        return None
+    threads = loader.parameters.torch_threads
+    moved = spread(zero.rates)
+    with_workers = [s for p in found if p.workers and (s := spread(p.rates)) is not None]
+    evidence = (
+        f"at num_workers=0 the training process kept {cpus_busy:.1f} CPUs busy loading "
+        f"({cpu:,.2f} ms of CPU a sample at {zero.rate:,.0f} samples/s)"
+        + (f"; torch runs {threads} intra-op threads in it" if threads else "")
+    )
+    if moved is not None and with_workers:
+        evidence += (
+            f"; its samples/s moved {moved:.2f}x between rounds, with workers at most "
+            f"{max(with_workers):.2f}x"
+        )
+    return Finding(
+        "loader.main-threads",
+        Severity.INFO,
+        "At num_workers=0 your pipeline's torch operations run on the training process's threads",
+        evidence=evidence + ".",
+        recommendation=(
+            "In your training loop those threads compete with the step's own, and they slow "
+            "down most when anything else holds a core (a thread waiting for a CPU holds up "
+            "the operation it belongs to). A worker runs them on one thread of its own "
+            "(DataLoader sets torch.set_num_threads(1) in workers); if you stay at "
+            "num_workers=0 on a shared machine, `torch.set_num_threads(N)` with N the cores "
+            "you own keeps them from waiting on others'."
+        ),
+    )

@@ -29,16 +29,30 @@ persistent_workers, pin_memory, current); never by names.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from starvecheck.advice.configurations import KEYS, LAYOUT, Point, describe, fix_of, points
-from starvecheck.advice.costs import batch_transfer, copy_on_read, memory_cap
-from starvecheck.advice.paired import MARGIN, Comparison, chained, compare, spread
+from starvecheck.advice import samples
+from starvecheck.advice.configurations import (
+    KEYS,
+    LAYOUT,
+    Point,
+    describe,
+    fix_of,
+    moved_caveat,
+    points,
+)
+from starvecheck.advice.costs import (
+    batch_transfer,
+    copy_on_read,
+    main_threads,
+    memory_cap,
+    shm_forecast,
+)
+from starvecheck.advice.paired import MARGIN, Comparison, chained, compare
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
-from starvecheck.core.metric import Caveat, Metric, one, select
+from starvecheck.core.metric import Metric, one
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
@@ -53,13 +67,6 @@ EPOCH_SHARE = 0.05
 EXTRA_MARGIN = 0.10
 # The change is worth a warning from this gain on.
 WARN_GAIN = 1.5
-# Other processes keeping this many CPUs busy (median over the rounds), or one
-# configuration's figure moving this much between rounds: the machine moved the figures.
-BUSY_CPUS = 0.25
-MOVED = 1.25
-# At num_workers=0, the training process on more than this many CPUs at once: the
-# pipeline's torch operations ran on its intra-op threads.
-THREADED_CPUS = 1.3
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,11 @@ def choose(loader: StageResult) -> Choice | None:
         return None
     k = advice.workers
     notes = [advice.why]
+    if any(p.unique for p in found):
+        notes.append(
+            "every samples/s counts unique samples only: with workers the pipeline "
+            "delivers the same samples again (loader.repeats)"
+        )
     cap, cap_why = memory_cap(sweep[k], params)
     if cap is not None and k > cap:
         fitting = [w for w in sweep if w <= cap]
@@ -157,7 +169,7 @@ def complete(loader: StageResult) -> StageResult:
                     )
                 )
     caveats = list(loader.caveats)
-    moved = _moved(found, loader)
+    moved = moved_caveat(found, loader)
     if moved is not None and moved not in caveats:
         caveats.append(moved)
     choice = choose(loader)
@@ -169,29 +181,6 @@ def complete(loader: StageResult) -> StageResult:
 
 
 _JUDGED = ("vs_current", "vs_current_low", "vs_current_high")
-
-
-def _moved(found: list[Point], loader: StageResult) -> Caveat | None:
-    """One line where other work on the machine moved the figures, saying how much."""
-    others = [v for p in found for m in select(p.metrics, quantity="others_cpus") for v in m.values]
-    busy = statistics.median(others) if others else None
-    moves = [(p, s) for p in found if (s := spread(p.rates)) is not None]
-    worst = max(moves, key=lambda kv: kv[1], default=None)
-    if worst is None or ((busy is None or busy < BUSY_CPUS) and worst[1] < MOVED):
-        return None
-    p, most = worst
-    text = ""
-    if busy is not None and busy >= BUSY_CPUS:
-        text = (
-            f"other processes kept {busy:.1f} of the {float(loader.parameters.cpus):g} CPUs busy "
-            f"(median over the rounds, up to {max(others):.1f}); "
-        )
-    text += (
-        f"one configuration's samples/s moved up to {most:.2f}x between rounds "
-        f"({describe(p)}); configurations were read side by side, round by round, and are "
-        "compared by their ratio in each round, which such load moves far less"
-    )
-    return Caveat("machine.busy", "The machine moved the figures: " + text)
 
 
 def basis(loader: StageResult) -> str:
@@ -209,8 +198,12 @@ def rules(results: Results) -> list[Finding]:
     found = points(loader)
     if not found:
         return []
-    out = [_config(loader), _demand(loader), _threads(loader, found)]
-    out += copy_on_read(loader, found)
+    out = [_config(loader), _demand(loader), main_threads(loader, found)]
+    choice = choose(loader)
+    chosen = choice.chosen if choice is not None else None
+    out += samples.rules(loader, found)
+    out += copy_on_read(loader, found, chosen)
+    out += shm_forecast(loader, found, chosen)
     out += batch_transfer(loader, found)
     return [f for f in out if f is not None]
 
@@ -370,45 +363,6 @@ def _idle(p: Point, demand: float, step_ms: float, batch: float) -> float:
     if p.workers == 0:
         return load_ms / (load_ms + step_ms)
     return max(0.0, 1 - p.rate / demand)
-
-
-def _threads(loader: StageResult, found: list[Point]) -> Finding | None:
-    """At num_workers=0, the training process on several CPUs at once: torch's intra-op
-    threads run the pipeline's operations (ToTensor, Normalize, an STFT) there."""
-    zero = next((p for p in found if p.workers == 0 and p.role in ("workers", "current")), None)
-    if zero is None:
-        return None
-    cpu = zero.get("cpu_ms_per_sample", process="main")
-    cpus_busy = zero.get("cpus_busy", process="main")
-    if cpu is None or cpus_busy is None or cpus_busy < THREADED_CPUS:
-        return None
-    threads = loader.parameters.torch_threads
-    moved = spread(zero.rates)
-    with_workers = [s for p in found if p.workers and (s := spread(p.rates)) is not None]
-    evidence = (
-        f"at num_workers=0 the training process kept {cpus_busy:.1f} CPUs busy loading "
-        f"({cpu:,.2f} ms of CPU a sample at {zero.rate:,.0f} samples/s)"
-        + (f"; torch runs {threads} intra-op threads in it" if threads else "")
-    )
-    if moved is not None and with_workers:
-        evidence += (
-            f"; its samples/s moved {moved:.2f}x between rounds, with workers at most "
-            f"{max(with_workers):.2f}x"
-        )
-    return Finding(
-        "loader.main-threads",
-        Severity.INFO,
-        "At num_workers=0 your pipeline's torch operations run on the training process's threads",
-        evidence=evidence + ".",
-        recommendation=(
-            "In your training loop those threads compete with the step's own, and they slow "
-            "down most when anything else holds a core (a thread waiting for a CPU holds up "
-            "the operation it belongs to). A worker runs them on one thread of its own "
-            "(DataLoader sets torch.set_num_threads(1) in workers); if you stay at "
-            "num_workers=0 on a shared machine, `torch.set_num_threads(N)` with N the cores "
-            "you own keeps them from waiting on others'."
-        ),
-    )
 
 
 def _extra_setting(

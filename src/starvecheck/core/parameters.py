@@ -159,12 +159,16 @@ class Parameters(Mapping[str, Any]):
     factory = text()
     dataset = text()  # what FUNC returned, described
     samples_in_dataset = whole()  # its len(), where it has one
+    iterable = flag()  # an IterableDataset (workers run its __iter__), not map-style
     read_as_is = flag()  # FUNC returned an iterable holding no DataLoader: one configuration
     configurations = items()
     torch_threads = whole()  # torch's intra-op threads in the measuring process
     rounds = whole()  # each configuration read this many times, in interleaved rounds
     memory_limit_bytes = whole()
     shm_free_bytes = whole()
+    shards = whole()  # the dataset's own count of shards (num_shards, n_shards), if it has one
+    start_method = text()  # how workers start (fork, spawn, forkserver)
+    idle_worker_uss_bytes = whole()  # a worker that has read nothing: its private memory
     # pad
     current = text()  # the strategy trained with today
     context = whole(absent=0)

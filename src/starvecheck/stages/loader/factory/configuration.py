@@ -21,6 +21,9 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
   memory          USS and PSS of the main process and each worker after the warm-up
                   and at the end: their growth is what copy-on-read costs
                   (pytorch/pytorch#13246)
+  samples         a digest of every sample (inputs/fingerprints.py), warm-up included:
+                  how many of those in the windows came again within their epoch; and
+                  the batches each worker delivered (where the DataLoader tells which)
   restart_s       a later epoch's first batch (the start of every later epoch: new
                   workers, unless persistent), measured where the budget reads past one
                   epoch (with persistent_workers, a second iter() if it does not); the
@@ -40,11 +43,12 @@ from typing import Any
 
 from starvecheck.core.signals import check_signals
 from starvecheck.core.status import UsageError
+from starvecheck.inputs.fingerprints import Repeats
 from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_seconds
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.workers import stop_workers
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
-from starvecheck.stages.loader.factory.loaders import Built, Config, built_for
+from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
 from starvecheck.stages.loader.factory.owndata import (
     SampleFailed,
     batch_figures,
@@ -95,6 +99,10 @@ class Run:
     window_batches: int = 0
     main_span_s: float | None = None  # the time the main process's CPU was read over
     others_each: list[float | None] = field(default_factory=list)  # per slice, in rounds
+    fingerprinted: int = 0  # samples in the windows with a digest
+    repeats: int = 0  # of them, a sample already delivered in the same epoch
+    unreadable: int = 0  # batches in the windows no digest could be made of
+    worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
 
     @property
     def median_samples_per_s(self) -> float | None:
@@ -196,6 +204,7 @@ class _Reading:
         self.windowing = False  # the warm-up is over: batches count in windows
         self.started_windows = 0.0
         self.warmed = 0  # warm-up batches read so far, across epochs
+        self.repeats = Repeats()
 
     def _sample(self, pids: list[int | None], first: bool) -> None:
         now = self.clock()
@@ -236,6 +245,8 @@ class _Reading:
             _starting(self.pipeline, run.config),
             Batches(built.loader, limit, "loader", what, keep=keep, workers=workers) as it,
         ):
+            self.repeats.new_epoch()
+            count_workers(built.iterator(it), run.worker_batches)
             batch = _next(it, self.pipeline, 0)
             if first:
                 run.first_batch_s = clock() - t0
@@ -246,11 +257,14 @@ class _Reading:
             index = 1
             if batch is not None and not self.windowing:
                 self.warmed += 1
+                self._seen(batch)
             while batch is not None and not self.windowing and self.warmed < warmup:
                 check_signals()  # the warm-up: the batches that fill the prefetch queue
                 batch = _next(it, self.pipeline, index)
                 index += 1
                 self.warmed += batch is not None
+                if batch is not None:
+                    self._seen(batch)
             if batch is None:
                 return  # an epoch no longer than the warm-up: the next one is measured
             pids: list[int | None] = [None, *_worker_pids(built.iterator(it))]
@@ -294,12 +308,18 @@ class _Reading:
             torch.cuda.synchronize(self.device)
             run.copy_s.append(self.clock() - t0)
         n, nbytes = batch_figures(batch, self.pipeline.settings.get("batch_size"))
+        self.repeats.add(batch, n)
         run.waits_ms.append(wait_s * 1e3)
         run.batch_bytes.append(nbytes)
         run.samples += n
         run.batches += 1
         self.window_samples += n
         self.window_batches += 1
+
+    def _seen(self, batch: Any) -> None:
+        """A warm-up batch: its samples are in the epoch, not counted."""
+        n, _ = batch_figures(batch, self.pipeline.settings.get("batch_size"))
+        self.repeats.add(batch, n, count=False)
 
     def _window(self, now: float) -> None:
         span = max(now - self.window_start, 1e-9)
@@ -315,6 +335,9 @@ class _Reading:
         if self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
         run.seconds = self.read_s
+        run.fingerprinted = self.repeats.read
+        run.repeats = self.repeats.repeats
+        run.unreadable = self.repeats.unreadable
         if None in self.cpu0 and None in self.cpu1:
             run.main_cpu_s = self.cpu1[None] - self.cpu0[None]
         workers = [p for p in self.cpu1 if p is not None and p in self.cpu0]

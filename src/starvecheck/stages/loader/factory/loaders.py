@@ -7,6 +7,7 @@ read as it is; the user's fixed iterable, as it is.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,3 +129,26 @@ def built_for(pipeline: Pipeline, config: Config) -> Built:
             f"loader --factory {pipeline.spec.text}: DataLoader({config.describe()}) refused "
             f"the pipeline's settings: {one_line(e)}"
         ) from e
+
+
+def count_workers(it: Any, counts: dict[int, int]) -> None:
+    """Count the batches each worker delivers into `counts`: the DataLoader iterator's
+    own hand-over (`_process_data(data, worker_idx)`, torch 2.2 and later) is wrapped on
+    this iterator, which this configuration built. Nothing where torch does not say
+    which worker; once on an iterator persistent workers reuse."""
+    process = getattr(it, "_process_data", None)
+    if process is None or getattr(process, "_starvecheck_counts", None) is counts:
+        return
+    try:
+        named = list(inspect.signature(process).parameters)
+    except (TypeError, ValueError):
+        return
+    if len(named) < 2:
+        return
+
+    def counted(data: Any, worker: int, *rest: Any) -> Any:
+        counts[worker] = counts.get(worker, 0) + 1
+        return process(data, worker, *rest)
+
+    counted._starvecheck_counts = counts  # type: ignore[attr-defined]
+    it._process_data = counted

@@ -72,6 +72,11 @@ def merge(slices: list[Run]) -> Run:
         out.batches += r.batches
         out.seconds += r.seconds
         out.epochs += r.epochs
+        out.fingerprinted += r.fingerprinted
+        out.repeats += r.repeats
+        out.unreadable += r.unreadable
+        for worker, n in r.worker_batches.items():
+            out.worker_batches[worker] = out.worker_batches.get(worker, 0) + n
     names = ("main_cpu_s", "worker_cpu_s", "main_runq_s", "worker_runq_s", "worker_alive_s")
     for name in (*names, "main_span_s"):
         setattr(out, name, total(name))

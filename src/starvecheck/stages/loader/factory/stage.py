@@ -31,17 +31,16 @@ from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.dataloader.preflight import fit_open_files
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
+from starvecheck.stages.loader.factory.figures import metrics_of
+from starvecheck.stages.loader.factory.idle import idle_worker_uss, start_method
 from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
 from starvecheck.stages.options import FactoryOptions
-from starvecheck.stages.timing import percentile
 
 if TYPE_CHECKING:
     from starvecheck.inputs.factory import FactorySpec
     from starvecheck.inputs.workload import Workload
-
-LAYOUT = "own"  # the label of the user's own pipeline's figures
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,7 @@ class Plan:
     step_ms: float | None = None  # --step-ms: the GPU's step, given by the user
     rounds: int | None = None  # None: ROUNDS[quick]
     torch_threads: int | None = None  # torch's intra-op threads in this process
+    idle_worker_uss_bytes: int | None = None  # a worker that has read nothing (idle.py)
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -173,123 +173,6 @@ def _median_rate(run: Run) -> float:
     return statistics.median(run.samples_per_s) if run.samples_per_s else 0.0
 
 
-def labels_of(role: str, config: Config, current: bool) -> dict[str, Any]:
-    return {
-        "layout": LAYOUT,
-        "role": role,
-        "current": current,
-        "workers": config.workers,
-        "prefetch_factor": config.prefetch_factor or (2 if config.workers else 0),
-        "persistent_workers": config.persistent_workers,
-        "pin_memory": config.pin_memory,
-    }
-
-
-def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:
-    """Every figure of one configuration, labelled (`current`: the user's own)."""
-    c = run.config
-    base = f"own.w{c.workers}" + ("" if role == "workers" else f".{role}")
-    lab = labels_of(role, c, current)
-
-    def many(name: str, values: Sequence[float], unit: str, **labels: Any) -> list[Metric]:
-        return [Metric.repeated(f"{base}.{name}", values, unit, lab | labels)] if values else []
-
-    def single(name: str, value: float | None, unit: str, **labels: Any) -> list[Metric]:
-        return [] if value is None else [Metric.single(f"{base}.{name}", value, unit, lab | labels)]
-
-    out = many("samples_per_s", run.samples_per_s, "samples/s", quantity="samples_per_s")
-    out += many("batches_per_s", run.batches_per_s, "batches/s", quantity="batches_per_s")
-    out += single("first_batch_s", round(run.first_batch_s, 4), "s", quantity="first_batch_s")
-    for p in (50, 99) if run.waits_ms else ():
-        wait = round(percentile(sorted(run.waits_ms), p), 4)
-        out += single(f"batch_wait_ms.p{p}", wait, "ms", quantity="batch_wait_ms", percentile=p)
-    if run.batch_bytes:
-        out += single("batch_bytes", float(statistics.median(run.batch_bytes)), "bytes",
-                      quantity="batch_bytes")  # fmt: skip
-    out += _cpu_metrics(base, lab, run)
-    out += _memory_metrics(base, lab, run)
-    if run.restart_s is not None:
-        out += single("epoch_start_s", round(run.restart_s, 4), "s", quantity="epoch_start_s")
-    out += many("copy_ms", [x * 1e3 for x in run.copy_s], "ms", quantity="copy_ms")
-    return out
-
-
-def _cpu_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:
-    """Per sample: CPU time, time runnable but waiting for a CPU (run queue), and the
-    workers' blocked time (alive, neither on a CPU nor waiting for one: I/O, sleep, a
-    full queue); per round, the CPUs other processes kept busy."""
-    out = []
-    n = max(run.samples, 1)
-    per_sample = (
-        ("cpu_ms_per_sample", "main", run.main_cpu_s, "the process's CPU times could not be read"),
-        (
-            "cpu_ms_per_sample",
-            "workers",
-            run.worker_cpu_s,
-            "the workers' CPU times could not be read",
-        ),
-        ("runq_ms_per_sample", "main", run.main_runq_s, "no schedstat for this process"),
-        ("runq_ms_per_sample", "workers", run.worker_runq_s, "no schedstat for the workers"),
-    )
-    for quantity, process, seconds, why in per_sample:
-        if quantity == "runq_ms_per_sample" and process == "workers" and not run.config.workers:
-            continue
-        name = f"{base}.{quantity}.{process}"
-        q = lab | {"quantity": quantity, "process": process}
-        if seconds is None:
-            out.append(Metric.missing(name, "ms", why, q))
-        else:
-            out.append(Metric.single(name, round(seconds * 1e3 / n, 4), "ms", q))
-    alive, cpu, runq = run.worker_alive_s, run.worker_cpu_s, run.worker_runq_s
-    if run.config.workers and alive is not None and cpu is not None and runq is not None:
-        blocked = max(0.0, alive - cpu - runq)
-        q = lab | {"quantity": "blocked_ms_per_sample", "process": "workers"}
-        out.append(
-            Metric.single(
-                f"{base}.blocked_ms_per_sample.workers", round(blocked * 1e3 / n, 4), "ms", q
-            )
-        )
-    if run.main_cpu_s is not None and run.main_span_s:
-        q = lab | {"quantity": "cpus_busy", "process": "main"}
-        busy = round(run.main_cpu_s / run.main_span_s, 3)
-        out.append(Metric.single(f"{base}.cpus_busy.main", busy, "CPUs", q))
-    others = [x for x in run.others_each if x is not None]
-    if others and len(others) == len(run.others_each):
-        q = lab | {"quantity": "others_cpus"}
-        out.append(Metric.repeated(f"{base}.others_cpus", [round(x, 3) for x in others], "CPUs", q))
-    return out
-
-
-def _memory_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:
-    """USS and PSS at the end and USS growth since the first batch: the training
-    process's, and every worker's (repeated: one value per worker process)."""
-    per: dict[str, tuple[list[float], list[float], list[float]]] = {}
-    if run.main_memory is not None:
-        start, end = run.main_memory
-        per["main"] = ([end.uss] if end.uss else [], [end.pss] if end.pss else [], [])
-        if start.uss is not None and end.uss is not None:
-            per["main"][2].append(end.uss - start.uss)
-    if run.worker_memory:
-        per["worker"] = (
-            [e.uss for _, e in run.worker_memory if e.uss is not None],
-            [e.pss for _, e in run.worker_memory if e.pss is not None],
-            [
-                e.uss - s.uss
-                for s, e in run.worker_memory
-                if e.uss is not None and s.uss is not None
-            ],
-        )
-    out = []
-    for process, figures in per.items():
-        for quantity, values in zip(
-            ("uss_bytes", "pss_bytes", "uss_growth_bytes"), figures, strict=True
-        ):
-            if values:
-                labels = lab | {"quantity": quantity, "process": process}
-                out.append(Metric.repeated(f"{base}.{quantity}.{process}", values, "bytes", labels))
-    return out
-
-
 def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> StageResult:
     metrics: list[Metric] = []
     caveats: list[Caveat] = []
@@ -313,6 +196,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "source": "factory",
         "factory": plan.spec.text,
         "dataset": pipeline.describe(),
+        "iterable": pipeline.iterable,
         "samples_in_dataset": pipeline.length,
         "given_dataloader": pipeline.given,
         "read_as_is": pipeline.fixed,
@@ -326,11 +210,27 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "budget_s": plan.budget_s,
         "rounds": plan.rounds or ROUNDS[plan.quick],
         "torch_threads": plan.torch_threads,
+        "shards": _shards(pipeline.dataset),
+        "start_method": start_method(pipeline.settings.get("multiprocessing_context")),
+        "idle_worker_uss_bytes": plan.idle_worker_uss_bytes,
         "step_ms": plan.step_ms,
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
     }
     return StageResult("factory", parameters=parameters, metrics=metrics, caveats=caveats)
+
+
+def _shards(dataset: Any) -> int | None:
+    """The dataset's own count of shards (Hugging Face's IterableDataset.num_shards,
+    n_shards), where it has one; never computed by reading it."""
+    for name in ("num_shards", "n_shards"):
+        try:
+            value = getattr(dataset, name, None)
+        except Exception:  # a property of the user's that raises
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
@@ -355,7 +255,8 @@ def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
         batch_timeout_s=ctx.batch_timeout_s,
         factory_timeout_s=options.factory_timeout_s,
         memory_limit_bytes=m.memory.limit_bytes or m.memory.available_bytes if m else None,
-        shm_free_bytes=m.shm.free_bytes if m else None,
+        # Free space where it can be read, else the size (a fake machine's /dev/shm).
+        shm_free_bytes=(m.shm.free_bytes or m.shm.size_bytes) if m else None,
         step_ms=options.step_ms,
     )
 
@@ -374,6 +275,8 @@ def run_factory(plan: Plan, progress: Callable[[str, int, int], None]) -> StageR
     counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
     if any(counts) or pipeline.current_workers:
         prepare_workers()
+        idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
+        plan = replace(plan, idle_worker_uss_bytes=idle)
     out = result(pipeline, plan, sweep(pipeline, plan, progress))
     return replace(out, duration_s=round(time.perf_counter() - started, 3))
 
