@@ -135,6 +135,9 @@ def test_a_loop_with_workers_is_judged_by_its_workers_time():
 def test_property_never_fewer_workers_than_now(wait, rest, cpu, cpus, now):
     a = recommend(wait, rest, cpu, cpus, workers_now=now)
     assert a is not None and a.workers >= now and a.forecast.speedup >= 1.0
+    # Never past 8 workers a CPU (at least 8), however long the I/O wait: a 713 ms wait
+    # against a 0.1 ms step once asked for 224,683 workers.
+    assert a.workers <= max(now, 8, math.ceil(8 * cpus))
 
 
 def test_watch_reads_the_workers_cpu_and_recommends_more_workers():

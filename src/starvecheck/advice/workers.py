@@ -67,6 +67,11 @@ MIN_GAIN = 1.05
 # A wait, less the training process's own CPU receiving the batch, under this share of
 # the step: the workers keep up.
 QUIET_SHARE = 0.05
+# Waiting on I/O or sleep, a count may go past the CPUs, but no further than this many
+# workers a CPU (at least IO_WORKERS_LEAST): each is a process with its own memory and
+# open files, and past that the storage, not the count, sets the pace.
+IO_WORKERS_PER_CPU = 8
+IO_WORKERS_LEAST = 8
 
 
 @dataclass(frozen=True)
@@ -255,7 +260,9 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
     cpu_cap = (
         max(1, math.floor(min(effective_cpus * made_ms / cpu_ms, 1e6))) if cpu_ms > 0 else 10**6
     )
-    most = max(1, workers_now, min(keep_up + 1, cpu_cap))  # one spare where the CPU allows
+    io_cap = max(IO_WORKERS_LEAST, math.ceil(IO_WORKERS_PER_CPU * effective_cpus))
+    # one spare where the CPU allows
+    most = max(1, workers_now, min(keep_up + 1, cpu_cap, io_cap))
     workers = workers_now if contended else m.choose(workers_now, most, step_now)
     predicted = m.step(workers) if workers else step_now
     at = m.bounds(max(1, workers))
@@ -263,6 +270,11 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
     cpu_bound = contended or cpu_ms / available > rest_ms + hand_m
     speedup = max(1.0, step_now / predicted)
     why = _why(loop, m, wait_ms, step_now, hand_w)
+    if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
+        why += (
+            f"; {keep_up + 1} workers would hide the wait, but no more than {io_cap} "
+            f"({IO_WORKERS_PER_CPU} a CPU) are recommended: past them the storage sets the pace"
+        )
     if contended:
         why += (
             f", in which the training process keeps {step_cpus:.1f} of the "
