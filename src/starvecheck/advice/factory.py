@@ -133,7 +133,7 @@ def choose(loader: StageResult) -> Choice | None:
         k = max(fitting, key=lambda w: sweep[w].rate) if fitting else 0
         notes.append(f"lowered to {k}: {cap_why}")
     best = sweep[k]
-    extra = _extra_setting(found, best, params.samples_in_dataset)
+    extra = _extra_setting(found, best, params.samples_in_dataset, params.start_method)
     if extra is not None:
         best, note = extra
         notes.append(note)
@@ -366,7 +366,7 @@ def _idle(p: Point, demand: float, step_ms: float, batch: float) -> float:
 
 
 def _extra_setting(
-    found: list[Point], base: Point, dataset_samples: int | None = None
+    found: list[Point], base: Point, dataset_samples: int | None = None, how: str | None = None
 ) -> tuple[Point, str] | None:
     """prefetch_factor or persistent_workers at the chosen count, read beside the count
     itself (role `base`): prefetch where its samples/s clear EXTRA_MARGIN over the
@@ -396,14 +396,17 @@ def _extra_setting(
             )
             note = f"{what} measured {c.describe()} the samples/s of the count alone"
         elif p.role == "persistent" and c.high >= 1.0:
-            note = _sooner(p, beside, c, dataset_samples)
+            note = _sooner(p, beside, c, dataset_samples, how)
         if note and (best is None or c.ratio > best[2]):
             best = (p, note, c.ratio)
     return None if best is None else (best[0], best[1])
 
 
-def _sooner(p: Point, beside: Point, c: Comparison, dataset_samples: int | None) -> str:
-    """Why persistent workers join: each later epoch starts sooner, by enough of it."""
+def _sooner(
+    p: Point, beside: Point, c: Comparison, dataset_samples: int | None, how: str | None = None
+) -> str:
+    """Why persistent workers join: each later epoch starts sooner, by enough of it
+    (`how`: the start method the workers are started with)."""
     before, after = beside.get("epoch_start_s"), p.get("epoch_start_s")
     if before is None or after is None or not dataset_samples or beside.rate <= 0:
         return ""
@@ -413,6 +416,8 @@ def _sooner(p: Point, beside: Point, c: Comparison, dataset_samples: int | None)
         return ""
     return (
         f"persistent_workers=True starts each later epoch in {after:.2f} s instead of "
-        f"{before:.2f} s (its workers are not started again), {saved / epoch:.0%} of an "
-        f"epoch of {epoch:.2f} s, at the same samples/s ({c.describe()})"
+        f"{before:.2f} s (its workers are not started again"
+        + (f" under {how}" if how else "")
+        + f"): {saved:.2f} s saved an epoch, {saved / epoch:.0%} of an epoch of "
+        f"{epoch:.2f} s, at the same samples/s ({c.describe()})"
     )

@@ -36,7 +36,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "pcie": ("starvecheck.advice.pcie",),
     "profile": ("starvecheck.advice.profile",),  # profile's own loop
     "trace": ("starvecheck.advice.trace",),  # `profile --trace`: traces of another run
-    "watch": ("starvecheck.advice.trace",),  # a user's own loop, timed by starvecheck.watch
+    # a user's own loop, timed by starvecheck.watch
+    "watch": ("starvecheck.advice.trace", "starvecheck.advice.loopdata"),
 }
 # The modules that complete their stage's result before any rule runs (see above).
 COMPLETES: dict[str, str] = {

@@ -169,6 +169,14 @@ class Parameters(Mapping[str, Any]):
     shards = whole()  # the dataset's own count of shards (num_shards, n_shards), if it has one
     start_method = text()  # how workers start (fork, spawn, forkserver)
     idle_worker_uss_bytes = whole()  # a worker that has read nothing: its private memory
+    # watch: the loop's sampler, and what its first samples of each pass say
+    sampler = text()  # the DataLoader's sampler class
+    sampler_shuffle = flag()
+    sampler_epochs = items()  # a DistributedSampler's epoch as each of the last passes began
+    same_order_passes = flag()  # the last two passes began in the same order
+    ranks_same_share = number()  # of the first samples, the share every rank had
+    ranks_samples_compared = whole()
+    world_size = whole()
     # pad
     current = text()  # the strategy trained with today
     context = whole(absent=0)

@@ -22,11 +22,25 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from starvecheck.core.signals import importing
+
 FIRST_BYTES = 2048  # read from each sample's start
 SPREAD_BYTES = 1024  # and this many more at even steps across the rest
 MAX_FIELDS = 16  # fields of a batch read at most
 _MASK = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing's odd constant
+
+
+def leading(batch: Any) -> int:
+    """A batch's samples where no batch size is known: the first field's leading size
+    (a tensor's first dimension, a list's length); 0 where there is none."""
+    for leaf in _fields(batch):
+        shape = getattr(leaf, "shape", None) if _is_array(leaf) else None
+        if shape:
+            return int(shape[0])
+        if isinstance(leaf, list | tuple) and leaf:
+            return len(leaf)
+    return 0
 
 
 def digests(batch: Any, samples: int) -> list[int] | None:
@@ -131,7 +145,8 @@ def _reads(width: int, item: int) -> tuple[int, int, int]:
 
 
 def _torch_int(size: int) -> Any:
-    import torch
+    with importing():  # torch is there already: the batch holds its tensors
+        import torch
 
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
 

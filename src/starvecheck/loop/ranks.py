@@ -33,6 +33,7 @@ from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.loop.samples import shared
 from starvecheck.loop.times import LoopTimes, RankTimes
 
 KEY = "starvecheck.watch"
@@ -225,8 +226,9 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
         "common_steps": len(common),
         "ranks": [_row(g.payloads[r], out) for r in sorted(loops)],
     }
-    for key in ("num_workers", "dataloader", "effective_cpus", "sync"):
+    for key in ("num_workers", "dataloader", "effective_cpus", "sync", *SAMPLER):
         params[key] = g.payloads[headline].params.get(key, params.get(key))
+    params |= _same_samples(loops)
     caveats += _shared_host(g.payloads, headline, params)
     if headline != rank:
         caveats = [c for c in caveats if c.id != "watch.warmup-left-out"] + list(
@@ -235,6 +237,25 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
     return StageResult(
         "watch", parameters=params, metrics=tuple(out), caveats=tuple(_unique(caveats))
     )
+
+
+# The sampler's figures of the headline rank, reported as the loop's.
+SAMPLER = ("sampler", "sampler_shuffle", "sampler_epochs", "same_order_passes")
+
+
+def _same_samples(loops: Mapping[int, LoopTimes]) -> dict[str, Any]:
+    """The ranks' first samples of the latest pass they all digested, compared: the
+    share every rank had (1.0: every rank trains on the same batches)."""
+    passes = set.intersection(*(set(p for p, d in w.digests.items() if d) for w in loops.values()))
+    if not passes:
+        return {}
+    latest = max(passes)
+    got = shared({r: w.digests[latest] for r, w in loops.items()})
+    if got is None:
+        return {}
+    share, compared = got
+    return {"ranks_same_share": round(share, 4), "ranks_samples_compared": compared,
+            "ranks_compared_pass": latest}  # fmt: skip
 
 
 def _gathering(g: Gathered) -> list[Caveat]:

@@ -54,16 +54,16 @@ from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
-from starvecheck.loop.handover import Handover, batch_nbytes, worth_measuring
+from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.output import check_file, never_raising
+from starvecheck.loop.samples import FirstBatches
 from starvecheck.loop.times import LoopTimes
 
 if TYPE_CHECKING:
     from starvecheck.loop.ranks import Gathered, Peers
 
 T = TypeVar("T")
-SIZED = 3  # the first batches whose bytes are read
 
 
 class Watch(Generic[T]):
@@ -133,7 +133,6 @@ class Watch(Generic[T]):
         wait_cpu, compute_cpu, wait_runq = t.wait_cpu, t.compute_cpu, t.wait_runq
         compute_pcpu, wait_pcpu = t.compute_process_cpu, t.wait_process_cpu
         got_cpu = got_pcpu = 0.0
-        sized = 0  # batches whose bytes were read (the first few)
         every = self.every
         it = iter(self.iterable)
         t.iterator = type(it).__name__
@@ -141,6 +140,7 @@ class Watch(Generic[T]):
         workers = WorkerCpu(it)
         t.new_pass()
         t.passes += 1
+        first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
         received = None  # when the loop got its last batch; None before the first
         try:
             while True:
@@ -166,9 +166,8 @@ class Watch(Generic[T]):
                 wait_cpu.append(got_cpu - asked_cpu)
                 wait_pcpu.append(pcpu() - asked_pcpu)
                 wait_runq.append(queued() - asked_runq)
-                if sized < SIZED:  # reading the sizes is ours: counted in neither
-                    sized += 1
-                    t.batch_bytes = max(t.batch_bytes or 0, self._nbytes(item))
+                if first.left:  # reading the first batches is ours: counted in neither
+                    first.read(item)
                     received, got_cpu = clock(), cpu()
                 got_pcpu = pcpu()
                 if barrier is not None:
@@ -343,15 +342,6 @@ class Watch(Generic[T]):
                     )
                 )
         return self._synchronize
-
-    @staticmethod
-    def _nbytes(item: object) -> int:
-        """A batch's bytes (loop/handover.batch_nbytes), 0 where the user's objects
-        will not say (an `nbytes` property that raises)."""
-        try:
-            return batch_nbytes(item)
-        except Exception:
-            return 0
 
     # What it found
 

@@ -90,6 +90,22 @@ class LoopTimes:
     # What handing such a batch from a worker costs here (loop/handover.measure), ms of
     # CPU per batch (worker side, training-process side); None: not measured.
     handover_ms: tuple[float, float] | None = None
+    # The first batches' samples, digested (loop/samples.py), by pass: the last two.
+    digests: dict[int, list[int]] = field(default_factory=dict)
+    digest_gaps: int = 0  # first batches no digest could be made of
+    sampler: str | None = None  # the DataLoader's sampler class
+    sampler_shuffle: bool | None = None  # it says it shuffles
+    sampler_epochs: list[int] = field(default_factory=list)  # its epoch as each pass began
+
+    def same_order(self) -> bool | None:
+        """The last two passes began with the same samples in the same order; None
+        where two passes were not both digested."""
+        passes = sorted(p for p, d in self.digests.items() if d)
+        if len(passes) < 2:
+            return None
+        a, b = self.digests[passes[-2]], self.digests[passes[-1]]
+        n = min(len(a), len(b))
+        return n > 0 and a[:n] == b[:n]
 
     def __post_init__(self) -> None:
         for name in ARRAYS:  # lists are welcome (tests); the timer appends to arrays
@@ -215,6 +231,11 @@ class LoopTimes:
             "passes": self.passes,
             "num_workers": self.num_workers,
             "effective_cpus": _effective_cpus(),
+            "sampler": self.sampler,
+            "sampler_shuffle": self.sampler_shuffle,
+            "sampler_epochs": self.sampler_epochs[-2:],
+            "same_order_passes": self.same_order(),
+            "samples_digested": len(max(self.digests.values(), key=len, default=[])),
         }
 
     def caveats(self) -> list[Caveat]:
@@ -263,6 +284,7 @@ class LoopTimes:
             "arrays": {
                 a: base64.b64encode(getattr(self, a)[cut:].tobytes()).decode() for a in ARRAYS
             },
+            "digests": {str(k): v for k, v in self.digests.items()},
         }
         return json.dumps(head).encode()
 
@@ -306,8 +328,23 @@ class RankTimes:
             worker_cpu=[(int(s), float(c)) for s, c in p.get("worker_cpu", ())],
             worker_runq=[(int(s), float(c)) for s, c in p.get("worker_runq", ())],
             notes=[Caveat(i, t) for i, t in p.get("notes", ())],
+            digests=_digests(p.get("digests")),
+            sampler=params.get("sampler"),
+            sampler_shuffle=params.get("sampler_shuffle"),
+            sampler_epochs=[e for e in params.get("sampler_epochs") or () if isinstance(e, int)],
         )
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
+
+
+def _digests(value: Any) -> dict[int, list[int]]:
+    """A rank's digests as sent: pass -> 64-bit integers; anything else is dropped."""
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for k, v in list(value.items())[:4]:
+        if isinstance(v, list) and str(k).isdigit():
+            out[int(k)] = [x for x in v[:4096] if isinstance(x, int)]
+    return out
 
 
 def _single(quantity: str, value: float, unit: str) -> Metric:
