@@ -271,10 +271,7 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
     speedup = max(1.0, step_now / predicted)
     why = _why(loop, m, wait_ms, step_now, hand_w)
     if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
-        why += (
-            f"; {keep_up + 1} workers would hide the wait, but no more than {io_cap} "
-            f"({IO_WORKERS_PER_CPU} a CPU) are recommended: past them the storage sets the pace"
-        )
+        why += _io_capped(keep_up + 1, io_cap)
     if contended:
         why += (
             f", in which the training process keeps {step_cpus:.1f} of the "
@@ -291,6 +288,13 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
         predicted, speedup, available, cpu_bound, cpu_work, hand_w + hand_m, limit, hand_m
     )
     return WorkerAdvice(max(workers, workers_now), why, workers_now, forecast)
+
+
+def _io_capped(wanted: int, cap: int) -> str:
+    return (
+        f"; {wanted} workers would hide the wait, but no more than {cap} "
+        f"({IO_WORKERS_PER_CPU} a CPU) are recommended: past them the storage sets the pace"
+    )
 
 
 @dataclass(frozen=True)
