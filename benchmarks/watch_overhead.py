@@ -63,7 +63,7 @@ def first_batches(rounds: int) -> list[float]:
     """Seconds to read one pass's first batches, `rounds` times."""
     import torch
 
-    from starvecheck.loop.samples import DIGESTED, SIZED, FirstBatches
+    from starvecheck.loop.samples import READ, FirstBatches
     from starvecheck.loop.times import LoopTimes
 
     batch = (torch.rand(32, 3, 224, 224), torch.arange(32))
@@ -72,7 +72,7 @@ def first_batches(rounds: int) -> list[float]:
         t = LoopTimes(passes=1)
         start = time.perf_counter()
         first = FirstBatches(t, None)
-        for _ in range(max(SIZED, DIGESTED)):
+        for _ in range(READ):
             first.read(batch)
         out.append(time.perf_counter() - start)
     return out[1:]  # the first: imports, warm-up

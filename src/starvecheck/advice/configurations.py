@@ -95,12 +95,17 @@ def repeats_grow(found: list[Point]) -> list[tuple[Point, float]]:
     """(configuration, its repeat share) where its samples repeat within an epoch more
     than the same pipeline's with the fewest workers measured: the workers, not the
     dataset, repeat them. Empty where nothing was fingerprinted."""
-    shares = [(p, s) for p in found if (s := p.get("repeat_share")) is not None]
-    if not shares:
+    base = base_repeats(found)
+    if base is None:
         return []
-    fewest = min(p.workers for p, _ in shares)
-    base = min(s for p, s in shares if p.workers == fewest)
-    return [(p, s) for p, s in shares if p.workers > fewest and s - base > REPEATS_MARGIN]
+    fewest, share = base
+    return [
+        (p, s)
+        for p in found
+        if (s := p.get("repeat_share")) is not None
+        and p.workers > fewest
+        and s - share > REPEATS_MARGIN
+    ]
 
 
 def base_repeats(found: list[Point]) -> tuple[int, float] | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
+from typing import Any
 
 from starvecheck.advice.configurations import Point, describe
 from starvecheck.advice.paired import spread
@@ -55,7 +57,7 @@ def memory_cap(p: Point, params: Parameters) -> tuple[int | None, str]:
     shm = params.shm_free_bytes
     prefetch = int(p.labels.get("prefetch_factor") or 2)
     if batch and shm:
-        fits = max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch)))
+        fits = _shm_fits(batch, prefetch, shm)
         if cap is None or fits < cap:
             cap, why = (
                 fits,
@@ -171,13 +173,11 @@ def _copy_finding(
 
 
 def _growth_per_s(loader: StageResult, p: Point, growth: float | None) -> float | None:
-    if not growth or growth < MIB:
+    c = _configuration(loader, p)
+    if not growth or growth < MIB or c is None:
         return None
-    for c in loader.parameters.configurations:
-        if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
-            seconds = float(c.get("seconds") or 0.0)
-            return growth / seconds if seconds > 0 else None
-    return None
+    seconds = float(c.get("seconds") or 0.0)
+    return growth / seconds if seconds > 0 else None
 
 
 def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) -> list[Finding]:
@@ -200,7 +200,7 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
     need = _in_flight(p)
     batch = p.get("batch_bytes") or 0.0
     prefetch = int(p.labels.get("prefetch_factor") or 2)
-    fits = max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch))) if batch else 0
+    fits = _shm_fits(batch, prefetch, shm) if batch else 0
     size = 1 << max(30, math.ceil(math.log2(max(need * 2, 1.0))))
     return [
         Finding(
@@ -222,14 +222,26 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
     ]
 
 
+def _shm_fits(batch: float, prefetch: int, shm: float) -> int:
+    """The workers whose batches in flight (prefetch_factor each) fit in MEMORY_SHARE of
+    the /dev/shm free."""
+    return max(0, math.floor(MEMORY_SHARE * shm / (batch * prefetch)))
+
+
 def _in_flight(p: Point) -> float:
     return p.workers * int(p.labels.get("prefetch_factor") or 2) * (p.get("batch_bytes") or 0.0)
 
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
+    c = _configuration(loader, p)
+    return None if c is None else int(c.get("samples") or 0) or None
+
+
+def _configuration(loader: StageResult, p: Point) -> Mapping[str, Any] | None:
+    """`p`'s entry in the run's `configurations` (samples read, seconds)."""
     for c in loader.parameters.configurations:
         if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
-            return int(c.get("samples") or 0) or None
+            return c
     return None
 
 

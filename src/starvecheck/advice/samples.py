@@ -73,18 +73,17 @@ def _repeats(loader: StageResult, found: list[Point]) -> Finding | None:
 def _idle(loader: StageResult, found: list[Point]) -> Finding | None:
     """Workers that gave the loader (almost) nothing, at the configuration with the most
     workers where any did."""
-    worst: tuple[Point, list[float]] | None = None
+    worst: tuple[Point, list[float], list[int]] | None = None
     for p in sorted(found, key=lambda q: q.workers):
         counts = _worker_batches(p)
         if len(counts) < 2 or max(counts) < IDLE_LEAST:
             continue
-        idle = [c for c in counts if c < IDLE_SHARE * max(counts)]
+        idle = [i for i, c in enumerate(counts) if c < IDLE_SHARE * max(counts)]
         if idle:
-            worst = (p, counts)
+            worst = (p, counts, idle)
     if worst is None:
         return None
-    p, counts = worst
-    idle = [i for i, c in enumerate(counts) if c < IDLE_SHARE * max(counts)]
+    p, counts, idle = worst
     busy = len(counts) - len(idle)
     per = ", ".join(f"worker {i}: {c:,.0f}" for i, c in enumerate(counts))
     shards = loader.parameters.shards

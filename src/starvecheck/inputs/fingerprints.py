@@ -208,12 +208,11 @@ class Repeats:
         self.read = 0  # samples fingerprinted (counted)
         self.repeats = 0  # of them, a digest already seen this epoch
         self.unreadable = 0  # batches that could not be fingerprinted
+        self.taken = 0  # samples of this epoch read for repeats
 
     def new_epoch(self) -> None:
         self.seen = set()
         self.taken = 0
-
-    taken = 0  # samples of this epoch read for repeats
 
     def add(self, batch: Any, samples: int, count: bool = True) -> None:
         if self.taken >= EPOCH_SAMPLES:

@@ -21,14 +21,15 @@ from starvecheck.loop.times import LoopTimes
 SIZED = 3  # the first batches whose bytes are read
 DIGESTED = 4  # the first batches of each pass whose samples are digested
 MAX_SAMPLES = 1024  # digests kept a pass, at most
+READ = max(SIZED, DIGESTED)  # the first batches of each pass read at all
 
 
 class FirstBatches:
     """The first batches of one pass, read into `times`."""
 
     def __init__(self, times: LoopTimes, iterable: Any) -> None:
-        self.times, self.seen = times, 0
-        self.left = max(SIZED, DIGESTED)  # batches still to read: the loop tests this
+        self.times = times
+        self.left = READ  # batches still to read: the loop tests this
         self.digests: list[int] = []
         times.digests[times.passes] = self.digests
         for old in sorted(times.digests)[:-2]:  # the last two passes are compared
@@ -37,17 +38,17 @@ class FirstBatches:
 
     def read(self, item: Any) -> None:
         """One batch as the loop got it; never raises (the user's objects may)."""
-        self.seen += 1
         self.left -= 1
+        seen = READ - self.left  # this batch's place among the pass's first
         t = self.times
-        if self.seen <= SIZED:
+        if seen <= SIZED:
             try:
                 nbytes = batch_nbytes(item)
             except Exception:  # an `nbytes` property of the user's that raises
                 nbytes = 0
             t.batch_bytes = max(t.batch_bytes or 0, nbytes)
         try:
-            if self.seen <= DIGESTED and len(self.digests) < MAX_SAMPLES:
+            if seen <= DIGESTED and len(self.digests) < MAX_SAMPLES:
                 got = digests(item, leading(item))
                 if got is None:
                     t.digest_gaps += 1
