@@ -68,7 +68,11 @@ def run(
 
 
 def stage(
-    runs: list[tuple[str, Run]], current: Config, cpus: int = 2, limit: float | None = None
+    runs: list[tuple[str, Run]],
+    current: Config,
+    cpus: int = 2,
+    limit: float | None = None,
+    samples: int | None = None,
 ) -> StageResult:
     metrics: list[Metric] = []
     for role, r in runs:
@@ -82,6 +86,7 @@ def stage(
         "batch_size": 32,
         "configurations": configs,
         "memory_limit_bytes": limit,
+        "samples_in_dataset": samples,
     }
     return StageResult("factory", parameters=params, metrics=tuple(metrics))
 
@@ -159,6 +164,37 @@ def test_a_setting_at_the_chosen_count_joins_the_line_where_measured_faster() ->
     )
     # 1200 over 1000 beside the count, times the count's 1000 over the current 400.
     assert f.gain.value == pytest.approx(3.0)
+
+
+def test_a_variant_is_read_against_the_current_settings_in_its_own_rounds() -> None:
+    # The sweep read 2 workers at 2.5x num_workers=0; in the variants' rounds the machine
+    # was busier: the current settings read 300, the count 600, prefetch 720. The gain
+    # is prefetch over the current settings read beside it (2.4x), not the chain through
+    # the sweep's rounds (1.2 x 2.5 = 3.0x).
+    runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+    runs.append(("base", run(Config(2), 600, 1.8)))
+    runs.append(("prefetch", run(Config(2, 4), 720, 1.8)))
+    runs.append(("again", run(Config(0), 300, 0.0)))
+    result = ownloader.complete(stage(runs, Config(0)))
+    f = judge(stage(runs, Config(0)))["loader.own-config"]
+    assert f.fix == {"num_workers": 2, "prefetch_factor": 4}
+    assert f.gain.value == pytest.approx(2.4)
+    # The current settings read again are not a second "current" in the table.
+    got = {m.name for m in result.metrics if m.labels.get("quantity") == "vs_current"}
+    assert "own.w0.again.vs_current" not in got and "own.w2.prefetch.vs_current" in got
+
+
+def test_persistent_workers_join_only_for_a_tenth_of_an_epoch_or_more() -> None:
+    # An epoch of 1,000 samples at 1000/s: 1 s. Saving 0.06 s of it (6%) is at the edge
+    # of what a run measures: not enough; 0.3 s (30%) is.
+    def judged(saved: float) -> Any:
+        runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
+        runs.append(("base", run(Config(2), 1000, 1.8, epoch_start=0.4)))
+        runs.append(("persistent", run(Config(2, None, True), 1005, 1.8, epoch_start=0.4 - saved)))
+        return judge(stage(runs, Config(0), samples=1000))["loader.own-config"]
+
+    assert judged(0.06).fix == {"num_workers": 2}
+    assert judged(0.3).fix == {"num_workers": 2, "persistent_workers": True}
 
 
 def test_a_variant_slower_than_its_count_never_joins_the_line() -> None:

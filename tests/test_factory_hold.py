@@ -116,8 +116,10 @@ def test_configurations_are_read_in_rounds_each_in_another_order(pipes: Path) ->
     assert [first[0:3], first[3:6], first[6:9]] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
     rates = {r.config.workers: r.samples_per_s for role, r in runs if role == "workers"}
     assert rates[2] == [300.0, 300.0, 300.0]  # one figure a round, in round order
-    # The variants at the count chosen (2) are read beside it, in rounds of their own.
-    assert [role for role, _ in runs[3:]] == ["base", "prefetch", "persistent"]
+    # The variants at the count chosen (2) are read beside it, in rounds of their own,
+    # and the current configuration (num_workers=0) again beside them.
+    assert [role for role, _ in runs[3:]] == ["base", "prefetch", "persistent", "again"]
+    assert runs[-1][1].config.workers == 0 and runs[-1][1].samples_per_s == [100.0] * 3
 
 
 def test_merging_slices_keeps_one_figure_a_round_and_adds_the_rest() -> None:

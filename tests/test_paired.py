@@ -38,6 +38,15 @@ def test_more_rounds_of_the_same_spread_narrow_the_interval():
     assert not short.clears() and long.clears()
 
 
+def test_a_round_in_which_one_configuration_stalled_does_not_set_the_figure():
+    # Round 2: num_workers=0 stalled behind other work (3 samples/s): that round's ratio
+    # is 1,000x; the figure is the rounds' median, and the stall only widens the interval.
+    c = compare([300.0, 3000.0, 290.0, 310.0, 300.0], [100.0, 3.0, 100.0, 100.0, 100.0])
+    assert c is not None and c.ratio == pytest.approx(3.0)
+    steady = compare([300.0, 300.0, 290.0, 310.0, 300.0], [100.0] * 5)
+    assert steady is not None and c.high > steady.high and c.low <= c.ratio
+
+
 def test_one_round_has_no_interval_and_never_clears():
     c = compare([200.0], [100.0])
     assert c is not None and c.ratio == 2.0 and not c.clears()

@@ -7,10 +7,12 @@ in interleaved rounds (each configuration read once a round, side by side).
   effective CPUs unless the workers' measured time shows they are blocked (I/O, sleep)
   rather than on a CPU or waiting for one; then lowered to what fits in memory and
   /dev/shm (advice/costs.py). prefetch_factor or persistent_workers join it where they
-  measured faster than that count itself, read beside it. The gain is the measured
-  ratio of the configuration recommended over the current one, round by round, with its
-  interval (advice/paired.py); a change is recommended only where that interval clears
-  no-change by the margin, else the finding says no change, and why.
+  measured faster than that count itself, read beside it, by EXTRA_MARGIN. The gain is
+  the measured ratio of the configuration recommended over the current one, round by
+  round, with its interval (advice/paired.py): the two read in the same rounds (a
+  variant against the current configuration read again beside it, role `again`); a
+  change is recommended only where that interval clears no-change by the margin, else
+  the finding says no change, and why.
 - `loader.own-demand`: with --step-ms, the recommended configuration against the
   samples/s the GPU consumes; at num_workers=0 loading and the step take turns (the
   training process does one, then the other), so the GPU waits for every batch.
@@ -58,13 +60,14 @@ from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResul
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-# persistent_workers: recommended when a later epoch starts this much sooner, and this
-# share of an epoch.
-EPOCH_START_SAVED_S = 0.05
-EPOCH_SHARE = 0.05
 # A setting second to the worker count (prefetch_factor, persistent_workers) joins the
 # line only where its interval is above 1 + this.
 EXTRA_MARGIN = 0.10
+# persistent_workers: recommended when a later epoch starts this much sooner, and this
+# share of an epoch (the bar of every setting second to the count: a saving at the
+# edge of it joins one run's line and not the next one's).
+EPOCH_START_SAVED_S = 0.05
+EPOCH_SHARE = EXTRA_MARGIN
 # The change is worth a warning from this gain on.
 WARN_GAIN = 1.5
 
@@ -87,14 +90,26 @@ class Choice:
         return round(self.against.ratio, 2) if self.against is not None and self.changes else None
 
 
+def _current(found: list[Point]) -> Point | None:
+    """The user's configuration as the first set read it (not its readings beside the
+    variants: `base`, `again`)."""
+    return next(
+        (p for p in found if p.labels.get("current") and p.role not in ("base", "again")), None
+    )
+
+
 def _against_current(p: Point, current: Point, found: list[Point]) -> Comparison | None:
     """p over the current configuration, round by round: directly where they were read
-    in the same rounds (the worker counts and the current one), else through the count
-    p was read beside (prefetch, persistent, pin: beside `base`)."""
+    in the same rounds (the worker counts and the current one; a variant and the
+    current configuration read again beside it, `again`), else, where the current one
+    is the count itself, through the count p was read beside (`base`)."""
     if p is current:
         return Comparison(1.0, 1.0, 1.0, len(p.rates))
     if p.role in ("workers", "current"):
         return compare(p.rates, current.rates)
+    again = next((q for q in found if q.role == "again"), None)
+    if again is not None:
+        return compare(p.rates, again.rates)
     base = next((q for q in found if q.role == "base" and q.workers == p.workers), None)
     same = next((q for q in found if q.role == "workers" and q.workers == p.workers), None)
     if base is None or same is None:
@@ -110,7 +125,7 @@ def choose(loader: StageResult) -> Choice | None:
     params = loader.parameters
     effective = float(params.cpus)
     sweep = {p.workers: p for p in found if p.role == "workers"}
-    current = next((p for p in found if p.labels.get("current") and p.role != "base"), None)
+    current = _current(found)
     if not sweep or current is None:
         return None
     best_count = max(sweep.values(), key=lambda p: p.rate)
@@ -147,11 +162,11 @@ def complete(loader: StageResult) -> StageResult:
     one with its interval, the capacity (the samples/s measured at the configuration
     recommended), and a caveat where other work moved the figures."""
     found = points(loader)
-    current = next((p for p in found if p.labels.get("current") and p.role != "base"), None)
+    current = _current(found)
     metrics = [m for m in loader.metrics if m.labels.get("quantity") not in _JUDGED]
     for p in found:
         c = _against_current(p, current, found) if current is not None else None
-        if c is None or p.role == "base":
+        if c is None or p.role in ("base", "again"):
             continue
         where = {k: p.labels[k] for k in (*KEYS, "current") if k in p.labels}
         name = "own.w{workers}{role}.".format(
@@ -371,7 +386,7 @@ def _extra_setting(
     """prefetch_factor or persistent_workers at the chosen count, read beside the count
     itself (role `base`): prefetch where its samples/s clear EXTRA_MARGIN over the
     count's, round by round; persistent workers where each later epoch starts sooner by
-    at least EPOCH_START_SAVED_S and 5% of an epoch, at samples/s not clearly lower, or
+    at least EPOCH_START_SAVED_S and EPOCH_SHARE of an epoch, at samples/s not clearly lower, or
     where their samples/s clear EXTRA_MARGIN. A setting second to the worker count is
     held to a higher bar than the count, so that it joins the line run after run or
     not at all. A variant measured slower never joins."""

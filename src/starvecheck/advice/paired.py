@@ -5,9 +5,11 @@ ratios clears no-change by a stated margin.
 
 Each round reads every configuration once, seconds apart, so a machine whose other work
 comes and goes slows both alike: the ratio of their samples/s in one round holds where
-their figures do not. The comparison is the geometric mean of the per-round ratios, with
-a 90% interval from Student's t over their logarithms (few rounds, so t, not the normal
-law); a gain counts only where the interval's low end is above 1 + MARGIN. More rounds
+their figures do not. The comparison is the median of the per-round ratios (a round in
+which the machine stalled one configuration does not set the figure; with two rounds,
+their geometric mean), with a 90% interval from Student's t over their logarithms (few
+rounds, so t, not the normal law; a stalled round widens it), which holds the median;
+a gain counts only where the interval's low end is above 1 + MARGIN. More rounds
 narrow the interval: a short run (--quick) may fail to clear the margin where a longer
 one clears it, but the two never point opposite ways, since both read the same rounds'
 kind of evidence and the longer one is the more certain.
@@ -31,8 +33,8 @@ _T90_MANY = 1.812  # 10 and more
 
 @dataclass(frozen=True)
 class Comparison:
-    """A over B: the geometric mean of the per-round ratios, its 90% interval, the
-    rounds it rests on."""
+    """A over B: the median of the per-round ratios, its 90% interval, the rounds it
+    rests on."""
 
     ratio: float
     low: float
@@ -60,11 +62,12 @@ def compare(a: Sequence[float], b: Sequence[float]) -> Comparison | None:
     logs = [math.log(x / y) for x, y in zip(a, b, strict=False) if x > 0 and y > 0]
     if not logs:
         return None
-    mean = statistics.fmean(logs)
+    mean, mid = statistics.fmean(logs), statistics.median(logs)
     if len(logs) < 2:
         return Comparison(math.exp(mean), 0.0, math.inf, len(logs))
     half = _T90.get(len(logs) - 1, _T90_MANY) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return Comparison(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
+    low, high = min(mean - half, mid), max(mean + half, mid)
+    return Comparison(math.exp(mid), math.exp(low), math.exp(high), len(logs))
 
 
 def chained(first: Comparison, then: Comparison) -> Comparison:

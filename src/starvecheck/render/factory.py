@@ -4,8 +4,9 @@ The JSON keeps one flat metric per figure (`own.w2.samples_per_s`,
 `own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...), labelled
 with layout `own`, the configuration (workers, prefetch_factor, persistent_workers,
 pin_memory), `role` (workers: the num_workers sweep; prefetch, persistent, pin: one
-setting changed at the sweep's knee; current: the user's configuration where the sweep
-does not include it) and `current`.
+setting changed at the sweep's knee; base and again: the knee and the user's
+configuration read again beside those; current: the user's configuration where the
+sweep does not include it) and `current`.
 """
 
 from __future__ import annotations
@@ -78,9 +79,10 @@ def split(
         f"every configuration read once a round, {rounds or 'several'} rounds, each round "
         "in another order; samples/s: the median over the rounds (each round's figure over "
         "its own windows, epoch restarts included); spread: the largest figure over the "
-        "smallest; vs current: the ratio to your settings round by round (geometric mean; "
-        "its 90% interval in the JSON and the finding); beside: the count read again in "
-        "the rounds of its variants, which compare with it. Per sample: CPU ms, user+system "
+        "smallest; vs current: the ratio to your settings round by round (the median; "
+        "its 90% interval in the JSON and the finding); beside: the count and your "
+        "settings read again in the rounds of the count's variants, which compare with "
+        "them. Per sample: CPU ms, user+system "
         "time in the training process and in all workers together; run queue, time ready "
         "to run but waiting for a CPU; blocked, the workers' time neither on a CPU nor "
         "waiting for one (I/O, sleep). USS: memory no other process shares, the median "
@@ -98,7 +100,8 @@ def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
     against = ""
     if ratio is not None and ratio.value is not None:
         against = f"{ratio.value:.2f}x"
-    mark = "current" if m.labels.get("current") and m.labels.get("role") != "base" else ""
+    role = m.labels.get("role")
+    mark = "current" if m.labels.get("current") and role not in ("base", "again") else ""
     return (
         *_setting(m.labels),
         _n(m, ",.0f"),
@@ -107,7 +110,7 @@ def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
         _n(get("first_batch_s"), ".2f"),
         _n(get("epoch_start_s"), ".2f"),
         _n(get("batch_wait_ms", percentile=50), ".1f"),
-        "beside" if m.labels.get("role") == "base" else mark,
+        "beside" if role in ("base", "again") else mark,
     )
 
 

@@ -10,7 +10,8 @@ Configurations, in this order, each measured by stages/loader/factory/configurat
      decide where to measure more): prefetch_factor 4
      against the current one, persistent_workers=True where it is off (the start of
      every later epoch), and pin_memory with the host-to-device copy where CUDA is
-     present.
+     present; the current configuration read again in those rounds (`again`), which
+     the variants' gains are read against.
 The result carries every figure, labelled; judging is advice/'s.
 """
 
@@ -92,15 +93,16 @@ def sweep(
     measure_one: Measure = measure,
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
-    `prefetch`, `persistent`, `pin`. Two sets, each read in interleaved rounds
+    `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
     (rounds.py): the worker counts (and the current configuration), then, at the count
     the first set's figures call enough, prefetch_factor, persistent_workers and (with
-    CUDA) pin_memory beside that count itself (`base`)."""
+    CUDA) pin_memory beside that count itself (`base`) and the current configuration
+    (`again`)."""
     rounds = 1 if pipeline.fixed else plan.rounds or ROUNDS[plan.quick]
     budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, until_stable=False)
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
-    total = (len(first) + 3) * rounds
+    total = (len(first) + 4) * rounds
     done = [0]
     # An IterableDataset may keep state from its last reader (Streaming's shared memory
     # is laid out for the worker count it first met): one from the factory for each
@@ -124,7 +126,8 @@ def sweep(
 
     runs = read_rounds(first, rounds, read_one, said)
     if not pipeline.fixed:
-        runs += read_rounds(_second_set(runs, plan), rounds, read_one, said)
+        now = current_config(pipeline)
+        runs += read_rounds(_second_set(runs, plan, now), rounds, read_one, said)
     progress("measured", total, total)
     return runs
 
@@ -146,10 +149,12 @@ def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
     return first if now in swept else [("current", now), *first]
 
 
-def _second_set(runs: list[tuple[str, Run]], plan: Plan) -> list[tuple[str, Config]]:
+def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tuple[str, Config]]:
     """The count the first set calls enough (the fewest within 5% of the best, round by
     round; past the CPUs only for workers measured blocked, as advice/ judges), read
-    again beside its variants; nothing at num_workers=0."""
+    again beside its variants, and the current configuration read again in the same
+    rounds (`again`), so that a variant's gain over it is read side by side, never
+    chained through another set's rounds; nothing at num_workers=0."""
     swept = [r for role, r in runs if role == "workers"]
     if not swept:
         return []
@@ -166,6 +171,8 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan) -> list[tuple[str, Conf
         second.append(("persistent", replace(base, persistent_workers=True)))
     if plan.cuda:
         second.append(("pin", replace(base, pin_memory=not base.pin_memory)))
+    if now != base:
+        second.append(("again", now))
     return second
 
 
