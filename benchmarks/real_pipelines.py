@@ -205,6 +205,9 @@ def main() -> int:
             )
             rows.append(line)
             print(line, flush=True)
+            if not same:
+                said = "; ".join(f"{v.points_to} ({v.gain:.2f}x)" for v in (*quick, full))
+                print(f"  {name}: the four runs' lines: {said}", flush=True)
     finally:
         if burner is not None:
             burner.kill()
@@ -212,8 +215,8 @@ def main() -> int:
     load = "one CPU burned by another process" if a.busy else "quiet"
     print(f"\n{load}, {os.cpu_count()} CPUs")
     print(
-        "(no change: the run found no change clearing its noise and named the same "
-        "configuration as the best it measured)\n"
+        "(no change: the run found no change clearing its noise; it agrees where it names "
+        "the others' line as the best it measured, or where no run recommends a change)\n"
     )
     print(
         "| pipeline | recommendation (full run) | quick x3 predicted | full predicted | "

@@ -162,7 +162,7 @@ def test_judging_and_showing_stand_on_the_vocabulary(package, allowed):
 
 
 # Each stage: a module (a link without parts) or a folder of its parts.
-STAGES = ("env", "io", "starve", "loader", "pad", "pcie", "profile", "trace", "doctor")
+STAGES = ("env", "io", "starve", "loader", "pad", "pcie", "profile", "trace", "doctor", "attach")
 
 
 def _stage_of(module: str) -> str | None:

@@ -38,6 +38,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "trace": ("starvecheck.advice.trace",),  # `profile --trace`: traces of another run
     # a user's own loop, timed by starvecheck.watch
     "watch": ("starvecheck.advice.trace", "starvecheck.advice.loopdata"),
+    "attach": ("starvecheck.advice.attach",),  # a running job, read without touching it
 }
 # The modules that complete their stage's result before any rule runs (see above).
 COMPLETES: dict[str, str] = {

@@ -183,6 +183,8 @@ def doctor(
     weakest link and how much faster training would run with it fixed, and ranks every
     stage's findings in one checklist. Under torchrun, every rank measures its own node
     and rank 0 reports them all, with stragglers (the other ranks write nothing).
+    For a training job that is already running, `starvecheck attach PID` reads it
+    instead, in seconds, without a restart.
     """
     from starvecheck.cli import ranks as doctor_ranks
     from starvecheck.stages.doctor import measure as doctor_stage

@@ -22,6 +22,7 @@ from starvecheck.cli.common import app, error
 # Each module registers its command when imported; `starvecheck --help` lists them
 # in this order: the machine, then the chain from storage to the GPU step.
 from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor, clean  # noqa: F401
+from starvecheck.cli import attach  # noqa: F401
 
 # isort: on
 from starvecheck.core.context import Context

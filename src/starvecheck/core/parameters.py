@@ -206,6 +206,9 @@ class Parameters(Mapping[str, Any]):
     ranks_on_host = whole()  # watch: ranks sharing this host's CPUs
     rank_wait_source = text()  # watch: how the wait for the others was had
     straggler = mapping()  # judging's straggler verdict (advice/stragglers.summary)
+    # attach: the seconds sampled; each process's `other` frames (pid -> words)
+    seconds = number()
+    other_frames = mapping()
 
     @property
     def slowest_in(self) -> Mapping[str, int]:

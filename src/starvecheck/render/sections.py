@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.render import attach as attached
 from starvecheck.render import factory as ownloader
 from starvecheck.render import loader, pad, pcie, profile, sweep, throughput, trace
 
@@ -27,6 +28,9 @@ class Section:
     right: range = range(0)  # right-aligned (number) columns
     title: str | None = None  # None: the stage's name
     metrics: tuple[Metric, ...] = ()  # the metrics this table shows
+
+
+HEADERS_ATTACH = attached.HEADERS
 
 
 def _taken(before: Sequence[Metric], rest: Sequence[Metric]) -> tuple[Metric, ...]:
@@ -100,6 +104,11 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
         )
     if notes:
         out.append(Section((), [], notes, metrics=() if tables else taken))
+    before = rest
+    rows, rest, notes = attached.split(stage, before)
+    if rows:
+        right = range(3, 4)
+        out.append(Section(HEADERS_ATTACH, rows, notes, right, metrics=_taken(before, rest)))
     before = rest
     headers, rows, rest = sweep.split(tuple(before))
     if rows:

@@ -55,6 +55,17 @@ def by_quick(table: dict[bool, int]) -> str:
 
 
 @dataclass(frozen=True)
+class AttachOptions:
+    pid: int  # the training process, or a torchrun agent
+    seconds: float | None = None  # --duration; None: 10 s, or 5 with --quick
+    rate: int = 50  # samples a second (capped at stages/attach/spy.RATE_CEILING)
+    all_ranks: bool = False  # --all: every rank beside PID on this node
+    quick: bool = False
+
+    stage: ClassVar[str] = "attach"
+
+
+@dataclass(frozen=True)
 class EnvOptions:
     root: SysRoot | None = None  # the machine described; None: / or STARVECHECK_SYSROOT
     path: str | None = None  # the data directory whose storage to describe; None: cwd

@@ -23,6 +23,7 @@ MODULES = {
     "pcie": "starvecheck.stages.pcie.stage",
     "profile": "starvecheck.stages.profile.stage",
     "trace": "starvecheck.stages.trace.stage",
+    "attach": "starvecheck.stages.attach.stage",
 }
 # The order doctor runs its stages in: cheap ones that can refuse bad input first.
 DOCTOR_ORDER = ("pad", "starve", "io", "loader", "pcie")

@@ -1,0 +1,78 @@
+"""`starvecheck attach PID`: a training job that is already running, read without
+touching it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from starvecheck.advice.report import build_report
+from starvecheck.cli.common import (
+    FailOn,
+    FailOnOpt,
+    JsonOpt,
+    MarkdownOpt,
+    Outputs,
+    QuickOpt,
+    app,
+    context_of,
+    emit,
+    measure_one,
+    sysroot_of,
+)
+
+
+@app.command()
+def attach(
+    ctx: typer.Context,
+    pid: Annotated[
+        int,
+        typer.Argument(help="The training process (or its torchrun agent).", show_default=False),
+    ],
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            min=1.0,
+            max=600.0,
+            metavar="SECONDS",
+            help="How long to sample [default: 10; 5 with --quick].",
+            show_default=False,
+        ),
+    ] = None,
+    rate: Annotated[
+        int,
+        typer.Option(
+            "--rate",
+            min=1,
+            max=200,
+            help="Stack samples a second per process (at most 200).",
+        ),
+    ] = 50,
+    all_ranks: Annotated[
+        bool, typer.Option("--all", help="Every rank on this node beside PID.")
+    ] = False,
+    json_path: JsonOpt = None,
+    markdown_path: MarkdownOpt = None,
+    fail_on: FailOnOpt = FailOn.never,
+    quick: QuickOpt = False,
+) -> int:
+    """Why is this running job's GPU waiting? Read it for some seconds, untouched.
+
+    Samples the Python stacks of the training process and its DataLoader workers
+    with py-spy, never pausing them (non-blocking), while reading /proc and the
+    cgroup: the share of time the loop waits for data, what the workers spend it on
+    (reading, decoding, tokenizing, collating, handing batches over), their CPU,
+    memory and reads, throttling. Where stacks may not be read, says what is missing
+    and reports the rest. A torchrun agent's PID (or --all) reads every rank.
+    """
+    from starvecheck.probe.machine import collect
+    from starvecheck.stages.options import AttachOptions
+
+    c = context_of(ctx)
+    out = Outputs.check(json_path, markdown_path, fail_on)
+    options = AttachOptions(pid, duration, rate, all_ranks, quick)
+    machine = collect(sysroot_of(c), environ=c.environ)
+    result = measure_one(options, c, out, machine).result
+    return emit(build_report("attach", machine, [result], c), out, c)

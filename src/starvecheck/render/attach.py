@@ -1,0 +1,47 @@
+"""`attach PID`: where each process's sampled time went, one row per activity.
+
+The JSON keeps one metric per share (`attach.main.data`, `attach.main.loading.decode`,
+`attach.workers.read`, ...), labelled with `rank`, `pid`, `quantity` (`main_share`:
+of the main thread's samples; `main_loading_share`: the main thread's time inside the
+DataLoader, by what it did there; `worker_share`: of every worker's samples) and `kind`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
+
+HEADERS = ("process", "thread", "doing", "share of its samples")
+_WHO = {
+    "main_share": "main thread",
+    "main_loading_share": "  inside the DataLoader",
+    "worker_share": "DataLoader workers",
+}
+NOTE = (
+    "Python stacks sampled by py-spy without pausing the job; idle threads counted "
+    "(a thread blocked on a queue is waiting, not absent). inside the DataLoader: the "
+    "main thread's wait, by what it did there (of all its samples). CPU, memory and "
+    "reads from /proc are listed below."
+)
+
+
+def split(
+    stage: StageResult, metrics: Sequence[Metric]
+) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+    if stage.stage != "attach":
+        return [], list(metrics), []
+    rows: list[tuple[str, ...]] = []
+    used: set[int] = set()
+    for quantity, who in _WHO.items():
+        for m in metrics:
+            if m.labels.get("quantity") != quantity or m.value is None:
+                continue
+            used.add(id(m))
+            rank = m.labels.get("rank")
+            process = f"PID {m.labels.get('pid')}" + (f" rank {rank}" if rank is not None else "")
+            rows.append((process, who, str(m.labels.get("kind")), f"{m.value:.1%}"))
+    rows.sort(key=lambda r: (r[0], list(_WHO.values()).index(r[1])))
+    rest = [m for m in metrics if id(m) not in used]
+    return rows, rest, [NOTE] if rows else []

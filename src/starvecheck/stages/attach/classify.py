@@ -1,0 +1,239 @@
+"""What a sampled Python stack of a training job is doing: the one place its rules live
+(`attach`). Rules read the frames py-spy records (`Class.function (file:line)`, files as
+py-spy shortens them: `torch/utils/data/dataloader.py`, the script's own name), root
+first, and, where a frame of the user's own code decides (a `.to(device)` or an
+`.item()` is C, not a Python frame), the line of source it names (`source`: a callable
+that returns it, or None).
+
+Main thread (the training loop), first rule that holds:
+
+  data        inside the DataLoader's (or WebDataset's, Streaming's, Hugging Face
+              datasets') iteration: waiting for a batch, or making it at num_workers=0
+  collective  inside torch.distributed: waiting for the other ranks
+  gpu-wait    torch.cuda.synchronize, or a line with `.item()`, `.cpu()`, `.tolist()`,
+              `.numpy()`, `synchronize(`: waiting on the GPU
+  copy        pinning, or a line with `.to(`, `.cuda(`: the host-to-device copy
+  step        torch.nn modules, autograd, optimizers, torch.amp, compiled code: the step
+  other       anything else, named by its innermost frames (never guessed)
+
+A worker (its frames after the DataLoader's `_worker_loop`), and the main thread's own
+loading at num_workers=0 (its frames inside the DataLoader):
+
+  idle        waiting: a worker for the next index (the index queue's `get`), the main
+              thread for a worker's batch (polling the result queue)
+  handover    handing the batch over: pickling, sending or receiving its bytes, shared
+              memory (a worker's queue feeder thread does the sending: `feeder`)
+  collate     the collate function (torch's default_collate, transformers' collators)
+  tokenize    tokenizers, transformers' tokenization
+  decode      decoding and transforming: PIL, cv2, torchvision, torchaudio, soundfile,
+              librosa, scipy.signal, torch functional ops
+  read        reading: tarfile, WebDataset's tar readers and gopen, Streaming, Arrow and
+              datasets, numpy's load, h5py, zipfile, fsspec; a user line with `open(`,
+              `.read(`, `np.load(`
+  other       anything else, named by its innermost frames
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+MAIN = ("data", "collective", "gpu-wait", "copy", "step", "other")
+WORKER = ("idle", "handover", "collate", "tokenize", "decode", "read", "other")
+
+Source = Callable[[str, int], "str | None"]  # (file, line) -> the source line, or None
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str  # as py-spy names it: `Class.function` or `function`
+    file: str
+    line: int = 0
+
+    @property
+    def name(self) -> str:
+        """The function's own name, without its class."""
+        return self.function.rpartition(".")[2]
+
+    def short(self) -> str:
+        return f"{self.function} ({self.file.rpartition('/')[2]})"
+
+
+def parse_frame(text: str) -> Frame:
+    """One frame as py-spy writes it; anything else kept whole as a function name."""
+    m = _FRAME.match(text.strip())
+    if m is None:
+        return Frame(text.strip()[:200], "")
+    return Frame(m["func"][:200], m["file"][:400], int(m["line"] or 0))
+
+
+def _in(frame: Frame, *paths: str) -> bool:
+    f = frame.file.replace("\\", "/")
+    return any(f.startswith(p) or f"/{p}" in f for p in paths)
+
+
+DATALOADER = "torch/utils/data/dataloader.py"
+WORKER_LOOP = "torch/utils/data/_utils/worker.py"
+_LOADERS = ("webdataset/", "streaming/base/", "datasets/iterable_dataset.py")
+_ITERATING = {"__next__", "_next_data", "_get_data", "_try_get_data", "__iter__", "_next_index"}
+
+
+def _data(frame: Frame) -> bool:
+    if _in(frame, DATALOADER) and frame.name in _ITERATING:
+        return True
+    return _in(frame, *_LOADERS) and frame.name in ("__iter__", "__next__", "iterator")
+
+
+_GPU_WAIT = re.compile(r"\.(item|cpu|tolist|numpy)\(\)|synchronize\(")
+_COPY = re.compile(r"\.(to|cuda)\(|non_blocking")
+_STEP = (
+    "torch/nn/",
+    "torch/autograd/",
+    "torch/_tensor.py",
+    "torch/optim/",
+    "torch/amp/",
+    "torch/cuda/amp/",
+    "torch/_dynamo/",
+    "torch/_inductor/",
+    "torch/functional.py",
+)
+
+
+def main_kind(frames: Sequence[Frame], source: Source | None = None) -> str:
+    """The main thread's sample: one of MAIN (see the module docstring)."""
+    if any(_data(f) for f in frames):
+        return "data"
+    if any(_in(f, "torch/distributed/") for f in frames):
+        return "collective"
+    if any(_in(f, "torch/cuda/__init__.py", "torch/cuda/streams.py") and f.name == "synchronize"
+           for f in frames):  # fmt: skip
+        return "gpu-wait"
+    if any(_in(f, "torch/utils/data/_utils/pin_memory.py") for f in frames):
+        return "copy"
+    if any(_in(f, *_STEP) for f in frames):
+        return "step"
+    line = _leaf_line(frames, source)
+    if line is not None and _GPU_WAIT.search(line):
+        return "gpu-wait"
+    if line is not None and _COPY.search(line):
+        return "copy"
+    return "other"
+
+
+def _leaf_line(frames: Sequence[Frame], source: Source | None) -> str | None:
+    if source is None or not frames or not frames[-1].line:
+        return None
+    return source(frames[-1].file, frames[-1].line)
+
+
+def worker_frames(frames: Sequence[Frame]) -> list[Frame] | None:
+    """A worker's frames after the DataLoader's `_worker_loop` (a forked worker's stack
+    starts with its parent's at the fork); None where the stack is not a worker's."""
+    for i, f in enumerate(frames):
+        if _in(f, WORKER_LOOP) and f.name == "_worker_loop":
+            return list(frames[i + 1 :])
+    return None
+
+
+def loading_frames(frames: Sequence[Frame]) -> list[Frame]:
+    """The main thread's frames inside the DataLoader's iteration (its own loading at
+    num_workers=0, or receiving a batch from a worker)."""
+    for i, f in enumerate(frames):
+        if _data(f):
+            return list(frames[i + 1 :])
+    return []
+
+
+_HANDOVER = (
+    "multiprocessing/reduction.py",
+    "torch/multiprocessing/reductions.py",
+    "multiprocessing/resource_sharer.py",
+)
+# multiprocessing/connection.py: these move bytes; its poll and wait only wait.
+_MOVING = {"send", "send_bytes", "_send", "_send_bytes", "recv", "recv_bytes", "_recv",
+           "_recv_bytes", "dumps", "loads"}  # fmt: skip
+_COLLATE = ("torch/utils/data/_utils/collate.py", "transformers/data/data_collator.py")
+_TOKENIZE = ("tokenizers/", "transformers/tokenization_utils", "sentencepiece/", "tiktoken/")
+_DECODE = (
+    "PIL/",
+    "cv2/",
+    "torchvision/",
+    "torchaudio/",
+    "soundfile.py",
+    "librosa/",
+    "scipy/signal/",
+    "torch/nn/functional.py",
+    "torch/functional.py",
+    "simplejpeg/",
+    "turbojpeg",
+    "imageio/",
+)
+_READ = (
+    "tarfile.py",
+    "webdataset/tariterators.py",
+    "webdataset/gopen.py",
+    "streaming/base/",
+    "pyarrow/",
+    "datasets/arrow_dataset.py",
+    "datasets/formatting/",
+    "numpy/lib/npyio.py",
+    "numpy/lib/_npyio_impl.py",
+    "numpy/lib/format.py",
+    "h5py/",
+    "zipfile",
+    "fsspec/",
+    "s3fs/",
+    "lmdb",
+    "pathlib.py",
+)
+_READ_LINE = re.compile(r"\bopen\(|\.read\(|\.read_bytes\(|np\.load\(|numpy\.load\(|\.readline")
+_QUEUE = "multiprocessing/queues.py"
+
+
+def loading_kind(frames: Sequence[Frame], source: Source | None = None) -> str:
+    """A worker's sample (its frames after `_worker_loop`), or the main thread's inside
+    the DataLoader: one of WORKER (see the module docstring)."""
+    if not frames:
+        return "idle"
+    if _in(frames[0], _QUEUE) and frames[0].name == "get":
+        return "idle"  # the index queue: nothing asked of it
+    if any(_moving(f) for f in frames):
+        return "handover"
+    if frames and _in(frames[-1], "multiprocessing/connection.py", "selectors.py", _QUEUE):
+        return "idle"  # polling a queue: waiting, with nothing to move yet
+    for kind, paths in (
+        ("collate", _COLLATE),
+        ("tokenize", _TOKENIZE),
+        ("decode", _DECODE),
+        ("read", _READ),
+    ):
+        if any(_in(f, *paths) for f in frames):
+            return kind
+    if any("collate" in f.name for f in frames):
+        return "collate"
+    line = _leaf_line(frames, source)
+    if line is not None and _READ_LINE.search(line):
+        return "read"
+    return "other"
+
+
+def named(frames: Sequence[Frame], depth: int = 2) -> str:
+    """The innermost frames, innermost first: what an `other` sample was doing."""
+    return " < ".join(f.short() for f in reversed(frames[-depth:])) or "no Python frame"
+
+
+def feeder_busy(frames: Sequence[Frame]) -> bool | None:
+    """A worker's queue feeder thread (multiprocessing's `_feed`): True while it pickles
+    or sends a batch, False while it waits; None for any other thread."""
+    if not any(_in(f, _QUEUE) and f.name == "_feed" for f in frames):
+        return None
+    return any(_moving(f) for f in frames)
+
+
+def _moving(f: Frame) -> bool:
+    return _in(f, *_HANDOVER) or (
+        _in(f, "multiprocessing/connection.py", _QUEUE) and f.name in _MOVING
+    )

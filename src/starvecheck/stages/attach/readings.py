@@ -1,0 +1,188 @@
+"""What /proc and the cgroup say of a running job over the seconds `attach` samples
+it: each process's CPU (user+system), its threads' time runnable but waiting for a CPU,
+its memory (RSS each second; USS at the start and the end, from smaps_rollup) and the
+bytes it read; the machine's CPU; the cgroup's throttling; /dev/shm in use. Nothing is
+written anywhere; a process that exits meanwhile keeps its last reading.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from starvecheck.probe.load import parse_pid_stat, parse_proc_stat, runq_seconds
+
+MAX_READ = 1 << 20
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_READ).decode(errors="replace")
+    except OSError:
+        return None
+
+
+@dataclass
+class Snapshot:
+    at: float
+    cpu_s: float | None = None
+    thread_cpu_s: float | None = None  # the process's main thread alone
+    runq_s: float | None = None
+    rss: int | None = None
+    uss: int | None = None
+    read_bytes: int | None = None
+
+
+def snapshot(pid: int, uss: bool = False) -> Snapshot | None:
+    stat = _text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    s = Snapshot(time.perf_counter(), parse_pid_stat(stat))
+    main = _text(f"/proc/{pid}/task/{pid}/stat")
+    s.thread_cpu_s = parse_pid_stat(main) if main else None
+    s.runq_s = runq_seconds(pid)
+    statm = (_text(f"/proc/{pid}/statm") or "").split()
+    s.rss = int(statm[1]) * PAGE if len(statm) > 1 and statm[1].isdigit() else None
+    for line in (_text(f"/proc/{pid}/io") or "").splitlines():
+        key, _, number = line.partition(":")
+        if key == "read_bytes" and number.strip().isdigit():
+            s.read_bytes = int(number)
+    if uss:
+        s.uss = _uss(pid)
+    return s
+
+
+def _uss(pid: int) -> int | None:
+    """Private_Clean + Private_Dirty (+ swapped out private pages): what the process
+    alone holds, from smaps_rollup (one summary, not the whole smaps)."""
+    text = _text(f"/proc/{pid}/smaps_rollup")
+    if text is None:
+        return None
+    total, seen = 0, False
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty"):
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                total += int(parts[0]) * 1024
+                seen = True
+    return total if seen else None
+
+
+@dataclass
+class Series:
+    """One process over the window: its first and last snapshots and its CPU and RSS
+    each second."""
+
+    first: Snapshot
+    last: Snapshot
+    cpu_per_s: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.last.at - self.first.at)
+
+    def delta(self, name: str) -> float | None:
+        a, b = getattr(self.first, name), getattr(self.last, name)
+        return None if a is None or b is None else max(0.0, b - a)
+
+
+class Watch:
+    """Reads `pids` once a second (`tick`), and the machine and cgroup with them."""
+
+    def __init__(self, pids: list[int], cgroup_dir: str | None) -> None:
+        self.series: dict[int, Series] = {}
+        self.cgroup_dir = cgroup_dir
+        self.machine0 = _machine()
+        self.cgroup0 = _cpu_stat(cgroup_dir)
+        self.shm0 = shm_used()
+        self.t0 = time.perf_counter()
+        for pid in pids:
+            self.add(pid)
+
+    def add(self, pid: int) -> None:
+        s = snapshot(pid, uss=True)
+        if s is not None and pid not in self.series:
+            self.series[pid] = Series(s, s)
+
+    def tick(self) -> None:
+        for pid, series in self.series.items():
+            s = snapshot(pid)
+            if s is None:
+                continue  # exited: its last reading stands
+            before = series.last
+            if s.cpu_s is not None and before.cpu_s is not None and s.at > before.at:
+                series.cpu_per_s.append((s.cpu_s - before.cpu_s) / (s.at - before.at))
+            if s.rss is not None:
+                series.rss.append(s.rss)
+            series.last = s
+
+    def finish(self) -> dict[str, float | None]:
+        """The last readings (USS again) and the machine's: CPUs other processes used
+        (the machine's busy time less the job's), the cgroup's throttled periods and
+        seconds, /dev/shm's growth."""
+        for pid, series in self.series.items():
+            s = snapshot(pid, uss=True)
+            if s is not None:
+                series.last = s
+        seconds = max(1e-9, time.perf_counter() - self.t0)
+        machine1, cgroup1 = _machine(), _cpu_stat(self.cgroup_dir)
+        ours = sum(s.delta("cpu_s") or 0.0 for s in self.series.values())
+        others = None
+        if self.machine0 is not None and machine1 is not None:
+            others = max(0.0, (machine1 - self.machine0 - ours) / seconds)
+        out: dict[str, float | None] = {"seconds": seconds, "others_cpus": others}
+        for key in ("nr_periods", "nr_throttled", "throttled_s"):
+            a, b = self.cgroup0.get(key), cgroup1.get(key)
+            out[key] = None if a is None or b is None else max(0.0, b - a)
+        shm1 = shm_used()
+        out["shm_used_bytes"] = shm1
+        out["shm_growth_bytes"] = None if shm1 is None or self.shm0 is None else shm1 - self.shm0
+        return out
+
+
+def _machine() -> float | None:
+    text = _text("/proc/stat")
+    times = parse_proc_stat(text) if text else None
+    return times.busy if times is not None else None
+
+
+def _cpu_stat(directory: str | None) -> dict[str, float]:
+    """nr_periods, nr_throttled and throttled seconds of a cgroup's cpu.stat."""
+    text = _text(os.path.join(directory, "cpu.stat")) if directory else None
+    out: dict[str, float] = {}
+    for line in (text or "").splitlines():
+        key, _, number = line.partition(" ")
+        if not number.strip().isdigit():
+            continue
+        if key in ("nr_periods", "nr_throttled"):
+            out[key] = float(number)
+        elif key == "throttled_usec":
+            out["throttled_s"] = int(number) / 1e6
+        elif key == "throttled_time":
+            out["throttled_s"] = int(number) / 1e9
+    return out
+
+
+def cgroup_dir(pid: int) -> str | None:
+    """The cgroup v2 directory of `pid` under /sys/fs/cgroup, where it has a cpu.stat."""
+    for line in (_text(f"/proc/{pid}/cgroup") or "").splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            where = os.path.normpath("/sys/fs/cgroup/" + path.lstrip("/"))
+            if where.startswith("/sys/fs/cgroup") and os.path.isfile(f"{where}/cpu.stat"):
+                return where
+    return None
+
+
+def shm_used() -> float | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return float((st.f_blocks - st.f_bfree) * st.f_frsize)

@@ -1,0 +1,281 @@
+"""`attach PID`: a training job that is already running, read for some seconds without
+touching it.
+
+  1. the job (target.py): the process, its children, every rank under a torchrun agent
+     or with --all; refused in one line where it is not a Python process with torch;
+  2. for --duration seconds, at once: py-spy samples every rank and its subprocesses,
+     non-blocking (spy.py), while /proc and the cgroup are read once a second
+     (readings.py);
+  3. each sample classified (classify.py): the main thread's time waiting for data,
+     in the step, copying, waiting on the GPU or the other ranks; each DataLoader
+     worker's (the subprocesses whose stack runs `_worker_loop`) reading, decoding,
+     tokenizing, collating, handing batches over or idle.
+
+Where the stacks cannot be read (py-spy missing, ptrace refused) the /proc part runs
+and a caveat says what was not seen. The result carries every figure, labelled by rank
+and process; judging is advice/attach.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.model import StageResult
+from starvecheck.core.signals import check_signals
+from starvecheck.stages.attach import classify, source, spy
+from starvecheck.stages.attach.readings import Watch, cgroup_dir
+from starvecheck.stages.attach.target import Job, Process, children_of, find
+from starvecheck.stages.base import BaseStage, RunContext
+from starvecheck.stages.options import AttachOptions
+
+if TYPE_CHECKING:
+    from starvecheck.stages.attach.spy import Stacks
+
+QUICK_S = 5.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    job: Job
+    seconds: float
+    rate: int
+    effective_cpus: int
+
+
+def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
+    if value is None:
+        return []
+    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, {**labels})]
+
+
+def _shares(
+    counts: Counter[str], total: int, name: str, quantity: str, **lab: object
+) -> list[Metric]:
+    out: list[Metric] = []
+    for kind, n in sorted(counts.items()):
+        out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind, **lab)
+    return out
+
+
+def read_stacks(
+    rank: Process, stacks: Stacks, src: classify.Source
+) -> tuple[list[Metric], list[int], str]:
+    """The shares of one rank's main thread, its loading, its workers and their feeder
+    threads, from its samples; the workers seen; the main thread's `other` frames."""
+    lab = {"rank": rank.rank, "pid": rank.pid}
+    main = stacks.by_thread.get((rank.pid, rank.pid), [])
+    total = sum(n for _, n in main)
+    out: list[Metric] = _metric("main.samples", total, "samples", quantity="samples", **lab)
+    kinds: Counter[str] = Counter()
+    loading: Counter[str] = Counter()
+    others: Counter[str] = Counter()
+    for frames, n in main:
+        kind = classify.main_kind(frames, src)
+        kinds[kind] += n
+        if kind == "data":
+            loading[classify.loading_kind(classify.loading_frames(frames), src)] += n
+        elif kind == "other":
+            others[classify.named(frames)] += n
+    if total:
+        out += _shares(kinds, total, "main", "main_share", **lab)
+        out += _shares(loading, total, "main.loading", "main_loading_share", **lab)
+    worker_kinds: Counter[str] = Counter()
+    workers: set[int] = set()
+    feeding = feeders = 0
+    for (pid, _tid), samples in stacks.by_thread.items():
+        if pid == rank.pid:
+            continue
+        for frames, n in samples:
+            after = classify.worker_frames(frames)
+            if after is not None:
+                workers.add(pid)
+                worker_kinds[classify.loading_kind(after, src)] += n
+            busy = classify.feeder_busy(frames)
+            if busy is not None:
+                feeders += n
+                feeding += n if busy else 0
+    wtotal = sum(worker_kinds.values())
+    out += _metric("workers.found", len(workers), "workers", quantity="workers_found", **lab)
+    if wtotal:
+        out += _shares(worker_kinds, wtotal, "workers", "worker_share", **lab)
+    if feeders:
+        busy = feeding / feeders
+        out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)
+    top = "; ".join(f"{what} {n / total:.0%}" for what, n in others.most_common(3)) if total else ""
+    return out, sorted(workers), top
+
+
+def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
+    """CPU, run queue, blocked time, memory and reads of a rank and its workers."""
+    lab = {"rank": rank.rank, "pid": rank.pid}
+    out: list[Metric] = []
+    main = watch.series.get(rank.pid)
+    if main is not None and main.seconds > 0:
+        s = main.seconds
+        for name, what, unit, quantity in (
+            ("main.cpu", _per(main.delta("cpu_s"), s), "CPUs", "main_cpus"),
+            ("main.thread_cpu", _per(main.delta("thread_cpu_s"), s), "CPUs", "main_thread_cpus"),
+            ("main.uss_growth", main.delta("uss"), "bytes", "main_uss_growth"),
+            ("main.read", _per(main.delta("read_bytes"), s), "bytes/s", "main_read_bytes_per_s"),
+        ):
+            out += _metric(name, what, unit, quantity=quantity, **lab)
+        if main.cpu_per_s:
+            each = [round(x, 3) for x in main.cpu_per_s]
+            lab_each = {"quantity": "main_cpus_each_s", **lab}
+            out.append(Metric.repeated("attach.main.cpu_each_s", each, "CPUs", lab_each))
+    series = [watch.series[w] for w in workers if w in watch.series]
+    series = [x for x in series if x.seconds > 0]
+    if series:
+        s = max(x.seconds for x in series)
+        cpu = sum(x.delta("cpu_s") or 0.0 for x in series)
+        runq = sum(x.delta("runq_s") or 0.0 for x in series)
+        alive = sum(x.seconds for x in series)
+        out += _metric("workers.cpu", cpu / s, "CPUs", quantity="workers_cpus", **lab)
+        out += _metric("workers.runq", runq / s, "CPUs", quantity="workers_runq_cpus", **lab)
+        out += _metric("workers.blocked", max(0.0, alive - cpu - runq) / alive, "share",
+                       quantity="workers_blocked_share", **lab)  # fmt: skip
+        growth = [g for x in series if (g := x.delta("uss")) is not None]
+        if growth:
+            out += _metric("workers.uss_growth", max(growth), "bytes",
+                           quantity="worker_uss_growth", **lab)  # fmt: skip
+        read = sum(x.delta("read_bytes") or 0.0 for x in series)
+        out += _metric(
+            "workers.read", read / s, "bytes/s", quantity="workers_read_bytes_per_s", **lab
+        )
+    return out
+
+
+def _per(x: float | None, seconds: float) -> float | None:
+    return None if x is None else x / seconds
+
+
+class AttachStage(BaseStage[AttachOptions, Plan]):
+    name = "attach"
+
+    def plan(self, options: AttachOptions, ctx: RunContext) -> Plan:
+        job = find(options.pid, options.all_ranks)
+        seconds = options.seconds or (QUICK_S if options.quick else 10.0)
+        return Plan(job, seconds, options.rate, ctx.effective_cpus)
+
+    def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
+        start = time.perf_counter()
+        caveats: list[Caveat] = []
+        binary = spy.py_spy()
+        pids = [p for r in plan.job.ranks for p in (r.pid, *plan.job.children[r.pid])]
+        watch = Watch(pids, cgroup_dir(plan.job.ranks[0].pid))
+        recorders: dict[int, spy.Recorder] = {}
+        if binary is None:
+            caveats.append(Caveat("attach.no-stacks", NO_PY_SPY))
+        try:
+            for r in plan.job.ranks if binary else ():
+                recorders[r.pid] = spy.Recorder(r.pid, plan.seconds, plan.rate, binary or "")
+            _wait(plan, ctx, watch, recorders)
+        finally:
+            for rec in recorders.values():
+                rec.stop()
+        metrics, found, tops = _read_all(plan, watch, recorders, caveats)
+        params = {
+            "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
+            "ranks": [
+                {"pid": r.pid, "rank": r.rank, "command": r.command, "workers": found[r.pid]}
+                for r in plan.job.ranks
+            ],
+            "agent": plan.job.agent.describe() if plan.job.agent else None,
+            "seconds": plan.seconds,
+            "rate": min(plan.rate, spy.RATE_CEILING),
+            "sampler": SAMPLER if recorders else None,
+            "effective_cpus": plan.effective_cpus,
+            "other_frames": tops,
+        }
+        took = round(time.perf_counter() - start, 3)
+        return StageResult(
+            "attach", params, tuple(metrics), caveats=tuple(caveats), duration_s=took
+        )
+
+
+NO_PY_SPY = (
+    "Python stacks not sampled: py-spy is not installed (pip install 'starvecheck[attach]'); "
+    "the figures below are /proc's alone"
+)
+SAMPLER = "py-spy record --nonblocking --idle --threads --subprocesses"
+
+
+def _wait(plan: Plan, ctx: RunContext, watch: Watch, recorders: dict[int, spy.Recorder]) -> None:
+    """Read /proc once a second while py-spy samples, until both are done (py-spy gets
+    15 s past the duration to write its samples)."""
+    t0 = time.perf_counter()
+    deadline = t0 + plan.seconds + (15.0 if recorders else 0.0)
+    while time.perf_counter() < deadline:
+        check_signals()
+        elapsed = time.perf_counter() - t0
+        ctx.progress(f"sampling for {plan.seconds:.0f} s", int(elapsed), int(plan.seconds))
+        if elapsed >= plan.seconds and all(r.done() for r in recorders.values()):
+            break
+        time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
+        for r in plan.job.ranks:  # workers started since (a new epoch's)
+            for child in children_of(r.pid):
+                watch.add(child)
+        watch.tick()
+
+
+def _read_all(
+    plan: Plan, watch: Watch, recorders: dict[int, spy.Recorder], caveats: list[Caveat]
+) -> tuple[list[Metric], dict[int, list[int]], dict[str, str]]:
+    machine = watch.finish()
+    metrics: list[Metric] = []
+    found: dict[int, list[int]] = {}
+    tops: dict[str, str] = {}
+    for r in plan.job.ranks:
+        kids = set(plan.job.children[r.pid]) | set(children_of(r.pid))
+        workers = sorted(c for c in watch.series if c in kids)
+        rec = recorders.get(r.pid)
+        try:
+            stacks = rec.stacks() if rec is not None else None
+        except (spy.NotAllowed, RuntimeError) as e:
+            why = str(e) if isinstance(e, spy.NotAllowed) else f"py-spy: {e}"
+            caveats.append(
+                Caveat(
+                    "attach.no-stacks",
+                    f"Python stacks of {r.describe()} not sampled: {why}; its figures below "
+                    "are /proc's alone",
+                )
+            )
+            stacks = None
+        if stacks is not None:
+            got, seen, top = read_stacks(r, stacks, source.Lines(_cwd(r.pid)))
+            metrics += got
+            workers = seen or workers
+            if top:
+                tops[str(r.pid)] = top
+            lab = {"rank": r.rank, "pid": r.pid}
+            metrics += _metric("dropped", stacks.errors, "samples", quantity="dropped", **lab)
+        found[r.pid] = workers
+        metrics += read_procs(r, workers, watch)
+    for key in MACHINE:
+        metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
+    return metrics, found, tops
+
+
+MACHINE = {
+    "others_cpus": "CPUs",
+    "nr_periods": "periods",
+    "nr_throttled": "periods",
+    "throttled_s": "s",
+    "shm_used_bytes": "bytes",
+    "shm_growth_bytes": "bytes",
+}
+
+
+def _cwd(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+STAGE = AttachStage()

@@ -1,0 +1,124 @@
+"""A training loop attach is tried on (tests/test_attach.py, benchmarks/attach_*.py):
+it times its own wait for data with perf_counter and writes, after every step, its
+totals (seconds waiting, seconds in all, steps) to STATE, so that a reader takes the
+loop's own share over any window.
+
+    python attach_loop.py MODE STATE [SECONDS]
+
+MODE: data (num_workers=0, CPU work in __getitem__ slower than the step), compute
+(a step far longer than loading), cpu (2 workers burning CPU, each batch longer than
+the step), io (2 workers blocked in sleep, as on slow storage), handover (2 workers
+sending 32 MiB of numpy arrays a batch, pickled through the pipe), steady (a 10 ms
+step, two light workers: attach's overhead), slow-rank (under torchrun with
+gloo: rank 1 loads 4x slower; every step all-reduces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+class Work(Dataset):
+    def __init__(self, cpu_s: float = 0.0, sleep_s: float = 0.0, shape=(8,)) -> None:
+        self.cpu_s, self.sleep_s, self.shape = cpu_s, sleep_s, shape
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.cpu_s:
+            spin(self.cpu_s)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.zeros(self.shape)
+
+
+class Arrays(Dataset):
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int):
+        import numpy as np
+
+        return np.ones(1 << 20, dtype=np.float32)  # 4 MiB
+
+
+def keep(batch: list) -> list:
+    return batch
+
+
+def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
+    """(the DataLoader, the step's seconds)."""
+    if mode == "data":
+        return DataLoader(Work(cpu_s=0.004), batch_size=8, num_workers=0), 0.010
+    if mode == "compute":
+        return DataLoader(Work(cpu_s=0.00005), batch_size=8, num_workers=0), 0.030
+    if mode == "cpu":
+        return DataLoader(Work(cpu_s=0.006), batch_size=8, num_workers=2), 0.005
+    if mode == "io":
+        return DataLoader(Work(sleep_s=0.01), batch_size=8, num_workers=2), 0.010
+    if mode == "handover":
+        # numpy arrays through a collate that keeps them: pickled by value through the
+        # pipe, unpickled by the training process (tensors would go by shared memory).
+        return DataLoader(Arrays(), batch_size=8, num_workers=2, collate_fn=keep), 0.001
+    if mode == "steady":  # attach's overhead: a 10 ms step, two light workers
+        return DataLoader(Work(cpu_s=0.0002), batch_size=8, num_workers=2), 0.010
+    if mode == "slow-rank":
+        cpu = 0.002 if rank == 1 else 0.0005
+        return DataLoader(Work(cpu_s=cpu), batch_size=8, num_workers=0), 0.010
+    raise SystemExit(f"no mode {mode}")
+
+
+def main() -> None:
+    mode, state = sys.argv[1], sys.argv[2]
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 600.0
+    rank = int(os.environ.get("RANK", "0"))
+    torch.set_num_threads(1)
+    if mode == "slow-rank":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    dl, step_s = loader(mode, rank)
+    waited = total = 0.0
+    steps = 0
+    start = time.perf_counter()
+    it = iter(dl)
+    next(it)  # workers started: the loop's clock starts here
+    t = time.perf_counter()
+    path = f"{state}.{rank}" if mode == "slow-rank" else state
+    while time.perf_counter() - start < seconds:
+        a = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(dl)
+            batch = next(it)
+        b = time.perf_counter()
+        spin(step_s)
+        if mode == "slow-rank":
+            dist.all_reduce(torch.ones(1))
+        del batch
+        now = time.perf_counter()
+        waited += b - a
+        total = now - t
+        steps += 1
+        with open(path + ".tmp", "w") as f:
+            json.dump({"waited": waited, "total": total, "steps": steps, "at": time.time()}, f)
+        os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    main()
