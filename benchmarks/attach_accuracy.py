@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "tests" / "loops" / "attach_loop.py"
+sys.path.insert(0, str(LOOP.parent))
+from loopstate import data_share, own_share, read_state  # noqa: E402
+
 # mode -> (what the loop is, the words attach.loader-bound's title must hold; None: no
 # such finding, the loop is not input-bound)
 CASES = {
@@ -32,15 +35,6 @@ CASES = {
     "handover": ("2 workers sending 32 MiB of numpy a batch", "hand-over-bound"),
 }
 TOLERANCE = 0.05
-
-
-def _state(path: Path) -> dict[str, float]:
-    for _ in range(100):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise SystemExit(f"{path} never written")
 
 
 def _start(cmd: list[str], path: Path) -> subprocess.Popen:
@@ -64,18 +58,6 @@ def _attach(pid: int, seconds: float) -> dict:
     return json.loads(r.stdout)["stages"][0]
 
 
-def _share(stage: dict, pid: int) -> float:
-    for m in stage["metrics"]:
-        lab = m["labels"]
-        if (
-            lab.get("quantity") == "main_share"
-            and lab.get("kind") == "data"
-            and lab.get("pid") == pid
-        ):
-            return float(m["value"])
-    return 0.0
-
-
 def _stop(p: subprocess.Popen) -> None:
     os.killpg(p.pid, 9)
     p.wait()
@@ -91,13 +73,13 @@ def main() -> int:
             path = Path(tmp) / f"{mode}.json"
             p = _start([sys.executable, str(LOOP), mode, str(path)], path)
             try:
-                before = _state(path)
+                before = read_state(path)
                 stage = _attach(p.pid, a.duration)
-                after = _state(path)
+                after = read_state(path)
             finally:
                 _stop(p)
-            own = (after["waited"] - before["waited"]) / (after["total"] - before["total"])
-            got = _share(stage, p.pid)
+            own = own_share(before, after)
+            got = data_share(stage, p.pid)
             found = {f["id"]: f for f in stage["findings"]}
             bound = found.get("attach.loader-bound", {}).get("title")
             named = bound is None if words is None else bool(bound and words in bound)
@@ -112,20 +94,18 @@ def main() -> int:
                "--master-port", port, str(LOOP), "slow-rank", str(path)]  # fmt: skip
         p = _start(cmd, Path(f"{path}.1"))
         try:
-            b0, b1 = _state(Path(f"{path}.0")), _state(Path(f"{path}.1"))
+            b0, b1 = read_state(Path(f"{path}.0")), read_state(Path(f"{path}.1"))
             stage = _attach(p.pid, a.duration)
-            e0, e1 = _state(Path(f"{path}.0")), _state(Path(f"{path}.1"))
+            e0, e1 = read_state(Path(f"{path}.0")), read_state(Path(f"{path}.1"))
         finally:
             _stop(p)
-        own = [
-            (e["waited"] - b["waited"]) / (e["total"] - b["total"]) for b, e in ((b0, e0), (b1, e1))
-        ]
+        own = [own_share(b0, e0), own_share(b1, e1)]
         found = {f["id"]: f for f in stage["findings"]}
         title = found.get("attach.straggler", {}).get("title", "no straggler named")
         ok = "rank 1" in title
         missed += [] if ok else ["slow-rank"]
         ranks = {r["rank"]: r["pid"] for r in stage["parameters"]["ranks"]}
-        got = [_share(stage, ranks.get(i, -1)) for i in (0, 1)]
+        got = [data_share(stage, ranks.get(i, -1)) for i in (0, 1)]
         diff = f"{got[0] - own[0]:+.3f} / {got[1] - own[1]:+.3f}"
         rows.append(f"| slow-rank | torchrun, 2 gloo ranks, rank 1 loads 4x slower | "
                     f"{own[0]:.3f} / {own[1]:.3f} | {got[0]:.3f} / {got[1]:.3f} | "

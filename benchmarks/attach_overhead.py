@@ -13,7 +13,6 @@ Target (docs/performance.md; exit 1 when missed): under 1% at the default rate.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -24,16 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "tests" / "loops" / "attach_loop.py"
+sys.path.insert(0, str(LOOP.parent))
+from loopstate import read_state  # noqa: E402
+
 TARGET = 0.01
-
-
-def _state(path: Path) -> dict[str, float]:
-    for _ in range(100):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise SystemExit(f"{path} never written")
 
 
 def _rate(path: Path, seconds: float, during: list[str] | None) -> float:
@@ -45,9 +38,9 @@ def _rate(path: Path, seconds: float, during: list[str] | None) -> float:
     )
     if p is not None:
         time.sleep(2.0)  # attach's start-up (imports, py-spy attaching) is not its steady cost
-    a = _state(path)
+    a = read_state(path)
     time.sleep(seconds)
-    b = _state(path)
+    b = read_state(path)
     if p is not None:
         p.wait(timeout=120)
     return (b["steps"] - a["steps"]) / (b["total"] - a["total"])

@@ -16,17 +16,14 @@ from typing import Any
 
 import pytest
 
+from tests.loops.loopstate import data_share, own_share, read_state
+
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
 SECONDS = 6
 
 
 def state(path: Path) -> dict[str, float]:
-    for _ in range(50):
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise AssertionError(f"{path} never written")
+    return read_state(path, tries=50)
 
 
 def started(cmd: list[str], path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -60,13 +57,7 @@ def findings(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
 
 
 def share_of(r: subprocess.CompletedProcess[str], pid: int) -> float:
-    stage = json.loads(r.stdout)["stages"][0]
-    for m in stage["metrics"]:
-        labels = m["labels"]
-        mine = labels.get("pid") == pid and labels.get("kind") == "data"
-        if mine and labels.get("quantity") == "main_share":
-            return float(m["value"])
-    return 0.0
+    return data_share(json.loads(r.stdout)["stages"][0], pid)
 
 
 def read_loop(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float, int]:
@@ -84,8 +75,7 @@ def read_loop(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[st
         assert state(path)["steps"] > c["steps"], "the loop stopped stepping"
     finally:
         stop(p)
-    own = (b["waited"] - a["waited"]) / (b["total"] - a["total"])
-    return r, own, p.pid
+    return r, own_share(a, b), p.pid
 
 
 @pytest.mark.slow

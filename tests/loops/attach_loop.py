@@ -15,12 +15,12 @@ gloo: rank 1 loads 4x slower; every step all-reduces).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
 import torch
+from loopstate import write_state
 from torch.utils.data import DataLoader, Dataset
 
 
@@ -115,9 +115,7 @@ def main() -> None:
         waited += b - a
         total = now - t
         steps += 1
-        with open(path + ".tmp", "w") as f:
-            json.dump({"waited": waited, "total": total, "steps": steps, "at": time.time()}, f)
-        os.replace(path + ".tmp", path)
+        write_state(path, waited, total, steps)
 
 
 if __name__ == "__main__":
