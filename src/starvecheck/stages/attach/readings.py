@@ -1,8 +1,8 @@
 """What /proc and the cgroup say of a running job over the seconds `attach` samples
 it: each process's CPU (user+system), its threads' time runnable but waiting for a CPU,
-its memory (RSS each second; USS at the start and the end, from smaps_rollup) and the
-bytes it read; the machine's CPU; the cgroup's throttling; /dev/shm in use. Nothing is
-written anywhere; a process that exits meanwhile keeps its last reading.
+its memory (USS at the start and the end, from smaps_rollup) and the bytes it read;
+the machine's CPU; the cgroup's throttling; /dev/shm in use. Nothing is written
+anywhere; a process that exits meanwhile keeps its last reading.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from starvecheck.probe.load import parse_pid_stat, parse_proc_stat, runq_seconds
+from starvecheck.probe.cgroup import parse_flat_keyed
+from starvecheck.probe.load import machine_times, parse_pid_stat, parse_throttled, runq_seconds
 
 MAX_READ = 1 << 20
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _text(path: str) -> str | None:
@@ -31,7 +31,6 @@ class Snapshot:
     cpu_s: float | None = None
     thread_cpu_s: float | None = None  # the process's main thread alone
     runq_s: float | None = None
-    rss: int | None = None
     uss: int | None = None
     read_bytes: int | None = None
 
@@ -44,8 +43,6 @@ def snapshot(pid: int, uss: bool = False) -> Snapshot | None:
     main = _text(f"/proc/{pid}/task/{pid}/stat")
     s.thread_cpu_s = parse_pid_stat(main) if main else None
     s.runq_s = runq_seconds(pid)
-    statm = (_text(f"/proc/{pid}/statm") or "").split()
-    s.rss = int(statm[1]) * PAGE if len(statm) > 1 and statm[1].isdigit() else None
     for line in (_text(f"/proc/{pid}/io") or "").splitlines():
         key, _, number = line.partition(":")
         if key == "read_bytes" and number.strip().isdigit():
@@ -74,13 +71,12 @@ def _uss(pid: int) -> int | None:
 
 @dataclass
 class Series:
-    """One process over the window: its first and last snapshots and its CPU and RSS
-    each second."""
+    """One process over the window: its first and last snapshots and its CPU each
+    second."""
 
     first: Snapshot
     last: Snapshot
     cpu_per_s: list[float] = field(default_factory=list)
-    rss: list[int] = field(default_factory=list)
 
     @property
     def seconds(self) -> float:
@@ -92,22 +88,32 @@ class Series:
 
 
 class Watch:
-    """Reads `pids` once a second (`tick`), and the machine and cgroup with them."""
+    """Reads each process `add`ed once a second (`tick`), and the machine and cgroup
+    with them; `owner` keeps the rank each was added for."""
 
-    def __init__(self, pids: list[int], cgroup_dir: str | None) -> None:
+    def __init__(self, owned: dict[int, list[int]], cgroup_dir: str | None) -> None:
         self.series: dict[int, Series] = {}
+        self.owner: dict[int, int] = {}
         self.cgroup_dir = cgroup_dir
         self.machine0 = _machine()
         self.cgroup0 = _cpu_stat(cgroup_dir)
         self.shm0 = shm_used()
         self.t0 = time.perf_counter()
-        for pid in pids:
-            self.add(pid)
+        for owner, pids in owned.items():
+            for pid in (owner, *pids):
+                self.add(pid, owner)
 
-    def add(self, pid: int) -> None:
+    def add(self, pid: int, owner: int) -> None:
+        if pid in self.series:
+            return
         s = snapshot(pid, uss=True)
-        if s is not None and pid not in self.series:
+        if s is not None:
             self.series[pid] = Series(s, s)
+            self.owner[pid] = owner
+
+    def owned(self, owner: int) -> list[int]:
+        """The processes read for `owner`, not itself."""
+        return sorted(p for p, o in self.owner.items() if o == owner and p != owner)
 
     def tick(self) -> None:
         for pid, series in self.series.items():
@@ -117,8 +123,6 @@ class Watch:
             before = series.last
             if s.cpu_s is not None and before.cpu_s is not None and s.at > before.at:
                 series.cpu_per_s.append((s.cpu_s - before.cpu_s) / (s.at - before.at))
-            if s.rss is not None:
-                series.rss.append(s.rss)
             series.last = s
 
     def finish(self) -> dict[str, float | None]:
@@ -146,25 +150,20 @@ class Watch:
 
 
 def _machine() -> float | None:
-    text = _text("/proc/stat")
-    times = parse_proc_stat(text) if text else None
+    times = machine_times()
     return times.busy if times is not None else None
 
 
 def _cpu_stat(directory: str | None) -> dict[str, float]:
     """nr_periods, nr_throttled and throttled seconds of a cgroup's cpu.stat."""
     text = _text(os.path.join(directory, "cpu.stat")) if directory else None
-    out: dict[str, float] = {}
-    for line in (text or "").splitlines():
-        key, _, number = line.partition(" ")
-        if not number.strip().isdigit():
-            continue
-        if key in ("nr_periods", "nr_throttled"):
-            out[key] = float(number)
-        elif key == "throttled_usec":
-            out["throttled_s"] = int(number) / 1e6
-        elif key == "throttled_time":
-            out["throttled_s"] = int(number) / 1e9
+    if not text:
+        return {}
+    stat = parse_flat_keyed(text)
+    out = {k: float(stat[k]) for k in ("nr_periods", "nr_throttled") if k in stat}
+    throttled = parse_throttled(text)
+    if throttled is not None:
+        out["throttled_s"] = throttled
     return out
 
 

@@ -30,9 +30,9 @@ class Lines:
         return lines[line - 1]
 
     def _load(self, file: str) -> list[str] | None:
-        path = file if os.path.isabs(file) else os.path.join(self.cwd or "", file)
-        if not self.cwd and not os.path.isabs(file):
+        if not os.path.isabs(file) and not self.cwd:
             return None
+        path = os.path.join(self.cwd or "/", file)  # an absolute `file` stays as it is
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:

@@ -29,7 +29,7 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals
 from starvecheck.stages.attach import classify, source, spy
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
-from starvecheck.stages.attach.target import Job, Process, children_of, find
+from starvecheck.stages.attach.target import Job, Process, descendants_of, find
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
 
@@ -50,7 +50,7 @@ class Plan:
 def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
     if value is None:
         return []
-    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, {**labels})]
+    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, labels)]
 
 
 def _shares(
@@ -166,8 +166,8 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         start = time.perf_counter()
         caveats: list[Caveat] = []
         binary = spy.py_spy()
-        pids = [p for r in plan.job.ranks for p in (r.pid, *plan.job.children[r.pid])]
-        watch = Watch(pids, cgroup_dir(plan.job.ranks[0].pid))
+        owned = {r.pid: list(plan.job.children[r.pid]) for r in plan.job.ranks}
+        watch = Watch(owned, cgroup_dir(plan.job.ranks[0].pid))
         recorders: dict[int, spy.Recorder] = {}
         if binary is None:
             caveats.append(Caveat("attach.no-stacks", NO_PY_SPY))
@@ -217,9 +217,10 @@ def _wait(plan: Plan, ctx: RunContext, watch: Watch, recorders: dict[int, spy.Re
         if elapsed >= plan.seconds and all(r.done() for r in recorders.values()):
             break
         time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
-        for r in plan.job.ranks:  # workers started since (a new epoch's)
-            for child in children_of(r.pid):
-                watch.add(child)
+        # workers started since (a new epoch's)
+        for owner, kids in descendants_of([r.pid for r in plan.job.ranks]).items():
+            for child in kids:
+                watch.add(child, owner)
         watch.tick()
 
 
@@ -231,8 +232,7 @@ def _read_all(
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
     for r in plan.job.ranks:
-        kids = set(plan.job.children[r.pid]) | set(children_of(r.pid))
-        workers = sorted(c for c in watch.series if c in kids)
+        workers = watch.owned(r.pid)
         rec = recorders.get(r.pid)
         try:
             stacks = rec.stacks() if rec is not None else None

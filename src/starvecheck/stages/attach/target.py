@@ -73,22 +73,24 @@ def environ_of(pid: int) -> dict[str, str] | None:
 
 def children_of(pid: int) -> list[int]:
     """Every descendant of `pid` (children, their children), from /proc/*/stat."""
-    parents: dict[int, int] = {}
+    return descendants_of([pid])[pid]
+
+
+def descendants_of(pids: list[int]) -> dict[int, list[int]]:
+    """Each of `pids` -> its descendants, from one reading of /proc/*/stat."""
+    kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        raw = _read(f"/proc/{name}/stat")
-        if raw is None:
-            continue
-        rest = raw.rpartition(b")")[2].split()
-        if len(rest) > 1 and rest[1].isdigit():
-            parents[int(name)] = int(rest[1])
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = sorted(c for c, pp in parents.items() if pp == p)
-        out += kids
-        todo += kids
+        parent = _parent(int(name)) if name.isdigit() else None
+        if parent is not None:
+            kids.setdefault(parent, []).append(int(name))
+    out: dict[int, list[int]] = {}
+    for pid in pids:
+        found, todo = [], [pid]
+        while todo:
+            these = sorted(kids.get(todo.pop(), ()))
+            found += these
+            todo += these
+        out[pid] = found
     return out
 
 
@@ -132,7 +134,9 @@ def find(pid: int, all_ranks: bool = False) -> Job:
         raise UsageError(f"PID {pid} is starvecheck itself or its shell: give the training job's")
     kids = children_of(pid)
     if _is_agent(command):
-        ranks = [Process(k, command_of(k) or "?", _rank(k)) for k in kids if _rank(k) is not None]
+        ranks = [
+            Process(k, command_of(k) or "?", rank) for k in kids if (rank := _rank(k)) is not None
+        ]
         ranks = [r for r in ranks if _maps_hold(r.pid, b"libtorch") is not False]
         if not ranks:
             raise UsageError(f"PID {pid} ({command}) is a torchrun agent with no rank running")
@@ -156,7 +160,8 @@ def find(pid: int, all_ranks: bool = False) -> Job:
 
 
 def _job(ranks: list[Process], agent: Process | None) -> Job:
-    return Job(tuple(ranks), agent, {r.pid: tuple(children_of(r.pid)) for r in ranks})
+    found = descendants_of([r.pid for r in ranks])
+    return Job(tuple(ranks), agent, {pid: tuple(kids) for pid, kids in found.items()})
 
 
 def _parent(pid: int) -> int | None:
