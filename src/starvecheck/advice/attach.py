@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.profile import severity
-from starvecheck.advice.stepworkers import LOADER_LINE
+from starvecheck.advice.stepworkers import LOADER_LINE, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core.metric import Metric, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -200,12 +200,6 @@ def _advise(
     return Finding("attach.loader-bound", sev, title, what, recommendation + assumed, gain, fix=fix)
 
 
-OFFLINE = (
-    "do the CPU work once, offline (pre-tokenize or pre-decode into shards), make it "
-    "cheaper, or train on a node with more CPUs per GPU"
-)
-
-
 def _change(a: WorkerAdvice, cpus: float) -> tuple[str, Gain, dict[str, int]]:
     """The worker model's answer in attach's words: shares of time, never a step's
     milliseconds (attach counts no steps)."""
@@ -221,7 +215,7 @@ def _change(a: WorkerAdvice, cpus: float) -> tuple[str, Gain, dict[str, int]]:
         else:
             text = (
                 f"No worker count gains here: loading is CPU-bound at {now}, with "
-                f"{f.available_cpus:.1f} of {cpus:g} CPU(s) free for workers; {OFFLINE}."
+                f"{f.available_cpus:.1f} of {cpus:g} CPU(s) free for workers; {offline()}."
             )
         return text, Gain(GainKind.THROUGHPUT, None, "no worker count gains here"), {}
     text = f"{LOADER_LINE.format(n=a.workers)} ({now} now): the worker model predicts the loop "
@@ -231,7 +225,7 @@ def _change(a: WorkerAdvice, cpus: float) -> tuple[str, Gain, dict[str, int]]:
     if f.cpu_bound:
         text += (
             f"; that far and no further: {f.available_cpus:.1f} of {cpus:g} CPU(s) are free "
-            f"for workers and the loading is CPU work, so more only compete for them; {OFFLINE}"
+            f"for workers and the loading is CPU work, so more only compete for them; {offline()}"
         )
     text += ". `starvecheck loader --factory FILE.py:FUNC` measures each count on your pipeline."
     basis = (

@@ -18,6 +18,9 @@ from starvecheck.core.model import StageResult
 
 LAYOUT = "own"
 KEYS = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
+# The roles of a configuration read again beside the count's variants, in their rounds:
+# the count itself (`base`) and the current settings (`again`); never the sweep's own.
+BESIDE = ("base", "again")
 
 
 # Other processes keeping this many CPUs busy (median over the rounds), or one

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from starvecheck.advice import samples
 from starvecheck.advice.configurations import (
+    BESIDE,
     KEYS,
     LAYOUT,
     Point,
@@ -93,9 +94,7 @@ class Choice:
 def _current(found: list[Point]) -> Point | None:
     """The user's configuration as the first set read it (not its readings beside the
     variants: `base`, `again`)."""
-    return next(
-        (p for p in found if p.labels.get("current") and p.role not in ("base", "again")), None
-    )
+    return next((p for p in found if p.labels.get("current") and p.role not in BESIDE), None)
 
 
 def _against_current(p: Point, current: Point, found: list[Point]) -> Comparison | None:
@@ -166,7 +165,7 @@ def complete(loader: StageResult) -> StageResult:
     metrics = [m for m in loader.metrics if m.labels.get("quantity") not in _JUDGED]
     for p in found:
         c = _against_current(p, current, found) if current is not None else None
-        if c is None or p.role in ("base", "again"):
+        if c is None or p.role in BESIDE:
             continue
         where = {k: p.labels[k] for k in (*KEYS, "current") if k in p.labels}
         name = "own.w{workers}{role}.".format(

@@ -169,6 +169,16 @@ def _int(x: float | None) -> int | None:
     return None if x is None else int(x)
 
 
+def offline(cpu_work: bool = True) -> str:
+    """What is left where no worker count keeps up, in words (lower case, no stop):
+    the work done once, offline, or made cheaper, or more CPUs per GPU."""
+    work = "CPU work" if cpu_work else "work"
+    return (
+        f"do the {work} once, offline (pre-tokenize or pre-decode into shards), make it "
+        "cheaper, or train on a node with more CPUs per GPU"
+    )
+
+
 def worker_change(
     a: WorkerAdvice, interval: Comparison | None = None
 ) -> tuple[str, Gain, dict[str, Any]]:
@@ -179,10 +189,10 @@ def worker_change(
     assert f is not None  # a loop's advice on known CPUs
     line = LOADER_LINE.format(n=a.workers)
     now = f"num_workers={a.workers_now}"
-    offline = (
-        f"Do the {'CPU work' if f.cpu_work else 'work'} once, offline (pre-tokenize or "
-        "pre-decode into shards), make it cheaper, or train on a node with more CPUs per "
-        "GPU. `starvecheck starve` measures CPU per sample against your step."
+    fix = offline(f.cpu_work)
+    offline_fix = (
+        f"{fix[0].upper()}{fix[1:]}. `starvecheck starve` measures CPU per sample against "
+        "your step."
     )
     handover = ""
     if f.handover_ms >= HANDOVER_SHARE * f.step_ms:
@@ -203,7 +213,7 @@ def worker_change(
         else:
             recommendation = (
                 f"Loading is CPU-bound at {now}: {a.why}, so more workers only compete for "
-                f"the same CPUs. {offline}{handover}"
+                f"the same CPUs. {offline_fix}{handover}"
             )
         gain = Gain(GainKind.STEP_SHARE, None, "no worker count gains here")
         return recommendation, gain, {}
@@ -211,7 +221,7 @@ def worker_change(
         recommendation = (
             f"Loading is CPU-bound: {a.why}, so even {f.available_cpus:.1f} busy CPU(s) deliver "
             f"a batch no faster than every {f.step_ms:,.1f} ms. {line} gets that far; past it, "
-            f"more workers only compete for the same CPUs. {offline}{handover}"
+            f"more workers only compete for the same CPUs. {offline_fix}{handover}"
         )
     else:
         where = (
