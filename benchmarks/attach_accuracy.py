@@ -3,7 +3,7 @@ share (tests/loops/attach_loop.py times its own wait with perf_counter and write
 totals after every step), each started apart, read by attach for --duration seconds;
 the loop's own share over the same seconds beside attach's, and the link attach names.
 
-    python benchmarks/attach_accuracy.py [--duration 8]
+    python benchmarks/attach_accuracy.py [--duration 10]
 
 Targets (exit 1 when missed): the share within 0.05 of the loop's own, the right
 bound named, the slow rank of a two-rank gloo job under torchrun named.
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "tests" / "loops" / "attach_loop.py"
 sys.path.insert(0, str(LOOP.parent))
-from loopstate import data_share, own_share, read_state  # noqa: E402
+from loopstate import attach_beside, data_share, own_share, stop_tree  # noqa: E402
 
 # mode -> (what the loop is, the words attach.loader-bound's title must hold; None: no
 # such finding, the loop is not input-bound)
@@ -47,25 +47,19 @@ def _start(cmd: list[str], path: Path) -> subprocess.Popen:
     return p
 
 
-def _attach(pid: int, seconds: float) -> dict:
-    r = subprocess.run(
-        [sys.executable, "-m", "starvecheck", "attach", str(pid), "--duration", f"{seconds:g}",
-         "--json", "-"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def _attach(pid: int, seconds: float, paths: list[Path]) -> tuple[dict, list, list]:
+    """attach's stage, and the loops' totals when its sampler started and ended."""
+    cmd = [sys.executable, "-m", "starvecheck", "attach", str(pid), "--duration",
+           f"{seconds:g}", "--json", "-"]  # fmt: skip
+    r, before, after = attach_beside(cmd, paths)
     if r.returncode not in (0, 1):
         raise SystemExit(f"attach exited {r.returncode}: {r.stderr.strip()}")
-    return json.loads(r.stdout)["stages"][0]
-
-
-def _stop(p: subprocess.Popen) -> None:
-    os.killpg(p.pid, 9)
-    p.wait()
+    return json.loads(r.stdout)["stages"][0], before, after
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--duration", type=float, default=10.0)
     a = parser.parse_args()
     rows, missed = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,11 +67,9 @@ def main() -> int:
             path = Path(tmp) / f"{mode}.json"
             p = _start([sys.executable, str(LOOP), mode, str(path)], path)
             try:
-                before = read_state(path)
-                stage = _attach(p.pid, a.duration)
-                after = read_state(path)
+                stage, (before,), (after,) = _attach(p.pid, a.duration, [path])
             finally:
-                _stop(p)
+                stop_tree(p)
             own = own_share(before, after)
             got = data_share(stage, p.pid)
             found = {f["id"]: f for f in stage["findings"]}
@@ -94,11 +86,10 @@ def main() -> int:
                "--master-port", port, str(LOOP), "slow-rank", str(path)]  # fmt: skip
         p = _start(cmd, Path(f"{path}.1"))
         try:
-            b0, b1 = read_state(Path(f"{path}.0")), read_state(Path(f"{path}.1"))
-            stage = _attach(p.pid, a.duration)
-            e0, e1 = read_state(Path(f"{path}.0")), read_state(Path(f"{path}.1"))
+            files = [Path(f"{path}.0"), Path(f"{path}.1")]
+            stage, (b0, b1), (e0, e1) = _attach(p.pid, a.duration, files)
         finally:
-            _stop(p)
+            stop_tree(p)
         own = [own_share(b0, e0), own_share(b1, e1)]
         found = {f["id"]: f for f in stage["findings"]}
         title = found.get("attach.straggler", {}).get("title", "no straggler named")

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "tests" / "loops" / "attach_loop.py"
 sys.path.insert(0, str(LOOP.parent))
-from loopstate import read_state  # noqa: E402
+from loopstate import read_state, stop_tree  # noqa: E402
 
 TARGET = 0.01
 
@@ -75,8 +75,7 @@ def main() -> int:
                 results[rate] = ratios
             after = _rate(path, a.seconds, None)
         finally:
-            os.killpg(loop.pid, 9)
-            loop.wait()
+            stop_tree(loop)
     ok = True
     for rate, ratios in results.items():
         cost = 1 - statistics.median(ratios)

@@ -14,12 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from tests.loops.loopstate import data_share, own_share, read_state
+from tests.loops.loopstate import attach_beside, data_share, own_share, read_state, stop_tree
 
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
-SECONDS = 6
+# attach's default duration, as a user runs it: at 50 samples a second its share is
+# within about 0.03 of the loop's own (at 6 s, 300 samples, within about 0.06).
+SECONDS = 10
 
 
 def state(path: Path) -> dict[str, float]:
@@ -45,9 +48,7 @@ def attach(pid: int, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, 9)
-    p.wait()
+    stop_tree(p)
 
 
 def findings(r: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
@@ -64,9 +65,9 @@ def read_loop(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[st
     path = tmp_path / "state.json"
     p = started([sys.executable, str(LOOP), mode, str(path)], path)
     try:
-        a = state(path)
-        r = attach(p.pid, "--duration", str(SECONDS))
-        b = state(path)
+        cmd = [sys.executable, "-m", "starvecheck", "attach", str(p.pid), "--json", "-",
+               "--duration", str(SECONDS)]  # fmt: skip
+        r, (a,), (b,) = attach_beside(cmd, [path], timeout=120)
         assert p.poll() is None, "the loop died under attach"
         with open(f"/proc/{p.pid}/status") as f:
             assert "TracerPid:\t0" in f.read()  # nothing left attached
@@ -121,9 +122,11 @@ def test_two_gloo_ranks_under_torchrun_name_the_slow_one(tmp_path):
            "--master-port", port, str(LOOP), "slow-rank", str(path)]  # fmt: skip
     p = started(cmd, Path(f"{path}.1"), {"OMP_NUM_THREADS": "1"})
     try:
+        ranks = psutil.Process(p.pid).children(recursive=True)
         r = attach(p.pid, "--duration", str(SECONDS))
     finally:
         stop(p)
+    assert ranks and not [x.pid for x in ranks if x.is_running()], "a rank outlived the test"
     f = findings(r)
     assert "rank 1" in f["attach.straggler"]["title"], f["attach.straggler"]
     assert len(json.loads(r.stdout)["stages"][0]["parameters"]["ranks"]) == 2

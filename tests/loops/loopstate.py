@@ -1,14 +1,17 @@
 """What tests/loops/attach_loop.py writes after every step, and how its readers (the
 tests and benchmarks that set attach beside the loop's own clock) read it back: the
 loop's totals (seconds waiting for data, seconds in all, steps), written whole by a
-rename, and the data-wait share attach reported for a process. No torch here: readers
-need not import it.
+rename, and the data-wait share attach reported for a process; and how a loop is
+stopped, its whole tree. No torch here: readers need not import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -43,3 +46,54 @@ def data_share(stage: dict[str, Any], pid: int) -> float:
         if mine and labels.get("quantity") == "main_share":
             return float(m["value"])
     return 0.0
+
+
+def stop_tree(p: subprocess.Popen[Any]) -> None:
+    """Kill the loop and everything under it. torchrun starts each rank in a session of
+    its own, so killing the agent's process group leaves the ranks running (two of them
+    burned the CPUs through the rest of a test run); the tree is read first, then each
+    process killed, deepest first."""
+    import psutil
+
+    try:
+        tree = psutil.Process(p.pid).children(recursive=True)
+    except psutil.Error:
+        tree = []
+    for child in reversed(tree):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    psutil.wait_procs(tree, timeout=10)
+
+
+def attach_beside(
+    cmd: list[str], paths: list[Path], timeout: float = 300.0
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, float]], list[dict[str, float]]]:
+    """Run `starvecheck attach` (`cmd`) and read the loops' totals (`paths`) when its
+    sampler starts and when it ends (its py-spy child appears, then goes), so that the
+    loop's own share is taken over the seconds attach sampled, not attach's start-up
+    (imports, the machine's facts), which costs a 2-CPU machine's loops CPU too.
+    (the run, the totals at the start, at the end)."""
+    import psutil
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    before: list[dict[str, float]] = []
+    after: list[dict[str, float]] = []
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            kids = psutil.Process(proc.pid).children()
+            sampling = any("py-spy" in k.name() for k in kids)
+        except psutil.Error:
+            sampling = False
+        if sampling and not before:
+            before = [read_state(p) for p in paths]
+        elif before and not after and not sampling:
+            after = [read_state(p) for p in paths]
+        time.sleep(0.02)
+    out, err = proc.communicate(timeout=max(1.0, deadline - time.time()))
+    if not before or not after:
+        raise RuntimeError(f"attach's sampler was never seen to start and end: {err.strip()}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), before, after
