@@ -97,6 +97,10 @@ def test_a_compute_bound_loop_is_not(tmp_path):
     assert f["severity"] == "ok", f
     assert abs(share_of(r, pid) - own) <= 0.05, (share_of(r, pid), own)
     assert "attach.loader-bound" not in findings(r)
+    stage = json.loads(r.stdout)["stages"][0]
+    if not stage["parameters"]["gpus"]:  # a CPU loop: no NVML call and no caveat
+        assert "uses no GPU" in stage["parameters"]["gpu_read"]
+        assert not [c for c in stage["caveats"] if c["id"] == "attach.no-gpu"]
 
 
 @pytest.mark.slow

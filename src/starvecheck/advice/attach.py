@@ -110,6 +110,9 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float]) -> Finding:
     other = r.parameters.other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
+    gpus = _gpus(r)
+    if gpus:
+        evidence += f"; {gpus}"
     if len(waits) > 1:
         evidence += "; every rank's wait: " + ", ".join(
             f"{_who(r, p)} {w:.0%}" for p, w in sorted(waits.items())
@@ -120,6 +123,16 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float]) -> Finding:
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
     title = f"{_who(r, pid)} waits for data {share:.0%} of the time: {kind}"
     return Finding("attach.data-wait", sev, title, evidence, "See attach.loader-bound for why.")
+
+
+def _gpus(r: StageResult) -> str:
+    """The job's GPUs' utilization over the seconds read (NVML, once a second)."""
+    parts = [
+        f"GPU {m.labels.get('gpu')} {m.value:.0f}% ({m.min:.0f}-{m.max:.0f}%)"
+        for m in select(r.metrics, quantity="gpu_utilization")
+        if m.value is not None and m.min is not None and m.max is not None
+    ]
+    return ("busy by NVML, median each second (range): " + ", ".join(parts)) if parts else ""
 
 
 def _bound(r: StageResult, pid: int, share: float) -> Finding | None:

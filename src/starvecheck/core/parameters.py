@@ -209,6 +209,8 @@ class Parameters(Mapping[str, Any]):
     # attach: the seconds sampled; each process's `other` frames (pid -> words)
     seconds = number()
     other_frames = mapping()
+    gpus = items()  # the job's GPUs: index, name, the job's and others' PIDs on each
+    gpu_read = text()  # how the job's GPUs were told, or why none were read
 
     @property
     def slowest_in(self) -> Mapping[str, int]:

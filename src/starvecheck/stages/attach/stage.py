@@ -28,6 +28,7 @@ from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals
 from starvecheck.stages.attach import classify, source, spy
+from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
 from starvecheck.stages.base import BaseStage, RunContext
@@ -168,17 +169,20 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         binary = spy.py_spy()
         owned = {r.pid: list(plan.job.children[r.pid]) for r in plan.job.ranks}
         watch = Watch(owned, cgroup_dir(plan.job.ranks[0].pid))
+        gpus = GpuWatch([p for r, kids in owned.items() for p in (r, *kids)])
         recorders: dict[int, spy.Recorder] = {}
         if binary is None:
             caveats.append(Caveat("attach.no-stacks", NO_PY_SPY))
         try:
             for r in plan.job.ranks if binary else ():
                 recorders[r.pid] = spy.Recorder(r.pid, plan.seconds, plan.rate, binary or "")
-            _wait(plan, ctx, watch, recorders)
+            _wait(plan, ctx, watch, recorders, gpus)
         finally:
             for rec in recorders.values():
                 rec.stop()
+            gpus.close()
         metrics, found, tops = _read_all(plan, watch, recorders, caveats)
+        metrics += _read_gpus(gpus, caveats)
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
@@ -191,6 +195,16 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             "sampler": SAMPLER if recorders else None,
             "effective_cpus": plan.effective_cpus,
             "other_frames": tops,
+            "gpus": [
+                {
+                    "index": g.index,
+                    "name": g.name,
+                    "job_pids": g.job_pids,
+                    "other_pids": g.other_pids,
+                }
+                for g in gpus.gpus
+            ],
+            "gpu_read": gpus.reason or gpus.chosen_by,
         }
         took = round(time.perf_counter() - start, 3)
         return StageResult(
@@ -205,7 +219,13 @@ NO_PY_SPY = (
 SAMPLER = "py-spy record --nonblocking --idle --threads --subprocesses"
 
 
-def _wait(plan: Plan, ctx: RunContext, watch: Watch, recorders: dict[int, spy.Recorder]) -> None:
+def _wait(
+    plan: Plan,
+    ctx: RunContext,
+    watch: Watch,
+    recorders: dict[int, spy.Recorder],
+    gpus: GpuWatch,
+) -> None:
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
     15 s past the duration to write its samples)."""
     t0 = time.perf_counter()
@@ -222,6 +242,7 @@ def _wait(plan: Plan, ctx: RunContext, watch: Watch, recorders: dict[int, spy.Re
             for child in kids:
                 watch.add(child, owner)
         watch.tick()
+        gpus.tick()
 
 
 def _read_all(
@@ -259,6 +280,28 @@ def _read_all(
     for key in MACHINE:
         metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
     return metrics, found, tops
+
+
+def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
+    """Each of the job's GPUs' utilization each second; a caveat where the job uses
+    CUDA and NVML gave nothing, or a GPU is shared with processes not the job's."""
+    if gpus.missing:
+        caveats.append(Caveat("attach.no-gpu", f"GPU utilization not read: {gpus.reason}"))
+    out: list[Metric] = []
+    for g in gpus.gpus:
+        lab = {"gpu": g.index, "quantity": "gpu_utilization"}
+        if g.utilization:
+            out.append(Metric.repeated("attach.gpu.utilization", g.utilization, "%", lab))
+        if g.other_pids:
+            others = ", ".join(str(p) for p in g.other_pids[:8])
+            caveats.append(
+                Caveat(
+                    "attach.gpu-shared",
+                    f"GPU {g.index} also runs PIDs {others}, not the job's: its "
+                    "utilization includes their work",
+                )
+            )
+    return out
 
 
 MACHINE = {
