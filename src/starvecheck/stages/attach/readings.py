@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from starvecheck.probe.cgroup import parse_flat_keyed
+from starvecheck.probe.cgroup import parse_cpu_max, parse_flat_keyed
 from starvecheck.probe.load import machine_times, parse_pid_stat, parse_throttled, runq_seconds
 
 MAX_READ = 1 << 20
@@ -167,16 +167,34 @@ def _cpu_stat(directory: str | None) -> dict[str, float]:
     return out
 
 
-def cgroup_dir(pid: int) -> str | None:
-    """The cgroup v2 directory of `pid` under /sys/fs/cgroup, where it has a cpu.stat."""
+def cgroup_dir(pid: int, root: str = "/sys/fs/cgroup") -> str | None:
+    """Where the cgroup v2 CPU quota of `pid` is enforced, which is where its throttling
+    is counted: of its own cgroup directory and each parent up to the mount, the one
+    whose cpu.max allows the fewest CPUs (a pod's quota sits above its container's);
+    its own directory where none sets a quota. None where it has no cpu.stat."""
     for line in (_text(f"/proc/{pid}/cgroup") or "").splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and not controllers:
-            where = os.path.normpath("/sys/fs/cgroup/" + path.lstrip("/"))
-            if where.startswith("/sys/fs/cgroup") and os.path.isfile(f"{where}/cpu.stat"):
-                return where
+            where = os.path.normpath(root + "/" + path.lstrip("/"))
+            if where.startswith(root) and os.path.isfile(f"{where}/cpu.stat"):
+                return _quota_dir(where, root)
     return None
+
+
+def _quota_dir(leaf: str, root: str) -> str:
+    best: tuple[float, str] | None = None
+    d = leaf
+    while True:
+        parsed = parse_cpu_max(_text(f"{d}/cpu.max") or "")
+        if parsed is not None and parsed[0] is not None and parsed[1] > 0:
+            cpus = parsed[0] / parsed[1]
+            if (best is None or cpus < best[0]) and os.path.isfile(f"{d}/cpu.stat"):
+                best = (cpus, d)
+        if d == root or not d.startswith(root + "/"):
+            break
+        d = os.path.dirname(d)
+    return best[1] if best else leaf
 
 
 def shm_used() -> float | None:
