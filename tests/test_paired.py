@@ -1,4 +1,4 @@
-"""Configurations compared round by round (advice/paired.py, core/criteria.py): the
+"""Configurations compared round by round (core/paired.py, core/criteria.py): the
 ratio of two figures read side by side, its interval, and the rules built on them."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from starvecheck.advice.paired import MARGIN, chained, compare, spread
 from starvecheck.core.criteria import cpu_work, paired_knee, ratios
+from starvecheck.core.paired import MARGIN, chained, compare, spread
 
 rates = st.lists(st.floats(1.0, 1e6), min_size=2, max_size=8)
 
@@ -84,6 +84,24 @@ def test_paired_knee_takes_the_fewest_counts_within_five_percent_round_by_round(
     assert paired_knee(rounds, 2) == 2 and paired_knee(rounds, 1) == 1
     assert paired_knee({}, 2) is None
     assert ratios([2.0, 4.0], [1.0, 0.0]) == [2.0]
+
+
+def test_a_fewer_count_is_as_good_only_where_the_rounds_show_it():
+    # A busy machine: 1 worker's median ratio to 2's is 0.96, but its rounds range
+    # from 0.70 to 1.25: the interval's low end is far under 0.90, so 2 stands.
+    busy = {1: [700.0, 960.0, 1250.0], 2: [1000.0, 1000.0, 1000.0]}
+    assert paired_knee(busy, 2) == 2
+    # The same median, rounds that agree: 1 is as good as 2 on evidence.
+    quiet = {1: [950.0, 960.0, 970.0], 2: [1000.0, 1000.0, 1000.0]}
+    assert paired_knee(quiet, 2) == 1
+    # A tie on a busy machine whose median happens to favour 1: not settled by the
+    # median's luck, but towards the more workers, as the run above settles it.
+    assert paired_knee({1: [1250.0, 1040.0, 700.0], 2: [1000.0, 1000.0, 1000.0]}, 2) == 2
+    # More workers clearly slower (oversubscribed) are never the count settled on.
+    over = {1: [700.0, 710.0, 690.0], 2: [1000.0, 990.0, 1010.0], 4: [800.0, 790.0, 810.0]}
+    assert paired_knee(over, 4) == 2
+    # One round: no interval, the median decides (as before rounds were paired).
+    assert paired_knee({1: [960.0], 2: [1000.0]}, 2) == 1
 
 
 def test_cpu_work_reads_waiting_for_a_cpu_as_cpu_work_never_as_io():

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from starvecheck.advice.paired import spread
 from starvecheck.core.criteria import cpu_work
 from starvecheck.core.metric import Caveat, Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.core.paired import spread
 
 LAYOUT = "own"
 KEYS = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")

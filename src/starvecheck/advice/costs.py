@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from starvecheck.advice.configurations import Point, describe
-from starvecheck.advice.paired import spread
 from starvecheck.core.model import Finding, Severity, StageResult
+from starvecheck.core.paired import spread
 from starvecheck.core.parameters import Parameters
 
 MIB = float(1 << 20)

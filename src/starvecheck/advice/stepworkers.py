@@ -14,10 +14,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from starvecheck.advice.paired import Comparison, compare
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core.metric import Metric, one, value
 from starvecheck.core.model import Gain, GainKind
+from starvecheck.core.paired import Comparison, compare
 from starvecheck.core.parameters import Parameters
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
@@ -119,7 +119,7 @@ def measured_advice(
 
 
 # The loop's steps in this many blocks: the model predicts each block's speed-up, and
-# their spread is the prediction's interval (advice/paired.py), as rounds are a sweep's.
+# their spread is the prediction's interval (core/paired.py), as rounds are a sweep's.
 BLOCKS = 5
 # Per-step figures the model reads, averaged per block.
 _PER_STEP = (

@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.advice.paired import MARGIN, Comparison
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
 from starvecheck.advice.stepworkers import (
     EITHER,
@@ -29,6 +28,7 @@ from starvecheck.advice.stepworkers import (
 from starvecheck.advice.stragglers import WAITING, among_ranks
 from starvecheck.core.metric import Caveat, Metric, one, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.paired import MARGIN, Comparison
 from starvecheck.core.parameters import Parameters
 
 if TYPE_CHECKING:

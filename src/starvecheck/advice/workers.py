@@ -189,19 +189,24 @@ def recommend_workers(evidence: Evidence, cpus: Cpus) -> WorkerAdvice | None:
 def _sweep(evidence: Throughput | IdleShares, effective: float) -> WorkerAdvice | None:
     if isinstance(evidence, Throughput):
         rounds = evidence.rounds
-        paired = ", round by round," if rounds else ""
         waits = evidence.cpu_work is False and bool(evidence.curve)
         limit = max(evidence.curve) if waits else effective
         k = paired_knee(rounds, limit) if rounds else knee(evidence.curve, limit)
+        fewest = (
+            "the fewest workers shown as good as the best samples/s, round by round "
+            "(within 5%, its 90% interval above 0.90x; counts the rounds cannot tell "
+            "apart settled towards more workers),"
+            if rounds
+            else "the fewest workers within 5% of the best samples/s"
+        )
         if waits:
             rule = (
-                "the fewest workers within 5% of the best samples/s"
-                f"{paired.rstrip(',')}; the workers are "
+                f"{fewest.rstrip(',')}; the workers are "
                 "measured blocked (I/O, sleep), not on a CPU nor waiting for one, so counts "
                 f"past the {effective:g} effective CPUs count"
             )
             return None if k is None else WorkerAdvice(k, rule)
-        rule = f"the fewest workers within 5% of the best samples/s{paired}"
+        rule = fewest
     else:
         k = least_idle(evidence.curve, effective)
         rule = "the fewest workers within 2 points of the least GPU idle"

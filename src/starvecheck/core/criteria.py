@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+from starvecheck.core.paired import compare
+
 # The knee of a throughput curve: the fewest workers that reach this share of the best.
 KNEE_SHARE = 0.95
 
@@ -56,18 +58,52 @@ def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 def paired_knee(
     rates: Mapping[int, Sequence[float]], effective_cpus: float, share: float = KNEE_SHARE
 ) -> int | None:
-    """`knee` over figures read in interleaved rounds: the best count (the highest
-    median) at or below the effective CPUs, then the fewest whose rate, round by round
-    against the best's, has a median ratio of at least `share`."""
+    """`knee` over figures read in interleaved rounds, at or below the effective CPUs:
+    the most workers not clearly slower than the best count (the highest median), then
+    the fewest as good as that count, round by round: a median ratio of at least
+    `share` and a 90% interval whose low end is at least KNEE_LOW (core/paired.py).
+    A fewer count is taken only on evidence: where the rounds disagree (a busy machine,
+    few rounds) counts that may tie are settled towards the more workers, the same way
+    run after run, and a short run and a long one name the same count."""
     eligible = {w: v for w, v in rates.items() if v and w <= max(1, effective_cpus)}
     if not eligible:
         return None
     best = max(eligible, key=lambda w: statistics.median(eligible[w]))
+    top = max(w for w, v in eligible.items() if w == best or not _worse(v, eligible[best], share))
     return min(
         w
         for w, v in eligible.items()
-        if (r := ratios(v, eligible[best])) and statistics.median(r) >= share
+        if w == top
+        or (
+            w < top
+            and _as_good(v, eligible[top], share)
+            and _median_ratio(v, eligible[best]) >= share
+        )
     )
+
+
+# A fewer count is as good only where the interval of its ratio, round by round, has its
+# low end at least this (and its median at least KNEE_SHARE).
+KNEE_LOW = 0.90
+
+
+def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    r = ratios(a, b)
+    return statistics.median(r) if r else 0.0
+
+
+def _worse(a: Sequence[float], best: Sequence[float], share: float) -> bool:
+    """Clearly slower than the best: its interval's high end under 1 - MARGIN; with one
+    round (no interval), its ratio under `share`."""
+    c = compare(a, best)
+    if c is None:
+        return True
+    return c.below() if c.rounds >= 2 else c.ratio < share
+
+
+def _as_good(a: Sequence[float], than: Sequence[float], share: float) -> bool:
+    c = compare(a, than)
+    return c is not None and c.ratio >= share and (c.rounds < 2 or c.low >= KNEE_LOW)
 
 
 # Workers whose CPU time is at least this share of their time not spent waiting for a

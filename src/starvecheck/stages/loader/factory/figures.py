@@ -53,7 +53,10 @@ def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:
                       quantity="batch_bytes")  # fmt: skip
     out += _cpu_metrics(base, lab, run)
     out += _memory_metrics(base, lab, run)
-    if run.restart_s is not None:
+    if run.restarts_s:  # each later epoch's start: judging reads their spread
+        starts = [round(x, 4) for x in run.restarts_s]
+        out += many("epoch_start_s", starts, "s", quantity="epoch_start_s")
+    elif run.restart_s is not None:
         out += single("epoch_start_s", round(run.restart_s, 4), "s", quantity="epoch_start_s")
     out += many("copy_ms", [x * 1e3 for x in run.copy_s], "ms", quantity="copy_ms")
     return out + _sample_metrics(base, lab, run)

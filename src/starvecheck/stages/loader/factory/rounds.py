@@ -2,7 +2,7 @@
 read once a round, in an order that turns each round, so that two configurations
 compared are read seconds apart, never minutes, and a machine whose other work comes
 and goes slows both alike: their ratio, round by round, holds where their figures do
-not (advice/paired.py compares them so). A configuration's slices merge into one run
+not (core/paired.py compares them so). A configuration's slices merge into one run
 with one figure a round.
 """
 
