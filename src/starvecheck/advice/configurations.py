@@ -124,7 +124,8 @@ def describe(p: Point) -> str:
 def fix_of(p: Point) -> dict[str, Any]:
     """The settings of `p` that a DataLoader line names: num_workers, and where workers
     run, prefetch_factor and persistent_workers where they differ from torch's
-    defaults; pin_memory where it is on."""
+    defaults; pin_memory where it is on, or where it is off as the measured variant
+    of a pinned loader."""
     fix: dict[str, Any] = {"num_workers": p.workers}
     if p.workers:
         if int(p.labels.get("prefetch_factor") or 2) != 2:
@@ -133,6 +134,8 @@ def fix_of(p: Point) -> dict[str, Any]:
             fix["persistent_workers"] = True
     if p.labels.get("pin_memory"):
         fix["pin_memory"] = True
+    elif p.role == "pin":  # pinning measured slower than pageable memory here
+        fix["pin_memory"] = False
     return fix
 
 

@@ -382,13 +382,11 @@ def _idle(p: Point, demand: float, step_ms: float, batch: float) -> float:
 def _extra_setting(
     found: list[Point], base: Point, dataset_samples: int | None = None, how: str | None = None
 ) -> tuple[Point, str] | None:
-    """prefetch_factor or persistent_workers at the chosen count, read beside the count
-    itself (role `base`): prefetch where its samples/s clear EXTRA_MARGIN over the
-    count's, round by round; persistent workers where each later epoch starts sooner by
-    at least EPOCH_START_SAVED_S and EPOCH_SHARE of an epoch, at samples/s not clearly lower, or
-    where their samples/s clear EXTRA_MARGIN. A setting second to the worker count is
-    held to a higher bar than the count, so that it joins the line run after run or
-    not at all. A variant measured slower never joins."""
+    """prefetch_factor, persistent_workers or pin_memory toggled (with CUDA: every batch
+    copied to the device) at the chosen count, read beside the count itself (`base`):
+    where its samples/s clear EXTRA_MARGIN over the count's, round by round; persistent
+    workers also where every later epoch starts sooner (_sooner). Held to a higher bar
+    than the count, so it joins the line run after run or not at all; never slower."""
     if not base.workers:
         return None
     beside = next((p for p in found if p.role == "base" and p.workers == base.workers), None)
@@ -396,19 +394,21 @@ def _extra_setting(
         return None
     best: tuple[Point, str, float] | None = None
     for p in found:
-        if p.workers != base.workers or p.role not in ("prefetch", "persistent"):
+        if p.workers != base.workers or p.role not in ("prefetch", "persistent", "pin"):
             continue
         c = compare(p.rates, beside.rates)
         if c is None or c.below(0.0):
             continue  # slower than the count alone: never part of the line
         note = ""
         if c.clears(EXTRA_MARGIN):
-            what = (
-                f"prefetch_factor={p.labels.get('prefetch_factor')}"
-                if p.role == "prefetch"
-                else "persistent_workers=True"
+            what = {
+                "prefetch": f"prefetch_factor={p.labels.get('prefetch_factor')}",
+                "persistent": "persistent_workers=True",
+                "pin": f"pin_memory={bool(p.labels.get('pin_memory'))}",
+            }[p.role]
+            note = f"{what} measured {c.describe()} the samples/s of the count alone" + (
+                ", each batch copied to the device as the loop does" if p.role == "pin" else ""
             )
-            note = f"{what} measured {c.describe()} the samples/s of the count alone"
         elif p.role == "persistent" and c.high >= 1.0:
             note = _sooner(p, beside, c, dataset_samples, how)
         if note and (best is None or c.ratio > best[2]):

@@ -28,8 +28,11 @@ current stream; tests drive `FakeDevice`, whose work runs on a simulated clock.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from starvecheck.core.metric import Metric
 
 PENDING_MAX = 256
 RESOLVE_PER_CALL = 4
@@ -69,24 +72,27 @@ class Step:
     done: Any = None
 
 
+_GAP = object()  # a break in the chain of steps: a pass's start, a headspace replay
+
+
 @dataclass
 class DeviceIdle:
-    """Each resolved step's idle gap and device period (ms), in order; how many steps
-    were left unresolved (dropped when too many were pending, or still pending)."""
+    """Each resolved step's idle gap and device period (ms), in order (appended to the
+    sequences given: LoopTimes' arrays); how many steps were dropped unresolved."""
 
     device: Device
-    idle_ms: list[float] = field(default_factory=list)
-    period_ms: list[float] = field(default_factory=list)
+    idle_ms: MutableSequence[float] = field(default_factory=list)
+    period_ms: MutableSequence[float] = field(default_factory=list)
     dropped: int = 0
     _pending: deque[Step] = field(default_factory=deque)
-    _last_done: Any = None  # the previous step's `done`, once resolved or recorded
+    _last_done: Any = None  # the last resolved step's `done`: the next one's start
 
     def arrived(self) -> None:
         """Batch in hand: the step's first event."""
         self._pending.append(Step(self.device.record()))
         if len(self._pending) > PENDING_MAX:
-            self._pending.popleft()
-            self.dropped += 1
+            if self._pending.popleft().arrive is not _GAP:
+                self.dropped += 1
             self._last_done = None  # the chain is broken: the next step has no start
 
     def asked(self) -> None:
@@ -95,12 +101,21 @@ class DeviceIdle:
             self._pending[-1].done = self.device.record()
         self.resolve(RESOLVE_PER_CALL)
 
-    def resolve(self, most: int = PENDING_MAX) -> None:
+    def new_pass(self) -> None:
+        """What comes next is not a step after the last one (a pass's first batch, the
+        steps after a headspace replay): no idle gap is read across it."""
+        self._pending.append(Step(_GAP, _GAP))
+
+    def resolve(self, most: int = PENDING_MAX * 2) -> None:
         """Read the oldest steps whose `done` has completed, never waiting."""
         for _ in range(most):
             if not self._pending:
                 return
             step = self._pending[0]
+            if step.arrive is _GAP:
+                self._pending.popleft()
+                self._last_done = None
+                continue
             if step.done is None or not self.device.done(step.done):
                 return
             self._pending.popleft()
@@ -112,18 +127,12 @@ class DeviceIdle:
 
     @property
     def unresolved(self) -> int:
-        return self.dropped + len(self._pending)
+        return self.dropped + sum(1 for s in self._pending if s.arrive is not _GAP)
 
     def share(self) -> float | None:
         """The GPU's idle time over its steps' periods, resolved steps only."""
         total = sum(self.period_ms)
         return sum(self.idle_ms) / total if total > 0 else None
-
-    def new_pass(self) -> None:
-        """A new pass: the gap before its first batch (workers starting) is not a step's."""
-        self.resolve()
-        self._pending.clear()
-        self._last_done = None
 
 
 class FakeDevice:
@@ -151,3 +160,39 @@ class FakeDevice:
 
     def elapsed_ms(self, a: float, b: float) -> float:
         return b - a
+
+
+class NoDevice:
+    """No events: what the loop calls where the GPU's clock is not read."""
+
+    def arrived(self) -> None:
+        pass
+
+    def asked(self) -> None:
+        pass
+
+    def new_pass(self) -> None:
+        pass
+
+
+def figures(idle_ms: Sequence[float], period_ms: Sequence[float], unresolved: int) -> list[Metric]:
+    """The GPU's figures from its events: its idle time waiting for data a step (ms),
+    its share of the device's step periods, the device's step period, and the steps
+    whose events had not completed when read. Nothing where no step was resolved."""
+    if not period_ms:
+        return []
+    total = sum(period_ms)
+    out = [
+        Metric.repeated("gpu_data_wait_ms", idle_ms, "ms", {"quantity": "gpu_data_wait_ms"}),
+        Metric.repeated("gpu_step_ms", period_ms, "ms", {"quantity": "gpu_step_ms"}),
+        Metric.single(
+            "gpu_idle_data_wait_share",
+            sum(idle_ms) / total if total > 0 else 0.0,
+            "fraction",
+            {"quantity": "gpu_idle_data_wait_share"},
+        ),
+    ]
+    if unresolved:
+        lab = {"quantity": "gpu_unresolved_steps"}
+        out.append(Metric.single("gpu_unresolved_steps", unresolved, "steps", lab))
+    return out

@@ -54,11 +54,14 @@ from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
+from starvecheck.loop.gpuclock import CudaDevice, Device, DeviceIdle, NoDevice
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
+from starvecheck.loop.headspace import Replay, steps
 from starvecheck.loop.output import check_file, never_raising
 from starvecheck.loop.samples import FirstBatches
-from starvecheck.loop.times import LoopTimes
+from starvecheck.loop.steps import TrainerSteps
+from starvecheck.loop.times import LoopTimes, _cuda_in_use
 
 if TYPE_CHECKING:
     from starvecheck.loop.ranks import Gathered, Peers
@@ -66,7 +69,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Watch(Generic[T]):
+class Watch(TrainerSteps, Generic[T]):
     """An iterable over `iterable`'s items that times the loop consuming them."""
 
     def __init__(
@@ -79,7 +82,10 @@ class Watch(Generic[T]):
         show: bool = True,
         barrier: bool = False,
         barrier_timeout: float = DEFAULT_TIMEOUT_S,
+        headspace: int = 0,
+        gpu_events: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        device: Device | None = None,
     ) -> None:
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ValueError(f"every must be a positive number of steps, not {every!r}")
@@ -96,6 +102,9 @@ class Watch(Generic[T]):
         self.show = show
         self.clock = clock
         self.times = LoopTimes(sync=sync)  # what is measured
+        self._replay = Replay(steps(headspace))  # loop/headspace.py
+        self._want_events, self._device = gpu_events, device  # loop/gpuclock.py
+        self._gpu: DeviceIdle | NoDevice | None = None
         self._synchronize: Callable[[], None] | None = None
         self._barrier: Barrier | None = None
         self._warned: set[str] = set()  # what the loop was warned of (loop/output.py)
@@ -125,6 +134,8 @@ class Watch(Generic[T]):
         sync = self._sync()
         self._distributed()
         barrier = self._rank_barrier()
+        gpu, replay = self._events(), self._replay
+        gpu.new_pass()
         clock, cpu, pcpu = self.clock, time.thread_time, time.process_time
         runq = Runqueue()
         queued = runq.read
@@ -150,6 +161,11 @@ class Watch(Generic[T]):
                     computes.append(asked - received)
                     compute_cpu.append(asked_cpu - got_cpu)
                     compute_pcpu.append(asked_pcpu - got_pcpu)
+                    gpu.asked()
+                    if replay.due(len(computes)):  # the step with no data wait, apart
+                        yield from replay.run(t.headspace, clock, self._replay_sync())
+                        gpu.new_pass()
+                        asked, asked_cpu, asked_pcpu = clock(), cpu(), pcpu()
                     if workers and len(computes) % WORKER_SAMPLE == 1:
                         workers.sample(len(computes), t.worker_cpu, t.worker_runq)
                         asked = clock()  # reading /proc is ours: counted in neither
@@ -178,80 +194,24 @@ class Watch(Generic[T]):
                         rank_waits.append(received - arrived)
                     else:  # given up: the wait is the step's, as without a barrier
                         barrier = self._rank_barrier()
+                replay.keep(item)
+                gpu.arrived()
                 yield item
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
             if received is not None and len(computes) < len(waits):
-                computes.append(clock() - received)
-                compute_cpu.append(cpu() - got_cpu)
-                compute_pcpu.append(pcpu() - got_pcpu)
+                t.stopped_inside(clock() - received, cpu() - got_cpu, pcpu() - got_pcpu)
             raise
         finally:
-            with never_raising(self._warned, "end the pass"):
-                if workers:  # the pass's last reading, where its workers are still there
-                    workers.sample(len(computes), t.worker_cpu, t.worker_runq)
-                runq.close()
-            self.end_pass()
+            self._pass_over(workers, runq)
 
-    # A trainer's steps and passes, from its hooks (loop/trainers/).
-
-    def begin_step(self) -> None:
-        """A step begins, its batch in hand: the time since the last `end_step()` (or
-        `resume_wait()`) was its data wait. The first call begins a pass."""
-        if self._began is not None:  # a step never ended (hooks out of order): end it
-            self.end_step()
-        if self._gap is None:  # no begin_pass(): the pass begins with this step, no wait
-            self.begin_pass()
-        t = self.times
-        now, now_cpu = self.clock(), time.thread_time()
-        gap = now if self._gap is None else self._gap
-        t.waits.append(now - gap)
-        t.wait_cpu.append(now_cpu - self._gap_cpu)
-        t.wait_process_cpu.append(time.process_time() - self._gap_pcpu)
-        t.wait_runq.append(0.0)
-        barrier = self._rank_barrier()
-        if barrier is not None:
-            barrier.wait(len(t.waits))
-            if barrier:
-                arrived, now = now, self.clock()
-                now_cpu = time.thread_time()
-                t.rank_waits.append(now - arrived)
-            else:
-                self._rank_barrier()  # the note of why
-        self._began, self._began_cpu, self._began_pcpu = now, now_cpu, time.process_time()
-        self._gap = None
-
-    def end_step(self) -> None:
-        """The step that `begin_step()` began has ended (after the optimizer step)."""
-        if self._began is None:
-            return
-        self._sync()()  # queued GPU work is the step's
-        t = self.times
-        now, now_cpu = self.clock(), time.thread_time()
-        t.computes.append(now - self._began)
-        t.compute_cpu.append(now_cpu - self._began_cpu)
-        t.compute_process_cpu.append(time.process_time() - self._began_pcpu)
-        self._began = None
-        if self.every and len(t.computes) % self.every == 0:
-            self._checkpoint()
-            now, now_cpu = self.clock(), time.thread_time()  # printing is ours
-        self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, time.process_time()
-
-    def resume_wait(self) -> None:
-        """Work that is not waiting for data ended just now between two steps
-        (logging, evaluation, a checkpoint): the data wait starts counting here."""
-        if self._began is None:
-            self._gap, self._gap_cpu = self.clock(), time.thread_time()
-            self._gap_pcpu = time.process_time()
-
-    def begin_pass(self) -> None:
-        """A pass begins now (a trainer's epoch): its first step's wait counts from here."""
-        if self._began is None:
-            self._sync()
-            self._distributed()
-            self.times.passes += 1
-            self._gap, self._gap_cpu = self.clock(), time.thread_time()
-            self._gap_pcpu = time.process_time()
+    def _pass_over(self, workers: WorkerCpu, runq: Runqueue) -> None:
+        with never_raising(self._warned, "end the pass"):
+            if workers:  # the pass's last reading, where its workers are still there
+                workers.sample(len(self.times.computes), self.times.worker_cpu,
+                               self.times.worker_runq)  # fmt: skip
+            runq.close()
+        self.end_pass()
 
     def end_pass(self) -> None:
         """A pass ended (a `for` over the watch; a trainer's training): a step left open
@@ -260,6 +220,7 @@ class Watch(Generic[T]):
         self._began = None
         self._gap = None
         self.times.drop_unfinished()
+        self._read_gpu()
         steps = len(self.times.computes)
         show = self.show and steps != self._printed_at
         self._printed_at = steps
@@ -272,6 +233,7 @@ class Watch(Generic[T]):
     def _checkpoint(self) -> None:
         """Every `every` steps: print (rank 0: every rank's figures so far)."""
         self._printed_at = len(self.times.computes)
+        self._read_gpu()
         with never_raising(self._warned, "write its report"):
             if self._distributed() is not None:
                 self._exchange(final=False, show=True)
@@ -343,6 +305,35 @@ class Watch(Generic[T]):
                 )
         return self._synchronize
 
+    def _events(self) -> DeviceIdle | NoDevice:
+        """The GPU's clock (loop/gpuclock.py): on where CUDA is in use, unless
+        gpu_events=False; a note where gpu_events=True and there is no device."""
+        if self._gpu is None:
+            self._gpu = NoDevice()
+            t = self.times
+            if self._want_events is not False and self._device is not None:
+                self._gpu = DeviceIdle(self._device, t.gpu_idle, t.gpu_period)
+            elif self._want_events is not False and _cuda_in_use():
+                self._gpu = DeviceIdle(CudaDevice(), t.gpu_idle, t.gpu_period)
+            elif self._want_events:
+                t.notes.append(Caveat("watch.events-without-cuda", NO_EVENTS))
+        return self._gpu
+
+    def _read_gpu(self) -> None:
+        """The GPU's steps whose events have completed, read without waiting."""
+        if isinstance(self._gpu, DeviceIdle):
+            with never_raising(self._warned, "read the GPU's events"):
+                self._gpu.resolve()
+                self.times.gpu_unresolved = self._gpu.unresolved
+
+    def _replay_sync(self) -> Callable[[], None] | None:
+        """What times a headspace replay on a GPU: a synchronize before and after."""
+        if not _cuda_in_use():
+            return None
+        import torch
+
+        return torch.cuda.synchronize
+
     # What it found
 
     def measured(self) -> StageResult:
@@ -356,6 +347,7 @@ class Watch(Generic[T]):
                 self.gathered = peers.post(self.times, final=True)
             assert self.gathered is not None
             return combine(self.times, peers.rank, self.gathered)
+        self._read_gpu()
         if peers is None:
             self._measure_handover()
         params = self.times.parameters()
@@ -416,6 +408,9 @@ def _nothing() -> None:
     pass
 
 
+NO_EVENTS = "gpu_events=True, but torch sees no CUDA device: the GPU's idle time is not read"
+
+
 def watch(
     iterable: Iterable[T],
     *,
@@ -425,14 +420,10 @@ def watch(
     show: bool = True,
     barrier: bool = False,
     barrier_timeout: float = DEFAULT_TIMEOUT_S,
+    headspace: int = 0,
+    gpu_events: bool | None = None,
 ) -> Watch[T]:
     """Wrap the iterable a training loop consumes; see the module docstring."""
-    return Watch(
-        iterable,
-        sync=sync,
-        every=every,
-        file=file,
-        show=show,
-        barrier=barrier,
-        barrier_timeout=barrier_timeout,
-    )
+    return Watch(iterable, sync=sync, every=every, file=file, show=show, barrier=barrier,
+                 barrier_timeout=barrier_timeout, headspace=headspace,
+                 gpu_events=gpu_events)  # fmt: skip

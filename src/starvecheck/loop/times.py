@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
+from starvecheck.loop.gpuclock import figures as gpu_figures
 
 SOURCE = "starvecheck.watch"
 VERSION = 1  # of the encoding
@@ -96,6 +97,12 @@ class LoopTimes:
     sampler: str | None = None  # the DataLoader's sampler class
     sampler_shuffle: bool | None = None  # it says it shuffles
     sampler_epochs: list[int] = field(default_factory=list)  # its epoch as each pass began
+    # The GPU's clock (loop/gpuclock.py): each resolved step's idle time waiting for
+    # data and its period on the device, ms; steps whose events were not read.
+    gpu_idle: array[float] = field(default_factory=_seconds)
+    gpu_period: array[float] = field(default_factory=_seconds)
+    gpu_unresolved: int = 0
+    headspace: list[float] = field(default_factory=list)  # replayed steps, s (headspace.py)
 
     def same_order(self) -> bool | None:
         """The last two passes began with the same samples in the same order; None
@@ -117,6 +124,12 @@ class LoopTimes:
     def steps(self) -> int:
         """Steps completed, those before `offset` (not sent) included."""
         return self.offset + len(self.computes)
+
+    def stopped_inside(self, seconds: float, cpu_s: float, process_cpu_s: float) -> None:
+        """The loop stopped early (break, an exception): its last step ends now."""
+        self.computes.append(seconds)
+        self.compute_cpu.append(cpu_s)
+        self.compute_process_cpu.append(process_cpu_s)
 
     def drop_unfinished(self) -> None:
         """Forget a batch whose step never finished (the loop stopped inside it)."""
@@ -158,6 +171,9 @@ class LoopTimes:
         ]
         if barrier is not None and len(barrier) > first:
             out.append(_ms("rank_wait_ms", barrier[first:]))
+        out += gpu_figures(self.gpu_idle, self.gpu_period, self.gpu_unresolved)
+        if self.headspace:
+            out.append(_ms("headspace_step_ms", self.headspace))
         out += self._cpu_metrics(first)
         if first:
             out += [
@@ -248,7 +264,7 @@ class LoopTimes:
                     "start-up, CUDA context, the first prefetch)",
                 )
             )
-        if not self.sync and _cuda_in_use():
+        if not self.sync and _cuda_in_use() and not self.gpu_period:
             caveats.append(
                 Caveat(
                     "watch.unsynchronized",
@@ -285,6 +301,12 @@ class LoopTimes:
                 a: base64.b64encode(getattr(self, a)[cut:].tobytes()).decode() for a in ARRAYS
             },
             "digests": {str(k): v for k, v in self.digests.items()},
+            "gpu": [
+                list(self.gpu_idle[-window:]),
+                list(self.gpu_period[-window:]),
+                self.gpu_unresolved,
+            ],
+            "headspace": self.headspace,
         }
         return json.dumps(head).encode()
 
@@ -332,8 +354,24 @@ class RankTimes:
             sampler=params.get("sampler"),
             sampler_shuffle=params.get("sampler_shuffle"),
             sampler_epochs=[e for e in params.get("sampler_epochs") or () if isinstance(e, int)],
+            **_gpu(p.get("gpu"), p.get("headspace")),
         )
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
+
+
+def _gpu(gpu: Any, headspace: Any) -> dict[str, Any]:
+    """A rank's GPU figures and headspace as sent; anything malformed is dropped."""
+    out: dict[str, Any] = {}
+    try:
+        idle, period, unresolved = gpu
+        out["gpu_idle"] = array("d", [float(x) for x in idle])
+        out["gpu_period"] = array("d", [float(x) for x in period])
+        out["gpu_unresolved"] = int(unresolved)
+    except (TypeError, ValueError):
+        pass
+    if isinstance(headspace, list):
+        out["headspace"] = [float(x) for x in headspace if isinstance(x, int | float)]
+    return out
 
 
 def _digests(value: Any) -> dict[int, list[int]]:

@@ -1,0 +1,103 @@
+"""A trainer's steps and passes, from its hooks (loop/trainers/): the part of the Watch
+(loop/timer.py) that a Trainer or Lightning callback drives instead of a `for` loop.
+
+`begin_step()` with the batch in hand, `end_step()` after the optimizer step (the data
+wait is the time between one step's end and the next one's begin, less other work the
+trainer reports with `resume_wait()`), `begin_pass()` at an epoch's start. Each step's
+GPU events (loop/gpuclock.py) are recorded here as the `for` loop records them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starvecheck.loop.barrier import Barrier
+    from starvecheck.loop.gpuclock import DeviceIdle, NoDevice
+    from starvecheck.loop.ranks import Peers
+    from starvecheck.loop.times import LoopTimes
+
+
+class TrainerSteps:
+    """Mixed into Watch: what it needs of it is declared here."""
+
+    times: LoopTimes
+    clock: Callable[[], float]
+    every: int | None
+    _began: float | None
+    _began_cpu: float
+    _began_pcpu: float
+    _gap: float | None
+    _gap_cpu: float
+    _gap_pcpu: float
+
+    if TYPE_CHECKING:  # Watch's own
+
+        def _rank_barrier(self) -> Barrier | None: ...
+        def _sync(self) -> Callable[[], None]: ...
+        def _events(self) -> DeviceIdle | NoDevice: ...
+        def _checkpoint(self) -> None: ...
+        def _distributed(self) -> Peers | None: ...
+
+    def begin_step(self) -> None:
+        """A step begins, its batch in hand: the time since the last `end_step()` (or
+        `resume_wait()`) was its data wait. The first call begins a pass."""
+        if self._began is not None:  # a step never ended (hooks out of order): end it
+            self.end_step()
+        if self._gap is None:  # no begin_pass(): the pass begins with this step, no wait
+            self.begin_pass()
+        t = self.times
+        now, now_cpu = self.clock(), time.thread_time()
+        gap = now if self._gap is None else self._gap
+        t.waits.append(now - gap)
+        t.wait_cpu.append(now_cpu - self._gap_cpu)
+        t.wait_process_cpu.append(time.process_time() - self._gap_pcpu)
+        t.wait_runq.append(0.0)
+        barrier = self._rank_barrier()
+        if barrier is not None:
+            barrier.wait(len(t.waits))
+            if barrier:
+                arrived, now = now, self.clock()
+                now_cpu = time.thread_time()
+                t.rank_waits.append(now - arrived)
+            else:
+                self._rank_barrier()  # the note of why
+        self._began, self._began_cpu, self._began_pcpu = now, now_cpu, time.process_time()
+        self._gap = None
+        self._events().arrived()
+
+    def end_step(self) -> None:
+        """The step that `begin_step()` began has ended (after the optimizer step)."""
+        if self._began is None:
+            return
+        self._sync()()  # queued GPU work is the step's
+        t = self.times
+        now, now_cpu = self.clock(), time.thread_time()
+        t.computes.append(now - self._began)
+        t.compute_cpu.append(now_cpu - self._began_cpu)
+        t.compute_process_cpu.append(time.process_time() - self._began_pcpu)
+        self._began = None
+        self._events().asked()
+        if self.every and len(t.computes) % self.every == 0:
+            self._checkpoint()
+            now, now_cpu = self.clock(), time.thread_time()  # printing is ours
+        self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, time.process_time()
+
+    def resume_wait(self) -> None:
+        """Work that is not waiting for data ended just now between two steps
+        (logging, evaluation, a checkpoint): the data wait starts counting here."""
+        if self._began is None:
+            self._gap, self._gap_cpu = self.clock(), time.thread_time()
+            self._gap_pcpu = time.process_time()
+
+    def begin_pass(self) -> None:
+        """A pass begins now (a trainer's epoch): its first step's wait counts from here."""
+        if self._began is None:
+            self._sync()
+            self._distributed()
+            self.times.passes += 1
+            self._events().new_pass()
+            self._gap, self._gap_cpu = self.clock(), time.thread_time()
+            self._gap_pcpu = time.process_time()
