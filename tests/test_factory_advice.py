@@ -199,9 +199,8 @@ def test_persistent_workers_join_only_for_a_tenth_of_an_epoch_or_more() -> None:
 
 def test_persistent_workers_join_only_where_every_epoch_read_starts_sooner() -> None:
     # Medians 0.40 s against 0.20 s (20% of a 1 s epoch), but a busy machine spread the
-    # epochs' starts: the quickest without persistent workers (0.25 s) against the
-    # slowest with them (0.22 s) saves 3%: it does not join. Spread that keeps every
-    # epoch 0.15 s sooner or more does.
+    # epochs' starts: beyond their spread (median absolute deviations of 0.15 and 0.02
+    # s) 0.03 s is saved, 3%: it does not join. Starts that keep 0.16 s apart do.
     def judged(before: list[float], after: list[float]) -> Any:
         runs = sweep({0: 400, 1: 700, 2: 1000}, worker_cpu_ms=1.8)
         base, persistent = run(Config(2), 1000, 1.8), run(Config(2, None, True), 1005, 1.8)
@@ -209,10 +208,14 @@ def test_persistent_workers_join_only_where_every_epoch_read_starts_sooner() -> 
         runs += [("base", base), ("persistent", persistent)]
         return judge(stage(runs, Config(0), samples=1000))["loader.own-config"]
 
-    assert judged([0.25, 0.40, 0.70], [0.18, 0.20, 0.22]).fix == {"num_workers": 2}
+    assert judged([0.25, 0.40, 0.55], [0.18, 0.20, 0.22]).fix == {"num_workers": 2}
+    # More epochs read at the same spread do not make the bar stricter (the extremes
+    # would): 9 epochs like the 3 below join as the 3 do.
+    many = judged([0.38, 0.40, 0.42] * 3, [0.18, 0.20, 0.22] * 3)
+    assert many.fix == {"num_workers": 2, "persistent_workers": True}
     joined = judged([0.38, 0.40, 0.42], [0.18, 0.20, 0.22])
     assert joined.fix == {"num_workers": 2, "persistent_workers": True}
-    assert "at least 0.16 s in every epoch read" in joined.recommendation
+    assert "0.16 s beyond the epochs' spread" in joined.recommendation
 
 
 def test_a_variant_slower_than_its_count_never_joins_the_line() -> None:

@@ -159,3 +159,19 @@ def test_headspace_on_a_cpu_loop_measures_the_step_without_the_loader(one_thread
 def test_headspace_must_be_a_number_of_steps(bad):
     with pytest.raises(ValueError, match="headspace"):
         Watch(range(3), headspace=bad)
+
+
+def test_a_trainers_hooks_record_the_same_events():
+    device = FakeDevice()
+    w = Watch((), show=False, clock=lambda: device.now / 1e3, device=device)
+    w.begin_pass()
+    for _ in range(30):
+        device.now += 20.0  # the trainer fetches its batch
+        w.begin_step()
+        device.launch(5.0)
+        device.now += 1.0
+        w.end_step()
+    device.now += 10_000
+    w.end_pass()
+    m = w.measured().metrics
+    assert value(m, quantity="gpu_idle_data_wait_share") == pytest.approx(16 / 21, rel=1e-6)

@@ -31,6 +31,7 @@ persistent_workers, pin_memory, current); never by names.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -420,9 +421,8 @@ def _sooner(
     p: Point, beside: Point, c: Comparison, dataset_samples: int | None, how: str | None = None
 ) -> str:
     """Why persistent workers join: each later epoch starts sooner, by enough of it
-    (`how`: their start method), in every epoch read: the slowest start with persistent
-    workers against the quickest without, so that a saving at the edge of the bar, which
-    other work on the machine moves, does not join one run's line and not the next's."""
+    (`how`: their start method), beyond the epochs' spread (_starts): a saving at the
+    edge of the bar, which other work moves, does not join one run's line and not the next's."""
     before, after = _starts(beside), _starts(p)
     if before is None or after is None or not dataset_samples or beside.rate <= 0:
         return ""
@@ -434,17 +434,17 @@ def _sooner(
         f"persistent_workers=True starts each later epoch in {after[0]:.2f} s instead of "
         f"{before[0]:.2f} s (its workers are not started again"
         + (f" under {how}" if how else "")
-        + f"): {saved:.2f} s saved an epoch (at least {surely:.2f} s in every epoch read), "
+        + f"): {saved:.2f} s saved an epoch ({surely:.2f} s beyond the epochs' spread), "
         f"{saved / epoch:.0%} of an epoch of {epoch:.2f} s, at the same samples/s "
         f"({c.describe()})"
     )
 
 
 def _starts(p: Point) -> tuple[float, float, float] | None:
-    """A configuration's later epochs' starts: (median, quickest, slowest)."""
+    """Later epochs' starts: the median, less and plus their median absolute deviation
+    (unlike the extremes, it does not widen as more epochs are read)."""
     m = one(p.metrics, quantity="epoch_start_s")
     if m is None or m.value is None:
         return None
-    low = m.min if m.min is not None else m.value
-    high = m.max if m.max is not None else m.value
-    return m.value, low, high
+    mad = statistics.median(abs(v - m.value) for v in m.values or (m.value,))
+    return m.value, m.value - mad, m.value + mad

@@ -30,6 +30,7 @@ class Hooked:
         show: bool = True,
         barrier: bool = False,
         barrier_timeout: float = DEFAULT_TIMEOUT_S,
+        gpu_events: bool | None = None,
     ) -> None:
         self.watch: Watch[Any] = Watch(
             (),
@@ -39,6 +40,7 @@ class Hooked:
             show=show,
             barrier=barrier,
             barrier_timeout=barrier_timeout,
+            gpu_events=gpu_events,
         )
         self.watch.times.iterator = self.trainer
 
