@@ -94,7 +94,8 @@ def sweep(
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
     `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
-    (rounds.py): the worker counts (and the current configuration), then, at the count
+    (rounds.py): the worker counts (and the current configuration), then (not with
+    --quick: QUICK_COUNTS), at the count
     the first set's figures call enough, prefetch_factor, persistent_workers and (with
     CUDA) pin_memory beside that count itself (`base`) and the current configuration
     (`again`)."""
@@ -102,7 +103,8 @@ def sweep(
     budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, until_stable=False)
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
-    total = (len(first) + 4) * rounds
+    second = not pipeline.fixed and not plan.quick
+    total = (len(first) + (4 if second else 0)) * rounds
     done = [0]
     # An IterableDataset may keep state from its last reader (Streaming's shared memory
     # is laid out for the worker count it first met): one from the factory for each
@@ -126,7 +128,7 @@ def sweep(
         progress(what, done[0], total)
 
     runs = read_rounds(first, rounds, read_one, said)
-    if not pipeline.fixed:
+    if second:  # --quick: the counts only (QUICK_COUNTS)
         now = current_config(pipeline)
         runs += read_rounds(_second_set(runs, plan, now), rounds, read_one, said)
     progress("measured", total, total)
@@ -187,9 +189,23 @@ NO_PIN = (
 )
 
 
+# A setting second to the count moves samples/s by a few percent, at the edge of its
+# bar: three rounds cannot tell it from the noise (one quick run's line took
+# prefetch_factor=4 at 1.15x, the next ones and the full run did not), so a quick run
+# does not read them, and its line is never more than the full run's.
+QUICK_COUNTS = (
+    "--quick measured the worker counts only: prefetch_factor, persistent_workers and "
+    "pin_memory are measured and judged by the run without --quick"
+)
+
+
 def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> StageResult:
     metrics: list[Metric] = []
-    caveats: list[Caveat] = [] if plan.cuda or pipeline.fixed else [Caveat("loader.no-pin", NO_PIN)]
+    caveats: list[Caveat] = []
+    if plan.quick and not pipeline.fixed:
+        caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
+    elif not plan.cuda and not pipeline.fixed:
+        caveats.append(Caveat("loader.no-pin", NO_PIN))
     configs = []
     now = current_config(pipeline)
     for role, run in runs:
