@@ -186,7 +186,7 @@ def _run(
             caveats += more
             measured = measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
         else:
-            streaming, why = streaming_or_why() if plan.wants("mds") else (None, "")
+            streaming, why = streaming_or_why(path) if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
                 extra_metrics.append(
                     Metric.missing(
