@@ -247,3 +247,11 @@ def test_io_on_a_tiny_filesystem_is_one_line_naming_what_helps(monkeypatch, tmp_
     r = run("io", "--quick", str(tmp_path))
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert "--existing" in r.stderr and "fewer --samples" not in r.stderr
+
+
+def test_clean_tells_a_missing_path_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    r = run("clean", str(tmp_path / "missing"))
+    assert r.exit_code == 2 and r.stderr.endswith("missing: no such directory\n")
+    r = run("clean", str(tmp_path / "file"))
+    assert r.exit_code == 2 and r.stderr.endswith("file: not a directory\n")

@@ -42,7 +42,9 @@ def clean(
     c = context_of(ctx)
     target = os.path.realpath(path)
     if not os.path.isdir(target):
-        raise UsageError(f"{path}: not a directory")
+        raise UsageError(
+            f"{path}: {'not a directory' if os.path.lexists(target) else 'no such directory'}"
+        )
     try:
         found = leftovers.scan(target)
     except OSError as e:
