@@ -90,7 +90,7 @@ def resolve_device(requested: str) -> str:
 
 def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     from starvecheck.stages.dataloader import preflight
-    from starvecheck.stages.samples.mds import streaming_or_why
+    from starvecheck.stages.samples.mds import streaming_or_why, unusable_under
 
     start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
@@ -102,6 +102,10 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     streaming, why = streaming_or_why()
     if streaming is None:
         raise Unavailable(f"profile reads MDS shards and cannot load mosaicml-streaming: {why}")
+    if skipped := unusable_under(path):
+        # The other layouts are measured and kept; Streaming's is said not to be.
+        streaming = None
+        caveats.append(Caveat("profile.mds-skipped", f"the mds layout was not measured: {skipped}"))
     tokenizer = None
     if plan.tokenizer:
         # Loaded before anything is written: a name that is not there is one line.
