@@ -121,8 +121,10 @@ def rank_figures(job: Job) -> list[Metric]:
                 else _figure("data_wait_ms", None, "ms", NO_WAIT, **where),
                 _per_step("work_ms", [s.work / 1e3 for s in measured if s.name in common], **where),
             ]
-            for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share"):
-                out += [m for m in _gpu_figures(a, **where) if m.labels["quantity"] == name]
+            gpu = {m.labels["quantity"]: m for m in _gpu_figures(a, **where)}
+            out += [
+                gpu[name] for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share")
+            ]
         if len(a.devices) > 1:
             for d in a.devices:
                 where_d = {**({"rank": a.name} if several else {}), "device": str(d)}
