@@ -341,3 +341,27 @@ def test_profile_leaves_nothing_in_tmpdir(tmp_path):
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp.iterdir()) == []
     assert sorted(p.name for p in data.iterdir()) == []
+
+
+def test_building_the_training_step_leaves_nothing_in_tmpdir(tmp_path):
+    """doctor builds the same model to time the GPU step, with no scratch directory:
+    the cache directory the import makes is removed again where it is the import's
+    and empty; one that was there before is left, as is what it holds."""
+    pytest.importorskip("transformers")
+    import os
+    import subprocess
+    import sys
+
+    build = "from starvecheck.stages.trainstep import build_model; build_model('tiny', 'cpu')"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    fresh, kept = tmp_path / "fresh", tmp_path / "kept"
+    fresh.mkdir()
+    (kept / "torchinductor_x").mkdir(parents=True)
+    for tmp in (fresh, kept):
+        r = subprocess.run(
+            [sys.executable, "-c", build], env={**env, "TMPDIR": str(tmp), "USER": "x",
+             "LOGNAME": "x"}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == []
+    assert sorted(p.name for p in kept.iterdir()) == ["torchinductor_x"]
