@@ -270,8 +270,8 @@ def summarize(
     if plan.runs < 3:
         caveats.append(
             too_few_runs(
-                f"only {plan.runs} run(s) per pattern: too few to judge the spread; use "
-                "--runs 3 or more"
+                f"only {plan.runs} run(s) per pattern: too few to judge the spread; "
+                "`starvecheck io --runs 3` or more"
             )
         )
     return metrics, caveats

@@ -137,7 +137,8 @@ def summarize(
     if plan.runs < 3:
         caveats.append(
             too_few_runs(
-                f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
+                f"{plan.runs} epoch(s) per point: too few to judge the spread; "
+                "`starvecheck loader --runs 3` or more"
             )
         )
     return metrics, caveats, first_cache
