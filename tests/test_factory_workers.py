@@ -210,6 +210,23 @@ def test_the_command_measures_a_spawn_pipeline(factory_file: Path) -> None:
     assert stage["parameters"]["start_method"] == "spawn"
 
 
+def test_a_file_spawn_workers_cannot_import_by_name_is_one_line(
+    factory_file: Path, tmp_path: Path
+) -> None:
+    """`my-pipe.py` is no module name: every spawn worker printed a traceback, and the
+    run ended in "exited unexpectedly"."""
+    hyphen = tmp_path / "my-pipe.py"
+    hyphen.write_text(factory_file.read_text())
+    r = subprocess.run(
+        [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{hyphen}:spawn",
+         "--workers", "0,1", "--quick", "--budget", "0.5", "--json", "-"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.count("\n") == 1
+    assert "workers started by spawn import my-pipe.py by its name" in r.stderr
+
+
 # --- the machine's limits, checked before workers start -------------------------------------
 
 

@@ -7,10 +7,13 @@ with a warning that says why; where nothing fits, one line and exit 2.
 The batch's bytes, which /dev/shm must hold `prefetch_factor` of per worker, are read
 from one batch of the pipeline at num_workers=0 (a map-style dataset; an
 IterableDataset may keep state from its reader, so only the margin is checked for it).
+And workers started by spawn or forkserver must be able to import FILE.py by name.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 
 from starvecheck.core.status import UsageError
@@ -76,3 +79,42 @@ def batch_bytes(pipeline: Pipeline, limit_s: float) -> int:
     if batch is None:
         return 0
     return batch_figures(batch, pipeline.settings.get("batch_size"))[1]
+
+
+def check_spawnable(pipeline: Pipeline) -> None:
+    """Workers started by spawn or forkserver import FILE.py by the name its classes
+    carry; where it had to be imported under a private name (its stem is no Python
+    name, or a module already imported has it), they cannot, and each would print its
+    traceback before the run ends in "exited unexpectedly": one line instead, where what
+    the workers are sent names that module."""
+    import pickle
+
+    from starvecheck.stages.loader.factory.idle import start_method
+
+    path = pipeline.spec.path
+    if path is None or start_method(pipeline.settings.get("multiprocessing_context")) == "fork":
+        return
+    full = os.path.abspath(path)
+    name = next(
+        (
+            n
+            for n, m in list(sys.modules.items())
+            if n.startswith("_starvecheck_factory_") and getattr(m, "__file__", None) == full
+        ),
+        None,
+    )
+    if name is None:
+        return
+    sent = (pipeline.dataset, *(pipeline.settings.get(k) for k in ("worker_init_fn", "collate_fn")))
+    try:
+        named = name.encode() in pickle.dumps(sent)
+    except Exception:  # what cannot be pickled is said as the workers start
+        return
+    if named:
+        raise UsageError(
+            f"loader --factory {pipeline.spec.text}: workers started by "
+            f"{start_method(pipeline.settings.get('multiprocessing_context'))} import "
+            f"{os.path.basename(path)} by its name, which they cannot: "
+            f"{os.path.basename(path)[:-3]!r} is no Python module name, or a module of that "
+            "name is already imported; rename the file"
+        )

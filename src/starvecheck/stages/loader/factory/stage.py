@@ -32,7 +32,7 @@ from starvecheck.stages.dataloader.deaths import Strays
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
 from starvecheck.stages.loader.factory.figures import metrics_of
-from starvecheck.stages.loader.factory.fits import check_files, fit_run
+from starvecheck.stages.loader.factory.fits import check_files, check_spawnable, fit_run
 from starvecheck.stages.loader.factory.idle import idle_worker_uss, start_method
 from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
 from starvecheck.stages.loader.factory.loaders import Config
@@ -311,6 +311,7 @@ def run_factory(
     try:
         if any(counts) or pipeline.current_workers:
             prepare_workers()
+            check_spawnable(pipeline)
             now = current_config(pipeline)
             kept, fits = fit_run(pipeline, counts, now, plan.batch_timeout_s, warn)
             dropped = kept != tuple(counts)
