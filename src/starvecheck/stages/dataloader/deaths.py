@@ -111,20 +111,25 @@ def _kept() -> set[int]:
 
 
 class Strays:
-    """This process's children at a point (`mark`); `stop` kills those started since,
-    with their own children, reaps them, and returns how many were still running."""
+    """This process's children at a point (`mark`); `stop` kills those started since
+    (or since the children `now` gave), with their own children, and reaps them; `say`
+    warns once of all it stopped."""
 
     def __init__(self) -> None:
         self.before: set[int] = set()
+        self.stopped: set[int] = set()
 
     def mark(self) -> None:
         adopt_orphans()
-        self.before = _children(os.getpid())
+        self.before = self.now()
 
-    def stop(self, warn: Callable[[str], None] | None = None) -> int:
-        new = _children(os.getpid()) - self.before - _kept()
+    def now(self) -> set[int]:
+        return _children(os.getpid())
+
+    def stop(self, since: set[int] | None = None) -> None:
+        new = self.now() - (self.before if since is None else since) - _kept()
         if not new:
-            return 0
+            return
         tree = set(new)
         todo = list(new)
         while todo:
@@ -135,6 +140,7 @@ class Strays:
         for pid in running:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        self.stopped |= running
         deadline = time.monotonic() + 2.0
         waiting = set(new)
         while waiting and time.monotonic() < deadline:
@@ -147,13 +153,16 @@ class Strays:
                     waiting.discard(pid)
             if waiting:
                 time.sleep(0.01)
-        if warn is not None and running:
-            shown = ", ".join(map(str, sorted(running)[:8])) + (", ..." if len(running) > 8 else "")
-            warn(
-                f"the pipeline left {len(running)} process(es) of its own running (pid "
-                f"{shown}), started by its dataset or its workers: stopped"
-            )
-        return len(running)
+
+    def say(self, warn: Callable[[str], None]) -> None:
+        if not self.stopped:
+            return
+        n = len(self.stopped)
+        shown = ", ".join(map(str, sorted(self.stopped)[:8])) + (", ..." if n > 8 else "")
+        warn(
+            f"the pipeline left {n} process(es) of its own running (pid {shown}), started "
+            "by its dataset or its workers: stopped"
+        )
 
 
 def _running(pid: int) -> bool:

@@ -92,7 +92,7 @@ def sweep(
     plan: Plan,
     progress: Callable[[str, int, int], None],
     measure_one: Measure = measure,
-    warn: Callable[[str], None] | None = None,
+    strays: Strays | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
     `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
@@ -118,15 +118,14 @@ def sweep(
                 if pipelines
                 else pipeline
             )
-        strays = Strays()
-        strays.mark()
+        since = strays.now() if strays is not None else set()
         try:
             # With CUDA every configuration copies each batch to the device, as the
             # loop does, pinned or not: pin_memory's A/B is the copy's too.
             run = measure_one(pipelines.get(config, pipeline), config, budget, device)
         finally:
-            if config.workers:  # a worker's leftovers; the main process's, at the end
-                strays.stop(warn)
+            if config.workers and strays is not None:  # the main process's, at the end
+                strays.stop(since)
         done[0] += 1
         return run
 
@@ -318,9 +317,10 @@ def run_factory(
             plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
             idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
             plan = replace(plan, idle_worker_uss_bytes=idle)
-        out = result(pipeline, plan, sweep(pipeline, plan, progress, warn=warn))
+        out = result(pipeline, plan, sweep(pipeline, plan, progress, strays=strays))
     finally:
-        strays.stop(warn)
+        strays.stop()
+        strays.say(warn)
     return replace(out, duration_s=round(time.perf_counter() - started, 3))
 
 
