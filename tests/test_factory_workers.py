@@ -170,6 +170,38 @@ def test_workers_in_a_slow_worker_init_fn_die_with_a_killed_main_process(
                 os.kill(p, signal.SIGKILL)
 
 
+def test_sigterm_while_workers_are_in_a_slow_worker_init_fn_ends_at_once(
+    factory_file: Path, tmp_path: Path
+) -> None:
+    """torch's shutdown gave each worker still in worker_init_fn 5 s to leave, then
+    another 5 s after SIGTERM (which workers ignore): 20 s for two workers."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{factory_file}:slow",
+         "--workers", "2", "--budget", "5", "--json", "-"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "MARKS": str(marks)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.05)
+        workers = descendants(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and err.count("\n") == 1, err
+    assert took < 8, f"{took:.1f} s from SIGTERM to exit"
+    assert not [p for p in workers if alive(p)]
+
+
 # --- spawn, forkserver and multiprocessing_context -------------------------------------------
 
 
