@@ -204,7 +204,7 @@ def test_the_factorys_own_timer_does_not_switch_off_the_batch_timeout(tmp_path: 
     env = {"TMPDIR": str(tmp_path / "tmp")}
     r = run_cli("--factory", f"{pipe}:timer", "--workers", "0", "--budget", "60",
                 "--batch-timeout", "2", timeout=60, env=env)  # fmt: skip
-    assert "starvecheck put its own back" in r.stderr
+    assert "starvecheck kept its own" in r.stderr
     assert r.returncode == 2, r.stderr
     assert "batch from the DataLoader (Stuck (Dataset), num_workers=0) in 2 s" in error_line(r)
     assert time.monotonic() - started < 40

@@ -13,9 +13,13 @@ may, on purpose or as a side effect of a library:
   starvecheck's (core/signals.signals_raise: Ctrl-C and SIGTERM stop the workers and
   remove what was made), or of SIGALRM with a real-time timer (ITIMER_REAL), which
   would switch off --batch-timeout and --factory-timeout (stages/dataloader/batches.py
-  leaves a timer someone else has running alone): each handler put back after each
-  call, a timer the call left running cancelled (or, where ours was running, ours
-  armed again with the time it had left), said once;
+  leaves a timer someone else has running alone): while `guarding`, signal.signal for
+  those four, signal.setitimer(ITIMER_REAL) and signal.alarm called by anything but
+  starvecheck's own code in this process do nothing (said once), whichever thread
+  calls them, so that a SIG_IGN set inside a batch cannot drop a SIGTERM; what is
+  changed another way (a C extension, signal.pthread_sigmask) is put back after each
+  call: the handlers, the signal mask, a timer the call left running cancelled (or,
+  where ours was running, ours armed again with the time it had left);
 - call os._exit in this process, which would end the run with the user's status (0: a
   CI gate passes) and skip every cleanup: while `guarding`, os._exit in this process
   raises instead, and the run ends in one line and exit 2 even where the user's code
@@ -42,15 +46,14 @@ from starvecheck.core.status import UsageError
 from starvecheck.stages.loader.factory.owndata import SampleFailed, worker_error
 
 # The handlers starvecheck keeps while the user's code runs: signals_raise's, and the
-# time limits' SIGALRM. The first three the user's code cannot even set here (`_signal`).
+# time limits' SIGALRM (with the timer, ITIMER_REAL).
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM)
-KEPT = frozenset(HANDLED[:3])
 
 
 def _ours() -> bool:
-    """Whether signal.signal was called by starvecheck's own code (two frames up: past
-    `_signal`), not by the user's."""
-    name = sys._getframe(2).f_globals.get("__name__", "")
+    """Whether signal.signal, setitimer or alarm was called by starvecheck's own code
+    (three frames up: past `refused` and the stand-in), not by the user's."""
+    name = sys._getframe(3).f_globals.get("__name__", "")
     return name == "starvecheck" or name.startswith("starvecheck.")
 
 
@@ -65,7 +68,6 @@ class _Guard:
             self.cwd = None
         self.said: set[str] = set()
         self.exited: int | None = None  # the status the user's code gave os._exit
-        self.depth = 0  # calls into the user's code under way
 
     def say(self, kind: str, message: str) -> None:
         if kind not in self.said:
@@ -79,9 +81,14 @@ class _Guard:
             "with num_workers=0): the run ends here, not measured"
         )
 
-    def restore(self, handlers: dict[int, Any], timer: tuple[float, float], t0: float) -> None:
+    def restore(
+        self, handlers: dict[int, Any], timer: tuple[float, float], t0: float, mask: set[int]
+    ) -> None:
         self._restore_cwd()
         changed = []
+        if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:  # a SIGTERM held, delivered
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            changed.append("signal mask")
         # After a signal, signals_raise ignores any further one while the run unwinds:
         # its own change, kept.
         for s, before in handlers.items() if received() is None else ():
@@ -138,32 +145,52 @@ def guarding(where: str, warn: Callable[[str], None]) -> Iterator[None]:
         yield
         return
     guard = _Guard(where, warn)
-    real, real_signal = os._exit, signal.signal
 
     def _exit(status: int) -> None:
         if os.getpid() != guard.pid:  # a forked worker: its normal way out
-            real(status)
+            real_exit(status)
         guard.exited = status
         raise guard.exit_error()
 
-    def _signal(signum: int, handler: Any) -> Any:
-        # Set inside a call (every sample of a batch, say), SIG_IGN would drop a SIGTERM
-        # before `restore` runs: the user's code keeps starvecheck's SIGINT, SIGTERM,
-        # SIGHUP while it runs here. starvecheck's own code sets them as it always does.
-        if guard.depth and signum in KEPT and os.getpid() == guard.pid and not _ours():
-            guard.say("handlers", f"the pipeline's code set its own {signal.Signals(signum).name} "
-                      "handler: starvecheck kept its own, so that Ctrl-C and SIGTERM still "
-                      "stop the run")  # fmt: skip
-            return signal.getsignal(signum)
-        return real_signal(signum, handler)
+    def refused(what: str) -> bool:
+        # The user's code (FUNC, a sample, a thread of theirs), not starvecheck's own,
+        # in this process: a SIG_IGN set inside a call would drop a SIGTERM before
+        # `restore` runs, and a timer of theirs armed while a batch is read would put
+        # --batch-timeout off for as long as they like.
+        if os.getpid() != guard.pid or _ours():
+            return False
+        guard.say(
+            what,
+            f"the pipeline's code set its own {what}: starvecheck kept its own, so that "
+            "Ctrl-C, SIGTERM and --batch-timeout still stop the run",
+        )
+        return True
 
+    def _signal(signum: int, handler: Any) -> Any:
+        if signum in HANDLED and refused(f"{signal.Signals(signum).name} handler"):
+            return signal.getsignal(signum)
+        return real["signal"](signum, handler)
+
+    def _setitimer(which: int, seconds: float, interval: float = 0.0) -> Any:
+        if which == signal.ITIMER_REAL and refused("timer (ITIMER_REAL)"):
+            return signal.getitimer(which)
+        return real["setitimer"](which, seconds, interval)
+
+    def _alarm(seconds: int) -> int:
+        if refused("timer (ITIMER_REAL)"):
+            return round(signal.getitimer(signal.ITIMER_REAL)[0])
+        return real["alarm"](seconds)
+
+    real = {"signal": signal.signal, "setitimer": signal.setitimer, "alarm": signal.alarm}
+    real_exit = os._exit
     os._exit = _exit  # type: ignore[assignment]
-    signal.signal = _signal  # type: ignore[assignment]
+    signal.signal, signal.setitimer, signal.alarm = _signal, _setitimer, _alarm  # type: ignore[assignment]
     _current.append(guard)
     try:
         yield
     finally:
-        os._exit, signal.signal = real, real_signal  # type: ignore[assignment]
+        os._exit = real_exit  # type: ignore[assignment]
+        signal.signal, signal.setitimer, signal.alarm = real.values()  # type: ignore[assignment]
         _current.clear()
     if guard.exited is not None:  # the user's code caught what os._exit raised
         raise guard.exit_error()
@@ -179,12 +206,11 @@ def user_code() -> Iterator[None]:
     handlers = {s: signal.getsignal(s) for s in HANDLED}
     timer = signal.getitimer(signal.ITIMER_REAL)
     t0 = time.monotonic()
-    guard.depth += 1
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         yield
     finally:
-        guard.depth -= 1
-        guard.restore(handlers, timer, t0)
+        guard.restore(handlers, timer, t0, mask)
     if guard.exited is not None:
         raise guard.exit_error()
 
