@@ -99,6 +99,14 @@ def test_a_factory_that_changes_directory_leaves_the_outputs_where_asked(tmp_pat
     assert sorted(p.name for p in elsewhere.iterdir()) == ["report.json"]
 
 
+def test_a_factory_that_sets_the_umask_leaves_the_report_readable(tmp_path: Path) -> None:
+    pipe = factory(tmp_path, "def closed():\n    os.umask(0o777)\n    return Small()\n")
+    r = run_cli("--factory", f"{pipe}:closed", *QUICK, "--json", "r.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "r.json").stat().st_mode & 0o600 == 0o600
+    assert "set the umask to 777" in r.stderr
+
+
 def test_a_relative_factory_file_is_imported_again_after_it_moved(tmp_path: Path) -> None:
     """An IterableDataset is made afresh for each configuration: FILE.py, given relative,
     is found again after FUNC changed directory."""

@@ -7,8 +7,9 @@ Importing FILE.py and calling FUNC, and then every batch read with num_workers=0
 dataset, the sampler, the collate_fn), run the user's code in this process. Such code
 may, on purpose or as a side effect of a library:
 
-- change the working directory: put back after each call (`user_code`), said once on
-  stderr; the outputs and the factory's file were made absolute before any of it ran;
+- change the working directory or the umask: put back after each call (`user_code`),
+  said once on stderr; the outputs and the factory's file were made absolute before
+  any of it ran;
 - set its own handler of SIGINT, SIGTERM or SIGHUP, which would switch off
   starvecheck's (core/signals.signals_raise: Ctrl-C and SIGTERM stop the workers and
   remove what was made), or of SIGALRM with a real-time timer (ITIMER_REAL), which
@@ -67,6 +68,8 @@ class _Guard:
         except OSError:  # removed before the run began: nothing to go back to
             self.cwd = None
         self.said: set[str] = set()
+        self.umask = os.umask(0o077)  # read by setting it: put back at once
+        os.umask(self.umask)
         self.exited: int | None = None  # the status the user's code gave os._exit
 
     def say(self, kind: str, message: str) -> None:
@@ -85,6 +88,7 @@ class _Guard:
         self, handlers: dict[int, Any], timer: tuple[float, float], t0: float, mask: set[int]
     ) -> None:
         self._restore_cwd()
+        self._restore_umask()
         changed = []
         if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:  # a SIGTERM held, delivered
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -112,6 +116,14 @@ class _Guard:
                 "or timer): starvecheck put its own back, so that Ctrl-C, SIGTERM and "
                 "--batch-timeout still stop the run",
             )
+
+    def _restore_umask(self) -> None:
+        """A umask the user's code set would make the report (--json) and what
+        starvecheck writes unreadable (0o777), or readable by all (0)."""
+        then = os.umask(self.umask)
+        if then != self.umask:
+            self.say("umask", f"the pipeline's code set the umask to {then:03o}: starvecheck "
+                     f"put its {self.umask:03o} back after each call into it")  # fmt: skip
 
     def _restore_cwd(self) -> None:
         try:
