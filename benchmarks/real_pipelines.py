@@ -15,11 +15,12 @@ audio cropped, STFT and a mel filterbank), each:
 
 --busy runs a process that burns one CPU through all of it (as a shared node, or a
 training job beside). Targets (exit status 1 when missed): the same recommendation from
-the three quick runs and the full run (agree(): a run finding no change clearing its
-noise agrees where it names the others' line as its best, or where none recommends a
-change); the prediction within 20% of the paired
-measurement; no applied recommendation slower than the pipeline as it was (the measured
-gain at least 0.97, the paired loop's own noise). Prints a Markdown table
+the three quick runs and the full run (agree(): the same worker count, a quick run
+measuring the counts only; a run finding no change clearing its noise agrees where it
+names the others' count as its best, or where none recommends a change); the
+prediction within 20% of the paired measurement; no applied recommendation slower
+than the pipeline as it was (the measured gain at least 0.97, the paired loop's own
+noise). Prints a Markdown table
 (docs/performance.md has the runs on this machine).
 """
 
@@ -232,17 +233,25 @@ def main() -> int:
 
 def agree(runs: tuple[Verdict, ...]) -> bool:
     """The same recommendation from every run: every run that recommends a change
-    recommends the same line, and a run that finds no change clearing its noise names
-    that line as the best it measured (less certain, never contrary). Where no run
+    recommends the same worker count, and a run that finds no change clearing its noise
+    names that count as the best it measured (less certain, never contrary). A quick
+    run measures the counts only (`loader.quick-counts`), so a run's line is read by its
+    count: the full run's settings second to the count are its own to add. Where no run
     recommends a change, they agree: each says to keep the settings (the best it
     measured inside the noise may differ; it is not recommended)."""
-    changes = {_line(v.fix) for v in runs if v.gain != 1.0}
+    changes = {_count(_line(v.fix)) for v in runs if v.gain != 1.0}
     if not changes:
         return True
     if len(changes) > 1:
         return False
-    (line,) = changes
-    return all(v.points_to == line for v in runs)
+    (count,) = changes
+    return all(_count(v.points_to) == count for v in runs)
+
+
+def _count(line: str) -> str:
+    """`num_workers=2` of `num_workers=2, prefetch_factor=4`; a line without a count
+    as it is."""
+    return next((p for p in line.split(", ") if p.startswith("num_workers=")), line)
 
 
 def _line(fix: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ import tarfile
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,7 @@ def test_configurations_are_read_in_rounds_each_in_another_order(pipes: Path) ->
         return r
 
     plan = factory_stage.Plan(
-        spec=p.spec, batch_size=None, workers=(0, 1, 2), quick=True, effective_cpus=2,
+        spec=p.spec, batch_size=None, workers=(0, 1, 2), quick=False, effective_cpus=2,
         budget_s=3.0, batch_timeout_s=30.0, rounds=3,
     )  # fmt: skip
     runs = factory_stage.sweep(p, plan, lambda *a: None, measure_one)
@@ -120,6 +121,28 @@ def test_configurations_are_read_in_rounds_each_in_another_order(pipes: Path) ->
     # and the current configuration (num_workers=0) again beside them.
     assert [role for role, _ in runs[3:]] == ["base", "prefetch", "persistent", "again"]
     assert runs[-1][1].config.workers == 0 and runs[-1][1].samples_per_s == [100.0] * 3
+
+
+def test_quick_reads_the_counts_only_and_says_the_full_run_judges_the_rest(pipes: Path) -> None:
+    # One quick run of three took prefetch_factor=4 at 1.15x where the full run did not:
+    # three rounds cannot tell a setting second to the count from the noise.
+    p = load(parse_spec(f"{pipes}:busy"), None, 20)
+
+    def measure_one(pl: Any, config: Config, budget: Budget, device: Any) -> Run:
+        r = Run(config, window_s=1.0, window_samples=100 * (config.workers + 1))
+        r.samples = r.window_samples
+        return r
+
+    plan = factory_stage.Plan(
+        spec=p.spec, batch_size=None, workers=(0, 1, 2), quick=True, effective_cpus=2,
+        budget_s=3.0, batch_timeout_s=30.0,
+    )  # fmt: skip
+    runs = factory_stage.sweep(p, plan, lambda *a: None, measure_one)
+    assert [role for role, _ in runs] == ["workers"] * 3
+    stage = factory_stage.result(p, plan, runs)
+    assert [c.id for c in stage.caveats] == ["loader.quick-counts"]
+    full = factory_stage.result(p, replace(plan, quick=False), runs)
+    assert [c.id for c in full.caveats] == ["loader.no-pin"]
 
 
 def test_merging_slices_keeps_one_figure_a_round_and_adds_the_rest() -> None:

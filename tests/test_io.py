@@ -339,7 +339,9 @@ def test_space_needed_counts_whole_blocks_and_the_shard():
 
 
 def test_space_problem_reports_sizes(monkeypatch, tmp_path):
-    monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(bavail=100))  # 400 KiB free
+    # 400 KiB beyond the margin: too little for this data, enough for less of it.
+    blocks = (scratch.MARGIN_BYTES >> 12) + 100
+    monkeypatch.setattr(os, "statvfs", lambda p: fake_statvfs(bavail=blocks))
     problem = scratch.space_problem(str(tmp_path), 1000, 16384)
     assert problem is not None
     assert problem.startswith(f"{tmp_path}: not enough free space")
@@ -347,7 +349,7 @@ def test_space_problem_reports_sizes(monkeypatch, tmp_path):
     margin = scratch.MARGIN_BYTES + int(need * scratch.MARGIN_SHARE)
     assert format_bytes(need) in problem
     assert format_bytes(margin) in problem
-    assert "400 KiB is free" in problem
+    assert f"{format_bytes(blocks * 4096)} is free" in problem
     assert "--samples" in problem and "--sample-size" in problem
 
 

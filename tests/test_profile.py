@@ -317,3 +317,51 @@ def test_trace_dir_is_made_by_the_command_before_the_stage_plans(tmp_path):
     options = ProfileOptions(str(tmp_path), device="cpu", trace_dir=made)
     plan = profile_stage.STAGE.plan(options, RunContext())
     assert plan.plan.trace_dir == str((tmp_path / "t").resolve()) and (tmp_path / "t").is_dir()
+
+
+def test_profile_leaves_nothing_in_tmpdir(tmp_path):
+    """torch.profiler reads inductor's config, which made torchinductor_<user> in
+    TMPDIR and left it there after every run. In a fresh process with a private
+    TMPDIR, nothing is left there, nor in PATH."""
+    pytest.importorskip("transformers")
+    import os
+    import subprocess
+    import sys
+
+    data, tmp = tmp_path / "data", tmp_path / "tmp"
+    data.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp)
+    r = subprocess.run(
+        [sys.executable, "-m", "starvecheck", "profile", "--quick", "--workers", "0",
+         "--steps", "2", str(data)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp.iterdir()) == []
+    assert sorted(p.name for p in data.iterdir()) == []
+
+
+def test_building_the_training_step_leaves_nothing_in_tmpdir(tmp_path):
+    """doctor builds the same model to time the GPU step, with no scratch directory:
+    the cache directory the import makes is removed again where it is the import's
+    and empty; one that was there before is left, as is what it holds."""
+    pytest.importorskip("transformers")
+    import os
+    import subprocess
+    import sys
+
+    build = "from starvecheck.stages.trainstep import build_model; build_model('tiny', 'cpu')"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    fresh, kept = tmp_path / "fresh", tmp_path / "kept"
+    fresh.mkdir()
+    (kept / "torchinductor_x").mkdir(parents=True)
+    for tmp in (fresh, kept):
+        r = subprocess.run(
+            [sys.executable, "-c", build], env={**env, "TMPDIR": str(tmp), "USER": "x",
+             "LOGNAME": "x"}, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == []
+    assert sorted(p.name for p in kept.iterdir()) == ["torchinductor_x"]

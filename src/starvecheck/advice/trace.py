@@ -42,6 +42,7 @@ FIRST_STEP_STALL = 3.0  # first step over the median of the rest
 
 # Quiet below this: a wait under a millisecond a step.
 QUIET_WAIT_MS = 1.0
+OTHER_RUNS_SAID = 5  # other runs in a folder said one by one; the rest counted
 
 
 def _mean(m: Sequence[Metric], quantity: str) -> float | None:
@@ -62,7 +63,10 @@ def complete(r: StageResult) -> StageResult:
     """A trace's result as the report carries it: where its files hold other runs
     than the one analysed, each one's headline said (`trace.other-runs`), from the
     figures the stage recorded of it."""
-    others = [_other_run(i, run) for i, run in enumerate(r.parameters.runs[1:], start=2)]
+    runs = r.parameters.runs
+    others = [_other_run(i, run) for i, run in enumerate(runs[1 : OTHER_RUNS_SAID + 1], start=2)]
+    if len(runs) > OTHER_RUNS_SAID + 1:
+        others.append(f"and {len(runs) - OTHER_RUNS_SAID - 1} more runs")
     said = Caveat("trace.other-runs", "; ".join(others))
     if not others or said in r.caveats:
         return r

@@ -28,6 +28,16 @@ def sample_size(text: str) -> int:
     return size
 
 
+# What each command that writes test data offers instead, to measure without writing:
+# only options the command has.
+WITHOUT_WRITING = {
+    "io": "; to read your own files without writing use --existing",
+    "loader": "; to read your own files without writing use --existing",
+    "profile": "; to read your own run's traces without writing use --trace",
+    "doctor": "; to measure without writing skip io and loader: --skip io,loader",
+}
+
+
 def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     """PATH as an absolute, checked directory (or file, with --existing)."""
     shown = path if path is not None else "."
@@ -59,12 +69,12 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     if not os.path.isdir(target):
         raise UsageError(
             f"{shown}: not a directory ({command} writes its test data in a new "
-            "directory there; to read an existing file use --existing)"
+            f"directory there{WITHOUT_WRITING.get(command, '')})"
         )
     if not os.access(target, os.W_OK | os.X_OK):
         raise UsageError(
             f"{shown}: not writable ({command} writes its test data in a new directory "
-            "there; use --existing to read files without writing)"
+            f"there{WITHOUT_WRITING.get(command, '')})"
         )
     if not os.access(target, os.R_OK):
         raise UsageError(

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from starvecheck.cli.common import app, context_of, printable
+from starvecheck.cli.common import app, context_of
 from starvecheck.core.status import UsageError
+from starvecheck.core.text import printable
 
 
 @app.command()
@@ -41,8 +42,14 @@ def clean(
     c = context_of(ctx)
     target = os.path.realpath(path)
     if not os.path.isdir(target):
-        raise UsageError(f"{path}: not a directory")
-    found = leftovers.scan(target)
+        raise UsageError(
+            f"{path}: {'not a directory' if os.path.lexists(target) else 'no such directory'}"
+        )
+    try:
+        found = leftovers.scan(target)
+    except OSError as e:
+        # Unreadable (no read permission on PATH): saying there is nothing would be false.
+        raise UsageError(f"{path}: cannot list the directory: {e.strerror}") from e
     removed: list[str] = []
     left: list[str] = []
     for x in found:

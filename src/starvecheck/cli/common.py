@@ -20,6 +20,7 @@ from starvecheck import __version__
 from starvecheck.core.context import Context
 from starvecheck.core.model import Report, Severity, StageResult, at_or_above
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
+from starvecheck.core.text import printable
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
 
 if TYPE_CHECKING:
@@ -350,17 +351,3 @@ def _say(c: Context, line: str) -> None:
         return
     c.stderr.write(printable(line) + "\n")
     c.stderr.flush()
-
-
-def printable(text: str) -> str:
-    """`text` with every character a terminal would act on shown as an escape: control
-    characters and newlines as \\n, \\x1b, ...; the bytes of a file name that are not
-    UTF-8 (os.fsdecode's surrogates) as \\xff; printable text of any script as is."""
-    return "".join(
-        ch
-        if ch.isprintable() or ch == " "
-        else f"\\x{ord(ch) - 0xDC00:02x}"
-        if 0xDC80 <= ord(ch) <= 0xDCFF
-        else ch.encode("unicode_escape").decode("ascii")
-        for ch in text
-    )

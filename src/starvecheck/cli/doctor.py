@@ -300,7 +300,8 @@ def _measure(
     from starvecheck.stages.doctor import measure as doctor_stage
 
     needs_disk = any(s in stages for s in ("io", "loader"))
-    target = args.data_path(path, False, "doctor") if needs_disk or path else None
+    # Without io and loader nothing is written there: PATH is only read (its storage).
+    target = args.data_path(path, not needs_disk, "doctor") if needs_disk or path else None
     root = SysRoot(Path("/"))  # doctor measures this machine: facts and figures must match
     machine, env_result = env_stage.run(root, path=target, environ=c.environ)
     # Under torchrun only rank 0 draws a progress bar (the ranks share the terminal).

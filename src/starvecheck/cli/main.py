@@ -28,11 +28,15 @@ from starvecheck.cli import attach  # noqa: F401
 from starvecheck.core.context import Context
 from starvecheck.core.signals import Terminated, forget_received, received, signals_raise
 from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
+from starvecheck.core.text import readable
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
     """Run the CLI; return the exit status instead of exiting (tests call this)."""
     c = context or Context()
+    # A C or Latin-1 locale: the report's "…" and "·" as ASCII, not an error at the end.
+    for stream in (c.stdout, c.stderr):
+        readable(stream)
     words = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in words or bool(c.environ.get("STARVECHECK_DEBUG"))
     forget_received()

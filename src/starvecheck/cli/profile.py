@@ -24,6 +24,7 @@ from starvecheck.cli.common import (
     app,
     context_of,
     emit,
+    finite,
     measure_one,
 )
 from starvecheck.core.status import UsageError
@@ -114,6 +115,17 @@ def profile(
             show_default=False,
         ),
     ] = None,
+    max_trace_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--max-trace-seconds",
+            metavar="SECONDS",
+            callback=finite(0.0, 86_400.0),
+            help="With --trace: end in one line (exit 2) when reading and analysing the "
+            f"traces takes longer [default: {TraceOptions.max_seconds:g}; 0: no limit].",
+            show_default=False,
+        ),
+    ] = None,
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -135,11 +147,13 @@ def profile(
         _no_loop(
             path, workers, steps, model_size, device, cold, trace_dir, tokenizer, batch_timeout
         )
-        result = measure_one(_trace_options(trace, max_trace_bytes), c, out, None).result
+        options = _trace_options(trace, max_trace_bytes, max_trace_seconds)
+        result = measure_one(options, c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
-    if max_trace_bytes is not None:
-        raise UsageError("--max-trace-bytes applies with --trace")
+    if max_trace_bytes is not None or max_trace_seconds is not None:
+        which = "--max-trace-bytes" if max_trace_bytes is not None else "--max-trace-seconds"
+        raise UsageError(f"{which} applies with --trace")
     from starvecheck.probe.machine import collect
 
     options = _loop_options(
@@ -182,14 +196,18 @@ def _no_loop(
         )
 
 
-def _trace_options(trace: list[str], max_trace_bytes: str | None) -> TraceOptions:
-    """`profile --trace`'s options: the traces, and --max-trace-bytes parsed (exit 2)."""
+def _trace_options(
+    trace: list[str], max_trace_bytes: str | None, max_trace_seconds: float | None
+) -> TraceOptions:
+    """`profile --trace`'s options: the traces, --max-trace-bytes parsed (exit 2), and
+    --max-trace-seconds (0: no limit)."""
     limit = (
         TraceOptions.max_bytes
         if max_trace_bytes is None
         else args.byte_limit("--max-trace-bytes", max_trace_bytes)
     )
-    return TraceOptions(tuple(trace), limit)
+    seconds = TraceOptions.max_seconds if max_trace_seconds is None else max_trace_seconds
+    return TraceOptions(tuple(trace), limit, seconds or None)
 
 
 def _loop_options(

@@ -1,4 +1,4 @@
-"""cgroup v1 and v2: CPU quota, throttling, memory limit, pids limit.
+"""cgroup v1 and v2: CPU quota, throttling, memory limit, pids limit, OOM kills.
 
 Finding this process's cgroup directory (as the JVM's container support does):
   1. /proc/self/cgroup gives the cgroup path per hierarchy ("0::/kubepods/..."
@@ -20,7 +20,7 @@ import posixpath
 from dataclasses import dataclass
 
 from starvecheck.probe.fact import Fact
-from starvecheck.probe.mounts import Mount
+from starvecheck.probe.mounts import Mount, read_mounts
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.probe.text import is_uint
 
@@ -311,3 +311,41 @@ def _leaf_int(root: SysRoot, h: Hierarchy | None, filename: str) -> Fact[int]:
     if value is None:
         return Fact.unknown(f"no readable {filename} in {h.directory}")
     return Fact.of(value)
+
+
+def oom_kills(root: SysRoot) -> tuple[int, str] | None:
+    """(processes the OOM killer has killed, the file that counts them): this process's
+    memory cgroup's `oom_kill` (v2 memory.events, v1 memory.oom_control; kernels 4.13
+    and later), else the machine's (/proc/vmstat). None where neither can be read."""
+    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
+    if mounts.known and text.known:
+        mount_list = mounts.value or []
+        v1 = any(m.fstype == "cgroup" for m in mount_list)
+        paths = parse_proc_cgroup(text.value or "")
+        h = resolve(root, mount_list, paths, "memory" if v1 else "")
+        if h is not None:
+            path = f"{h.directory}/{'memory.events' if h.version == 2 else 'memory.oom_control'}"
+            count = parse_flat_keyed(root.read(path).value or "").get("oom_kill")
+            if count is not None:
+                return count, path
+    count = parse_flat_keyed(root.read("/proc/vmstat").value or "").get("oom_kill")
+    return None if count is None else (count, "/proc/vmstat")
+
+
+def pids_free(root: SysRoot) -> int | None:
+    """The tasks (processes and threads) this process's cgroup can still start: the
+    tightest pids.max less its pids.current, from this cgroup up to the mount. None
+    where no limit is set or none can be read."""
+    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
+    if not (mounts.known and text.known):
+        return None
+    mount_list = mounts.value or []
+    v1 = any(m.fstype == "cgroup" for m in mount_list)
+    h = resolve(root, mount_list, parse_proc_cgroup(text.value or ""), "pids" if v1 else "")
+    free: int | None = None
+    for d in _levels(h) if h is not None else []:
+        limit = parse_limit(root.read(f"{d}/pids.max").value or "")
+        current = parse_int(root.read(f"{d}/pids.current").value or "")
+        if isinstance(limit, int) and current is not None:
+            free = max(0, limit - current) if free is None else min(free, max(0, limit - current))
+    return free

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.text import escaped
 from starvecheck.render import chain
 from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
 from starvecheck.render.sections import stage_sections
@@ -67,6 +68,11 @@ def _doctor(report: Report) -> list[str]:
 
 
 def serialize(report: Report) -> str:
+    """The report as Markdown, every string in it escaped first (core/text.py): control
+    characters from a path or a name would reach the terminal that shows the file.
+    Newlines stay: a table cell turns them into blanks, the rest of the page into a
+    line break."""
+    report = escaped(report, keep="\n")
     out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
     if chain.shows(report):
         out += _doctor(report)

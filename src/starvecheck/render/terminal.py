@@ -6,6 +6,7 @@ from typing import Any
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.text import escaped
 from starvecheck.render import chain
 from starvecheck.render.facts import (
     GPU_HEADERS,
@@ -34,9 +35,13 @@ def as_text(report: Report, console: Any) -> str:
 
 
 def render(report: Report, console: Any) -> None:
+    """Print the report on `console`. Every string in it is escaped first (core/text.py):
+    a path, a mount point or a name from the user's code never reaches the terminal
+    raw, and the tables are laid out at the width of what they show."""
     from rich.table import Table
     from rich.text import Text
 
+    report = escaped(report)
     title = Text(f"starvecheck {report.command}", style="bold")
     if report.machine.get("hostname"):
         title.append(f" · {report.machine['hostname']}")

@@ -285,9 +285,34 @@ def space_needed(samples: int, sample_size: int) -> int:
     return samples * per_file + samples * sample_size + BLOCK * (samples // 64 + 4)
 
 
-def space_problem(path: str, samples: int, sample_size: int, need: int | None = None) -> str | None:
+# The remedies `space_problem` names: io's and loader's own options (the defaults), and
+# doctor's, which has no --samples nor --existing.
+SMALLER = "use fewer --samples or a smaller --sample-size"
+ELSEWHERE = "give a PATH on a filesystem with more free space"
+OR_EXISTING = f"{ELSEWHERE}, or read files already there with --existing"
+
+
+def doctor_remedies(quick: bool) -> dict[str, str]:
+    """`space_problem`'s remedies for doctor: its own options."""
+    return {
+        "smaller": "use a smaller --sample-size" + ("" if quick else " or --quick"),
+        "elsewhere": f"{ELSEWHERE}, or leave out the stages that write (--skip io,loader)",
+    }
+
+
+def space_problem(
+    path: str,
+    samples: int,
+    sample_size: int,
+    need: int | None = None,
+    *,
+    smaller: str = SMALLER,
+    elsewhere: str = ELSEWHERE,
+) -> str | None:
     """Why the data cannot be written under `path`, or None. `need`: bytes the data
-    takes, where not io's own layouts (`space_needed`)."""
+    takes, where not io's own layouts (`space_needed`). The remedy is the command's
+    own: `smaller` (its options for less data) where less data would fit, `elsewhere`
+    where the margin alone is more than is free and no size of data would."""
     need = space_needed(samples, sample_size) if need is None else need
     margin = MARGIN_BYTES + int(need * MARGIN_SHARE)
     try:
@@ -298,8 +323,12 @@ def space_problem(path: str, samples: int, sample_size: int, need: int | None = 
     if free < need + margin:
         return (
             f"{path}: not enough free space: the test data needs {format_bytes(need)} plus a "
-            f"{format_bytes(margin)} margin, {format_bytes(free)} is free; use fewer --samples "
-            "or a smaller --sample-size"
+            f"{format_bytes(margin)} margin, {format_bytes(free)} is free; "
+            + (
+                smaller
+                if free > MARGIN_BYTES
+                else f"the margin alone is more than is free: {elsewhere}"
+            )
         )
     if st.f_files and st.f_favail < samples + 16:  # f_files 0: no inode limit (btrfs, ...)
         return f"{path}: not enough free inodes: {samples + 16:,} needed, {st.f_favail:,} free"

@@ -167,14 +167,18 @@ def alive(owner: dict[str, Any]) -> bool | None:
 def scan(path: str) -> list[Leftover]:
     """Every `starvecheck-*` directory directly in `path`, with whether it may be
     removed (its creator gone) and, where not, why. Entries that are not directories
-    (files, FIFOs, links) are not starvecheck's and are skipped; nothing here raises."""
+    (files, FIFOs, links) are not starvecheck's and are skipped. OSError where `path`
+    itself cannot be opened or listed (no permission): "nothing there" would be false;
+    nothing else raises."""
+    path_fd = os.open(path, DIR_FLAGS & ~os.O_NOFOLLOW)
     try:
-        path_fd = os.open(path, DIR_FLAGS & ~os.O_NOFOLLOW)
+        names = os.listdir(path_fd)
     except OSError:
-        return []
+        os.close(path_fd)
+        raise
     found = []
     try:
-        for name in sorted(e for e in os.listdir(path_fd) if e.startswith(PREFIX)):
+        for name in sorted(e for e in names if e.startswith(PREFIX)):
             try:
                 fd = os.open(name, DIR_FLAGS, dir_fd=path_fd)
             except OSError:
@@ -220,8 +224,13 @@ def _judge(
 
 
 def dead(path: str) -> list[Leftover]:
-    """What runs that were killed left in `path` (not what --keep kept)."""
-    return [x for x in scan(path) if x.removable and not x.kept]
+    """What runs that were killed left in `path` (not what --keep kept); none where
+    `path` cannot be listed (a run says so itself when it writes there)."""
+    try:
+        found = scan(path)
+    except OSError:
+        return []
+    return [x for x in found if x.removable and not x.kept]
 
 
 _reported: set[str] = set()

@@ -27,7 +27,13 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.probe.cpu import under_hypervisor
-from starvecheck.scratch.directory import Scratch, space_problem, write_all
+from starvecheck.scratch.directory import (
+    OR_EXISTING,
+    Scratch,
+    doctor_remedies,
+    space_problem,
+    write_all,
+)
 from starvecheck.stages.base import BaseStage, OnDisk, RunContext
 from starvecheck.stages.options import IoOptions, default_threads
 from starvecheck.stages.samples import cache
@@ -264,8 +270,8 @@ def summarize(
     if plan.runs < 3:
         caveats.append(
             too_few_runs(
-                f"only {plan.runs} run(s) per pattern: too few to judge the spread; use "
-                "--runs 3 or more"
+                f"only {plan.runs} run(s) per pattern: too few to judge the spread; "
+                "`starvecheck io --runs 3` or more"
             )
         )
     return metrics, caveats
@@ -355,7 +361,7 @@ class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
         size = options.sample_size
         n = options.samples or IoOptions.SAMPLES[existing][options.quick]
         path = options.path
-        if not existing and (problem := space_problem(path, n, size)):
+        if not existing and (problem := space_problem(path, n, size, elsewhere=OR_EXISTING)):
             raise UsageError(problem)
         eff = ctx.effective_cpus
         return OnDisk(
@@ -375,7 +381,7 @@ class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
         n, runs = IoOptions.SAMPLES[False][quick], IoOptions.RUNS[quick]
         path = ctx.path or os.getcwd()
-        if problem := space_problem(path, n, workload.sample_size):
+        if problem := space_problem(path, n, workload.sample_size, **doctor_remedies(quick)):
             raise UsageError(problem)
         eff = ctx.effective_cpus
         plan = Plan(

@@ -210,6 +210,8 @@ class TraceOptions:
     traces: tuple[str, ...]  # files or directories of torch.profiler traces
     # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole.
     max_bytes: int | None = 4 << 30
+    # The most seconds reading and analysing them may take (None: no limit).
+    max_seconds: float | None = 600.0
 
     stage: ClassVar[str] = "trace"
 

@@ -107,10 +107,13 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
 # Each is a `Caveat` with a stable id that judging can test for; the text is what
 # people read. Stages pass what differs (what they repeat, what likely disturbed it).
 
+# The remedy names the commands that have --runs: doctor, which shares these caveats,
+# has none of its own (a run of io, loader or pcie alone takes it).
+MORE_RUNS = "add runs (`--runs` of io, loader and pcie)"
 NOISY_MACHINE = (
-    "a noisy machine or a cache changing under the runs: close other work and add --runs"
+    f"a noisy machine or a cache changing under the runs: close other work and {MORE_RUNS}"
 )
-NOISY_GPU = "other work on this GPU or CPU, or a link changing speed: close it and add --runs"
+NOISY_GPU = f"other work on this GPU or CPU, or a link changing speed: close it and {MORE_RUNS}"
 
 
 def unstable(entries: Sequence[str], what: str = "runs", cause: str = NOISY_MACHINE) -> Caveat:

@@ -8,6 +8,12 @@ Each step of profile's loop is five `record_function` phases, PHASES, in order.
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import os
+import re
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from starvecheck.core.signals import importing
@@ -37,10 +43,12 @@ def build_model(size: str, device: str, seed: int = 0) -> tuple[Any, Any]:
         # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
         if hasattr(transformers_imports, "_torchvision_available"):
             transformers_imports._torchvision_available = False
-        with importing():
+        with importing(), _no_compile_cache_left():
             from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError as e:
-        raise UsageError("profile needs transformers: pip install 'starvecheck[text]'") from e
+        raise UsageError(
+            "the training step needs transformers: pip install 'starvecheck[text]'"
+        ) from e
     layers, heads, width, vocab, seq, _ = MODEL_SIZES[size]
     torch.manual_seed(seed)
     config = GPT2Config(
@@ -52,3 +60,40 @@ def build_model(size: str, device: str, seed: int = 0) -> tuple[Any, Any]:
     model.loss_type = "ForCausalLM"
     model.train()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+@contextlib.contextmanager
+def _no_compile_cache_left() -> Iterator[None]:
+    """Importing transformers' GPT-2 imports torch._dynamo, which makes inductor's
+    compile cache directory (torchinductor_<user> in TMPDIR) and names it in
+    TORCHINDUCTOR_CACHE_DIR. Nothing is compiled here, so where the directory is this
+    import's (it was not there before) and still empty, it is removed again, and the
+    variable unset: starvecheck leaves nothing in TMPDIR. A cache directory the user
+    names, or one that was there before, is left alone."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    path = _default_cache_dir()
+    made = not os.path.lexists(path)
+    try:
+        yield
+    finally:
+        # torch names the directory it made: removed only where it is the one that
+        # was not there before.
+        named = os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        if made and named == os.path.abspath(path):
+            with contextlib.suppress(OSError):  # not empty, or not there: left alone
+                os.rmdir(path)
+
+
+def _default_cache_dir() -> str:
+    """Where torch puts inductor's cache by default, as
+    torch._inductor.runtime.cache_dir_utils.default_cache_dir says it (importing that
+    imports torch._dynamo, which makes the directory)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(
+        tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+    )

@@ -142,8 +142,12 @@ class Batches:
     def __exit__(self, *exc: object) -> None:
         try:
             if self._it is not None and not (self.keep and exc[0] is None):
+                # A signal (Ctrl-C, SIGTERM) ends the run: its workers get the short
+                # grace of stuck ones, not torch's 5 s each, which a worker still in a slow
+                # worker_init_fn would use up before it is killed all the same.
+                signalled = exc[0] is not None and not issubclass(exc[0], Exception)  # type: ignore[arg-type]
                 try:
-                    stop_workers(self._it, stuck=self._expired)
+                    stop_workers(self._it, stuck=self._expired or signalled)
                 except BaseException:
                     # A signal cut the shutdown short (scratch/directory.py ignores any after the
                     # first): kill what is left, or multiprocessing's exit would wait on

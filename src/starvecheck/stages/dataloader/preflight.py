@@ -27,6 +27,13 @@ from starvecheck.core.units import format_bytes
 # ran at 32 once and failed with EMFILE at 36 once: the base has a margin of two.
 FILES_BASE = 64
 FILES_PER_WORKER = 8
+# Tasks (processes and threads) a run starts under a pids limit (cgroup pids.max): a
+# worker is a process with a thread or two of its own (the resource sharer's, which
+# hands batches over); the main process starts a few threads (pin memory, the resource
+# sharer's, torch's). A fork that fails leaves workers half started, each printing a
+# traceback.
+TASKS_BASE = 4
+TASKS_PER_WORKER = 3
 SHM = "/dev/shm"
 SHM_MARGIN = 16 << 20
 PlanT = TypeVar("PlanT")
@@ -126,11 +133,42 @@ def fit_shm(workers: Sequence[int], batch_bytes: int, prefetch: int, free: int |
     )
 
 
+def tasks_free() -> int | None:
+    from starvecheck.probe.cgroup import pids_free
+    from starvecheck.probe.sysroot import SysRoot
+
+    return pids_free(SysRoot.from_environ())
+
+
+def fit_tasks(workers: Sequence[int], free: int | None) -> Fit:
+    """The worker counts whose processes and threads fit under the cgroup's pids limit
+    (`free`: the tasks it can still start). num_workers=0 starts none of its own, so it
+    always fits."""
+    counts = tuple(workers)
+    if free is None:
+        return Fit(counts, None)
+
+    def need(w: int) -> int:
+        return TASKS_BASE + TASKS_PER_WORKER * w if w else 0
+
+    return _fit(
+        counts,
+        need,
+        free,
+        lambda dropped, most: (
+            f"the cgroup's pids limit (pids.max) lets {free} more processes and threads "
+            f"start: num_workers={dropped} would need up to {most} and was not measured; "
+            "raise the limit (docker --pids-limit, a Kubernetes pod's pid limit) to measure it"
+        ),
+    )
+
+
 def fit_workers(workers: Sequence[int], batch_bytes: int, prefetch: int) -> Fit:
-    """Both checks, as a stage runs them before its sweep."""
+    """The three checks, as a stage runs them before its sweep."""
     files = fit_open_files(workers)
-    shm = fit_shm(files.workers, batch_bytes, prefetch, shm_free())
-    said = [w for w in (files.warning, shm.warning) if w]
+    tasks = fit_tasks(files.workers, tasks_free())
+    shm = fit_shm(tasks.workers, batch_bytes, prefetch, shm_free())
+    said = [w for w in (files.warning, tasks.warning, shm.warning) if w]
     return Fit(shm.workers, "; ".join(said) or None)
 
 

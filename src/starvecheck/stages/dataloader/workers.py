@@ -20,11 +20,17 @@ from starvecheck.core.signals import importing
 # same way (multiprocessing.util._get_base_temp_dir).
 MAX_TEMP_DIR = 60
 
+# The process that starts the workers, as `prepare_workers` found it: a worker forked
+# from it inherits the figure (a worker started by spawn or forkserver is given it by
+# its worker_init_fn, factory's ChainedInit).
+_main_pid: int | None = None
+
 
 def prepare_workers() -> None:
     """Before forking workers: make multiprocessing's temporary directory (pymp-*)
     here, once, so that every worker inherits it instead of making its own, which a
-    worker that is stopped early leaves behind. This process removes it at exit."""
+    worker that is stopped early leaves behind. This process removes it at exit. And
+    this process's pid, which forked workers check as they start (`die_with_parent`)."""
     import tempfile
     from multiprocessing import util
 
@@ -42,6 +48,8 @@ def prepare_workers() -> None:
     # For `starvecheck clean`, should we be killed. clean removes it only as made here:
     # directly in the temporary directory or /tmp, named pymp-XXXXXXXX (scratch/claims.py).
     note_all({"pymp": path})
+    global _main_pid
+    _main_pid = os.getpid()
 
 
 # `stop_workers(stuck=True)`: how long idle workers get to leave on their own before
@@ -113,17 +121,77 @@ def _kill_stuck(it: Any) -> None:
         w.join(timeout=5)
 
 
-def worker_init(worker_id: int) -> None:
-    """Workers are forked while starvecheck turns signals into exceptions (the fork
-    itself already set the handlers below: scratch/directory.py, `_child_after_fork`). SIGTERM and
-    SIGHUP are ignored: sent to the whole process group (a closed terminal, systemd,
-    Slurm's scancel, `kill -- -PGID`) they reach the workers too, and a worker killed
-    mid-batch leaves its shared memory behind and makes torch report the run as a
-    failure; the main process, which got the same signal, shuts its workers down, and
-    torch's watchdog ends a worker whose main process is gone. Ctrl-C, which torch
-    handles in workers itself, ends them quietly. And when the main process stops early,
-    a batch being handed over through multiprocessing's resource sharer meets a closed
-    pipe in the worker: expected, so not printed as a traceback."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int | None) -> None:
+    """A worker outlives a main process killed with SIGKILL (or by the OOM killer)
+    while the worker starts: reparented, it waits for ever holding a copy of the
+    dataset's memory, and multiprocessing's resource tracker with it (torch's watchdog
+    reads the parent's pid only after worker_init_fn, so it watches the new parent).
+    The kernel kills this worker when its parent goes (PR_SET_PDEATHSIG, Linux); where
+    the parent went before that was set, `parent` (the main process's pid) is no
+    longer this worker's parent nor running, and the worker leaves at once. Under
+    forkserver the parent is the fork server, which outlives the main process while
+    any worker holds its pipe: a thread of this worker watches the main process."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if parent is None or parent == os.getpid() or os.getppid() == parent:
+        return
+    if not _running(parent):
+        os._exit(1)
+    import threading
+
+    threading.Thread(target=_watch, args=(parent,), name="starvecheck-parent", daemon=True).start()
+
+
+# How often a worker whose parent is not the main process (forkserver) checks on it.
+WATCH_S = 0.5
+
+
+def _watch(parent: int) -> None:
+    import time
+
+    while _running(parent):
+        time.sleep(WATCH_S)
+    os._exit(1)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass
+        return True
+
+
+def worker_init(worker_id: int, parent: int | None = None) -> None:
+    """First, the worker dies with the main process (`die_with_parent`; `parent`: its
+    pid, else the one `prepare_workers` kept). Workers are forked while starvecheck
+    turns signals into exceptions (the fork itself already set the handlers below:
+    scratch/directory.py, `_child_after_fork`). SIGTERM and SIGHUP are ignored: sent to
+    the whole process group (a closed terminal, systemd, Slurm's scancel, `kill --
+    -PGID`) they reach the workers too, and a worker killed mid-batch leaves its shared
+    memory behind and makes torch report the run as a failure; the main process, which
+    got the same signal, shuts its workers down, and the parent-death signal ends a
+    worker whose main process is gone. Ctrl-C, which torch handles in workers itself,
+    ends them quietly. And when the main process stops early, a batch being handed over
+    through multiprocessing's resource sharer meets a closed pipe in the worker:
+    expected, so not printed as a traceback."""
+    die_with_parent(parent if parent is not None else _main_pid)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -137,7 +137,8 @@ def summarize(
     if plan.runs < 3:
         caveats.append(
             too_few_runs(
-                f"{plan.runs} epoch(s) per point: too few to judge the spread; use --runs 3 or more"
+                f"{plan.runs} epoch(s) per point: too few to judge the spread; "
+                "`starvecheck loader --runs 3` or more"
             )
         )
     return metrics, caveats, first_cache
@@ -186,7 +187,7 @@ def _run(
             caveats += more
             measured = measure_or_fail(sources, plan, pin, progress, batch_timeout_s)
         else:
-            streaming, why = streaming_or_why() if plan.wants("mds") else (None, "")
+            streaming, why = streaming_or_why(path) if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
                 extra_metrics.append(
                     Metric.missing(
@@ -254,7 +255,7 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
     def plan(self, options: LoaderOptions, ctx: RunContext) -> OnDisk[Plan]:
         """`options` as the command parsed them (`path` checked); the machine's facts
         in `ctx`."""
-        from starvecheck.scratch.directory import space_problem
+        from starvecheck.scratch.directory import OR_EXISTING, space_problem
         from starvecheck.stages.samples import sources
 
         size = options.sample_size
@@ -262,7 +263,9 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         n = options.samples or LoaderOptions.SAMPLES[options.existing][options.quick]
         path = options.path
         if not options.existing and (
-            problem := space_problem(path, n, size, sources.space_needed(n, size))
+            problem := space_problem(
+                path, n, size, sources.space_needed(n, size), elsewhere=OR_EXISTING
+            )
         ):
             raise UsageError(problem)
         plan = Plan(
@@ -279,14 +282,14 @@ class LoaderStage(BaseStage[LoaderOptions, OnDisk[Plan]]):
         return OnDisk(path, options.existing, plan)
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> OnDisk[Plan]:
-        from starvecheck.scratch.directory import space_problem
+        from starvecheck.scratch.directory import doctor_remedies, space_problem
         from starvecheck.stages.samples import sources
 
         eff = ctx.effective_cpus
         n = LoaderOptions.SAMPLES[False][quick]
         path = ctx.path or os.getcwd()
         need = sources.space_needed(n, workload.sample_size)
-        if problem := space_problem(path, n, workload.sample_size, need):
+        if problem := space_problem(path, n, workload.sample_size, need, **doctor_remedies(quick)):
             raise UsageError(problem)
         workers = default_workers(eff)
         plan = Plan(

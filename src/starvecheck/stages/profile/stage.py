@@ -12,9 +12,11 @@ Chrome trace is kept for TensorBoard or Perfetto (and for `starvecheck profile
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +92,7 @@ def resolve_device(requested: str) -> str:
 
 def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     from starvecheck.stages.dataloader import preflight
-    from starvecheck.stages.samples.mds import streaming_or_why
+    from starvecheck.stages.samples.mds import streaming_or_why, unusable_under
 
     start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
@@ -102,6 +104,10 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     streaming, why = streaming_or_why()
     if streaming is None:
         raise Unavailable(f"profile reads MDS shards and cannot load mosaicml-streaming: {why}")
+    if skipped := unusable_under(path):
+        # The other layouts are measured and kept; Streaming's is said not to be.
+        streaming = None
+        caveats.append(Caveat("profile.mds-skipped", f"the mds layout was not measured: {skipped}"))
     tokenizer = None
     if plan.tokenizer:
         # Loaded before anything is written: a name that is not there is one line.
@@ -151,7 +157,7 @@ def _scenarios(
     tokenizer: Any | None,
     residency_errors: list[str],
 ) -> tuple[dict[tuple[str, int], Steps], str]:
-    """The model built, the samples written in a fresh scratch directory under `path`
+    """A fresh scratch directory under `path`, the model built, the samples written there
     (and the text layout with a tokenizer), every (layout, num_workers) scenario run,
     the data removed on every way out: each scenario's steps, and the scratch
     directory they read."""
@@ -159,7 +165,6 @@ def _scenarios(
     from starvecheck.stages.samples.sources import generate, text_source
 
     progress, warn = ctx.progress, ctx.warn
-    model, optimizer = build_model(plan.model_size, plan.device, plan.seed)
     data_plan = SamplePlan(
         samples=plan.samples,
         sample_size=plan.seq_len * 2,  # u16 tokens
@@ -171,8 +176,17 @@ def _scenarios(
     results: dict[tuple[str, int], Steps] = {}
     scratch = Scratch(path, prefix="starvecheck-profile-", warn=warn)
     try:
-        with signals_raise(), quiet_torch(), warnings.catch_warnings(), scratch:
+        with (
+            signals_raise(),
+            quiet_torch(),
+            warnings.catch_warnings(),
+            scratch,
+            _compile_cache_in(scratch),
+        ):
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
+            # Built here: importing transformers' model imports torch._dynamo, which
+            # makes inductor's cache directory (_compile_cache_in).
+            model, optimizer = build_model(plan.model_size, plan.device, plan.seed)
             try:
                 sources = generate(scratch, data_plan, streaming, progress)
             finally:
@@ -207,6 +221,25 @@ def _scenarios(
         if scratch.leftovers:
             warn("could not remove everything starvecheck created: " + "; ".join(scratch.leftovers))
     return results, scratch.path
+
+
+@contextlib.contextmanager
+def _compile_cache_in(scratch: Scratch) -> Iterator[None]:
+    """Inductor's compile cache in the scratch directory, made and removed with it.
+    Importing torch._dynamo (transformers' GPT-2 does) makes the cache directory, by
+    default torchinductor_<user> in TMPDIR, and leaves it there: starvecheck leaves
+    nothing in TMPDIR. Nothing is compiled, so it stays empty. Where the user
+    named a cache directory (TORCHINDUCTOR_CACHE_DIR), theirs is used; ours is unnamed
+    again on the way out (torch reads the variable each time it wants the cache)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        yield
+        return
+    scratch.mkdir("inductor")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch.path, "inductor")
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
 def _cold(

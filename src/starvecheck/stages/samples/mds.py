@@ -210,8 +210,27 @@ def _shared_memories(obj: Any, kind: type, depth: int = 3) -> list[Any]:
     return found
 
 
-def streaming_or_why() -> tuple[Streaming | None, str]:
-    """Streaming, loaded (`load_streaming`), or None and why it cannot be."""
+def unusable_under(path: str) -> str | None:
+    """Why Streaming cannot read a dataset written under `path`, or None. It records
+    each dataset's local directory in shared memory as UTF-8
+    (streaming.base.shared.prefix), so a name holding bytes that are not UTF-8
+    (os.fsdecode's surrogates) raised UnicodeEncodeError in StreamingDataset, after
+    the other layouts had been measured: decided here, before anything is written."""
+    try:
+        os.path.abspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return (
+            f"Streaming cannot read under {path}: the name is not UTF-8, and Streaming "
+            "records its directory as UTF-8; give a PATH whose name is UTF-8 to measure it"
+        )
+    return None
+
+
+def streaming_or_why(path: str | None = None) -> tuple[Streaming | None, str]:
+    """Streaming, loaded (`load_streaming`), or None and why it cannot be: not
+    installed, or (with `path`) unable to read a dataset there (`unusable_under`)."""
+    if path is not None and (why := unusable_under(path)):
+        return None, why
     try:
         return load_streaming(), ""
     except StreamingUnavailable as e:

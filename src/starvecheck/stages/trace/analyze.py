@@ -21,8 +21,8 @@ from starvecheck.core.status import UsageError
 from starvecheck.stages.timing import too_few_runs
 from starvecheck.stages.trace import hta
 from starvecheck.stages.trace.events import NO_GPU, Device, Process, device_owners, sort_events
-from starvecheck.stages.trace.intervals import Interval, clip, length
-from starvecheck.stages.trace.load import Event, TraceFile, as_events
+from starvecheck.stages.trace.intervals import Cover, intersect, length, union
+from starvecheck.stages.trace.load import Deadline, Event, TooSlow, TraceFile, as_events
 from starvecheck.stages.trace.steps import (
     STUB_SHARE,
     WARMUP_MIN_STEPS,
@@ -125,7 +125,7 @@ class Analysis:
         return None
 
 
-def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
+def _caveats(a: Analysis, t: Timeline, all_busy: Mapping[Any, Cover]) -> list[Caveat]:
     """Every caveat on a rank's figures: the steps left out or too few, the data wait,
     and the GPUs, in that order."""
     return [*_step_caveats(a), *_wait_caveats(a, t), *_gpu_caveats(a, all_busy)]
@@ -178,10 +178,10 @@ def _wait_caveats(a: Analysis, t: Timeline) -> list[Caveat]:
             )
         )
     else:
-        outside = length(t.wait) - sum(
-            length(clip(t.wait, s.start, s.start + s.dur)) for s in a.steps
-        )
-        if outside > 0.0005 * length(t.wait):  # more than float rounding
+        # Against the steps' union: steps that overlap cover a fetch once.
+        steps = union((s.start, s.start + s.dur) for s in a.steps)
+        outside = t.wait.total - length(intersect(t.wait.merged, steps))
+        if outside > 0.0005 * t.wait.total:  # more than float rounding
             out.append(
                 Caveat(
                     "trace.fetches-outside-steps",
@@ -200,15 +200,15 @@ def _wait_caveats(a: Analysis, t: Timeline) -> list[Caveat]:
     return out
 
 
-def _gpu_caveats(a: Analysis, all_busy: Mapping[Any, list[Interval]]) -> list[Caveat]:
+def _gpu_caveats(a: Analysis, all_busy: Mapping[Any, Cover]) -> list[Caveat]:
     """GPU work after the last step (in no step's figures), and a rank that drives
     several GPUs."""
     steps, out = a.steps, []
     if not a.whole_trace and steps:
         end = steps[-1].start + steps[-1].dur
         for dev, busy in all_busy.items():
-            total = length(busy)
-            after = length(clip(busy, end, math.inf))
+            total = busy.total
+            after = busy.within(end, math.inf)
             if total and after / total > AFTER_LAST_STEP:
                 out.append(
                     Caveat(
@@ -239,6 +239,7 @@ def _analysis(
     whole: tuple[float, float] | None,
     rank: int | None,
     path: str,
+    deadline: Deadline,
 ) -> Analysis:
     caveats = []
     if whole is not None:
@@ -256,7 +257,11 @@ def _analysis(
     else:
         step_spans = sorted(p.steps, key=lambda s: s[1])
     t = timeline(p, devices)
-    steps = [measure(n, lo, hi, t) for n, (lo, hi) in step_spans]
+    steps = []
+    for i, (n, (lo, hi)) in enumerate(step_spans):
+        if i % 4096 == 0:
+            deadline.check(f"analysing {path}")
+        steps.append(measure(n, lo, hi, t))
     warmup = warmup_steps(steps)
     gpu_reason = None if any(d.busy for d in t.devices.values()) else (untimed or NO_GPU)
     a = Analysis(
@@ -284,9 +289,13 @@ def _analysis(
     return dataclasses.replace(a, caveats=tuple(caveats + _caveats(a, t, busy)))
 
 
-def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis], list[Caveat]]:
+def analyze_file(
+    f: TraceFile, name: str | None = None, deadline: Deadline | None = None
+) -> tuple[list[Analysis], list[Caveat]]:
     """Every rank in one file: one Analysis per process that holds profiler steps
     (one for the whole trace where none does)."""
+    deadline = deadline or Deadline()
+    deadline.check(f"analysing {f.path}")
     s = sort_events(f.events)
     if s.lo == math.inf:
         raise UsageError("the trace has no timed events (complete events with ts and dur)")
@@ -298,7 +307,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
         for p in s.processes.values():
             merged.absorb(p)
         return [
-            _analysis(base, merged, s.devices, s.untimed, (s.lo, s.hi), f.rank, f.path)
+            _analysis(base, merged, s.devices, s.untimed, (s.lo, s.hi), f.rank, f.path, deadline)
         ], caveats
     if len(stepped) == 1:
         ((pid, p),) = stepped.items()
@@ -307,7 +316,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
         for other, q in s.processes.items():
             if other != pid:
                 p.absorb(q)
-        return [_analysis(base, p, s.devices, s.untimed, None, f.rank, f.path)], caveats
+        return [_analysis(base, p, s.devices, s.untimed, None, f.rank, f.path, deadline)], caveats
     owners = device_owners(stepped, s.devices)
     unowned = sorted(str(d) for d in s.devices if d not in owners)
     if unowned:
@@ -329,7 +338,7 @@ def analyze_file(f: TraceFile, name: str | None = None) -> tuple[list[Analysis],
     for pid in sorted(stepped, key=repr):
         devs = {d: s.devices[d] for d, owner in owners.items() if owner == pid}
         label = f"{name} pid {pid}" if name else f"pid {pid}"
-        out.append(_analysis(label, stepped[pid], devs, s.untimed, None, None, f.path))
+        out.append(_analysis(label, stepped[pid], devs, s.untimed, None, None, f.path, deadline))
     return out, caveats
 
 
@@ -381,12 +390,14 @@ class Job:
         return max(self.ranks, key=key)
 
 
-def analyze_job(files: Sequence[TraceFile]) -> Job:
+def analyze_job(files: Sequence[TraceFile], deadline: Deadline | None = None) -> Job:
     ranks: list[Analysis] = []
     caveats: list[Caveat] = []
     for f, name in zip(files, _names(files), strict=True):
         try:
-            found, said = analyze_file(f, name)
+            found, said = analyze_file(f, name, deadline)
+        except TooSlow:
+            raise
         except UsageError as e:
             raise UsageError(f"--trace {f.path}: {e}") from None
         ranks += found

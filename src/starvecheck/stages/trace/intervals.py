@@ -1,9 +1,12 @@
 """Interval arithmetic on sorted, disjoint lists of (start, end) (the output of
-`union`), in microseconds."""
+`union`), in microseconds. `Cover` answers "how much of [lo, hi) is covered" in
+O(log n) whatever [lo, hi) spans, so cutting a timeline into steps costs the same
+whether the steps follow one another or all overlap."""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -80,3 +83,49 @@ def gaps(merged: Sequence[Interval], lo: float, hi: float) -> list[Interval]:
     if hi > at:
         out.append((at, hi))
     return out
+
+
+def intersect(x: Sequence[Interval], y: Sequence[Interval]) -> list[Interval]:
+    """The time in both of two merged lists, itself a merged list."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+class Cover:
+    """A merged list with its running total: `within(lo, hi)` is
+    `length(clip(merged, lo, hi))` by two bisections, not a walk over the intervals."""
+
+    def __init__(self, merged: Sequence[Interval]) -> None:
+        self.merged = list(merged)
+        self.starts = [a for a, _ in self.merged]
+        self.ends = [b for _, b in self.merged]
+        # before[i]: the summed length of the first i intervals.
+        self.before = [0.0, *itertools.accumulate(b - a for a, b in self.merged)]
+
+    def __bool__(self) -> bool:
+        return bool(self.merged)
+
+    @property
+    def total(self) -> float:
+        return self.before[-1]
+
+    def within(self, lo: float, hi: float) -> float:
+        """The covered time in [lo, hi)."""
+        i = bisect.bisect_right(self.ends, lo)  # the first interval that ends after lo
+        j = bisect.bisect_left(self.starts, hi)  # the intervals that start before hi
+        if i >= j:
+            return 0.0
+        # The whole intervals i..j-1, less the part of the first before lo and of the
+        # last after hi.
+        total = self.before[j] - self.before[i]
+        total -= max(0.0, lo - self.starts[i]) + max(0.0, self.ends[j - 1] - hi)
+        return max(0.0, total)

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,17 @@ _NUMBER = (int, float)
 # What a directory of traces holds: tensorboard_trace_handler writes
 # <worker>.<time>.pt.trace.json(.gz), one per rank.
 TRACE_SUFFIXES = (".json", ".json.gz")
+# The furthest a time may lie from the clock's zero, in microseconds: 2^53 us is 285
+# years (Kineto's clock counts from 1970), and the largest span a double holds to the
+# microsecond. Past it, times are rounded by milliseconds (near 2^63, by 2 ms), enough
+# to turn a step's figures into nonsense, so such a trace is refused, not read.
+MAX_TIME_US = float(1 << 53)
+# The most ranks a trace's distributedInfo may claim: more than any job has run
+# (a claim past it is forged or corrupt, and the ranks it lacks would be listed).
+MAX_WORLD_SIZE = 1 << 20
+# The most trace files one run reads: a directory as large is not one job's folder
+# (each file becomes a rank, and each rank a row).
+MAX_FILES = 10_000
 
 
 class Args(msgspec.Struct, gc=False):
@@ -131,7 +143,41 @@ def span(e: Event) -> tuple[float, float] | None:
     except OverflowError:  # an integer past any float
         return None
     end = start + length
-    return (start, end) if length >= 0 and math.isfinite(end) else None
+    # Inside the clock's range, which also leaves out NaN and infinities.
+    return (start, end) if length >= 0 and start > -MAX_TIME_US and end < MAX_TIME_US else None
+
+
+def _out_of_range(e: Event) -> bool:
+    """A complete event whose times are numbers past what a trace's clock can hold
+    exactly (see MAX_TIME_US): a forged or corrupt trace, not one to round."""
+    if e.ph != "X" or type(e.ts) not in _NUMBER or type(e.dur) not in _NUMBER:
+        return False
+    try:
+        start, end = float(e.ts), float(e.ts) + float(e.dur)
+    except OverflowError:  # an integer past any float
+        return True
+    return not (-MAX_TIME_US < start < MAX_TIME_US and -MAX_TIME_US < end < MAX_TIME_US)
+
+
+class TooSlow(UsageError):
+    """Reading and analysing the traces ran past their time limit."""
+
+
+class Deadline:
+    """The time reading and analysing one set of traces may take (None: no limit):
+    the work is linear in events, so it is checked between files, ranks and blocks
+    of steps, and a trace that takes longer ends the run in one line."""
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds if seconds else math.inf
+
+    def check(self, doing: str) -> None:
+        if time.monotonic() > self.at:
+            raise TooSlow(
+                f"--trace: {doing} ran past the time limit of {self.seconds:g} s; raise it "
+                "with --max-trace-seconds, 0 for none"
+            )
 
 
 def trace_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -150,18 +196,19 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, bool]]:
         if name == STDIN:
             out.append((name, False))
         elif os.path.isdir(name):
-            found = sorted(
-                str(f)
-                for f in Path(name).iterdir()
-                if f.name.endswith(TRACE_SUFFIXES) and f.is_file()
-            )
+            found = []
+            for f in Path(name).iterdir():
+                if f.name.endswith(TRACE_SUFFIXES) and f.is_file():
+                    found.append(str(f))
+                    _count(len(out) + len(found))  # before listing a million
             if not found:
                 raise UsageError(
                     f"--trace {name}: a directory with no trace files (*.json, *.json.gz)"
                 )
-            out += [(f, True) for f in found]
+            out += [(f, True) for f in sorted(found)]
         else:
             out.append((name, False))
+        _count(len(out))
     seen: set[str] = set()
     unique = []
     for f, listed in out:
@@ -170,6 +217,14 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, bool]]:
             seen.add(key)
             unique.append((f, listed))
     return unique
+
+
+def _count(files: int) -> None:
+    if files > MAX_FILES:
+        raise UsageError(
+            f"--trace: more than {MAX_FILES:,} trace files, the most one run reads (each "
+            "file is a rank): pass one run's own files, a folder per run"
+        )
 
 
 def load(path: str | os.PathLike[str], max_bytes: int | None = MAX_BYTES) -> TraceFile:
@@ -211,10 +266,39 @@ def load(path: str | os.PathLike[str], max_bytes: int | None = MAX_BYTES) -> Tra
     else:
         events, info, base = _slow(data, fail)
         del data
-    if not any(span(e) is not None for e in events):
+    _check_times(events, fail)
+    base_us = _base_us(base)
+    if base_us is None:
+        raise fail(f"baseTimeNanoseconds {base!r:.24} is past {_CLOCK}")
+    return TraceFile(name, events, _rank(info, fail), _job(info, fail), base_us)
+
+
+_CLOCK = "2^53 us (285 years) from the clock's zero: not a trace's clock"
+
+
+def _base_us(base: Any) -> float | None:
+    """The clock the file's times count from, in us (0 where it names none); None
+    where it is past the clock's range."""
+    if type(base) not in _NUMBER:
+        return 0.0
+    try:
+        us = float(base) / 1e3
+    except OverflowError:  # an integer past any float
+        return None
+    return us if -MAX_TIME_US < us < MAX_TIME_US else None
+
+
+def _check_times(events: Sequence[Event], fail: Any) -> None:
+    """Refuse a trace with no timed event, or with an event whose times no clock
+    holds exactly (the first such named)."""
+    timed = False
+    for e in events:
+        if span(e) is not None:
+            timed = True
+        elif _out_of_range(e):
+            raise fail(f"an event at ts {e.ts!r:.24} (dur {e.dur!r:.24}) is past {_CLOCK}")
+    if not timed:
         raise fail("no timed events (complete events with ts and dur) in the trace")
-    base_us = base / 1e3 if type(base) in _NUMBER and math.isfinite(base) else 0.0
-    return TraceFile(name, events, _rank(info), _job(info), base_us)
 
 
 def _read(name: str, max_bytes: int | None) -> bytearray:
@@ -276,16 +360,35 @@ def _mend_escape(match: re.Match[str]) -> str:
     return match.group(0) if match.group(1) else "\\\\"
 
 
-def _rank(info: Any) -> int | None:
+def _rank(info: Any, fail: Any) -> int | None:
     rank = info.get("rank") if isinstance(info, dict) else None
-    return rank if type(rank) is int and rank >= 0 else None
+    if type(rank) is not int or rank < 0:
+        return None
+    if rank >= MAX_WORLD_SIZE:
+        raise fail(
+            f"distributedInfo.rank {_short(rank)} is past {MAX_WORLD_SIZE:,} ranks: {_FORGED}"
+        )
+    return rank
 
 
-def _job(info: Any) -> JobId:
+def _short(n: int) -> str:
+    """A claimed number, its first digits where it has many."""
+    text = str(n)
+    return text if len(text) <= 16 else f"{text[:12]}... ({len(text)} digits)"
+
+
+_FORGED = "more than any job has run (a forged or corrupt distributedInfo)"
+
+
+def _job(info: Any, fail: Any) -> JobId:
     """The job a file's distributedInfo names; JobId() where it names none."""
     if not isinstance(info, dict):
         return JobId()
     size = info.get("world_size")
+    if type(size) is int and size > MAX_WORLD_SIZE:
+        raise fail(
+            f"distributedInfo.world_size {_short(size)} is past {MAX_WORLD_SIZE:,} ranks: {_FORGED}"
+        )
     groups = {k: info.get(k) for k in ("backend", "pg_count", "pg_config")}
     try:
         text = json.dumps(groups, sort_keys=True, default=str)[:4096]

@@ -134,7 +134,9 @@ def choose(files: Sequence[TraceFile]) -> tuple[list[TraceFile], list[Caveat], l
     run = runs[0]
     caveats: list[Caveat] = []
     if len(runs) > 1:
-        others = "; ".join(f"run {i + 2}: {r.describe()}" for i, r in enumerate(runs[1:]))
+        others = "; ".join(f"run {i + 2}: {r.describe()}" for i, r in enumerate(runs[1:6]))
+        if len(runs) > 6:
+            others += f"; and {len(runs) - 6} more"
         caveats.append(
             Caveat(
                 "trace.mixed-runs",
@@ -160,13 +162,14 @@ def choose(files: Sequence[TraceFile]) -> tuple[list[TraceFile], list[Caveat], l
         )
     size = run.job.world_size
     if size and run.ranks:
-        missing = [r for r in range(size) if r not in run.ranks]
+        missing = _gaps(sorted(run.ranks), size)
         if missing:
+            count = sum(b - a + 1 for a, b in missing)
             caveats.append(
                 Caveat(
                     "trace.missing-ranks",
-                    f"{len(missing)} of the job's {size} ranks have no trace here (rank(s) "
-                    f"{_spans(missing)}): the figures are of rank(s) "
+                    f"{count} of the job's {size} ranks have no trace here (rank(s) "
+                    f"{_said(missing)}): the figures are of rank(s) "
                     f"{_spans(sorted(run.ranks))} alone, and a straggler among the missing "
                     "cannot be seen",
                 )
@@ -174,12 +177,32 @@ def choose(files: Sequence[TraceFile]) -> tuple[list[TraceFile], list[Caveat], l
     return run.timelines(), caveats, runs
 
 
+def _gaps(ranks: Sequence[int], size: int) -> list[tuple[int, int]]:
+    """The ranks of 0..size-1 not in `ranks` (sorted), as inclusive runs: counted from
+    the ranks present, so a world size of a million costs what the folder holds."""
+    out, at = [], 0
+    for r in [*ranks, size]:
+        if r > at:
+            out.append((at, min(r, size) - 1))
+        at = max(at, r + 1)
+        if at >= size:
+            break
+    return out
+
+
+def _said(runs: Sequence[tuple[int, int]], most: int = 20) -> str:
+    """Inclusive runs of ranks as `0-3, 5, 7-8`, the first `most` of them."""
+    text = [str(a) if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    more = f", and {len(runs) - most} more" if len(runs) > most else ""
+    return ", ".join(text) + more
+
+
 def _spans(ranks: Sequence[int]) -> str:
     """0-3, 5, 7-8."""
-    out: list[str] = []
+    runs: list[tuple[int, int]] = []
     for r in ranks:
-        if out and r == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
         else:
-            out.append(str(r))
-    return ", ".join(out)
+            runs.append((r, r))
+    return _said(runs)

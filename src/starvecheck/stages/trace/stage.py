@@ -17,12 +17,13 @@ from starvecheck.inputs.files import TooLarge
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import TraceOptions
 from starvecheck.stages.trace.analyze import Analysis, Job, analyze_job
-from starvecheck.stages.trace.load import MAX_BYTES, expand, load
+from starvecheck.stages.trace.load import MAX_BYTES, Deadline, TooSlow, expand, load
 from starvecheck.stages.trace.runs import Run, choose
 
 SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
 NO_WAIT = "no DataLoader fetch in the trace"
 HTA_PARTS = ("host_wait", "kernel_wait", "other")
+OTHER_RUNS_ANALYSED = 5  # other runs in the files given their own headline (advice says them)
 
 
 def _hta(a: Analysis, part: str) -> float | None:
@@ -120,8 +121,10 @@ def rank_figures(job: Job) -> list[Metric]:
                 else _figure("data_wait_ms", None, "ms", NO_WAIT, **where),
                 _per_step("work_ms", [s.work / 1e3 for s in measured if s.name in common], **where),
             ]
-            for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share"):
-                out += [m for m in _gpu_figures(a, **where) if m.labels["quantity"] == name]
+            gpu = {m.labels["quantity"]: m for m in _gpu_figures(a, **where)}
+            out += [
+                gpu[name] for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share")
+            ]
         if len(a.devices) > 1:
             for d in a.devices:
                 where_d = {**({"rank": a.name} if several else {}), "device": str(d)}
@@ -186,12 +189,19 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
     )
 
 
-def read(paths: Sequence[str | os.PathLike[str]], max_bytes: int | None = MAX_BYTES) -> Job:
+def read(
+    paths: Sequence[str | os.PathLike[str]],
+    max_bytes: int | None = MAX_BYTES,
+    max_seconds: float | None = None,
+) -> Job:
     """The job in the files: load (files in a folder that are not traces skipped with a
     note; one over `max_bytes` is not skipped, it ends the run) -> the run to analyse,
-    each rank's cycles as one (runs.py) -> analyze."""
+    each rank's cycles as one (runs.py) -> analyze; past `max_seconds` (None: no
+    limit), the run ends in one line."""
+    deadline = Deadline(max_seconds)
     loaded, skipped = [], []
     for path, listed in expand(paths):
+        deadline.check(f"reading {path}")
         try:
             loaded.append(load(path, max_bytes))
         except TooLarge:
@@ -212,13 +222,13 @@ def read(paths: Sequence[str | os.PathLike[str]], max_bytes: int | None = MAX_BY
                 + (f"; and {len(skipped) - 5} more" if len(skipped) > 5 else ""),
             )
         )
-    job = analyze_job(files)
+    job = analyze_job(files, deadline)
     info = {
         "files": [f.path for f in runs[0].files],
         "world_size": runs[0].job.world_size,
         "runs": [
             {"world_size": r.job.world_size, "ranks": sorted(r.ranks), "files": len(r.files)}
-            | (_headline(r) if i else {})
+            | (_headline(r, deadline) if 0 < i <= OTHER_RUNS_ANALYSED else {})
             for i, r in enumerate(runs)
         ],
         "skipped": skipped,
@@ -226,12 +236,14 @@ def read(paths: Sequence[str | os.PathLike[str]], max_bytes: int | None = MAX_BY
     return dataclasses.replace(job, caveats=job.caveats + tuple(notes), info=info)
 
 
-def _headline(run: Run) -> dict[str, Any]:
+def _headline(run: Run, deadline: Deadline) -> dict[str, Any]:
     """Another run's headline figures, analysed on its own (advice/trace says them):
     its headline rank (the one that waits most for data, where it has several), that
     rank's data-wait share and mean step; or why it could not be analysed."""
     try:
-        job = analyze_job(run.timelines())
+        job = analyze_job(run.timelines(), deadline)
+    except TooSlow:
+        raise
     except UsageError as e:
         return {"error": str(e)}
     a = job.headline
@@ -254,7 +266,7 @@ class TraceStage(BaseStage[TraceOptions, TraceOptions]):
 
     def measure(self, plan: TraceOptions, ctx: RunContext) -> StageResult:
         start = time.perf_counter()
-        job = read(plan.traces, plan.max_bytes)
+        job = read(plan.traces, plan.max_bytes, plan.max_seconds)
         out = result(job, job.info.get("files") or [os.fspath(p) for p in plan.traces])
         return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
 

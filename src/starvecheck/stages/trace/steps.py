@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.stages.trace.events import Device, Process
-from starvecheck.stages.trace.intervals import Interval, clip, length, overlap, union
+from starvecheck.stages.trace.intervals import Cover, intersect, union
 from starvecheck.stages.trainstep import PHASES
 
 WARMUP_MIN_STEPS = 3  # a warm-up step is left out only when two or more others remain
@@ -52,22 +52,25 @@ class Step:
 
 @dataclass(frozen=True)
 class Timeline:
-    """One rank's intervals of each kind, merged (sorted and disjoint)."""
+    """One rank's intervals of each kind, merged (sorted and disjoint), each with its
+    running total: a step's share of any kind is two bisections (intervals.Cover),
+    so the steps cost O(steps x log events) however much they overlap."""
 
-    wait: list[Interval]  # DataLoader fetches and DATALOADER_WAIT ranges
+    wait: Cover  # DataLoader fetches and DATALOADER_WAIT ranges
     source: str | None  # which of the two the trace holds; None: neither
-    phases: dict[str, list[Interval]]  # the loop's phases present, in loop order
+    phases: dict[str, Cover]  # the loop's phases present, in loop order
     devices: dict[Any, Merged]
     iterators: Counter[str]
-    host_collectives: list[Interval]
+    host_collectives: Cover
 
 
 @dataclass(frozen=True)
 class Merged:
-    busy: list[Interval]
-    copies: dict[str, list[Interval]]
-    collectives: list[Interval]
-    memcpy: list[Interval]
+    busy: Cover
+    copies: dict[str, Cover]
+    collectives: Cover
+    memcpy: Cover
+    busy_waiting: Cover  # busy while the loop waits for data
 
 
 def timeline(p: Process, devices: Mapping[Any, Device]) -> Timeline:
@@ -77,45 +80,51 @@ def timeline(p: Process, devices: Mapping[Any, Device]) -> Timeline:
     names = [
         n for n, found in (("DATALOADER_WAIT", waits), ("DataLoader.__next__", p.fetches)) if found
     ]
+    wait = union(p.fetches + waits)
     merged = {}
     for dev, d in sorted(devices.items(), key=lambda kv: repr(kv[0])):
-        copies = {k: union(v) for k, v in d.copies.items()}
-        copies["h2d_pageable"] = union(d.pageable)
+        copies = {k: Cover(union(v)) for k, v in d.copies.items()}
+        copies["h2d_pageable"] = Cover(union(d.pageable))
         every = [iv for k, v in d.copies.items() for iv in v]
-        merged[dev] = Merged(union(d.busy), copies, union(d.collectives), union(every))
+        busy = union(d.busy)
+        merged[dev] = Merged(
+            Cover(busy),
+            copies,
+            Cover(union(d.collectives)),
+            Cover(union(every)),
+            Cover(intersect(wait, busy)),
+        )
     return Timeline(
-        wait=union(p.fetches + waits),
+        wait=Cover(wait),
         source=" and ".join(names) or None,
-        phases={ph: union(p.phases[ph]) for ph in PHASES if p.phases.get(ph)},
+        phases={ph: Cover(union(p.phases[ph])) for ph in PHASES if p.phases.get(ph)},
         devices=merged,
         iterators=p.iterators,
-        host_collectives=union(p.collectives),
+        host_collectives=Cover(union(p.collectives)),
     )
 
 
 def measure(name: str, lo: float, hi: float, t: Timeline) -> Step:
     """One step's figures: every kind of interval cut to [lo, hi)."""
-    wait = clip(t.wait, lo, hi)
-    waited = length(wait)
+    waited = t.wait.within(lo, hi)
     devices = {}
     for dev, d in t.devices.items():
-        busy = clip(d.busy, lo, hi)
         devices[dev] = DeviceStep(
-            busy=length(busy),
+            busy=d.busy.within(lo, hi),
             # Idle while waiting: the wait, less the part of it the GPU was busy anyway.
-            idle_data_wait=max(0.0, waited - overlap(wait, busy)),
-            copies={k: length(clip(v, lo, hi)) for k, v in d.copies.items()},
-            collectives=length(clip(d.collectives, lo, hi)),
-            memcpy=length(clip(d.memcpy, lo, hi)),
+            idle_data_wait=max(0.0, waited - d.busy_waiting.within(lo, hi)),
+            copies={k: v.within(lo, hi) for k, v in d.copies.items()},
+            collectives=d.collectives.within(lo, hi),
+            memcpy=d.memcpy.within(lo, hi),
         )
     return Step(
         name=name,
         start=lo,
         dur=hi - lo,
         data_wait=waited,
-        phases={p: length(clip(r, lo, hi)) for p, r in t.phases.items()},
+        phases={p: r.within(lo, hi) for p, r in t.phases.items()},
         devices=devices,
-        host_collectives=length(clip(t.host_collectives, lo, hi)),
+        host_collectives=t.host_collectives.within(lo, hi),
     )
 
 

@@ -46,6 +46,7 @@ from starvecheck.core.status import UsageError
 from starvecheck.inputs.fingerprints import Repeats
 from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_seconds
 from starvecheck.stages.dataloader.batches import Batches
+from starvecheck.stages.dataloader.deaths import watch
 from starvecheck.stages.dataloader.workers import stop_workers
 from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
@@ -142,6 +143,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     on into the next epoch where one is shorter; after it, every batch counts, each
     later epoch's first batch with its restart (also recorded apart, `restart_s`)."""
     run = Run(config)
+    watch()  # the OOM kills so far: a worker's death is named by their rise
     with _starting(pipeline, config), user_code():  # a __len__ that raises now, say
         built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1

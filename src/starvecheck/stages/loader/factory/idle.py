@@ -7,12 +7,14 @@ of Python objects) or built state of its own; advice/costs.py weighs it.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
 import time
 from typing import Any
 
 from starvecheck.core.signals import importing
-from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.dataloader.workers import stop_workers, worker_init
 
 SETTLE_S = 0.2  # after its one batch, before its memory is read
 
@@ -50,6 +52,8 @@ def idle_worker_uss(context: Any) -> int | None:
         num_workers=1,
         persistent_workers=True,
         multiprocessing_context=context,
+        # starvecheck's worker set-up: it dies with this process.
+        worker_init_fn=functools.partial(worker_init, parent=os.getpid()),
     )
     it: Any = None
     try:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import importlib.machinery
 import importlib.util
+import keyword
 import operator
 import os
 import re
@@ -99,21 +101,39 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _module_name(path: str) -> str:
+    """The name FILE.py is imported under: its own stem where that name, looked up on
+    sys.path (its folder first), finds this file, so that workers started by spawn or
+    forkserver (which get this sys.path) import it by that name to unpickle its
+    classes; else (a name taken by a module already imported, or not an identifier) a
+    private one, which only forked workers find."""
+    stem = os.path.basename(path)[:-3]
+    held = sys.modules.get(stem) if stem.isidentifier() and not keyword.iskeyword(stem) else 1
+    # Free, or a factory file loaded before (an IterableDataset's, loaded again).
+    if held is None or getattr(held, "_starvecheck_factory", False):
+        with contextlib.suppress(ImportError, ValueError, OSError):
+            found = importlib.machinery.PathFinder.find_spec(stem, sys.path)
+            if found is not None and found.origin and os.path.samefile(found.origin, path):
+                return stem
+    return "_starvecheck_factory_" + re.sub(r"\W", "_", stem or "x")
+
+
 def _import(spec: FactorySpec) -> Any:
     if spec.path is not None:
         check_source(spec.path)
         path = os.path.abspath(spec.path)
-        name = "_starvecheck_factory_" + re.sub(r"\W", "_", os.path.basename(path)[:-3] or "x")
+        # Its own directory is importable, as it is for `python FILE.py` (helpers next
+        # to it), in workers too (spawn and forkserver pass sys.path on).
+        folder = os.path.dirname(path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        name = _module_name(path)
         loader_spec = importlib.util.spec_from_file_location(name, path)
         if loader_spec is None or loader_spec.loader is None:
             raise UsageError(f"--factory {spec.text}: cannot load {spec.path} as Python")
         module = importlib.util.module_from_spec(loader_spec)
-        # Workers started by fork find it; its own directory is importable, as it is
-        # for `python FILE.py` (helpers next to it).
+        module._starvecheck_factory = True  # type: ignore[attr-defined]
         sys.modules[name] = module
-        folder = os.path.dirname(path)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
         loader_spec.loader.exec_module(module)
         return module
     if "" not in sys.path and os.getcwd() not in sys.path:

@@ -84,6 +84,10 @@ def make_loader(pipeline: Pipeline, config: Config) -> Built:
         if k
         not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
     }
+    if not config.workers:
+        # DataLoader refuses a multiprocessing_context without workers; the main
+        # process loads the batches itself, so it has nothing to start (a caveat says).
+        kwargs.pop("multiprocessing_context", None)
     if kwargs.get("batch_sampler") is not None:
         for k in ("batch_size", "drop_last", "sampler"):
             kwargs.pop(k, None)

@@ -7,10 +7,12 @@ before the user's (`ChainedInit`), a batch of any shape counted in samples and b
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from typing import Any
 
+from starvecheck.stages.dataloader.deaths import named
 from starvecheck.stages.dataloader.workers import worker_init
 from starvecheck.stages.loader.factory.load import one_line
 
@@ -143,13 +145,16 @@ class Named:
 
 
 class ChainedInit:
-    """starvecheck's worker set-up (signals: workers.worker_init), then the user's."""
+    """starvecheck's worker set-up (the worker dies with this process; signals:
+    workers.worker_init), then the user's. Made in the main process: its pid travels
+    with it to workers started by spawn or forkserver too."""
 
     def __init__(self, user: Callable[[int], None] | None) -> None:
         self.user = user
+        self.parent = os.getpid()
 
     def __call__(self, worker_id: int) -> None:
-        worker_init(worker_id)
+        worker_init(worker_id, self.parent)
         if self.user is not None:
             self.user(worker_id)
 
@@ -160,12 +165,13 @@ _IN_WORKER = re.compile(r"in DataLoader worker process (\d+)")
 def worker_error(e: BaseException) -> str:
     """torch re-raises a worker's exception with its traceback in the message ("Caught
     ValueError in DataLoader worker process 0.\\nOriginal Traceback ..."): the
-    exception's own last line, and which worker."""
+    exception's own last line, and which worker; a worker's death with its cause where
+    it can be named (deaths.named: memory, /dev/shm)."""
     text = str(e)
     if "Original Traceback" in text:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         last = lines[-1]
         last = re.sub(r"^[\w.]*\bSampleFailed: ", "", last)
         worker = _IN_WORKER.search(lines[0])
-        return last + (f" (in DataLoader worker {worker.group(1)})" if worker else "")
-    return text if isinstance(e, SampleFailed) else one_line(e)
+        return named(last + (f" (in DataLoader worker {worker.group(1)})" if worker else ""))
+    return text if isinstance(e, SampleFailed) else named(one_line(e))

@@ -26,13 +26,13 @@ from starvecheck.core.criteria import cpu_work, paired_knee
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import importing, signals_raise
-from starvecheck.core.status import UsageError
 from starvecheck.stages import options
-from starvecheck.stages.base import BaseStage, RunContext
-from starvecheck.stages.dataloader.preflight import fit_open_files
+from starvecheck.stages.base import BaseStage, RunContext, no_warning
+from starvecheck.stages.dataloader.deaths import Strays
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
 from starvecheck.stages.loader.factory.figures import metrics_of
+from starvecheck.stages.loader.factory.fits import check_files, check_spawnable, fit_run
 from starvecheck.stages.loader.factory.guard import guarding, recorded, user_code
 from starvecheck.stages.loader.factory.idle import idle_worker_uss, start_method
 from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
@@ -64,6 +64,7 @@ class Plan:
     rounds: int | None = None  # None: ROUNDS[quick]
     torch_threads: int | None = None  # torch's intra-op threads in this process
     idle_worker_uss_bytes: int | None = None  # a worker that has read nothing (idle.py)
+    current_fits: bool = True  # False: its workers do not fit the machine's limits (fits.py)
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -92,10 +93,12 @@ def sweep(
     plan: Plan,
     progress: Callable[[str, int, int], None],
     measure_one: Measure = measure,
+    strays: Strays | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
     `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
-    (rounds.py): the worker counts (and the current configuration), then, at the count
+    (rounds.py): the worker counts (and the current configuration), then (not with
+    --quick: QUICK_COUNTS), at the count
     the first set's figures call enough, prefetch_factor, persistent_workers and (with
     CUDA) pin_memory beside that count itself (`base`) and the current configuration
     (`again`)."""
@@ -103,7 +106,8 @@ def sweep(
     budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, until_stable=False)
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
-    total = (len(first) + 4) * rounds
+    second = not pipeline.fixed and not plan.quick
+    total = (len(first) + (4 if second else 0)) * rounds
     done = [0]
     # An IterableDataset may keep state from its last reader (Streaming's shared memory
     # is laid out for the worker count it first met): one from the factory for each
@@ -116,9 +120,14 @@ def sweep(
             if len(pipelines) > 1:
                 with user_code():
                     pipelines[config] = load(pipeline.spec, plan.batch_size, plan.factory_timeout_s)
-        # With CUDA every configuration copies each batch to the device, as the loop
-        # does, pinned or not: pin_memory's A/B is the copy's too.
-        run = measure_one(pipelines.get(config, pipeline), config, budget, device)
+        since = strays.now() if strays is not None else set()
+        try:
+            # With CUDA every configuration copies each batch to the device, as the
+            # loop does, pinned or not: pin_memory's A/B is the copy's too.
+            run = measure_one(pipelines.get(config, pipeline), config, budget, device)
+        finally:
+            if config.workers and strays is not None:  # the main process's, at the end
+                strays.stop(since)
         done[0] += 1
         return run
 
@@ -126,7 +135,7 @@ def sweep(
         progress(what, done[0], total)
 
     runs = read_rounds(first, rounds, read_one, said)
-    if not pipeline.fixed:
+    if second:  # --quick: the counts only (QUICK_COUNTS)
         now = current_config(pipeline)
         runs += read_rounds(_second_set(runs, plan, now), rounds, read_one, said)
     progress("measured", total, total)
@@ -139,7 +148,9 @@ def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
     now = current_config(pipeline)
     if pipeline.fixed:
         return [("current", now)]
-    counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
+    counts = (
+        default_workers(plan.effective_cpus, plan.quick) if plan.workers is None else plan.workers
+    )
     swept = [
         Config(
             w, now.prefetch_factor if w else None, now.persistent_workers and w > 0, now.pin_memory
@@ -147,7 +158,7 @@ def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
         for w in counts
     ]
     first = [("workers", c) for c in swept]
-    return first if now in swept else [("current", now), *first]
+    return first if now in swept or not plan.current_fits else [("current", now), *first]
 
 
 def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tuple[str, Config]]:
@@ -172,7 +183,7 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
         second.append(("persistent", replace(base, persistent_workers=True)))
     if plan.cuda:
         second.append(("pin", replace(base, pin_memory=not base.pin_memory)))
-    if now != base:
+    if now != base and plan.current_fits:
         second.append(("again", now))
     return second
 
@@ -186,10 +197,33 @@ NO_PIN = (
     "is measured only with each batch copied to one"
 )
 
+NO_CONTEXT = (
+    "num_workers=0 was measured without the pipeline's multiprocessing_context ({}): "
+    "DataLoader refuses one without workers, and the main process, loading every batch "
+    "itself, starts nothing with it"
+)
+
+
+# A setting second to the count moves samples/s by a few percent, at the edge of its
+# bar: three rounds cannot tell it from the noise (one quick run's line took
+# prefetch_factor=4 at 1.15x, the next ones and the full run did not), so a quick run
+# does not read them, and its line is never more than the full run's.
+QUICK_COUNTS = (
+    "--quick measured the worker counts only: prefetch_factor, persistent_workers and "
+    "pin_memory are measured and judged by the run without --quick"
+)
+
 
 def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> StageResult:
     metrics: list[Metric] = []
-    caveats: list[Caveat] = [] if plan.cuda or pipeline.fixed else [Caveat("loader.no-pin", NO_PIN)]
+    caveats: list[Caveat] = []
+    if plan.quick and not pipeline.fixed:
+        caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
+    elif not plan.cuda and not pipeline.fixed:
+        caveats.append(Caveat("loader.no-pin", NO_PIN))
+    context = pipeline.settings.get("multiprocessing_context")
+    if context is not None and any(not run.config.workers for _, run in runs):
+        caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
     configs = []
     now = current_config(pipeline)
     for role, run in runs:
@@ -248,21 +282,16 @@ def _shards(dataset: Any) -> int | None:
 
 
 def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
-    """The plan of `loader --factory`: the worker counts asked for, fitted to the
-    open-file limit; what the workers must fit in, from this machine's facts."""
+    """The plan of `loader --factory`: the worker counts asked for (fitted to the
+    machine's limits once the pipeline is loaded, fits.py; below what num_workers=0
+    needs of open files, one line here); what the workers must fit in, from this
+    machine's facts."""
     m = ctx.machine
-    workers = options.workers
-    if workers is not None:
-        fit = fit_open_files(workers)
-        if not fit.workers:
-            raise UsageError(fit.warning or "no worker count fits the open-file limit")
-        if fit.warning:
-            ctx.warn(fit.warning)
-        workers = fit.workers
+    check_files(options.workers or default_workers(ctx.effective_cpus, options.quick))
     return Plan(
         spec=options.spec,
         batch_size=options.batch_size,
-        workers=workers,
+        workers=options.workers,
         quick=options.quick,
         effective_cpus=ctx.effective_cpus,
         budget_s=options.budget_s or FactoryOptions.BUDGET_S[options.quick],
@@ -275,15 +304,22 @@ def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
     )
 
 
-def run_factory(plan: Plan, progress: Callable[[str, int, int], None]) -> StageResult:
-    """Load the user's pipeline and sweep it. The caller turns signals into exceptions
-    (signals_raise): workers are stopped on every way out."""
+def run_factory(
+    plan: Plan, progress: Callable[[str, int, int], None], warn: Callable[[str], None] = no_warning
+) -> StageResult:
+    """Load the user's pipeline and sweep it: the worker counts that do not fit the
+    open-file and pids limits or /dev/shm left out (fits.py), and processes the
+    pipeline left running stopped.
+    The caller turns signals into exceptions (signals_raise): workers are stopped on
+    every way out."""
     import time
 
     with importing():
         import torch
 
     started = time.perf_counter()
+    strays = Strays()
+    strays.mark()  # what FUNC, the dataset and the workers start from here on
     # multiprocessing's pymp-* directory, made and recorded (in the marker of the
     # run's scratch directory, `recorded`) before the user's code runs: a run that code
     # kills, or that is killed while it runs, leaves it to `starvecheck clean`.
@@ -292,10 +328,20 @@ def run_factory(plan: Plan, progress: Callable[[str, int, int], None]) -> StageR
         pipeline = load(plan.spec, plan.batch_size, plan.factory_timeout_s)
     plan = replace(plan, cuda=torch.cuda.is_available(), torch_threads=torch.get_num_threads())
     counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
-    if any(counts) or pipeline.current_workers:
-        idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
-        plan = replace(plan, idle_worker_uss_bytes=idle)
-    out = result(pipeline, plan, sweep(pipeline, plan, progress))
+    try:
+        if any(counts) or pipeline.current_workers:
+            check_spawnable(pipeline)
+            now = current_config(pipeline)
+            with user_code():  # one batch read at num_workers=0 for its bytes
+                kept, fits = fit_run(pipeline, counts, now, plan.batch_timeout_s, warn)
+            dropped = kept != tuple(counts)
+            plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
+            idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
+            plan = replace(plan, idle_worker_uss_bytes=idle)
+        out = result(pipeline, plan, sweep(pipeline, plan, progress, strays=strays))
+    finally:
+        strays.stop()
+        strays.say(warn)
     return replace(out, duration_s=round(time.perf_counter() - started, 3))
 
 
@@ -325,7 +371,7 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
         workers are shut down on every way out."""
         where = f"loader --factory {plan.spec.text}"
         with signals_raise(), recorded(ctx.warn), quiet_torch(), guarding(where, ctx.warn):
-            return run_factory(plan, ctx.progress)
+            return run_factory(plan, ctx.progress, ctx.warn)
 
 
 STAGE = FactoryStage()
