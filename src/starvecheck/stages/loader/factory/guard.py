@@ -228,7 +228,7 @@ def user_code() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recorded(warn: Callable[[str], None]) -> Iterator[None]:
+def recorded() -> Iterator[None]:
     """Where no scratch directory of this run is live (doctor has one; `loader
     --factory` writes nothing else): one in the temporary directory, holding only its
     marker, so that what the run makes outside it (multiprocessing's pymp-*,
@@ -243,9 +243,9 @@ def recorded(warn: Callable[[str], None]) -> Iterator[None]:
         return
     with contextlib.ExitStack() as stack:
         with contextlib.suppress(OSError, UsageError):
-            stack.enter_context(
-                Scratch(tempfile.gettempdir(), prefix="starvecheck-factory-", warn=warn)
-            )
+            # No line about killed runs' directories there: the temporary directory is
+            # not the user's PATH, and docs/commands/clean.md says how to remove them.
+            stack.enter_context(Scratch(tempfile.gettempdir(), prefix="starvecheck-factory-"))
         yield
 
 

@@ -370,7 +370,7 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
         runs, and a DataLoader that delivers nothing within the batch timeout ends it:
         workers are shut down on every way out."""
         where = f"loader --factory {plan.spec.text}"
-        with signals_raise(), recorded(ctx.warn), quiet_torch(), guarding(where, ctx.warn):
+        with signals_raise(), recorded(), quiet_torch(), guarding(where, ctx.warn):
             return run_factory(plan, ctx.progress, ctx.warn)
 
 
