@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from starvecheck.core.status import UsageError
@@ -142,7 +143,7 @@ def plot_path(value: str | None) -> str | None:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("--plot needs matplotlib: pip install 'starvecheck[plot]'")
-    return value
+    return os.path.abspath(value)  # where it is written, whatever the user's code does
 
 
 def output_file(option: str, value: str) -> None:
@@ -250,7 +251,12 @@ def copy_sizes(text: str) -> tuple[int, ...]:
 def factory_spec(text: str | None) -> FactorySpec | None:
     """--factory FILE.py:FUNC or package.module:FUNC, parsed once, here: every later
     step takes the FactorySpec (inputs/factory.py). None where none was given."""
-    return None if text is None else parse_spec(text)
+    if text is None:
+        return None
+    spec = parse_spec(text)
+    # FILE.py from here, whatever directory the user's code moves to (a later import of
+    # it, for an IterableDataset, comes after FUNC ran).
+    return replace(spec, path=os.path.abspath(spec.path)) if spec.path else spec
 
 
 def factory_alone(**given: object) -> None:

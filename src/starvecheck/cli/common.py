@@ -166,6 +166,13 @@ class Outputs:
     json: str | None
     markdown: str | None
     fail_on: FailOn
+    # The working directory when the outputs were checked: a relative one is written
+    # there, whatever the user's code (`loader --factory`) did with the directory since.
+    cwd: str = ""
+
+    def file(self, path: str) -> str:
+        """Where `path`, as given, is written."""
+        return os.path.join(self.cwd, path)
 
     @property
     def terminal(self) -> bool:
@@ -194,7 +201,10 @@ class Outputs:
         args.distinct_files(
             [("--json", json_path), ("--markdown", markdown_path), ("--plot", plot)], inputs
         )
-        return cls(json_path, markdown_path, fail_on)
+        cwd = ""
+        with contextlib.suppress(OSError):  # a working directory removed: paths as given
+            cwd = os.getcwd()
+        return cls(json_path, markdown_path, fail_on, cwd)
 
 
 def context_of(ctx: typer.Context) -> Context:
@@ -279,7 +289,7 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
             c.stdout.flush()
         elif path is not None:
             try:
-                Path(path).write_text(serialize(report), encoding="utf-8")
+                Path(out.file(path)).write_text(serialize(report), encoding="utf-8")
             except OSError as e:
                 option = "--json" if path == out.json else "--markdown"
                 raise UsageError(f"{option} {path}: cannot write it: {e.strerror}") from e

@@ -246,6 +246,11 @@ def _forget(scratch: Scratch) -> None:
     _active[:] = [x for x in _active if x is not scratch]
 
 
+def recording() -> bool:
+    """Whether a scratch directory of this process is live: `note_all` has a marker."""
+    return bool(_active)
+
+
 def note_all(record: dict[str, object]) -> None:
     """Record in every live scratch directory's marker something made outside it."""
     for scratch in _active:

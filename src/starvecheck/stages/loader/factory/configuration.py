@@ -48,14 +48,10 @@ from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_secon
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.deaths import watch
 from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
 from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
-from starvecheck.stages.loader.factory.owndata import (
-    SampleFailed,
-    batch_figures,
-    to_device,
-    worker_error,
-)
+from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, worker_error
 
 WINDOW_S = 0.25  # a window's least length
 WINDOW_BATCHES = 2  # and least batches
@@ -148,7 +144,8 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     later epoch's first batch with its restart (also recorded apart, `restart_s`)."""
     run = Run(config)
     watch()  # the OOM kills so far: a worker's death is named by their rise
-    built = built_for(pipeline, config)
+    with _starting(pipeline, config), user_code():  # a __len__ that raises now, say
+        built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
     reading = _Reading(run, pipeline, budget, device, time.perf_counter())
     epochs = 0
@@ -163,7 +160,8 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0):
                 run.stopped = "epochs"  # a dataset of a batch or two an epoch
         if config.workers and config.persistent_workers and not run.restarts_s:
-            run.restart_s = _restart(built, budget, pipeline.describe())
+            with _starting(pipeline, config), user_code():
+                run.restart_s = _restart(built, budget, pipeline.describe())
     finally:
         # Persistent workers outlive each epoch's iterator: stopped here, on every way out.
         stop_workers(getattr(built.inner, "_iterator", None))
@@ -250,6 +248,12 @@ class _Reading:
             self.repeats.new_epoch()
             count_workers(built.iterator(it), run.worker_batches)
             batch = _next(it, self.pipeline, 0)
+            if batch is None and first:
+                raise UsageError(
+                    f"loader --factory {self.pipeline.spec.text}: {run.config.describe()}: "
+                    "an epoch without a single batch (an empty dataset, or drop_last with "
+                    "fewer samples than a batch): there is nothing to measure"
+                )
             if first:
                 run.first_batch_s = clock() - t0
             elif batch is not None:
@@ -374,18 +378,8 @@ class _Reading:
 
 
 def _next(it: Any, pipeline: Pipeline, index: int) -> Any:
-    """The next batch; None at the end of the epoch. A sample that raises (in this
-    process or a worker) is one line naming the sample and the exception; anything else
-    that fails (a collate_fn, a sampler) names the batch."""
-    try:
-        return next(it)
-    except StopIteration:
-        return None
-    except UsageError:
-        raise
-    except Exception as e:
-        where = "" if isinstance(e, SampleFailed) else f"batch {index}: "
-        raise UsageError(f"loader --factory {pipeline.spec.text}: {where}{worker_error(e)}") from e
+    """The next batch; None at the end of the epoch (guard.next_batch)."""
+    return next_batch(it, f"loader --factory {pipeline.spec.text}", index)
 
 
 @contextlib.contextmanager
@@ -396,7 +390,7 @@ def _starting(pipeline: Pipeline, config: Config) -> Iterator[None]:
         yield
     except UsageError:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         text = one_line(e)
         if "pickle" in text.lower():
             context = pipeline.settings.get("multiprocessing_context")

@@ -20,6 +20,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import keyword
+import operator
 import os
 import re
 import sys
@@ -251,15 +252,30 @@ def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipelin
     iterable = isinstance(dataset, IterableDataset)
     length = None
     if not iterable:
-        try:
-            length = len(dataset)
-        except TypeError:
-            raise UsageError(f"{where}: the map-style dataset has no __len__") from None
-        except Exception as e:
-            raise UsageError(f"{where}: len(dataset) raised {one_line(e)}") from e
-        if length <= 0:
-            raise UsageError(f"{where}: the dataset is empty")
+        length = _length(dataset, where)
     return Pipeline(spec, dataset, iterable, given, settings, length, outer=outer, rewrap=rewrap)
+
+
+def _length(dataset: Any, where: str) -> int:
+    """len(dataset), or one line: no __len__, a __len__ that raises, or one that returns
+    anything but a positive integer (a float, a negative number)."""
+    if getattr(type(dataset), "__len__", None) is None:
+        raise UsageError(f"{where}: the map-style dataset has no __len__")
+    try:
+        value = type(dataset).__len__(dataset)
+    except (Exception, SystemExit) as e:
+        raise UsageError(f"{where}: len(dataset) raised {one_line(e)}") from e
+    try:
+        length = operator.index(value)  # what len() accepts: an int, numpy's integers
+    except TypeError:
+        shown = f" ({value!r})" if isinstance(value, float | str) else ""
+        raise UsageError(
+            f"{where}: the dataset's __len__ returned a {type(value).__name__}{shown[:60]}, "
+            "not an integer"
+        ) from None
+    if length <= 0:
+        raise UsageError(f"{where}: the dataset is empty (__len__ returned {length})")
+    return length
 
 
 def _iterable(made: Any) -> bool:

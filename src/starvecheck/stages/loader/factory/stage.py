@@ -33,6 +33,7 @@ from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
 from starvecheck.stages.loader.factory.figures import metrics_of
 from starvecheck.stages.loader.factory.fits import check_files, check_spawnable, fit_run
+from starvecheck.stages.loader.factory.guard import guarding, recorded, user_code
 from starvecheck.stages.loader.factory.idle import idle_worker_uss, start_method
 from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
 from starvecheck.stages.loader.factory.loaders import Config
@@ -115,11 +116,10 @@ def sweep(
 
     def read_one(config: Config) -> Run:
         if pipeline.iterable and config not in pipelines:
-            pipelines[config] = (
-                load(pipeline.spec, plan.batch_size, plan.factory_timeout_s)
-                if pipelines
-                else pipeline
-            )
+            pipelines[config] = pipeline
+            if len(pipelines) > 1:
+                with user_code():
+                    pipelines[config] = load(pipeline.spec, plan.batch_size, plan.factory_timeout_s)
         since = strays.now() if strays is not None else set()
         try:
             # With CUDA every configuration copies each batch to the device, as the
@@ -320,15 +320,20 @@ def run_factory(
     started = time.perf_counter()
     strays = Strays()
     strays.mark()  # what FUNC, the dataset and the workers start from here on
-    pipeline = load(plan.spec, plan.batch_size, plan.factory_timeout_s)
+    # multiprocessing's pymp-* directory, made and recorded (in the marker of the
+    # run's scratch directory, `recorded`) before the user's code runs: a run that code
+    # kills, or that is killed while it runs, leaves it to `starvecheck clean`.
+    prepare_workers()
+    with user_code():
+        pipeline = load(plan.spec, plan.batch_size, plan.factory_timeout_s)
     plan = replace(plan, cuda=torch.cuda.is_available(), torch_threads=torch.get_num_threads())
     counts = plan.workers or default_workers(plan.effective_cpus, plan.quick)
     try:
         if any(counts) or pipeline.current_workers:
-            prepare_workers()
             check_spawnable(pipeline)
             now = current_config(pipeline)
-            kept, fits = fit_run(pipeline, counts, now, plan.batch_timeout_s, warn)
+            with user_code():  # one batch read at num_workers=0 for its bytes
+                kept, fits = fit_run(pipeline, counts, now, plan.batch_timeout_s, warn)
             dropped = kept != tuple(counts)
             plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
             idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
@@ -364,7 +369,8 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
         """Load the pipeline and sweep it. SIGTERM/SIGHUP raise like Ctrl-C while this
         runs, and a DataLoader that delivers nothing within the batch timeout ends it:
         workers are shut down on every way out."""
-        with signals_raise(), quiet_torch():
+        where = f"loader --factory {plan.spec.text}"
+        with signals_raise(), recorded(), quiet_torch(), guarding(where, ctx.warn):
             return run_factory(plan, ctx.progress, ctx.warn)
 
 
