@@ -141,7 +141,9 @@ def test_workers_in_a_slow_worker_init_fn_die_with_a_killed_main_process(
         [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{factory_file}:{func}",
          "--workers", "2", "--budget", "5", "--json", "-"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**os.environ, "MARKS": str(marks)},
+        # Its own TMPDIR: a run killed with SIGKILL leaves its recorded pymp-* and
+        # marker directory there (what `clean` removes), not in the shared /tmp.
+        env={**os.environ, "MARKS": str(marks), "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     seen: set[int] = set()
     try:
@@ -181,7 +183,7 @@ def test_sigterm_while_workers_are_in_a_slow_worker_init_fn_ends_at_once(
         [sys.executable, "-m", "starvecheck", "loader", "--factory", f"{factory_file}:slow",
          "--workers", "2", "--budget", "5", "--json", "-"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "MARKS": str(marks)},
+        env={**os.environ, "MARKS": str(marks), "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
