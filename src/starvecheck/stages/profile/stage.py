@@ -12,11 +12,9 @@ Chrome trace is kept for TensorBoard or Perfetto (and for `starvecheck profile
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +155,7 @@ def _scenarios(
     tokenizer: Any | None,
     residency_errors: list[str],
 ) -> tuple[dict[tuple[str, int], Steps], str]:
-    """A fresh scratch directory under `path`, the model built, the samples written there
+    """The model built, the samples written in a fresh scratch directory under `path`
     (and the text layout with a tokenizer), every (layout, num_workers) scenario run,
     the data removed on every way out: each scenario's steps, and the scratch
     directory they read."""
@@ -165,6 +163,7 @@ def _scenarios(
     from starvecheck.stages.samples.sources import generate, text_source
 
     progress, warn = ctx.progress, ctx.warn
+    model, optimizer = build_model(plan.model_size, plan.device, plan.seed)
     data_plan = SamplePlan(
         samples=plan.samples,
         sample_size=plan.seq_len * 2,  # u16 tokens
@@ -176,17 +175,8 @@ def _scenarios(
     results: dict[tuple[str, int], Steps] = {}
     scratch = Scratch(path, prefix="starvecheck-profile-", warn=warn)
     try:
-        with (
-            signals_raise(),
-            quiet_torch(),
-            warnings.catch_warnings(),
-            scratch,
-            _compile_cache_in(scratch),
-        ):
+        with signals_raise(), quiet_torch(), warnings.catch_warnings(), scratch:
             warnings.filterwarnings("ignore", message=r".*Profiler clears events.*")
-            # Built here: importing transformers' model imports torch._dynamo, which
-            # makes inductor's cache directory (_compile_cache_in).
-            model, optimizer = build_model(plan.model_size, plan.device, plan.seed)
             try:
                 sources = generate(scratch, data_plan, streaming, progress)
             finally:
@@ -221,25 +211,6 @@ def _scenarios(
         if scratch.leftovers:
             warn("could not remove everything starvecheck created: " + "; ".join(scratch.leftovers))
     return results, scratch.path
-
-
-@contextlib.contextmanager
-def _compile_cache_in(scratch: Scratch) -> Iterator[None]:
-    """Inductor's compile cache in the scratch directory, made and removed with it.
-    Importing torch._dynamo (transformers' GPT-2 does) makes the cache directory, by
-    default torchinductor_<user> in TMPDIR, and leaves it there: starvecheck leaves
-    nothing in TMPDIR. Nothing is compiled, so it stays empty. Where the user
-    named a cache directory (TORCHINDUCTOR_CACHE_DIR), theirs is used; ours is unnamed
-    again on the way out (torch reads the variable each time it wants the cache)."""
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        yield
-        return
-    scratch.mkdir("inductor")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch.path, "inductor")
-    try:
-        yield
-    finally:
-        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
 def _cold(
