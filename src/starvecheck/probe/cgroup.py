@@ -313,21 +313,28 @@ def _leaf_int(root: SysRoot, h: Hierarchy | None, filename: str) -> Fact[int]:
     return Fact.of(value)
 
 
+def _own(root: SysRoot, controller: str) -> Hierarchy | None:
+    """This process's cgroup directory for a v1 controller or, where no v1 hierarchy
+    is mounted, v2's (probe_cgroup's choice); None where it cannot be read."""
+    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
+    if not (mounts.known and text.known):
+        return None
+    mount_list = mounts.value or []
+    v1 = any(m.fstype == "cgroup" for m in mount_list)
+    paths = parse_proc_cgroup(text.value or "")
+    return resolve(root, mount_list, paths, controller if v1 else "")
+
+
 def oom_kills(root: SysRoot) -> tuple[int, str] | None:
     """(processes the OOM killer has killed, the file that counts them): this process's
     memory cgroup's `oom_kill` (v2 memory.events, v1 memory.oom_control; kernels 4.13
     and later), else the machine's (/proc/vmstat). None where neither can be read."""
-    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
-    if mounts.known and text.known:
-        mount_list = mounts.value or []
-        v1 = any(m.fstype == "cgroup" for m in mount_list)
-        paths = parse_proc_cgroup(text.value or "")
-        h = resolve(root, mount_list, paths, "memory" if v1 else "")
-        if h is not None:
-            path = f"{h.directory}/{'memory.events' if h.version == 2 else 'memory.oom_control'}"
-            count = parse_flat_keyed(root.read(path).value or "").get("oom_kill")
-            if count is not None:
-                return count, path
+    h = _own(root, "memory")
+    if h is not None:
+        path = f"{h.directory}/{'memory.events' if h.version == 2 else 'memory.oom_control'}"
+        count = parse_flat_keyed(root.read(path).value or "").get("oom_kill")
+        if count is not None:
+            return count, path
     count = parse_flat_keyed(root.read("/proc/vmstat").value or "").get("oom_kill")
     return None if count is None else (count, "/proc/vmstat")
 
@@ -336,12 +343,7 @@ def pids_free(root: SysRoot) -> int | None:
     """The tasks (processes and threads) this process's cgroup can still start: the
     tightest pids.max less its pids.current, from this cgroup up to the mount. None
     where no limit is set or none can be read."""
-    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
-    if not (mounts.known and text.known):
-        return None
-    mount_list = mounts.value or []
-    v1 = any(m.fstype == "cgroup" for m in mount_list)
-    h = resolve(root, mount_list, parse_proc_cgroup(text.value or ""), "pids" if v1 else "")
+    h = _own(root, "pids")
     free: int | None = None
     for d in _levels(h) if h is not None else []:
         limit = parse_limit(root.read(f"{d}/pids.max").value or "")
