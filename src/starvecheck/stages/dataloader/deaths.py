@@ -21,12 +21,12 @@ import contextlib
 import os
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable
 
 from starvecheck.probe.cgroup import oom_kills
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.dataloader.workers import prctl, running
 
 # --- a worker killed for memory ---------------------------------------------------------------
 
@@ -74,13 +74,10 @@ _subreaper: list[bool] = []
 def adopt_orphans() -> None:
     """Make this process the subreaper of everything it starts (once): a process whose
     parent (a worker) exits comes back to this one instead of init."""
-    if _subreaper or not sys.platform.startswith("linux"):
+    if _subreaper:
         return
     _subreaper.append(True)
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _children(pid: int) -> set[int]:
@@ -136,11 +133,11 @@ class Strays:
             for child in _children(todo.pop()) - tree:
                 tree.add(child)
                 todo.append(child)
-        running = {pid for pid in tree if _running(pid)}
-        for pid in running:
+        alive = {pid for pid in tree if running(pid)}
+        for pid in alive:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        self.stopped |= running
+        self.stopped |= alive
         deadline = time.monotonic() + 2.0
         waiting = set(new)
         while waiting and time.monotonic() < deadline:
@@ -163,11 +160,3 @@ class Strays:
             f"the pipeline left {n} process(es) of its own running (pid {shown}), started "
             "by its dataset or its workers: stopped"
         )
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False

@@ -124,6 +124,15 @@ def _kill_stuck(it: Any) -> None:
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def prctl(option: int, value: int) -> None:
+    """prctl(2) with one argument, on Linux; elsewhere, or where it fails, nothing."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
 def die_with_parent(parent: int | None) -> None:
     """A worker outlives a main process killed with SIGKILL (or by the OOM killer)
     while the worker starts: reparented, it waits for ever holding a copy of the
@@ -134,15 +143,10 @@ def die_with_parent(parent: int | None) -> None:
     longer this worker's parent nor running, and the worker leaves at once. Under
     forkserver the parent is the fork server, which outlives the main process while
     any worker holds its pipe: a thread of this worker watches the main process."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if parent is None or parent == os.getpid() or os.getppid() == parent:
         return
-    if not _running(parent):
+    if not running(parent):
         os._exit(1)
     import threading
 
@@ -156,12 +160,12 @@ WATCH_S = 0.5
 def _watch(parent: int) -> None:
     import time
 
-    while _running(parent):
+    while running(parent):
         time.sleep(WATCH_S)
     os._exit(1)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed but not yet reaped, does not)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
