@@ -353,3 +353,12 @@ def test_status_parser_against_near_miss_text(words):
     s = process.parse_status("".join(words))
     assert s.cap_eff is None or s.cap_eff >= 0
     assert s.ppid is None or s.ppid >= 0
+
+
+def test_whether_the_kernel_allows_reading_the_job():
+    assert process.ptrace_allowed(facts(None, 0, 0, True)) is True
+    assert process.ptrace_allowed(facts(3, 0, 0, True)) is False
+    assert process.ptrace_allowed(facts(None, 1001, 65534, False)) is False
+    assert process.ptrace_allowed(facts(1, 1001, 1001, False)) is False
+    assert process.ptrace_allowed(facts(0, 1001, 1001, False)) is True
+    assert process.ptrace_allowed(facts(None, 1001, None, None)) is None

@@ -308,6 +308,22 @@ def ptrace_facts(root: SysRoot, pid: int) -> PtraceFacts:
     )
 
 
+def ptrace_allowed(facts: PtraceFacts) -> bool | None:
+    """Whether the kernel lets this process read the job's memory, by the rules
+    ptrace_missing names; None where the facts do not tell."""
+    if facts.scope == 3:
+        return False
+    if facts.have_cap:
+        return True
+    if facts.have_cap is None:
+        return None
+    if facts.job_uid is not None and facts.our_uid is not None and facts.job_uid != facts.our_uid:
+        return False
+    if facts.scope in (1, 2):
+        return False  # scope 1: only a process's ancestors (attach is not one)
+    return True if facts.scope in (0, None) and facts.job_uid is not None else None
+
+
 GRANT = (
     'Kubernetes: securityContext.capabilities.add: ["SYS_PTRACE"]; '
     "docker: docker run --cap-add SYS_PTRACE; or run attach as root on the node"

@@ -321,12 +321,13 @@ def _cwd(pid: int) -> str | None:
 
 
 def _refusal(r: Process, e: Exception) -> str:
-    """Why py-spy could not read `r`: where ptrace was refused, what this process lacks
-    to read it and the exact grant (probe/process.py reads the kernel's rules)."""
-    if not isinstance(e, spy.NotAllowed):
-        return f"py-spy: {e}"
+    """Why py-spy could not read `r`: where ptrace was refused, or the kernel's rules
+    say it must be (py-spy then often says only "No python processes found"), what
+    this process lacks to read it and the exact grant (probe/process.py)."""
     facts = process.ptrace_facts(SysRoot.from_environ(), r.pid)
-    return f"py-spy was refused ({e}): {process.ptrace_missing(facts, r.pid)}"
+    if isinstance(e, spy.NotAllowed) or process.ptrace_allowed(facts) is False:
+        return f"py-spy could not read it ({e}): {process.ptrace_missing(facts, r.pid)}"
+    return f"py-spy: {e}"
 
 
 STAGE = AttachStage()
