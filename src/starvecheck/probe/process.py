@@ -22,6 +22,7 @@ from starvecheck.probe.text import is_uint
 
 TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 CAP_SYS_PTRACE = 19
+MAX_VALUE = 4096  # characters kept of an environment variable (8 GPU UUIDs fit)
 MAX_TASKS = 20_000  # threads read of one process; a torch job has hundreds
 
 
@@ -108,7 +109,7 @@ def parse_environ(text: str) -> dict[str, str]:
     for item in text.split("\0"):
         key, eq, value = item.partition("=")
         if eq and key:
-            out[key] = value[:200]
+            out[key] = value[:MAX_VALUE]
     return out
 
 

@@ -111,7 +111,9 @@ def find(pid: int, all_ranks: bool = False, root: SysRoot | None = None) -> Job:
     if command is None:
         raise UsageError(f"no process {pid} (nothing at /proc/{pid})")
     parent_of = process.parents(root)
-    if pid == os.getpid() or pid in process.ancestors(parent_of, os.getpid()):
+    # PID 1 is an ancestor of every process: whatever it is, it is said below
+    mine = {a for a in process.ancestors(parent_of, os.getpid()) if a != 1}
+    if pid == os.getpid() or pid in mine:
         raise UsageError(f"PID {pid} is starvecheck itself or its shell: give the training job's")
     if _is_agent(command):
         return _agent(root, pid, command, parent_of)
