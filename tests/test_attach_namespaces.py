@@ -211,3 +211,59 @@ def test_a_cgroup_v1_cpu_quota_is_read_as_throttling(tmp_path):
     got = {m["labels"].get("quantity"): m["value"] for m in stage["metrics"]}
     assert got.get("nr_periods", 0) > 10 and got["nr_throttled"] / got["nr_periods"] > 0.5, got
     assert "attach.throttled" in _findings(stage)
+
+
+RANKS_WITH_WORKERS = """
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.zeros(4)
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+it = iter(DataLoader(Slow(), batch_size=2, num_workers=1))
+next(it)
+open(sys.argv[1] + "." + os.environ["RANK"], "w").close()
+while True:
+    next(it)
+    dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_jobs_ranks_are_not_their_dataloader_workers(tmp_path):
+    # Each rank's worker carries RANK too: two ranks, one worker each, are two ranks.
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_WITH_WORKERS)
+    ready = tmp_path / "ready"
+    port = str(29700 + os.getpid() % 1000)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-port", port, str(script), str(ready)]  # fmt: skip
+    agent = subprocess.Popen(cmd, env=_env(OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        for rank in (0, 1):
+            _wait_state(agent, Path(f"{ready}.{rank}"))
+        ranks = {c.pid for c in psutil.Process(agent.pid).children()}
+        r = subprocess.run(
+            [sys.executable, "-m", "starvecheck", "attach", str(agent.pid), "--json", "-",
+             "--duration", "3"],
+            capture_output=True, text=True, timeout=180, env=_env(),
+        )  # fmt: skip
+        worker = next(iter(psutil.Process(min(ranks)).children()))
+        r_all = subprocess.run(
+            [sys.executable, "-m", "starvecheck", "attach", str(worker.pid), "--all",
+             "--json", "-", "--duration", "2"],
+            capture_output=True, text=True, timeout=180, env=_env(),
+        )  # fmt: skip
+    finally:
+        stop_tree(agent)
+    for run in (r, r_all):
+        found = _stage(run)["parameters"]["ranks"]
+        assert {x["pid"] for x in found} == ranks, (found, ranks)
+        assert sorted(x["rank"] for x in found) == [0, 1]
