@@ -278,6 +278,9 @@ def facts(scope, ours, job, cap):
 def test_what_is_missing_to_read_the_job_is_named_with_the_grant():
     other = process.ptrace_missing(facts(1, 1001, 65534, False), 7)
     assert "uid 65534" in other and "uid 1001" in other and "SYS_PTRACE" in other
+    assert "as uid 65534 with kernel.yama.ptrace_scope 0 or" in other
+    no_yama = process.ptrace_missing(facts(None, 1001, 65534, False), 7)
+    assert "as uid 65534 or grant" in no_yama
     assert 'securityContext.capabilities.add: ["SYS_PTRACE"]' in other
     assert "--cap-add SYS_PTRACE" in other
     scope1 = process.ptrace_missing(facts(1, 0, 0, False), 7)

@@ -309,6 +309,11 @@ def ptrace_facts(root: SysRoot, pid: int) -> PtraceFacts:
     )
 
 
+def _scope_0(facts: PtraceFacts) -> str:
+    """Yama at 1 or 2 refuses even the same user: what it must be set to as well."""
+    return " with kernel.yama.ptrace_scope 0" if facts.scope in (1, 2) else ""
+
+
 def ptrace_allowed(facts: PtraceFacts) -> bool | None:
     """Whether the kernel lets this process read the job's memory, by the rules
     ptrace_missing names; None where the facts do not tell."""
@@ -350,8 +355,8 @@ def ptrace_missing(facts: PtraceFacts, pid: int) -> str:
     if facts.job_uid is not None and facts.our_uid is not None and facts.job_uid != facts.our_uid:
         return (
             f"PID {pid} runs as uid {facts.job_uid} and attach as uid {facts.our_uid}, and "
-            f"{lacking}: run attach as uid {facts.job_uid} (with kernel.yama.ptrace_scope 0) "
-            f"or grant SYS_PTRACE ({GRANT})"
+            f"{lacking}: run attach as uid {facts.job_uid}{_scope_0(facts)} or grant "
+            f"SYS_PTRACE ({GRANT})"
         )
     if facts.scope == 2:
         return (
