@@ -272,6 +272,9 @@ def thread_ids(root: SysRoot, pid: int) -> dict[int, int]:
     """The process's threads: innermost id (what py-spy names them by) -> our id.
     Only those that differ; empty where the process shares our PID namespace or is
     gone."""
+    own = status(root, pid)
+    if own is None or len(own.nspid) < 2:
+        return {}  # in our namespace (or gone): its threads' ids are ours
     out: dict[int, int] = {}
     for tid in tids(root, pid):
         s = status(root, pid, tid)
