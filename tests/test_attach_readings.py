@@ -5,32 +5,46 @@ from __future__ import annotations
 
 import os
 
-from starvecheck.stages.attach.readings import _quota_dir, cgroup_dir, snapshot
+from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.attach.readings import cgroup_dir, snapshot
 
 
-def _cg(d, cpu_max=None):
-    os.makedirs(d, exist_ok=True)
-    (d / "cpu.stat").write_text("usage_usec 10\nnr_periods 5\nnr_throttled 1\nthrottled_usec 7\n")
+def _cg(base, d, cpu_max=None):
+    os.makedirs(base / d.lstrip("/"), exist_ok=True)
+    stat = "usage_usec 10\nnr_periods 5\nnr_throttled 1\nthrottled_usec 7\n"
+    (base / d.lstrip("/") / "cpu.stat").write_text(stat)
     if cpu_max is not None:
-        (d / "cpu.max").write_text(cpu_max + "\n")
+        (base / d.lstrip("/") / "cpu.max").write_text(cpu_max + "\n")
+
+
+def _v2(base, path):
+    (base / "proc/self").mkdir(parents=True)
+    (base / "proc/self/mountinfo").write_text(
+        "30 1 0:20 / / rw - ext4 /dev/sda1 rw\n"
+        "31 30 0:21 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+    )
+    (base / "proc/9").mkdir(parents=True)
+    (base / "proc/9/cgroup").write_text(f"0::{path}\n")
 
 
 def test_the_pods_quota_above_the_container_is_where_throttling_is_read(tmp_path):
-    root = tmp_path / "cg"
-    pod, leaf = root / "kubepods" / "pod1", root / "kubepods" / "pod1" / "ctr"
-    _cg(root), _cg(root / "kubepods", "max 100000"), _cg(pod, "200000 100000")
-    _cg(leaf, "max 100000")
-    assert _quota_dir(str(leaf), str(root)) == str(pod)
+    _v2(tmp_path, "/kubepods/pod1/ctr")
+    cg = "/sys/fs/cgroup"
+    _cg(tmp_path, cg), _cg(tmp_path, f"{cg}/kubepods", "max 100000")
+    _cg(tmp_path, f"{cg}/kubepods/pod1", "200000 100000")
+    _cg(tmp_path, f"{cg}/kubepods/pod1/ctr", "max 100000")
+    assert cgroup_dir(9, SysRoot(tmp_path)) == f"{cg}/kubepods/pod1"
 
 
 def test_the_tightest_quota_wins_and_no_quota_means_the_processs_own(tmp_path):
-    root = tmp_path / "cg"
-    pod, leaf = root / "pod", root / "pod" / "ctr"
-    _cg(root), _cg(pod, "400000 100000"), _cg(leaf, "50000 100000")
-    assert _quota_dir(str(leaf), str(root)) == str(leaf)
-    (leaf / "cpu.max").write_text("max 100000\n")
-    (pod / "cpu.max").write_text("max\n")
-    assert _quota_dir(str(leaf), str(root)) == str(leaf)
+    _v2(tmp_path, "/pod/ctr")
+    cg = "/sys/fs/cgroup"
+    _cg(tmp_path, cg), _cg(tmp_path, f"{cg}/pod", "400000 100000")
+    _cg(tmp_path, f"{cg}/pod/ctr", "50000 100000")
+    assert cgroup_dir(9, SysRoot(tmp_path)) == f"{cg}/pod/ctr"
+    (tmp_path / "sys/fs/cgroup/pod/ctr/cpu.max").write_text("max 100000\n")
+    (tmp_path / "sys/fs/cgroup/pod/cpu.max").write_text("max\n")
+    assert cgroup_dir(9, SysRoot(tmp_path)) == f"{cg}/pod/ctr"
 
 
 def test_a_live_process_is_read_and_its_cgroup_has_a_cpu_stat():

@@ -84,7 +84,7 @@ def attach_beside(
     deadline = time.time() + timeout
     while proc.poll() is None and time.time() < deadline:
         try:
-            kids = psutil.Process(proc.pid).children()
+            kids = psutil.Process(proc.pid).children(recursive=True)  # nsenter: a grandchild
             sampling = any("py-spy" in k.name() for k in kids)
         except psutil.Error:
             sampling = False

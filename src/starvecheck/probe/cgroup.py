@@ -316,13 +316,47 @@ def _leaf_int(root: SysRoot, h: Hierarchy | None, filename: str) -> Fact[int]:
 def _own(root: SysRoot, controller: str) -> Hierarchy | None:
     """This process's cgroup directory for a v1 controller or, where no v1 hierarchy
     is mounted, v2's (probe_cgroup's choice); None where it cannot be read."""
-    mounts, text = read_mounts(root), root.read("/proc/self/cgroup")
+    return of_process(root, controller, "self")
+
+
+def of_process(root: SysRoot, controller: str, pid: int | str) -> Hierarchy | None:
+    """Process `pid`'s cgroup directory for a v1 controller, else v2's: v1 where the
+    controller is mounted there (v1 and hybrid hosts), v2 where it is not. Its
+    /proc/PID/cgroup paths are relative to our cgroup namespace, as our mounts are, so
+    our mount table resolves them. None where either cannot be read."""
+    mounts, text = read_mounts(root), root.read(f"/proc/{pid}/cgroup")
     if not (mounts.known and text.known):
         return None
     mount_list = mounts.value or []
-    v1 = any(m.fstype == "cgroup" for m in mount_list)
     paths = parse_proc_cgroup(text.value or "")
-    return resolve(root, mount_list, paths, controller if v1 else "")
+    if controller and any(m.fstype == "cgroup" for m in mount_list):
+        found = resolve(root, mount_list, paths, controller)
+        if found is not None:
+            return found
+    return resolve(root, mount_list, paths, "")
+
+
+def cpu_stat_dir(root: SysRoot, pid: int | str) -> Fact[str]:
+    """Where process `pid`'s CPU throttling is counted: the directory of the tightest
+    CPU quota from its cgroup up to the mount (a pod's quota sits above its
+    container's), v1 (`cpu,cpuacct`), v2 or hybrid; its own cgroup where no quota is
+    set. Unknown, with the reason, where that directory has no cpu.stat."""
+    h = of_process(root, "cpu", pid)
+    if h is None:
+        return Fact.unknown(f"the cpu cgroup of PID {pid} cannot be read")
+    _, quota_dir = _cpu_quota(root, h)
+    directory = quota_dir.value or h.directory
+    if not root.exists(f"{directory}/cpu.stat"):
+        return Fact.unknown(f"{directory} has no cpu.stat")
+    return Fact.of(directory)
+
+
+def throttling_of(root: SysRoot, pid: int | str) -> Fact[Throttling]:
+    """Process `pid`'s cgroup's throttling counters now (see cpu_stat_dir)."""
+    h = of_process(root, "cpu", pid)
+    if h is None:
+        return Fact.unknown(f"the cpu cgroup of PID {pid} cannot be read")
+    return _throttling(root, h, _cpu_quota(root, h)[1].value)
 
 
 def oom_kills(root: SysRoot) -> tuple[int, str] | None:

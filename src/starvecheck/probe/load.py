@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from starvecheck.probe.process import parse_stat
 from starvecheck.probe.sysroot import SysRoot
 
 TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
@@ -59,14 +60,10 @@ def parse_proc_stat(text: str) -> CpuTimes | None:
 
 
 def parse_pid_stat(text: str) -> float | None:
-    """A process's user + system CPU seconds, from /proc/PID/stat (its name may hold
-    spaces and parentheses: fields are counted after the last ')')."""
-    _, _, rest = text.rpartition(")")
-    fields = rest.split()
-    try:
-        return (int(fields[11]) + int(fields[12])) * TICK_S
-    except (IndexError, ValueError):
-        return None
+    """A process's user + system CPU seconds, from /proc/PID/stat (probe/process.py's
+    parser, the one every reader of that file uses)."""
+    parsed = parse_stat(text)
+    return parsed.cpu_s if parsed is not None else None
 
 
 def parse_schedstat(text: str) -> tuple[float, float] | None:

@@ -20,33 +20,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.probe import process
 from starvecheck.probe.nvml import NvmlUnavailable, session
-
-MAX_MAPS = 16 << 20
-MAX_ENVIRON = 1 << 20
+from starvecheck.probe.sysroot import SysRoot
 
 
 def uses_cuda(pid: int) -> bool:
     """Whether the process has the CUDA driver library mapped (read bounded)."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            return b"libcuda.so" in f.read(MAX_MAPS)
-    except OSError:
-        return False
+    return process.maps_hold(SysRoot.from_environ(), pid, "libcuda.so") is True
 
 
 def visible_devices(pid: int) -> list[str] | None:
     """CUDA_VISIBLE_DEVICES of the process, split; None where unset or unreadable."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read(MAX_ENVIRON).split(b"\0")
-    except OSError:
-        return None
-    for entry in env:
-        key, _, val = entry.partition(b"=")
-        if key == b"CUDA_VISIBLE_DEVICES":
-            return [x.strip() for x in val.decode(errors="replace").split(",") if x.strip()]
-    return None
+    val = (process.environ(SysRoot.from_environ(), pid) or {}).get("CUDA_VISIBLE_DEVICES")
+    return None if val is None else [x.strip() for x in val.split(",") if x.strip()]
 
 
 @dataclass

@@ -11,18 +11,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from starvecheck.probe.cgroup import parse_cpu_max, parse_flat_keyed
-from starvecheck.probe.load import machine_times, parse_pid_stat, parse_throttled, runq_seconds
+from starvecheck.probe import process
+from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
+from starvecheck.probe.load import machine_times, parse_throttled, runq_seconds
+from starvecheck.probe.sysroot import SysRoot
 
-MAX_READ = 1 << 20
 
-
-def _text(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_READ).decode(errors="replace")
-    except OSError:
-        return None
+def _root() -> SysRoot:
+    return SysRoot.from_environ()
 
 
 @dataclass
@@ -36,37 +32,18 @@ class Snapshot:
 
 
 def snapshot(pid: int, uss: bool = False) -> Snapshot | None:
-    stat = _text(f"/proc/{pid}/stat")
+    root = _root()
+    stat = process.stat(root, pid)
     if stat is None:
         return None
-    s = Snapshot(time.perf_counter(), parse_pid_stat(stat))
-    main = _text(f"/proc/{pid}/task/{pid}/stat")
-    s.thread_cpu_s = parse_pid_stat(main) if main else None
-    s.runq_s = runq_seconds(pid)
-    for line in (_text(f"/proc/{pid}/io") or "").splitlines():
-        key, _, number = line.partition(":")
-        if key == "read_bytes" and number.strip().isdigit():
-            s.read_bytes = int(number)
+    s = Snapshot(time.perf_counter(), stat.cpu_s)
+    main = process.stat(root, pid, pid)
+    s.thread_cpu_s = main.cpu_s if main is not None else None
+    s.runq_s = runq_seconds(pid, root)
+    s.read_bytes = (process.io(root, pid) or {}).get("read_bytes")
     if uss:
-        s.uss = _uss(pid)
+        s.uss = process.uss(root, pid)
     return s
-
-
-def _uss(pid: int) -> int | None:
-    """Private_Clean + Private_Dirty (+ swapped out private pages): what the process
-    alone holds, from smaps_rollup (one summary, not the whole smaps)."""
-    text = _text(f"/proc/{pid}/smaps_rollup")
-    if text is None:
-        return None
-    total, seen = 0, False
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("Private_Clean", "Private_Dirty"):
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                total += int(parts[0]) * 1024
-                seen = True
-    return total if seen else None
 
 
 @dataclass
@@ -155,8 +132,9 @@ def _machine() -> float | None:
 
 
 def _cpu_stat(directory: str | None) -> dict[str, float]:
-    """nr_periods, nr_throttled and throttled seconds of a cgroup's cpu.stat."""
-    text = _text(os.path.join(directory, "cpu.stat")) if directory else None
+    """nr_periods, nr_throttled and throttled seconds of a cgroup's cpu.stat (v1 or
+    v2)."""
+    text = _root().read(f"{directory}/cpu.stat").value if directory else None
     if not text:
         return {}
     stat = parse_flat_keyed(text)
@@ -167,34 +145,12 @@ def _cpu_stat(directory: str | None) -> dict[str, float]:
     return out
 
 
-def cgroup_dir(pid: int, root: str = "/sys/fs/cgroup") -> str | None:
-    """Where the cgroup v2 CPU quota of `pid` is enforced, which is where its throttling
-    is counted: of its own cgroup directory and each parent up to the mount, the one
-    whose cpu.max allows the fewest CPUs (a pod's quota sits above its container's);
-    its own directory where none sets a quota. None where it has no cpu.stat."""
-    for line in (_text(f"/proc/{pid}/cgroup") or "").splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and not controllers:
-            where = os.path.normpath(root + "/" + path.lstrip("/"))
-            if where.startswith(root) and os.path.isfile(f"{where}/cpu.stat"):
-                return _quota_dir(where, root)
-    return None
-
-
-def _quota_dir(leaf: str, root: str) -> str:
-    best: tuple[float, str] | None = None
-    d = leaf
-    while True:
-        parsed = parse_cpu_max(_text(f"{d}/cpu.max") or "")
-        if parsed is not None and parsed[0] is not None and parsed[1] > 0:
-            cpus = parsed[0] / parsed[1]
-            if (best is None or cpus < best[0]) and os.path.isfile(f"{d}/cpu.stat"):
-                best = (cpus, d)
-        if d == root or not d.startswith(root + "/"):
-            break
-        d = os.path.dirname(d)
-    return best[1] if best else leaf
+def cgroup_dir(pid: int, root: SysRoot | None = None) -> str | None:
+    """Where the CPU quota of `pid` is enforced, which is where its throttling is
+    counted (probe/cgroup.py: v1, v2 and hybrid hosts, the tightest quota from its
+    cgroup up to the mount), as a path under the machine's root; None where it has no
+    cpu.stat."""
+    return cpu_stat_dir(root or _root(), pid).value
 
 
 def shm_used() -> float | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -150,17 +151,33 @@ def _refused(err: str) -> bool:
 
 
 def _why(err: str) -> str:
-    return (
-        "reading another process's memory was refused (ptrace: "
-        f"{_last(err)}); grant SYS_PTRACE: Kubernetes `securityContext: {{capabilities: "
-        "{add: [SYS_PTRACE]}}`, docker `--cap-add SYS_PTRACE`, or run as the job's user "
-        "with /proc/sys/kernel/yama/ptrace_scope at 0 or 1"
-    )
+    """py-spy's own words for the refusal (its line naming the permission); what is
+    missing and how to grant it is stage.py's caveat (probe/process.ptrace_missing)."""
+    for line in err.splitlines():
+        if _refused(line):
+            return _clean(line)
+    return _last(err)
 
 
 def _last(err: str) -> str:
-    lines = [x.strip() for x in err.splitlines() if x.strip()]
-    return (lines[-1] if lines else "py-spy failed with no message")[:300]
+    """The line of py-spy's stderr that says what went wrong: its `Error:` line, else
+    its first line that is not its banner or a Rust backtrace frame (`7: main`,
+    `at src/main.rs:3`), which say nothing to a user."""
+    lines = [_clean(x) for x in err.splitlines() if x.strip()]
+    for line in lines:
+        if line.lower().startswith("error"):
+            return line
+    for line in lines:
+        if not _BACKTRACE.match(line) and not line.startswith("py-spy>"):
+            return line
+    return "py-spy failed with no message"
+
+
+_BACKTRACE = re.compile(r"^(\d+:|at |stack backtrace|note: |thread '|py-spy: \d+:)")
+
+
+def _clean(line: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in line.strip())[:300]
 
 
 def _errors(err: str) -> int:

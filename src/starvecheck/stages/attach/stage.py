@@ -18,7 +18,6 @@ and process; judging is advice/attach.py's.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -27,7 +26,9 @@ from typing import TYPE_CHECKING
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals
-from starvecheck.stages.attach import classify, source, spy
+from starvecheck.probe import process
+from starvecheck.probe.sysroot import SysRoot
+from starvecheck.stages.attach import classify, ids, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
@@ -258,7 +259,7 @@ def _read_all(
         try:
             stacks = rec.stacks() if rec is not None else None
         except (spy.NotAllowed, RuntimeError) as e:
-            why = str(e) if isinstance(e, spy.NotAllowed) else f"py-spy: {e}"
+            why = _refusal(r, e)
             caveats.append(
                 Caveat(
                     "attach.no-stacks",
@@ -268,6 +269,7 @@ def _read_all(
             )
             stacks = None
         if stacks is not None:
+            stacks = ids.in_our_ids(stacks, r)
             got, seen, top = read_stacks(r, stacks, source.Lines(_cwd(r.pid)))
             metrics += got
             workers = seen or workers
@@ -315,10 +317,17 @@ MACHINE = {
 
 
 def _cwd(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/cwd")
-    except OSError:
-        return None
+    return process.cwd(SysRoot.from_environ(), pid)
+
+
+def _refusal(r: Process, e: Exception) -> str:
+    """Why py-spy could not read `r`: where ptrace was refused, or the kernel's rules
+    say it must be (py-spy then often says only "No python processes found"), what
+    this process lacks to read it and the exact grant (probe/process.py)."""
+    facts = process.ptrace_facts(SysRoot.from_environ(), r.pid)
+    if isinstance(e, spy.NotAllowed) or process.ptrace_allowed(facts) is False:
+        return f"py-spy could not read it ({e}): {process.ptrace_missing(facts, r.pid)}"
+    return f"py-spy: {e}"
 
 
 STAGE = AttachStage()

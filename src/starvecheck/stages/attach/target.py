@@ -1,7 +1,11 @@
-"""The job `attach PID` diagnoses, found from /proc without touching it: the process,
+"""The job `attach PID` diagnoses, found from /proc (through probe/process.py, so a
+fake machine can stand in) without touching it: the process,
 whether it is Python with torch loaded (else one line, exit 2), its children (the
 DataLoader workers among them, confirmed later by their stacks: `_worker_loop`), and,
-where PID is a torchrun agent or `--all` is given, every rank on this node.
+where PID is a torchrun agent or `--all` is given, every rank on this node: a process
+carrying RANK that is not a descendant of another (a rank's DataLoader workers inherit
+RANK with the rest of its environment). PID 1 is read like any other process: in a
+container (`docker run img python train.py`, a pod) it is the training process.
 
 Everything read here comes from processes starvecheck does not own: each file is read
 bounded, and a process that exits meanwhile is skipped, never an error.
@@ -13,9 +17,13 @@ import os
 from dataclasses import dataclass
 
 from starvecheck.core.status import UsageError
+from starvecheck.probe import process
+from starvecheck.probe.sysroot import SysRoot
 
-MAX_READ = 1 << 20  # bytes read of any /proc file
 MAX_RANKS = 64
+INITS = {"init", "systemd", "tini", "docker-init", "dumb-init", "catatonit", "s6-svscan",
+         "runit", "supervisord", "pause"}  # fmt: skip
+SHELLS = {"sh", "bash", "dash", "zsh", "ash", "ksh", "busybox"}
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,7 @@ class Process:
     pid: int
     command: str  # argv joined, shortened
     rank: int | None = None  # RANK from its environment, where it has one
+    ns_pid: int | None = None  # its id in its own PID namespace, where not ours
 
     def describe(self) -> str:
         where = f"rank {self.rank}, " if self.rank is not None else ""
@@ -36,78 +45,26 @@ class Job:
     children: dict[int, tuple[int, ...]]  # each rank's child processes when found
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(MAX_READ)
-    except OSError:
-        return None
+def _root(root: SysRoot | None) -> SysRoot:
+    return root or SysRoot.from_environ()
 
 
-def command_of(pid: int) -> str | None:
-    raw = _read(f"/proc/{pid}/cmdline")
-    if raw is None:
-        return None
-    words = [w.decode(errors="replace") for w in raw.split(b"\0") if w]
-    text = " ".join(words) or f"[{_comm(pid)}]"
-    safe = "".join(c if c.isprintable() else "?" for c in text)
-    return safe[:160] + ("..." if len(safe) > 160 else "")
+def command_of(pid: int, root: SysRoot | None = None) -> str | None:
+    return process.command(_root(root), pid)
 
 
-def _comm(pid: int) -> str:
-    raw = _read(f"/proc/{pid}/comm") or b"?"
-    return raw.decode(errors="replace").strip()
+def environ_of(pid: int, root: SysRoot | None = None) -> dict[str, str] | None:
+    return process.environ(_root(root), pid)
 
 
-def environ_of(pid: int) -> dict[str, str] | None:
-    raw = _read(f"/proc/{pid}/environ")
-    if raw is None:
-        return None
-    out = {}
-    for item in raw.split(b"\0"):
-        key, eq, val = item.partition(b"=")
-        if eq:
-            out[key.decode(errors="replace")] = val.decode(errors="replace")[:200]
-    return out
-
-
-def children_of(pid: int) -> list[int]:
+def children_of(pid: int, root: SysRoot | None = None) -> list[int]:
     """Every descendant of `pid` (children, their children), from /proc/*/stat."""
-    return descendants_of([pid])[pid]
+    return descendants_of([pid], root)[pid]
 
 
-def descendants_of(pids: list[int]) -> dict[int, list[int]]:
+def descendants_of(pids: list[int], root: SysRoot | None = None) -> dict[int, list[int]]:
     """Each of `pids` -> its descendants, from one reading of /proc/*/stat."""
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        parent = _parent(int(name)) if name.isdigit() else None
-        if parent is not None:
-            kids.setdefault(parent, []).append(int(name))
-    out: dict[int, list[int]] = {}
-    for pid in pids:
-        found, todo = [], [pid]
-        while todo:
-            these = sorted(kids.get(todo.pop(), ()))
-            found += these
-            todo += these
-        out[pid] = found
-    return out
-
-
-def _maps_hold(pid: int, *names: bytes) -> bool | None:
-    """Whether the process has mapped a file whose path holds one of `names`; None
-    where its maps cannot be read (another user's process)."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            for _ in range(200_000):
-                line = f.readline()
-                if not line:
-                    return False
-                if any(n in line for n in names):
-                    return True
-    except OSError:
-        return None
-    return False
+    return process.descendants(process.parents(_root(root)), pids)
 
 
 def _is_agent(command: str) -> bool:
@@ -116,65 +73,117 @@ def _is_agent(command: str) -> bool:
     return any(w.endswith("torchrun") or w == "torch.distributed.run" for w in words)
 
 
-def _rank(pid: int) -> int | None:
-    env = environ_of(pid) or {}
-    value = env.get("RANK", "")
-    return int(value) if value.isdigit() else None
+def _rank(root: SysRoot, pid: int) -> int | None:
+    value = (process.environ(root, pid) or {}).get("RANK", "")
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
-def find(pid: int, all_ranks: bool = False) -> Job:
+def _torch(root: SysRoot, pid: int) -> bool | None:
+    return process.maps_hold(root, pid, "libtorch", "torch/lib/")
+
+
+def _python(root: SysRoot, pid: int, command: str) -> bool:
+    found = process.maps_hold(root, pid, "libpython", "/python3")
+    return bool(found) or "python" in os.path.basename(command.split(" ")[0])
+
+
+def _process(root: SysRoot, pid: int, rank: int | None = None) -> Process:
+    s = process.status(root, pid)
+    inner = s.inner_pid if s is not None else None
+    return Process(pid, command_of(pid, root) or "?", rank, inner if inner != pid else None)
+
+
+def ranks_of(candidates: dict[int, int], parent_of: dict[int, int]) -> dict[int, int]:
+    """Of the processes carrying RANK (pid -> rank), the ranks: those that are not a
+    descendant of another (a rank's DataLoader workers inherit its environment)."""
+    keep = process.outermost(set(candidates), parent_of)
+    return {pid: rank for pid, rank in candidates.items() if pid in keep}
+
+
+def find(pid: int, all_ranks: bool = False, root: SysRoot | None = None) -> Job:
     """The job at `pid` (see the module docstring). UsageError, one line, where it is
-    not there, is starvecheck itself, is not Python, or has not loaded torch."""
-    if pid <= 1:
-        raise UsageError(f"PID {pid} is not a training process")
-    command = command_of(pid)
+    not there, is starvecheck itself, is not Python, or has not loaded torch. PID 1
+    is read like any other: in a container it is the training process."""
+    root = _root(root)
+    if pid < 1:
+        raise UsageError(f"PID {pid} is not a process id")
+    command = command_of(pid, root)
     if command is None:
         raise UsageError(f"no process {pid} (nothing at /proc/{pid})")
-    if pid == os.getpid() or pid in _ancestors():
+    parent_of = process.parents(root)
+    # PID 1 is an ancestor of every process: whatever it is, it is said below
+    mine = {a for a in process.ancestors(parent_of, os.getpid()) if a != 1}
+    if pid == os.getpid() or pid in mine:
         raise UsageError(f"PID {pid} is starvecheck itself or its shell: give the training job's")
-    kids = children_of(pid)
     if _is_agent(command):
-        ranks = [
-            Process(k, command_of(k) or "?", rank) for k in kids if (rank := _rank(k)) is not None
-        ]
-        ranks = [r for r in ranks if _maps_hold(r.pid, b"libtorch") is not False]
-        if not ranks:
-            raise UsageError(f"PID {pid} ({command}) is a torchrun agent with no rank running")
-        return _job(sorted(ranks, key=lambda r: r.rank or 0)[:MAX_RANKS], Process(pid, command))
-    python = _maps_hold(pid, b"libpython", b"/python3") or "python" in command.split(" ")[0]
-    if not python:
-        raise UsageError(f"PID {pid} ({command}) is not a Python process")
-    torch = _maps_hold(pid, b"libtorch", b"torch/lib/")
-    if torch is False:
+        return _agent(root, pid, command, parent_of)
+    if not _python(root, pid, command):
+        raise UsageError(_not_python(root, pid, command, parent_of))
+    if _torch(root, pid) is False:
         raise UsageError(
             f"PID {pid} ({command}) has not loaded torch: not a training loop attach can read"
         )
-    me = Process(pid, command, _rank(pid))
+    me = _process(root, pid, _rank(root, pid))
+    above = _rank_above(root, pid, parent_of) if me.rank is not None else None
+    if above is not None and not all_ranks:
+        raise UsageError(
+            f"PID {pid} is a worker of rank {above[1]} (PID {above[0]}): attach {above[0]}"
+        )
+    if above is not None:
+        me = _process(root, above[0], above[1])
     if not all_ranks or me.rank is None:
-        return _job([me], None)
-    parent = _parent(pid)
-    siblings = children_of(parent) if parent else []
-    ranks = [Process(s, command_of(s) or "?", _rank(s)) for s in siblings]
-    ranks = [r for r in ranks if r.rank is not None and _parent(r.pid) == parent]
-    return _job(sorted(ranks, key=lambda r: r.rank or 0)[:MAX_RANKS], None)
+        return _job([me], None, parent_of)
+    parent = parent_of.get(me.pid, 0)
+    siblings = [p for p, up in parent_of.items() if up == parent and parent > 0]
+    found = {s: r for s in siblings if (r := _rank(root, s)) is not None}
+    ranks = [_process(root, p, r) for p, r in ranks_of(found, parent_of).items()]
+    return _job(sorted(ranks, key=lambda r: r.rank or 0)[:MAX_RANKS], None, parent_of)
 
 
-def _job(ranks: list[Process], agent: Process | None) -> Job:
-    found = descendants_of([r.pid for r in ranks])
+def _agent(root: SysRoot, pid: int, command: str, parent_of: dict[int, int]) -> Job:
+    kids = process.descendants(parent_of, [pid])[pid]
+    found = {k: r for k in kids if (r := _rank(root, k)) is not None}
+    ranks = [_process(root, p, r) for p, r in ranks_of(found, parent_of).items()]
+    ranks = [r for r in ranks if _torch(root, r.pid) is not False]
+    if not ranks:
+        raise UsageError(f"PID {pid} ({command}) is a torchrun agent with no rank running")
+    ranks = sorted(ranks, key=lambda r: r.rank or 0)[:MAX_RANKS]
+    return _job(ranks, Process(pid, command), parent_of)
+
+
+def _rank_above(root: SysRoot, pid: int, parent_of: dict[int, int]) -> tuple[int, int] | None:
+    """The outermost ancestor of `pid` carrying RANK (the rank `pid` is a worker of)."""
+    above = None
+    for p in process.ancestors(parent_of, pid):
+        rank = _rank(root, p)
+        if rank is not None:
+            above = (p, rank)
+    return above
+
+
+def _not_python(root: SysRoot, pid: int, command: str, parent_of: dict[int, int]) -> str:
+    """One line: what `pid` is (PID 1: an init or a shell, as in a container whose
+    entry point starts the job), and the Python processes with torch under it."""
+    name = os.path.basename(command.strip("[]").split(" ")[0])
+    if name in SHELLS:
+        line = f"PID {pid} ({command}) is a shell, not a training process"
+    elif name in INITS:
+        line = f"PID {pid} ({command}) is an init process, not a training process"
+    else:
+        line = f"PID {pid} ({command}) is not a Python process"
+    under, tried = [], 0
+    for k in process.descendants(parent_of, [pid])[pid]:
+        k_command = command_of(k, root) or ""
+        if "python" not in k_command.split(" ")[0] or tried >= 20:
+            continue
+        tried += 1
+        if _torch(root, k):
+            under.append(f"PID {k} ({k_command[:60]})")
+        if len(under) == 3:
+            break
+    return line + (f"; with torch under it: {', '.join(under)}" if under else "")
+
+
+def _job(ranks: list[Process], agent: Process | None, parent_of: dict[int, int]) -> Job:
+    found = process.descendants(parent_of, [r.pid for r in ranks])
     return Job(tuple(ranks), agent, {pid: tuple(kids) for pid, kids in found.items()})
-
-
-def _parent(pid: int) -> int | None:
-    raw = _read(f"/proc/{pid}/stat")
-    if raw is None:
-        return None
-    rest = raw.rpartition(b")")[2].split()
-    return int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
-
-
-def _ancestors() -> set[int]:
-    out, p = set(), os.getppid()
-    while p and p > 1 and p not in out and len(out) < 64:
-        out.add(p)
-        p = _parent(p) or 0
-    return out
