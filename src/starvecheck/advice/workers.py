@@ -18,10 +18,13 @@ sleeps), then runs the step for R ms. With k workers:
   ms). loop/handover.py measures both for the loop's batch size; for 19 MB float
   image batches they cost about as much as the decode a worker saves;
 - the workers deliver a batch every (W + Hw) / k ms, and no faster than their CPU
-  allows: (C + Hw) / A, A being the effective CPUs (affinity and cgroup quota, a
-  fraction included) less what the training thread burns in its step;
-- the training process's own path is R + Hm, its CPU part stretched where the workers
-  and it outnumber the CPUs (k + 1 processes on E CPUs: (k + 1) / E);
+  allows: (C + Hw) / A, A being the CPUs free for workers: the effective CPUs E
+  (affinity and cgroup quota, a fraction included) less the CPU the whole training
+  process keeps busy in its step (all its threads, measured where it can be) less
+  what other processes took over the same seconds (the high side of their spread,
+  each second's reading; their use first fills the machine's CPUs past E);
+- the training process's own path is R + Hm, its CPU part stretched where the workers,
+  it and the other processes outnumber the CPUs ((k + 1 + O) / E);
 
 and the step is the slowest of the three. The count is the fewest within 5% of the best
 predicted step, up to the count that hides the latency (one spare) and, for CPU work,
@@ -44,6 +47,21 @@ loop's own CPU receiving the batch, the workers keep up and nothing changes; a c
 changes only for a predicted gain of 5% or more. The speed-up is S over the predicted
 step. With the CPUs unknown (a trace of another machine), W / R workers keep level,
 one spare, and no forecast is made.
+
+What bounds every prediction (DESIGN.md principle 9):
+- the share of the step loading can save: the predicted step is never below R + Hm,
+  so the speed-up never passes S / (S - wait + receiving);
+- with k0 workers, a worker's time per batch stays k0 * S (its time waiting for a CPU
+  included: a new worker gets no CPU of its own that today's lack), so k workers
+  deliver at most k / k0 as fast;
+- the CPU the workers need against A, the CPUs measured free; time waiting for a CPU
+  is CPU work, never I/O or sleep.
+Where the machine is too busy for this to tell (its load average past twice its CPUs,
+or the others and the training process leaving under a quarter CPU for workers) or the
+bound is wide (the prediction at the low side of the others' spread past 1.25x the one
+at its high side, or the high side's under the 5% bar), no figure is given and no
+change advised: `WorkerAdvice.reason` says why, and the callers name the measured
+path, `loader --factory`.
 """
 
 from __future__ import annotations
@@ -136,6 +154,18 @@ class Loop:
     # its threads; torch's intra-op pool runs the pipeline's tensor operations there,
     # where a worker runs them on one thread). None: not measured.
     process_cpu_ms: float | None = None
+    # The machine as measured over the same seconds (attach: once a second; watch: about
+    # once a second): the CPUs other processes kept busy, each reading (its spread bounds
+    # the prediction); empty: not measured (a trace), taken as none, as before.
+    others_cpus_each: Sequence[float] = ()
+    # The whole training process's CPU outside its workers and outside the loading it
+    # does itself (all its threads: the step, receiving batches, torch's pools), in CPUs
+    # over those seconds; None: not measured (then the step's figures stand for it).
+    process_cpus: float | None = None
+    # The machine's online CPUs (others' use is counted against them, the quota against
+    # the effective CPUs) and its 1-minute load average; None: not read.
+    machine_cpus: float | None = None
+    load_average: float | None = None
 
 
 Evidence = Throughput | IdleShares | Loop | None
@@ -164,6 +194,10 @@ class WorkerAdvice:
     why: str  # the rule or the arithmetic, in words
     workers_now: int = 0
     forecast: Forecast | None = None  # a loop's, where its CPUs are known
+    # Why no figure is given where the CPUs are known (the machine too busy for the model
+    # to tell, or the bound too wide): then no change is advised and `loader --factory`
+    # measures instead. None: the forecast stands.
+    reason: str | None = None
 
     @property
     def changes(self) -> bool:
@@ -230,12 +264,17 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
         if wait_ms - hand_m < QUIET_SHARE * step_now and effective_cpus is not None:
             return _keeping_up(loop, step_now, hand_m, effective_cpus)
         wait_ms = workers_now * step_now  # each worker takes k0 steps to make its batch
-    # What making a batch takes on a CPU of its own: the time measured less the time it
-    # waited for one (another process had it), and, at num_workers=0, at least the CPU
-    # all the training process's threads spent on it (one worker thread does it alone).
-    own_ms = max(wait_ms - runq, 1e-3)
-    if workers_now == 0 and loop.process_cpu_ms is not None:
-        own_ms = max(own_ms, loop.process_cpu_ms)
+        # A new worker gets no CPU of its own that today's lack (their time waiting for
+        # one stays), so k workers deliver at most k / k0 as fast: the (n+k)/n cap.
+        own_ms = wait_ms
+    else:
+        # What making a batch takes on a CPU of its own: the time measured less the time
+        # it waited for one, and at least the CPU all the training process's threads
+        # spent on it (one worker thread does it alone). Whether that CPU is there is the
+        # "cpus" bound's question, against the CPUs measured free.
+        own_ms = max(wait_ms - runq, 1e-3)
+        if loop.process_cpu_ms is not None:
+            own_ms = max(own_ms, loop.process_cpu_ms)
     made_ms = own_ms + hand_w  # a worker's time to make and send a batch
     main_cpu = min(max(loop.step_cpu_ms, 0.0), rest_ms)  # the loop thread's, in the step
     if effective_cpus is None:
@@ -247,52 +286,226 @@ def _loop(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
         wait_cpu = max(wait_cpu, loop.process_cpu_ms)
     cpu_ms = own_ms if wait_cpu is None else min(max(wait_cpu, 0.0), own_ms)
     cpu_ms += hand_w
-    train_share = min(main_cpu / rest_ms, 1.0)
-    if train_share < NEGLIGIBLE_SHARE:  # a step that waits on the GPU: its CPU is noise
-        train_share = 0.0
-    available = max(1.0, effective_cpus - train_share)
-    cpu_work = cpu_ms >= CPU_WORK_SHARE * made_ms
-    # The CPUs the whole training process keeps busy in its step (torch's threads too):
-    # where that is all of them, a worker takes its CPU from the step's own threads.
-    process = loop.step_process_cpu_ms
-    step_cpus = max(main_cpu, process if process is not None else 0.0) / rest_ms
-    contended = step_cpus >= max(1.0, effective_cpus - CONTENDED_SLACK)
+    # Time runnable but waiting for a CPU is CPU work the workers could not get, never
+    # I/O or sleep (at num_workers=0 it is out of `own_ms` already).
+    queued = min(runq, max(0.0, made_ms - cpu_ms)) if workers_now else 0.0
+    f = _Figures(
+        loop, effective_cpus, step_now, wait_ms, made_ms, cpu_ms, queued, hand_w, hand_m, main_cpu
+    )
+    spread = _spread(loop.others_cpus_each)
+    if spread is None:  # not measured: the machine taken as the training job's alone
+        return f.advice(None)
+    low, median, high = spread
+    busy = _too_busy(f, median)
+    if busy is not None:
+        return _no_figure(workers_now, busy, spread, f.why_cpus(median))
+    bound, best = f.advice(high), f.advice(low)
+    wide = _too_wide(best, bound, low, high)
+    if wide is not None:
+        return _no_figure(workers_now, wide, spread, bound.why)
+    return bound
 
-    m = _Model(rest_ms, main_cpu, hand_m, made_ms, cpu_ms, available, effective_cpus)
-    keep_up = math.ceil(made_ms / (rest_ms + hand_m))  # workers that hide the latency
-    # CPU work: never more workers than the CPUs could keep busy (past them, the CPU,
-    # not the count, limits the batches); waiting on I/O or sleep may go past them.
-    cpu_cap = (
-        max(1, math.floor(min(effective_cpus * made_ms / cpu_ms, 1e6))) if cpu_ms > 0 else 10**6
-    )
-    io_cap = max(IO_WORKERS_LEAST, math.ceil(IO_WORKERS_PER_CPU * effective_cpus))
-    # one spare where the CPU allows
-    most = max(1, workers_now, min(keep_up + 1, cpu_cap, io_cap))
-    workers = workers_now if contended else m.choose(workers_now, most, step_now)
-    predicted = m.step(workers) if workers else step_now
-    at = m.bounds(max(1, workers))
-    limit = "contended" if contended else max(at, key=lambda b: at[b])
-    cpu_bound = contended or cpu_ms / available > rest_ms + hand_m
-    speedup = max(1.0, step_now / predicted)
-    why = _why(loop, m, wait_ms, step_now, hand_w)
-    if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
-        why += _io_capped(keep_up + 1, io_cap)
-    if contended:
-        why += (
-            f", in which the training process keeps {step_cpus:.1f} of the "
-            f"{effective_cpus:.1f} effective CPU(s) busy itself (its own threads), so a "
-            "worker would take its CPU from the step"
+
+# Other processes' CPUs each second: the bound reads the high side of their spread
+# (this quantile), the width the low side against it.
+OTHERS_LOW_Q, OTHERS_HIGH_Q = 0.1, 0.9
+# Other processes keeping fewer CPUs busy than this (a shell, a monitor) leave the
+# machine quiet: the model's answer stands however few CPUs are left.
+OTHERS_LEAST = 0.25
+# Fewer CPUs than this left for workers, with others busy: too busy for the model.
+FREE_LEAST = 0.25
+# A load average past this many times the machine's CPUs: too busy for the model.
+LOAD_PER_CPU = 2.0
+# The prediction at the low side of the others' spread over that at the high side past
+# this: the bound is too wide to give a figure.
+WIDE_RATIO = 1.25
+# What measures where the model cannot tell.
+MEASURED_PATH = (
+    "`starvecheck loader --factory FILE.py:FUNC` (it measures each count on the pipeline)"
+)
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    v = sorted(values)
+    at = q * (len(v) - 1)
+    lo = math.floor(at)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (at - lo)
+
+
+def _spread(each: Sequence[float]) -> tuple[float, float, float] | None:
+    """(low, median, high) of the other processes' CPUs each second; None: not measured."""
+    values = [max(0.0, float(x)) for x in each if x is not None and math.isfinite(x)]
+    if not values:
+        return None
+    return _quantile(values, OTHERS_LOW_Q), _quantile(values, 0.5), _quantile(values, OTHERS_HIGH_Q)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """A loop's figures, ready for the model at any CPU use of the other processes."""
+
+    loop: Loop
+    effective: float  # E
+    step_now: float
+    wait_ms: float  # the time a batch takes today (k0 x the step with workers)
+    made_ms: float  # W + Hw: a worker's time to make and send a batch
+    cpu_ms: float  # C + Hw: its CPU
+    queued: float  # of made_ms, time the workers waited for a CPU (CPU work)
+    hand_w: float
+    hand_m: float
+    main_cpu: float  # the loop thread's CPU in the rest of the step
+
+    @property
+    def own_cpus(self) -> float:
+        """P: the CPUs the training process keeps busy on its own path (its step and
+        receiving batches), all its threads where measured; below a tenth of a CPU
+        (a step that waits on the GPU) it is noise, left out."""
+        rest = self.loop.rest_ms
+        thread = self.main_cpu / rest
+        if self.loop.process_cpus is not None:
+            process = self.loop.process_cpus * self.step_now / (rest + self.hand_m)
+        else:
+            process = (self.loop.step_process_cpu_ms or 0.0) / rest
+        p = min(max(thread, process), self.effective)
+        return p if p >= NEGLIGIBLE_SHARE else 0.0
+
+    def room(self, others: float | None) -> float:
+        """The CPUs the training job can have: the effective CPUs, less what other
+        processes took of them (their use first fills the machine's CPUs past the
+        effective ones: a quota on a large host)."""
+        if others is None:
+            return self.effective
+        machine = max(self.loop.machine_cpus or self.effective, self.effective)
+        return max(0.0, min(self.effective, machine - others))
+
+    def available(self, others: float | None) -> float:
+        """A: the CPUs free for workers. Not measured (a trace, a caller without the
+        machine's figures): a worker is taken to have a CPU of its own, as before."""
+        free = self.room(others) - self.own_cpus
+        if others is None:
+            return max(min(1.0, self.effective), free)
+        return max(free, 1e-2)
+
+    def why_cpus(self, others: float | None) -> str:
+        p = self.own_cpus
+        text = (
+            f"{max(0.0, self.room(others) - p):.1f} CPU(s) are free for workers "
+            f"({self.effective:.1f} effective"
         )
-    else:
-        why += (
-            f"; {available:.1f} CPU(s) are free for workers ({effective_cpus:.1f} effective"
-            + (f", less {train_share:.1f} the training step uses" if train_share >= 0.05 else "")
-            + ")"
+        if p >= 0.05:
+            text += f", less {p:.1f} the training process uses in its step"
+        if others is not None:
+            text += f", less {self.effective - self.room(others):.1f} other processes took"
+        return text + ")"
+
+    def advice(self, others: float | None) -> WorkerAdvice:
+        """The count and forecast with other processes keeping `others` CPUs busy."""
+        loop, effective, step_now = self.loop, self.effective, self.step_now
+        workers_now, rest_ms = loop.workers_now, loop.rest_ms
+        available = self.available(others)
+        cpu_work = self.cpu_ms + self.queued >= CPU_WORK_SHARE * self.made_ms
+        # The CPUs the whole training process keeps busy in its step (torch's threads
+        # too): where that is all of them, a worker takes its CPU from the step's own.
+        process = loop.step_process_cpu_ms
+        step_cpus = max(self.main_cpu, process if process is not None else 0.0) / rest_ms
+        contended = step_cpus >= max(1.0, effective - CONTENDED_SLACK)
+        contending = effective - self.room(others)
+        m = _Model(
+            rest_ms,
+            self.main_cpu,
+            self.hand_m,
+            self.made_ms,
+            self.cpu_ms,
+            available,
+            effective,
+            contending,
         )
-    forecast = Forecast(
-        predicted, speedup, available, cpu_bound, cpu_work, hand_w + hand_m, limit, hand_m
+        keep_up = math.ceil(self.made_ms / (rest_ms + self.hand_m))  # hides the latency
+        # CPU work (time waiting for a CPU included): never more workers than the CPUs
+        # could keep busy (past them, the CPU, not the count, limits the batches);
+        # waiting on I/O or sleep may go past them.
+        work = self.cpu_ms + self.queued
+        cpu_cap = (
+            max(1, math.floor(min(effective * self.made_ms / work, 1e6))) if work > 0 else 10**6
+        )
+        io_cap = max(IO_WORKERS_LEAST, math.ceil(IO_WORKERS_PER_CPU * effective))
+        most = max(1, workers_now, min(keep_up + 1, cpu_cap, io_cap))  # one spare
+        workers = workers_now if contended else m.choose(workers_now, most, step_now)
+        predicted = m.step(workers) if workers else step_now
+        at = m.bounds(max(1, workers))
+        limit = "contended" if contended else max(at, key=lambda b: at[b])
+        cpu_bound = contended or self.cpu_ms / available > rest_ms + self.hand_m
+        speedup = max(1.0, step_now / predicted)
+        why = _why(loop, m, self.wait_ms, step_now, self.hand_w)
+        if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
+            why += _io_capped(keep_up + 1, io_cap)
+        if contended:
+            why += (
+                f", in which the training process keeps {step_cpus:.1f} of the "
+                f"{effective:.1f} effective CPU(s) busy itself (its own threads), so a "
+                "worker would take its CPU from the step"
+            )
+        else:
+            why += "; " + self.why_cpus(others)
+        forecast = Forecast(
+            predicted,
+            speedup,
+            available,
+            cpu_bound,
+            cpu_work,
+            self.hand_w + self.hand_m,
+            limit,
+            self.hand_m,
+        )
+        return WorkerAdvice(max(workers, workers_now), why, workers_now, forecast)
+
+
+def _too_busy(f: _Figures, others: float) -> str | None:
+    """Why the machine is too busy for the model to tell, or None: its load average
+    past twice its CPUs, or other processes (their median) and the training process's
+    own step leaving (almost) no CPU for workers."""
+    loop = f.loop
+    machine = loop.machine_cpus or f.effective
+    if loop.load_average is not None and loop.load_average > LOAD_PER_CPU * machine:
+        return (
+            f"the machine's load average is {loop.load_average:.1f} on {machine:g} CPU(s), "
+            f"past {LOAD_PER_CPU:g}x its CPUs"
+        )
+    free = f.room(others) - f.own_cpus
+    if others >= OTHERS_LEAST and free < FREE_LEAST:
+        return (
+            f"other processes kept {others:.1f} CPU(s) busy (median each second) and the "
+            f"training process {f.own_cpus:.1f} in its step, of {f.effective:g} effective: "
+            f"{max(0.0, free):.1f} left for workers"
+        )
+    return None
+
+
+def _too_wide(best: WorkerAdvice, bound: WorkerAdvice, low: float, high: float) -> str | None:
+    """Why the prediction is too uncertain to give, or None: the count changes with
+    the others at the low side of their spread (`best`), and at its high side
+    (`bound`) the gain falls below the bar, or the two differ by more than WIDE_RATIO."""
+    if not best.changes or best.forecast is None or bound.forecast is None:
+        return None
+    most, least = best.forecast.speedup, bound.forecast.speedup
+    if bound.changes and least >= MIN_GAIN and most <= WIDE_RATIO * least:
+        return None
+    return (
+        f"the bound is too wide: other processes' CPU use went from {low:.1f} to {high:.1f} "
+        f"CPU(s) over the seconds read, and the model predicts {most:.2f}x at the low side "
+        f"but {least:.2f}x at the high side"
     )
-    return WorkerAdvice(max(workers, workers_now), why, workers_now, forecast)
+
+
+def _no_figure(
+    workers_now: int, reason: str, spread: tuple[float, float, float], why: str
+) -> WorkerAdvice:
+    low, median, high = spread
+    text = (
+        f"{why}; other processes kept {median:.1f} CPU(s) busy ({low:.1f}-{high:.1f} each second)"
+    )
+    return WorkerAdvice(workers_now, text, workers_now, None, reason)
 
 
 def _io_capped(wanted: int, cap: int) -> str:
@@ -313,13 +526,16 @@ class _Model:
     cpu_ms: float  # C + Hw: its CPU
     available: float  # A: CPUs the workers can have
     effective: float  # E: the effective CPUs
+    contending: float = 0.0  # of them, the CPUs other processes keep busy
 
     def bounds(self, k: int) -> dict[str, float]:
         """The step with k workers is the slowest of: the training process's own path
-        (its step, the CPU part of it shared with the workers where they and it
-        outnumber the CPUs, and receiving the batch, timed as it is: loop/handover.py),
-        the workers' delivery, and the CPU the loading needs beside the step."""
-        share = max(1.0, (k + 1) / self.effective)
+        (its step, the CPU part of it shared with the workers and other processes where
+        they and it outnumber the CPUs, and receiving the batch, timed as it is:
+        loop/handover.py), the workers' delivery, and the CPU the loading needs beside
+        the step. The own path never falls below the step outside the wait plus
+        receiving: the share of the step loading can save caps the gain."""
+        share = max(1.0, (k + 1 + self.contending) / self.effective)
         own = (self.rest_ms - self.main_cpu) + self.main_cpu * share + self.hand_m
         return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_ms / self.available}
 
