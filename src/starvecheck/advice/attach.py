@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.profile import severity
-from starvecheck.advice.stepworkers import LOADER_LINE, offline
+from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
-from starvecheck.core.metric import Metric, select, value
+from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
 if TYPE_CHECKING:
@@ -143,7 +143,9 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     if workers == 0:
         reading = value(m, quantity="main_loading_share", kind="read") or 0.0
         cpu_ms = max(0.0, share - reading) * 1e3
-        loop = Loop(share * 1e3, (1 - share) * 1e3, cpu_ms, _step_cpu_ms(m, share), 0)
+        machine = _machine(r, m, cpu_ms / 1e3)
+        step_cpu = _step_cpu_ms(m, share, cpu_ms / 1e3)
+        loop = Loop(share * 1e3, (1 - share) * 1e3, cpu_ms, step_cpu, 0, **machine)
         what = f"The main thread loads its own batches (no DataLoader worker found): {loading}"
         assumed = (
             " Assumed: handing batches over from workers is not measured here (taken as "
@@ -174,10 +176,11 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
         share * 1e3,
         (1 - share) * 1e3,
         wcpu * 1e3,
-        _step_cpu_ms(m, share),
+        _step_cpu_ms(m, share, receive),
         workers,
         receive_cpu_ms=receive * 1e3,
         runq_ms=runq * 1e3,
+        **_machine(r, m, 0.0),
     )
     return _advise(r, pid, loop, cpus, f"its workers are {link}", what, "")
 
@@ -194,11 +197,33 @@ def _receive_cpu(m: Sequence[Metric], share: float) -> float:
     return min(sampled, max(0.0, thread - (1.0 - share)))
 
 
-def _step_cpu_ms(m: Sequence[Metric], share: float) -> float:
-    """The main thread's CPU outside its wait, per second: its CPU less the wait's
-    (at most the wait itself), never below none."""
+def _step_cpu_ms(m: Sequence[Metric], share: float, in_wait: float) -> float:
+    """The main thread's CPU outside its wait, per second: its CPU less what it spent
+    inside the wait (`in_wait`: loading at num_workers=0, receiving batches with
+    workers), at most the time outside the wait. (Taking the whole wait as CPU, as
+    before, read a thread blocked in its wait as idle in its step: a CPU-bound step
+    left every CPU free for workers.)"""
     thread = value(m, quantity="main_thread_cpus") or 0.0
-    return max(0.0, thread - share) * 1e3
+    return min(max(0.0, thread - in_wait), 1.0 - share) * 1e3
+
+
+def _machine(r: StageResult, m: Sequence[Metric], loading: float) -> dict[str, Any]:
+    """The machine over the seconds read, for the worker model's bound: the other
+    processes' CPUs each second (the whole window's figure where those are missing),
+    the training process's own CPU less the loading it does itself (`loading`, CPUs),
+    the machine's CPUs and load average."""
+    each = one(r.metrics, quantity="others_cpus_each_s")
+    whole = value(r.metrics, quantity="others_cpus")
+    others = tuple(each.values) if each is not None and each.values else ()
+    if not others and whole is not None:
+        others = (whole,)
+    main = value(m, quantity="main_cpus")
+    return {
+        "others_cpus_each": others,
+        "process_cpus": None if main is None else max(0.0, main - loading),
+        "machine_cpus": value(r.metrics, quantity="machine_cpus"),
+        "load_average": value(r.metrics, quantity="load_average"),
+    }
 
 
 def _advise(
@@ -206,6 +231,9 @@ def _advise(
 ) -> Finding | None:
     advice = recommend_workers(loop, Cpus(cpus))
     title = f"{_who(r, pid)}: {link}"
+    if advice is not None and advice.reason is not None:
+        text, gain, _ = no_figure(advice, f"num_workers={advice.workers_now}")
+        return Finding("attach.loader-bound", Severity.INFO, title, what, text, gain)
     if advice is None or advice.forecast is None:
         return Finding("attach.loader-bound", Severity.INFO, title, what)
     recommendation, gain, fix = _change(advice, cpus)

@@ -14,7 +14,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
+from starvecheck.advice.workers import (
+    MEASURED_PATH,
+    Cpus,
+    Loop,
+    WorkerAdvice,
+    recommend_workers,
+)
 from starvecheck.core.metric import Metric, one, value
 from starvecheck.core.model import Gain, GainKind
 from starvecheck.core.paired import Comparison, compare
@@ -179,12 +185,31 @@ def offline(cpu_work: bool = True) -> str:
     )
 
 
+def no_figure(a: WorkerAdvice, now: str) -> tuple[str, Gain, dict[str, Any]]:
+    """The worker model's answer where it gives no figure (`a.reason`: the machine too
+    busy for it to tell, or its bound too wide): no change, and the measured path."""
+    busy = "too wide" not in (a.reason or "")
+    head = (
+        "The machine is too busy for a model to tell what more workers would gain"
+        if busy
+        else "The model cannot tell what more workers would gain here"
+    )
+    text = (
+        f"{head} ({a.reason}), so no worker count is advised ({now} stays): "
+        f"{MEASURED_PATH} measures each count on the pipeline instead, best while the "
+        "machine is as busy as it is in training."
+    )
+    return text, Gain(GainKind.THROUGHPUT, None, f"no figure: {a.reason}"), {}
+
+
 def worker_change(
     a: WorkerAdvice, interval: Comparison | None = None
 ) -> tuple[str, Gain, dict[str, Any]]:
     """What to change, from the measured worker advice: the recommendation, the
     predicted speed-up (with its interval over blocks of steps, where there is one),
-    the setting as data."""
+    the setting as data; where the model gives no figure, what to measure instead."""
+    if a.reason is not None:
+        return no_figure(a, f"num_workers={a.workers_now}")
     f = a.forecast
     assert f is not None  # a loop's advice on known CPUs
     line = LOADER_LINE.format(n=a.workers)

@@ -320,9 +320,7 @@ LOAD_PER_CPU = 2.0
 # this: the bound is too wide to give a figure.
 WIDE_RATIO = 1.25
 # What measures where the model cannot tell.
-MEASURED_PATH = (
-    "`starvecheck loader --factory FILE.py:FUNC` (it measures each count on the pipeline)"
-)
+MEASURED_PATH = "`starvecheck loader --factory FILE.py:FUNC`"
 
 
 def _quantile(values: Sequence[float], q: float) -> float:

@@ -17,6 +17,7 @@ Parsers are pure functions of text; `sample` never raises.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -73,6 +74,22 @@ def parse_schedstat(text: str) -> tuple[float, float] | None:
         return int(parts[0]) / 1e9, int(parts[1]) / 1e9
     except (IndexError, ValueError):
         return None
+
+
+def parse_loadavg(text: str) -> float | None:
+    """The 1-minute load average, the first field of /proc/loadavg."""
+    try:
+        value = float(text.split()[0])
+    except (IndexError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def load_average(root: SysRoot | None = None) -> float | None:
+    """The machine's 1-minute load average (runnable and uninterruptible tasks), or
+    None where /proc/loadavg cannot be read."""
+    text = _read(root or SysRoot.from_environ({}), "/proc/loadavg")
+    return parse_loadavg(text) if text else None
 
 
 def parse_throttled(text: str) -> float | None:

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 from starvecheck.probe import process
 from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
-from starvecheck.probe.load import machine_times, parse_throttled, runq_seconds
+from starvecheck.probe.load import (
+    load_average,
+    machine_times,
+    ours_cpu,
+    parse_throttled,
+    runq_seconds,
+)
 from starvecheck.probe.sysroot import SysRoot
 
 
@@ -44,6 +50,20 @@ def snapshot(pid: int, uss: bool = False) -> Snapshot | None:
     if uss:
         s.uss = process.uss(root, pid)
     return s
+
+
+# The per-second reading of the other processes' CPUs: at least this long apart.
+EACH_S = 0.9
+
+
+@dataclass(frozen=True)
+class Mark:
+    """When the other processes' CPUs were last read, the machine's busy seconds and
+    starvecheck's own CPU seconds then."""
+
+    at: float
+    busy: float | None
+    ours: float | None
 
 
 @dataclass
@@ -79,6 +99,12 @@ class Watch:
         for owner, pids in owned.items():
             for pid in (owner, *pids):
                 self.add(pid, owner)
+        # The CPUs other processes used, each second (their spread bounds the worker
+        # model's prediction): the machine's busy time less the job's and starvecheck's
+        # own (py-spy: gone once attach ends, so not the job's competition after).
+        self.others_each: list[float] = []
+        self._mark = Mark(self.t0, self.machine0, ours_cpu())
+        self._job_since = 0.0  # the job's CPU seconds since the mark
 
     def add(self, pid: int, owner: int) -> None:
         if pid in self.series:
@@ -100,7 +126,23 @@ class Watch:
             before = series.last
             if s.cpu_s is not None and before.cpu_s is not None and s.at > before.at:
                 series.cpu_per_s.append((s.cpu_s - before.cpu_s) / (s.at - before.at))
+                self._job_since += max(0.0, s.cpu_s - before.cpu_s)
             series.last = s
+        self._others_tick()
+
+    def _others_tick(self) -> None:
+        """Another second's CPUs of the other processes, where a second has passed
+        since the last (ticks come faster while py-spy finishes)."""
+        now = time.perf_counter()
+        if now - self._mark.at < EACH_S:
+            return
+        busy, mine = _machine(), ours_cpu()
+        m = self._mark
+        if busy is not None and m.busy is not None:
+            own = mine - m.ours if mine is not None and m.ours is not None else 0.0
+            used = busy - m.busy - self._job_since - max(0.0, own)
+            self.others_each.append(max(0.0, used / (now - m.at)))
+        self._mark, self._job_since = Mark(now, busy, mine), 0.0
 
     def finish(self) -> dict[str, float | None]:
         """The last readings (USS again) and the machine's: CPUs other processes used
@@ -117,6 +159,8 @@ class Watch:
         if self.machine0 is not None and machine1 is not None:
             others = max(0.0, (machine1 - self.machine0 - ours) / seconds)
         out: dict[str, float | None] = {"seconds": seconds, "others_cpus": others}
+        out["load_average"] = load_average()
+        out["machine_cpus"] = float(os.cpu_count() or 0) or None
         for key in ("nr_periods", "nr_throttled", "throttled_s"):
             a, b = self.cgroup0.get(key), cgroup1.get(key)
             out[key] = None if a is None or b is None else max(0.0, b - a)

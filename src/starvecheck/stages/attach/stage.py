@@ -281,6 +281,10 @@ def _read_all(
         metrics += read_procs(r, workers, watch)
     for key in MACHINE:
         metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
+    if watch.others_each:  # each second: the spread the worker model's bound reads
+        each = [round(x, 3) for x in watch.others_each]
+        lab = {"quantity": "others_cpus_each_s"}
+        metrics.append(Metric.repeated("attach.machine.others_cpus_each_s", each, "CPUs", lab))
     return metrics, found, tops
 
 
@@ -308,6 +312,8 @@ def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
 
 MACHINE = {
     "others_cpus": "CPUs",
+    "load_average": "tasks",
+    "machine_cpus": "CPUs",
     "nr_periods": "periods",
     "nr_throttled": "periods",
     "throttled_s": "s",
