@@ -100,6 +100,7 @@ def measured_advice(
         "handover_worker_ms": value(m, quantity="handover_worker_cpu_ms") or 0.0,
         "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
         "batch_bytes": _int(value(m, quantity="batch_bytes")),
+        **_machine(m, params, step_ms),
     }
     if params.dataloader == SINGLE_PROCESS:
         wait_cpu = value(m, quantity="data_wait_cpu_ms")
@@ -122,6 +123,32 @@ def measured_advice(
     }
     loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers, **measured)
     return recommend_workers(loop, Cpus(float(cpus)))
+
+
+def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[str, Any]:
+    """The machine as watch read it, for the worker model's bound: the other processes'
+    CPUs each second, the training process's own CPU (all its threads: in its step, and
+    with workers in its wait, receiving; at num_workers=0 its wait is the loading, which
+    workers would take over), the machine's CPUs and load average. Ranks sharing a host
+    are left as before: each is given its share of the CPUs, and the others read beside
+    it include the other ranks, which that share counts already."""
+    sharing = params.ranks_on_host
+    if isinstance(sharing, int) and sharing > 1:
+        return {}
+    each = one(m, quantity="others_cpus_each_s")
+    step_pcpu = value(m, quantity="compute_process_cpu_ms")
+    wait_pcpu = value(m, quantity="data_wait_process_cpu_ms") or 0.0
+    own = None
+    if step_pcpu is not None and step_ms > 0:
+        in_wait = 0.0 if params.dataloader == SINGLE_PROCESS else wait_pcpu
+        own = (step_pcpu + in_wait) / step_ms
+    machine, load = params.get("machine_cpus"), params.get("load_average")
+    return {
+        "others_cpus_each": tuple(each.values) if each is not None else (),
+        "process_cpus": own,
+        "machine_cpus": float(machine) if isinstance(machine, int | float) else None,
+        "load_average": float(load) if isinstance(load, int | float) else None,
+    }
 
 
 # The loop's steps in this many blocks: the model predicts each block's speed-up, and

@@ -393,8 +393,9 @@ class _Figures:
         )
         if p >= 0.05:
             text += f", less {p:.1f} the training process uses in its step"
-        if others is not None:
-            text += f", less {self.effective - self.room(others):.1f} other processes took"
+        taken = self.effective - self.room(others)
+        if others is not None and taken >= 0.05:
+            text += f", less {taken:.1f} other processes took"
         return text + ")"
 
     def advice(self, others: float | None) -> WorkerAdvice:

@@ -1,13 +1,19 @@
 """CPU time read beside the loop's clock: the loop thread's wait for a CPU, and the
 DataLoader workers' CPU. Both say whether a wait for data is CPU work or I/O (or
-sleep); both read /proc, and read nothing (never raise) where it is not there."""
+sleep); both read /proc, and read nothing (never raise) where it is not there. And
+about once a second the machine: the CPUs other processes use beside the training
+process and its workers, and the training process's own (the worker model's bound)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 WORKER_SAMPLE = 16  # steps between two readings of the workers' CPU time
+# Seconds between two readings of the machine's CPU: never per step (a /proc/stat read
+# and one per worker, some tens of microseconds, once a second: under 0.01% of it).
+MACHINE_EACH_S = 1.0
 
 
 class Runqueue:
@@ -72,3 +78,42 @@ class WorkerCpu:
             waited = [runq_seconds(pid) for pid in self.pids]
             if all(w is not None for w in waited):
                 runq.append((steps, sum(w for w in waited if w is not None)))
+
+
+class MachineCpu:
+    """The CPUs other processes kept busy, and the training process's own (all its
+    threads), each second or so: /proc/stat's busy time less this process's and its
+    workers' (probe/load.sample, between). `due()` is one clock read; a reading that
+    cannot be made (no /proc, a worker gone) is skipped, and the next starts afresh."""
+
+    def __init__(self, workers: list[int] | None = None) -> None:
+        self.pids = [os.getpid(), *(workers or [])]
+        self.next_at = time.perf_counter() + MACHINE_EACH_S
+        self.last: tuple[float, Any, float] | None = None
+        self.read(None, None)
+
+    def due(self) -> bool:
+        return time.perf_counter() >= self.next_at
+
+    def read(self, others: list[float] | None, process: list[float] | None) -> None:
+        """Append the seconds since the last reading: others' CPUs to `others`, this
+        process's to `process`."""
+        from starvecheck.probe.load import between, sample
+
+        now = time.perf_counter()
+        self.next_at = now + MACHINE_EACH_S
+        try:
+            s, mine = sample(self.pids, runq=False), time.process_time()
+        except Exception:
+            self.last = None
+            return
+        if s.machine is None or s.ours_cpu is None:
+            self.last = None
+            return
+        if self.last is not None and others is not None and process is not None:
+            at, before, mine0 = self.last
+            load = between(before, s, now - at)
+            if load.others_cpus is not None and s.ours_cpu >= before.ours_cpu:
+                others.append(round(load.others_cpus, 3))
+                process.append(round(max(0.0, mine - mine0) / (now - at), 3))
+        self.last = (now, s, mine)

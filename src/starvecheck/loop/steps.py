@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from starvecheck.loop.barrier import Barrier
+    from starvecheck.loop.cpu import MachineCpu
     from starvecheck.loop.gpuclock import DeviceIdle, NoDevice
     from starvecheck.loop.ranks import Peers
     from starvecheck.loop.times import LoopTimes
@@ -32,6 +33,7 @@ class TrainerSteps:
     _gap: float | None
     _gap_cpu: float
     _gap_pcpu: float
+    _machine: MachineCpu | None = None  # the machine's CPU, read about once a second
 
     if TYPE_CHECKING:  # Watch's own
 
@@ -83,7 +85,22 @@ class TrainerSteps:
         if self.every and len(t.computes) % self.every == 0:
             self._checkpoint()
             now, now_cpu = self.clock(), time.thread_time()  # printing is ours
+        machine = self._machine_cpu()
+        if machine is not None and machine.due():  # about once a second
+            machine.read(t.others_cpus, t.process_cpus)
+            now, now_cpu = self.clock(), time.thread_time()  # reading /proc is ours
         self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, time.process_time()
+
+    def _machine_cpu(self) -> MachineCpu | None:
+        """The machine's sampler where the trainer loads in its own process: its
+        workers' pids are not known here, and their CPU would be read as others'."""
+        if self.times.num_workers != 0:
+            return None
+        if getattr(self, "_machine", None) is None:
+            from starvecheck.loop.cpu import MachineCpu
+
+            self._machine = MachineCpu()
+        return self._machine
 
     def resume_wait(self) -> None:
         """Work that is not waiting for data ended just now between two steps

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
-from starvecheck.loop.cpu import WORKER_SAMPLE, Runqueue, WorkerCpu
+from starvecheck.loop.cpu import WORKER_SAMPLE, MachineCpu, Runqueue, WorkerCpu
 from starvecheck.loop.gpuclock import CudaDevice, Device, DeviceIdle, NoDevice
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
@@ -136,7 +136,7 @@ class Watch(TrainerSteps, Generic[T]):
         barrier = self._rank_barrier()
         gpu, replay = self._events(), self._replay
         gpu.new_pass()
-        clock, cpu, pcpu = self.clock, time.thread_time, time.process_time
+        clock, cpu, pcpu, perf = self.clock, time.thread_time, time.process_time, time.perf_counter
         runq = Runqueue()
         queued = runq.read
         t = self.times
@@ -149,6 +149,8 @@ class Watch(TrainerSteps, Generic[T]):
         t.iterator = type(it).__name__
         t.num_workers = getattr(it, "_num_workers", t.num_workers)
         workers = WorkerCpu(it)
+        machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
+        others, process = t.others_cpus, t.process_cpus
         t.new_pass()
         t.passes += 1
         first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
@@ -169,6 +171,9 @@ class Watch(TrainerSteps, Generic[T]):
                     if workers and len(computes) % WORKER_SAMPLE == 1:
                         workers.sample(len(computes), t.worker_cpu, t.worker_runq)
                         asked = clock()  # reading /proc is ours: counted in neither
+                    if perf() >= machine.next_at:  # about once a second, never per step
+                        machine.read(others, process)
+                        asked = clock()
                     if every and len(computes) % every == 0:
                         self._checkpoint()
                         asked = clock()  # printing is ours: counted in neither figure

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import sys
 from array import array
@@ -103,6 +104,10 @@ class LoopTimes:
     gpu_period: array[float] = field(default_factory=_seconds)
     gpu_unresolved: int = 0
     headspace: list[float] = field(default_factory=list)  # replayed steps, s (headspace.py)
+    # About once a second (loop/cpu.MachineCpu): the CPUs other processes kept busy
+    # beside this process and its workers, and this process's own (all its threads).
+    others_cpus: list[float] = field(default_factory=list)
+    process_cpus: list[float] = field(default_factory=list)
 
     def same_order(self) -> bool | None:
         """The last two passes began with the same samples in the same order; None
@@ -210,6 +215,12 @@ class LoopTimes:
                 _single("handover_worker_cpu_ms", self.handover_ms[0], "ms"),
                 _single("handover_main_ms", self.handover_ms[1], "ms"),
             ]
+        for quantity, each in (
+            ("others_cpus_each_s", self.others_cpus),
+            ("process_cpus_each_s", self.process_cpus),
+        ):
+            if each:
+                out.append(Metric.repeated(quantity, each, "CPUs", {"quantity": quantity}))
         return out
 
     def new_pass(self) -> None:
@@ -247,6 +258,7 @@ class LoopTimes:
             "passes": self.passes,
             "num_workers": self.num_workers,
             "effective_cpus": _effective_cpus(),
+            **_machine(),
             "sampler": self.sampler,
             "sampler_shuffle": self.sampler_shuffle,
             "sampler_epochs": self.sampler_epochs[-2:],
@@ -411,6 +423,14 @@ def _effective_cpus() -> float | None:
     from starvecheck.probe.machine import process_cpus
 
     return process_cpus()
+
+
+def _machine() -> dict[str, float | None]:
+    """The machine's online CPUs and its 1-minute load average, read where the loop
+    runs (the worker model's bound reads them beside the others' CPUs)."""
+    from starvecheck.probe.load import load_average
+
+    return {"machine_cpus": float(os.cpu_count() or 0) or None, "load_average": load_average()}
 
 
 def _per_batch(total: tuple[int, float]) -> float | None:

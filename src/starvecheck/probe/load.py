@@ -173,14 +173,20 @@ def _runq(root: SysRoot, pid: int) -> float | None:
     return total if seen else None
 
 
-def sample(pids: Iterable[int], cpu_stat: str | None = None, root: SysRoot | None = None) -> Sample:
+def sample(
+    pids: Iterable[int],
+    cpu_stat: str | None = None,
+    root: SysRoot | None = None,
+    runq: bool = True,
+) -> Sample:
     """The machine now, and `pids` (processes that may have exited: skipped).
     `cpu_stat`: the cgroup's cpu.stat path where a quota is enforced (probe/cgroup.py
-    finds it), else None."""
+    finds it), else None. `runq=False`: the threads' run-queue time is not read (one
+    file a thread: a process with hundreds of threads costs a millisecond)."""
     root = root or SysRoot.from_environ({})
     text = _read(root, "/proc/stat")
     machine = parse_proc_stat(text) if text else None
-    cpu = runq = 0.0
+    cpu = queued = 0.0
     seen_cpu = seen_runq = False
     for pid in pids:
         stat = _read(root, f"/proc/{pid}/stat")
@@ -188,15 +194,15 @@ def sample(pids: Iterable[int], cpu_stat: str | None = None, root: SysRoot | Non
         if t is not None:
             cpu += t
             seen_cpu = True
-        waited = _runq(root, pid)
+        waited = _runq(root, pid) if runq else None
         if waited is not None:
-            runq += waited
+            queued += waited
             seen_runq = True
     throttled = None
     if cpu_stat:
         text = _read(root, cpu_stat)
         throttled = parse_throttled(text) if text else None
-    return Sample(machine, cpu if seen_cpu else None, runq if seen_runq else None, throttled)
+    return Sample(machine, cpu if seen_cpu else None, queued if seen_runq else None, throttled)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""watch reads the machine beside the loop (loop/cpu.MachineCpu): the other processes'
+CPUs and the training process's own, about once a second, into its metrics; and the
+worker advice it gives is bounded by them (advice/stepworkers.measured_advice into
+advice/workers.py): no figure where the machine is too busy for the model to tell."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from starvecheck.advice.report import build_report
+from starvecheck.core.context import Context
+from starvecheck.core.model import StageResult
+from starvecheck.loop.timer import Watch
+from starvecheck.loop.times import LoopTimes
+
+SINGLE = "_SingleProcessDataLoaderIter"
+
+
+def judged(others: list[float], load: float) -> dict:
+    """A loop at num_workers=0 that makes each batch with 24 ms of CPU and steps 10 ms
+    on the GPU (0.2 ms of CPU), judged on 2 effective CPUs beside others' use."""
+    n = 21
+    t = LoopTimes(
+        waits=[0.024] * n,
+        computes=[0.010] * n,
+        wait_cpu=[0.024] * n,
+        compute_cpu=[0.0002] * n,
+        compute_process_cpu=[0.0002] * n,
+        wait_process_cpu=[0.024] * n,
+        passes=1,
+        iterator=SINGLE,
+        num_workers=0,
+        others_cpus=others,
+        process_cpus=[0.72] * len(others),
+    )
+    params = t.parameters() | {"effective_cpus": 2.0, "machine_cpus": 2.0, "load_average": load}
+    stage = StageResult("watch", params, tuple(t.metrics()), caveats=tuple(t.caveats()))
+    report = build_report("watch", None, [stage], Context())
+    return {f.id: f for f in report.stages[0].findings}
+
+
+def test_a_quiet_machine_gets_the_count_and_its_figure():
+    f = judged([0.0, 0.02, 0.01, 0.0], load=0.5)["profile.data-bound"]
+    assert f.fix == {"num_workers": 2} and f.gain.value is not None and f.gain.value > 1.05
+
+
+def test_a_machine_loaded_past_twice_its_cpus_gets_no_figure_and_the_measured_path():
+    # The issue's watch runs: load average 6-8 on 2 CPUs, 4.33x predicted, 1.67x measured.
+    f = judged([0.3, 0.35, 0.3], load=7.0)["profile.data-bound"]
+    assert not f.fix and f.gain.value is None
+    assert "too busy for a model to tell" in f.recommendation
+    assert "`starvecheck loader --factory FILE.py:FUNC`" in f.recommendation
+
+
+def test_others_taking_the_cpus_give_no_figure():
+    f = judged([1.7, 1.8, 1.9, 1.8], load=1.5)["profile.data-bound"]
+    assert not f.fix and "too busy" in f.recommendation and "left for workers" in f.recommendation
+
+
+def test_a_watched_loop_carries_the_others_cpus_and_its_own():
+    """A real loop of about 2.5 s (not timed: the readings' presence and sanity)."""
+    w = Watch(list(range(50)), show=False)
+    for _ in w:
+        time.sleep(0.05)
+    m = {x.labels.get("quantity"): x for x in w.measured().metrics}
+    cpus = os.cpu_count() or 1
+    others, own = m["others_cpus_each_s"], m["process_cpus_each_s"]
+    assert 1 <= len(others.values) <= 4 and len(own.values) == len(others.values)
+    assert all(0.0 <= x <= cpus + 0.5 for x in others.values)
+    assert all(0.0 <= x <= cpus + 0.5 for x in own.values)
+    params = w.measured().parameters
+    assert params["machine_cpus"] == cpus
+    assert params["load_average"] is None or params["load_average"] >= 0
+
+
+def test_a_trainers_hooks_read_the_machine_too_where_it_loads_itself():
+    w = Watch((), show=False)
+    w.times.num_workers = 0
+    w.begin_pass()
+    end = time.perf_counter() + 2.3
+    while time.perf_counter() < end:
+        w.begin_step()
+        time.sleep(0.05)
+        w.end_step()
+    assert 1 <= len(w.times.others_cpus) <= 3
+    # With workers whose pids the hooks cannot see: not read (their CPU is not others').
+    v = Watch((), show=False)
+    v.times.num_workers = 2
+    v.begin_pass()
+    end = time.perf_counter() + 1.2
+    while time.perf_counter() < end:
+        v.begin_step()
+        time.sleep(0.05)
+        v.end_step()
+    assert v.times.others_cpus == []
