@@ -94,3 +94,14 @@ def test_a_trainers_hooks_read_the_machine_too_where_it_loads_itself():
         time.sleep(0.05)
         v.end_step()
     assert v.times.others_cpus == []
+
+
+def test_a_ranks_machine_readings_travel_with_its_figures():
+    from starvecheck.loop.times import RankTimes
+
+    t = LoopTimes(waits=[0.05, 0.001], computes=[0.01, 0.01], passes=1)
+    t.others_cpus, t.process_cpus = [0.5, 0.75], [1.0, 1.25]
+    got = RankTimes.decode(t.encode(rank=1, final=True, window=64)).times
+    assert got.others_cpus == [0.5, 0.75] and got.process_cpus == [1.0, 1.25]
+    old = t.encode(rank=1, final=True, window=64).replace(b'"machine"', b'"unknown"')
+    assert RankTimes.decode(old).times.others_cpus == []  # a rank of an older version

@@ -27,6 +27,7 @@ from starvecheck.core.metric import Caveat, Metric
 from starvecheck.loop.gpuclock import figures as gpu_figures
 
 SOURCE = "starvecheck.watch"
+MACHINE_SENT = 600  # the machine's last readings a rank sends (about ten minutes)
 VERSION = 1  # of the encoding
 # The per-step arrays, in seconds, one entry per completed step.
 ARRAYS = (
@@ -319,6 +320,8 @@ class LoopTimes:
                 self.gpu_unresolved,
             ],
             "headspace": self.headspace,
+            # the machine beside this rank, its last readings (about one a second)
+            "machine": [self.others_cpus[-MACHINE_SENT:], self.process_cpus[-MACHINE_SENT:]],
         }
         return json.dumps(head).encode()
 
@@ -367,6 +370,7 @@ class RankTimes:
             sampler_shuffle=params.get("sampler_shuffle"),
             sampler_epochs=[e for e in params.get("sampler_epochs") or () if isinstance(e, int)],
             **_gpu(p.get("gpu"), p.get("headspace")),
+            **_machine_sent(p.get("machine")),
         )
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
 
@@ -384,6 +388,18 @@ def _gpu(gpu: Any, headspace: Any) -> dict[str, Any]:
     if isinstance(headspace, list):
         out["headspace"] = [float(x) for x in headspace if isinstance(x, int | float)]
     return out
+
+
+def _machine_sent(value: Any) -> dict[str, list[float]]:
+    """A rank's machine readings as sent; anything malformed is dropped."""
+    try:
+        others, process = value
+        return {
+            "others_cpus": [float(x) for x in others][-MACHINE_SENT:],
+            "process_cpus": [float(x) for x in process][-MACHINE_SENT:],
+        }
+    except (TypeError, ValueError):
+        return {}
 
 
 def _digests(value: Any) -> dict[int, list[int]]:
