@@ -144,3 +144,16 @@ def group_alive(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(entry))
     return pids
+
+
+@pytest.fixture
+def machine_alone(monkeypatch):
+    """A real loop under watch judged as if the machine were the loop's alone: no
+    reading of the other processes' CPUs nor of the load average (the worker model's
+    bound by the machine, advice/machinebound.py, has its own tests). On a shared test
+    machine those readings would turn the answer these tests check into "too busy"."""
+    from starvecheck.loop import cpu
+    from starvecheck.probe import load
+
+    monkeypatch.setattr(cpu, "MACHINE_EACH_S", 1e9)
+    monkeypatch.setattr(load, "load_average", lambda root=None: None)

@@ -73,7 +73,7 @@ def test_the_handover_is_measured_with_a_real_worker_and_nothing_is_left():
     assert measure(MIN_BYTES - 1) is None
 
 
-def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch):
+def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, machine_alone):
     torch = pytest.importorskip("torch")
     import starvecheck.loop.timer as timer
 

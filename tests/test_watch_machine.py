@@ -61,12 +61,14 @@ def test_others_taking_the_cpus_give_no_figure():
 def test_a_watched_loop_carries_the_others_cpus_and_its_own():
     """A real loop of about 2.5 s (not timed: the readings' presence and sanity)."""
     w = Watch(list(range(50)), show=False)
+    t0 = time.perf_counter()
     for _ in w:
         time.sleep(0.05)
+    seconds = time.perf_counter() - t0
     m = {x.labels.get("quantity"): x for x in w.measured().metrics}
     cpus = os.cpu_count() or 1
     others, own = m["others_cpus_each_s"], m["process_cpus_each_s"]
-    assert 1 <= len(others.values) <= 4 and len(own.values) == len(others.values)
+    assert 1 <= len(others.values) <= seconds and len(own.values) == len(others.values)
     assert all(0.0 <= x <= cpus + 0.5 for x in others.values)
     assert all(0.0 <= x <= cpus + 0.5 for x in own.values)
     params = w.measured().parameters

@@ -87,7 +87,7 @@ def test_property_cpu_bound_work_is_capped_by_the_cpus(wait, rest, cpu_share, cp
     assert a.forecast.speedup >= 1 - 1e-9  # a recommendation never predicts a slower loop
 
 
-def test_watch_on_real_cpu_work_recommends_at_most_the_cpus():
+def test_watch_on_real_cpu_work_recommends_at_most_the_cpus(machine_alone):
     """The issue's case: real CPU work per sample at num_workers=0, a step that sleeps."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, Dataset
@@ -140,7 +140,7 @@ def test_property_never_fewer_workers_than_now(wait, rest, cpu, cpus, now):
     assert a.workers <= max(now, 8, math.ceil(8 * cpus))
 
 
-def test_watch_reads_the_workers_cpu_and_recommends_more_workers():
+def test_watch_reads_the_workers_cpu_and_recommends_more_workers(machine_alone):
     """An under-workered loader: one worker sleeping 4 ms a sample, an 8 ms step."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, Dataset
@@ -293,7 +293,7 @@ def test_intra_op_threads_at_num_workers_0_are_one_workers_time():
     assert a.forecast.step_ms >= 30.0 - 1e-9  # two workers: a batch every 30 ms at best
 
 
-def test_a_watched_loop_on_busy_workers_never_gets_more_workers_than_cpus():
+def test_a_watched_loop_on_busy_workers_never_gets_more_workers_than_cpus(machine_alone):
     """A real loop: 4 workers doing CPU work on this machine's CPUs, a short step."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, Dataset
@@ -326,7 +326,7 @@ def test_a_watched_loop_on_busy_workers_never_gets_more_workers_than_cpus():
     assert result.one(quantity="handover_main_ms") is None
 
 
-# --- bounded by the machine as measured (issue 46 item 4, DESIGN.md principle 9) --------
+# --- bounded by the machine as measured (issue 46, docs/architecture.md principle 9) ---
 
 # attach's figures per second of the issue's loop: one CPU-bound worker, a 10 ms CPU
 # step (the main thread on a CPU all of it), another process using 1.2 of the 2 CPUs.

@@ -142,12 +142,11 @@ def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[st
     if step_pcpu is not None and step_ms > 0:
         in_wait = 0.0 if params.dataloader == SINGLE_PROCESS else wait_pcpu
         own = (step_pcpu + in_wait) / step_ms
-    machine, load = params.get("machine_cpus"), params.get("load_average")
     return {
         "others_cpus_each": tuple(each.values) if each is not None else (),
         "process_cpus": own,
-        "machine_cpus": float(machine) if isinstance(machine, int | float) else None,
-        "load_average": float(load) if isinstance(load, int | float) else None,
+        "machine_cpus": params.machine_cpus,
+        "load_average": params.load_average,
     }
 
 

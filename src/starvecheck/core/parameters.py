@@ -204,6 +204,8 @@ class Parameters(Mapping[str, Any]):
     ranks = items()  # one entry per rank
     headline_rank = text()  # the rank whose steps the breakdown shows
     ranks_on_host = whole()  # watch: ranks sharing this host's CPUs
+    machine_cpus = number()  # watch: the machine's online CPUs (the worker model's bound)
+    load_average = number()  # watch: its 1-minute load average
     rank_wait_source = text()  # watch: how the wait for the others was had
     straggler = mapping()  # judging's straggler verdict (advice/stragglers.summary)
     # attach: the seconds sampled; each process's `other` frames (pid -> words)

@@ -150,7 +150,6 @@ class Watch(TrainerSteps, Generic[T]):
         t.num_workers = getattr(it, "_num_workers", t.num_workers)
         workers = WorkerCpu(it)
         machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
-        others, process = t.others_cpus, t.process_cpus
         t.new_pass()
         t.passes += 1
         first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
@@ -172,7 +171,7 @@ class Watch(TrainerSteps, Generic[T]):
                         workers.sample(len(computes), t.worker_cpu, t.worker_runq)
                         asked = clock()  # reading /proc is ours: counted in neither
                     if perf() >= machine.next_at:  # about once a second, never per step
-                        machine.read(others, process)
+                        machine.read(t.others_cpus, t.process_cpus)
                         asked = clock()
                     if every and len(computes) % every == 0:
                         self._checkpoint()

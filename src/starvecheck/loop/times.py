@@ -393,13 +393,10 @@ def _gpu(gpu: Any, headspace: Any) -> dict[str, Any]:
 def _machine_sent(value: Any) -> dict[str, list[float]]:
     """A rank's machine readings as sent; anything malformed is dropped."""
     try:
-        others, process = value
-        return {
-            "others_cpus": [float(x) for x in others][-MACHINE_SENT:],
-            "process_cpus": [float(x) for x in process][-MACHINE_SENT:],
-        }
+        others, process = ([float(x) for x in v][-MACHINE_SENT:] for v in value)
     except (TypeError, ValueError):
         return {}
+    return {"others_cpus": others, "process_cpus": process}
 
 
 def _digests(value: Any) -> dict[int, list[int]]:
@@ -442,8 +439,7 @@ def _effective_cpus() -> float | None:
 
 
 def _machine() -> dict[str, float | None]:
-    """The machine's online CPUs and its 1-minute load average, read where the loop
-    runs (the worker model's bound reads them beside the others' CPUs)."""
+    """The machine's online CPUs and 1-minute load average (the worker model's bound)."""
     from starvecheck.probe.load import load_average
 
     return {"machine_cpus": float(os.cpu_count() or 0) or None, "load_average": load_average()}
