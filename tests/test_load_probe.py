@@ -1,0 +1,45 @@
+"""probe/load.py's readings the worker model's bound uses: the load average and the
+machine's CPU beside ours, from known text and fake roots, and never raising on
+garbage."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from starvecheck.probe import load
+from starvecheck.probe.sysroot import SysRoot
+
+
+def test_the_load_average_is_the_first_field():
+    assert load.parse_loadavg("6.93 7.41 5.20 9/812 31337\n") == 6.93
+    assert load.parse_loadavg("") is None
+    assert load.parse_loadavg("nan 1 1") is None and load.parse_loadavg("-1 0 0") is None
+
+
+def test_the_load_average_of_a_fake_machine_and_of_none(tmp_path: Path):
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "loadavg").write_text("12.50 3.00 1.00 1/2 3\n")
+    assert load.load_average(SysRoot(tmp_path)) == 12.5
+    assert load.load_average(SysRoot(tmp_path / "nothing")) is None
+
+
+def test_a_sample_without_run_queues_reads_none():
+    s = load.sample([os.getpid()], runq=False)
+    assert s.ours_runq is None and s.ours_cpu is not None and s.machine is not None
+    assert load.sample([os.getpid()]).ours_runq is not None or not os.path.exists(
+        f"/proc/{os.getpid()}/task"
+    )
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=300, deadline=None)
+def test_no_load_parser_raises(garbage):
+    load.parse_loadavg(garbage)
+    load.parse_proc_stat(garbage)
+    load.parse_pid_stat(garbage)
+    load.parse_schedstat(garbage)
+    load.parse_throttled(garbage)
