@@ -87,7 +87,12 @@ def test_a_data_bound_loop_is_named_input_bound_at_its_own_share(tmp_path):
     assert abs(share_of(r, pid) - own) <= 0.05, (share_of(r, pid), own)
     bound = findings(r)["attach.loader-bound"]
     assert "loads in the training process" in bound["title"]
-    assert bound["fix"].get("num_workers", 0) >= 1
+    if bound.get("fix"):
+        assert bound["fix"].get("num_workers", 0) >= 1
+    else:  # a machine too busy for the worker model (a shared test machine can be): said
+        assert (
+            "too busy" in bound["recommendation"] and "loader --factory" in bound["recommendation"]
+        )
 
 
 @pytest.mark.slow
