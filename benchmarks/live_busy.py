@@ -1,4 +1,4 @@
-"""Live advice on a machine that is not empty (issue 46, DESIGN.md principle 9): do the
+"""Live advice on a machine that is not empty (issue 46, docs/architecture.md principle 9): do the
 worker counts that `attach` and `watch` recommend while other processes hold the CPUs
 come true when applied?
 
