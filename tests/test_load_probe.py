@@ -40,6 +40,29 @@ def test_a_sample_without_run_queues_reads_none():
 def test_no_load_parser_raises(garbage):
     load.parse_loadavg(garbage)
     load.parse_proc_stat(garbage)
+    load.parse_proc_stat(garbage, {0, 1})
     load.parse_pid_stat(garbage)
     load.parse_schedstat(garbage)
     load.parse_throttled(garbage)
+
+
+STAT = """cpu  300 0 100 600 0 0 0 0 0 0
+cpu0 100 0 50 50 0 0 0 0 0 0
+cpu1 200 0 50 550 0 0 0 0 0 0
+intr 1 2 3
+"""
+
+
+def test_the_machine_on_the_cpus_a_process_may_use():
+    whole = load.parse_proc_stat(STAT)
+    assert whole is not None and whole.busy == 400 * load.TICK_S
+    one = load.parse_proc_stat(STAT, {0})
+    assert one is not None and one.busy == 150 * load.TICK_S and one.idle == 50 * load.TICK_S
+    both = load.parse_proc_stat(STAT, {0, 1})
+    assert both is not None and both.busy == whole.busy
+    assert load.parse_proc_stat(STAT, {0, 7}) is None  # a CPU it cannot read: unknown
+
+
+def test_allowed_cpus_are_none_where_a_process_may_use_every_cpu():
+    allowed = load.allowed_cpus()
+    assert allowed is None or 0 < len(allowed) < (os.cpu_count() or 0)

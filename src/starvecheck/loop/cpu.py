@@ -87,7 +87,10 @@ class MachineCpu:
     cannot be made (no /proc, a worker gone) is skipped, and the next starts afresh."""
 
     def __init__(self, workers: list[int] | None = None) -> None:
+        from starvecheck.probe.load import allowed_cpus
+
         self.pids = [os.getpid(), *(workers or [])]
+        self.cpus = allowed_cpus()  # others read on the CPUs this process may use
         self.next_at = time.perf_counter() + MACHINE_EACH_S
         self.last: tuple[float, Any, float] | None = None
         self.read(None, None)
@@ -103,7 +106,7 @@ class MachineCpu:
         now = time.perf_counter()
         self.next_at = now + MACHINE_EACH_S
         try:
-            s, mine = sample(self.pids, runq=False), time.process_time()
+            s, mine = sample(self.pids, runq=False, cpus=self.cpus), time.process_time()
         except Exception:
             self.last = None
             return
@@ -117,3 +120,12 @@ class MachineCpu:
                 others.append(round(load.others_cpus, 3))
                 process.append(round(max(0.0, mine - mine0) / (now - at), 3))
         self.last = (now, s, mine)
+
+
+def machine_facts() -> dict[str, float | None]:
+    """The CPUs others' use is read on (those this process may run on: all the
+    machine's where nothing restricts it) and the 1-minute load average."""
+    from starvecheck.probe.load import allowed_cpus, load_average
+
+    cpus = len(allowed_cpus() or ()) or os.cpu_count() or 0
+    return {"machine_cpus": float(cpus) or None, "load_average": load_average()}

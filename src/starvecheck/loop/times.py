@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
 import sys
 from array import array
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
+from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
 
 SOURCE = "starvecheck.watch"
@@ -259,7 +259,7 @@ class LoopTimes:
             "passes": self.passes,
             "num_workers": self.num_workers,
             "effective_cpus": _effective_cpus(),
-            **_machine(),
+            **machine_facts(),
             "sampler": self.sampler,
             "sampler_shuffle": self.sampler_shuffle,
             "sampler_epochs": self.sampler_epochs[-2:],
@@ -436,13 +436,6 @@ def _effective_cpus() -> float | None:
     from starvecheck.probe.machine import process_cpus
 
     return process_cpus()
-
-
-def _machine() -> dict[str, float | None]:
-    """The machine's online CPUs and 1-minute load average (the worker model's bound)."""
-    from starvecheck.probe.load import load_average
-
-    return {"machine_cpus": float(os.cpu_count() or 0) or None, "load_average": load_average()}
 
 
 def _per_batch(total: tuple[int, float]) -> float | None:

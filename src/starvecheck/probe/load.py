@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from starvecheck.probe.process import parse_stat
@@ -42,10 +42,17 @@ class CpuTimes:
         return self.busy + self.idle + self.steal
 
 
-def parse_proc_stat(text: str) -> CpuTimes | None:
+def parse_proc_stat(text: str, cpus: Collection[int] | None = None) -> CpuTimes | None:
+    """The `cpu` line, or with `cpus` the sum of those CPUs' own lines (`cpuN`): where
+    a process may run on some CPUs only (affinity, a cpuset), what others take of those
+    is what it competes with. None where the line(s) cannot be read (a CPU of `cpus`
+    offline or missing included)."""
+    want = None if cpus is None else {f"cpu{n}" for n in cpus}
+    busy = idle = steal = 0.0
+    seen = 0
     for line in text.splitlines():
         parts = line.split()
-        if not parts or parts[0] != "cpu":
+        if not parts or (parts[0] != "cpu" if want is None else parts[0] not in want):
             continue
         try:
             v = [int(x) for x in parts[1:]]
@@ -54,10 +61,16 @@ def parse_proc_stat(text: str) -> CpuTimes | None:
         if len(v) < 4:
             return None
         v += [0] * (8 - len(v))
-        user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
-        busy = (user + nice + system + irq + softirq) * TICK_S
-        return CpuTimes(busy, (idle + iowait) * TICK_S, steal * TICK_S)
-    return None
+        user, nice, system, idle_, iowait, irq, softirq, stolen = v[:8]
+        busy += (user + nice + system + irq + softirq) * TICK_S
+        idle += (idle_ + iowait) * TICK_S
+        steal += stolen * TICK_S
+        seen += 1
+        if want is None:
+            break
+    if seen == 0 or (want is not None and seen != len(want)):
+        return None
+    return CpuTimes(busy, idle, steal)
 
 
 def parse_pid_stat(text: str) -> float | None:
@@ -123,10 +136,23 @@ def _read(root: SysRoot, path: str) -> str | None:
     return text.value if text.known else None
 
 
-def machine_times(root: SysRoot | None = None) -> CpuTimes | None:
-    """The machine's CPU times now (/proc/stat), or None where they cannot be read."""
+def machine_times(
+    root: SysRoot | None = None, cpus: Collection[int] | None = None
+) -> CpuTimes | None:
+    """The machine's CPU times now (/proc/stat; with `cpus`, those CPUs' alone), or
+    None where they cannot be read."""
     text = _read(root or SysRoot.from_environ({}), "/proc/stat")
-    return parse_proc_stat(text) if text else None
+    return parse_proc_stat(text, cpus) if text else None
+
+
+def allowed_cpus(pid: int = 0) -> frozenset[int] | None:
+    """The CPUs `pid` (0: this process) may run on, where that is fewer than the
+    machine's online CPUs; None where it may run on all of them or it cannot be read."""
+    try:
+        allowed = frozenset(os.sched_getaffinity(pid))
+    except (AttributeError, OSError):
+        return None
+    return allowed if allowed and len(allowed) < (os.cpu_count() or 0) else None
 
 
 def ours_cpu() -> float | None:
@@ -178,14 +204,16 @@ def sample(
     cpu_stat: str | None = None,
     root: SysRoot | None = None,
     runq: bool = True,
+    cpus: Collection[int] | None = None,
 ) -> Sample:
     """The machine now, and `pids` (processes that may have exited: skipped).
     `cpu_stat`: the cgroup's cpu.stat path where a quota is enforced (probe/cgroup.py
     finds it), else None. `runq=False`: the threads' run-queue time is not read (one
-    file a thread: a process with hundreds of threads costs a millisecond)."""
+    file a thread: a process with hundreds of threads costs a millisecond). `cpus`: the
+    machine read on those CPUs alone (`allowed_cpus`)."""
     root = root or SysRoot.from_environ({})
     text = _read(root, "/proc/stat")
-    machine = parse_proc_stat(text) if text else None
+    machine = parse_proc_stat(text, cpus) if text else None
     cpu = queued = 0.0
     seen_cpu = seen_runq = False
     for pid in pids:

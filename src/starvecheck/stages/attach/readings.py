@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from starvecheck.probe import process
 from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
 from starvecheck.probe.load import (
+    allowed_cpus,
     load_average,
     machine_times,
     ours_cpu,
@@ -92,7 +93,10 @@ class Watch:
         self.series: dict[int, Series] = {}
         self.owner: dict[int, int] = {}
         self.cgroup_dir = cgroup_dir
-        self.machine0 = _machine()
+        # The CPUs the job may run on, where fewer than the machine's: others are
+        # read on those (what they take elsewhere is not the job's competition).
+        self.cpus = allowed_cpus(next(iter(owned), 0)) if owned else None
+        self.machine0 = _machine(self.cpus)
         self.cgroup0 = _cpu_stat(cgroup_dir)
         self.shm0 = shm_used()
         self.t0 = time.perf_counter()
@@ -136,7 +140,7 @@ class Watch:
         now = time.perf_counter()
         if now - self._mark.at < EACH_S:
             return
-        busy, mine = _machine(), ours_cpu()
+        busy, mine = _machine(self.cpus), ours_cpu()
         m = self._mark
         if busy is not None and m.busy is not None:
             own = mine - m.ours if mine is not None and m.ours is not None else 0.0
@@ -153,14 +157,14 @@ class Watch:
             if s is not None:
                 series.last = s
         seconds = max(1e-9, time.perf_counter() - self.t0)
-        machine1, cgroup1 = _machine(), _cpu_stat(self.cgroup_dir)
+        machine1, cgroup1 = _machine(self.cpus), _cpu_stat(self.cgroup_dir)
         ours = sum(s.delta("cpu_s") or 0.0 for s in self.series.values())
         others = None
         if self.machine0 is not None and machine1 is not None:
             others = max(0.0, (machine1 - self.machine0 - ours) / seconds)
         out: dict[str, float | None] = {"seconds": seconds, "others_cpus": others}
         out["load_average"] = load_average()
-        out["machine_cpus"] = float(os.cpu_count() or 0) or None
+        out["machine_cpus"] = float(len(self.cpus) if self.cpus else os.cpu_count() or 0) or None
         for key in ("nr_periods", "nr_throttled", "throttled_s"):
             a, b = self.cgroup0.get(key), cgroup1.get(key)
             out[key] = None if a is None or b is None else max(0.0, b - a)
@@ -170,8 +174,8 @@ class Watch:
         return out
 
 
-def _machine() -> float | None:
-    times = machine_times()
+def _machine(cpus: frozenset[int] | None) -> float | None:
+    times = machine_times(cpus=cpus)
     return times.busy if times is not None else None
 
 
