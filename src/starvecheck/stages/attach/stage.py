@@ -18,16 +18,19 @@ and process; judging is advice/attach.py's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.signals import check_signals
-from starvecheck.stages.attach import classify, source, spy
+from starvecheck.core.signals import check_signals, signals_raise
+from starvecheck.core.status import UsageError
+from starvecheck.stages.attach import budget, classify, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
@@ -35,6 +38,7 @@ from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
 
 if TYPE_CHECKING:
+    from starvecheck.scratch.directory import Scratch
     from starvecheck.stages.attach.spy import Stacks
 
 QUICK_S = 5.0
@@ -170,19 +174,30 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         owned = {r.pid: list(plan.job.children[r.pid]) for r in plan.job.ranks}
         watch = Watch(owned, cgroup_dir(plan.job.ranks[0].pid))
         gpus = GpuWatch([p for r, kids in owned.items() for p in (r, *kids)])
-        recorders: dict[int, spy.Recorder] = {}
+        sampler: sampling.Sampling | None = None
         if binary is None:
             caveats.append(Caveat("attach.no-stacks", NO_PY_SPY))
-        try:
-            for r in plan.job.ranks if binary else ():
-                recorders[r.pid] = spy.Recorder(r.pid, plan.seconds, plan.rate, binary or "")
-            _wait(plan, ctx, watch, recorders, gpus)
-        finally:
-            for rec in recorders.values():
-                rec.stop()
-            gpus.close()
-        metrics, found, tops = _read_all(plan, watch, recorders, caveats)
+        # py-spy's files in a marked scratch directory (removed on every way out but
+        # SIGKILL, after which `starvecheck clean` proves it ours); SIGTERM and SIGHUP
+        # unwind like Ctrl-C, so that py-spy is ended and the directory removed.
+        with signals_raise(), _scratch(binary is not None) as scratch:
+            if binary is not None and scratch is None:
+                caveats.append(Caveat("attach.no-stacks", NO_SCRATCH))
+            try:
+                if binary is not None and scratch is not None:
+                    sampler = sampling.Sampling(
+                        owned, plan.seconds, plan.rate, binary, scratch, plan.effective_cpus
+                    )
+                recorders = sampler.samplers if sampler is not None else {}
+                _wait(plan, ctx, watch, recorders, gpus, sampler)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
+                gpus.close()
+            metrics, found, tops = _read_all(plan, watch, recorders, caveats)
         metrics += _read_gpus(gpus, caveats)
+        if sampler is not None:
+            metrics += _read_cost(plan, sampler, metrics, caveats)
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
@@ -191,8 +206,9 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             ],
             "agent": plan.job.agent.describe() if plan.job.agent else None,
             "seconds": plan.seconds,
-            "rate": min(plan.rate, spy.RATE_CEILING),
-            "sampler": SAMPLER if recorders else None,
+            "rate": sampler.rate if sampler is not None else min(plan.rate, spy.RATE_CEILING),
+            "rate_requested": min(plan.rate, spy.RATE_CEILING),
+            "sampler": SAMPLER if sampler is not None else None,
             "effective_cpus": plan.effective_cpus,
             "other_frames": tops,
             "gpus": [
@@ -212,22 +228,53 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         )
 
 
+NO_SCRATCH = (
+    "Python stacks not sampled: no scratch directory for py-spy's files could be made in "
+    "the temporary directory (set TMPDIR to a writable directory); the figures below are "
+    "/proc's alone"
+)
 NO_PY_SPY = (
     "Python stacks not sampled: py-spy is not installed (pip install 'starvecheck[attach]'); "
     "the figures below are /proc's alone"
 )
-SAMPLER = "py-spy record --nonblocking --idle --threads --subprocesses"
+SAMPLER = "py-spy record --nonblocking --idle --threads (the rank; each DataLoader worker)"
+
+
+@contextlib.contextmanager
+def _scratch(wanted: bool) -> Iterator[Scratch | None]:
+    """A marked scratch directory in the temporary directory for py-spy's files, where
+    py-spy runs; None where it does not, or the directory cannot be made (then no stacks
+    are sampled, and a caveat says why)."""
+    if not wanted:
+        yield None
+        return
+    import tempfile
+
+    from starvecheck.scratch.directory import Scratch
+
+    try:
+        scratch = Scratch(tempfile.gettempdir(), prefix="starvecheck-attach-")
+        scratch.create()
+    except (OSError, UsageError):
+        yield None
+        return
+    try:
+        yield scratch
+    finally:
+        scratch.cleanup()
 
 
 def _wait(
     plan: Plan,
     ctx: RunContext,
     watch: Watch,
-    recorders: dict[int, spy.Recorder],
+    recorders: dict[int, sampling.RankSampler],
     gpus: GpuWatch,
+    sampler: sampling.Sampling | None = None,
 ) -> None:
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
-    15 s past the duration to write its samples)."""
+    15 s past the duration to write its samples); py-spy's cost checked, and workers
+    started since sampled, at each tick (sampling.py)."""
     t0 = time.perf_counter()
     deadline = t0 + plan.seconds + (15.0 if recorders else 0.0)
     while time.perf_counter() < deadline:
@@ -238,15 +285,21 @@ def _wait(
             break
         time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
         # workers started since (a new epoch's)
-        for owner, kids in descendants_of([r.pid for r in plan.job.ranks]).items():
+        found = descendants_of([r.pid for r in plan.job.ranks])
+        for owner, kids in found.items():
             for child in kids:
                 watch.add(child, owner)
+        if sampler is not None:
+            sampler.tick(found)
         watch.tick()
         gpus.tick()
 
 
 def _read_all(
-    plan: Plan, watch: Watch, recorders: dict[int, spy.Recorder], caveats: list[Caveat]
+    plan: Plan,
+    watch: Watch,
+    recorders: dict[int, sampling.RankSampler],
+    caveats: list[Caveat],
 ) -> tuple[list[Metric], dict[int, list[int]], dict[str, str]]:
     machine = watch.finish()
     metrics: list[Metric] = []
@@ -303,6 +356,99 @@ def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
             )
     return out
 
+
+def _read_cost(
+    plan: Plan, sampler: sampling.Sampling, metrics: list[Metric], caveats: list[Caveat]
+) -> list[Metric]:
+    """What attach's sampling took (py-spy's CPU, from the kernel's accounting), the rate
+    it sampled at, what it dropped or did not take; a caveat for each that bears on
+    the answer (budget.py says why the rate may be lower than asked)."""
+    cost = sampler.cost()
+    out = _metric("sampler.rate", cost.rate, "samples/s", quantity="sampler_rate")
+    out += _metric("sampler.cpu", cost.spy_cpus, "CPUs", quantity="sampler_cpus")
+    out += _metric("sampler.cpu_s", cost.spy_cpu_s, "s", quantity="sampler_cpu_seconds")
+    out += _metric("sampler.budget", cost.budget_cpus, "CPUs", quantity="sampler_budget_cpus")
+    if cost.lowered:
+        caveats.append(
+            Caveat(
+                "attach.rate-lowered",
+                f"stacks sampled at {cost.rate}/s, not {cost.requested}/s: {cost.lowered}",
+            )
+        )
+    got = budget.samples_expected(cost.rate, plan.seconds)
+    if got < budget.MIN_SAMPLES:
+        need = budget.duration_for(cost.rate)
+        more = (
+            f"`--duration {need}` gives {budget.MIN_SAMPLES}"
+            if need <= MAX_DURATION_S
+            else (
+                f"even `--duration {MAX_DURATION_S:.0f}` gives only "
+                f"{budget.samples_expected(cost.rate, MAX_DURATION_S)}"
+            )
+        )
+        caveats.append(
+            Caveat(
+                "attach.few-samples",
+                f"at {cost.rate}/s, {plan.seconds:g} s gives about {got} samples of each "
+                f"thread, fewer than the {budget.MIN_SAMPLES} a share needs; {more}",
+            )
+        )
+    others = next((m.value for m in metrics if m.name == "attach.machine.others_cpus"), None)
+    busy = isinstance(others, float | int) and others >= plan.effective_cpus * 0.5
+    if cost.over_budget or busy:
+        why = (
+            f"more than its budget of {cost.budget_cpus:.2f} CPUs even at {cost.rate}/s"
+            if cost.over_budget
+            else "on a machine whose CPUs are busy, that CPU is taken from the job"
+        )
+        caveats.append(
+            Caveat(
+                "attach.sampler-cpu",
+                f"attach's sampling (py-spy) took {cost.spy_cpus:.3f} CPUs "
+                f"({cost.spy_cpu_s:.2f} CPU seconds over {cost.seconds:g} s): {why}",
+            )
+        )
+    for r in plan.job.ranks:
+        s = sampler.samplers.get(r.pid)
+        if s is None:
+            continue
+        lab = {"rank": r.rank, "pid": r.pid}
+        missed = max(0, s.expected - s.taken)
+        out += _metric("sampler.not_taken", missed, "samples", quantity="samples_not_taken",
+                       **lab)  # fmt: skip
+        if s.progress.behind_s is not None:
+            out += _metric("sampler.behind", s.progress.behind_s, "s", quantity="sampler_behind_s",
+                           **lab)  # fmt: skip
+        out += _metric("workers.not_sampled", len(s.skipped), "workers",
+                       quantity="workers_not_sampled", **lab)  # fmt: skip
+        dropped = s.progress.errors or 0
+        if s.expected and (missed > 0.1 * s.expected or dropped > 0.05 * max(1, s.taken)):
+            behind = (
+                f"; it fell {s.progress.behind_s:.1f} s behind"
+                if s.progress.behind_s is not None
+                else ""
+            )
+            caveats.append(
+                Caveat(
+                    "attach.samples-dropped",
+                    f"{r.describe()}: py-spy took {s.taken} of the {s.expected} samples its "
+                    f"rate should have given and dropped {dropped} (stacks caught "
+                    f"mid-change){behind}; the shares are read from those it kept",
+                )
+            )
+        if s.skipped:
+            caveats.append(
+                Caveat(
+                    "attach.workers-not-sampled",
+                    f"{len(s.skipped)} DataLoader worker(s) of {r.describe()} not sampled "
+                    f"(at most {budget.MAX_WORKERS} a rank, to bound attach's cost, or their "
+                    "stacks could not be read); their /proc figures are read all the same",
+                )
+            )
+    return out
+
+
+MAX_DURATION_S = 600.0  # --duration's ceiling (cli/attach.py)
 
 MACHINE = {
     "others_cpus": "CPUs",

@@ -1,0 +1,151 @@
+"""What attach's own sampling may cost the job it reads, and the rate that keeps it there.
+
+py-spy reads every thread's stack at every sample, so its CPU grows with threads x rate:
+about 130-190 microseconds of CPU per thread per sample (py-spy 0.4.3, 10 to 1,000 idle
+threads, 2 CPUs; the rate and the flags hardly change it). At the default 50 samples a
+second that is 1.5 CPUs for a process with 200 threads: on a busy machine that CPU is
+taken from the job. So the rate is chosen to fit a budget (1% of the machine's CPUs,
+`BUDGET_SHARE`), from the threads the job has before py-spy starts, and checked against
+py-spy's own CPU once it runs (`refit_rate`).
+
+Only what the answer needs is sampled: each rank (its threads, one py-spy without
+`--subprocesses`) and its DataLoader workers (one py-spy each, at most `MAX_WORKERS`),
+found from /proc (`is_worker`): not every child (a compile pool, a tokenizer server).
+
+The choices are pure functions of figures; the readers go through probe/'s SysRoot and
+never raise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from starvecheck.probe.cpu import parse_status_field
+from starvecheck.probe.load import parse_pid_stat
+from starvecheck.probe.sysroot import SysRoot
+
+BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
+COST_PER_THREAD_S = 200e-6  # py-spy CPU per thread per sample (measured 130-190 us): a margin
+MIN_SAMPLES = 50  # samples of the loop for a share within about +-14 points (95%)
+MAX_WORKERS = 8  # DataLoader workers sampled per rank; the rest counted, not sampled
+REFIT_OVER = 1.25  # py-spy measured over budget by more than this: restarted slower
+
+
+def budget_cpus(effective_cpus: int | float | None) -> float:
+    """CPUs attach's sampling may take: 1% of the machine's (of one CPU where unknown)."""
+    cpus = effective_cpus if effective_cpus and effective_cpus > 0 else 1
+    return BUDGET_SHARE * float(cpus)
+
+
+def choose_rate(
+    requested: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S
+) -> int:
+    """The highest whole rate, at most `requested`, whose cost (threads x rate x cost_s
+    CPU seconds a second) fits `budget` CPUs; at least 1 (py-spy's lowest): where even 1 a
+    second costs more, `over_budget` says so."""
+    requested = max(1, int(requested))
+    per_sample = max(1, threads) * max(cost_s, 1e-9)
+    if not math.isfinite(budget) or budget <= 0:
+        return 1
+    return max(1, min(requested, int(budget / per_sample)))
+
+
+def over_budget(rate: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S) -> bool:
+    """Whether `rate` costs more than `budget` (the lowest rate can)."""
+    return rate * max(1, threads) * cost_s > budget
+
+
+def refit_rate(rate: int, used_cpus: float, budget: float) -> int | None:
+    """py-spy took `used_cpus` CPUs at `rate`: the rate that fits `budget`, where it took
+    more than REFIT_OVER x the budget and a lower rate exists; else None (keep it)."""
+    if rate <= 1 or not math.isfinite(used_cpus) or used_cpus <= budget * REFIT_OVER:
+        return None
+    per_sample = used_cpus / rate
+    fit = max(1, int(budget / per_sample)) if per_sample > 0 else rate
+    return fit if fit < rate else None
+
+
+def samples_expected(rate: int, seconds: float) -> int:
+    return max(0, int(rate * seconds))
+
+
+def duration_for(rate: int, samples: int = MIN_SAMPLES) -> int:
+    """Seconds of sampling at `rate` that give `samples` samples (whole seconds)."""
+    return math.ceil(samples / max(1, rate))
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What py-spy took: CPU seconds over the seconds it ran."""
+
+    cpu_s: float
+    seconds: float
+
+    @property
+    def cpus(self) -> float:
+        return self.cpu_s / self.seconds if self.seconds > 0 else 0.0
+
+
+# --- readers (through SysRoot; never raise) ----------------------------------------------
+
+
+def threads_of(pid: int, root: SysRoot | None = None) -> int | None:
+    """The process's thread count (/proc/PID/status `Threads`), None where unreadable."""
+    text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/status").value
+    value = parse_status_field(text, "Threads") if text else None
+    return int(value) if value and value.isdigit() else None
+
+
+def cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
+    """The process's user + system CPU seconds so far (/proc/PID/stat)."""
+    text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/stat").value
+    return parse_pid_stat(text) if text else None
+
+
+SPAWN_MARKS = ("multiprocessing.spawn", "multiprocessing.forkserver")
+
+
+def is_worker(
+    cmdline: str | None, exe: str | None, rank_cmdline: str | None, rank_exe: str | None
+) -> bool:
+    """Whether a child of a rank looks like one of its DataLoader workers, by /proc alone:
+    a fork of the rank (the same executable and command line), or a child started by
+    multiprocessing's spawn or forkserver (its command line says so). Not the
+    forkserver itself, not the resource tracker, not an unrelated child (a compile
+    pool's `python -m ...`, a shell). The stacks confirm it later (`_worker_loop`)."""
+    if not cmdline:
+        return False
+    if "resource_tracker" in cmdline:
+        return False
+    if any(mark in cmdline for mark in SPAWN_MARKS):
+        return True  # a forkserver itself is told apart by its children (`workers_of`)
+    return cmdline == rank_cmdline and exe is not None and exe == rank_exe
+
+
+def workers_of(rank: int, descendants: list[int], root: SysRoot | None = None) -> list[int]:
+    """The descendants of `rank` that look like its DataLoader workers (`is_worker`),
+    in pid order. A forkserver's children share its command line: the forkserver
+    itself is left out as the parent of others."""
+    root = root or SysRoot.from_environ()
+    rank_cmd = root.read(f"/proc/{rank}/cmdline").value
+    rank_exe = root.readlink(f"/proc/{rank}/exe").value
+    found = []
+    parents: set[int] = set()
+    for pid in descendants:
+        stat = root.read(f"/proc/{pid}/stat").value or ""
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            parents.add(int(fields[1]))
+    for pid in sorted(descendants):
+        cmd = root.read(f"/proc/{pid}/cmdline").value
+        exe = root.readlink(f"/proc/{pid}/exe").value
+        if is_worker(cmd, exe, rank_cmd, rank_exe) and not _server(cmd, pid, parents):
+            found.append(pid)
+    return found
+
+
+def _server(cmd: str | None, pid: int, parents: set[int]) -> bool:
+    """A forkserver (or a fork of the rank that itself forks others): a parent of
+    other candidates, not a worker."""
+    return bool(cmd) and "forkserver" in (cmd or "") and pid in parents

@@ -1,0 +1,169 @@
+"""attach's own cost (stages/attach/budget.py, spy.py): the rate chosen from the threads
+to sample and from py-spy's measured CPU, what py-spy printed about samples dropped or
+late, its failures in one line of words, and which children are DataLoader workers.
+Pure functions fed figures and text; nothing timed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from starvecheck.stages.attach import budget, spy
+
+# --- the rate ---------------------------------------------------------------------------
+
+
+def test_a_light_process_keeps_the_rate_asked_for_on_a_big_machine() -> None:
+    # 64 CPUs: a budget of 0.64 CPUs; 10 threads at 50/s cost 0.1.
+    assert budget.choose_rate(50, 10, budget.budget_cpus(64)) == 50
+
+
+def test_more_threads_lower_the_rate_to_fit_the_budget() -> None:
+    cpus = budget.budget_cpus(2)  # 0.02 CPUs
+    rates = [budget.choose_rate(50, n, cpus) for n in (1, 10, 200, 3000)]
+    assert rates == sorted(rates, reverse=True)
+    assert rates[0] == 50  # 1 thread at 50/s: 0.01 CPUs
+    assert rates[1] == 10  # 10 threads x 10/s x 200 us = 0.02
+    for n, rate in zip((1, 10, 200, 3000), rates, strict=True):
+        assert rate == 1 or rate * n * budget.COST_PER_THREAD_S <= cpus + 1e-12
+
+
+def test_the_lowest_rate_is_one_a_second_and_says_it_is_over_budget() -> None:
+    cpus = budget.budget_cpus(2)
+    assert budget.choose_rate(50, 3000, cpus) == 1
+    assert budget.over_budget(1, 3000, cpus)
+    assert not budget.over_budget(10, 10, cpus)
+
+
+def test_a_rate_is_never_above_what_was_asked() -> None:
+    assert budget.choose_rate(5, 1, budget.budget_cpus(128)) == 5
+
+
+@given(
+    st.integers(-5, 500),
+    st.integers(-5, 100_000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0, max_value=1, allow_nan=False),
+)
+def test_the_rate_is_a_whole_rate_whatever_it_is_fed(
+    requested: int, threads: int, cpus: float, cost: float
+) -> None:
+    rate = budget.choose_rate(requested, threads, cpus, cost)
+    assert isinstance(rate, int) and 1 <= rate <= max(1, requested)
+
+
+def test_py_spy_over_its_budget_is_restarted_at_the_rate_that_fits() -> None:
+    # At 20/s it took 0.1 CPUs: 5 mCPU a sample-second; 0.02 CPUs allow 4/s.
+    assert budget.refit_rate(20, 0.1, 0.02) == 4
+    assert budget.refit_rate(20, 0.021, 0.02) is None  # within the margin: kept
+    assert budget.refit_rate(1, 0.5, 0.02) is None  # nothing lower to go to
+    assert budget.refit_rate(3, 10.0, 0.02) == 1
+
+
+@given(st.integers(-3, 300), st.floats(allow_nan=True), st.floats(allow_nan=True))
+def test_a_refit_is_lower_or_none(rate: int, used: float, cpus: float) -> None:
+    got = budget.refit_rate(rate, used, cpus)
+    assert got is None or 1 <= got < rate
+
+
+def test_too_few_samples_name_the_duration_that_gives_enough() -> None:
+    assert budget.duration_for(2) == 25
+    assert budget.samples_expected(2, 25) >= budget.MIN_SAMPLES
+    assert budget.samples_expected(2, 24) < budget.MIN_SAMPLES
+
+
+# --- what py-spy printed ----------------------------------------------------------------
+
+PRINTED = """py-spy> Sampling process 50 times a second for 10 seconds. Press Control-C to exit.
+
+py-spy> 1.52s behind in sampling, results may be inaccurate. Try reducing the sampling rate
+py-spy> 110.40s behind in sampling, results may be inaccurate. Try reducing the sampling rate
+py-spy> 650.00ms behind in sampling, results may be inaccurate. Try reducing the sampling rate
+
+py-spy> Stopped sampling because process exited
+py-spy> Wrote raw flamegraph data to '/tmp/x/spy.raw'. Samples: 396 Errors: 7
+py-spy> You can use the flamegraph.pl script from https://github.com/brendangregg/fla
+"""
+
+
+def test_samples_errors_and_how_far_behind_are_read() -> None:
+    p = spy.parse_progress(PRINTED)
+    assert (p.samples, p.errors) == (396, 7)
+    assert p.behind_s == pytest.approx(110.40)
+
+
+def test_a_run_that_kept_up_says_nothing_behind() -> None:
+    p = spy.parse_progress("py-spy> Wrote raw flamegraph data to 'r'. Samples: 99 Errors: 0\n")
+    assert (p.samples, p.errors, p.behind_s) == (99, 0, None)
+    assert spy.parse_progress("") == spy.Progress()
+
+
+@given(st.text(max_size=2000))
+def test_garbage_printed_is_read_without_raising(text: str) -> None:
+    p = spy.parse_progress(text)
+    assert p.errors is None or p.errors >= 0
+    assert p.behind_s is None or p.behind_s >= 0
+
+
+@given(st.text(max_size=2000), st.integers(-300, 300) | st.none())
+def test_any_failure_is_one_line(err: str, status: int | None) -> None:
+    line = spy.error_line(err, status)
+    assert line and "\n" not in line and len(line) <= 300
+
+
+def test_a_failure_is_py_spys_error_line_never_a_backtrace_line() -> None:
+    err = (
+        "Error: Failed to find python version from target process\n"
+        "Reason: No such file or directory (os error 2)\n"
+        "stack backtrace:\n"
+        "   6: py_spy::main\n"
+        "   7: main\n"
+    )
+    line = spy.error_line(err, 1)
+    assert line.startswith("Failed to find python version")
+    assert "No such file or directory" in line
+    assert "7: main" not in line
+    assert spy.error_line("   7: main\n  at src/main.rs:3\n", 101) == (
+        "py-spy failed with no message (exit status 101)"
+    )
+
+
+# --- samples of one process, without --subprocesses ----------------------------------------
+
+RAW = (
+    "thread (5500): MainThread;<module> (/x/train.py:3) 99\n"
+    "thread (5503): Thread-2 (wait);Event.wait (/usr/lib/threading.py:629) 99\n"
+)
+
+
+def test_samples_without_a_process_part_belong_to_the_process_sampled() -> None:
+    s = spy.parse_raw(RAW, 5500)
+    assert set(s.by_thread) == {(5500, 5500), (5500, 5503)}
+    assert s.count((5500, 5500)) == 99 and s.samples == 198
+    assert spy.parse_raw(RAW).samples == 0  # with --subprocesses every line names one
+
+
+# --- which children are DataLoader workers ----------------------------------------------------
+
+RANK = "python\0train.py\0--lr\x000.1\0"
+EXE = "/usr/bin/python3.11"
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "exe", "worker"),
+    [
+        (RANK, EXE, True),  # a fork of the rank (fork start method)
+        (RANK, "/usr/bin/other", False),  # same words, another program
+        ("python\0-c\0from multiprocessing.spawn import spawn_main; spawn_main()\0", EXE, True),
+        ("python\0-c\0from multiprocessing.forkserver import main; main(3)\0", EXE, True),
+        ("python\0-c\0from multiprocessing.resource_tracker import main;main(9)\0", EXE, False),
+        ("python\0-m\0torch._inductor.compile_worker\0", EXE, False),
+        ("/bin/sh\0-c\0nvidia-smi\0", "/bin/dash", False),
+        (None, None, False),  # gone, or not readable
+    ],
+)
+def test_a_worker_is_a_fork_of_the_rank_or_a_spawned_child(
+    cmdline: str | None, exe: str | None, worker: bool
+) -> None:
+    assert budget.is_worker(cmdline, exe, RANK, EXE) is worker
