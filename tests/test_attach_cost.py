@@ -5,10 +5,13 @@ Pure functions fed figures and text; nothing timed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.attach import budget, spy
 
 # --- the rate ---------------------------------------------------------------------------
@@ -167,3 +170,61 @@ def test_a_worker_is_a_fork_of_the_rank_or_a_spawned_child(
     cmdline: str | None, exe: str | None, worker: bool
 ) -> None:
     assert budget.is_worker(cmdline, exe, RANK, EXE) is worker
+
+
+def _proc(root: Path, pid: int, comm: str, cmdline: str, ppid: int, exe: str = EXE) -> None:
+    d = root / "proc" / str(pid)
+    d.mkdir(parents=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cmdline").write_text(cmdline)
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+    (d / "exe").symlink_to(exe)
+
+
+def test_workers_named_by_torch_are_the_workers_not_the_jobs_other_forks(tmp_path: Path) -> None:
+    root = SysRoot(tmp_path)
+    _proc(tmp_path, 100, "python", RANK, 1)
+    for pid in range(101, 105):  # a pool of the job's own: forks, not named
+        _proc(tmp_path, pid, "python", RANK, 100)
+    _proc(tmp_path, 110, "pt_data_worker", RANK, 100)
+    _proc(tmp_path, 111, "pt_data_worker", RANK, 100)
+    kids = [*range(101, 105), 110, 111]
+    assert budget.workers_of(100, kids, root=root) == [110, 111]
+    # Once told by name, a later unnamed fork is not a worker.
+    assert budget.workers_of(100, [101], named_only=True, root=root) == []
+
+
+def test_without_names_forks_are_taken_newest_first_and_not_the_forkserver(
+    tmp_path: Path,
+) -> None:
+    root = SysRoot(tmp_path)
+    server = "python\0-c\0from multiprocessing.forkserver import main; main(3)\0"
+    _proc(tmp_path, 100, "python", RANK, 1)
+    _proc(tmp_path, 101, "python", RANK, 100)
+    _proc(tmp_path, 102, "python", server, 100)
+    _proc(tmp_path, 103, "python", server, 102)
+    _proc(tmp_path, 104, "sh", "/bin/sh\0-c\0true\0", 100, exe="/bin/dash")
+    assert budget.workers_of(100, [101, 102, 103, 104], root=root) == [103, 101]
+
+
+def test_where_even_one_a_second_is_over_budget_only_the_seconds_that_fit_are_sampled() -> None:
+    cpus = budget.budget_cpus(2)  # 0.02 CPUs: over 10 s, 0.2 CPU seconds
+    assert budget.sample_seconds(10, 10, cpus, 10.0) == 10.0  # fits: the whole window
+    # 300 threads: 0.06 CPU s a sample; 3 samples fit in 10 s.
+    assert budget.sample_seconds(1, 300, cpus, 10.0) == 3.0
+    # 3,000 threads: 0.6 CPU s a sample; none fits in 10 s, and 50 need 1,500 s.
+    assert budget.sample_seconds(1, 3000, cpus, 10.0) == 0.0
+    assert budget.duration_within_budget(3000, cpus) == pytest.approx(1500)
+
+
+@given(
+    st.integers(1, 200),
+    st.integers(0, 10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0, 600),
+)
+def test_the_seconds_sampled_are_within_the_window(
+    rate: int, threads: int, cpus: float, seconds: float
+) -> None:
+    got = budget.sample_seconds(rate, threads, cpus, seconds)
+    assert 0.0 <= got <= seconds

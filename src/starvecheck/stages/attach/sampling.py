@@ -86,6 +86,8 @@ class Cost:
     lowered: str | None  # why the rate is below the one asked for, where it is
     spy_cpu_s: float  # py-spy's CPU seconds, every py-spy together (restarts too)
     seconds: float  # the window
+    sample_s: float  # the seconds of it sampled (fewer where even 1/s is over budget)
+    steady_cpus: float | None  # py-spy's CPUs past its start-up, where read over 1 s or more
     over_budget: bool  # py-spy took more than the budget all the same (the lowest rate)
     refit: bool  # restarted at a lower rate after measuring itself
 
@@ -113,21 +115,32 @@ class Sampling:
         self.budget = budget.budget_cpus(effective_cpus)
         self.samplers: dict[int, RankSampler] = {}
         self._retired: list[spy.Recorder] = []  # py-spys ended by a restart
-        self._found = {
-            r: budget.workers_of(r, kids)[: budget.MAX_WORKERS * 4] for r, kids in ranks.items()
+        self._found = {r: budget.workers_of(r, kids) for r, kids in ranks.items()}
+        # Children already judged (workers or not), and whether the rank's workers are
+        # told by name (torch 2.3+): a child judged once is not read again each second.
+        self._judged = {r: set(kids) for r, kids in ranks.items()}
+        self._named = {
+            r: any(budget.is_named_worker(w) for w in ws) for r, ws in self._found.items()
         }
         self.threads = sum(
             budget.threads_of(p) or 1 for r, ws in self._found.items() for p in (r, *ws)
         )
         self.rate = budget.choose_rate(self.requested, self.threads, self.budget)
+        # Where even 1 a second costs more than the budget: sampled for the first
+        # seconds only, as many as fit the budget over the window (none, for thousands
+        # of threads on a small machine).
+        self.sample_s = budget.sample_seconds(self.rate, self.threads, self.budget, seconds)
         self.refit = False  # restarted at a lower rate after measuring itself
         self._checked = False
         self._t0 = self._at0 = time.monotonic()
         self._cpu0: float | None = None
+        self._since = self._t0  # when the py-spys running now started
+        self._readings: list[tuple[float, float]] = []  # (time, their CPU) past start-up
         self.first_rate = self.rate
         self.used_first: float | None = None  # py-spy's CPUs over its first second, if over
-        for r in ranks:
-            self.samplers[r] = self._start(r, self._found[r], self.seconds)
+        if self.sample_s >= 1.0:
+            for r in ranks:
+                self.samplers[r] = self._start(r, self._found[r], self.sample_s)
 
     def _start(self, rank: int, workers: list[int], seconds: float) -> RankSampler:
         s = RankSampler(rank, self._recorder(rank, seconds))
@@ -154,16 +167,20 @@ class Sampling:
         """Once a second: py-spy's CPU over its first second checked against the budget
         (restarted once, slower, where over); workers started since sampled too."""
         now = time.monotonic()
+        if now - self._since >= START_S and not self.done():  # while they all still run
+            self._readings.append((now, self._cpu()))
         if self._cpu0 is None and now - self._t0 >= START_S:
             self._cpu0, self._at0 = self._cpu(), now
         elif self._cpu0 is not None and not self._checked and now - self._at0 >= CHECK_AFTER_S:
             self._check()
-        left = self.seconds - (time.monotonic() - self._t0)
+        left = self.sample_s - (time.monotonic() - self._t0)
         for rank, kids in descendants.items():
             s = self.samplers.get(rank)
-            new = [k for k in kids if k not in s.workers and k not in s.skipped] if s else []
+            judged = self._judged.setdefault(rank, set())
+            new = [k for k in kids if k not in judged]
+            judged.update(new)
             if s is not None and new:
-                for w in budget.workers_of(rank, new):
+                for w in budget.workers_of(rank, new, self._named.get(rank, False)):
                     self._add(s, w, left)
 
     def _cpu(self) -> float:
@@ -178,7 +195,8 @@ class Sampling:
         if rate is None:
             return
         self.refit, self.rate = True, rate
-        left = max(1.0, self.seconds - (time.monotonic() - self._t0))
+        self._since, self._readings = time.monotonic(), []
+        left = max(1.0, self.sample_s - (time.monotonic() - self._t0))
         for rank, s in list(self.samplers.items()):
             workers = [w for w, r in s.workers.items() if not r.done()]
             for r in s.all():
@@ -188,6 +206,14 @@ class Sampling:
             self.samplers[rank] = self._start(rank, workers, left)
             self.samplers[rank].skipped |= skipped
         self.used_first = used
+
+    def steady_cpus(self) -> float | None:
+        """py-spy's CPUs past its start-up (reading the target's symbols): its cost at
+        the rate chosen, from readings a second or more apart; None where fewer."""
+        if len(self._readings) < 2 or self._readings[-1][0] - self._readings[0][0] < 1.0:
+            return None
+        (t0, c0), (t1, c1) = self._readings[0], self._readings[-1]
+        return max(0.0, (c1 - c0) / (t1 - t0))
 
     def stop(self) -> None:
         for r in self.recorders():
@@ -210,7 +236,8 @@ class Sampling:
                 f"{why}: {self.rate}/s keeps attach within {self.budget:.2f} CPUs "
                 f"({budget.BUDGET_SHARE:.0%} of the machine's)"
             )
-        took = spent / self.seconds if self.seconds > 0 else 0.0
+        steady = self.steady_cpus()
+        took = steady if steady is not None else (spent / self.seconds if self.seconds else 0.0)
         over = took > self.budget * budget.REFIT_OVER
         return Cost(
             self.rate,
@@ -220,6 +247,8 @@ class Sampling:
             lowered,
             spent,
             self.seconds,
+            self.sample_s,
+            steady,
             over,
             self.refit,
         )

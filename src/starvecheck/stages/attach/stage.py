@@ -19,6 +19,7 @@ and process; judging is advice/attach.py's.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections import Counter
@@ -208,7 +209,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             "seconds": plan.seconds,
             "rate": sampler.rate if sampler is not None else min(plan.rate, spy.RATE_CEILING),
             "rate_requested": min(plan.rate, spy.RATE_CEILING),
-            "sampler": SAMPLER if sampler is not None else None,
+            "sampler": SAMPLER if sampler is not None and sampler.samplers else None,
             "effective_cpus": plan.effective_cpus,
             "other_frames": tops,
             "gpus": [
@@ -368,23 +369,43 @@ def _read_cost(
     out += _metric("sampler.cpu", cost.spy_cpus, "CPUs", quantity="sampler_cpus")
     out += _metric("sampler.cpu_s", cost.spy_cpu_s, "s", quantity="sampler_cpu_seconds")
     out += _metric("sampler.budget", cost.budget_cpus, "CPUs", quantity="sampler_budget_cpus")
-    if cost.lowered:
+    out += _metric("sampler.cpu_steady", cost.steady_cpus, "CPUs", quantity="sampler_steady_cpus")
+    if cost.lowered and cost.sample_s >= plan.seconds:  # else said below
         caveats.append(
             Caveat(
                 "attach.rate-lowered",
                 f"stacks sampled at {cost.rate}/s, not {cost.requested}/s: {cost.lowered}",
             )
         )
-    got = budget.samples_expected(cost.rate, plan.seconds)
-    if got < budget.MIN_SAMPLES:
+    got = budget.samples_expected(cost.rate, cost.sample_s)
+    if cost.sample_s < plan.seconds:
+        need = budget.duration_within_budget(cost.threads, cost.budget_cpus)
+        more = (
+            f"`--duration {math.ceil(need)}` gives {budget.MIN_SAMPLES} within it"
+            if need <= MAX_DURATION_S
+            else f"no --duration up to {MAX_DURATION_S:.0f} s gives {budget.MIN_SAMPLES}"
+        )
+        what = (
+            f"sampled for the first {cost.sample_s:.0f} s only ({got} samples)"
+            if cost.sample_s >= 1
+            else "not sampled"
+        )
+        caveats.append(
+            Caveat(
+                "attach.few-samples" if cost.sample_s >= 1 else "attach.no-stacks",
+                f"Python stacks {what}: {cost.threads:,} threads cost py-spy about "
+                f"{cost.threads * budget.COST_PER_THREAD_S:.2f} CPU seconds a sample, more "
+                f"than attach's budget ({cost.budget_cpus:.2f} CPUs, "
+                f"{budget.BUDGET_SHARE:.0%} of the machine's) allows at 1/s; {more}",
+            )
+        )
+    elif got < budget.MIN_SAMPLES:
         need = budget.duration_for(cost.rate)
         more = (
             f"`--duration {need}` gives {budget.MIN_SAMPLES}"
             if need <= MAX_DURATION_S
-            else (
-                f"even `--duration {MAX_DURATION_S:.0f}` gives only "
-                f"{budget.samples_expected(cost.rate, MAX_DURATION_S)}"
-            )
+            else f"even `--duration {MAX_DURATION_S:.0f}` gives only "
+            f"{budget.samples_expected(cost.rate, MAX_DURATION_S)}"
         )
         caveats.append(
             Caveat(
@@ -395,17 +416,20 @@ def _read_cost(
         )
     others = next((m.value for m in metrics if m.name == "attach.machine.others_cpus"), None)
     busy = isinstance(others, float | int) and others >= plan.effective_cpus * 0.5
-    if cost.over_budget or busy:
+    if cost.spy_cpu_s > 0 and (cost.over_budget or busy):
+        steady = (
+            f", {cost.steady_cpus:.3f} past its start-up" if cost.steady_cpus is not None else ""
+        )
         why = (
-            f"more than its budget of {cost.budget_cpus:.2f} CPUs even at {cost.rate}/s"
+            f"more than its budget of {cost.budget_cpus:.2f} CPUs, even at {cost.rate}/s"
             if cost.over_budget
-            else "on a machine whose CPUs are busy, that CPU is taken from the job"
+            else "the machine's CPUs were busy, so that CPU was taken from the job and others"
         )
         caveats.append(
             Caveat(
                 "attach.sampler-cpu",
                 f"attach's sampling (py-spy) took {cost.spy_cpus:.3f} CPUs "
-                f"({cost.spy_cpu_s:.2f} CPU seconds over {cost.seconds:g} s): {why}",
+                f"({cost.spy_cpu_s:.2f} CPU seconds over {cost.seconds:g} s{steady}): {why}",
             )
         )
     for r in plan.job.ranks:
@@ -422,7 +446,7 @@ def _read_cost(
         out += _metric("workers.not_sampled", len(s.skipped), "workers",
                        quantity="workers_not_sampled", **lab)  # fmt: skip
         dropped = s.progress.errors or 0
-        if s.expected and (missed > 0.1 * s.expected or dropped > 0.05 * max(1, s.taken)):
+        if missed > max(1, 0.1 * s.expected) or dropped > max(1, 0.05 * s.taken):
             behind = (
                 f"; it fell {s.progress.behind_s:.1f} s behind"
                 if s.progress.behind_s is not None
