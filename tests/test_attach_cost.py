@@ -228,3 +228,76 @@ def test_the_seconds_sampled_are_within_the_window(
 ) -> None:
     got = budget.sample_seconds(rate, threads, cpus, seconds)
     assert 0.0 <= got <= seconds
+
+
+# --- one py-spy, faked: what it printed and wrote, its failure, its files -------------------
+
+FAKE = """#!/bin/sh
+# the --output path is the argument after --output
+out=""
+while [ $# -gt 0 ]; do [ "$1" = "--output" ] && out="$2"; shift; done
+{MODE}
+"""
+
+
+def _fake(tmp_path: Path, mode: str) -> str:
+    path = tmp_path / "py-spy"
+    path.write_text(FAKE.replace("{MODE}", mode))
+    path.chmod(0o755)
+    return str(path)
+
+
+def _ended(rec: spy.Recorder) -> None:
+    import time
+
+    for _ in range(600):  # the fake's own few lines of shell; a deadline, not a timing
+        if rec.done():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the fake py-spy never ended")
+
+
+def test_a_recorders_samples_errors_and_files(tmp_path: Path) -> None:
+    from starvecheck.scratch.directory import Scratch
+
+    binary = _fake(
+        tmp_path,
+        "printf 'thread (77): MainThread;main (/x/t.py:1) 40\\n' > \"$out\"\n"
+        'echo "py-spy> 2.50s behind in sampling, results may be inaccurate"\n'
+        "echo \"py-spy> Wrote raw flamegraph data to '$out'. Samples: 40 Errors: 3\"",
+    )
+    work = tmp_path / "tmp"
+    work.mkdir()
+    with Scratch(str(work), prefix="starvecheck-attach-") as scratch:
+        rec = spy.Recorder(77, 2, 50, binary, scratch)
+        _ended(rec)
+        stacks = rec.stacks()
+        assert stacks.count((77, 77)) == 40 and stacks.errors == 3
+        assert spy.parse_progress(rec.printed()).behind_s == pytest.approx(2.5)
+        assert rec.cpu_s is not None and rec.proc.returncode == 0
+    assert list(work.iterdir()) == []  # its files went with the directory
+
+
+def test_a_recorders_failure_is_its_error_line(tmp_path: Path) -> None:
+    from starvecheck.scratch.directory import Scratch
+
+    binary = _fake(
+        tmp_path,
+        "echo 'Error: Failed to find python version from target process' >&2\n"
+        "echo '   7: main' >&2\nexit 1",
+    )
+    with Scratch(str(tmp_path), prefix="starvecheck-attach-") as scratch:
+        rec = spy.Recorder(77, 2, 50, binary, scratch)
+        _ended(rec)
+        with pytest.raises(RuntimeError, match=r"^Failed to find python version"):
+            rec.stacks()
+
+
+def test_a_py_spy_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> None:
+    import os
+
+    from starvecheck.scratch.directory import Scratch
+    from starvecheck.stages.attach.sampling import Sampling
+
+    with Scratch(str(tmp_path), prefix="starvecheck-attach-") as scratch, pytest.raises(OSError):
+        Sampling({os.getpid(): []}, 2.0, 50, str(tmp_path / "no-py-spy"), scratch, 2)

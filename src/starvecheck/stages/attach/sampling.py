@@ -139,8 +139,12 @@ class Sampling:
         self.first_rate = self.rate
         self.used_first: float | None = None  # py-spy's CPUs over its first second, if over
         if self.sample_s >= 1.0:
-            for r in ranks:
-                self.samplers[r] = self._start(r, self._found[r], self.sample_s)
+            try:
+                for r in ranks:
+                    self.samplers[r] = self._start(r, self._found[r], self.sample_s)
+            except BaseException:  # py-spy could not be started (or an interrupt)
+                self.stop()
+                raise
 
     def _start(self, rank: int, workers: list[int], seconds: float) -> RankSampler:
         s = RankSampler(rank, self._recorder(rank, seconds))
@@ -158,7 +162,10 @@ class Sampling:
         if len(live) >= budget.MAX_WORKERS or seconds < 1.0:
             s.skipped.add(worker)
             return
-        s.workers[worker] = self._recorder(worker, seconds)
+        try:
+            s.workers[worker] = self._recorder(worker, seconds)
+        except OSError:  # a worker's py-spy could not start: counted as not sampled
+            s.skipped.add(worker)
 
     def recorders(self) -> list[spy.Recorder]:
         return [r for s in self.samplers.values() for r in s.all()] + self._retired

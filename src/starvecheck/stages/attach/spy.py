@@ -301,6 +301,11 @@ _BACKTRACE = re.compile(r"^(\d+:\s|at\s|stack backtrace:|note: |thread '.*' pani
 
 
 def _exited(status: int | None) -> str:
+    if status is not None and status < 0:
+        try:
+            return f"py-spy was ended by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"py-spy was ended by signal {-status}"
     return "py-spy failed with no message" + (f" (exit status {status})" if status else "")
 
 

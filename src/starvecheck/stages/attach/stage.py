@@ -186,9 +186,15 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
                 caveats.append(Caveat("attach.no-stacks", NO_SCRATCH))
             try:
                 if binary is not None and scratch is not None:
-                    sampler = sampling.Sampling(
-                        owned, plan.seconds, plan.rate, binary, scratch, plan.effective_cpus
-                    )
+                    try:
+                        sampler = sampling.Sampling(
+                            owned, plan.seconds, plan.rate, binary, scratch, plan.effective_cpus
+                        )
+                    except OSError as e:  # py-spy could not be started: /proc's part alone
+                        why = f"py-spy could not be started: {e.strerror or e}"
+                        caveats.append(Caveat("attach.no-stacks", f"Python stacks not "
+                                              f"sampled: {why}; the figures below are /proc's "
+                                              "alone"))  # fmt: skip
                 recorders = sampler.samplers if sampler is not None else {}
                 _wait(plan, ctx, watch, recorders, gpus, sampler)
             finally:
