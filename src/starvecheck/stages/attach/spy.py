@@ -133,7 +133,7 @@ class Recorder:
                "--full-filenames", *(["--subprocesses"] if subprocesses else []),
                "--rate", str(self.rate), "--duration", str(self.seconds), "--format", "raw",
                "--output", os.path.join(scratch.path, self.out)]  # fmt: skip
-        env = {**os.environ, "RUST_BACKTRACE": "0"}
+        env = {**os.environ, "RUST_RUST_FRAME": "0"}
         env.pop("RUST_LOG", None)
         out = scratch.new_file(self._stdout)
         err = scratch.new_file(self._stderr)
@@ -293,11 +293,11 @@ def error_line(err: str, status: int | None = None) -> str:
         if reason is not None:
             text += f" ({reason[len('Reason:') :].strip()})"
         return _printable(text)[:300] or _exited(status)
-    words = [x for x in lines if not _BACKTRACE.match(x)]
+    words = [x for x in lines if not _RUST_FRAME.match(x)]
     return _printable(words[0])[:300] if words else _exited(status)
 
 
-_BACKTRACE = re.compile(r"^(\d+:\s|at\s|stack backtrace:|note: |thread '.*' panicked)")
+_RUST_FRAME = re.compile(r"^(\d+:\s|at\s|stack backtrace:|note: |thread '.*' panicked)")
 
 
 def _exited(status: int | None) -> str:
