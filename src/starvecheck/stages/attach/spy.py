@@ -133,7 +133,7 @@ class Recorder:
                "--full-filenames", *(["--subprocesses"] if subprocesses else []),
                "--rate", str(self.rate), "--duration", str(self.seconds), "--format", "raw",
                "--output", os.path.join(scratch.path, self.out)]  # fmt: skip
-        env = {**os.environ, "RUST_RUST_FRAME": "0"}
+        env = {**os.environ, "RUST_BACKTRACE": "0"}
         env.pop("RUST_LOG", None)
         out = scratch.new_file(self._stdout)
         err = scratch.new_file(self._stderr)
