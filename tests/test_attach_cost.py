@@ -264,7 +264,8 @@ def test_a_recorders_samples_errors_and_files(tmp_path: Path) -> None:
         tmp_path,
         "printf 'thread (77): MainThread;main (/x/t.py:1) 40\\n' > \"$out\"\n"
         'echo "py-spy> 2.50s behind in sampling, results may be inaccurate"\n'
-        "echo \"py-spy> Wrote raw flamegraph data to '$out'. Samples: 40 Errors: 3\"",
+        "echo \"py-spy> Wrote raw flamegraph data to '$out'. Samples: 40 Errors: 3\"\n"
+        'echo "backtraces=$RUST_BACKTRACE"',
     )
     work = tmp_path / "tmp"
     work.mkdir()
@@ -274,6 +275,7 @@ def test_a_recorders_samples_errors_and_files(tmp_path: Path) -> None:
         stacks = rec.stacks()
         assert stacks.count((77, 77)) == 40 and stacks.errors == 3
         assert spy.parse_progress(rec.printed()).behind_s == pytest.approx(2.5)
+        assert "backtraces=0" in rec.printed()  # no Rust backtrace to show for a failure
         assert rec.cpu_s is not None and rec.proc.returncode == 0
     assert list(work.iterdir()) == []  # its files went with the directory
 
