@@ -206,12 +206,14 @@ class Sampling:
         left = max(1.0, self.sample_s - (time.monotonic() - self._t0))
         for rank, s in list(self.samplers.items()):
             workers = [w for w, r in s.workers.items() if not r.done()]
+            # The new ones first, then the old ended: never a moment without a py-spy
+            # (a reader of attach, tests/loops/loopstate.attach_beside, takes the window
+            # from py-spy's start to its end).
+            self.samplers[rank] = self._start(rank, workers, left)
+            self.samplers[rank].skipped |= s.skipped
             for r in s.all():
                 r.kill()
                 self._retired.append(r)
-            skipped = s.skipped
-            self.samplers[rank] = self._start(rank, workers, left)
-            self.samplers[rank].skipped |= skipped
         self.used_first = used
 
     def steady_cpus(self) -> float | None:
