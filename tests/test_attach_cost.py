@@ -6,6 +6,7 @@ Pure functions fed figures and text; nothing timed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import given
@@ -303,3 +304,98 @@ def test_a_py_spy_that_cannot_start_leaves_nothing_running(tmp_path: Path) -> No
 
     with Scratch(str(tmp_path), prefix="starvecheck-attach-") as scratch, pytest.raises(OSError):
         Sampling({os.getpid(): []}, 2.0, 50, str(tmp_path / "no-py-spy"), scratch, 2)
+
+
+# --- the py-spys of one attach, with fake py-spys and a fake clock ----------------------------
+
+
+class FakeRecorder:
+    """A py-spy that runs until killed or stopped, its CPU growing at `cpus` a second of
+    the fake clock."""
+
+    started: ClassVar[list[FakeRecorder]] = []
+
+    def __init__(self, pid: int, seconds: float, rate: int, binary: str, scratch: object):
+        self.pid, self.seconds, self.rate = pid, seconds, rate
+        self.at, self.ended = CLOCK[0], False
+        FakeRecorder.started.append(self)
+
+    def cpu_now(self) -> float:
+        return (CLOCK[0] - self.at) * CPUS_PER_RECORDER[0]
+
+    def done(self) -> bool:
+        return self.ended
+
+    def kill(self) -> None:
+        self.ended = True
+
+    stop = kill
+
+
+CLOCK = [0.0]
+CPUS_PER_RECORDER = [0.0]
+
+
+@pytest.fixture
+def fake_spies(monkeypatch: pytest.MonkeyPatch) -> None:
+    from starvecheck.stages.attach import sampling
+
+    CLOCK[0], CPUS_PER_RECORDER[0] = 0.0, 0.0
+    FakeRecorder.started = []
+    monkeypatch.setattr(sampling.spy, "Recorder", FakeRecorder)
+    monkeypatch.setattr(sampling.time, "monotonic", lambda: CLOCK[0])
+    monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 1)
+    monkeypatch.setattr(sampling.budget, "workers_of", lambda rank, kids, named=False: kids)
+    monkeypatch.setattr(sampling.budget, "is_named_worker", lambda pid, root=None: True)
+
+
+def test_at_most_eight_workers_a_rank_are_sampled_and_the_rest_counted(fake_spies: None) -> None:
+    from starvecheck.stages.attach.sampling import Sampling
+
+    s = Sampling({10: list(range(100, 112))}, 10.0, 50, "py-spy", object(), 64)  # type: ignore[arg-type]
+    rank = s.samplers[10]
+    assert rank.rank.pid == 10 and len(rank.workers) == budget.MAX_WORKERS
+    assert rank.skipped == set(range(100 + budget.MAX_WORKERS, 112))
+
+
+def test_a_py_spy_over_its_budget_is_restarted_once_at_the_rate_that_fits(
+    fake_spies: None,
+) -> None:
+    from starvecheck.stages.attach.sampling import Sampling
+
+    # 2 CPUs: 0.02 CPUs of budget; 2 processes of 1 thread: 50/s is chosen.
+    s = Sampling({10: [11]}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
+    assert s.rate == 50
+    first = list(FakeRecorder.started)
+    CPUS_PER_RECORDER[0] = 0.05  # 0.1 CPUs for the two: 5x the budget
+    for t in (0.5, 1.0, 1.6, 2.0, 3.0):
+        CLOCK[0] = t
+        s.tick({10: [11]})
+    assert s.refit and s.rate == 10  # 0.1 CPUs at 50/s: 0.02 allow 10/s
+    assert all(r.ended for r in first)  # the first ones ended, their samples dropped
+    assert {r.rate for r in s.samplers[10].all()} == {10}
+    assert len(FakeRecorder.started) == 4  # restarted once, not again
+    cost = s.cost()
+    assert cost.lowered is not None and "at 50/s" in cost.lowered
+
+
+def test_a_py_spy_within_its_budget_is_left_alone(fake_spies: None) -> None:
+    from starvecheck.stages.attach.sampling import Sampling
+
+    s = Sampling({10: []}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
+    CPUS_PER_RECORDER[0] = 0.01
+    for t in (0.5, 1.6, 3.0):
+        CLOCK[0] = t
+        s.tick({10: []})
+    assert not s.refit and s.rate == 50 and len(FakeRecorder.started) == 1
+    assert s.cost().lowered is None
+
+
+def test_thousands_of_threads_on_a_small_machine_start_no_py_spy(
+    fake_spies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starvecheck.stages.attach import sampling
+
+    monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 3000)
+    s = sampling.Sampling({10: []}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
+    assert s.samplers == {} and FakeRecorder.started == [] and s.sample_s == 0.0

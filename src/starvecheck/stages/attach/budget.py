@@ -51,7 +51,7 @@ def choose_rate(
     per_sample = max(1, threads) * max(cost_s, 1e-9)
     if not math.isfinite(budget) or budget <= 0:
         return 1
-    return max(1, min(requested, int(budget / per_sample)))
+    return max(1, min(requested, _whole(budget / per_sample)))
 
 
 def over_budget(rate: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S) -> bool:
@@ -91,8 +91,13 @@ def refit_rate(rate: int, used_cpus: float, budget: float) -> int | None:
     if used_cpus <= budget * REFIT_OVER:
         return None
     per_sample = used_cpus / rate
-    fit = max(1, int(budget / per_sample)) if per_sample > 0 else rate
+    fit = max(1, _whole(budget / per_sample)) if per_sample > 0 else rate
     return fit if fit < rate else None
+
+
+def _whole(x: float) -> int:
+    """The whole part, where 9.999999 from a division of figures that make 10 is 10."""
+    return int(x + 1e-9)
 
 
 def samples_expected(rate: int, seconds: float) -> int:
