@@ -6,8 +6,10 @@ throughout, in each case: `threads:N` (N idle threads beside torch's own: 10, 20
 (`slow-rank`; attach given the agent, so it samples both ranks). In rounds, the loop's
 steps a second are read over a window without attach and over a window with attach at
 its default settings, in turn (each round in the other order), and compared round by
-round; the table gives the median and the rounds' range, and attach's own CPU (py-spy's,
-from the JSON: attach.sampler.cpu) and the rate it chose.
+round; the table gives the median and the rounds' range, attach's sampling CPU
+(py-spy's over the window, from the JSON: attach.sampler.cpu), the rate it chose, and
+the CPU seconds attach's own Python process took in all (its start-up and its /proc
+reading once a second).
 
     python benchmarks/attach_overhead.py [--rounds 5] [--seconds 10] [--cases ...]
 
@@ -37,8 +39,10 @@ TARGET = 0.01
 CASES = ("threads:10", "threads:200", "threads:3000", "children:64", "ddp:2")
 
 
-def _rate(path: Path, seconds: float, during: list[str] | None) -> float:
-    """The loop's steps a second over `seconds` (with `during` running beside it)."""
+def _rate(path: Path, seconds: float, during: list[str] | None) -> tuple[float, float | None]:
+    """The loop's steps a second over `seconds` (with `during` running beside it), and
+    the CPU seconds `during`'s own process took in all (its start-up included; its
+    children's, py-spy's, are in attach's JSON)."""
     p = (
         subprocess.Popen(during, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if during
@@ -49,9 +53,12 @@ def _rate(path: Path, seconds: float, during: list[str] | None) -> float:
     a = read_state(path)
     time.sleep(seconds)
     b = read_state(path)
+    own = None
     if p is not None:
-        p.wait(timeout=300)
-    return (b["steps"] - a["steps"]) / (b["total"] - a["total"])
+        _, _, usage = os.wait4(p.pid, 0)
+        p.returncode = 0
+        own = usage.ru_utime + usage.ru_stime
+    return (b["steps"] - a["steps"]) / (b["total"] - a["total"]), own
 
 
 def _start(case: str, tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -93,19 +100,20 @@ def run_case(case: str, rounds: int, seconds: float) -> dict[str, object]:
         report = Path(tmp) / "attach.json"
         attach = [sys.executable, "-m", "starvecheck", "attach", str(loop.pid),
                   "--duration", f"{seconds + 3:g}", "--json", str(report)]  # fmt: skip
-        ratios, cpus, rates = [], [], []
+        ratios, cpus, rates, owns = [], [], [], []
         try:
             for r in range(rounds):
                 order = (None, attach) if r % 2 == 0 else (attach, None)
                 got = [_rate(path, seconds, x) for x in order]
-                bare, watched = (got[0], got[1]) if r % 2 == 0 else (got[1], got[0])
+                (bare, _), (watched, own) = (got[0], got[1]) if r % 2 == 0 else (got[1], got[0])
                 ratios.append(watched / bare)
+                owns += [own] if own is not None else []
                 cpu, rate = _cost(report)
                 cpus += [cpu] if cpu is not None else []
                 rates += [rate] if rate is not None else []
         finally:
             stop_tree(loop)
-    return {"case": case, "ratios": ratios, "cpus": cpus, "rates": rates}
+    return {"case": case, "ratios": ratios, "cpus": cpus, "rates": rates, "owns": owns}
 
 
 def main() -> int:
@@ -117,7 +125,7 @@ def main() -> int:
     results = [run_case(c, a.rounds, a.seconds) for c in a.cases]
     ok = True
     print(f"{'case':<14} {'with/without':>12} {'range':>17} {'slower':>8} "
-          f"{'attach CPUs':>12} {'rate':>6}  n")  # fmt: skip
+          f"{'py-spy CPUs':>12} {'rate':>6} {'attach CPU s':>13}  n")  # fmt: skip
     for res in results:
         ratios: list[float] = res["ratios"]  # type: ignore[assignment]
         cpus: list[float] = res["cpus"]  # type: ignore[assignment]
@@ -127,8 +135,10 @@ def main() -> int:
         ok = ok and cost <= TARGET
         cpu = f"{statistics.median(cpus):.3f}" if cpus else "?"
         rate = f"{statistics.median(rates):g}" if rates else "?"
+        owns: list[float] = res["owns"]  # type: ignore[assignment]
+        own = f"{statistics.median(owns):.2f}" if owns else "?"
         print(f"{res['case']:<14} {median:>12.4f} {min(ratios):>8.4f}-{max(ratios):<8.4f} "
-              f"{cost:>+8.2%} {cpu:>12} {rate:>6}  {len(ratios)}")  # fmt: skip
+              f"{cost:>+8.2%} {cpu:>12} {rate:>6} {own:>13}  {len(ratios)}")  # fmt: skip
     verdict = "met" if ok else "MISSED"
     print(f"{os.cpu_count()} CPUs; target under {TARGET:.0%} slower in every case: {verdict}")
     return 0 if ok else 1
