@@ -18,20 +18,16 @@ and process; judging is advice/attach.py's.
 
 from __future__ import annotations
 
-import contextlib
-import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, signals_raise
-from starvecheck.core.status import UsageError
-from starvecheck.stages.attach import budget, classify, sampling, source, spy
+from starvecheck.stages.attach import classify, costs, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
@@ -39,7 +35,6 @@ from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
 
 if TYPE_CHECKING:
-    from starvecheck.scratch.directory import Scratch
     from starvecheck.stages.attach.spy import Stacks
 
 QUICK_S = 5.0
@@ -181,9 +176,9 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         # py-spy's files in a marked scratch directory (removed on every way out but
         # SIGKILL, after which `starvecheck clean` proves it ours); SIGTERM and SIGHUP
         # unwind like Ctrl-C, so that py-spy is ended and the directory removed.
-        with signals_raise(), _scratch(binary is not None) as scratch:
+        with signals_raise(), costs.scratch(binary is not None) as scratch:
             if binary is not None and scratch is None:
-                caveats.append(Caveat("attach.no-stacks", NO_SCRATCH))
+                caveats.append(Caveat("attach.no-stacks", costs.NO_SCRATCH))
             try:
                 if binary is not None and scratch is not None:
                     try:
@@ -204,7 +199,10 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             metrics, found, tops = _read_all(plan, watch, recorders, caveats)
         metrics += _read_gpus(gpus, caveats)
         if sampler is not None:
-            metrics += _read_cost(plan, sampler, metrics, caveats)
+            others = _value(metrics, "attach.machine.others_cpus")
+            metrics += costs.read(
+                sampler, plan.seconds, plan.effective_cpus, others, plan.job.ranks, caveats
+            )
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
@@ -235,40 +233,11 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         )
 
 
-NO_SCRATCH = (
-    "Python stacks not sampled: no scratch directory for py-spy's files could be made in "
-    "the temporary directory (set TMPDIR to a writable directory); the figures below are "
-    "/proc's alone"
-)
 NO_PY_SPY = (
     "Python stacks not sampled: py-spy is not installed (pip install 'starvecheck[attach]'); "
     "the figures below are /proc's alone"
 )
 SAMPLER = "py-spy record --nonblocking --idle --threads (the rank; each DataLoader worker)"
-
-
-@contextlib.contextmanager
-def _scratch(wanted: bool) -> Iterator[Scratch | None]:
-    """A marked scratch directory in the temporary directory for py-spy's files, where
-    py-spy runs; None where it does not, or the directory cannot be made (then no stacks
-    are sampled, and a caveat says why)."""
-    if not wanted:
-        yield None
-        return
-    import tempfile
-
-    from starvecheck.scratch.directory import Scratch
-
-    try:
-        scratch = Scratch(tempfile.gettempdir(), prefix="starvecheck-attach-")
-        scratch.create()
-    except (OSError, UsageError):
-        yield None
-        return
-    try:
-        yield scratch
-    finally:
-        scratch.cleanup()
 
 
 def _wait(
@@ -364,122 +333,6 @@ def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
     return out
 
 
-def _read_cost(
-    plan: Plan, sampler: sampling.Sampling, metrics: list[Metric], caveats: list[Caveat]
-) -> list[Metric]:
-    """What attach's sampling took (py-spy's CPU, from the kernel's accounting), the rate
-    it sampled at, what it dropped or did not take; a caveat for each that bears on
-    the answer (budget.py says why the rate may be lower than asked)."""
-    cost = sampler.cost()
-    out = _metric("sampler.rate", cost.rate, "samples/s", quantity="sampler_rate")
-    out += _metric("sampler.cpu", cost.spy_cpus, "CPUs", quantity="sampler_cpus")
-    out += _metric("sampler.cpu_s", cost.spy_cpu_s, "s", quantity="sampler_cpu_seconds")
-    out += _metric("sampler.budget", cost.budget_cpus, "CPUs", quantity="sampler_budget_cpus")
-    out += _metric("sampler.cpu_steady", cost.steady_cpus, "CPUs", quantity="sampler_steady_cpus")
-    if cost.lowered and cost.sample_s >= plan.seconds:  # else said below
-        caveats.append(
-            Caveat(
-                "attach.rate-lowered",
-                f"stacks sampled at {cost.rate}/s, not {cost.requested}/s: {cost.lowered}",
-            )
-        )
-    got = budget.samples_expected(cost.rate, cost.sample_s)
-    if cost.sample_s < plan.seconds:
-        need = budget.duration_within_budget(cost.threads, cost.budget_cpus)
-        more = (
-            f"`--duration {math.ceil(need)}` gives {budget.MIN_SAMPLES} within it"
-            if need <= MAX_DURATION_S
-            else f"no --duration up to {MAX_DURATION_S:.0f} s gives {budget.MIN_SAMPLES}"
-        )
-        what = (
-            f"sampled for the first {cost.sample_s:.0f} s only ({got} samples)"
-            if cost.sample_s >= 1
-            else "not sampled"
-        )
-        caveats.append(
-            Caveat(
-                "attach.few-samples" if cost.sample_s >= 1 else "attach.no-stacks",
-                f"Python stacks {what}: {cost.threads:,} threads cost py-spy about "
-                f"{cost.threads * budget.COST_PER_THREAD_S:.2f} CPU seconds a sample, more "
-                f"than attach's budget ({cost.budget_cpus:.2f} CPUs, "
-                f"{budget.BUDGET_SHARE:.0%} of the machine's) allows at 1/s; {more}",
-            )
-        )
-    elif got < budget.MIN_SAMPLES:
-        need = budget.duration_for(cost.rate)
-        more = (
-            f"`--duration {need}` gives {budget.MIN_SAMPLES}"
-            if need <= MAX_DURATION_S
-            else f"even `--duration {MAX_DURATION_S:.0f}` gives only "
-            f"{budget.samples_expected(cost.rate, MAX_DURATION_S)}"
-        )
-        caveats.append(
-            Caveat(
-                "attach.few-samples",
-                f"at {cost.rate}/s, {plan.seconds:g} s gives about {got} samples of each "
-                f"thread, fewer than the {budget.MIN_SAMPLES} a share needs; {more}",
-            )
-        )
-    others = next((m.value for m in metrics if m.name == "attach.machine.others_cpus"), None)
-    busy = isinstance(others, float | int) and others >= plan.effective_cpus * 0.5
-    if cost.spy_cpu_s > 0 and (cost.over_budget or busy):
-        steady = (
-            f", {cost.steady_cpus:.3f} past its start-up" if cost.steady_cpus is not None else ""
-        )
-        why = (
-            f"more than its budget of {cost.budget_cpus:.2f} CPUs, even at {cost.rate}/s"
-            if cost.over_budget
-            else "the machine's CPUs were busy, so that CPU was taken from the job and others"
-        )
-        caveats.append(
-            Caveat(
-                "attach.sampler-cpu",
-                f"attach's sampling (py-spy) took {cost.spy_cpus:.3f} CPUs "
-                f"({cost.spy_cpu_s:.2f} CPU seconds over {cost.seconds:g} s{steady}): {why}",
-            )
-        )
-    for r in plan.job.ranks:
-        s = sampler.samplers.get(r.pid)
-        if s is None:
-            continue
-        lab = {"rank": r.rank, "pid": r.pid}
-        missed = max(0, s.expected - s.taken)
-        out += _metric("sampler.not_taken", missed, "samples", quantity="samples_not_taken",
-                       **lab)  # fmt: skip
-        if s.progress.behind_s is not None:
-            out += _metric("sampler.behind", s.progress.behind_s, "s", quantity="sampler_behind_s",
-                           **lab)  # fmt: skip
-        out += _metric("workers.not_sampled", len(s.skipped), "workers",
-                       quantity="workers_not_sampled", **lab)  # fmt: skip
-        dropped = s.progress.errors or 0
-        if missed > max(1, 0.1 * s.expected) or dropped > max(1, 0.05 * s.taken):
-            behind = (
-                f"; it fell {s.progress.behind_s:.1f} s behind"
-                if s.progress.behind_s is not None
-                else ""
-            )
-            caveats.append(
-                Caveat(
-                    "attach.samples-dropped",
-                    f"{r.describe()}: py-spy took {s.taken} of the {s.expected} samples its "
-                    f"rate should have given and dropped {dropped} (stacks caught "
-                    f"mid-change){behind}; the shares are read from those it kept",
-                )
-            )
-        if s.skipped:
-            caveats.append(
-                Caveat(
-                    "attach.workers-not-sampled",
-                    f"{len(s.skipped)} DataLoader worker(s) of {r.describe()} not sampled "
-                    f"(at most {budget.MAX_WORKERS} a rank, to bound attach's cost, or their "
-                    "stacks could not be read); their /proc figures are read all the same",
-                )
-            )
-    return out
-
-
-MAX_DURATION_S = 600.0  # --duration's ceiling (cli/attach.py)
-
 MACHINE = {
     "others_cpus": "CPUs",
     "nr_periods": "periods",
@@ -488,6 +341,10 @@ MACHINE = {
     "shm_used_bytes": "bytes",
     "shm_growth_bytes": "bytes",
 }
+
+
+def _value(metrics: list[Metric], name: str) -> float | None:
+    return next((m.value for m in metrics if m.name == name), None)
 
 
 def _cwd(pid: int) -> str | None:
