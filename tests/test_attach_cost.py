@@ -215,7 +215,9 @@ def test_where_even_one_a_second_is_over_budget_only_the_seconds_that_fit_are_sa
     assert budget.sample_seconds(1, 300, cpus, 10.0) == 3.0
     # 3,000 threads: 0.6 CPU s a sample; none fits in 10 s, and 50 need 1,500 s.
     assert budget.sample_seconds(1, 3000, cpus, 10.0) == 0.0
-    assert budget.duration_within_budget(3000, cpus) == pytest.approx(1500)
+    assert budget.duration_within_budget(3000 * budget.COST_PER_THREAD_S, cpus) == (
+        pytest.approx(1500)
+    )
 
 
 @given(
@@ -329,7 +331,7 @@ class FakeRecorder:
     def kill(self) -> None:
         self.ended = True
 
-    stop = kill
+    stop = interrupt = kill
 
 
 CLOCK = [0.0]
@@ -399,3 +401,26 @@ def test_thousands_of_threads_on_a_small_machine_start_no_py_spy(
     monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 3000)
     s = sampling.Sampling({10: []}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
     assert s.samplers == {} and FakeRecorder.started == [] and s.sample_s == 0.0
+
+
+def test_at_the_lowest_rate_and_still_over_budget_sampling_stops_when_the_budget_is_spent(
+    fake_spies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starvecheck.stages.attach import sampling
+
+    # 150 threads on 2 CPUs: 1/s, which half the estimate says fits; measured (over 3 s,
+    # 3 samples at 1/s, from 0.5 s), it does not: 0.05 CPUs. At 4 s it has taken 0.2 CPU
+    # seconds, the whole window's budget: it stops there.
+    monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 150)
+    s = sampling.Sampling({10: []}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
+    assert s.rate == 1 and s.sample_s == 10.0
+    CPUS_PER_RECORDER[0] = 0.05
+    for t in (0.5, 1.6, 2.0, 3.0):
+        CLOCK[0] = t
+        s.tick({10: []})
+    assert not FakeRecorder.started[0].ended  # 4 s fit: not yet
+    CLOCK[0] = 4.0
+    s.tick({10: []})
+    assert FakeRecorder.started[0].ended and s.sample_s == 4.0
+    cost = s.cost()
+    assert cost.measured and cost.per_sample_cpu_s == pytest.approx(0.05)

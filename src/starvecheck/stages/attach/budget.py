@@ -71,16 +71,17 @@ def sample_seconds(
     if not math.isfinite(budget) or budget <= 0:
         return 0.0
     affordable = budget * seconds / (max(1, threads) * cost_s * max(1, rate))
-    return float(min(seconds, math.floor(affordable)))
+    return float(min(seconds, _whole(affordable)))
 
 
 def duration_within_budget(
-    threads: int, budget: float, samples: int = MIN_SAMPLES, cost_s: float = COST_PER_THREAD_S
+    per_sample_cpu_s: float, budget: float, samples: int = MIN_SAMPLES
 ) -> float:
-    """The window over which `samples` samples of `threads` threads fit the budget."""
-    if not math.isfinite(budget) or budget <= 0:
+    """The window over which `samples` samples, each costing `per_sample_cpu_s` CPU
+    seconds, fit the budget."""
+    if not math.isfinite(budget) or budget <= 0 or not math.isfinite(per_sample_cpu_s):
         return math.inf
-    return samples * max(1, threads) * cost_s / budget
+    return samples * max(0.0, per_sample_cpu_s) / budget
 
 
 def refit_rate(rate: int, used_cpus: float, budget: float) -> int | None:

@@ -96,7 +96,7 @@ def _samples(cost: Cost, seconds: float) -> list[Caveat]:
     (or none): say so, and the --duration that gives enough."""
     got = budget.samples_expected(cost.rate, cost.sample_s)
     if cost.sample_s < seconds:
-        need = budget.duration_within_budget(cost.threads, cost.budget_cpus)
+        need = budget.duration_within_budget(cost.per_sample_cpu_s, cost.budget_cpus)
         more = (
             f"`--duration {math.ceil(need)}` gives {budget.MIN_SAMPLES} within it"
             if need <= MAX_DURATION_S
@@ -107,13 +107,14 @@ def _samples(cost: Cost, seconds: float) -> list[Caveat]:
             if cost.sample_s >= 1
             else "not sampled"
         )
+        how = "took" if cost.measured else "would take about"
         return [
             Caveat(
                 "attach.few-samples" if cost.sample_s >= 1 else "attach.no-stacks",
-                f"Python stacks {what}: {cost.threads:,} threads cost py-spy about "
-                f"{cost.threads * budget.COST_PER_THREAD_S:.2f} CPU seconds a sample, more "
-                f"than attach's budget ({cost.budget_cpus:.2f} CPUs, "
-                f"{budget.BUDGET_SHARE:.0%} of the machine's) allows at 1/s; {more}",
+                f"Python stacks {what}: with {cost.threads:,} threads py-spy {how} "
+                f"{cost.per_sample_cpu_s:.3f} CPU seconds a sample, more than attach's "
+                f"budget ({cost.budget_cpus:.2f} CPUs, {budget.BUDGET_SHARE:.0%} of the "
+                f"machine's) allows at 1/s over {seconds:g} s; {more}",
             )
         ]
     if got >= budget.MIN_SAMPLES:

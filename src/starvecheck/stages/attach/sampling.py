@@ -35,6 +35,7 @@ class RankSampler:
     taken: int = 0  # samples of the rank (its most sampled thread's): intervals taken
     expected: int = 0  # intervals its rate and the seconds it ran should have given
     progress: spy.Progress = field(default_factory=spy.Progress)
+    window_s: float = float("inf")  # seconds it was to sample, where cut short (budget)
 
     def all(self) -> list[spy.Recorder]:
         return [self.rank, *self.workers.values()]
@@ -53,7 +54,8 @@ class RankSampler:
         out = self.rank.stacks()
         mine = [out.count(k) for k in out.by_thread if k[0] == self.pid]
         self.taken = max(mine, default=0)
-        ran = max(0.0, min(float(self.rank.seconds), self.rank.ran_s - START_S))
+        ran = min(float(self.rank.seconds), self.rank.ran_s - START_S, self.window_s)
+        ran = max(0.0, ran)
         self.expected = budget.samples_expected(self.rank.rate, ran)
         self.progress = spy.parse_progress(self.rank.printed())
         for pid, rec in self.workers.items():
@@ -87,6 +89,8 @@ class Cost:
     spy_cpu_s: float  # py-spy's CPU seconds, every py-spy together (restarts too)
     seconds: float  # the window
     sample_s: float  # the seconds of it sampled (fewer where even 1/s is over budget)
+    per_sample_cpu_s: float  # py-spy's CPU seconds a sample, every process together
+    measured: bool  # per_sample_cpu_s measured (else estimated from the threads)
     steady_cpus: float | None  # py-spy's CPUs past its start-up, where read over 1 s or more
     over_budget: bool  # py-spy took more than the budget all the same (the lowest rate)
     refit: bool  # restarted at a lower rate after measuring itself
@@ -126,10 +130,16 @@ class Sampling:
             budget.threads_of(p) or 1 for r, ws in self._found.items() for p in (r, *ws)
         )
         self.rate = budget.choose_rate(self.requested, self.threads, self.budget)
-        # Where even 1 a second costs more than the budget: sampled for the first
-        # seconds only, as many as fit the budget over the window (none, for thousands
-        # of threads on a small machine).
-        self.sample_s = budget.sample_seconds(self.rate, self.threads, self.budget, seconds)
+        # Where even 1 a second costs more than the budget: none sampled where not one
+        # second would fit even at half the estimate (thousands of threads on a small
+        # machine); else the whole window, cut short once py-spy's measured CPU says how
+        # many seconds fit (`_check`).
+        hopeful = budget.COST_PER_THREAD_S / 2
+        fits = budget.sample_seconds(self.rate, self.threads, self.budget, seconds, hopeful)
+        self.sample_s = seconds if fits >= 1.0 else 0.0
+        self.per_sample_cpu_s = self.threads * budget.COST_PER_THREAD_S  # estimated
+        self.measured = False
+        self._stop_at: float | None = None
         self.refit = False  # restarted at a lower rate after measuring itself
         self._checked = False
         self._t0 = self._at0 = time.monotonic()
@@ -178,8 +188,14 @@ class Sampling:
             self._readings.append((now, self._cpu()))
         if self._cpu0 is None and now - self._t0 >= START_S:
             self._cpu0, self._at0 = self._cpu(), now
-        elif self._cpu0 is not None and not self._checked and now - self._at0 >= CHECK_AFTER_S:
+        elif self._cpu0 is not None and not self._checked and now - self._at0 >= self._over():
             self._check()
+        if self._stop_at is not None and now >= self._stop_at:
+            self._stop_at = None
+            self.sample_s = min(self.sample_s, now - self._t0)
+            for rank in self.samplers.values():
+                rank.window_s = self.sample_s
+            self.stop()
         left = self.sample_s - (time.monotonic() - self._t0)
         for rank, kids in descendants.items():
             s = self.samplers.get(rank)
@@ -190,6 +206,12 @@ class Sampling:
                 for w in budget.workers_of(rank, new, self._named.get(rank, False)):
                     self._add(s, w, left)
 
+    def _over(self) -> float:
+        """Seconds py-spy's CPU is read over before it is judged: a second, or three
+        samples' worth at a low rate (one sample a second read over one second is 0 or
+        1 samples' cost)."""
+        return max(CHECK_AFTER_S, 3.0 / self.rate)
+
     def _cpu(self) -> float:
         return sum(r.cpu_now() or 0.0 for s in self.samplers.values() for r in s.all())
 
@@ -197,9 +219,16 @@ class Sampling:
         """Once: py-spy's CPU over the last second against the budget; where over,
         every py-spy ended (its samples dropped) and started again at the rate that fits."""
         self._checked = True
-        used = (self._cpu() - (self._cpu0 or 0.0)) / max(1e-3, time.monotonic() - self._at0)
+        now = time.monotonic()
+        used = (self._cpu() - (self._cpu0 or 0.0)) / max(1e-3, now - self._at0)
+        self.per_sample_cpu_s, self.measured = used / self.rate, True
         rate = budget.refit_rate(self.rate, used, self.budget)
         if rate is None:
+            if self.rate == 1 and used > self.budget * budget.REFIT_OVER:
+                # The lowest rate, still over: stop once the window's budget is spent
+                # (what py-spy took so far, its start-up included, counted first).
+                left = self.budget * self.seconds - self._cpu()
+                self._stop_at = now + max(0.0, left / used)
             return
         self.refit, self.rate = True, rate
         self._since, self._readings = time.monotonic(), []
@@ -225,6 +254,10 @@ class Sampling:
         return max(0.0, (c1 - c0) / (t1 - t0))
 
     def stop(self) -> None:
+        """Every py-spy asked to end at once, then each waited for (each may take up to
+        its sampling interval to notice)."""
+        for r in self.recorders():
+            r.interrupt()
         for r in self.recorders():
             r.stop()
 
@@ -242,7 +275,7 @@ class Sampling:
                 else f"{self.threads:,} threads to sample"
             )
             lowered = (
-                f"{why}: {self.rate}/s keeps attach within {self.budget:.2f} CPUs "
+                f"{why}; attach keeps its sampling within {self.budget:.2f} CPUs "
                 f"({budget.BUDGET_SHARE:.0%} of the machine's)"
             )
         steady = self.steady_cpus()
@@ -257,6 +290,8 @@ class Sampling:
             spent,
             self.seconds,
             self.sample_s,
+            self.per_sample_cpu_s,
+            self.measured,
             steady,
             over,
             self.refit,

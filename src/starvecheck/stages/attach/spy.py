@@ -174,13 +174,18 @@ class Recorder:
         after 5 s. Safe to call again, and from `finally` on any way out."""
         if self._reap(block=False):
             return
-        self._signal(signal.SIGINT)
+        self.interrupt()
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             if self._reap(block=False):
                 return
             time.sleep(0.02)
         self.kill()
+
+    def interrupt(self) -> None:
+        """Ask py-spy to end (SIGINT: it writes what it sampled); `stop()` waits for it."""
+        if not self._reap(block=False):
+            self._signal(signal.SIGINT)
 
     def kill(self) -> None:
         """End py-spy's group at once, its samples unread (a restart at another rate)."""
