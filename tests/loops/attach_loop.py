@@ -85,6 +85,17 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
     raise SystemExit(f"no mode {mode}")
 
 
+def idle_child() -> None:
+    """A forked child that waits for ever, and dies with the loop however it ends (a
+    parent-death signal: a loop killed with SIGKILL leaves none behind)."""
+    import ctypes
+    import signal
+    import threading
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    threading.Event().wait()
+
+
 def heavy(kind: str, n: int) -> list:
     """N idle threads or N idle forked children, kept for the loop's life."""
     import multiprocessing
@@ -94,7 +105,7 @@ def heavy(kind: str, n: int) -> list:
         held = [threading.Thread(target=threading.Event().wait, daemon=True) for _ in range(n)]
     else:
         ctx = multiprocessing.get_context("fork")
-        held = [ctx.Process(target=threading.Event().wait, daemon=True) for _ in range(n)]
+        held = [ctx.Process(target=idle_child, daemon=True) for _ in range(n)]
     for x in held:
         x.start()
     return held
