@@ -20,8 +20,8 @@ import pytest
 from tests.loops.loopstate import attach_beside, data_share, own_share, read_state, stop_tree
 
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
-# attach's default duration, as a user runs it: at 50 samples a second its share is
-# within about 0.03 of the loop's own (at 6 s, 300 samples, within about 0.06).
+# attach's default duration, as a user runs it: its rate, and so how many samples its
+# share is read from, is chosen to fit its CPU budget (stages/attach/budget.py).
 SECONDS = 10
 
 
@@ -61,6 +61,23 @@ def share_of(r: subprocess.CompletedProcess[str], pid: int) -> float:
     return data_share(json.loads(r.stdout)["stages"][0], pid)
 
 
+def near_own(r: subprocess.CompletedProcess[str], pid: int, own: float) -> None:
+    """attach's share is read from a sample of the loop's stacks, whose size attach
+    chooses to stay within its CPU budget (fewer on a small machine): the loop's own
+    share lies within the share's 95% interval (Wilson), give or take 0.03 for what the
+    two clocks do not share (the window's edges)."""
+    stage = json.loads(r.stdout)["stages"][0]
+    n = next(
+        m["value"]
+        for m in stage["metrics"]
+        if m["name"] == "attach.main.samples" and m["labels"].get("pid") == pid
+    )
+    p, z = share_of(r, pid), 1.96
+    mid = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    assert mid - half - 0.03 <= own <= mid + half + 0.03, (p, n, own)
+
+
 def read_loop(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float, int]:
     path = tmp_path / "state.json"
     p = started([sys.executable, str(LOOP), mode, str(path)], path)
@@ -84,7 +101,7 @@ def test_a_data_bound_loop_is_named_input_bound_at_its_own_share(tmp_path):
     r, own, pid = read_loop("data", tmp_path)
     f = findings(r)["attach.data-wait"]
     assert f["severity"] in ("warning", "critical"), f
-    assert abs(share_of(r, pid) - own) <= 0.05, (share_of(r, pid), own)
+    near_own(r, pid, own)
     bound = findings(r)["attach.loader-bound"]
     assert "loads in the training process" in bound["title"]
     if bound.get("fix"):
@@ -100,12 +117,13 @@ def test_a_compute_bound_loop_is_not(tmp_path):
     r, own, pid = read_loop("compute", tmp_path)
     f = findings(r)["attach.data-wait"]
     assert f["severity"] == "ok", f
-    assert abs(share_of(r, pid) - own) <= 0.05, (share_of(r, pid), own)
+    near_own(r, pid, own)
     assert "attach.loader-bound" not in findings(r)
     stage = json.loads(r.stdout)["stages"][0]
     if not stage["parameters"]["gpus"]:  # a CPU loop: no NVML call and no caveat
         assert "uses no GPU" in stage["parameters"]["gpu_read"]
-        assert not [c for c in stage["caveats"] if c["id"] == "attach.no-gpu"]
+        # Caveats are sentences in the JSON: the no-gpu one's words.
+        assert not [c for c in stage["caveats"] if "GPU utilization not read" in str(c)]
 
 
 @pytest.mark.slow
@@ -116,7 +134,7 @@ def test_a_compute_bound_loop_is_not(tmp_path):
 def test_the_worker_pools_bound_is_named(tmp_path, mode, link):
     r, own, pid = read_loop(mode, tmp_path)
     f = findings(r)
-    assert abs(share_of(r, pid) - own) <= 0.05, (share_of(r, pid), own)
+    near_own(r, pid, own)
     assert f["attach.data-wait"]["severity"] in ("warning", "critical")
     assert link in f["attach.loader-bound"]["title"], f["attach.loader-bound"]
     stage = json.loads(r.stdout)["stages"][0]

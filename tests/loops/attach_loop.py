@@ -10,7 +10,10 @@ MODE: data (num_workers=0, CPU work in __getitem__ slower than the step), comput
 the step), io (2 workers blocked in sleep, as on slow storage), handover (2 workers
 sending 32 MiB of numpy arrays a batch, pickled through the pipe), steady (a 10 ms
 step, two light workers: attach's overhead), slow-rank (under torchrun with
-gloo: rank 1 loads 4x slower; every step all-reduces).
+gloo: rank 1 loads 4x slower; every step all-reduces). `threads:N` and `children:N`:
+steady, in a process that also holds N idle threads (blocked in Event.wait, beside
+torch's own) or N idle child processes (forks of it, as many as a heavy job has:
+benchmarks/attach_overhead.py).
 """
 
 from __future__ import annotations
@@ -82,8 +85,37 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
     raise SystemExit(f"no mode {mode}")
 
 
+def idle_child() -> None:
+    """A forked child that waits for ever, and dies with the loop however it ends (a
+    parent-death signal: a loop killed with SIGKILL leaves none behind)."""
+    import ctypes
+    import signal
+    import threading
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    threading.Event().wait()
+
+
+def heavy(kind: str, n: int) -> list:
+    """N idle threads or N idle forked children, kept for the loop's life."""
+    import multiprocessing
+    import threading
+
+    if kind == "threads":
+        held = [threading.Thread(target=threading.Event().wait, daemon=True) for _ in range(n)]
+    else:
+        ctx = multiprocessing.get_context("fork")
+        held = [ctx.Process(target=idle_child, daemon=True) for _ in range(n)]
+    for x in held:
+        x.start()
+    return held
+
+
 def main() -> None:
     mode, state = sys.argv[1], sys.argv[2]
+    kind, _, count = mode.partition(":")
+    held = heavy(kind, int(count)) if kind in ("threads", "children") and count.isdigit() else []
+    mode = "steady" if held or kind in ("threads", "children") else mode
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 600.0
     rank = int(os.environ.get("RANK", "0"))
     torch.set_num_threads(1)

@@ -20,15 +20,20 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starvecheck.stages.attach.classify import Frame, parse_frame
+
+if TYPE_CHECKING:
+    from starvecheck.scratch.directory import Scratch
 
 RATE_DEFAULT = 50  # samples a second: the default (under 1% of a step, docs/performance.md)
 RATE_CEILING = 200  # never more, whatever is asked
@@ -51,8 +56,10 @@ class Stacks:
         return sum(n for _, n in self.by_thread.get(key, ()))
 
 
-def parse_raw(text: str) -> Stacks:
-    """py-spy's raw output, as above; lines that do not parse are skipped."""
+def parse_raw(text: str, pid: int | None = None) -> Stacks:
+    """py-spy's raw output, as above; lines that do not parse are skipped. Without
+    --subprocesses py-spy names no process (`thread (123): MainThread;...`): `pid`,
+    the process it sampled, is theirs."""
     out = Stacks()
     for line in text.splitlines()[:MAX_LINES]:
         stack, _, count = line.rpartition(" ")
@@ -63,6 +70,8 @@ def parse_raw(text: str) -> Stacks:
         at = 0
         while at < min(len(parts), 8) and parts[at].startswith("process "):
             at += 1
+        if at == 0 and pid is not None and parts[0].startswith("thread ("):
+            parts, at = [f"process {pid}:", *parts], 1
         if at == 0 or at >= len(parts) or not parts[at].startswith("thread ("):
             continue
         pid_text, _, command = parts[at - 1][len("process ") :].partition(":")
@@ -91,58 +100,222 @@ def py_spy() -> str | None:
 
 
 class Recorder:
-    """py-spy sampling one process and its subprocesses for `seconds` at `rate` a
-    second (capped at RATE_CEILING), never pausing them, in the background: `done()`,
-    `stop()` (on any way out: py-spy detaches on SIGINT), `stacks()`."""
+    """One py-spy sampling one process (with `subprocesses`, its children too) for
+    `seconds` at `rate` a second (capped at RATE_CEILING), never pausing it, in the
+    background: `done()`, `stop()`, `stacks()`.
 
-    def __init__(self, pid: int, seconds: float, rate: int, binary: str) -> None:
+    py-spy dies with attach: it is started in a process group of its own (a Ctrl-C at
+    the terminal reaches attach, which stops it), with a parent-death signal (SIGKILL to
+    attach ends it at once, where it would otherwise sample the job to the end of
+    --duration), and `stop()` ends its whole group on every way out. Its files (the
+    samples, what it printed) live in `scratch`, a marked directory that attach removes
+    and `starvecheck clean` can prove and remove after a SIGKILL."""
+
+    def __init__(
+        self,
+        pid: int,
+        seconds: float,
+        rate: int,
+        binary: str,
+        scratch: Scratch,
+        subprocesses: bool = False,
+    ) -> None:
         self.pid = pid
         self.rate = max(1, min(int(rate), RATE_CEILING))
-        self._tmp = tempfile.TemporaryDirectory(prefix="starvecheck-attach-")
-        self.out = Path(self._tmp.name) / "raw.txt"
+        self.seconds = max(1, round(seconds))
+        self.subprocesses = subprocesses
+        self.cpu_s: float | None = None  # py-spy's CPU seconds, once it has ended
+        self._scratch = scratch
+        name = f"spy-{pid}-{secrets.token_hex(3)}"
+        self.out, self._stdout, self._stderr = (f"{name}.{x}" for x in ("raw", "out", "err"))
+        os.close(scratch.new_file(self.out))  # recorded before py-spy writes it
         cmd = [binary, "record", "--pid", str(pid), "--nonblocking", "--idle", "--threads",
-               "--full-filenames",
-               "--subprocesses", "--rate", str(self.rate),
-               "--duration", str(max(1, round(seconds))), "--format", "raw",
-               "--output", str(self.out)]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
+               "--full-filenames", *(["--subprocesses"] if subprocesses else []),
+               "--rate", str(self.rate), "--duration", str(self.seconds), "--format", "raw",
+               "--output", os.path.join(scratch.path, self.out)]  # fmt: skip
+        env = {**os.environ, "RUST_BACKTRACE": "0"}
+        env.pop("RUST_LOG", None)
+        out = scratch.new_file(self._stdout)
+        err = scratch.new_file(self._stderr)
+        parent = os.getpid()
+        try:
+            self.started = time.monotonic()
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+                preexec_fn=lambda: _die_with(parent),
+            )
+        finally:
+            os.close(out)
+            os.close(err)
+        self.ended: float | None = None
 
     def done(self) -> bool:
-        return self.proc.poll() is not None
+        return self._reap(block=False)
+
+    def cpu_now(self) -> float | None:
+        """py-spy's CPU seconds so far (/proc while it runs; exact once it has ended)."""
+        if self.cpu_s is not None:
+            return self.cpu_s
+        from starvecheck.stages.attach.budget import cpu_seconds
+
+        return cpu_seconds(self.proc.pid)
+
+    @property
+    def ran_s(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """End py-spy and its group: SIGINT first (it writes what it sampled), SIGKILL
+        after 5 s. Safe to call again, and from `finally` on any way out."""
+        if self._reap(block=False):
+            return
+        self.interrupt()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if self._reap(block=False):
+                return
+            time.sleep(0.02)
+        self.kill()
+
+    def interrupt(self) -> None:
+        """Ask py-spy to end (SIGINT: it writes what it sampled); `stop()` waits for it."""
+        if not self._reap(block=False):
+            self._signal(signal.SIGINT)
+
+    def kill(self) -> None:
+        """End py-spy's group at once, its samples unread (a restart at another rate)."""
+        if not self._reap(block=False):
+            self._signal(signal.SIGKILL)
+            self._reap(block=True)
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def _reap(self, block: bool) -> bool:
+        """Whether py-spy has ended; reaped here (os.wait4) to keep its CPU time."""
+        if self.proc.returncode is not None:
+            return True
+        try:
+            pid, status, usage = os.wait4(self.proc.pid, 0 if block else os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere
+            self.proc.returncode = -1
+            self.ended = time.monotonic()
+            return True
+        if pid == 0:
+            return False
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_s = usage.ru_utime + usage.ru_stime
+        self.ended = time.monotonic()
+        return True
+
+    def printed(self) -> str:
+        """What py-spy printed (its progress: samples, errors, how far behind)."""
+        return _read_bounded(self._scratch, self._stdout)
 
     def stacks(self) -> Stacks:
         """The samples, once py-spy has ended. NotAllowed where ptrace was refused;
-        RuntimeError, with py-spy's last line, for anything else."""
+        RuntimeError, with py-spy's `Error:` line in words, for anything else."""
         self.stop()
-        try:
-            err = (
-                self.proc.stderr.read(MAX_BYTES).decode(errors="replace")
-                if self.proc.stderr
-                else ""
-            )
-            if self.proc.stderr:
-                self.proc.stderr.close()
-            if self.proc.returncode != 0 or not self.out.is_file():
-                raise NotAllowed(_why(err)) if _refused(err) else RuntimeError(_last(err))
-            with self.out.open("rb") as f:
-                text = f.read(MAX_BYTES).decode(errors="replace")
-        finally:
-            self._tmp.cleanup()
-        stacks = parse_raw(text)
-        stacks.errors = _errors(err)
+        err = _read_bounded(self._scratch, self._stderr)
+        text = _read_bounded(self._scratch, self.out)
+        if self.proc.returncode != 0 or not text:
+            if _refused(err):
+                raise NotAllowed(_why(err))
+            if self.proc.returncode != 0:
+                raise RuntimeError(error_line(err, self.proc.returncode))
+        stacks = parse_raw(text, None if self.subprocesses else self.pid)
+        progress = parse_progress(self.printed())
+        stacks.errors = progress.errors or 0
         return stacks
+
+
+def _die_with(parent: int) -> None:
+    """In py-spy's process, before exec: the kernel sends it SIGKILL when attach goes
+    (PR_SET_PDEATHSIG, Linux); where attach went already, it leaves at once."""
+    from starvecheck.stages.dataloader.workers import PR_SET_PDEATHSIG, prctl
+
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _read_bounded(scratch: Scratch, name: str) -> str:
+    """A file py-spy wrote in the scratch directory, at most MAX_BYTES; "" where none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scratch.dir_fd())
+    except (OSError, KeyError):
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        return f.read(MAX_BYTES).decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What py-spy printed about its sampling: samples kept and errors (dropped), and
+    how far behind its rate it fell (it says so once it is more than a second late)."""
+
+    samples: int | None = None
+    errors: int | None = None
+    behind_s: float | None = None  # the most it was behind; None where never said
+
+
+_BEHIND = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ns|us|\u00b5s|ms|s|m|h)\s+behind in sampling")
+_COUNTS = re.compile(r"Samples:\s*([0-9]{1,15})\s+Errors:\s*([0-9]{1,15})")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_progress(text: str) -> Progress:
+    """py-spy's printed progress (pure; lines that do not match are skipped):
+
+    py-spy> 110.52s behind in sampling, results may be inaccurate. Try reducing ...
+    py-spy> Wrote raw flamegraph data to 'raw.txt'. Samples: 396 Errors: 2
+    """
+    behind: float | None = None
+    samples = errors = None
+    for line in text[:MAX_BYTES].splitlines()[:MAX_LINES]:
+        if (m := _BEHIND.search(line)) is not None:
+            value = float(m.group(1)) * _UNIT_S[m.group(2)]
+            behind = value if behind is None else max(behind, value)
+        if (c := _COUNTS.search(line)) is not None:
+            samples, errors = int(c.group(1)), int(c.group(2))
+    return Progress(samples, errors, behind)
+
+
+def error_line(err: str, status: int | None = None) -> str:
+    """What py-spy said failed, in one line of words: its `Error:` line (with the first
+    `Reason:`), never a line of a Rust backtrace (`7: main`, `at src/...`)."""
+    lines = [x.strip() for x in err[:MAX_BYTES].splitlines()[:MAX_LINES] if x.strip()]
+    said = next((x for x in lines if x.startswith("Error:")), None)
+    if said is not None:
+        reason = next((x for x in lines if x.startswith("Reason:")), None)
+        text = said[len("Error:") :].strip()
+        if reason is not None:
+            text += f" ({reason[len('Reason:') :].strip()})"
+        return _printable(text)[:300] or _exited(status)
+    words = [x for x in lines if not _RUST_FRAME.match(x)]
+    return _printable(words[0])[:300] if words else _exited(status)
+
+
+_RUST_FRAME = re.compile(r"^(\d+:\s|at\s|stack backtrace:|note: |thread '.*' panicked)")
+
+
+def _exited(status: int | None) -> str:
+    if status is not None and status < 0:
+        try:
+            return f"py-spy was ended by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"py-spy was ended by signal {-status}"
+    return "py-spy failed with no message" + (f" (exit status {status})" if status else "")
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _refused(err: str) -> bool:
@@ -178,12 +351,3 @@ _BACKTRACE = re.compile(r"^(\d+:|at |stack backtrace|note: |thread '|py-spy: \d+
 
 def _clean(line: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in line.strip())[:300]
-
-
-def _errors(err: str) -> int:
-    for line in err.splitlines():
-        if "Errors:" in line:
-            tail = line.rpartition("Errors:")[2].strip().split()[0:1]
-            if tail and tail[0].isdigit():
-                return int(tail[0])
-    return 0

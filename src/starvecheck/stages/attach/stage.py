@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.signals import check_signals
+from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.attach import classify, ids, source, spy
+from starvecheck.stages.attach import classify, costs, ids, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
@@ -171,19 +171,39 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         owned = {r.pid: list(plan.job.children[r.pid]) for r in plan.job.ranks}
         watch = Watch(owned, cgroup_dir(plan.job.ranks[0].pid))
         gpus = GpuWatch([p for r, kids in owned.items() for p in (r, *kids)])
-        recorders: dict[int, spy.Recorder] = {}
+        sampler: sampling.Sampling | None = None
         if binary is None:
             caveats.append(Caveat("attach.no-stacks", NO_PY_SPY))
-        try:
-            for r in plan.job.ranks if binary else ():
-                recorders[r.pid] = spy.Recorder(r.pid, plan.seconds, plan.rate, binary or "")
-            _wait(plan, ctx, watch, recorders, gpus)
-        finally:
-            for rec in recorders.values():
-                rec.stop()
-            gpus.close()
-        metrics, found, tops = _read_all(plan, watch, recorders, caveats)
+        # py-spy's files in a marked scratch directory (removed on every way out but
+        # SIGKILL, after which `starvecheck clean` proves it ours); SIGTERM and SIGHUP
+        # unwind like Ctrl-C, so that py-spy is ended and the directory removed.
+        with signals_raise(), costs.scratch(binary is not None) as scratch:
+            if binary is not None and scratch is None:
+                caveats.append(Caveat("attach.no-stacks", costs.NO_SCRATCH))
+            try:
+                if binary is not None and scratch is not None:
+                    try:
+                        sampler = sampling.Sampling(
+                            owned, plan.seconds, plan.rate, binary, scratch, plan.effective_cpus
+                        )
+                    except OSError as e:  # py-spy could not be started: /proc's part alone
+                        why = f"py-spy could not be started: {e.strerror or e}"
+                        caveats.append(Caveat("attach.no-stacks", f"Python stacks not "
+                                              f"sampled: {why}; the figures below are /proc's "
+                                              "alone"))  # fmt: skip
+                recorders = sampler.samplers if sampler is not None else {}
+                _wait(plan, ctx, watch, recorders, gpus, sampler)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
+                gpus.close()
+            metrics, found, tops = _read_all(plan, watch, recorders, caveats)
         metrics += _read_gpus(gpus, caveats)
+        if sampler is not None:
+            others = _value(metrics, "attach.machine.others_cpus")
+            metrics += costs.read(
+                sampler, plan.seconds, plan.effective_cpus, others, plan.job.ranks, caveats
+            )
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
@@ -192,8 +212,9 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             ],
             "agent": plan.job.agent.describe() if plan.job.agent else None,
             "seconds": plan.seconds,
-            "rate": min(plan.rate, spy.RATE_CEILING),
-            "sampler": SAMPLER if recorders else None,
+            "rate": sampler.rate if sampler is not None else min(plan.rate, spy.RATE_CEILING),
+            "rate_requested": min(plan.rate, spy.RATE_CEILING),
+            "sampler": SAMPLER if sampler is not None and sampler.samplers else None,
             "effective_cpus": plan.effective_cpus,
             "other_frames": tops,
             "gpus": [
@@ -217,18 +238,20 @@ NO_PY_SPY = (
     "Python stacks not sampled: py-spy is not installed (pip install 'starvecheck[attach]'); "
     "the figures below are /proc's alone"
 )
-SAMPLER = "py-spy record --nonblocking --idle --threads --subprocesses"
+SAMPLER = "py-spy record --nonblocking --idle --threads (the rank; each DataLoader worker)"
 
 
 def _wait(
     plan: Plan,
     ctx: RunContext,
     watch: Watch,
-    recorders: dict[int, spy.Recorder],
+    recorders: dict[int, sampling.RankSampler],
     gpus: GpuWatch,
+    sampler: sampling.Sampling | None = None,
 ) -> None:
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
-    15 s past the duration to write its samples)."""
+    15 s past the duration to write its samples); py-spy's cost checked, and workers
+    started since sampled, at each tick (sampling.py)."""
     t0 = time.perf_counter()
     deadline = t0 + plan.seconds + (15.0 if recorders else 0.0)
     while time.perf_counter() < deadline:
@@ -239,15 +262,21 @@ def _wait(
             break
         time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
         # workers started since (a new epoch's)
-        for owner, kids in descendants_of([r.pid for r in plan.job.ranks]).items():
+        found = descendants_of([r.pid for r in plan.job.ranks])
+        for owner, kids in found.items():
             for child in kids:
                 watch.add(child, owner)
+        if sampler is not None:
+            sampler.tick(found)
         watch.tick()
         gpus.tick()
 
 
 def _read_all(
-    plan: Plan, watch: Watch, recorders: dict[int, spy.Recorder], caveats: list[Caveat]
+    plan: Plan,
+    watch: Watch,
+    recorders: dict[int, sampling.RankSampler],
+    caveats: list[Caveat],
 ) -> tuple[list[Metric], dict[int, list[int]], dict[str, str]]:
     machine = watch.finish()
     metrics: list[Metric] = []
@@ -320,6 +349,10 @@ MACHINE = {
     "shm_used_bytes": "bytes",
     "shm_growth_bytes": "bytes",
 }
+
+
+def _value(metrics: list[Metric], name: str) -> float | None:
+    return next((m.value for m in metrics if m.name == name), None)
 
 
 def _cwd(pid: int) -> str | None:

@@ -1,0 +1,207 @@
+"""What attach's own sampling may cost the job it reads, and the rate that keeps it there.
+
+py-spy reads every thread's stack at every sample, so its CPU grows with threads x rate:
+about 130-190 microseconds of CPU per thread per sample (py-spy 0.4.3, 10 to 1,000 idle
+threads, 2 CPUs; the rate and the flags hardly change it). At the default 50 samples a
+second that is 1.5 CPUs for a process with 200 threads: on a busy machine that CPU is
+taken from the job. So the rate is chosen to fit a budget (1% of the machine's CPUs,
+`BUDGET_SHARE`), from the threads the job has before py-spy starts, and checked against
+py-spy's own CPU once it runs (`refit_rate`).
+
+Only what the answer needs is sampled: each rank (its threads, one py-spy without
+`--subprocesses`) and its DataLoader workers (one py-spy each, at most `MAX_WORKERS`),
+found from /proc (`workers_of`): not every child (a compile pool, a tokenizer server).
+One py-spy a process costs less than one with `--subprocesses` (which also samples every
+other child and watches for new ones): on the steady loop with two workers, 4 s at 5/s,
+0.097 CPU seconds against 0.169-0.188.
+
+The choices are pure functions of figures; the readers go through probe/'s SysRoot and
+never raise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from starvecheck.probe.cpu import parse_status_field
+from starvecheck.probe.load import parse_pid_stat
+from starvecheck.probe.sysroot import SysRoot
+
+BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
+COST_PER_THREAD_S = 200e-6  # py-spy CPU per thread per sample (measured 130-190 us): a margin
+MIN_SAMPLES = 50  # samples of the loop for a share within about +-14 points (95%)
+MAX_WORKERS = 8  # DataLoader workers sampled per rank; the rest counted, not sampled
+REFIT_OVER = 1.25  # py-spy measured over budget by more than this: restarted slower
+
+
+def budget_cpus(effective_cpus: int | float | None) -> float:
+    """CPUs attach's sampling may take: 1% of the machine's (of one CPU where unknown)."""
+    cpus = effective_cpus if effective_cpus and effective_cpus > 0 else 1
+    return BUDGET_SHARE * float(cpus)
+
+
+def choose_rate(
+    requested: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S
+) -> int:
+    """The highest whole rate, at most `requested`, whose cost (threads x rate x cost_s
+    CPU seconds a second) fits `budget` CPUs; at least 1 (py-spy's lowest): where even 1 a
+    second costs more, `over_budget` says so."""
+    requested = max(1, int(requested))
+    per_sample = max(1, threads) * max(cost_s, 1e-9)
+    if not math.isfinite(budget) or budget <= 0:
+        return 1
+    return max(1, min(requested, _whole(budget / per_sample)))
+
+
+def over_budget(rate: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S) -> bool:
+    """Whether `rate` costs more than `budget` (the lowest rate can)."""
+    return rate * max(1, threads) * cost_s > budget
+
+
+def sample_seconds(
+    rate: int, threads: int, budget: float, seconds: float, cost_s: float = COST_PER_THREAD_S
+) -> float:
+    """How long py-spy may sample at `rate` within the window: all of it where the rate
+    fits the budget; else (1 a second, py-spy's lowest, still costing more) the whole
+    seconds whose cost, spread over the window, fits: 0 where not even one does (3,000
+    threads cost about 0.5 CPU seconds a sample: on 2 CPUs, one sample per 25 s)."""
+    if not over_budget(rate, threads, budget, cost_s):
+        return seconds
+    if not math.isfinite(budget) or budget <= 0:
+        return 0.0
+    affordable = budget * seconds / (max(1, threads) * cost_s * max(1, rate))
+    return float(min(seconds, _whole(affordable)))
+
+
+def duration_within_budget(
+    per_sample_cpu_s: float, budget: float, samples: int = MIN_SAMPLES
+) -> float:
+    """The window over which `samples` samples, each costing `per_sample_cpu_s` CPU
+    seconds, fit the budget."""
+    if not math.isfinite(budget) or budget <= 0 or not math.isfinite(per_sample_cpu_s):
+        return math.inf
+    return samples * max(0.0, per_sample_cpu_s) / budget
+
+
+def refit_rate(rate: int, used_cpus: float, budget: float) -> int | None:
+    """py-spy took `used_cpus` CPUs at `rate`: the rate that fits `budget`, where it took
+    more than REFIT_OVER x the budget and a lower rate exists; else None (keep it)."""
+    if rate <= 1 or not (math.isfinite(used_cpus) and math.isfinite(budget)) or budget <= 0:
+        return None
+    if used_cpus <= budget * REFIT_OVER:
+        return None
+    per_sample = used_cpus / rate
+    fit = max(1, _whole(budget / per_sample)) if per_sample > 0 else rate
+    return fit if fit < rate else None
+
+
+def _whole(x: float) -> int:
+    """The whole part, where 9.999999 from a division of figures that make 10 is 10."""
+    return int(x + 1e-9)
+
+
+def samples_expected(rate: int, seconds: float) -> int:
+    return max(0, int(rate * seconds))
+
+
+def duration_for(rate: int, samples: int = MIN_SAMPLES) -> int:
+    """Seconds of sampling at `rate` that give `samples` samples (whole seconds)."""
+    return math.ceil(samples / max(1, rate))
+
+
+@dataclass(frozen=True)
+class Spent:
+    """What py-spy took: CPU seconds over the seconds it ran."""
+
+    cpu_s: float
+    seconds: float
+
+    @property
+    def cpus(self) -> float:
+        return self.cpu_s / self.seconds if self.seconds > 0 else 0.0
+
+
+# --- readers (through SysRoot; never raise) ----------------------------------------------
+
+
+def threads_of(pid: int, root: SysRoot | None = None) -> int | None:
+    """The process's thread count (/proc/PID/status `Threads`), None where unreadable."""
+    text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/status").value
+    value = parse_status_field(text, "Threads") if text else None
+    return int(value) if value and value.isdigit() else None
+
+
+def cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
+    """The process's user + system CPU seconds so far (/proc/PID/stat)."""
+    text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/stat").value
+    return parse_pid_stat(text) if text else None
+
+
+SPAWN_MARKS = ("multiprocessing.spawn", "multiprocessing.forkserver")
+
+
+def is_worker(
+    cmdline: str | None, exe: str | None, rank_cmdline: str | None, rank_exe: str | None
+) -> bool:
+    """Whether a child of a rank looks like one of its DataLoader workers, by /proc alone:
+    a fork of the rank (the same executable and command line), or a child started by
+    multiprocessing's spawn or forkserver (its command line says so). Not the
+    forkserver itself, not the resource tracker, not an unrelated child (a compile
+    pool's `python -m ...`, a shell). The stacks confirm it later (`_worker_loop`)."""
+    if not cmdline:
+        return False
+    if "resource_tracker" in cmdline:
+        return False
+    if any(mark in cmdline for mark in SPAWN_MARKS):
+        return True  # a forkserver itself is told apart by its children (`workers_of`)
+    return cmdline == rank_cmdline and exe is not None and exe == rank_exe
+
+
+WORKER_NAME = "pt_data_worker"  # what torch (2.3+) names a DataLoader worker's main thread
+
+
+def workers_of(
+    rank: int, descendants: list[int], named_only: bool = False, root: SysRoot | None = None
+) -> list[int]:
+    """The descendants of `rank` that are its DataLoader workers. torch names each
+    worker's main thread `pt_data_worker` (/proc/PID/comm): where any is so named, those
+    are the workers, and a job's other forks (a pool of its own) are not. Else, an older
+    torch: those that look like workers (`is_worker`), newest first (a new epoch's). A
+    forkserver's children share its command line: the forkserver itself is left out as
+    the parent of others. `named_only`: the job's workers were found by name before, so
+    a child not so named is not one."""
+    root = root or SysRoot.from_environ()
+    named = [p for p in descendants if _comm(root, p) == WORKER_NAME]
+    if named or named_only:
+        return sorted(named)
+    rank_cmd = root.read(f"/proc/{rank}/cmdline").value
+    rank_exe = root.readlink(f"/proc/{rank}/exe").value
+    found = []
+    parents: set[int] = set()
+    for pid in descendants:
+        stat = root.read(f"/proc/{pid}/stat").value or ""
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            parents.add(int(fields[1]))
+    for pid in sorted(descendants, reverse=True):
+        cmd = root.read(f"/proc/{pid}/cmdline").value
+        exe = root.readlink(f"/proc/{pid}/exe").value
+        if is_worker(cmd, exe, rank_cmd, rank_exe) and not _server(cmd, pid, parents):
+            found.append(pid)
+    return found
+
+
+def is_named_worker(pid: int, root: SysRoot | None = None) -> bool:
+    return _comm(root or SysRoot.from_environ(), pid) == WORKER_NAME
+
+
+def _comm(root: SysRoot, pid: int) -> str | None:
+    text = root.read(f"/proc/{pid}/comm").value
+    return text.strip() if text else None
+
+
+def _server(cmd: str | None, pid: int, parents: set[int]) -> bool:
+    """A forkserver (or a fork of the rank that itself forks others): a parent of
+    other candidates, not a worker."""
+    return bool(cmd) and "forkserver" in (cmd or "") and pid in parents
