@@ -23,6 +23,26 @@ def test_a_light_process_keeps_the_rate_asked_for_on_a_big_machine() -> None:
     assert budget.choose_rate(50, 10, budget.budget_cpus(64)) == 50
 
 
+def test_cpus_the_machine_left_idle_raise_the_budget_to_half_of_them() -> None:
+    # 2 CPUs, 1.1 of them busy before sampling: 0.9 idle, half of it for py-spy.
+    idle = budget.idle_cpus(busy_s=0.55, seconds=0.5, cpus=2)
+    assert idle == pytest.approx(0.9)
+    assert budget.budget_cpus(2, idle) == pytest.approx(0.45)
+    # 10 threads at 50/s cost 0.1 CPUs: within it, where 1% (0.02) would allow 10/s.
+    assert budget.choose_rate(50, 10, budget.budget_cpus(2, idle)) == 50
+    assert budget.choose_rate(50, 10, budget.budget_cpus(2)) == 10
+
+
+def test_a_machine_with_no_idle_cpu_keeps_the_one_percent_share() -> None:
+    assert budget.idle_cpus(busy_s=1.2, seconds=0.5, cpus=2) == 0.0
+    assert budget.budget_cpus(2, 0.0) == pytest.approx(0.02)
+    assert budget.budget_cpus(2, None) == pytest.approx(0.02)
+    assert budget.budget_cpus(2, float("nan")) == pytest.approx(0.02)
+    # idle never counts past the effective CPUs (a quota smaller than the machine)
+    assert budget.budget_cpus(1, 8.0) == pytest.approx(0.5)
+    assert budget.idle_cpus(0.0, 0.0, 2) is None
+
+
 def test_more_threads_lower_the_rate_to_fit_the_budget() -> None:
     cpus = budget.budget_cpus(2)  # 0.02 CPUs
     rates = [budget.choose_rate(50, n, cpus) for n in (1, 10, 200, 3000)]

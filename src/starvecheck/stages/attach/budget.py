@@ -29,16 +29,35 @@ from starvecheck.probe.load import parse_pid_stat
 from starvecheck.probe.sysroot import SysRoot
 
 BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
+# Of the CPUs the machine left idle in the second before sampling: py-spy reads the job's
+# memory from outside without stopping it, so CPU nobody was using is not taken from the
+# job. Half of it, the other half a margin for the job's bursts. On a quiet 2-CPU machine
+# with a loop using 1.1 CPUs, 50 samples a second slowed it 0.37% (docs/performance.md);
+# on a machine whose CPUs are all busy this adds nothing and the 1% share holds.
+IDLE_SHARE = 0.5
 COST_PER_THREAD_S = 200e-6  # py-spy CPU per thread per sample (measured 130-190 us): a margin
 MIN_SAMPLES = 50  # samples of the loop for a share within about +-14 points (95%)
 MAX_WORKERS = 8  # DataLoader workers sampled per rank; the rest counted, not sampled
 REFIT_OVER = 1.25  # py-spy measured over budget by more than this: restarted slower
 
 
-def budget_cpus(effective_cpus: int | float | None) -> float:
-    """CPUs attach's sampling may take: 1% of the machine's (of one CPU where unknown)."""
+def budget_cpus(effective_cpus: int | float | None, idle_cpus: float | None = None) -> float:
+    """CPUs attach's sampling may take: 1% of the machine's (of one CPU where unknown),
+    or half the CPUs left idle just before sampling where that is more (`idle_cpus`,
+    measured; None: not measured, the 1% alone)."""
     cpus = effective_cpus if effective_cpus and effective_cpus > 0 else 1
-    return BUDGET_SHARE * float(cpus)
+    share = BUDGET_SHARE * float(cpus)
+    if idle_cpus is None or not math.isfinite(idle_cpus) or idle_cpus <= 0:
+        return share
+    return max(share, IDLE_SHARE * min(float(idle_cpus), float(cpus)))
+
+
+def idle_cpus(busy_s: float, seconds: float, cpus: float) -> float | None:
+    """The CPUs nobody used over `seconds` in which the machine's (or the job's allowed
+    CPUs') busy time grew by `busy_s`; None where the figures cannot say."""
+    if not (math.isfinite(busy_s) and math.isfinite(seconds)) or seconds <= 0 or cpus <= 0:
+        return None
+    return max(0.0, min(float(cpus), cpus - busy_s / seconds))
 
 
 def choose_rate(

@@ -113,8 +113,9 @@ def _samples(cost: Cost, seconds: float) -> list[Caveat]:
                 "attach.few-samples" if cost.sample_s >= 1 else "attach.no-stacks",
                 f"Python stacks {what}: with {cost.threads:,} threads py-spy {how} "
                 f"{cost.per_sample_cpu_s:.3f} CPU seconds a sample, more than attach's "
-                f"budget ({cost.budget_cpus:.2f} CPUs, {budget.BUDGET_SHARE:.0%} of the "
-                f"machine's) allows at 1/s over {seconds:g} s; {more}",
+                f"budget ({cost.budget_cpus:.2f} CPUs: {budget.BUDGET_SHARE:.0%} of the "
+                f"machine's, or half the CPUs it left idle) allows at 1/s over "
+                f"{seconds:g} s; {more}",
             )
         ]
     if got >= budget.MIN_SAMPLES:

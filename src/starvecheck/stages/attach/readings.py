@@ -110,6 +110,16 @@ class Watch:
         self._mark = Mark(self.t0, self.machine0, ours_cpu())
         self._job_since = 0.0  # the job's CPU seconds since the mark
 
+    def busy_since_start(self) -> tuple[float, float, int] | None:
+        """(the CPU seconds the machine's CPUs (the job's allowed ones) were busy since
+        this watch began, the seconds since, how many CPUs), or None where /proc/stat
+        cannot be read: what was left idle before sampling starts."""
+        now = _machine(self.cpus)
+        if now is None or self.machine0 is None:
+            return None
+        cpus = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
+        return now - self.machine0, time.perf_counter() - self.t0, cpus
+
     def add(self, pid: int, owner: int) -> None:
         if pid in self.series:
             return

@@ -111,12 +111,14 @@ class Sampling:
         binary: str,
         scratch: Scratch,
         effective_cpus: int,
+        idle_cpus: float | None = None,
     ) -> None:
         self.seconds = seconds
         self.requested = max(1, min(int(requested), spy.RATE_CEILING))
         self.binary = binary
         self.scratch = scratch
-        self.budget = budget.budget_cpus(effective_cpus)
+        self.budget = budget.budget_cpus(effective_cpus, idle_cpus)
+        self.idle_cpus = idle_cpus
         self.samplers: dict[int, RankSampler] = {}
         self._retired: list[spy.Recorder] = []  # py-spys ended by a restart
         self._found = {r: budget.workers_of(r, kids) for r, kids in ranks.items()}
@@ -276,7 +278,7 @@ class Sampling:
             )
             lowered = (
                 f"{why}; attach keeps its sampling within {self.budget:.2f} CPUs "
-                f"({budget.BUDGET_SHARE:.0%} of the machine's)"
+                f"({budget.BUDGET_SHARE:.0%} of the machine's, or half the CPUs it left idle)"
             )
         steady = self.steady_cpus()
         took = steady if steady is not None else (spent / self.seconds if self.seconds else 0.0)

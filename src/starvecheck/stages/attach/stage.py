@@ -28,7 +28,7 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.attach import classify, costs, ids, sampling, source, spy
+from starvecheck.stages.attach import budget, classify, costs, ids, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
@@ -182,10 +182,12 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
                 caveats.append(Caveat("attach.no-stacks", costs.NO_SCRATCH))
             try:
                 if binary is not None and scratch is not None:
+                    idle = _idle_before(watch, plan.effective_cpus)
                     try:
                         sampler = sampling.Sampling(
-                            owned, plan.seconds, plan.rate, binary, scratch, plan.effective_cpus
-                        )
+                            owned, plan.seconds, plan.rate, binary, scratch,
+                            plan.effective_cpus, idle,
+                        )  # fmt: skip
                     except OSError as e:  # py-spy could not be started: /proc's part alone
                         why = f"py-spy could not be started: {e.strerror or e}"
                         caveats.append(Caveat("attach.no-stacks", f"Python stacks not "
@@ -349,6 +351,22 @@ MACHINE = {
     "shm_used_bytes": "bytes",
     "shm_growth_bytes": "bytes",
 }
+
+
+IDLE_READ_S = 0.5  # the machine read before sampling, for the CPUs it leaves idle
+
+
+def _idle_before(watch: Watch, effective_cpus: float) -> float | None:
+    """The CPUs the machine (the job's allowed CPUs) left idle over IDLE_READ_S before
+    py-spy starts: what attach's sampling may use without taking CPU from the job
+    (budget.py); None where /proc/stat cannot say."""
+    time.sleep(max(0.0, IDLE_READ_S - (time.perf_counter() - watch.t0)))
+    got = watch.busy_since_start()
+    if got is None:
+        return None
+    busy, seconds, cpus = got
+    idle = budget.idle_cpus(busy, seconds, cpus)
+    return None if idle is None else min(idle, float(effective_cpus or cpus))
 
 
 def _value(metrics: list[Metric], name: str) -> float | None:
