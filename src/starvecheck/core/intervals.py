@@ -23,7 +23,10 @@ def wilson(hits: float, n: float, z: float = Z95) -> tuple[float, float]:
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # exact at the edges: floating point can leave 1e-17 where the bound is 0 or 1
+    low = 0.0 if hits == 0 else max(0.0, min(p, centre - half))
+    high = 1.0 if hits == n else min(1.0, max(p, centre + half))
+    return low, high
 
 
 def side(low: float, high: float, threshold: float) -> int | None:
