@@ -1,0 +1,67 @@
+"""Whether a process read over some seconds stayed the same running process: stopped
+(SIGSTOP, a debugger: State T or t), exited, or replaced (exec'd into another program,
+its command changed, or its PID reused). `attach` reads this once a second, because a
+sampler's figures of a stopped process are its last stack repeated, and those of a
+process that ended are of the seconds before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starvecheck.probe.sysroot import SysRoot
+
+
+@dataclass(frozen=True)
+class Life:
+    """One reading of a process: its state letter, start time (clock ticks after
+    boot: a new process under a reused PID has another), program and command line."""
+
+    state: str
+    start: int | None
+    exe: str | None
+    cmdline: str | None
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in ("T", "t")
+
+    @property
+    def ended(self) -> bool:
+        """A zombie (exited, not yet reaped by its parent) or dead."""
+        return self.state in ("Z", "X", "x")
+
+    def replaced_by(self, later: Life) -> str | None:
+        """How `later` is not the process this reading was of: `exec'd` (another
+        program), `changed command`, `PID reused`; None where it is the same."""
+        if self.start is not None and later.start is not None and later.start != self.start:
+            return "PID reused"
+        if self.exe is not None and later.exe is not None and later.exe != self.exe:
+            return "exec'd"
+        if self.cmdline is not None and later.cmdline is not None and later.cmdline != self.cmdline:
+            return "changed command"
+        return None
+
+
+def parse_state(stat: str) -> tuple[str, int | None] | None:
+    """(state letter, start time) from /proc/PID/stat: fields are counted after the
+    last ')' (the command may hold spaces and parentheses); None where it is not one."""
+    _, paren, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not paren or not fields or len(fields[0]) != 1 or not fields[0].isalpha():
+        return None
+    start = fields[19] if len(fields) > 19 else ""
+    return fields[0], int(start) if start.isdigit() else None
+
+
+def read_life(pid: int, root: SysRoot | None = None) -> Life | None:
+    """The process now; None where it no longer exists (or its stat cannot be read)."""
+    root = root or SysRoot.from_environ()
+    stat = root.read(f"/proc/{pid}/stat").value
+    parsed = parse_state(stat) if stat else None
+    if parsed is None:
+        return None
+    cmd = root.read(f"/proc/{pid}/cmdline").value
+    exe = root.readlink(f"/proc/{pid}/exe").value
+    cmdline = cmd.replace("\0", " ").strip()[:1000] if cmd is not None else None
+    return Life(parsed[0], parsed[1], exe, cmdline)
