@@ -54,3 +54,42 @@ def test_a_live_process_is_read_and_its_cgroup_has_a_cpu_stat():
     where = cgroup_dir(os.getpid())
     assert where is None or os.path.isfile(os.path.join(where, "cpu.stat"))
     assert snapshot(2**22 + 12345) is None  # no such process
+
+
+def test_workers_are_counted_by_identity_across_an_epoch():
+    # epoch 1's worker ends, epoch 2's starts: one worker at a time, never two
+    import subprocess
+    from types import SimpleNamespace
+
+    from starvecheck.core.metric import value
+    from starvecheck.stages.attach.readings import Series, Snapshot, Watch
+    from starvecheck.stages.attach.stage import read_procs
+    from starvecheck.stages.attach.target import Process
+
+    old = subprocess.Popen(["sleep", "30"])
+    new = None
+    try:
+        w = Watch({os.getpid(): [old.pid]}, None)
+        old.kill()
+        old.wait()
+        new = subprocess.Popen(["sleep", "30"])
+        w.add(new.pid, os.getpid())
+        w.tick()
+        assert w.most_alive([old.pid, new.pid]) == 1
+        assert w.series[old.pid].from_start and not w.series[new.pid].from_start
+    finally:
+        if new is not None:
+            new.kill()
+            new.wait()
+    # a worker that started inside the window grew from its own first reading, which
+    # is not growth: only one read from the window's start is
+    mib = 1 << 20
+
+    def series(uss0: int, uss1: int, from_start: bool) -> Series:
+        a, b = Snapshot(0.0, 1.0, uss=uss0), Snapshot(8.0, 2.0, uss=uss1)
+        return Series(a, b, from_start=from_start)
+
+    watch = SimpleNamespace(series={1: series(200 * mib, 205 * mib, True),
+                                    2: series(1 * mib, 71 * mib, False)})  # fmt: skip
+    got = read_procs(Process(9, "python"), [1, 2], watch)  # type: ignore[arg-type]
+    assert value(got, quantity="worker_uss_growth") == 5 * mib

@@ -1,8 +1,14 @@
 """Judging `attach PID`: a running job, read from its sampled stacks and /proc.
 
-- `attach.data-wait`: the share of the main thread's samples inside the DataLoader's
-  iteration, at the thresholds every command uses (advice/profile.severity: above 5%
-  input-bound, above 20% highly); the rank that waits most where several were read.
+- `attach.data-wait`: the share of the training loop's samples waiting for data (inside
+  the DataLoader's iteration, or in the fetch it calls between steps where it has no
+  DataLoader), with its 95% Wilson interval, at the thresholds every command uses
+  (advice/profile.severity: above 5% input-bound, above 20% highly); the rank that waits
+  most where several were read. A verdict only where the interval lies wholly on one
+  side of each threshold: too few samples, a job stopped in the window, no loop or no
+  data path found give an INFO finding that says why and what would decide it
+  (`attach.no-verdict` for further ranks without one). A rank that ended in the window
+  is judged on the samples before, with no worker count predicted.
 - `attach.loader-bound`: with a wait worth a finding, what the loading is bound by and
   the change. At num_workers=0 (no worker found) the main thread's own loading samples
   say what it does; with workers: hand-over where the main thread spends most of its
@@ -22,13 +28,16 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.advice.profile import severity
+from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
+from starvecheck.core.intervals import percent, samples_needed, side, wilson
 from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
@@ -48,19 +57,106 @@ def rules(results: Results) -> list[Finding]:
         return []
     out: list[Finding] = []
     ranks = _ranks(r)
-    waits = {pid: w for pid in ranks if (w := _share(r, pid, "main_share", "data")) is not None}
+    read = {pid: w for pid in ranks if (w := _wait(r, pid)) is not None}
+    waits = {pid: w.share for pid, w in read.items() if w.severity is not None}
+    unjudged = [pid for pid, w in read.items() if w.severity is None]
     if waits:
         pid = max(waits, key=lambda p: waits[p])
-        out.append(_data_wait(r, pid, waits))
-        if severity(waits[pid]) is not Severity.OK:
+        out.append(_data_wait(r, pid, waits, read[pid]))
+        if read[pid].severity is not Severity.OK and not _param(r, pid, "ended"):
             bound = _bound(r, pid, waits[pid])
             if bound is not None:
                 out.append(bound)
         straggler = _straggler(r, waits)
         if straggler is not None:
             out.append(straggler)
+    for i, pid in enumerate(unjudged):
+        headline = not waits and i == 0
+        out.append(_no_verdict(r, pid, read[pid], "attach.data-wait" if headline else None))
     out += [f for f in (_throttled(r), _worker_memory(r, ranks)) if f is not None]
     return out
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A rank's sampled wait for data: its share of `n` samples, the 95% Wilson
+    interval, and the verdict the interval allows (None: it allows none, `why`)."""
+
+    share: float
+    n: int
+    low: float
+    high: float
+    severity: Severity | None
+    why: str = ""
+
+    def text(self) -> str:
+        return f"{self.share:.0%} ({percent(self.low, self.high)}, {self.n} samples)"
+
+
+def _wait(r: StageResult, pid: int) -> Wait | None:
+    """The verdict on a rank's wait, given only where the evidence allows one: a
+    verdict (OK, warning, critical) only where the interval lies wholly on one side of
+    each threshold it is judged by (advice/profile.severity: 5%, 20%); none from no
+    samples, from a job stopped in the window (its samples then repeat its last
+    stack), or where neither a DataLoader nor a fetch between steps was found."""
+    n = value(_of(r, pid), quantity="samples")
+    if n is None:
+        return None
+    n = int(n)
+    share = value(_of(r, pid), quantity="main_share", kind="data") or 0.0
+    low, high = wilson(share * n, n)
+
+    def none(why: str) -> Wait:
+        return Wait(share, n, low, high, None, why)
+
+    stopped = _param(r, pid, "stopped_s") or 0.0
+    if isinstance(stopped, (int, float)) and stopped >= 0.5:
+        return none(f"it was stopped (State T) for about {stopped:.0f} s of the window")
+    if n == 0:
+        return none("no samples of its training loop were kept")
+    if _param(r, pid, "loop_found") is False:
+        return none(
+            "no thread's samples show a training loop (a DataLoader, forward, backward, "
+            "an optimizer)"
+        )
+    if _param(r, pid, "loop_found") and _param(r, pid, "data_path") is None:
+        return none(
+            "its data path could not be identified: no DataLoader, and nothing its loop "
+            "calls between steps reads or is named for data"
+        )
+    below, above = side(low, high, INPUT_BOUND), side(low, high, HIGHLY_INPUT_BOUND)
+    if below == -1:
+        return Wait(share, n, low, high, Severity.OK)
+    if below == 1:
+        sev = Severity.CRITICAL if above == 1 else Severity.WARNING
+        return Wait(share, n, low, high, sev)
+    need = samples_needed(share, INPUT_BOUND)
+    return none(f"too few samples ({n}) to judge: about {need} needed at a {share:.0%} share")
+
+
+def _param(r: StageResult, pid: int, key: str) -> object:
+    for x in r.parameters.ranks:
+        if isinstance(x, dict) and x.get("pid") == pid:
+            return x.get(key)
+    return None
+
+
+def _no_verdict(r: StageResult, pid: int, w: Wait, fid: str | None) -> Finding:
+    """No verdict on a rank's wait, with why, and what would give one."""
+    seconds = float(r.parameters.seconds or 0.0)
+    fix = ""
+    if w.why.startswith("too few samples") and w.n and seconds:
+        need = samples_needed(w.share, INPUT_BOUND)
+        if need < 1_000_000:
+            fix = f"Run with --duration {min(3600, math.ceil(need / (w.n / seconds) * 1.2))}."
+    elif w.why.startswith("its data path"):
+        fix = (
+            "Read it with `watch` (starvecheck.watch around the loop), which times the "
+            "loop's own wait for each batch."
+        )
+    title = f"{_who(r, pid)}: no verdict on its wait for data: {w.why}"
+    evidence = f"{_who(r, pid)}: waits for data {w.text()} of its training loop's samples"
+    return Finding(fid or "attach.no-verdict", Severity.INFO, title, evidence, fix)
 
 
 def _ranks(r: StageResult) -> list[int]:
@@ -79,12 +175,6 @@ def _of(r: StageResult, pid: int) -> Sequence[Metric]:
     return select(r.metrics, pid=pid)
 
 
-def _share(r: StageResult, pid: int, quantity: str, kind: str) -> float | None:
-    if value(_of(r, pid), quantity="samples") is None:
-        return None
-    return value(_of(r, pid), quantity=quantity, kind=kind) or 0.0
-
-
 def _breakdown(r: StageResult, pid: int, quantity: str, kinds: Sequence[str]) -> str:
     parts = [
         f"{k} {v:.0%}"
@@ -98,15 +188,19 @@ MAIN_KINDS = ("data", "step", "copy", "gpu-wait", "collective", "other")
 LOAD_KINDS = ("read", "decode", "tokenize", "collate", "handover", "idle", "other")
 
 
-def _data_wait(r: StageResult, pid: int, waits: dict[int, float]) -> Finding:
+def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Finding:
     share = waits[pid]
-    sev = severity(share)
-    m = _of(r, pid)
-    n = int(value(m, quantity="samples") or 0)
+    sev = w.severity or Severity.INFO
     seconds = r.parameters.seconds or 0.0
-    evidence = f"{_who(r, pid)}: {n} samples of its main thread over {seconds:g} s: " + _breakdown(
-        r, pid, "main_share", MAIN_KINDS
+    thread = _param(r, pid, "thread")
+    where = "main thread" if thread in (None, "", "MainThread") else f"loop's thread '{thread}'"
+    evidence = (
+        f"{_who(r, pid)}: {w.n} samples of its {where} over {seconds:g} s: waits for data "
+        f"{w.text()}; " + _breakdown(r, pid, "main_share", MAIN_KINDS)
     )
+    path = _param(r, pid, "data_path")
+    if isinstance(path, str) and path != "DataLoader":
+        evidence += f"; no DataLoader: its data is fetched by {path}, counted as its wait"
     other = r.parameters.other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
@@ -117,11 +211,12 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float]) -> Finding:
         evidence += "; every rank's wait: " + ", ".join(
             f"{_who(r, p)} {w:.0%}" for p, w in sorted(waits.items())
         )
+    ci = percent(w.low, w.high)
     if sev is Severity.OK:
-        title = f"{_who(r, pid)} waits for data {share:.0%} of the time: its data keeps up"
+        title = f"{_who(r, pid)} waits for data {share:.0%} ({ci}) of the time: its data keeps up"
         return Finding("attach.data-wait", sev, title, evidence)
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
-    title = f"{_who(r, pid)} waits for data {share:.0%} of the time: {kind}"
+    title = f"{_who(r, pid)} waits for data {share:.0%} ({ci}) of the time: {kind}"
     return Finding("attach.data-wait", sev, title, evidence, "See attach.loader-bound for why.")
 
 

@@ -3,19 +3,22 @@
 The JSON keeps one metric per share (`attach.main.data`, `attach.main.loading.decode`,
 `attach.workers.read`, ...), labelled with `rank`, `pid`, `quantity` (`main_share`:
 of the main thread's samples; `main_loading_share`: the main thread's time inside the
-DataLoader, by what it did there; `worker_share`: of every worker's samples) and `kind`.
+DataLoader, by what it did there; `worker_share`: of every worker's samples) and `kind`,
+and each share's 95% Wilson interval (`low95`, `high95`) and the samples it was counted
+from (`samples`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
 
-HEADERS = ("process", "thread", "doing", "share of its samples")
+HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 _WHO = {
-    "main_share": "main thread",
+    "main_share": "training loop",
     "main_loading_share": "  inside the DataLoader",
     "worker_share": "DataLoader workers",
 }
@@ -41,7 +44,17 @@ def split(
             used.add(id(m))
             rank = m.labels.get("rank")
             process = f"PID {m.labels.get('pid')}" + (f" rank {rank}" if rank is not None else "")
-            rows.append((process, who, str(m.labels.get("kind")), f"{m.value:.1%}"))
+            rows.append((process, who, str(m.labels.get("kind")), _share(m)))
     rows.sort(key=lambda r: (r[0], list(_WHO.values()).index(r[1])))
     rest = [m for m in metrics if id(m) not in used]
     return rows, rest, [NOTE] if rows else []
+
+
+def _share(m: Metric) -> str:
+    """`68.0% (63-73%, 400)`: the share, its 95% interval and its samples."""
+    low, high, n = m.labels.get("low95"), m.labels.get("high95"), m.labels.get("samples")
+    if m.value is None:
+        return ""
+    if not isinstance(low, float | int) or not isinstance(high, float | int):
+        return f"{m.value:.1%}"  # a report from before intervals were kept
+    return f"{m.value:.1%} ({percent(float(low), float(high))}, {n})"

@@ -16,6 +16,17 @@ Main thread (the training loop), first rule that holds:
   step        torch.nn modules, autograd, optimizers, torch.amp, compiled code: the step
   other       anything else, named by its innermost frames (never guessed)
 
+The training loop's thread (`loop_thread`): whichever thread's samples are inside the
+DataLoader's iteration and the step (Ray Train runs `train_func` in a thread while the
+main thread sits in `join()`), the main thread only where no thread is.
+
+A loop with no DataLoader (nanoGPT's `get_batch` over a memmap, a generator): the
+loop's own frame is the user frame that calls the step (`loop_frame`); what it calls
+between its steps that is not the step (not forward, backward, an optimizer, a
+collective, a GPU sync or a copy) and that reads or is named for data (`get_batch`,
+`next_batch`, `load_*`, a generator `batches`) is its fetch (`fetch_callee`): its
+samples are the loop's wait for data, the function named.
+
 A worker (its frames after the DataLoader's `_worker_loop`), and the main thread's own
 loading at num_workers=0 (its frames inside the DataLoader):
 
@@ -188,6 +199,8 @@ _READ = (
     "s3fs/",
     "lmdb",
     "pathlib.py",
+    "numpy/core/memmap.py",
+    "numpy/_core/memmap.py",
 )
 _READ_LINE = re.compile(r"\bopen\(|\.read\(|\.read_bytes\(|np\.load\(|numpy\.load\(|\.readline")
 _QUEUE = "multiprocessing/queues.py"
@@ -237,3 +250,55 @@ def _moving(f: Frame) -> bool:
     return _in(f, *_HANDOVER) or (
         _in(f, "multiprocessing/connection.py", _QUEUE) and f.name in _MOVING
     )
+
+
+# The frames of threads that are never the training loop, though their stacks touch
+# the DataLoader: pin-memory, a worker's queue feeder, a worker itself.
+_HELPERS = ("_pin_memory_loop", "_feed", "_worker_loop", "_handle_results", "_handle_workers")
+
+
+def loop_score(samples: Sequence[tuple[Sequence[Frame], int]]) -> int:
+    """How many of a thread's samples look like a training loop's: waiting for data,
+    in the step, on a collective or on the GPU (never a helper thread's)."""
+    score = 0
+    for frames, n in samples:
+        if any(f.name in _HELPERS for f in frames):
+            return 0
+        if main_kind(frames) in ("data", "step", "collective", "gpu-wait"):
+            score += n
+    return score
+
+
+def loop_frame(samples: Sequence[tuple[Sequence[Frame], int]]) -> tuple[str, str] | None:
+    """(function, file) of the loop's own frame: the frame that calls into the step
+    (torch.nn, autograd, an optimizer) in most of the step's samples."""
+    callers: dict[tuple[str, str], int] = {}
+    for frames, n in samples:
+        for i, f in enumerate(frames):
+            if _in(f, *_STEP):
+                if i > 0:
+                    key = (frames[i - 1].function, frames[i - 1].file)
+                    callers[key] = callers.get(key, 0) + n
+                break
+    return max(callers, key=lambda k: callers[k]) if callers else None
+
+
+_FETCH_NAME = re.compile(r"batch|data|fetch|load|sample|next|read|shard|token", re.IGNORECASE)
+
+
+def fetch_callee(frames: Sequence[Frame], loop: tuple[str, str]) -> Frame | None:
+    """The function the loop's frame calls in this sample where it is a data fetch:
+    named for data, or reading below it (a memmap, a file); None where the sample is
+    not inside one."""
+    at = None
+    for i, f in enumerate(frames):
+        if (f.function, f.file) == loop:
+            at = i
+    if at is None or at + 1 >= len(frames):
+        return None
+    callee, below = frames[at + 1], frames[at + 1 :]
+    if _in(callee, "torch/") or callee.name in _HELPERS:
+        return None
+    if _FETCH_NAME.search(callee.name) or any(_in(f, *_READ) for f in below):
+        return callee
+    return None

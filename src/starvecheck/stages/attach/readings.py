@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from starvecheck.probe import process
 from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
+from starvecheck.probe.life import Life, read_life
 from starvecheck.probe.load import (
     allowed_cpus,
     load_average,
@@ -78,6 +79,7 @@ class Series:
     first: Snapshot
     last: Snapshot
     cpu_per_s: list[float] = field(default_factory=list)
+    from_start: bool = True  # alive when the window began (not a new epoch's worker)
 
     @property
     def seconds(self) -> float:
@@ -88,9 +90,22 @@ class Series:
         return None if a is None or b is None else max(0.0, b - a)
 
 
+@dataclass
+class Fate:
+    """What became of a rank over the window: the seconds it was seen stopped (State
+    T/t), and whether it ended (`exited`, `exec'd`, `changed command`, `PID reused`)
+    and when (seconds into the window)."""
+
+    stopped_s: float = 0.0
+    ended: str | None = None
+    at_s: float | None = None
+
+
 class Watch:
     """Reads each process `add`ed once a second (`tick`), and the machine and cgroup
-    with them; `owner` keeps the rank each was added for."""
+    with them; `owner` keeps the rank each was added for. Each second it also keeps
+    which processes were alive (`most_alive`: workers by identity, a new epoch's
+    replacing the last's, not added to them) and what became of each rank (`fates`)."""
 
     def __init__(self, owned: dict[int, list[int]], cgroup_dir: str | None) -> None:
         self.series: dict[int, Series] = {}
@@ -103,6 +118,9 @@ class Watch:
         self.cgroup0 = _cpu_stat(cgroup_dir)
         self.shm0 = shm_used()
         self.t0 = time.perf_counter()
+        self._began = False  # processes added from here on started inside the window
+        self.lives: dict[int, Life | None] = {o: read_life(o) for o in owned}
+        self.fates: dict[int, Fate] = {o: Fate() for o in owned}
         for owner, pids in owned.items():
             for pid in (owner, *pids):
                 self.add(pid, owner)
@@ -112,6 +130,9 @@ class Watch:
         self.others_each: list[float] = []
         self._mark = Mark(self.t0, self.machine0, ours_cpu())
         self._job_since = 0.0  # the job's CPU seconds since the mark
+        self.alive: list[set[int]] = [set(self.series)]
+        self._began = True
+        self._last_tick = self.t0
 
     def busy_since_start(self) -> tuple[float, float, int] | None:
         """(the CPU seconds the machine's CPUs (the job's allowed ones) were busy since
@@ -128,23 +149,37 @@ class Watch:
             return
         s = snapshot(pid, uss=True, runq=pid != owner)
         if s is not None:
-            self.series[pid] = Series(s, s)
+            self.series[pid] = Series(s, s, from_start=not self._began)
             self.owner[pid] = owner
+
+    def most_alive(self, pids: list[int]) -> int:
+        """The most of `pids` alive at once in any second read: the worker count, where
+        the workers of two epochs in one window are not added up."""
+        want = set(pids)
+        return max((len(alive & want) for alive in self.alive), default=0)
 
     def owned(self, owner: int) -> list[int]:
         """The processes read for `owner`, not itself."""
         return sorted(p for p, o in self.owner.items() if o == owner and p != owner)
 
     def tick(self) -> None:
+        alive: set[int] = set()
         for pid, series in self.series.items():
             s = snapshot(pid, runq=self.owner.get(pid) != pid)
             if s is None:
                 continue  # exited: its last reading stands
+            alive.add(pid)
             before = series.last
             if s.cpu_s is not None and before.cpu_s is not None and s.at > before.at:
                 series.cpu_per_s.append((s.cpu_s - before.cpu_s) / (s.at - before.at))
                 self._job_since += max(0.0, s.cpu_s - before.cpu_s)
             series.last = s
+        self.alive.append(alive)
+        now = time.perf_counter()
+        for owner, fate in self.fates.items():
+            follow(fate, self.lives.get(owner), read_life(owner), now - self._last_tick,
+                   now - self.t0)  # fmt: skip
+        self._last_tick = now
         self._others_tick()
 
     def _others_tick(self) -> None:
@@ -185,6 +220,18 @@ class Watch:
         out["shm_used_bytes"] = shm1
         out["shm_growth_bytes"] = None if shm1 is None or self.shm0 is None else shm1 - self.shm0
         return out
+
+
+def follow(fate: Fate, first: Life | None, now: Life | None, dt: float, at: float) -> None:
+    """One second of a rank's life added to its `fate`: stopped for `dt` more seconds,
+    or ended at `at` (gone, a zombie, or not the process first read)."""
+    if fate.ended is not None or first is None:
+        return
+    ended = "exited" if now is None or now.ended else first.replaced_by(now)
+    if ended is not None:
+        fate.ended, fate.at_s = ended, round(at, 1)
+    elif now is not None and now.stopped:
+        fate.stopped_s += dt
 
 
 def _machine(cpus: frozenset[int] | None) -> float | None:

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starvecheck.core.intervals import wilson
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, signals_raise
@@ -58,31 +59,68 @@ def _metric(name: str, value: float | None, unit: str, **labels: object) -> list
 def _shares(
     counts: Counter[str], total: int, name: str, quantity: str, **lab: object
 ) -> list[Metric]:
+    """Each kind's share of `total` samples, with its 95% Wilson interval (labels
+    `low95`, `high95`) and the samples it was counted from (`samples`)."""
     out: list[Metric] = []
     for kind, n in sorted(counts.items()):
-        out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind, **lab)
+        low, high = wilson(n, total)
+        ci = {"low95": round(low, 4), "high95": round(high, 4), "samples": total}
+        out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
+                       **ci, **lab)  # fmt: skip
     return out
+
+
+def loop_thread(stacks: Stacks, pid: int) -> tuple[tuple[int, int] | None, bool]:
+    """The thread of process `pid` that runs the training loop, chosen by its samples
+    (classify.loop_score), not by its id: a loop run in a thread (Ray Train's
+    `train_func`) is read there. The main thread (its id the process's, or named
+    MainThread) where no thread's samples look like a loop; (key, a loop was seen)."""
+    threads = [k for k in stacks.by_thread if k[0] == pid]
+    if not threads:
+        return None, False
+    scores = {k: classify.loop_score(stacks.by_thread[k]) for k in threads}
+
+    def rank(k: tuple[int, int]) -> tuple[int, bool, bool]:
+        return scores[k], k[1] == pid, stacks.thread_names.get(k) == "MainThread"
+
+    best = max(threads, key=rank)
+    if scores[best] == 0:
+        best = max(threads, key=lambda k: rank(k)[1:])
+    return best, scores[best] > 0
 
 
 def read_stacks(
     rank: Process, stacks: Stacks, src: classify.Source
-) -> tuple[list[Metric], list[int], str]:
-    """The shares of one rank's main thread, its loading, its workers and their feeder
-    threads, from its samples; the workers seen; the main thread's `other` frames."""
+) -> tuple[list[Metric], list[int], str, dict[str, object]]:
+    """The shares of one rank's training loop, its loading, its workers and their
+    feeder threads, from its samples; the workers seen; the loop's `other` frames;
+    what the loop was read from (`thread`, `loop_found`, `data_path`)."""
     lab = {"rank": rank.rank, "pid": rank.pid}
-    main = stacks.by_thread.get((rank.pid, rank.pid), [])
+    key, found = loop_thread(stacks, rank.pid)
+    main = stacks.by_thread.get(key, []) if key is not None else []
     total = sum(n for _, n in main)
     out: list[Metric] = _metric("main.samples", total, "samples", quantity="samples", **lab)
     kinds: Counter[str] = Counter()
     loading: Counter[str] = Counter()
     others: Counter[str] = Counter()
+    fetches: Counter[str] = Counter()
+    has_loader = any(classify.main_kind(f, src) == "data" for f, _ in main)
+    loop = None if has_loader else classify.loop_frame(main)
     for frames, n in main:
         kind = classify.main_kind(frames, src)
-        kinds[kind] += n
-        if kind == "data":
+        callee = None
+        if kind == "other" and loop is not None:
+            callee = classify.fetch_callee(frames, loop)
+        if callee is not None:
+            kind = "data"
+            fetches[callee.short()] += n
+            below = frames[[f is callee for f in frames].index(True) :]
+            loading[classify.loading_kind(below, src)] += n
+        elif kind == "data":
             loading[classify.loading_kind(classify.loading_frames(frames), src)] += n
         elif kind == "other":
             others[classify.named(frames)] += n
+        kinds[kind] += n
     if total:
         out += _shares(kinds, total, "main", "main_share", **lab)
         out += _shares(loading, total, "main.loading", "main_loading_share", **lab)
@@ -102,14 +140,22 @@ def read_stacks(
                 feeders += n
                 feeding += n if busy else 0
     wtotal = sum(worker_kinds.values())
-    out += _metric("workers.found", len(workers), "workers", quantity="workers_found", **lab)
     if wtotal:
         out += _shares(worker_kinds, wtotal, "workers", "worker_share", **lab)
     if feeders:
         busy = feeding / feeders
         out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)
     top = "; ".join(f"{what} {n / total:.0%}" for what, n in others.most_common(3)) if total else ""
-    return out, sorted(workers), top
+    if has_loader:
+        path: str | None = "DataLoader"
+    else:
+        path = ", ".join(f for f, _ in fetches.most_common(2)) or None
+    info: dict[str, object] = {
+        "thread": stacks.thread_names.get(key, "") if key is not None else None,
+        "loop_found": found,
+        "data_path": path,
+    }
+    return out, sorted(workers), top, info
 
 
 def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
@@ -141,7 +187,9 @@ def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
         out += _metric("workers.runq", runq / s, "CPUs", quantity="workers_runq_cpus", **lab)
         out += _metric("workers.blocked", max(0.0, alive - cpu - runq) / alive, "share",
                        quantity="workers_blocked_share", **lab)  # fmt: skip
-        growth = [g for x in series if (g := x.delta("uss")) is not None]
+        # A worker started inside the window (a new epoch's) is not growth from zero:
+        # only those alive from the start, read again at the end, are compared.
+        growth = [g for x in series if x.from_start and (g := x.delta("uss")) is not None]
         if growth:
             out += _metric("workers.uss_growth", max(growth), "bytes",
                            quantity="worker_uss_growth", **lab)  # fmt: skip
@@ -199,7 +247,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
                 if sampler is not None:
                     sampler.stop()
                 gpus.close()
-            metrics, found, tops = _read_all(plan, watch, recorders, caveats)
+            metrics, found, tops, loops = _read_all(plan, watch, recorders, caveats)
         metrics += _read_gpus(gpus, caveats)
         if sampler is not None:
             others = _value(metrics, "attach.machine.others_cpus")
@@ -209,7 +257,14 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
-                {"pid": r.pid, "rank": r.rank, "command": r.command, "workers": found[r.pid]}
+                {
+                    "pid": r.pid,
+                    "rank": r.rank,
+                    "command": r.command,
+                    "workers": found[r.pid],
+                    **loops.get(r.pid, {}),
+                    **_fate(watch, r.pid),
+                }
                 for r in plan.job.ranks
             ],
             "agent": plan.job.agent.describe() if plan.job.agent else None,
@@ -274,16 +329,49 @@ def _wait(
         gpus.tick()
 
 
+def _fate(watch: Watch, pid: int) -> dict[str, object]:
+    """What became of a rank over the window (readings.Fate), for its parameters."""
+    fate = watch.fates.get(pid)
+    if fate is None:
+        return {}
+    return {"stopped_s": round(fate.stopped_s, 1), "ended": fate.ended, "ended_at_s": fate.at_s}
+
+
+def _fate_caveats(plan: Plan, watch: Watch) -> list[Caveat]:
+    out: list[Caveat] = []
+    for r in plan.job.ranks:
+        fate = watch.fates.get(r.pid)
+        if fate is None:
+            continue
+        if fate.stopped_s >= 0.5:
+            out.append(Caveat(
+                "attach.job-stopped",
+                f"{r.describe()} was stopped (State T: SIGSTOP or a debugger) for about "
+                f"{fate.stopped_s:.0f} s of the {plan.seconds:g} s read: its samples then "
+                "repeat its last stack and cannot be told apart, so no verdict is given on it",
+            ))  # fmt: skip
+        if fate.ended is not None:
+            out.append(Caveat(
+                "attach.job-ended",
+                f"{r.describe()} {fate.ended} {fate.at_s:g} s into the {plan.seconds:g} s "
+                "read: its figures are of the seconds before, and no worker count is "
+                "predicted from them",
+            ))  # fmt: skip
+    return out
+
+
 def _read_all(
     plan: Plan,
     watch: Watch,
     recorders: dict[int, sampling.RankSampler],
     caveats: list[Caveat],
-) -> tuple[list[Metric], dict[int, list[int]], dict[str, str]]:
+) -> tuple[list[Metric], dict[int, list[int]], dict[str, str], dict[int, dict[str, object]]]:
     machine = watch.finish()
+    caveats += _fate_caveats(plan, watch)
     metrics: list[Metric] = []
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
+    loops: dict[int, dict[str, object]] = {}
     for r in plan.job.ranks:
         workers = watch.owned(r.pid)
         rec = recorders.get(r.pid)
@@ -301,9 +389,13 @@ def _read_all(
             stacks = None
         if stacks is not None:
             stacks = ids.in_our_ids(stacks, r)
-            got, seen, top = read_stacks(r, stacks, source.Lines(_cwd(r.pid)))
+            got, seen, top, loops[r.pid] = read_stacks(r, stacks, source.Lines(_cwd(r.pid)))
             metrics += got
             workers = seen or workers
+            # the most alive at once, not every worker of every epoch in the window
+            at_once = watch.most_alive(workers) or len(workers)
+            lab_w = {"quantity": "workers_found", "rank": r.rank, "pid": r.pid}
+            metrics += _metric("workers.found", at_once, "workers", **lab_w)
             if top:
                 tops[str(r.pid)] = top
             lab = {"rank": r.rank, "pid": r.pid}
@@ -316,7 +408,7 @@ def _read_all(
         each = [round(x, 3) for x in watch.others_each]
         lab = {"quantity": "others_cpus_each_s"}
         metrics.append(Metric.repeated("attach.machine.others_cpus_each_s", each, "CPUs", lab))
-    return metrics, found, tops
+    return metrics, found, tops, loops
 
 
 def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
