@@ -162,3 +162,16 @@ def test_the_table_shows_each_share_with_its_interval_and_samples():
     r = stage(ray_style(300, 100))
     rows, _, _ = split(r, r.metrics)
     assert ("PID 100", "training loop", "data", "75.0% (71-79%, 400)") in rows
+
+
+def test_a_fetch_that_stacks_tensors_is_still_the_fetch_and_a_train_batch_is_not():
+    it = f"Tensor.__iter__ ({SITE}torch/_tensor.py:1215)"
+    r = stage(nanogpt(100, 300, ["get_batch (/job/train.py:116)", it]))
+    assert value(r.metrics, quantity="main_share", kind="data") == 0.25
+    # a function named for batches that runs the model is the step, not a fetch
+    raw = "\n".join([
+        line(PID, "MainThread", ["<module> (/job/t.py:9)", "train_batch (/job/t.py:3)", FWD], 300),
+        line(PID, "MainThread", ["<module> (/job/t.py:9)", "train_batch (/job/t.py:4)"], 100),
+        line(PID, "MainThread", ["<module> (/job/t.py:9)", FWD], 10),
+    ])  # fmt: skip
+    assert stage(raw).parameters.ranks[0]["data_path"] is None

@@ -40,3 +40,14 @@ def test_this_process_runs_and_is_itself():
 @given(st.text(max_size=300))
 def test_property_garbage_never_raises(text):
     parse_state(text)
+
+
+def test_an_exiting_process_with_no_command_line_left_is_not_a_new_command():
+    from starvecheck.probe.life import Life
+
+    first = Life("S", 7, "/usr/bin/python3", "python train.py")
+    assert first.replaced_by(Life("R", 7, None, "")) is None
+    assert first.replaced_by(Life("S", 7, "/usr/bin/python3", "python other.py")) == (
+        "changed command"
+    )
+    assert first.replaced_by(Life("S", 8, None, None)) == "PID reused"

@@ -10,10 +10,11 @@ MODE: data (num_workers=0, CPU work in __getitem__ slower than the step), comput
 the step), io (2 workers blocked in sleep, as on slow storage), handover (2 workers
 sending 32 MiB of numpy arrays a batch, pickled through the pipe), steady (a 10 ms
 step, two light workers: attach's overhead), slow-rank (under torchrun with
-gloo: rank 1 loads 4x slower; every step all-reduces). `threads:N` and `children:N`:
-steady, in a process that also holds N idle threads (blocked in Event.wait, beside
-torch's own) or N idle child processes (forks of it, as many as a heavy job has:
-benchmarks/attach_overhead.py).
+gloo: rank 1 loads 4x slower; every step all-reduces), thread (data's loop run in a
+thread named `train` while the main thread waits in join(), as Ray Train runs
+`train_func`). `threads:N` and `children:N`: steady, in a process that also holds N
+idle threads (blocked in Event.wait, beside torch's own) or N idle child processes
+(forks of it, as many as a heavy job has: benchmarks/attach_overhead.py).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def keep(batch: list) -> list:
 
 def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
     """(the DataLoader, the step's seconds)."""
-    if mode == "data":
+    if mode in ("data", "thread"):
         return DataLoader(Work(cpu_s=0.004), batch_size=8, num_workers=0), 0.010
     if mode == "compute":
         return DataLoader(Work(cpu_s=0.00005), batch_size=8, num_workers=0), 0.030
@@ -124,13 +125,24 @@ def main() -> None:
 
         dist.init_process_group("gloo")
     dl, step_s = loader(mode, rank)
+    path = f"{state}.{rank}" if mode == "slow-rank" else state
+    if mode == "thread":
+        import threading
+
+        t = threading.Thread(target=run, args=(mode, dl, step_s, path, seconds), name="train")
+        t.start()
+        t.join()
+    else:
+        run(mode, dl, step_s, path, seconds)
+
+
+def run(mode: str, dl: DataLoader, step_s: float, path: str, seconds: float) -> None:
     waited = total = 0.0
     steps = 0
     start = time.perf_counter()
     it = iter(dl)
     next(it)  # workers started: the loop's clock starts here
     t = time.perf_counter()
-    path = f"{state}.{rank}" if mode == "slow-rank" else state
     while time.perf_counter() - start < seconds:
         a = time.perf_counter()
         try:
@@ -141,6 +153,8 @@ def main() -> None:
         b = time.perf_counter()
         spin(step_s)
         if mode == "slow-rank":
+            import torch.distributed as dist
+
             dist.all_reduce(torch.ones(1))
         del batch
         now = time.perf_counter()

@@ -38,7 +38,9 @@ class Life:
             return "PID reused"
         if self.exe is not None and later.exe is not None and later.exe != self.exe:
             return "exec'd"
-        if self.cmdline is not None and later.cmdline is not None and later.cmdline != self.cmdline:
+        # An exiting process's command line reads empty (its memory is gone) before it
+        # turns zombie: that is its end, read as such a second later, not a new command.
+        if self.cmdline is not None and later.cmdline and later.cmdline != self.cmdline:
             return "changed command"
         return None
 

@@ -19,14 +19,17 @@ from starvecheck.core.model import StageResult
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 _WHO = {
     "main_share": "training loop",
-    "main_loading_share": "  inside the DataLoader",
+    "main_loading_share": "  inside its data fetch",
     "worker_share": "DataLoader workers",
 }
 NOTE = (
     "Python stacks sampled by py-spy without pausing the job; idle threads counted "
-    "(a thread blocked on a queue is waiting, not absent). inside the DataLoader: the "
-    "main thread's wait, by what it did there (of all its samples). CPU, memory and "
-    "reads from /proc are listed below."
+    "(a thread blocked on a queue is waiting, not absent). training loop: the thread "
+    "whose samples are in the DataLoader and the step (named in the JSON's ranks), "
+    "the main thread where none is; inside its data fetch: its wait (the DataLoader's "
+    "iteration, or its own fetch such as a get_batch), by what it did there (of all "
+    "its samples). Each share with its 95% Wilson interval and the samples it was "
+    "counted from. CPU, memory and reads from /proc are listed below."
 )
 
 

@@ -21,11 +21,12 @@ DataLoader's iteration and the step (Ray Train runs `train_func` in a thread whi
 main thread sits in `join()`), the main thread only where no thread is.
 
 A loop with no DataLoader (nanoGPT's `get_batch` over a memmap, a generator): the
-loop's own frame is the user frame that calls the step (`loop_frame`); what it calls
-between its steps that is not the step (not forward, backward, an optimizer, a
-collective, a GPU sync or a copy) and that reads or is named for data (`get_batch`,
-`next_batch`, `load_*`, a generator `batches`) is its fetch (`fetch_callee`): its
-samples are the loop's wait for data, the function named.
+loop's own frame is the user frame that calls the step (`loop_frame`); a function it
+calls between its steps that never runs the step (no forward, backward or optimizer
+below it in any sample) and that reads or is named for data (`get_batch`,
+`next_batch`, `load_*`, a generator `batches`) is its fetch (`fetches`): all its
+samples, the torch calls that stack a batch included, are the loop's wait for data,
+the function named.
 
 A worker (its frames after the DataLoader's `_worker_loop`), and the main thread's own
 loading at num_workers=0 (its frames inside the DataLoader):
@@ -269,13 +270,20 @@ def loop_score(samples: Sequence[tuple[Sequence[Frame], int]]) -> int:
     return score
 
 
+def _stepping(f: Frame) -> bool:
+    """A frame of the step itself: a module's forward, autograd, an optimizer (not any
+    torch call: a fetch indexes and stacks tensors too)."""
+    step = ("torch/nn/modules/", "torch/autograd/", "torch/optim/", "torch/amp/", "torch/_dynamo/")
+    return _in(f, *step) or (_in(f, "torch/_tensor.py") and f.name == "backward")
+
+
 def loop_frame(samples: Sequence[tuple[Sequence[Frame], int]]) -> tuple[str, str] | None:
     """(function, file) of the loop's own frame: the frame that calls into the step
-    (torch.nn, autograd, an optimizer) in most of the step's samples."""
+    (a module's forward, backward, an optimizer) in most of the step's samples."""
     callers: dict[tuple[str, str], int] = {}
     for frames, n in samples:
         for i, f in enumerate(frames):
-            if _in(f, *_STEP):
+            if _stepping(f):
                 if i > 0:
                     key = (frames[i - 1].function, frames[i - 1].file)
                     callers[key] = callers.get(key, 0) + n
@@ -283,22 +291,37 @@ def loop_frame(samples: Sequence[tuple[Sequence[Frame], int]]) -> tuple[str, str
     return max(callers, key=lambda k: callers[k]) if callers else None
 
 
-_FETCH_NAME = re.compile(r"batch|data|fetch|load|sample|next|read|shard|token", re.IGNORECASE)
-
-
-def fetch_callee(frames: Sequence[Frame], loop: tuple[str, str]) -> Frame | None:
-    """The function the loop's frame calls in this sample where it is a data fetch:
-    named for data, or reading below it (a memmap, a file); None where the sample is
-    not inside one."""
+def callee_of(frames: Sequence[Frame], loop: tuple[str, str]) -> int | None:
+    """Where in `frames` the function the loop's frame calls is (its index), None
+    where the sample is in the loop's frame itself or not under it."""
     at = None
     for i, f in enumerate(frames):
         if (f.function, f.file) == loop:
             at = i
-    if at is None or at + 1 >= len(frames):
-        return None
-    callee, below = frames[at + 1], frames[at + 1 :]
-    if _in(callee, "torch/") or callee.name in _HELPERS:
-        return None
-    if _FETCH_NAME.search(callee.name) or any(_in(f, *_READ) for f in below):
-        return callee
-    return None
+    return None if at is None or at + 1 >= len(frames) else at + 1
+
+
+_FETCH_NAME = re.compile(r"batch|data|fetch|load|sample|next|read|shard|token", re.IGNORECASE)
+
+
+def fetches(
+    samples: Sequence[tuple[Sequence[Frame], int]], loop: tuple[str, str]
+) -> set[tuple[str, str]]:
+    """The functions the loop's frame calls between its steps that fetch its data:
+    named for data or reading below them (a memmap, a file), never torch's own, and
+    never one that runs the step in any sample (a `train_batch` calling the model)."""
+    named: set[tuple[str, str]] = set()
+    stepping: set[tuple[str, str]] = set()
+    for frames, _ in samples:
+        at = callee_of(frames, loop)
+        if at is None:
+            continue
+        callee, below = frames[at], frames[at:]
+        key = (callee.function, callee.file)
+        if _in(callee, "torch/") or callee.name in _HELPERS:
+            continue
+        if any(_stepping(f) for f in below):
+            stepping.add(key)
+        elif _FETCH_NAME.search(callee.name) or any(_in(f, *_READ) for f in below):
+            named.add(key)
+    return named - stepping

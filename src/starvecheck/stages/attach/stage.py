@@ -106,16 +106,14 @@ def read_stacks(
     fetches: Counter[str] = Counter()
     has_loader = any(classify.main_kind(f, src) == "data" for f, _ in main)
     loop = None if has_loader else classify.loop_frame(main)
+    fetch = classify.fetches(main, loop) if loop is not None else set()
     for frames, n in main:
         kind = classify.main_kind(frames, src)
-        callee = None
-        if kind == "other" and loop is not None:
-            callee = classify.fetch_callee(frames, loop)
-        if callee is not None:
-            kind = "data"
-            fetches[callee.short()] += n
-            below = frames[[f is callee for f in frames].index(True) :]
-            loading[classify.loading_kind(below, src)] += n
+        at = classify.callee_of(frames, loop) if fetch and loop is not None else None
+        if at is not None and (frames[at].function, frames[at].file) in fetch:
+            kind = "data"  # the loop's own fetch, whatever torch it calls to stack a batch
+            fetches[frames[at].short()] += n
+            loading[classify.loading_kind(frames[at:], src)] += n
         elif kind == "data":
             loading[classify.loading_kind(classify.loading_frames(frames), src)] += n
         elif kind == "other":
