@@ -72,7 +72,7 @@ def rules(results: Results) -> list[Finding]:
             out.append(straggler)
     for i, pid in enumerate(unjudged):
         headline = not waits and i == 0
-        out.append(_no_verdict(r, pid, read[pid], "attach.data-wait" if headline else None))
+        out.append(_no_verdict(r, pid, read[pid], headline))
     out += [f for f in (_throttled(r), _worker_memory(r, ranks)) if f is not None]
     return out
 
@@ -141,8 +141,9 @@ def _param(r: StageResult, pid: int, key: str) -> object:
     return None
 
 
-def _no_verdict(r: StageResult, pid: int, w: Wait, fid: str | None) -> Finding:
-    """No verdict on a rank's wait, with why, and what would give one."""
+def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
+    """No verdict on a rank's wait, with why, and what would give one: the data-wait
+    finding itself where no rank has a verdict, else one of its own."""
     seconds = float(r.parameters.seconds or 0.0)
     fix = ""
     if w.why.startswith("too few samples") and w.n and seconds:
@@ -156,7 +157,9 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, fid: str | None) -> Finding:
         )
     title = f"{_who(r, pid)}: no verdict on its wait for data: {w.why}"
     evidence = f"{_who(r, pid)}: waits for data {w.text()} of its training loop's samples"
-    return Finding(fid or "attach.no-verdict", Severity.INFO, title, evidence, fix)
+    if headline:
+        return Finding("attach.data-wait", Severity.INFO, title, evidence, fix)
+    return Finding("attach.no-verdict", Severity.INFO, title, evidence, fix)
 
 
 def _ranks(r: StageResult) -> list[int]:
