@@ -157,3 +157,19 @@ def test_a_job_killed_in_the_window_is_said_and_given_no_worker_count(tmp_path):
     said = " ".join(stage["caveats"])
     assert " exited " in said and "no worker count is predicted" in said, said
     assert "attach.loader-bound" not in findings(stage)
+
+
+@pytest.mark.slow
+def test_a_job_that_execs_in_the_window_is_said(tmp_path):
+    path = tmp_path / "state.json"
+    p = started([sys.executable, str(LOOPS / "attach_loop.py"), "exec", str(path)], path)
+    try:
+        r = attach_while(p.pid, lambda: os.kill(p.pid, signal.SIGUSR1), 3.0)
+    finally:
+        stop_tree(p)
+    stage = stage_of(r)
+    said = " ".join(stage["caveats"])
+    assert "exec'd" in said or "changed command" in said, said
+    f = findings(stage)
+    assert f["attach.data-wait"]["severity"] != "ok", f["attach.data-wait"]
+    assert "attach.loader-bound" not in f

@@ -175,3 +175,26 @@ def test_a_fetch_that_stacks_tensors_is_still_the_fetch_and_a_train_batch_is_not
         line(PID, "MainThread", ["<module> (/job/t.py:9)", FWD], 10),
     ])  # fmt: skip
     assert stage(raw).parameters.ranks[0]["data_path"] is None
+
+
+def test_ranks_each_with_their_interval_and_one_without_a_verdict():
+    def rank_of(pid: int, wait: int, step: int, rank: int) -> tuple[list, dict]:
+        raw = "\n".join([
+            line(pid, "MainThread", ["<module> (/job/t.py:9)", DL, GET], wait, pid=pid),
+            line(pid, "MainThread", ["<module> (/job/t.py:9)", FWD], step, pid=pid),
+        ])  # fmt: skip
+        metrics, workers, _, info = read_stacks(Process(pid, "t", rank), parse_raw(raw),
+                                                lambda f, n: None)  # fmt: skip
+        return metrics, {"pid": pid, "rank": rank, "workers": workers, **info}
+
+    (m0, p0), (m1, p1), (m2, p2) = (
+        rank_of(1, 40, 360, 0),
+        rank_of(2, 200, 200, 1),
+        rank_of(3, 1, 7, 2),
+    )
+    params = {"pid": 1, "ranks": [p0, p1, p2], "seconds": 8.0, "other_frames": {},
+              "effective_cpus": 2}  # fmt: skip
+    f = judged(StageResult("attach", params, tuple(m0 + m1 + m2)))
+    assert "PID 2 (rank 1): 50% (45-55%, 400 samples)" in f["attach.straggler"].evidence
+    assert "PID 3 (rank 2)" in f["attach.no-verdict"].title, f["attach.no-verdict"]
+    assert "too few samples (8)" in f["attach.no-verdict"].title

@@ -12,9 +12,11 @@ sending 32 MiB of numpy arrays a batch, pickled through the pipe), steady (a 10 
 step, two light workers: attach's overhead), slow-rank (under torchrun with
 gloo: rank 1 loads 4x slower; every step all-reduces), thread (data's loop run in a
 thread named `train` while the main thread waits in join(), as Ray Train runs
-`train_func`). `threads:N` and `children:N`: steady, in a process that also holds N
-idle threads (blocked in Event.wait, beside torch's own) or N idle child processes
-(forks of it, as many as a heavy job has: benchmarks/attach_overhead.py).
+`train_func`), exec (data's loop, which on SIGUSR1 execs into a Python without torch
+that sleeps). `threads:N` and `children:N`:
+steady, in a process that also holds N idle threads (blocked in Event.wait, beside
+torch's own) or N idle child processes (forks of it, as many as a heavy job has:
+benchmarks/attach_overhead.py).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def keep(batch: list) -> list:
 
 def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
     """(the DataLoader, the step's seconds)."""
-    if mode in ("data", "thread"):
+    if mode in ("data", "thread", "exec"):
         return DataLoader(Work(cpu_s=0.004), batch_size=8, num_workers=0), 0.010
     if mode == "compute":
         return DataLoader(Work(cpu_s=0.00005), batch_size=8, num_workers=0), 0.030
@@ -126,6 +128,11 @@ def main() -> None:
         dist.init_process_group("gloo")
     dl, step_s = loader(mode, rank)
     path = f"{state}.{rank}" if mode == "slow-rank" else state
+    if mode == "exec":
+        import signal
+
+        sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+        signal.signal(signal.SIGUSR1, lambda *_: os.execv(sys.executable, sleep))
     if mode == "thread":
         import threading
 

@@ -134,6 +134,13 @@ def _wait(r: StageResult, pid: int) -> Wait | None:
     return none(f"too few samples ({n}) to judge: about {need} needed at a {share:.0%} share")
 
 
+def _ci(r: StageResult, pid: int, share: float) -> str:
+    """`68% (63-73%, 400 samples)`: a rank's share with its interval."""
+    n = int(value(_of(r, pid), quantity="samples") or 0)
+    low, high = wilson(share * n, n)
+    return f"{share:.0%} ({percent(low, high)}, {n} samples)"
+
+
 def _param(r: StageResult, pid: int, key: str) -> object:
     for x in r.parameters.ranks:
         if isinstance(x, dict) and x.get("pid") == pid:
@@ -212,7 +219,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
         evidence += f"; {gpus}"
     if len(waits) > 1:
         evidence += "; every rank's wait: " + ", ".join(
-            f"{_who(r, p)} {w:.0%}" for p, w in sorted(waits.items())
+            f"{_who(r, p)} {_ci(r, p, share)}" for p, share in sorted(waits.items())
         )
     ci = percent(w.low, w.high)
     if sev is Severity.OK:
@@ -387,7 +394,7 @@ def _straggler(r: StageResult, waits: dict[int, float]) -> Finding | None:
         Severity.WARNING,
         f"{_who(r, pid)} is the straggler: it waits for data {waits[pid]:.0%} of the time, "
         f"the other ranks {rest:.0%} (median)",
-        ", ".join(f"{_who(r, p)}: {w:.0%}" for p, w in sorted(waits.items())),
+        ", ".join(f"{_who(r, p)}: {_ci(r, p, w)}" for p, w in sorted(waits.items())),
         "The other ranks wait for it at every collective: fix its loading first "
         "(attach.loader-bound), or look at what differs on it (its shard, its storage, "
         "its CPUs).",
