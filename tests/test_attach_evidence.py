@@ -173,3 +173,19 @@ def test_a_job_that_execs_in_the_window_is_said(tmp_path):
     f = findings(stage)
     assert f["attach.data-wait"]["severity"] != "ok", f["attach.data-wait"]
     assert "attach.loader-bound" not in f
+
+
+@pytest.mark.slow
+def test_workers_of_several_epochs_in_one_window_are_not_added_up(tmp_path):
+    path = tmp_path / "state.json"
+    p = started([sys.executable, str(LOOPS / "attach_loop.py"), "epochs", str(path)], path)
+    try:
+        r = attach_while(p.pid, lambda: None, 0.0)
+    finally:
+        stop_tree(p)
+    stage = stage_of(r)
+    (rank,) = stage["parameters"]["ranks"]
+    assert len(rank["workers"]) >= 2, rank  # the window crossed an epoch's end
+    found = [m for m in stage["metrics"] if m["labels"].get("quantity") == "workers_found"]
+    assert [m["value"] for m in found] == [1], found  # num_workers=1: one at a time
+    assert "attach.worker-memory" not in findings(stage)

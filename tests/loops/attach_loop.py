@@ -13,10 +13,10 @@ step, two light workers: attach's overhead), slow-rank (under torchrun with
 gloo: rank 1 loads 4x slower; every step all-reduces), thread (data's loop run in a
 thread named `train` while the main thread waits in join(), as Ray Train runs
 `train_func`), exec (data's loop, which on SIGUSR1 execs into a Python without torch
-that sleeps). `threads:N` and `children:N`:
-steady, in a process that also holds N idle threads (blocked in Event.wait, beside
-torch's own) or N idle child processes (forks of it, as many as a heavy job has:
-benchmarks/attach_overhead.py).
+that sleeps), epochs (one worker, not persistent, an epoch every second or so: each
+epoch starts a new worker). `threads:N` and `children:N`: steady, in a process that
+also holds N idle threads (blocked in Event.wait, beside torch's own) or N idle child
+processes (forks of it, as many as a heavy job has: benchmarks/attach_overhead.py).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def spin(seconds: float) -> None:
 
 
 class Work(Dataset):
-    def __init__(self, cpu_s: float = 0.0, sleep_s: float = 0.0, shape=(8,)) -> None:
-        self.cpu_s, self.sleep_s, self.shape = cpu_s, sleep_s, shape
+    def __init__(self, cpu_s: float = 0.0, sleep_s: float = 0.0, shape=(8,), n=1_000_000) -> None:
+        self.cpu_s, self.sleep_s, self.shape, self.n = cpu_s, sleep_s, shape, n
 
     def __len__(self) -> int:
-        return 1_000_000
+        return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.cpu_s:
@@ -82,6 +82,8 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
         return DataLoader(Arrays(), batch_size=8, num_workers=2, collate_fn=keep), 0.001
     if mode == "steady":  # attach's overhead: a 10 ms step, two light workers
         return DataLoader(Work(cpu_s=0.0002), batch_size=8, num_workers=2), 0.010
+    if mode == "epochs":  # 8 batches of 8 at 15 ms a sample: about 1 s an epoch
+        return DataLoader(Work(cpu_s=0.015, n=64), batch_size=8, num_workers=1), 0.010
     if mode == "slow-rank":
         cpu = 0.002 if rank == 1 else 0.0005
         return DataLoader(Work(cpu_s=cpu), batch_size=8, num_workers=0), 0.010
