@@ -198,3 +198,24 @@ def test_ranks_each_with_their_interval_and_one_without_a_verdict():
     assert "PID 2 (rank 1): 50% (45-55%, 400 samples)" in f["attach.straggler"].evidence
     assert "PID 3 (rank 2)" in f["attach.no-verdict"].title, f["attach.no-verdict"]
     assert "too few samples (8)" in f["attach.no-verdict"].title
+
+
+def test_no_straggler_from_a_gap_the_samples_cannot_tell():
+    def rank_of(pid: int, wait: int, step: int) -> tuple[list, dict]:
+        raw = "\n".join([
+            line(pid, "MainThread", ["<module> (/job/t.py:9)", DL, GET], wait, pid=pid),
+            line(pid, "MainThread", ["<module> (/job/t.py:9)", FWD], step, pid=pid),
+        ])  # fmt: skip
+        metrics, workers, _, info = read_stacks(Process(pid, "t", pid), parse_raw(raw),
+                                                lambda f, n: None)  # fmt: skip
+        return metrics, {"pid": pid, "rank": pid, "workers": workers, **info}
+
+    def straggler(*ranks: tuple[list, dict]) -> bool:
+        params = {"pid": 1, "ranks": [p for _, p in ranks], "seconds": 8.0,
+                  "other_frames": {}, "effective_cpus": 2}  # fmt: skip
+        metrics = tuple(m for got, _ in ranks for m in got)
+        return "attach.straggler" in judged(StageResult("attach", params, metrics))
+
+    # 12 points apart: told apart at 400 samples each, not at 40
+    assert straggler(rank_of(1, 120, 280), rank_of(2, 72, 328))
+    assert not straggler(rank_of(1, 12, 28), rank_of(2, 7, 33))

@@ -21,7 +21,8 @@
   would add is not measured (taken as none: for large batches the gain is an upper
   bound, and the finding says so).
 - `attach.straggler`: several ranks, one waiting for data 10 points more than the
-  median of the others: the others wait for it at every collective.
+  median of the others, beyond the samples' noise (its interval's low end above the
+  others' high ends): the others wait for it at every collective.
 - `attach.throttled`: the cgroup throttled the job in 5% of its periods or more.
 - `attach.worker-memory`: a worker's USS grew 64 MiB or more over the seconds read.
 """
@@ -67,7 +68,7 @@ def rules(results: Results) -> list[Finding]:
             bound = _bound(r, pid, waits[pid])
             if bound is not None:
                 out.append(bound)
-        straggler = _straggler(r, waits)
+        straggler = _straggler(r, waits, read)
         if straggler is not None:
             out.append(straggler)
     for i, pid in enumerate(unjudged):
@@ -382,12 +383,15 @@ def _change(a: WorkerAdvice, cpus: float) -> tuple[str, Gain, dict[str, int]]:
     return text, Gain(GainKind.THROUGHPUT, round(f.speedup, 3), basis), {"num_workers": a.workers}
 
 
-def _straggler(r: StageResult, waits: dict[int, float]) -> Finding | None:
+def _straggler(r: StageResult, waits: dict[int, float], read: dict[int, Wait]) -> Finding | None:
+    """One rank waiting 10 points more than the others' median, and more than the
+    samples' noise: its interval's low end above the others' high ends (median)."""
     if len(waits) < 2:
         return None
     pid = max(waits, key=lambda p: waits[p])
     rest = statistics.median(w for p, w in waits.items() if p != pid)
-    if waits[pid] - rest < STRAGGLER_POINTS:
+    rest_high = statistics.median(read[p].high for p in waits if p != pid)
+    if waits[pid] - rest < STRAGGLER_POINTS or read[pid].low <= rest_high:
         return None
     return Finding(
         "attach.straggler",
