@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
 
 
@@ -45,25 +46,13 @@ class Life:
         return None
 
 
-def parse_state(stat: str) -> tuple[str, int | None] | None:
-    """(state letter, start time) from /proc/PID/stat: fields are counted after the
-    last ')' (the command may hold spaces and parentheses); None where it is not one."""
-    _, paren, rest = stat.rpartition(")")
-    fields = rest.split()
-    if not paren or not fields or len(fields[0]) != 1 or not fields[0].isalpha():
-        return None
-    start = fields[19] if len(fields) > 19 else ""
-    return fields[0], int(start) if start.isdigit() else None
-
-
 def read_life(pid: int, root: SysRoot | None = None) -> Life | None:
     """The process now; None where it no longer exists (or its stat cannot be read)."""
     root = root or SysRoot.from_environ()
-    stat = root.read(f"/proc/{pid}/stat").value
-    parsed = parse_state(stat) if stat else None
-    if parsed is None:
+    stat = process.stat(root, pid)
+    if stat is None:
         return None
-    cmd = root.read(f"/proc/{pid}/cmdline").value
+    words = process.cmdline(root, pid)
     exe = root.readlink(f"/proc/{pid}/exe").value
-    cmdline = cmd.replace("\0", " ").strip()[:1000] if cmd is not None else None
-    return Life(parsed[0], parsed[1], exe, cmdline)
+    cmdline = " ".join(words)[:1000] if words is not None else None
+    return Life(stat.state, stat.start, exe, cmdline)

@@ -28,11 +28,13 @@ MAX_TASKS = 20_000  # threads read of one process; a torch job has hundreds
 
 @dataclass(frozen=True)
 class Stat:
-    """/proc/PID/stat: state letter, parent, user + system CPU seconds."""
+    """/proc/PID/stat: state letter, parent, user + system CPU seconds, and its start
+    time (clock ticks after boot: another process under a reused PID has another)."""
 
     state: str
     ppid: int
     cpu_s: float
+    start: int | None = None
 
 
 def parse_stat(text: str) -> Stat | None:
@@ -45,7 +47,8 @@ def parse_stat(text: str) -> Stat | None:
     state, ppid, utime, stime = fields[0], fields[1], fields[11], fields[12]
     if len(state) != 1 or not (is_uint(ppid) and is_uint(utime) and is_uint(stime)):
         return None
-    return Stat(state, int(ppid), (int(utime) + int(stime)) * TICK_S)
+    start = int(fields[19]) if len(fields) > 19 and is_uint(fields[19]) else None
+    return Stat(state, int(ppid), (int(utime) + int(stime)) * TICK_S, start)
 
 
 @dataclass(frozen=True)
