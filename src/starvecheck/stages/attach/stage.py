@@ -5,11 +5,13 @@ touching it.
      or with --all; refused in one line where it is not a Python process with torch;
   2. for --duration seconds, at once: py-spy samples every rank and its subprocesses,
      non-blocking (spy.py), while /proc and the cgroup are read once a second
-     (readings.py);
-  3. each sample classified (classify.py): the main thread's time waiting for data,
-     in the step, copying, waiting on the GPU or the other ranks; each DataLoader
-     worker's (the subprocesses whose stack runs `_worker_loop`) reading, decoding,
-     tokenizing, collating, handing batches over or idle.
+     (readings.py), with whether each rank stopped, exited or exec'd meanwhile;
+  3. each sample classified (classify.py): the training loop's time (in whichever
+     thread runs it) waiting for data (the DataLoader, or its own fetch such as a
+     `get_batch`), in the step, copying, waiting on the GPU or the other ranks; each
+     DataLoader worker's (the subprocesses whose stack runs `_worker_loop`) reading,
+     decoding, tokenizing, collating, handing batches over or idle. Each share
+     carries its 95% Wilson interval; judging gives a verdict only where it allows.
 
 Where the stacks cannot be read (py-spy missing, ptrace refused) the /proc part runs
 and a caveat says what was not seen. The result carries every figure, labelled by rank
