@@ -219,3 +219,17 @@ def test_no_straggler_from_a_gap_the_samples_cannot_tell():
     # 12 points apart: told apart at 400 samples each, not at 40
     assert straggler(rank_of(1, 120, 280), rank_of(2, 72, 328))
     assert not straggler(rank_of(1, 12, 28), rank_of(2, 7, 33))
+
+
+def test_a_fast_dataloader_never_caught_waiting_is_still_a_dataloader():
+    # the loop is never sampled in the DataLoader, but its pin-memory thread is: the
+    # data path is known and the loop passes, rather than "could not be identified"
+    pin = f"_pin_memory_loop ({SITE}torch/utils/data/_utils/pin_memory.py:50)"
+    raw = "\n".join([
+        line(PID, "MainThread", ["<module> (/job/t.py:9)", FWD], 300),
+        line(PID, "MainThread", ["<module> (/job/t.py:9)", BWD], 100),
+        line(PID + 3, "pin", [pin, GET], 400),
+    ])  # fmt: skip
+    r = stage(raw)
+    assert r.parameters.ranks[0]["data_path"] == "DataLoader"
+    assert judged(r)["attach.data-wait"].severity is Severity.OK

@@ -270,6 +270,13 @@ def loop_score(samples: Sequence[tuple[Sequence[Frame], int]]) -> int:
     return score
 
 
+def in_dataloader(frames: Sequence[Frame]) -> bool:
+    """A stack inside torch's data loading (a worker, the pin-memory thread, the
+    iteration): the job has a DataLoader, even where its loop is never caught waiting
+    on it (a fast loader over a long step)."""
+    return any(_in(f, "torch/utils/data/") for f in frames)
+
+
 def _stepping(f: Frame) -> bool:
     """A frame of the step itself: a module's forward, autograd, an optimizer (not any
     torch call: a fetch indexes and stacks tensors too)."""

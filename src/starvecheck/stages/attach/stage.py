@@ -106,7 +106,11 @@ def read_stacks(
     loading: Counter[str] = Counter()
     others: Counter[str] = Counter()
     fetches: Counter[str] = Counter()
-    has_loader = any(classify.main_kind(f, src) == "data" for f, _ in main)
+    # a DataLoader seen anywhere in the rank's stacks (its workers, its pin-memory
+    # thread), not only where the loop was caught waiting on it
+    has_loader = any(
+        classify.in_dataloader(f) for samples in stacks.by_thread.values() for f, _ in samples
+    )
     loop = None if has_loader else classify.loop_frame(main)
     fetch = classify.fetches(main, loop) if loop is not None else set()
     for frames, n in main:
