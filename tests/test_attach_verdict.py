@@ -11,8 +11,9 @@ from starvecheck.core.metric import value
 from starvecheck.core.model import Severity, StageResult
 from starvecheck.stages.attach.readings import Fate, follow
 from starvecheck.stages.attach.spy import parse_raw
-from starvecheck.stages.attach.stage import loop_thread, read_stacks
+from starvecheck.stages.attach.stage import read_stacks
 from starvecheck.stages.attach.target import Process
+from starvecheck.stages.attach.threads import loop_thread
 
 SITE = "/venv/lib/python3.11/site-packages/"
 DL = f"_BaseDataLoaderIter.__next__ ({SITE}torch/utils/data/dataloader.py:733)"

@@ -31,10 +31,11 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.attach import budget, classify, costs, ids, sampling, source, spy
+from starvecheck.stages.attach import budget, classify, costs, fate, ids, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
+from starvecheck.stages.attach.threads import loop_thread
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
 
@@ -70,25 +71,6 @@ def _shares(
         out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
                        **ci, **lab)  # fmt: skip
     return out
-
-
-def loop_thread(stacks: Stacks, pid: int) -> tuple[tuple[int, int] | None, bool]:
-    """The thread of process `pid` that runs the training loop, chosen by its samples
-    (classify.loop_score), not by its id: a loop run in a thread (Ray Train's
-    `train_func`) is read there. The main thread (its id the process's, or named
-    MainThread) where no thread's samples look like a loop; (key, a loop was seen)."""
-    threads = [k for k in stacks.by_thread if k[0] == pid]
-    if not threads:
-        return None, False
-    scores = {k: classify.loop_score(stacks.by_thread[k]) for k in threads}
-
-    def rank(k: tuple[int, int]) -> tuple[int, bool, bool]:
-        return scores[k], k[1] == pid, stacks.thread_names.get(k) == "MainThread"
-
-    best = max(threads, key=rank)
-    if scores[best] == 0:
-        best = max(threads, key=lambda k: rank(k)[1:])
-    return best, scores[best] > 0
 
 
 def read_stacks(
@@ -267,7 +249,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
                     "command": r.command,
                     "workers": found[r.pid],
                     **loops.get(r.pid, {}),
-                    **_fate(watch, r.pid),
+                    **fate.params(watch, r.pid),
                 }
                 for r in plan.job.ranks
             ],
@@ -333,37 +315,6 @@ def _wait(
         gpus.tick()
 
 
-def _fate(watch: Watch, pid: int) -> dict[str, object]:
-    """What became of a rank over the window (readings.Fate), for its parameters."""
-    fate = watch.fates.get(pid)
-    if fate is None:
-        return {}
-    return {"stopped_s": round(fate.stopped_s, 1), "ended": fate.ended, "ended_at_s": fate.at_s}
-
-
-def _fate_caveats(plan: Plan, watch: Watch) -> list[Caveat]:
-    out: list[Caveat] = []
-    for r in plan.job.ranks:
-        fate = watch.fates.get(r.pid)
-        if fate is None:
-            continue
-        if fate.stopped_s >= 0.5:
-            out.append(Caveat(
-                "attach.job-stopped",
-                f"{r.describe()} was stopped (State T: SIGSTOP or a debugger) for about "
-                f"{fate.stopped_s:.0f} s of the {plan.seconds:g} s read: its samples then "
-                "repeat its last stack and cannot be told apart, so no verdict is given on it",
-            ))  # fmt: skip
-        if fate.ended is not None:
-            out.append(Caveat(
-                "attach.job-ended",
-                f"{r.describe()} {fate.ended} {fate.at_s:g} s into the {plan.seconds:g} s "
-                "read: its figures are of the seconds before, and no worker count is "
-                "predicted from them",
-            ))  # fmt: skip
-    return out
-
-
 def _read_all(
     plan: Plan,
     watch: Watch,
@@ -371,7 +322,7 @@ def _read_all(
     caveats: list[Caveat],
 ) -> tuple[list[Metric], dict[int, list[int]], dict[str, str], dict[int, dict[str, object]]]:
     machine = watch.finish()
-    caveats += _fate_caveats(plan, watch)
+    caveats += fate.caveats(plan.job.ranks, plan.seconds, watch)
     metrics: list[Metric] = []
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
