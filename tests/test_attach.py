@@ -106,10 +106,11 @@ def test_a_data_bound_loop_is_named_input_bound_at_its_own_share(tmp_path):
     assert "loads in the training process" in bound["title"]
     if bound.get("fix"):
         assert bound["fix"].get("num_workers", 0) >= 1
-    else:  # a machine too busy for the worker model (a shared test machine can be): said
-        assert (
-            "too busy" in bound["recommendation"] and "loader --factory" in bound["recommendation"]
-        )
+    else:  # a machine too busy, or too unsteady, for the worker model (a shared test
+        # machine can be): no figure, the reason said and the measured path named
+        rec = bound["recommendation"]
+        assert "loader --factory" in rec and ("too busy" in rec or "too wide" in rec), rec
+        assert bound["gain"] is None or bound["gain"]["value"] is None, bound
 
 
 @pytest.mark.slow
