@@ -6,12 +6,21 @@ the user's dataset, sampler and collate_fn (stages/loader/factory/load.py). Each
 fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/dataloader/batches.py):
 
   first_batch_s   iter(loader) to the first batch: worker start-up and the first batch
-  warm-up         the batches that drain the prefetch queue (1 + workers x prefetch)
-  windows         then batches in windows of at least WINDOW_S seconds; samples/s and
-                  batches/s per window. Reading stops once the last STABLE_WINDOWS
-                  windows agree within STABLE_SPREAD of their median ("stable"), when
-                  the time budget is spent ("budget"), or at the end of the epoch
-                  ("epoch"); which one is recorded.
+  warm-up         the batches that drain the prefetch queue (1 + workers x prefetch);
+                  then the memory is read, and as many batches again are read uncounted
+                  (what the workers buffered while it was read): the clock starts on a
+                  drained queue, so no batch made before a window is counted in it
+  windows         then batches in windows of at least WINDOW_S seconds, at least
+                  `least_batches` (the prefetch queue's batches and WINDOW_PER_WORKER
+                  more for each worker), and whole turns of the workers (a multiple of
+                  num_workers: batches come from the workers in turn, so a window of
+                  whole turns spans whole batch times); samples/s and batches/s per
+                  window. Reading stops once the last STABLE_WINDOWS windows agree within
+                  STABLE_SPREAD of their median ("stable"), when the time budget is spent
+                  ("budget"), or at the end of the epoch ("epoch"); which one is
+                  recorded. The budget never ends a configuration before its first whole
+                  window (a slow dataset's window outlasts a slice of the budget), up to
+                  OVERRUN times the budget; a window cut there is recorded (`partial`).
   CPU             user+system seconds of the main process and of every worker over the
                   windows (psutil), per sample; their seconds runnable but waiting for a
                   CPU (run queue, /proc/PID/task/*/schedstat), so that a wait for the CPU
@@ -55,6 +64,8 @@ from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, 
 
 WINDOW_S = 0.25  # a window's least length
 WINDOW_BATCHES = 2  # and least batches
+WINDOW_PER_WORKER = 2  # and, past the prefetch queue's, least batches per worker
+OVERRUN = 8.0  # the budget is stretched to this many times itself for a first window
 STABLE_WINDOWS = 4
 STABLE_SPREAD = 0.10  # (max - min) / median of the last windows
 
@@ -100,6 +111,7 @@ class Run:
     repeats: int = 0  # of them, a sample already delivered in the same epoch
     unreadable: int = 0  # batches in the windows no digest could be made of
     worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
+    partial: bool = False  # its only window was cut short (fewer than least_batches)
 
     @property
     def median_samples_per_s(self) -> float | None:
@@ -124,6 +136,21 @@ def _cpu(pid: int | None = None) -> float | None:
     except (psutil.Error, OSError):
         return None
     return float(t.user + t.system)
+
+
+def least_batches(config: Config) -> int:
+    """The fewest batches a window holds: the prefetch queue's (num_workers x
+    prefetch_factor) and WINDOW_PER_WORKER more a worker, so that a window is several
+    batch times of every worker long, never a queue's worth read in a blink."""
+    w = config.workers
+    return max(WINDOW_BATCHES, w * ((config.prefetch_factor or 2) + WINDOW_PER_WORKER))
+
+
+def whole_window(batches: int, seconds: float, config: Config) -> bool:
+    """A window may close here: long enough, with enough batches, whole turns of the
+    workers (they deliver in turn: a window of whole turns spans whole batch times)."""
+    turn = max(1, config.workers)
+    return seconds >= WINDOW_S and batches >= least_batches(config) and batches % turn == 0
 
 
 def _worker_pids(it: Any) -> list[int]:
@@ -155,10 +182,10 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             reading.epoch(built, warmup, first=epochs == 1)
             if run.stopped:
                 break
-            if time.perf_counter() - reading.started >= budget.seconds:
+            if reading.spent(time.perf_counter()):
                 run.stopped = "budget"
-            elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0):
-                run.stopped = "epochs"  # a dataset of a batch or two an epoch
+            elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0 and reading.empty):
+                run.stopped = "epochs"  # epochs that deliver nothing after the first
         if config.workers and config.persistent_workers and not run.restarts_s:
             with _starting(pipeline, config), user_code():
                 run.restart_s = _restart(built, budget, pipeline.describe())
@@ -204,9 +231,20 @@ class _Reading:
         self.windowing = False  # the warm-up is over: batches count in windows
         self.started_windows = 0.0
         self.warmed = 0  # warm-up batches read so far, across epochs
+        self.empty = False  # the last epoch delivered no batch
+        self.memory_read = False  # after the warm-up, before the drain
+        self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
 
-    def _sample(self, pids: list[int | None], first: bool) -> None:
+    def spent(self, now: float) -> bool:
+        """The budget is spent: its seconds are, and a whole window was read (or, for a
+        dataset too slow for one, OVERRUN times its seconds are)."""
+        elapsed = now - self.started
+        if self.run.samples_per_s:
+            return elapsed >= self.budget.seconds
+        return elapsed >= self.budget.seconds * OVERRUN
+
+    def _sample(self, pids: list[int | None], first: bool, memory: bool = True) -> None:
         now = self.clock()
         if self.machine0 is None:
             self.machine0, self.ours0 = machine_times(), ours_cpu()
@@ -222,7 +260,7 @@ class _Reading:
             if runq is not None:
                 self.runq0.setdefault(pid, runq)
                 self.runq1[pid] = runq
-            mem = _memory(pid)
+            mem = _memory(pid) if memory else Memory(None, None)
             if mem.uss is not None:
                 self.mem0.setdefault(pid, mem)
                 self.mem1[pid] = mem
@@ -248,6 +286,7 @@ class _Reading:
             self.repeats.new_epoch()
             count_workers(built.iterator(it), run.worker_batches)
             batch = _next(it, self.pipeline, 0)
+            self.empty = batch is None
             if batch is None and first:
                 raise UsageError(
                     f"loader --factory {self.pipeline.spec.text}: {run.config.describe()}: "
@@ -274,7 +313,17 @@ class _Reading:
             if batch is None:
                 return  # an epoch no longer than the warm-up: the next one is measured
             pids: list[int | None] = [None, *_worker_pids(built.iterator(it))]
-            self._sample(pids, not self.windowing)
+            if not self.windowing:
+                # Memory read (slow: smaps), then what the workers buffered meanwhile
+                # drained, then the CPU read (fast) and the clock: nothing buffered
+                # before the window is counted in it.
+                if not self.memory_read:
+                    self._memory(pids)
+                    self.memory_read = True
+                batch, index = self._drain(it, index, batch)
+                if batch is None:
+                    return
+            self._sample(pids, not self.windowing, memory=False)
             began = clock()
             if not self.windowing:
                 self.window_start = began
@@ -292,17 +341,40 @@ class _Reading:
                 index += 1
                 self._batch(batch, got - asked)
                 now = clock()
-                if now - self.window_start >= WINDOW_S and self.window_batches >= WINDOW_BATCHES:
+                if whole_window(self.window_batches, now - self.window_start, run.config):
                     self._window(now)
                     self._sample(pids, False)
                     if self.budget.until_stable and stable(run.samples_per_s):
                         run.stopped = "stable"
-                if now - self.started >= self.budget.seconds:
+                if self.spent(now):
                     run.stopped = run.stopped or "budget"
             self.paused = clock()
             self._sample(pids, False)
             self.read_s += self.paused - began
             del batch
+
+    def _memory(self, pids: list[int | None]) -> None:
+        for pid in pids:
+            mem = _memory(pid)
+            if mem.uss is not None:
+                self.mem0.setdefault(pid, mem)
+                self.mem1[pid] = mem
+
+    def _drain(self, it: Any, index: int, batch: Any) -> tuple[Any, int]:
+        """Read, uncounted, the batches the prefetch queue can hold (num_workers x
+        prefetch_factor) and one more, which the window starts after (across epochs,
+        where one is shorter); (that batch, the next index), or (None, _) at the end of
+        the epoch."""
+        config = self.run.config
+        while self.drained < config.workers * (config.prefetch_factor or 2) + 1:
+            check_signals()
+            batch = _next(it, self.pipeline, index)
+            if batch is None:
+                return None, index
+            index += 1
+            self.drained += 1
+            self._seen(batch)
+        return batch, index
 
     def _batch(self, batch: Any, wait_s: float) -> None:
         run = self.run
@@ -340,6 +412,7 @@ class _Reading:
         run = self.run
         if self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
+            run.partial = True
         run.seconds = self.read_s
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats
