@@ -110,6 +110,19 @@ def test_a_disturbed_first_reading_is_read_again_and_said(tmp_path: Path) -> Non
     assert again == []
 
 
+def test_a_window_cut_short_is_said(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    pipeline = Pipeline(plan.spec, object(), False, False, {"batch_size": 4, "num_workers": 0})
+    whole, cut = Run(Config(0), samples_per_s=[10.0]), Run(Config(2), samples_per_s=[20.0])
+    cut.partial = True
+    result = factory_stage.result(pipeline, plan, [("workers", whole), ("workers", cut)])
+    assert result.has_caveat("loader.partial-window")
+    assert "num_workers=2" in str(next(c for c in result.caveats if "cut short" in c))
+    assert [c["partial_window"] for c in result.parameters["configurations"]] == [False, True]
+    ok = factory_stage.result(pipeline, plan, [("workers", whole)])
+    assert not ok.has_caveat("loader.partial-window")
+
+
 # --- judging ------------------------------------------------------------------------
 
 
@@ -187,6 +200,7 @@ def make():
 """
 
 
+@pytest.mark.slow
 def test_a_sleep_bound_dataset_gives_a_gain_its_worker_counts_explain(tmp_path: Path) -> None:
     """Two workers cannot load a 100 ms-a-sample dataset more than about twice as fast as
     the main process alone (it gave 211-824x when buffered batches were counted)."""

@@ -172,6 +172,12 @@ DISTURBED = (
 )
 
 
+PARTIAL = (
+    "{}: a window cut short of the prefetch queue's batches and two a worker (a dataset too "
+    "slow for the --budget): its figure is not steady state; a larger --budget reads it whole"
+)
+
+
 def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
     """The worker counts swept, the rest as the current configuration has it, and the
     current configuration where its count is not swept."""
@@ -254,6 +260,9 @@ def result(
     caveats: list[Caveat] = []
     if reread:
         caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
+    short = [run.config.describe() for _, run in runs if run.partial]
+    if short:
+        caveats.append(Caveat("loader.partial-window", PARTIAL.format(", ".join(short))))
     if plan.quick and not pipeline.fixed:
         caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
     elif not plan.cuda and not pipeline.fixed:
