@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from starvecheck.advice import factory as ownloader
-from starvecheck.core.explained import most, unexplained
+from starvecheck.core.explained import Cost, most, unexplained
 from starvecheck.inputs.factory import parse_spec
 from starvecheck.stages.loader.factory import stage as factory_stage
 from starvecheck.stages.loader.factory.load import Pipeline
@@ -45,6 +45,21 @@ def test_a_sleep_bound_ratio_of_hundreds_is_unexplained_and_twice_is_not() -> No
     assert "num_workers=2" in text and "num_workers=0" in text and "4.00x" in text
     assert "101.0 ms" in text  # one sample's time where it was read: the explanation
     assert unexplained({0: [10.0] * 3, 1: [10.0] * 3, 2: [19.0, 20.0, 19.5]}) == []
+
+
+def test_one_samples_measured_time_explains_a_worker_faster_than_the_main_process() -> None:
+    # A JPEG decode on a busy 2-CPU machine: at num_workers=0 torch's two threads wait for
+    # each other and the CPUs (9.7 ms of CPU and 9.5 ms waiting a sample, 66 samples/s);
+    # in a worker, on one thread, a sample takes 3.8 ms of CPU: 4.3x is explained.
+    rates = {0: [66.0] * 3, 1: [282.0] * 3, 2: [468.0] * 3}
+    assert [u.workers for u in unexplained(rates)] == [1, 2]  # by the counts alone
+    costs = {0: Cost(9.72, 0.0), 1: Cost(3.83, 0.0), 2: Cost(3.92, 0.0)}
+    assert unexplained(rates, costs=costs) == []
+    # Sleep does not shrink in a worker: 99.5 ms blocked a sample at num_workers=0 bounds
+    # two workers to about 2.5x however little CPU they take; their count, to 4x.
+    sleepy = {0: [9.95] * 3, 2: [2100.0] * 3}
+    found = unexplained(sleepy, costs={0: Cost(0.4, 99.5), 2: Cost(0.05, 0.1)})
+    assert len(found) == 1 and found[0].bound == pytest.approx(4.0)
 
 
 def test_cpu_work_past_the_cpus_cannot_add_more_than_the_cpus() -> None:

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 
 from starvecheck.advice.configurations import Point, describe
-from starvecheck.core.explained import Unexplained, unexplained
+from starvecheck.core.explained import Cost, Unexplained, unexplained
 from starvecheck.core.metric import Caveat, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
@@ -41,7 +41,24 @@ def disturbed(found: list[Point], cpus: float) -> list[Unexplained]:
     """The ratios between worker counts past what the counts explain."""
     counts = _counts(found)
     work = {w: p.cpu_work() for w, p in counts.items() if w}
-    return unexplained({w: p.rates for w, p in counts.items()}, cpus, work)
+    costs = {w: point_cost(p) for w, p in counts.items()}
+    return unexplained({w: p.rates for w, p in counts.items()}, cpus, work, costs)
+
+
+def point_cost(p: Point) -> Cost:
+    """One sample's CPU and blocked time (core/explained.Cost), ms, from its figures: at
+    num_workers=0 the main process's, its blocked time its wall time a sample less
+    its CPU and run-queue time."""
+    if not p.workers:
+        cpu = p.get("cpu_ms_per_sample", process="main")
+        runq = p.get("runq_ms_per_sample", process="main")
+        if cpu is None or runq is None or p.rate <= 0:
+            return Cost(cpu, None)
+        return Cost(cpu, max(0.0, 1e3 / p.rate - cpu - runq))
+    return Cost(
+        p.get("cpu_ms_per_sample", process="workers"),
+        p.get("blocked_ms_per_sample", process="workers"),
+    )
 
 
 def too_busy(found: list[Point], cpus: float, worked: bool | None) -> float | None:

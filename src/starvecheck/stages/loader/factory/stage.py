@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.criteria import cpu_work, paired_knee
-from starvecheck.core.explained import unexplained
+from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import importing, signals_raise
@@ -163,7 +163,26 @@ def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
         for r in counts
         if r.config.workers
     }
-    return [u.describe() for u in unexplained(rates, cpus, work)]
+    costs = {r.config.workers: run_cost(r) for r in counts}
+    return [u.describe() for u in unexplained(rates, cpus, work, costs)]
+
+
+def run_cost(r: Run) -> Cost:
+    """One sample's CPU and blocked time (core/explained.Cost), ms, from a run's figures."""
+    n = r.samples
+    if not n:
+        return Cost(None, None)
+    if not r.config.workers:
+        rate = r.median_samples_per_s
+        cpu, runq = r.main_cpu_s, r.main_runq_s
+        if cpu is None or runq is None or not rate:
+            return Cost(None if cpu is None else cpu * 1e3 / n, None)
+        return Cost(cpu * 1e3 / n, max(0.0, 1e3 / rate - (cpu + runq) * 1e3 / n))
+    cpu, runq, alive = r.worker_cpu_s, r.worker_runq_s, r.worker_alive_s
+    blocked = None
+    if cpu is not None and runq is not None and alive is not None:
+        blocked = max(0.0, alive - cpu - runq) * 1e3 / n
+    return Cost(None if cpu is None else cpu * 1e3 / n, blocked)
 
 
 DISTURBED = (
@@ -406,12 +425,15 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
         """doctor's loader link on the user's own pipeline, at the workload's batch size
-        where one was given."""
+        where one was given, and judged against its step where that is known (given or
+        measured, never assumed): a loading gain becomes a training one only then."""
         assert workload.factory is not None  # doctor runs this stage only with one
+        known = workload.source("step_ms") in ("option", "file", "measured")
         options = FactoryOptions(
             spec=workload.factory,
             batch_size=workload.batch_size if workload.source("batch_size") != "default" else None,
             quick=quick,
+            step_ms=workload.step_ms if known and workload.step_ms else None,
         )
         return plan_of(options, ctx)
 
