@@ -243,3 +243,17 @@ def test_a_sleep_bound_dataset_gives_a_gain_its_worker_counts_explain(tmp_path: 
     assert " faster" not in own["title"]
     configs = st["parameters"]["configurations"]
     assert not any(c["partial_window"] for c in configs), configs
+
+
+def test_doctor_judges_the_loader_against_a_known_step_never_an_assumed_one(
+    tmp_path: Path,
+) -> None:
+    from starvecheck.inputs.workload import Workload
+    from starvecheck.stages.base import RunContext
+
+    spec = parse_spec(f"{tmp_path / 'x.py'}:make")
+    given = Workload(factory=spec).set("step_ms", 120.0, "option")
+    assumed = Workload(factory=spec).set("step_ms", 120.0, "assumed")
+    ctx = RunContext()
+    assert factory_stage.STAGE.doctor_plan(given, True, ctx).step_ms == 120.0
+    assert factory_stage.STAGE.doctor_plan(assumed, True, ctx).step_ms is None
