@@ -153,6 +153,9 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     return run
 
 
+# The processes' CPU is read at least this often within a window.
+CPU_EVERY_S = 0.1
+
 # Epochs read at most for one configuration (a dataset of a few batches).
 MAX_EPOCHS = 1000
 
@@ -186,6 +189,7 @@ class _Reading:
         self.warmed = 0  # warm-up batches read so far, across epochs
         self.empty = False  # the last epoch delivered no batch
         self.memory_read = False  # after the warm-up, before the drain
+        self.cpu_read = 0.0  # when the processes' CPU was last read
         self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
 
@@ -297,8 +301,13 @@ class _Reading:
                 if whole_window(self.window_batches, now - self.window_start, run.config):
                     self._window(now)
                     self._sample(pids, False)
+                    self.cpu_read = now
                     if self.budget.until_stable and stable(run.samples_per_s):
                         run.stopped = "stable"
+                elif now - self.cpu_read >= CPU_EVERY_S:
+                    # Workers exit at an epoch's end: their last (cheap) reading stands.
+                    self._sample(pids, False, memory=False)
+                    self.cpu_read = now
                 if self.spent(now):
                     run.stopped = run.stopped or "budget"
             self.paused = clock()
