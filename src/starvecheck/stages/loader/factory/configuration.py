@@ -10,17 +10,13 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
                   then the memory is read, and as many batches again are read uncounted
                   (what the workers buffered while it was read): the clock starts on a
                   drained queue, so no batch made before a window is counted in it
-  windows         then batches in windows of at least WINDOW_S seconds, at least
-                  `least_batches` (the prefetch queue's batches and WINDOW_PER_WORKER
-                  more for each worker), and whole turns of the workers (a multiple of
-                  num_workers: batches come from the workers in turn, so a window of
-                  whole turns spans whole batch times); samples/s and batches/s per
-                  window. Reading stops once the last STABLE_WINDOWS windows agree within
-                  STABLE_SPREAD of their median ("stable"), when the time budget is spent
-                  ("budget"), or at the end of the epoch ("epoch"); which one is
-                  recorded. The budget never ends a configuration before its first whole
-                  window (a slow dataset's window outlasts a slice of the budget), up to
-                  OVERRUN times the budget; a window cut there is recorded (`partial`).
+  windows         then batches in windows (run.whole_window: long enough, the queue's
+                  batches and more a worker, whole turns of the workers); samples/s and
+                  batches/s per window. Reading stops once the last STABLE_WINDOWS
+                  windows agree within STABLE_SPREAD of their median ("stable"), when the
+                  time budget is spent ("budget": never before a first whole window, up
+                  to OVERRUN times it; a window cut there is `partial`), or at the end of
+                  the epoch ("epoch"); which one is recorded.
   CPU             user+system seconds of the main process and of every worker over the
                   windows (psutil), per sample; their seconds runnable but waiting for a
                   CPU (run queue, /proc/PID/task/*/schedstat), so that a wait for the CPU
@@ -62,35 +58,15 @@ from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, 
 from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, worker_error
 from starvecheck.stages.loader.factory.run import (
     OVERRUN,
-    STABLE_SPREAD,
-    STABLE_WINDOWS,
-    WINDOW_BATCHES,
-    WINDOW_PER_WORKER,
-    WINDOW_S,
     Budget,
     Memory,
     Run,
-    least_batches,
     stable,
     whole_window,
 )
 
-# Kept importable from here, where callers and tests have always found them.
-__all__ = [
-    "OVERRUN",
-    "STABLE_SPREAD",
-    "STABLE_WINDOWS",
-    "WINDOW_BATCHES",
-    "WINDOW_PER_WORKER",
-    "WINDOW_S",
-    "Budget",
-    "Memory",
-    "Run",
-    "least_batches",
-    "measure",
-    "stable",
-    "whole_window",
-]
+# Budget, Memory, Run and stable: importable from here, where callers have found them.
+__all__ = ["Budget", "Memory", "Run", "measure", "stable"]
 
 
 def _memory(pid: int | None = None) -> Memory:
@@ -297,23 +273,28 @@ class _Reading:
                     break
                 index += 1
                 self._batch(batch, got - asked)
-                now = clock()
-                if whole_window(self.window_batches, now - self.window_start, run.config):
-                    self._window(now)
-                    self._sample(pids, False)
-                    self.cpu_read = now
-                    if self.budget.until_stable and stable(run.samples_per_s):
-                        run.stopped = "stable"
-                elif now - self.cpu_read >= CPU_EVERY_S:
-                    # Workers exit at an epoch's end: their last (cheap) reading stands.
-                    self._sample(pids, False, memory=False)
-                    self.cpu_read = now
-                if self.spent(now):
-                    run.stopped = run.stopped or "budget"
+                self._counted(pids)
             self.paused = clock()
             self._sample(pids, False)
             self.read_s += self.paused - began
             del batch
+
+    def _counted(self, pids: list[int | None]) -> None:
+        """After a batch counted: the window closed where it is whole, the processes read,
+        and the reading stopped where stable or out of budget."""
+        run, now = self.run, self.clock()
+        if whole_window(self.window_batches, now - self.window_start, run.config):
+            self._window(now)
+            self._sample(pids, False)
+            self.cpu_read = now
+            if self.budget.until_stable and stable(run.samples_per_s):
+                run.stopped = "stable"
+        elif now - self.cpu_read >= CPU_EVERY_S:
+            # Workers exit at an epoch's end: their last (cheap) reading stands.
+            self._sample(pids, False, memory=False)
+            self.cpu_read = now
+        if self.spent(now):
+            run.stopped = run.stopped or "budget"
 
     def _memory(self, pids: list[int | None]) -> None:
         for pid in pids:
