@@ -420,6 +420,9 @@ def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     assert r.returncode == 0, r.stderr
     (stage,) = json.loads(r.stdout)["stages"]
     (finding,) = [f for f in stage["findings"] if f["id"] == "loader.own-config"]
+    if "too busy to tell" in finding["title"]:  # other work took the CPUs: no count given
+        assert not finding.get("fix") and not finding.get("gain")
+        pytest.skip(finding["title"])
     workers = finding["fix"]["num_workers"]
     assert workers <= stage["parameters"]["effective_cpus"]
     if workers == 0:

@@ -168,7 +168,10 @@ def test_while_another_process_burns_a_core_cpu_work_stays_within_the_cpus(pipes
         burner.kill()
         burner.wait()
     own = findings(stage)["loader.own-config"]
-    assert own["fix"]["num_workers"] <= 2
+    if "too busy to tell" in own["title"]:  # more work elsewhere too: no count, its load said
+        assert not own.get("fix") and "of the 2 CPUs busy" in own["title"]
+    else:
+        assert own["fix"]["num_workers"] <= 2
     assert "I/O" not in own["recommendation"] and "blocked" not in own["recommendation"]
     # What the workers did with their time, measured: waiting for a CPU, not blocked.
     waited = [

@@ -13,6 +13,15 @@ in interleaved rounds (each configuration read once a round, side by side).
   variant against the current configuration read again beside it, role `again`); a
   change is recommended only where that interval clears no-change by the margin, else
   the finding says no change, and why.
+  The gain is loading throughput (samples a second the loader delivers), never a
+  training speed-up: with --step-ms it is also given as steps a second, capped by the
+  step (at num_workers=0 loading and the step take turns; with workers they overlap,
+  and the slower of the two sets the pace).
+  No count and no gain where the figures cannot be true (core/explained.py: a ratio
+  past what the worker counts explain, still there after the stage read them again:
+  `loader.disturbed`), or where the machine is too busy to tell (other processes kept
+  BUSY_SHARE of the CPUs while workers doing CPU work ran: a quick and a full run
+  would name different counts).
 - `loader.own-demand`: with --step-ms, the recommended configuration against the
   samples/s the GPU consumes; at num_workers=0 loading and the step take turns (the
   training process does one, then the other), so the GPU waits for every batch.
@@ -54,7 +63,16 @@ from starvecheck.advice.costs import (
     memory_cap,
     shm_forecast,
 )
+from starvecheck.advice.factory_bounds import (
+    demand,
+    disturbed,
+    disturbed_caveat,
+    no_figure,
+    too_busy,
+    training_gain,
+)
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
+from starvecheck.core.explained import Unexplained
 from starvecheck.core.metric import Metric, one
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison, chained, compare
@@ -82,6 +100,8 @@ class Choice:
     against: Comparison | None  # best over current, round by round
     sweep: Mapping[int, Point]
     notes: tuple[str, ...]
+    disturbed: tuple[Unexplained, ...] = ()  # ratios the counts cannot explain
+    busy: float | None = None  # other processes' CPUs, where too busy to tell
 
     @property
     def changes(self) -> bool:
@@ -135,6 +155,10 @@ def choose(loader: StageResult) -> Choice | None:
     advice = recommend_workers(Throughput(curve, worked, rounds), Cpus(effective))
     if advice is None:
         return None
+    unexplained = tuple(disturbed(found, effective))
+    busy = too_busy(found, effective, worked)
+    if unexplained or busy is not None:
+        return Choice(current, current, current, None, sweep, (), unexplained, busy)
     k = advice.workers
     notes = [advice.why]
     if any(p.unique for p in found):
@@ -164,10 +188,12 @@ def complete(loader: StageResult) -> StageResult:
     found = points(loader)
     current = _current(found)
     metrics = [m for m in loader.metrics if m.labels.get("quantity") not in _JUDGED]
+    unexplained = disturbed(found, float(loader.parameters.cpus))
+    suspect = {w for u in unexplained for w in (u.workers, u.against)}
     for p in found:
         c = _against_current(p, current, found) if current is not None else None
-        if c is None or p.role in BESIDE:
-            continue
+        if c is None or p.role in BESIDE or (p is not current and p.workers in suspect):
+            continue  # a ratio its counts cannot explain is never shown as a gain
         where = {k: p.labels[k] for k in (*KEYS, "current") if k in p.labels}
         name = "own.w{workers}{role}.".format(
             workers=p.workers, role="" if p.role == "workers" else f".{p.role}"
@@ -184,6 +210,9 @@ def complete(loader: StageResult) -> StageResult:
                     )
                 )
     caveats = list(loader.caveats)
+    said = disturbed_caveat(unexplained)
+    if said is not None:
+        caveats.append(said)
     moved = moved_caveat(found, loader)
     if moved is not None and moved not in caveats:
         caveats.append(moved)
@@ -196,6 +225,10 @@ def complete(loader: StageResult) -> StageResult:
 
 
 _JUDGED = ("vs_current", "vs_current_low", "vs_current_high")
+
+
+def chosen_of(choice: Choice | None) -> Point | None:
+    return choice.chosen if choice is not None else None
 
 
 def basis(loader: StageResult) -> str:
@@ -213,8 +246,11 @@ def rules(results: Results) -> list[Finding]:
     found = points(loader)
     if not found:
         return []
-    out = [_config(loader), _demand(loader), main_threads(loader, found)]
     choice = choose(loader)
+    now = choice.current if choice is not None else None
+    swept = len(choice.sweep) if choice is not None else 0
+    out = [_config(loader), demand(loader, chosen_of(choice), now, swept)]
+    out.append(main_threads(loader, found))
     chosen = choice.chosen if choice is not None else None
     out += samples.rules(loader, found)
     out += copy_on_read(loader, found, chosen)
@@ -241,6 +277,10 @@ def _config(loader: StageResult) -> Finding | None:
     choice = choose(loader)
     if choice is None:
         return None
+    if choice.disturbed or choice.busy is not None:
+        return no_figure(
+            loader, choice.disturbed, choice.busy, _evidence(choice, float(loader.parameters.cpus))
+        )
     params = loader.parameters
     effective = float(params.cpus)
     current, chosen, against = choice.current, choice.chosen, choice.against
@@ -272,20 +312,36 @@ def _config(loader: StageResult) -> Finding | None:
         )
     assert against is not None
     gain = round(against.ratio, 2)
+    basis = (
+        f"measured loading throughput: its samples/s over your settings', round by round, "
+        f"{against.describe()}"
+    )
+    title = (
+        f"{describe(chosen)} loads {gain:.2f}x as many samples a second as your current settings"
+    )
+    step = training_gain(current, chosen, params.step_ms, params.batch_size)
+    if step is not None:
+        title += f"; with your {float(params.step_ms):g} ms step, {step:.2f}x the steps a second"
+        basis += (
+            f"; in training {step:.2f}x the steps a second, the {float(params.step_ms):g} ms step "
+            "(--step-ms) staying as it is"
+        )
+        gain = step
+    else:
+        basis += (
+            "; loading only, not a training speed-up: the step outside loading stays "
+            "(--step-ms gives the training figure)"
+        )
     # Severity by the interval's low end: a short run, less certain, warns no sooner.
-    severity = Severity.WARNING if against.low >= WARN_GAIN else Severity.INFO
+    severity = Severity.WARNING if against.low >= WARN_GAIN and gain >= WARN_GAIN else Severity.INFO
     return Finding(
         "loader.own-config",
         severity,
-        f"{describe(chosen)} loads {gain:.2f}x faster than your current settings",
+        title,
         evidence=evidence,
         recommendation=f"Use {chosen.line(params.batch_size)} (the rest as you have "
         "it). Why: " + "; ".join(choice.notes) + ".",
-        gain=Gain(
-            GainKind.THROUGHPUT,
-            gain,
-            f"measured: its samples/s over your settings', round by round, {against.describe()}",
-        ),
+        gain=Gain(GainKind.THROUGHPUT, gain, basis),
         fix=fix_of(chosen),
     )
 
@@ -310,74 +366,6 @@ def _as_is(loader: StageResult) -> Finding | None:
             "the Dataset (or the DataLoader) your loader reads from."
         ),
     )
-
-
-def _demand(loader: StageResult) -> Finding | None:
-    """With --step-ms: the configuration recommended against the samples/s the GPU
-    consumes (batch size / step). At num_workers=0 the training process loads, then
-    runs its step: the two take turns, and the GPU waits for every batch."""
-    params = loader.parameters
-    step_ms, batch = params.step_ms, params.batch_size
-    choice = choose(loader)
-    if not step_ms or not batch or choice is None:
-        return None
-    demand = float(batch) / (float(step_ms) / 1e3)
-    chosen, now = choice.chosen, choice.current
-    evidence = (
-        f"the GPU consumes {demand:,.0f} samples/s ({batch} a batch every {step_ms:g} ms, "
-        f"your figure); {describe(chosen)} delivers {chosen.rate:,.0f}"
-        + ("" if chosen is now else f", your current settings {now.rate:,.0f}")
-        + " (measured here)"
-    )
-    idle = _idle(chosen, demand, float(step_ms), float(batch))
-    if chosen.workers == 0:
-        load_ms = float(batch) / chosen.rate * 1e3
-        evidence += (
-            f"; at num_workers=0 the training process loads each batch ({load_ms:,.1f} ms) and "
-            f"then runs its step ({step_ms:g} ms): they take turns, so the GPU waits "
-            f"{idle:.0%} of each step"
-        )
-    if idle < 0.05:
-        said = "keeps" if chosen is now else "would keep"
-        return Finding(
-            "loader.own-demand",
-            Severity.OK if chosen is now else Severity.INFO,
-            f"Your pipeline {said} up with the GPU ({chosen.rate / demand:.1f}x its demand)",
-            evidence=evidence,
-        )
-    title = (
-        "At num_workers=0 the GPU waits for every batch: "
-        if chosen.workers == 0
-        else "No configuration measured keeps up with the GPU: "
-    ) + f"it would wait {idle:.0%} of each step"
-    recommendation = (
-        "Load in worker processes (num_workers of 1 or more), so the next batch is made "
-        "while the GPU runs the step: the sweep above measured what they deliver here."
-        if chosen.workers == 0 and len(choice.sweep) > 1
-        else "More workers do not close this gap on this machine (the sweep above measured "
-        "them). Do the per-sample work once, offline (decode and resize to the training "
-        "resolution, pre-tokenize), move conversion and augmentation to the GPU, or give "
-        "the job more CPUs."
-    )
-    return Finding(
-        "loader.own-demand",
-        Severity.CRITICAL if idle > 0.2 else Severity.WARNING,
-        title,
-        evidence=evidence,
-        recommendation=recommendation,
-        gain=Gain(GainKind.STEP_SHARE, round(idle, 4), "the share of each step the GPU waits"),
-    )
-
-
-def _idle(p: Point, demand: float, step_ms: float, batch: float) -> float:
-    """The share of each step the GPU waits with `p`: at num_workers=0, the whole load
-    (serial); with workers, what delivery falls short of the demand."""
-    if p.rate <= 0:
-        return 1.0
-    load_ms = batch / p.rate * 1e3
-    if p.workers == 0:
-        return load_ms / (load_ms + step_ms)
-    return max(0.0, 1 - p.rate / demand)
 
 
 def _extra_setting(

@@ -6,12 +6,17 @@ the user's dataset, sampler and collate_fn (stages/loader/factory/load.py). Each
 fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/dataloader/batches.py):
 
   first_batch_s   iter(loader) to the first batch: worker start-up and the first batch
-  warm-up         the batches that drain the prefetch queue (1 + workers x prefetch)
-  windows         then batches in windows of at least WINDOW_S seconds; samples/s and
+  warm-up         the batches that drain the prefetch queue (1 + workers x prefetch);
+                  then the memory is read, and as many batches again are read uncounted
+                  (what the workers buffered while it was read): the clock starts on a
+                  drained queue, so no batch made before a window is counted in it
+  windows         then batches in windows (run.whole_window: long enough, the queue's
+                  batches and more a worker, whole turns of the workers); samples/s and
                   batches/s per window. Reading stops once the last STABLE_WINDOWS
-                  windows agree within STABLE_SPREAD of their median ("stable"), when
-                  the time budget is spent ("budget"), or at the end of the epoch
-                  ("epoch"); which one is recorded.
+                  windows agree within STABLE_SPREAD of their median ("stable"), when the
+                  time budget is spent ("budget": never before a first whole window, up
+                  to OVERRUN times it; a window cut there is `partial`), or at the end of
+                  the epoch ("epoch"); which one is recorded.
   CPU             user+system seconds of the main process and of every worker over the
                   windows (psutil), per sample; their seconds runnable but waiting for a
                   CPU (run queue, /proc/PID/task/*/schedstat), so that a wait for the CPU
@@ -38,7 +43,6 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.signals import check_signals
@@ -52,58 +56,17 @@ from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
 from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
 from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, worker_error
+from starvecheck.stages.loader.factory.run import (
+    OVERRUN,
+    Budget,
+    Memory,
+    Run,
+    stable,
+    whole_window,
+)
 
-WINDOW_S = 0.25  # a window's least length
-WINDOW_BATCHES = 2  # and least batches
-STABLE_WINDOWS = 4
-STABLE_SPREAD = 0.10  # (max - min) / median of the last windows
-
-
-@dataclass
-class Memory:
-    uss: float | None  # bytes
-    pss: float | None
-
-
-@dataclass
-class Run:
-    """One configuration, measured."""
-
-    config: Config
-    first_batch_s: float = 0.0
-    samples_per_s: list[float] = field(default_factory=list)  # per window
-    batches_per_s: list[float] = field(default_factory=list)
-    waits_ms: list[float] = field(default_factory=list)  # next() per batch, windows only
-    samples: int = 0  # in the windows
-    batches: int = 0
-    batch_bytes: list[int] = field(default_factory=list)
-    seconds: float = 0.0  # the windows' time
-    stopped: str = ""  # stable, budget, epoch
-    main_cpu_s: float | None = None  # over the windows
-    worker_cpu_s: float | None = None
-    main_memory: tuple[Memory, Memory] | None = None  # (after warm-up, at the end)
-    worker_memory: list[tuple[Memory, Memory]] = field(default_factory=list)
-    restart_s: float | None = None  # persistent workers: a later epoch's first batch
-    restarts_s: list[float] = field(default_factory=list)  # later epochs' first batches
-    epochs: int = 0
-    copy_s: list[float] = field(default_factory=list)  # host-to-device per batch (CUDA)
-    main_runq_s: float | None = None  # runnable, waiting for a CPU, over the windows
-    worker_runq_s: float | None = None
-    worker_alive_s: float | None = None  # the workers' wall time over the windows, summed
-    others_cpus: float | None = None  # CPUs other processes kept busy over the windows
-    window_s: float = 0.0  # the windows' time, epoch restarts inside them included
-    window_samples: int = 0
-    window_batches: int = 0
-    main_span_s: float | None = None  # the time the main process's CPU was read over
-    others_each: list[float | None] = field(default_factory=list)  # per slice, in rounds
-    fingerprinted: int = 0  # samples in the windows with a digest
-    repeats: int = 0  # of them, a sample already delivered in the same epoch
-    unreadable: int = 0  # batches in the windows no digest could be made of
-    worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
-
-    @property
-    def median_samples_per_s(self) -> float | None:
-        return statistics.median(self.samples_per_s) if self.samples_per_s else None
+# Budget, Memory, Run and stable: importable from here, where callers have found them.
+__all__ = ["Budget", "Memory", "Run", "measure", "stable"]
 
 
 def _memory(pid: int | None = None) -> Memory:
@@ -130,13 +93,6 @@ def _worker_pids(it: Any) -> list[int]:
     return [w.pid for w in getattr(it, "_workers", ()) if w.pid is not None]
 
 
-@dataclass(frozen=True)
-class Budget:
-    seconds: float  # per configuration (per slice, in rounds), windows included
-    batch_timeout_s: float
-    until_stable: bool = True  # stop once the windows agree; False: read all `seconds`
-
-
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
     """Read `config` until stable or out of budget, epoch after epoch where the dataset
     is shorter than that. The warm-up (the batches that fill the prefetch queue) goes
@@ -155,10 +111,10 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             reading.epoch(built, warmup, first=epochs == 1)
             if run.stopped:
                 break
-            if time.perf_counter() - reading.started >= budget.seconds:
+            if reading.spent(time.perf_counter()):
                 run.stopped = "budget"
-            elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0):
-                run.stopped = "epochs"  # a dataset of a batch or two an epoch
+            elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0 and reading.empty):
+                run.stopped = "epochs"  # epochs that deliver nothing after the first
         if config.workers and config.persistent_workers and not run.restarts_s:
             with _starting(pipeline, config), user_code():
                 run.restart_s = _restart(built, budget, pipeline.describe())
@@ -172,6 +128,9 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     reading.finish()
     return run
 
+
+# The processes' CPU is read at least this often within a window.
+CPU_EVERY_S = 0.1
 
 # Epochs read at most for one configuration (a dataset of a few batches).
 MAX_EPOCHS = 1000
@@ -204,9 +163,21 @@ class _Reading:
         self.windowing = False  # the warm-up is over: batches count in windows
         self.started_windows = 0.0
         self.warmed = 0  # warm-up batches read so far, across epochs
+        self.empty = False  # the last epoch delivered no batch
+        self.memory_read = False  # after the warm-up, before the drain
+        self.cpu_read = 0.0  # when the processes' CPU was last read
+        self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
 
-    def _sample(self, pids: list[int | None], first: bool) -> None:
+    def spent(self, now: float) -> bool:
+        """The budget is spent: its seconds are, and a whole window was read (or, for a
+        dataset too slow for one, OVERRUN times its seconds are)."""
+        elapsed = now - self.started
+        if self.run.samples_per_s:
+            return elapsed >= self.budget.seconds
+        return elapsed >= self.budget.seconds * OVERRUN
+
+    def _sample(self, pids: list[int | None], first: bool, memory: bool = True) -> None:
         now = self.clock()
         if self.machine0 is None:
             self.machine0, self.ours0 = machine_times(), ours_cpu()
@@ -222,7 +193,7 @@ class _Reading:
             if runq is not None:
                 self.runq0.setdefault(pid, runq)
                 self.runq1[pid] = runq
-            mem = _memory(pid)
+            mem = _memory(pid) if memory else Memory(None, None)
             if mem.uss is not None:
                 self.mem0.setdefault(pid, mem)
                 self.mem1[pid] = mem
@@ -248,6 +219,7 @@ class _Reading:
             self.repeats.new_epoch()
             count_workers(built.iterator(it), run.worker_batches)
             batch = _next(it, self.pipeline, 0)
+            self.empty = batch is None
             if batch is None and first:
                 raise UsageError(
                     f"loader --factory {self.pipeline.spec.text}: {run.config.describe()}: "
@@ -274,7 +246,17 @@ class _Reading:
             if batch is None:
                 return  # an epoch no longer than the warm-up: the next one is measured
             pids: list[int | None] = [None, *_worker_pids(built.iterator(it))]
-            self._sample(pids, not self.windowing)
+            if not self.windowing:
+                # Memory read (slow: smaps), then what the workers buffered meanwhile
+                # drained, then the CPU read (fast) and the clock: nothing buffered
+                # before the window is counted in it.
+                if not self.memory_read:
+                    self._memory(pids)
+                    self.memory_read = True
+                batch, index = self._drain(it, index, batch)
+                if batch is None:
+                    return
+            self._sample(pids, not self.windowing, memory=False)
             began = clock()
             if not self.windowing:
                 self.window_start = began
@@ -291,18 +273,51 @@ class _Reading:
                     break
                 index += 1
                 self._batch(batch, got - asked)
-                now = clock()
-                if now - self.window_start >= WINDOW_S and self.window_batches >= WINDOW_BATCHES:
-                    self._window(now)
-                    self._sample(pids, False)
-                    if self.budget.until_stable and stable(run.samples_per_s):
-                        run.stopped = "stable"
-                if now - self.started >= self.budget.seconds:
-                    run.stopped = run.stopped or "budget"
+                self._counted(pids)
             self.paused = clock()
             self._sample(pids, False)
             self.read_s += self.paused - began
             del batch
+
+    def _counted(self, pids: list[int | None]) -> None:
+        """After a batch counted: the window closed where it is whole, the processes read,
+        and the reading stopped where stable or out of budget."""
+        run, now = self.run, self.clock()
+        if whole_window(self.window_batches, now - self.window_start, run.config):
+            self._window(now)
+            self._sample(pids, False)
+            self.cpu_read = now
+            if self.budget.until_stable and stable(run.samples_per_s):
+                run.stopped = "stable"
+        elif now - self.cpu_read >= CPU_EVERY_S:
+            # Workers exit at an epoch's end: their last (cheap) reading stands.
+            self._sample(pids, False, memory=False)
+            self.cpu_read = now
+        if self.spent(now):
+            run.stopped = run.stopped or "budget"
+
+    def _memory(self, pids: list[int | None]) -> None:
+        for pid in pids:
+            mem = _memory(pid)
+            if mem.uss is not None:
+                self.mem0.setdefault(pid, mem)
+                self.mem1[pid] = mem
+
+    def _drain(self, it: Any, index: int, batch: Any) -> tuple[Any, int]:
+        """Read, uncounted, the batches the prefetch queue can hold (num_workers x
+        prefetch_factor) and one more, which the window starts after (across epochs,
+        where one is shorter); (that batch, the next index), or (None, _) at the end of
+        the epoch."""
+        config = self.run.config
+        while self.drained < config.workers * (config.prefetch_factor or 2) + 1:
+            check_signals()
+            batch = _next(it, self.pipeline, index)
+            if batch is None:
+                return None, index
+            index += 1
+            self.drained += 1
+            self._seen(batch)
+        return batch, index
 
     def _batch(self, batch: Any, wait_s: float) -> None:
         run = self.run
@@ -340,6 +355,7 @@ class _Reading:
         run = self.run
         if self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
+            run.partial = True
         run.seconds = self.read_s
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats
@@ -412,14 +428,3 @@ def _restart(built: Built, budget: Budget, what: str) -> float | None:
         except StopIteration:
             return None
         return time.perf_counter() - started
-
-
-def stable(
-    values: list[float], windows: int = STABLE_WINDOWS, spread: float = STABLE_SPREAD
-) -> bool:
-    """The last `windows` figures agree within `spread` of their median."""
-    if len(values) < windows:
-        return False
-    last = values[-windows:]
-    mid = statistics.median(last)
-    return mid > 0 and (max(last) - min(last)) / mid <= spread

@@ -83,6 +83,7 @@ def merge(slices: list[Run]) -> Run:
     others = [r.others_cpus for r in slices if r.others_cpus is not None]
     out.others_cpus = statistics.median(others) if others else None
     out.others_each = [r.others_cpus for r in slices]
+    out.partial = any(r.partial for r in slices)
     longest = max(slices, key=lambda r: r.samples)
     out.main_memory, out.worker_memory = longest.main_memory, longest.worker_memory
     restarts = out.restarts_s or [r.restart_s for r in slices if r.restart_s is not None]

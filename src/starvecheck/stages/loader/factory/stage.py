@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.criteria import cpu_work, paired_knee
+from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import importing, signals_raise
@@ -94,6 +95,7 @@ def sweep(
     progress: Callable[[str, int, int], None],
     measure_one: Measure = measure,
     strays: Strays | None = None,
+    reread: list[str] | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
     `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
@@ -101,7 +103,10 @@ def sweep(
     --quick: QUICK_COUNTS), at the count
     the first set's figures call enough, prefetch_factor, persistent_workers and (with
     CUDA) pin_memory beside that count itself (`base`) and the current configuration
-    (`again`)."""
+    (`again`). Where the first set's ratios are past what their worker counts explain
+    (core/explained.py: a disturbed measurement), it is read once more, in as many
+    rounds, and its figures are the second reading's; what the first said is appended
+    to `reread`."""
     rounds = 1 if pipeline.fixed else plan.rounds or ROUNDS[plan.quick]
     budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, until_stable=False)
     device = "cuda" if plan.cuda else None
@@ -135,11 +140,61 @@ def sweep(
         progress(what, done[0], total)
 
     runs = read_rounds(first, rounds, read_one, said)
+    disturbed = disturbed_counts(runs, plan.effective_cpus)
+    if disturbed:
+        if reread is not None:
+            reread += disturbed
+        total += len(first) * rounds
+        runs = read_rounds(first, rounds, read_one, said)
     if second:  # --quick: the counts only (QUICK_COUNTS)
         now = current_config(pipeline)
         runs += read_rounds(_second_set(runs, plan, now), rounds, read_one, said)
     progress("measured", total, total)
     return runs
+
+
+def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
+    """The worker counts' ratios past what the counts explain (core/explained.py), in
+    words; the workers' measured time says which counts are CPU work."""
+    counts = [r for role, r in runs if role in ("workers", "current")]
+    rates = {r.config.workers: r.samples_per_s for r in counts}
+    work = {
+        r.config.workers: cpu_work(r.worker_cpu_s, r.worker_runq_s, r.worker_alive_s)
+        for r in counts
+        if r.config.workers
+    }
+    costs = {r.config.workers: run_cost(r) for r in counts}
+    return [u.describe() for u in unexplained(rates, cpus, work, costs)]
+
+
+def run_cost(r: Run) -> Cost:
+    """One sample's CPU and blocked time (core/explained.Cost), ms, from a run's figures."""
+    n = r.samples
+    if not n:
+        return Cost(None, None)
+    if not r.config.workers:
+        rate = r.median_samples_per_s
+        cpu, runq = r.main_cpu_s, r.main_runq_s
+        if cpu is None or runq is None or not rate:
+            return Cost(None if cpu is None else cpu * 1e3 / n, None)
+        return Cost(cpu * 1e3 / n, max(0.0, 1e3 / rate - (cpu + runq) * 1e3 / n))
+    cpu, runq, alive = r.worker_cpu_s, r.worker_runq_s, r.worker_alive_s
+    blocked = None
+    if cpu is not None and runq is not None and alive is not None:
+        blocked = max(0.0, alive - cpu - runq) * 1e3 / n
+    return Cost(None if cpu is None else cpu * 1e3 / n, blocked)
+
+
+DISTURBED = (
+    "The first reading was disturbed: {what}; every worker count was read again, and the "
+    "figures shown are the second reading's"
+)
+
+
+PARTIAL = (
+    "{}: a window cut short of the prefetch queue's batches and two a worker (a dataset too "
+    "slow for the --budget): its figure is not steady state; a larger --budget reads it whole"
+)
 
 
 def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
@@ -214,9 +269,19 @@ QUICK_COUNTS = (
 )
 
 
-def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> StageResult:
+def result(
+    pipeline: Pipeline,
+    plan: Plan,
+    runs: Sequence[tuple[str, Run]],
+    reread: Sequence[str] = (),
+) -> StageResult:
     metrics: list[Metric] = []
     caveats: list[Caveat] = []
+    if reread:
+        caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
+    short = [run.config.describe() for _, run in runs if run.partial]
+    if short:
+        caveats.append(Caveat("loader.partial-window", PARTIAL.format(", ".join(short))))
     if plan.quick and not pipeline.fixed:
         caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
     elif not plan.cuda and not pipeline.fixed:
@@ -238,6 +303,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
                 "samples": run.samples,
                 "seconds": round(run.seconds, 3),
                 "epochs": run.epochs,
+                "partial_window": run.partial,
             }
         )
     parameters: dict[str, Any] = {
@@ -264,6 +330,7 @@ def result(pipeline: Pipeline, plan: Plan, runs: Sequence[tuple[str, Run]]) -> S
         "step_ms": plan.step_ms,
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
+        "reread": list(reread),
     }
     return StageResult("factory", parameters=parameters, metrics=metrics, caveats=caveats)
 
@@ -338,7 +405,9 @@ def run_factory(
             plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
             idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
             plan = replace(plan, idle_worker_uss_bytes=idle)
-        out = result(pipeline, plan, sweep(pipeline, plan, progress, strays=strays))
+        reread: list[str] = []
+        runs = sweep(pipeline, plan, progress, strays=strays, reread=reread)
+        out = result(pipeline, plan, runs, reread)
     finally:
         strays.stop()
         strays.say(warn)
@@ -356,12 +425,15 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
 
     def doctor_plan(self, workload: Workload, quick: bool, ctx: RunContext) -> Plan:
         """doctor's loader link on the user's own pipeline, at the workload's batch size
-        where one was given."""
+        where one was given, and judged against its step where that is known (given or
+        measured, never assumed): a loading gain becomes a training one only then."""
         assert workload.factory is not None  # doctor runs this stage only with one
+        known = workload.source("step_ms") in ("option", "file", "measured")
         options = FactoryOptions(
             spec=workload.factory,
             batch_size=workload.batch_size if workload.source("batch_size") != "default" else None,
             quick=quick,
+            step_ms=workload.step_ms if known and workload.step_ms else None,
         )
         return plan_of(options, ctx)
 
