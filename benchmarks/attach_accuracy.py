@@ -29,7 +29,7 @@ from loopstate import attach_beside, data_share, own_share, stop_tree  # noqa: E
 # such finding, the loop is not input-bound)
 CASES = {
     "data": ("num_workers=0, CPU work in __getitem__", "loads in the training process"),
-    "compute": ("num_workers=0, a 30 ms step, 0.4 ms of loading", None),
+    "compute": ("num_workers=0, a 60 ms step, 0.4 ms of loading", None),
     "cpu": ("2 workers burning CPU", "CPU-bound"),
     "io": ("2 workers blocked in sleep", "I/O-bound"),
     "handover": ("2 workers sending 32 MiB of numpy a batch", "hand-over-bound"),

@@ -71,7 +71,9 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
     if mode in ("data", "thread", "exec"):
         return DataLoader(Work(cpu_s=0.004), batch_size=8, num_workers=0), 0.010
     if mode == "compute":
-        return DataLoader(Work(cpu_s=0.00005), batch_size=8, num_workers=0), 0.030
+        # a 60 ms step: its wait (about 1%) clear of the 5% line within the interval
+        # 500 samples give, so that "not input-bound" is a verdict, not "too few"
+        return DataLoader(Work(cpu_s=0.00005), batch_size=8, num_workers=0), 0.060
     if mode == "cpu":
         return DataLoader(Work(cpu_s=0.006), batch_size=8, num_workers=2), 0.005
     if mode == "io":
