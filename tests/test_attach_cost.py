@@ -24,13 +24,22 @@ def test_a_light_process_keeps_the_rate_asked_for_on_a_big_machine() -> None:
 
 
 def test_cpus_the_machine_left_idle_raise_the_budget_to_half_of_them() -> None:
-    # 2 CPUs, 1.1 of them busy before sampling: 0.9 idle, half of it for py-spy.
+    # 2 CPUs, 1.1 of them busy before sampling: 0.9 idle; a quarter of it, up to 5% of
+    # the CPUs (0.1), for py-spy.
     idle = budget.idle_cpus(busy_s=0.55, seconds=0.5, cpus=2)
     assert idle == pytest.approx(0.9)
-    assert budget.budget_cpus(2, idle) == pytest.approx(0.45)
+    assert budget.budget_cpus(2, idle) == pytest.approx(0.1)
+    assert budget.budget_cpus(8, 0.2) == pytest.approx(0.08)  # 1% of 8 is less than 0.05
     # 10 threads at 50/s cost 0.1 CPUs: within it, where 1% (0.02) would allow 10/s.
     assert budget.choose_rate(50, 10, budget.budget_cpus(2, idle)) == 50
     assert budget.choose_rate(50, 10, budget.budget_cpus(2)) == 10
+
+
+def test_idle_cpus_raise_the_budget_of_a_light_job_only() -> None:
+    # 2 CPUs, 0.9 idle: a quarter of it, capped at 5% of the CPUs (0.1)
+    assert budget.sampling_budget(2, 0.9, threads=10) == pytest.approx(0.1)
+    # 3,000 threads: 1 a second costs 0.6 CPUs, past the 1% share: the 1% stays
+    assert budget.sampling_budget(2, 0.9, threads=3000) == pytest.approx(0.02)
 
 
 def test_a_machine_with_no_idle_cpu_keeps_the_one_percent_share() -> None:
@@ -39,7 +48,7 @@ def test_a_machine_with_no_idle_cpu_keeps_the_one_percent_share() -> None:
     assert budget.budget_cpus(2, None) == pytest.approx(0.02)
     assert budget.budget_cpus(2, float("nan")) == pytest.approx(0.02)
     # idle never counts past the effective CPUs (a quota smaller than the machine)
-    assert budget.budget_cpus(1, 8.0) == pytest.approx(0.5)
+    assert budget.budget_cpus(1, 8.0) == pytest.approx(0.05)
     assert budget.idle_cpus(0.0, 0.0, 2) is None
 
 

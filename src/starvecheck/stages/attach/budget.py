@@ -31,10 +31,12 @@ from starvecheck.probe.sysroot import SysRoot
 BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
 # Of the CPUs the machine left idle in the second before sampling: py-spy reads the job's
 # memory from outside without stopping it, so CPU nobody was using is not taken from the
-# job. Half of it, the other half a margin for the job's bursts. On a quiet 2-CPU machine
-# with a loop using 1.1 CPUs, 50 samples a second slowed it 0.37% (docs/performance.md);
-# on a machine whose CPUs are all busy this adds nothing and the 1% share holds.
-IDLE_SHARE = 0.5
+# job. A quarter of it, and never more than IDLE_CAP of the effective CPUs: the job's
+# bursts use idle CPU too. Measured on 2 CPUs (docs/performance.md): half the idle CPUs
+# let py-spy take 0.52 CPUs on a job with 3,000 threads, which ran 6.8% slower; 1% alone
+# held a light loop to 4 samples a second, too few for a verdict in 10 s.
+IDLE_SHARE = 0.25
+IDLE_CAP = 0.05
 COST_PER_THREAD_S = 200e-6  # py-spy CPU per thread per sample (measured 130-190 us): a margin
 MIN_SAMPLES = 50  # samples of the loop for a share within about +-14 points (95%)
 MAX_WORKERS = 8  # DataLoader workers sampled per rank; the rest counted, not sampled
@@ -43,13 +45,25 @@ REFIT_OVER = 1.25  # py-spy measured over budget by more than this: restarted sl
 
 def budget_cpus(effective_cpus: int | float | None, idle_cpus: float | None = None) -> float:
     """CPUs attach's sampling may take: 1% of the machine's (of one CPU where unknown),
-    or half the CPUs left idle just before sampling where that is more (`idle_cpus`,
-    measured; None: not measured, the 1% alone)."""
+    or a quarter of the CPUs left idle just before sampling, up to 5% of the machine's,
+    where that is more (`idle_cpus`, measured; None: not measured, the 1% alone)."""
     cpus = effective_cpus if effective_cpus and effective_cpus > 0 else 1
     share = BUDGET_SHARE * float(cpus)
     if idle_cpus is None or not math.isfinite(idle_cpus) or idle_cpus <= 0:
         return share
-    return max(share, IDLE_SHARE * min(float(idle_cpus), float(cpus)))
+    idle = IDLE_SHARE * min(float(idle_cpus), float(cpus))
+    return max(share, min(idle, IDLE_CAP * float(cpus)))
+
+
+def sampling_budget(effective_cpus: int | float | None, idle: float | None, threads: int) -> float:
+    """The budget for a job with `threads` threads to sample: the idle CPUs raise it
+    only for a job light enough that py-spy's lowest rate (1 a second) fits the 1%
+    share; a heavier one keeps the 1% (with idle CPUs counted, 3,000 threads on 2 CPUs
+    were sampled at 1/s, py-spy took 0.39 CPUs and the job ran 6% slower)."""
+    floor = budget_cpus(effective_cpus)
+    if over_budget(1, threads, floor):
+        return floor
+    return budget_cpus(effective_cpus, idle)
 
 
 def idle_cpus(busy_s: float, seconds: float, cpus: float) -> float | None:

@@ -117,7 +117,6 @@ class Sampling:
         self.requested = max(1, min(int(requested), spy.RATE_CEILING))
         self.binary = binary
         self.scratch = scratch
-        self.budget = budget.budget_cpus(effective_cpus, idle_cpus)
         self.idle_cpus = idle_cpus
         self.samplers: dict[int, RankSampler] = {}
         self._retired: list[spy.Recorder] = []  # py-spys ended by a restart
@@ -131,6 +130,7 @@ class Sampling:
         self.threads = sum(
             budget.threads_of(p) or 1 for r, ws in self._found.items() for p in (r, *ws)
         )
+        self.budget = budget.sampling_budget(effective_cpus, idle_cpus, self.threads)
         self.rate = budget.choose_rate(self.requested, self.threads, self.budget)
         # Where even 1 a second costs more than the budget: none sampled where not one
         # second would fit even at half the estimate (thousands of threads on a small
