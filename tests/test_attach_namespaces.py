@@ -140,6 +140,19 @@ def test_another_users_job_is_one_caveat_naming_the_grant_and_no_verdict():
     why = _can(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "true"])
     if why:
         pytest.skip(why)
+    # Both users run this checkout's Python and sources: in a checkout under a directory
+    # other users may not enter (mode 0700, as root's home and CI's clone are) they
+    # cannot, and no mode of a directory this test did not make is changed to let them.
+    for uid in (NOBODY, OTHER):
+        r = subprocess.run(_as(uid, [sys.executable, "-c", "import starvecheck, torch"]),
+                           capture_output=True, text=True, timeout=120, env=_env(),
+                           cwd="/")  # fmt: skip
+        if r.returncode != 0:
+            pytest.skip(
+                f"uid {uid} cannot run {sys.executable} with this checkout's sources (a "
+                "directory above them is closed to other users): run from a checkout "
+                "others may read"
+            )
     with _shared_dir() as d:
         path = d / "state.json"
         env = _env(HOME=str(d), TMPDIR=str(d))
