@@ -103,7 +103,11 @@ def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, ma
     assert r.value(quantity="handover_main_ms") is not None
     assert r.value(quantity="compute_process_cpu_ms") is not None
     (f,) = [f for f in r.findings if f.id == "profile.data-bound"]
-    assert "handing each batch of 2.4 MB over from a worker costs" in f.recommendation
+    if f.fix.get("num_workers"):  # a count advised: its arithmetic counts the hand-over
+        assert "handing each batch of 2.4 MB over from a worker costs" in f.recommendation
+    else:  # the hand-over measured as costly as the decode saved (a loaded machine): the
+        # model, counting it, finds no count that clears the noise, and says so
+        assert "No worker count clears the noise" in f.recommendation, f.recommendation
     # Measured once per batch size: a second report does not measure again.
     w.result()
     assert calls == [4 * 3 * 224 * 224 * 4]
