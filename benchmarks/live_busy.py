@@ -25,7 +25,6 @@ prediction, or no figure given with the reason. Exit 1 when a scenario misses it
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -37,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "loops"))
+from loopstate import read_state, stop_tree  # noqa: E402
+
 TOLERANCE = 0.20
 
 
@@ -103,14 +105,6 @@ def loop(mode: str, workers: int, state: str) -> None:
         Path(report_path).write_text(json.dumps(report.to_dict()))
 
 
-def _read(path: Path) -> dict[str, float]:
-    for _ in range(200):
-        with contextlib.suppress(OSError, ValueError):
-            return json.loads(path.read_text())
-        time.sleep(0.05)
-    raise RuntimeError(f"{path} never written")
-
-
 def _start_loop(mode: str, workers: int, state: Path, seconds: float) -> subprocess.Popen:
     env = {**os.environ, "LIVE_BUSY_SECONDS": str(seconds)}
     cmd = [sys.executable, __file__, "--loop", mode, str(workers), str(state)]
@@ -123,28 +117,17 @@ def _start_loop(mode: str, workers: int, state: Path, seconds: float) -> subproc
     return p
 
 
-def _stop(p: subprocess.Popen) -> None:
-    import psutil
-
-    with contextlib.suppress(psutil.Error):
-        for c in psutil.Process(p.pid).children(recursive=True):
-            c.kill()
-    with contextlib.suppress(ProcessLookupError):
-        p.kill()
-    p.wait()
-
-
 def rate(mode: str, workers: int, seconds: float, tmp: Path) -> float:
     """The loop's steps a second over `seconds`, after 2 s of warm-up."""
     state = tmp / f"rate-{mode}-{workers}-{time.monotonic_ns()}.json"
     p = _start_loop(mode, workers, state, seconds + 30)
     try:
         time.sleep(2.0)
-        a = _read(state)
+        a = read_state(state, tries=200)
         time.sleep(seconds)
-        b = _read(state)
+        b = read_state(state, tries=200)
     finally:
-        _stop(p)
+        stop_tree(p)
     return (b["steps"] - a["steps"]) / (b["total"] - a["total"])
 
 
@@ -189,7 +172,7 @@ def advise_attach(mode: str, workers: int, tmp: Path, seconds: float) -> Advice:
             raise RuntimeError(r.stderr.strip())
         findings = json.loads(r.stdout)["stages"][0]["findings"]
     finally:
-        _stop(p)
+        stop_tree(p)
     return _advice(findings, ("attach.loader-bound",))
 
 
