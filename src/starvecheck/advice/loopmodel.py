@@ -11,12 +11,15 @@ sleeps), then runs the step for R ms. With k workers:
   it (Hw ms of its CPU), the training process receives, maps and first reads it (Hm
   ms). loop/handover.py measures both for the loop's batch size; for 19 MB float
   image batches they cost about as much as the decode a worker saves;
-- the workers deliver a batch every (W + Hw) / k ms, and no faster than their CPU
-  allows: (C + Hw) / A, A being the CPUs free for workers: the effective CPUs E
-  (affinity and cgroup quota, a fraction included) less the CPU the whole training
-  process keeps busy in its step (all its threads, measured where it can be) less
+- the workers deliver a batch every (W + Hw) / k ms, and no faster than the CPU
+  allows: each step needs C + Hw of the workers' CPU and P ms of the training
+  process's own (all its threads, measured where it can be), out of the CPUs the job
+  can have: the effective CPUs E (affinity and cgroup quota, a fraction included) less
   what other processes took over the same seconds (the high side of their spread,
-  each second's reading; their use first fills the machine's CPUs past E);
+  each second's reading; their use first fills the machine's CPUs past E). The
+  training process's CPUs are busy only in its step: while it waits they are the
+  workers', so the step is at least (C + Hw + P) / (E - O), O taken as none where the
+  others were not measured (a trace);
 - the training process's own path is R + Hm, its CPU part stretched where the workers,
   it and the other processes outnumber the CPUs ((k + 1 + O) / E);
 
@@ -306,6 +309,8 @@ class _Figures:
             available,
             effective,
             contending,
+            self.room(others),
+            self.own_cpus * (rest_ms + self.hand_m),
         )
         keep_up = math.ceil(self.made_ms / (rest_ms + self.hand_m))  # hides the latency
         # CPU work (time waiting for a CPU included): never more workers than the CPUs
@@ -321,8 +326,11 @@ class _Figures:
         predicted = m.step(workers) if workers else step_now
         at = m.bounds(max(1, workers))
         limit = "contended" if contended else max(at, key=lambda b: at[b])
-        cpu_bound = contended or self.cpu_ms / available > rest_ms + self.hand_m
+        cpu_bound = contended or m.loading_cpu_bound()
         speedup = max(1.0, step_now / predicted)
+        # What the workers have on average at the predicted pace: the job's CPUs less
+        # the training process's own CPU spread over the predicted step.
+        available = m.workers_cpus(predicted)
         why = _why(loop, m, self.wait_ms, step_now, self.hand_w)
         if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
             why += _io_capped(keep_up + 1, io_cap)
@@ -376,6 +384,8 @@ class _Model:
     available: float  # A: CPUs the workers can have
     effective: float  # E: the effective CPUs
     contending: float = 0.0  # of them, the CPUs other processes keep busy
+    room: float | None = None  # the CPUs the job can have (E less the others'); None: A
+    own_cpu_ms: float = 0.0  # the training process's own CPU a step, all its threads
 
     def bounds(self, k: int) -> dict[str, float]:
         """The step with k workers is the slowest of: the training process's own path
@@ -386,7 +396,28 @@ class _Model:
         receiving: the share of the step loading can save caps the gain."""
         share = max(1.0, (k + 1 + self.contending) / self.effective)
         own = (self.rest_ms - self.main_cpu) + self.main_cpu * share + self.hand_m
-        return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_ms / self.available}
+        return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_step()}
+
+    def cpu_step(self) -> float:
+        """The step the CPU sets: each step the job needs the workers' CPU for a batch
+        and the training process's own; the CPUs it can have give that much a second.
+        The training process's CPUs are busy only in its step: while it waits for a
+        batch they are the workers' (a loop that waits half its time on a 2-CPU step
+        leaves those CPUs idle half the time), so its CPU counts per step, not as CPUs
+        taken away for good. Without the room measured: the CPU left for workers."""
+        if self.room is None:
+            return self.cpu_ms / self.available
+        return (self.cpu_ms + self.own_cpu_ms) / max(self.room, 1e-2)
+
+    def loading_cpu_bound(self) -> bool:
+        """No worker count keeps up: the CPU a step needs past the step itself."""
+        return self.cpu_step() > self.rest_ms + self.hand_m
+
+    def workers_cpus(self, step: float) -> float:
+        """The CPUs the workers have on average with the step at `step` ms."""
+        if self.room is None:
+            return self.available
+        return max(self.room - self.own_cpu_ms / max(step, 1e-9), 1e-2)
 
     def step(self, k: int) -> float:
         return max(self.bounds(k).values())
