@@ -234,3 +234,22 @@ def test_a_fast_dataloader_never_caught_waiting_is_still_a_dataloader():
     r = stage(raw)
     assert r.parameters.ranks[0]["data_path"] == "DataLoader"
     assert judged(r)["attach.data-wait"].severity is Severity.OK
+
+
+def test_a_loop_whose_samples_never_waited_still_has_its_data_share():
+    """pytorch/examples' imagenet/main.py under load: its one worker decodes, the loop
+    is in its step in every sample. The data-wait share is there, 0 with its interval
+    (as every share), not left out of the JSON."""
+    worker = "_worker_loop (" + SITE + "torch/utils/data/_utils/worker.py:300)"
+    decode = "ImageFile.load (" + SITE + "PIL/ImageFile.py:280)"
+    raw = "\n".join([
+        line(PID, "MainThread", ["<module> (/job/main.py:600)", FWD], 40),
+        line(PID, "MainThread", ["<module> (/job/main.py:600)", BWD], 23),
+        line(PID + 7, "MainThread", ["<module> (/job/main.py:600)", worker, decode], 63,
+             pid=PID + 7),
+    ])  # fmt: skip
+    r = stage(raw)
+    data = [m for m in r.metrics if m.labels.get("quantity") == "main_share"
+            and m.labels.get("kind") == "data"]  # fmt: skip
+    assert len(data) == 1 and data[0].value == 0.0
+    assert data[0].labels["samples"] == 63 and 0.0 < data[0].labels["high95"] < 0.1

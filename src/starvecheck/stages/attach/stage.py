@@ -107,6 +107,8 @@ def read_stacks(
         elif kind == "other":
             others[classify.named(frames)] += n
         kinds[kind] += n
+    if total and (has_loader or fetch):
+        kinds["data"] += 0  # the wait's share stands with its interval, none sampled too
     if total:
         out += _shares(kinds, total, "main", "main_share", **lab)
         out += _shares(loading, total, "main.loading", "main_loading_share", **lab)
