@@ -69,28 +69,49 @@ def stop_tree(p: subprocess.Popen[Any]) -> None:
 
 
 def attach_beside(
-    cmd: list[str], paths: list[Path], timeout: float = 300.0
+    cmd: list[str],
+    paths: list[Path],
+    timeout: float = 300.0,
+    window: list[float] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, float]], list[dict[str, float]]]:
     """Run `starvecheck attach` (`cmd`) and read the loops' totals (`paths`) when its
     sampler starts and when it ends (its py-spy child appears, then goes), so that the
     loop's own share is taken over the seconds attach sampled, not attach's start-up
     (imports, the machine's facts), which costs a 2-CPU machine's loops CPU too.
-    (the run, the totals at the start, at the end)."""
+    (the run, the totals at the start, at the end). `window`, where given, gets the
+    wall-clock times (time.time()) the sampler was seen to start and end: a loop whose
+    steps are long reads its own clock over exactly those seconds (its totals are only
+    written once a step)."""
     import psutil
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     before: list[dict[str, float]] = []
     after: list[dict[str, float]] = []
     deadline = time.time() + timeout
+    # attach restarts its py-spys once, slower, where they took more than its budget,
+    # and drops what the first ones sampled: where every py-spy of the first start is
+    # gone and new ones run, the window starts again with them.
+    first: set[int] = set()
     while proc.poll() is None and time.time() < deadline:
         try:
             kids = psutil.Process(proc.pid).children(recursive=True)  # nsenter: a grandchild
-            sampling = any("py-spy" in k.name() for k in kids)
+            spies = {k.pid for k in kids if "py-spy" in k.name()}
         except psutil.Error:
-            sampling = False
+            spies = set()
+        sampling = bool(spies)
         if sampling and not before:
+            if window is not None:
+                window.append(time.time())
             before = [read_state(p) for p in paths]
+            first = spies
+        elif sampling and before and not after and not spies & first:
+            if window is not None:
+                window[0] = time.time()
+            before = [read_state(p) for p in paths]
+            first = spies
         elif before and not after and not sampling:
+            if window is not None:
+                window.append(time.time())
             after = [read_state(p) for p in paths]
         time.sleep(0.02)
     out, err = proc.communicate(timeout=max(1.0, deadline - time.time()))
