@@ -51,14 +51,9 @@ What bounds every prediction (docs/architecture.md, principle 9):
 - with k0 workers, a worker's time per batch stays k0 * S (its time waiting for a CPU
   included: a new worker gets no CPU of its own that today's lack), so k workers
   deliver at most k / k0 as fast;
-- the CPU the workers need against A, the CPUs measured free; time waiting for a CPU
-  is CPU work, never I/O or sleep.
-Where the machine is too busy for this to tell (its load average past twice its CPUs,
-or the others and the training process leaving under a quarter CPU for workers) or the
-bound is wide (the prediction at the low side of the others' spread past 1.25x the one
-at its high side, or the high side's under the 5% bar), no figure is given and no
-change advised: `WorkerAdvice.reason` says why, and the callers name the measured
-path, `loader --factory`.
+- the CPU a step needs against the CPUs the job has; waiting for a CPU is CPU work.
+Where the machine is too busy to tell, or the bound is wide, no figure and no change:
+`WorkerAdvice.reason` says why; the callers name `loader --factory`.
 """
 
 from __future__ import annotations
@@ -173,9 +168,8 @@ def loop_advice(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None
     if wait_ms <= 0 or rest_ms <= 0:
         return None
     step_now = wait_ms + rest_ms
-    # Loading in the training process today: in a worker, each batch also has to be
-    # handed over (measured apart, loop/handover.py). With workers it is in the figures:
-    # the workers' side in their CPU, the training process's in its wait (receiving).
+    # At num_workers=0 a worker would also hand each batch over (loop/handover.py);
+    # with workers that is in the figures already (their CPU, the loop's receiving).
     hand_w, hand_m = max(0.0, loop.handover_worker_ms), max(0.0, loop.handover_main_ms)
     runq = max(0.0, loop.runq_ms)
     if workers_now > 0:
@@ -300,18 +294,9 @@ class _Figures:
         step_cpus = max(self.main_cpu, process if process is not None else 0.0) / rest_ms
         contended = step_cpus >= max(1.0, effective - CONTENDED_SLACK)
         contending = effective - self.room(others)
-        m = _Model(
-            rest_ms,
-            self.main_cpu,
-            self.hand_m,
-            self.made_ms,
-            self.cpu_ms,
-            available,
-            effective,
-            contending,
-            self.room(others),
-            self.own_cpus * (rest_ms + self.hand_m),
-        )
+        m = _Model(rest_ms, self.main_cpu, self.hand_m, self.made_ms, self.cpu_ms, available,
+                   effective, contending, self.room(others),
+                   self.own_cpus * (rest_ms + self.hand_m))  # fmt: skip
         keep_up = math.ceil(self.made_ms / (rest_ms + self.hand_m))  # hides the latency
         # CPU work (time waiting for a CPU included): never more workers than the CPUs
         # could keep busy (past them, the CPU, not the count, limits the batches);
@@ -328,9 +313,7 @@ class _Figures:
         limit = "contended" if contended else max(at, key=lambda b: at[b])
         cpu_bound = contended or m.loading_cpu_bound()
         speedup = max(1.0, step_now / predicted)
-        # What the workers have on average at the predicted pace: the job's CPUs less
-        # the training process's own CPU spread over the predicted step.
-        available = m.workers_cpus(predicted)
+        available = m.workers_cpus(predicted)  # on average, at the predicted pace
         why = _why(loop, m, self.wait_ms, step_now, self.hand_w)
         if keep_up + 1 > io_cap and cpu_cap > io_cap and not contended:
             why += _io_capped(keep_up + 1, io_cap)
@@ -342,16 +325,8 @@ class _Figures:
             )
         else:
             why += "; " + self.why_cpus(others)
-        forecast = Forecast(
-            predicted,
-            speedup,
-            available,
-            cpu_bound,
-            cpu_work,
-            self.hand_w + self.hand_m,
-            limit,
-            self.hand_m,
-        )
+        forecast = Forecast(predicted, speedup, available, cpu_bound, cpu_work,
+                            self.hand_w + self.hand_m, limit, self.hand_m)  # fmt: skip
         return WorkerAdvice(max(workers, workers_now), why, workers_now, forecast)
 
 
@@ -399,12 +374,9 @@ class _Model:
         return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_step()}
 
     def cpu_step(self) -> float:
-        """The step the CPU sets: each step the job needs the workers' CPU for a batch
-        and the training process's own; the CPUs it can have give that much a second.
-        The training process's CPUs are busy only in its step: while it waits for a
-        batch they are the workers' (a loop that waits half its time on a 2-CPU step
-        leaves those CPUs idle half the time), so its CPU counts per step, not as CPUs
-        taken away for good. Without the room measured: the CPU left for workers."""
+        """The step the CPU sets: the workers' CPU for a batch and the training
+        process's own a step, over the CPUs the job can have (its CPUs are the workers'
+        while it waits, so they count per step, not as taken for good)."""
         if self.room is None:
             return self.cpu_ms / self.available
         return (self.cpu_ms + self.own_cpu_ms) / max(self.room, 1e-2)
