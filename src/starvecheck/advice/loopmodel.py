@@ -261,14 +261,6 @@ class _Figures:
         machine = max(self.loop.machine_cpus or self.effective, self.effective)
         return max(0.0, min(self.effective, machine - others))
 
-    def available(self, others: float | None) -> float:
-        """A: the CPUs free for workers. Not measured (a trace, a caller without the
-        machine's figures): a worker is taken to have a CPU of its own, as before."""
-        free = self.room(others) - self.own_cpus
-        if others is None:
-            return max(min(1.0, self.effective), free)
-        return max(free, 1e-2)
-
     def why_cpus(self, others: float | None) -> str:
         p = self.own_cpus
         text = (
@@ -286,17 +278,14 @@ class _Figures:
         """The count and forecast with other processes keeping `others` CPUs busy."""
         loop, effective, step_now = self.loop, self.effective, self.step_now
         workers_now, rest_ms = loop.workers_now, loop.rest_ms
-        available = self.available(others)
         cpu_work = self.cpu_ms + self.queued >= CPU_WORK_SHARE * self.made_ms
         # The CPUs the whole training process keeps busy in its step (torch's threads
         # too): where that is all of them, a worker takes its CPU from the step's own.
         process = loop.step_process_cpu_ms
         step_cpus = max(self.main_cpu, process if process is not None else 0.0) / rest_ms
         contended = step_cpus >= max(1.0, effective - CONTENDED_SLACK)
-        contending = effective - self.room(others)
-        m = _Model(rest_ms, self.main_cpu, self.hand_m, self.made_ms, self.cpu_ms, available,
-                   effective, contending, self.room(others),
-                   self.own_cpus * (rest_ms + self.hand_m))  # fmt: skip
+        m = _Model(rest_ms, self.main_cpu, self.hand_m, self.made_ms, self.cpu_ms, effective,
+                   self.room(others), self.own_cpus * (rest_ms + self.hand_m))  # fmt: skip
         keep_up = math.ceil(self.made_ms / (rest_ms + self.hand_m))  # hides the latency
         # CPU work (time waiting for a CPU included): never more workers than the CPUs
         # could keep busy (past them, the CPU, not the count, limits the batches);
@@ -356,11 +345,9 @@ class _Model:
     hand_m: float  # Hm: receiving the batch in the training process
     made_ms: float  # W + Hw: a worker's time to make and send a batch
     cpu_ms: float  # C + Hw: its CPU
-    available: float  # A: CPUs the workers can have
     effective: float  # E: the effective CPUs
-    contending: float = 0.0  # of them, the CPUs other processes keep busy
-    room: float | None = None  # the CPUs the job can have (E less the others'); None: A
-    own_cpu_ms: float = 0.0  # the training process's own CPU a step, all its threads
+    room: float  # the CPUs the job can have: E less what other processes took of them
+    own_cpu_ms: float  # P: the training process's own CPU a step, all its threads
 
     def bounds(self, k: int) -> dict[str, float]:
         """The step with k workers is the slowest of: the training process's own path
@@ -369,7 +356,8 @@ class _Model:
         loop/handover.py), the workers' delivery, and the CPU the loading needs beside
         the step. The own path never falls below the step outside the wait plus
         receiving: the share of the step loading can save caps the gain."""
-        share = max(1.0, (k + 1 + self.contending) / self.effective)
+        contending = self.effective - self.room  # the CPUs other processes keep busy
+        share = max(1.0, (k + 1 + contending) / self.effective)
         own = (self.rest_ms - self.main_cpu) + self.main_cpu * share + self.hand_m
         return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_step()}
 
@@ -377,8 +365,6 @@ class _Model:
         """The step the CPU sets: the workers' CPU for a batch and the training
         process's own a step, over the CPUs the job can have (its CPUs are the workers'
         while it waits, so they count per step, not as taken for good)."""
-        if self.room is None:
-            return self.cpu_ms / self.available
         return (self.cpu_ms + self.own_cpu_ms) / max(self.room, 1e-2)
 
     def loading_cpu_bound(self) -> bool:
@@ -387,8 +373,6 @@ class _Model:
 
     def workers_cpus(self, step: float) -> float:
         """The CPUs the workers have on average with the step at `step` ms."""
-        if self.room is None:
-            return self.available
         return max(self.room - self.own_cpu_ms / max(step, 1e-9), 1e-2)
 
     def step(self, k: int) -> float:
