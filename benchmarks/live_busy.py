@@ -37,7 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "loops"))
-from loopstate import read_state, stop_tree  # noqa: E402
+from loopstate import advised_workers, read_state, stop_tree  # noqa: E402
 
 TOLERANCE = 0.20
 
@@ -151,15 +151,6 @@ class Outcome:
 Advice = tuple[int | None, float | None, str]  # num_workers, predicted gain, what was said
 
 
-def _advice(findings: list[dict[str, Any]], ids: tuple[str, ...]) -> Advice:
-    for f in findings:
-        if f["id"] in ids and f.get("fix", {}).get("num_workers") is not None:
-            gain = (f.get("gain") or {}).get("value")
-            return int(f["fix"]["num_workers"]), gain, f["title"]
-    said = "; ".join(f"{f['id']}: {f['title']}" for f in findings if f["id"] in ids)
-    return None, None, said or "no finding"
-
-
 def advise_attach(mode: str, workers: int, tmp: Path, seconds: float) -> Advice:
     state = tmp / "advise.json"
     p = _start_loop(mode, workers, state, seconds + 60)
@@ -173,7 +164,7 @@ def advise_attach(mode: str, workers: int, tmp: Path, seconds: float) -> Advice:
         findings = json.loads(r.stdout)["stages"][0]["findings"]
     finally:
         stop_tree(p)
-    return _advice(findings, ("attach.loader-bound",))
+    return advised_workers(findings, ("attach.loader-bound",))
 
 
 def advise_watch(mode: str, workers: int, tmp: Path, seconds: float) -> Advice:
@@ -184,7 +175,7 @@ def advise_watch(mode: str, workers: int, tmp: Path, seconds: float) -> Advice:
     report = json.loads(Path(str(state) + ".report.json").read_text())
     findings = [f for s in report["stages"] for f in s["findings"]]
     findings += report.get("checklist", [])
-    return _advice(findings, tuple({f["id"] for f in findings}))
+    return advised_workers(findings, tuple({f["id"] for f in findings}))
 
 
 def scenario(name: str, cpus: float, rounds: int, seconds: float, tmp: Path) -> Outcome:

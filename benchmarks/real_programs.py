@@ -53,7 +53,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "loops"))
-from loopstate import attach_beside, own_share, read_state, stop_tree  # noqa: E402
+from loopstate import (  # noqa: E402
+    advised_workers,
+    attach_beside,
+    own_share,
+    read_state,
+    stop_tree,
+)
 
 TOLERANCE = 0.05  # a share against the program's own clock
 ADVICE_TOLERANCE = 0.20  # an applied change against its prediction
@@ -189,10 +195,11 @@ def _own_timed(loader, kind):
     # meter has it (its clock starts before enumerate()).
     a = time.perf_counter()
     it, prev = iter(loader), None
-    _W["waited"] += time.perf_counter() - a
+    started = time.perf_counter() - a
+    _W["waited"] += started
     if kind == "train":
-        _W["train_waited"] += time.perf_counter() - a
-        _W["train_total"] += time.perf_counter() - a
+        _W["train_waited"] += started
+        _W["train_total"] += started
     while True:
         _own_write()
         a = time.perf_counter()
@@ -299,17 +306,6 @@ def start_imagenet(work: Path, images: str, workers: int, state: Path,
     return p
 
 
-def loader_advice(
-    findings: list[dict], ids: tuple[str, ...]
-) -> tuple[int | None, float | None, str]:
-    """The recommended num_workers, its predicted gain, and what was said."""
-    for f in findings:
-        if f["id"] in ids and (f.get("fix") or {}).get("num_workers") is not None:
-            return int(f["fix"]["num_workers"]), (f.get("gain") or {}).get("value"), f["title"]
-    said = dict.fromkeys(f["title"] for f in findings if f["id"] in ids)
-    return None, None, "; ".join(said) or "no change advised"
-
-
 def waited_within(log: Path, start: float, end: float) -> float:
     """The program's own data-wait share over [start, end] (wall clock): its waits,
     each logged with its start and end once it is over, cut to the window. A wait still
@@ -339,7 +335,7 @@ def imagenet_attach(work: Path, images: str, seconds: float) -> dict:
         stage = json.loads(r.stdout)["stages"][0]
         share, title = fetch_share(stage, p.pid)
         own = waited_within(Path(str(state) + ".waits"), window[0], window[1])
-        k, gain, said = loader_advice(stage["findings"], ("attach.loader-bound",))
+        k, gain, said = advised_workers(stage["findings"], ("attach.loader-bound",))
         if share is None:  # no share read: what attach said instead
             said = "; ".join(f"{f['id']}: {f['title']}" for f in stage["findings"])
         return {"own": own, "seen": share, "title": title, "k": k, "gain": gain,
@@ -380,7 +376,7 @@ def imagenet_watch(work: Path, images: str, epochs: int) -> dict:
         raise SystemExit("watch wrote no report")
     seen = watch_metric(got, "data_wait_share")
     findings = [f for s in got["stages"] for f in s["findings"]] + got.get("checklist", [])
-    k, gain, said = loader_advice(findings, tuple({f["id"] for f in findings}))
+    k, gain, said = advised_workers(findings, tuple({f["id"] for f in findings}))
     return {"own": own["train_waited"] / own["train_total"], "seen": seen, "title": said,
             "k": k, "gain": gain, "said": said}  # fmt: skip
 
@@ -411,8 +407,7 @@ def applied(work: Path, images: str, k: int, rounds: int, seconds: float) -> lis
 
 
 def run_imagenet(checkout: Path, work: Path, a: argparse.Namespace) -> int:
-    copy_ok = prepare_imagenet(checkout, work)
-    del copy_ok
+    prepare_imagenet(checkout, work)
     missed = 0
     for images in IMAGE_SETS:
         for busy in a.loads:

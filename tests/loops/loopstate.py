@@ -48,6 +48,19 @@ def data_share(stage: dict[str, Any], pid: int) -> float:
     return 0.0
 
 
+def advised_workers(
+    findings: list[dict[str, Any]], ids: tuple[str, ...]
+) -> tuple[int | None, float | None, str]:
+    """The num_workers a report's findings (those of `ids`) recommend, its predicted
+    gain and the finding's title; where none gives a count, (None, None, what they
+    said instead, each title once)."""
+    for f in findings:
+        if f["id"] in ids and (f.get("fix") or {}).get("num_workers") is not None:
+            return int(f["fix"]["num_workers"]), (f.get("gain") or {}).get("value"), f["title"]
+    said = dict.fromkeys(f"{f['id']}: {f['title']}" for f in findings if f["id"] in ids)
+    return None, None, "; ".join(said) or "no change advised"
+
+
 def stop_tree(p: subprocess.Popen[Any]) -> None:
     """Kill the loop and everything under it. torchrun starts each rank in a session of
     its own, so killing the agent's process group leaves the ranks running (two of them
