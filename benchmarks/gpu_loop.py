@@ -164,18 +164,21 @@ def events(out: Path) -> None:
         run(cmd, out / f"profile-{name}.txt", 120)
 
 
-def overhead(out: Path, rounds: int = 7, steps: int = 40) -> None:
+def overhead(out: Path, rounds: int = 9, steps: int = 40) -> None:
+    """Steps/s with watch (CUDA events on, and off) over plain, interleaved rounds; then
+    where a synchronous loop's watched step spends its host time (cProfile)."""
     step = Step(25)
+    hows = {"plain": None, "no-events": False, "watch": None}
     res: dict[str, dict[str, list[float]]] = {}
     for sync in (False, True):
         mode = "sync" if sync else "async"
-        res[mode] = {"plain": [], "watch": []}
+        res[mode] = {how: [] for how in hows}
         for r in range(rounds):
-            order = ("plain", "watch") if r % 2 == 0 else ("watch", "plain")
+            order = list(hows) if r % 2 == 0 else list(reversed(hows))
             for how in order:
                 ld = loader(0.0)
-                src = starvecheck.watch(ld, show=False, gpu_events=None) if how == "watch" else ld
-                it = iter(src)
+                it = iter(ld if how == "plain" else
+                          starvecheck.watch(ld, show=False, gpu_events=hows[how]))  # fmt: skip
                 step(next(it), sync)
                 if DEV == "cuda":
                     torch.cuda.synchronize()
@@ -185,11 +188,25 @@ def overhead(out: Path, rounds: int = 7, steps: int = 40) -> None:
                 if DEV == "cuda":
                     torch.cuda.synchronize()
                 res[mode][how].append(steps / (time.perf_counter() - t))
-        ratios = [w / p for w, p in zip(res[mode]["watch"], res[mode]["plain"], strict=True)]
-        ROWS.append(f"overhead {mode}: step {step.ms:.1f} ms, watch/plain steps/s median "
-                    f"{statistics.median(ratios):.4f} ({min(ratios):.4f}-{max(ratios):.4f}, "
-                    f"{rounds} rounds)")  # fmt: skip
+        for how in ("no-events", "watch"):
+            ratios = [w / p for w, p in zip(res[mode][how], res[mode]["plain"], strict=True)]
+            ROWS.append(f"overhead {mode} {how}: step {step.ms:.1f} ms, over plain steps/s "
+                        f"median {statistics.median(ratios):.4f} ({min(ratios):.4f}-"
+                        f"{max(ratios):.4f}, {rounds} rounds)")  # fmt: skip
     (out / "overhead.json").write_text(json.dumps(res))
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    it = iter(starvecheck.watch(loader(0.0), show=False))
+    prof.enable()
+    for batch in islice(it, 200):
+        step(batch, True)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(15)
+    (out / "overhead-profile.txt").write_text(text.getvalue())
 
 
 def headspace(out: Path) -> None:
