@@ -287,14 +287,64 @@ def test_a_busy_machine_makes_cpu_work_no_io_at_num_workers_0():
     assert a.workers <= 2
 
 
-def test_intra_op_threads_at_num_workers_0_are_one_workers_time():
-    # 30 ms to make a batch, but 60 ms of the process's CPU (torch on two threads): a
-    # worker, on one thread, takes 60 ms; the model says so.
+def test_intra_op_threads_at_num_workers_0_leave_a_workers_cost_between_two_figures():
+    # 30 ms to make a batch: 5 ms of the loading thread's CPU, 60 ms of the whole
+    # process's (torch's pool on a second thread). A worker, on one thread, costs 60 ms
+    # if the pool's CPU was work, 5 ms if it spun waiting for work: the forecasts part
+    # (1.33x against 4.00x), so no figure; 2 workers gain at both ends, so that count.
     loop = Loop(30.0, 10.0, 5.0, 0.0, 0, process_cpu_ms=60.0)
     a = recommend_workers(loop, Cpus(2.0))
-    assert a is not None and a.forecast is not None
-    assert a.forecast.cpu_work and "2.0 of them busy" in a.why
-    assert a.forecast.step_ms >= 30.0 - 1e-9  # two workers: a batch every 30 ms at best
+    assert a is not None and a.forecast is None and a.workers == 2
+    assert a.reason is not None and "too wide" in a.reason
+    assert "5.0 ms" in a.reason and "took 55.0 ms" in a.reason
+    assert "1.33x if it is all work but 4.00x if none is" in a.reason
+
+
+def test_a_pool_whose_two_forecasts_agree_keeps_the_figure():
+    # 15 ms of the pool's CPU beside the loading thread's 30: the forecasts at both ends
+    # are within WIDE_RATIO, so the one that counts it all as work (fewer workers) stands.
+    a = recommend_workers(Loop(40.0, 20.0, 30.0, 0.0, 0, process_cpu_ms=45.0), Cpus(2.0))
+    assert a is not None and a.reason is None and a.forecast is not None
+    assert a.workers == 2 and a.forecast.speedup == pytest.approx(60 / 22.5)
+    assert "2.0 of them busy" not in a.why and "45.0 ms of CPU work" in a.why
+    # And a pool that took under POOL_SHARE of the thread's: one figure, as ever.
+    b = recommend_workers(Loop(30.0, 10.0, 28.0, 0.0, 0, process_cpu_ms=30.0), Cpus(2.0))
+    assert b is not None and b.reason is None and b.forecast is not None
+
+
+def test_a_pool_whose_low_end_gains_nothing_changes_nothing():
+    from starvecheck.advice.machinebound import pool_wide
+
+    assert pool_wide(10.0, 10.9, 1.0, 3.0) is None  # under POOL_SHARE: no pool to speak of
+    assert pool_wide(10.0, 20.0, 2.0, 2.4) is None  # within WIDE_RATIO
+    assert "1.02x if it is all work but 1.80x" in (pool_wide(10.0, 20.0, 1.02, 1.8) or "")
+    # A case where counting the pool as work leaves no gain: no change, no figure.
+    loop = Loop(60.0, 30.0, 55.0, 0.0, 0, process_cpu_ms=200.0)
+    a = recommend_workers(loop, Cpus(2.0))
+    assert a is not None and a.reason is not None and a.forecast is None
+    assert not a.changes
+
+
+def test_no_spread_of_the_others_is_never_too_wide():
+    from starvecheck.advice.machinebound import too_wide
+
+    # Others at 0.0 every second: a gain under the bar is not "too wide" (it was read
+    # "from 0.0 to 0.0 CPU(s)" and withheld); the bound's own answer stands.
+    assert too_wide(True, True, 1.04, 1.03, 0.0, 0.0) is None
+    assert too_wide(True, True, 1.9, 1.2, 0.0, 1.5) is not None
+
+
+def test_a_count_without_a_figure_is_advised_with_the_measured_path():
+    from starvecheck.advice.stepworkers import no_figure
+
+    a = WorkerAdvice(2, "a batch takes 30.0 ms", 0, None, "the bound is too wide: because")
+    text, gain, fix = no_figure(a, "num_workers=0")
+    assert fix == {"num_workers": 2} and gain.value is None
+    assert "`DataLoader(..., num_workers=2)`" in text and "loader --factory" in text
+    assert gain.basis == "no figure: the bound is too wide: because"
+    same = WorkerAdvice(0, "why", 0, None, "the bound is too wide: because")
+    text, gain, fix = no_figure(same, "num_workers=0")
+    assert fix == {} and "no worker count is advised (num_workers=0 stays)" in text
 
 
 def test_a_watched_loop_on_busy_workers_never_gets_more_workers_than_cpus(machine_alone):

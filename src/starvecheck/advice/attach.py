@@ -338,8 +338,9 @@ def _advise(
     advice = recommend_workers(loop, Cpus(cpus))
     title = f"{_who(r, pid)}: {link}"
     if advice is not None and advice.reason is not None:
-        text, gain, _ = no_figure(advice, f"num_workers={advice.workers_now}")
-        return Finding("attach.loader-bound", Severity.INFO, title, what, text, gain)
+        text, gain, fix = no_figure(advice, f"num_workers={advice.workers_now}")
+        sev = Severity.WARNING if advice.changes else Severity.INFO
+        return Finding("attach.loader-bound", sev, title, what, text, gain, fix=fix)
     if advice is None or advice.forecast is None:
         return Finding("attach.loader-bound", Severity.INFO, title, what)
     recommendation, gain, fix = _change(advice, cpus)

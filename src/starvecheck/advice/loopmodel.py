@@ -52,8 +52,8 @@ What bounds every prediction (docs/architecture.md, principle 9):
   included: a new worker gets no CPU of its own that today's lack), so k workers
   deliver at most k / k0 as fast;
 - the CPU a step needs against the CPUs the job has; waiting for a CPU is CPU work.
-Where the machine is too busy to tell, or the bound is wide, no figure and no change:
-`WorkerAdvice.reason` says why; the callers name `loader --factory`.
+Where the machine is too busy to tell, or the bound is wide, no figure (`reason` says
+why; the callers name `loader --factory`) and no change unless all of it gains.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from starvecheck.advice.machinebound import MIN_GAIN, spread, too_busy, too_wide
+from starvecheck.advice.machinebound import MIN_GAIN, pool_wide, spread, too_busy, too_wide
 
 # CPU work is this share of the wait or more: the loader is doing CPU work.
 CPU_WORK_SHARE = 0.5
@@ -152,8 +152,7 @@ class WorkerAdvice:
     workers_now: int = 0
     forecast: Forecast | None = None  # a loop's, where its CPUs are known
     # Why no figure is given where the CPUs are known (the machine too busy for the model
-    # to tell, or the bound too wide): then no change is advised and `loader --factory`
-    # measures instead. None: the forecast stands.
+    # to tell, or the bound too wide; see the module docstring). None: the forecast stands.
     reason: str | None = None
 
     @property
@@ -162,11 +161,30 @@ class WorkerAdvice:
 
 
 def loop_advice(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None:
-    """A loop's count and forecast (see the module docstring); None without a wait
-    or a step."""
-    wait_ms, rest_ms, workers_now = loop.wait_ms, loop.rest_ms, loop.workers_now
-    if wait_ms <= 0 or rest_ms <= 0:
+    """A loop's count and forecast (module docstring); None without a wait or a step.
+    At num_workers=0 a worker's one thread costs between the loading thread's CPU and
+    all the process's (machinebound.pool_wide): where the two forecasts part, none."""
+    if loop.wait_ms <= 0 or loop.rest_ms <= 0:
         return None
+    pooled = _advice(loop, effective_cpus, pooled=True)
+    thread, process = loop.wait_cpu_ms, loop.process_cpu_ms
+    if loop.workers_now or thread is None or process is None or pooled.forecast is None:
+        return pooled
+    alone = _advice(loop, effective_cpus, pooled=False)
+    if alone.forecast is None:
+        return pooled
+    least = pooled.forecast.speedup
+    wide = pool_wide(thread, process, least, alone.forecast.speedup)
+    if wide is None:
+        return pooled
+    gains = pooled.changes and least >= MIN_GAIN  # the count gains at both ends
+    return WorkerAdvice(pooled.workers if gains else 0, pooled.why, 0, None, wide)
+
+
+def _advice(loop: Loop, effective_cpus: float | None, pooled: bool) -> WorkerAdvice:
+    """The count and forecast, a batch made at num_workers=0 costing a worker the CPU
+    all the training process's threads spent on it (`pooled`) or the loading thread's."""
+    wait_ms, rest_ms, workers_now = loop.wait_ms, loop.rest_ms, loop.workers_now
     step_now = wait_ms + rest_ms
     # At num_workers=0 a worker would also hand each batch over (loop/handover.py);
     # with workers that is in the figures already (their CPU, the loop's receiving).
@@ -182,11 +200,10 @@ def loop_advice(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None
         own_ms = wait_ms
     else:
         # What making a batch takes on a CPU of its own: the time measured less the time
-        # it waited for one, and at least the CPU all the training process's threads
-        # spent on it (one worker thread does it alone). Whether that CPU is there is the
-        # "cpus" bound's question, against the CPUs measured free.
+        # it waited for one, and where `pooled`, at least the CPU all the training
+        # process's threads spent on it (one worker thread does it alone).
         own_ms = max(wait_ms - runq, 1e-3)
-        if loop.process_cpu_ms is not None:
+        if pooled and loop.process_cpu_ms is not None:
             own_ms = max(own_ms, loop.process_cpu_ms)
     made_ms = own_ms + hand_w  # a worker's time to make and send a batch
     main_cpu = min(max(loop.step_cpu_ms, 0.0), rest_ms)  # the loop thread's, in the step
@@ -195,7 +212,7 @@ def loop_advice(loop: Loop, effective_cpus: float | None) -> WorkerAdvice | None
         why = f"a batch takes {wait_ms:,.1f} ms to load and the rest of the step {rest_ms:,.1f} ms"
         return WorkerAdvice(max(1, workers_now, keep_up + 1), why, workers_now)
     wait_cpu = loop.wait_cpu_ms
-    if workers_now == 0 and wait_cpu is not None and loop.process_cpu_ms is not None:
+    if pooled and not workers_now and wait_cpu is not None and loop.process_cpu_ms is not None:
         wait_cpu = max(wait_cpu, loop.process_cpu_ms)
     cpu_ms = own_ms if wait_cpu is None else min(max(wait_cpu, 0.0), own_ms)
     cpu_ms += hand_w

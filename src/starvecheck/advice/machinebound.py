@@ -25,6 +25,10 @@ LOAD_PER_CPU = 2.0
 # The prediction at the low side of the others' spread over that at the high side past
 # this: the bound is too wide to give a figure.
 WIDE_RATIO = 1.25
+# At num_workers=0, the training process's other threads spending more CPU than this
+# share of the loading thread's on a batch: what a worker's one thread would spend is
+# uncertain between the two.
+POOL_SHARE = 0.1
 # What measures where the model cannot tell.
 MEASURED_PATH = "`starvecheck loader --factory FILE.py:FUNC`"
 
@@ -72,7 +76,7 @@ def too_wide(
     the others at the low side of their spread (`changes`, `most`x), and at its high
     side (`changes_bound`, `least`x) the gain falls below the bar, or the two differ
     by more than WIDE_RATIO."""
-    if not changes:
+    if not changes or high - low < OTHERS_LEAST:  # no spread to be wide: the bound stands
         return None
     if changes_bound and least >= MIN_GAIN and most <= WIDE_RATIO * least:
         return None
@@ -80,4 +84,22 @@ def too_wide(
         f"the bound is too wide: other processes' CPU use went from {low:.1f} to {high:.1f} "
         f"CPU(s) over the seconds read, and the model predicts {most:.2f}x at the low side "
         f"but {least:.2f}x at the high side"
+    )
+
+
+def pool_wide(thread: float, process: float, least: float, most: float) -> str | None:
+    """Why a num_workers=0 loop's forecast is too uncertain to give, or None: the
+    training process's threads together spent `process` ms of CPU on a batch and the
+    loading thread `thread`; the rest is torch's intra-op pool, either parallel work (a
+    worker's one thread does it too: `least`x) or spinning while it waits for work (a
+    worker does none of it: `most`x). Wide where the two part by more than WIDE_RATIO
+    (else the forecast at `least`, the fewer workers, stands)."""
+    if process <= (1 + POOL_SHARE) * thread or most <= WIDE_RATIO * least:
+        return None
+    return (
+        f"the bound is too wide: beside the loading thread's {thread:.1f} ms of CPU a batch, "
+        f"the training process's other threads (torch's intra-op pool) took "
+        f"{process - thread:.1f} ms, either work a worker's one thread would do too or "
+        f"spinning while they wait for work, which it would not; the model predicts "
+        f"{least:.2f}x if it is all work but {most:.2f}x if none is"
     )

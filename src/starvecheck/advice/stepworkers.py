@@ -213,7 +213,16 @@ def offline(cpu_work: bool = True) -> str:
 
 def no_figure(a: WorkerAdvice, now: str) -> tuple[str, Gain, dict[str, Any]]:
     """The worker model's answer where it gives no figure (`a.reason`: the machine too
-    busy for it to tell, or its bound too wide): no change, and the measured path."""
+    busy for it to tell, or its bound too wide): no change, and the measured path; or,
+    where every end of the bound gains with one count, that count without a figure."""
+    if a.changes:  # both ends of a wide bound gain, with the same count
+        text = (
+            f"Load in worker processes, {LOADER_LINE.format(n=a.workers)}: {a.why}; that "
+            f"count gains at both ends of what the model can tell, but not by how much "
+            f"({a.reason}). {MEASURED_PATH} measures each count on the pipeline."
+        )
+        gain = Gain(GainKind.THROUGHPUT, None, f"no figure: {a.reason}")
+        return text, gain, {"num_workers": a.workers}
     busy = "too wide" not in (a.reason or "")
     head = (
         "The machine is too busy for a model to tell what more workers would gain"
