@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.attach.readings import cgroup_dir, snapshot
 
@@ -93,3 +95,25 @@ def test_workers_are_counted_by_identity_across_an_epoch():
                                     2: series(1 * mib, 71 * mib, False)})  # fmt: skip
     got = read_procs(Process(9, "python"), [1, 2], watch)  # type: ignore[arg-type]
     assert value(got, quantity="worker_uss_growth") == 5 * mib
+
+
+def test_workers_of_two_epochs_are_read_per_second_of_the_window():
+    # A 30 s window: epoch 1's worker lives 0-15 s, epoch 2's 17-30 s, each a CPU busy.
+    # The workers' CPUs are their CPU over the 30 s (0.93), not over the longest
+    # life (15 s: 1.87, more than one worker at a time can use).
+    from types import SimpleNamespace
+
+    from starvecheck.core.metric import value
+    from starvecheck.stages.attach.readings import Series, Snapshot
+    from starvecheck.stages.attach.stage import read_procs
+    from starvecheck.stages.attach.target import Process
+
+    def series(start: float, end: float, cpu: float) -> Series:
+        return Series(Snapshot(start, 0.0, runq_s=0.0), Snapshot(end, cpu, runq_s=0.0))
+
+    main = Series(Snapshot(0.0, 0.0, 0.0), Snapshot(30.0, 18.0, 9.0))
+    watch = SimpleNamespace(series={9: main, 1: series(0.0, 15.0, 15.0),
+                                    2: series(17.0, 30.0, 13.0)})  # fmt: skip
+    got = read_procs(Process(9, "python"), [1, 2], watch)  # type: ignore[arg-type]
+    assert value(got, quantity="workers_cpus") == pytest.approx(28.0 / 30.0, abs=1e-4)
+    assert value(got, quantity="main_cpus") == pytest.approx(0.6, abs=1e-4)
