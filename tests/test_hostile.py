@@ -35,6 +35,13 @@ def test_float_options_refuse_nan_inf_and_out_of_range(option: str, value: str) 
     assert f"Invalid value for '{option}'" in err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0.5", "601"])
+def test_attach_duration_refuses_nan_inf_and_out_of_range(value: str) -> None:
+    # nan passed click's own range (1 to 600), and attach ended with exit 70
+    err = one_line(run("attach", str(os.getpid()), "--duration", value))
+    assert "Invalid value for '--duration'" in err and "expected from 1 to 600" in err
+
+
 def test_json_and_markdown_to_one_file_are_refused(tmp_path: Path) -> None:
     target = tmp_path / "r"
     (tmp_path / "link").symlink_to(target)

@@ -18,6 +18,7 @@ from starvecheck.cli.common import (
     app,
     context_of,
     emit,
+    finite,
     measure_one,
     sysroot_of,
 )
@@ -34,8 +35,7 @@ def attach(
         float | None,
         typer.Option(
             "--duration",
-            min=1.0,
-            max=600.0,
+            callback=finite(1.0, 600.0),  # click's own range lets nan through
             metavar="SECONDS",
             help="How long to sample [default: 10; 5 with --quick].",
             show_default=False,
