@@ -84,7 +84,10 @@ def choose_rate(
     per_sample = max(1, threads) * max(cost_s, 1e-9)
     if not math.isfinite(budget) or budget <= 0:
         return 1
-    return max(1, min(requested, _whole(budget / per_sample)))
+    fits = budget / per_sample
+    if not math.isfinite(fits):  # a huge budget over a tiny cost: every rate fits
+        return requested
+    return max(1, min(requested, _whole(fits)))
 
 
 def over_budget(rate: int, threads: int, budget: float, cost_s: float = COST_PER_THREAD_S) -> bool:
