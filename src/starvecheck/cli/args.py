@@ -257,23 +257,3 @@ def factory_spec(text: str | None) -> FactorySpec | None:
     # FILE.py from here, whatever directory the user's code moves to (a later import of
     # it, for an IterableDataset, comes after FUNC ran).
     return replace(spec, path=os.path.abspath(spec.path)) if spec.path else spec
-
-
-def factory_alone(**given: object) -> None:
-    """With --factory the user's pipeline reads its own data: the options that shape
-    generated data are refused, the first one given named (one line, exit 2)."""
-    names = {
-        "path": "PATH",
-        "sample_size": "--sample-size",
-        "samples": "--samples",
-        "runs": "--runs (each configuration is read until stable: --budget)",
-        "prefetch_factor": "--prefetch-factor (swept from the DataLoader's own)",
-        "pin_memory": "--pin-memory (swept where CUDA is present)",
-        "existing": "--existing",
-    }
-    for key, value in given.items():
-        if value not in (None, False):
-            raise UsageError(
-                f"{names.get(key, key)} does not apply with --factory: your pipeline reads "
-                "its own data"
-            )

@@ -25,10 +25,32 @@ from starvecheck.cli.common import (
     finite,
     measure_one,
 )
-from starvecheck.core.status import UsageError
-from starvecheck.inputs.factory import FactorySpec
+from starvecheck.cli.modes import Mode, fence
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
+
+# Options that shape the data starvecheck generates: refused with --factory, with why.
+_OWN_DATA = {
+    "--runs": "--runs (each configuration is read until stable: --budget)",
+    "--prefetch-factor": "--prefetch-factor (swept from the DataLoader's own)",
+    "--pin-memory": "--pin-memory (swept where CUDA is present)",
+    "--no-pin-memory": "--no-pin-memory (swept where CUDA is present)",
+}
+_EITHER = {"workers", "batch_size", "batch_timeout", "plot"}
+# `loader --factory F:f`: the user's pipeline, which reads its own data.
+FACTORY = Mode(
+    frozenset({"factory", "factory_timeout", "step_ms", "budget", *_EITHER}),
+    lambda given: f"{_OWN_DATA.get(given[0], given[0])} does not apply with --factory: "
+    "your pipeline reads its own data",
+)
+# `loader [PATH]`: data starvecheck writes (or, with --existing, the files under PATH).
+GENERATED = Mode(
+    frozenset(
+        {"path", "samples", "sample_size", "prefetch_factor", "pin_memory", "runs", "cold"}
+        | {"existing", *_EITHER}
+    ),
+    lambda given: f"{given[0]} applies with --factory only",
+)
 
 
 @app.command()
@@ -176,6 +198,7 @@ def loader(
 
     c = context_of(ctx)
     spec = args.factory_spec(factory)
+    fence(ctx, FACTORY if spec is not None else GENERATED)
     inputs = [("--factory", spec.path if spec else None)]
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
     size = args.sample_size(sample_size)
@@ -183,14 +206,20 @@ def loader(
     plot_path = args.plot_path(plot)
     options: LoaderOptions | FactoryOptions
     if spec is not None:
-        target, options = _factory_options(
-            spec, path, sweep, batch_size, factory_timeout, step_ms, budget, samples,
-            sample_size, prefetch_factor, pin_memory, runs, existing, quick,
-        )  # fmt: skip
+        target = args.data_path(path, True, "loader")
+        options = FactoryOptions(
+            spec=spec,
+            batch_size=batch_size,
+            workers=sweep,
+            quick=quick,
+            factory_timeout_s=factory_timeout,
+            budget_s=budget,
+            step_ms=step_ms,
+        )
     else:
         target, options = _loader_options(
-            path, sweep, batch_size, step_ms, budget, samples, size, prefetch_factor,
-            pin_memory, runs, cold, existing, quick,
+            path, sweep, batch_size, samples, size, prefetch_factor, pin_memory, runs, cold,
+            existing, quick,
         )  # fmt: skip
     machine = collect(SysRoot(Path("/")), path=target, environ=c.environ)
     result = measure_one(options, c, out, machine, batch_timeout).result
@@ -201,53 +230,10 @@ def loader(
     return emit(build_report("loader", machine, [result], c), out, c)
 
 
-def _factory_options(
-    spec: FactorySpec,
-    path: str | None,
-    sweep: tuple[int, ...] | None,
-    batch_size: int | None,
-    factory_timeout: float,
-    step_ms: float | None,
-    budget: float | None,
-    samples: int | None,
-    sample_size: str,
-    prefetch_factor: int,
-    pin_memory: bool | None,
-    runs: int,
-    existing: bool,
-    quick: bool,
-) -> tuple[str, FactoryOptions]:
-    """(the directory checked, the options) of `loader --factory`, from the command's
-    values in its signature's order: the options that shape generated data are
-    refused, the first one given named (one line, exit 2)."""
-    args.factory_alone(
-        path=path,
-        sample_size=sample_size != size_text(LoaderOptions.sample_size),
-        samples=samples,
-        runs=runs != LoaderOptions.runs,
-        prefetch_factor=prefetch_factor != LoaderOptions.prefetch_factor,
-        pin_memory=pin_memory,
-        existing=existing,
-    )
-    target = args.data_path(path, True, "loader")
-    options = FactoryOptions(
-        spec=spec,
-        batch_size=batch_size,
-        workers=sweep,
-        quick=quick,
-        factory_timeout_s=factory_timeout,
-        budget_s=budget,
-        step_ms=step_ms,
-    )
-    return target, options
-
-
 def _loader_options(
     path: str | None,
     sweep: tuple[int, ...] | None,
     batch_size: int | None,
-    step_ms: float | None,
-    budget: float | None,
     samples: int | None,
     size: int,
     prefetch_factor: int,
@@ -259,10 +245,7 @@ def _loader_options(
 ) -> tuple[str, LoaderOptions]:
     """(the directory checked, the options) of `loader` on generated data (or, with
     --existing, the files under PATH), from the command's values in its signature's
-    order: --budget and --step-ms, which apply with --factory only, refused."""
-    if budget is not None or step_ms is not None:
-        which = "--budget" if budget is not None else "--step-ms"
-        raise UsageError(f"{which} applies with --factory only")
+    order."""
     target = args.data_path(path, existing, "loader")
     options = LoaderOptions(
         path=target,

@@ -27,7 +27,7 @@ from starvecheck.cli.common import (
     finite,
     measure_one,
 )
-from starvecheck.core.status import UsageError
+from starvecheck.cli.modes import Mode, fence
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
 
@@ -43,6 +43,21 @@ class ModelSize(str, Enum):
     tiny = "tiny"
     small = "small"
     base = "base"
+
+
+_TRACE_ONLY = {"trace", "max_trace_bytes", "max_trace_seconds"}
+# `profile --trace`: traces another run left; no loop runs, so none of its options apply.
+TRACES = Mode(
+    frozenset(_TRACE_ONLY),
+    lambda given: f"--trace reads traces and runs no loop: drop {', '.join(given)}"
+    + (" (several traces: repeat --trace, or name their directory)" if "PATH" in given else ""),
+)
+# `profile [PATH]`: starvecheck's own loop.
+LOOP = Mode(
+    frozenset({"path", "workers", "steps", "model_size", "device", "cold", "trace_dir"})
+    | {"tokenizer", "batch_timeout"},
+    lambda given: f"{given[0]} applies with --trace",
+)
 
 
 @app.command()
@@ -143,17 +158,12 @@ def profile(
     out = Outputs.check(
         json_path, markdown_path, fail_on, inputs=[("--trace", t) for t in trace or ()]
     )
+    fence(ctx, TRACES if trace is not None else LOOP)
     if trace is not None:
-        _no_loop(
-            path, workers, steps, model_size, device, cold, trace_dir, tokenizer, batch_timeout
-        )
         options = _trace_options(trace, max_trace_bytes, max_trace_seconds)
         result = measure_one(options, c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
-    if max_trace_bytes is not None or max_trace_seconds is not None:
-        which = "--max-trace-bytes" if max_trace_bytes is not None else "--max-trace-seconds"
-        raise UsageError(f"{which} applies with --trace")
     from starvecheck.probe.machine import collect
 
     options = _loop_options(
@@ -162,38 +172,6 @@ def profile(
     machine = collect(SysRoot(Path("/")), path=options.path, environ=c.environ)
     result = measure_one(options, c, out, machine, batch_timeout).result
     return emit(build_report("profile", machine, [result], c), out, c)
-
-
-def _no_loop(
-    path: str | None,
-    workers: str | None,
-    steps: int | None,
-    model_size: ModelSize,
-    device: Device,
-    cold: bool,
-    trace_dir: str | None,
-    tokenizer: str | None,
-    batch_timeout: float | None,
-) -> None:
-    """With --trace no loop runs: every option of the loop given (the command's values,
-    in its signature's order) is refused, all named in one line (exit 2)."""
-    loop_options = {
-        "PATH": path is not None,
-        "--workers": workers is not None,
-        "--steps": steps is not None,
-        "--model-size": model_size is not ModelSize.auto,
-        "--device": device is not Device.auto,
-        "--cold": cold,
-        "--trace-dir": trace_dir is not None,
-        "--tokenizer": tokenizer is not None,
-        "--batch-timeout": batch_timeout is not None,
-    }
-    given = [name for name, set_ in loop_options.items() if set_]
-    if given:
-        raise UsageError(
-            f"--trace reads traces and runs no loop: drop {', '.join(given)}"
-            + (" (several traces: repeat --trace, or name their directory)" if path else "")
-        )
 
 
 def _trace_options(
