@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.capacity import build
+from starvecheck.core import stages as stages_table
 from starvecheck.core.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity
 
 if TYPE_CHECKING:
@@ -149,16 +150,6 @@ def advise(chain: Sequence[Link], w: Weakest) -> tuple[Finding, ...]:
     )
 
 
-# The link each stage's findings are about; env's and doctor's own are about none.
-STAGE_LINK = {
-    "io": "storage",
-    "loader": "loader",
-    "factory": "loader",
-    "starve": "loader",
-    "pcie": "pcie",
-}
-
-
 def headroom(chain: Sequence[Link], name: str) -> float | None:
     """How much faster training runs if link `name` were made infinitely fast: up to
     the GPU's demand or the next lowest link, never below 1. None: not measured."""
@@ -214,7 +205,7 @@ def reweigh(findings: Sequence[Finding], chain: Sequence[Link]) -> list[Finding]
                 continue
             room, why = found
         else:
-            name = STAGE_LINK.get(f.stage, "")
+            name = stages_table.entry(f.stage).link or ""
             room_or_none = headroom(chain, name) if name else None
             if room_or_none is None:
                 out.append(f)
@@ -262,7 +253,9 @@ def assumptions(results: Results) -> list[str]:
 
 
 # Findings judged against the workload: their weight comes from the chain.
-_WEIGHED = frozenset(STAGE_LINK) | {"pad", "doctor"}
+# The stages whose findings the chain weighs: those about a link (the stage table's
+# `link`), padding and doctor's own.
+_WEIGHED = frozenset(e.name for e in stages_table.TABLE if e.link) | {"pad", "doctor"}
 
 
 def hedged(findings: Sequence[Finding], assumed: Sequence[str]) -> list[Finding]:

@@ -8,7 +8,7 @@ module whose stage is not in the run returns nothing. Cross-stage rules live her
 after every module has spoken, so the checklist never contradicts itself.
 
 Before the rules, the modules whose judgement the report carries beside the figures
-complete their stage's result (`complete(result)`, COMPLETES): loader's and starve's
+complete their stage's result (`complete(result)`, named in the stage table): loader's and starve's
 recommended num_workers and loader's capacity, pcie's overlap verdicts. The rules, the
 chain and the report (through `attach`) all read those completed results.
 
@@ -23,31 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.advice.results import Results
+from starvecheck.core import stages as stages_table
 from starvecheck.core.model import Finding, Link, StageResult
-
-# The advice modules that judge each stage, in the order their findings are gathered.
-MODULES: dict[str, tuple[str, ...]] = {
-    "env": ("starvecheck.advice.env",),
-    "io": ("starvecheck.advice.io",),
-    "loader": ("starvecheck.advice.loader",),
-    "factory": ("starvecheck.advice.factory",),  # `loader --factory`: the user's own pipeline
-    "starve": ("starvecheck.advice.starve",),
-    "pad": ("starvecheck.advice.pad",),
-    "pcie": ("starvecheck.advice.pcie",),
-    "profile": ("starvecheck.advice.profile",),  # profile's own loop
-    "trace": ("starvecheck.advice.trace",),  # `profile --trace`: traces of another run
-    # a user's own loop, timed by starvecheck.watch
-    "watch": ("starvecheck.advice.trace", "starvecheck.advice.loopdata"),
-    "attach": ("starvecheck.advice.attach",),  # a running job, read without touching it
-}
-# The modules that complete their stage's result before any rule runs (see above).
-COMPLETES: dict[str, str] = {
-    "loader": "starvecheck.advice.loader",
-    "factory": "starvecheck.advice.factory",
-    "starve": "starvecheck.advice.starve",
-    "trace": "starvecheck.advice.trace",
-    "pcie": "starvecheck.advice.pcie",
-}
 
 
 @dataclass(frozen=True)
@@ -69,19 +46,27 @@ class Judgement:
 
 
 def complete(results: Results) -> Results:
-    """The results with each stage's completed by its module (COMPLETES)."""
-    stages = {
-        name: importlib.import_module(COMPLETES[name]).complete(r) if name in COMPLETES else r
-        for name, r in results.stages.items()
-    }
+    """The results with each stage's completed by its module (the stage table's
+    `complete`)."""
+    stages = {name: _completed(name, r) for name, r in results.stages.items()}
     return replace(results, stages=stages)
 
 
+def _completed(name: str, r: StageResult) -> StageResult:
+    module = stages_table.entry(name).complete
+    if module is None:
+        return r
+    return importlib.import_module(stages_table.module(module)).complete(r)  # type: ignore[no-any-return]
+
+
 def advise_all(results: Results) -> list[Finding]:
+    """Every stage's findings from the advice modules that judge it (its row of the
+    stage table, core/stages.py), in the order they are asked; doctor's own are judged
+    with the chain."""
     found: list[Finding] = []
     for stage in results.stages:
-        for module in MODULES.get(stage, ()):  # doctor's own is judged with the chain
-            rules = importlib.import_module(module).rules
+        for module in stages_table.entry(stage).judge:
+            rules = importlib.import_module(stages_table.module(module)).rules
             found += [_stamped(f, stage) for f in rules(results)]
     return found
 
@@ -115,17 +100,10 @@ def judge(results: Results) -> Judgement:
 
 # Cross-stage rules: one judgement per report.
 
-# Who measured a setting most directly, first: the user's own loop; the DataLoader over
-# the data and the CPU sweep (one measures the reads, the other the CPU work, and the
-# workers must do both: the larger count of the two); the storage's readers; env's rule
-# of thumb last.
-AUTHORITY = (
-    ("watch", "profile", "trace"),
-    ("loader", "factory", "starve"),
-    ("io",),
-    ("env",),
-    ("pad", "doctor"),
-)
+# Who measured a setting most directly, first (each stage's `authority` in the table):
+# the user's own loop; the DataLoader over the data and the CPU sweep (one measures the
+# reads, the other the CPU work, and the workers must do both: the larger count of the
+# two); the storage's readers; env's rule of thumb last.
 # A flag that a measurement of the same thing replaces: (flag, measurement).
 MEASURED_BEATS_FLAGGED = (("env.rotational-storage", "io.rotational"),)
 
@@ -146,7 +124,7 @@ def reconcile(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def _authority(f: Finding, key: str) -> tuple[int, float, int]:
-    tier = next((i for i, t in enumerate(AUTHORITY) if f.stage in t), len(AUTHORITY))
+    tier = stages_table.entry(f.stage).authority
     v = f.fix[key]
     larger = -float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
     return (tier, larger, 0 if f.severity.value != "ok" else 1)

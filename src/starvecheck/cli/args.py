@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from starvecheck.core import stages as stages_table
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import parse_size
 from starvecheck.inputs.factory import FactorySpec, parse_spec
@@ -26,16 +27,6 @@ def sample_size(text: str) -> int:
     if size > MAX_SAMPLE_SIZE:
         raise UsageError(f"--sample-size {text}: at most 1GiB")
     return size
-
-
-# What each command that writes test data offers instead, to measure without writing:
-# only options the command has.
-WITHOUT_WRITING = {
-    "io": "; to read your own files without writing use --existing",
-    "loader": "; to read your own files without writing use --existing",
-    "profile": "; to read your own run's traces without writing use --trace",
-    "doctor": "; to measure without writing skip io and loader: --skip io,loader",
-}
 
 
 def data_path(path: str | None, existing: bool, command: str = "io") -> str:
@@ -69,12 +60,12 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     if not os.path.isdir(target):
         raise UsageError(
             f"{shown}: not a directory ({command} writes its test data in a new "
-            f"directory there{WITHOUT_WRITING.get(command, '')})"
+            f"directory there{stages_table.entry(command).without_writing})"
         )
     if not os.access(target, os.W_OK | os.X_OK):
         raise UsageError(
             f"{shown}: not writable ({command} writes its test data in a new directory "
-            f"there{WITHOUT_WRITING.get(command, '')})"
+            f"there{stages_table.entry(command).without_writing})"
         )
     if not os.access(target, os.R_OK):
         raise UsageError(

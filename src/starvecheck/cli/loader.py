@@ -40,8 +40,10 @@ _EITHER = {"workers", "batch_size", "batch_timeout", "plot"}
 # `loader --factory F:f`: the user's pipeline, which reads its own data.
 FACTORY = Mode(
     frozenset({"factory", "factory_timeout", "step_ms", "budget", *_EITHER}),
-    lambda given: f"{_OWN_DATA.get(given[0], given[0])} does not apply with --factory: "
-    "your pipeline reads its own data",
+    lambda given: (
+        f"{_OWN_DATA.get(given[0], given[0])} does not apply with --factory: "
+        "your pipeline reads its own data"
+    ),
 )
 # `loader [PATH]`: data starvecheck writes (or, with --existing, the files under PATH).
 GENERATED = Mode(

@@ -8,6 +8,7 @@ with --debug (or STARVECHECK_DEBUG=1).
 from __future__ import annotations
 
 import errno
+import importlib
 import signal
 import sys
 import traceback
@@ -17,18 +18,17 @@ from contextlib import redirect_stderr, redirect_stdout
 import typer
 
 from starvecheck.cli.common import app, error
-
-# isort: off
-# Each module registers its command when imported; `starvecheck --help` lists them
-# in this order: the machine, then the chain from storage to the GPU step.
-from starvecheck.cli import env, io, loader, starve, pad, profile, pcie, doctor, clean  # noqa: F401
-from starvecheck.cli import attach  # noqa: F401
-
-# isort: on
+from starvecheck.core import stages as stages_table
 from starvecheck.core.context import Context
 from starvecheck.core.signals import Terminated, forget_received, received, signals_raise
 from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
 from starvecheck.core.text import readable
+
+# Each module registers its command when imported; `starvecheck --help` lists them in
+# the stage table's order (core/stages.py): the machine, then the chain from storage to
+# the GPU step, doctor, the running job, then housekeeping.
+for _command in stages_table.commands():
+    importlib.import_module(_command)
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:

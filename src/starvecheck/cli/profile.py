@@ -49,8 +49,10 @@ _TRACE_ONLY = {"trace", "max_trace_bytes", "max_trace_seconds"}
 # `profile --trace`: traces another run left; no loop runs, so none of its options apply.
 TRACES = Mode(
     frozenset(_TRACE_ONLY),
-    lambda given: f"--trace reads traces and runs no loop: drop {', '.join(given)}"
-    + (" (several traces: repeat --trace, or name their directory)" if "PATH" in given else ""),
+    lambda given: (
+        f"--trace reads traces and runs no loop: drop {', '.join(given)}"
+        + (" (several traces: repeat --trace, or name their directory)" if "PATH" in given else "")
+    ),
 )
 # `profile [PATH]`: starvecheck's own loop.
 LOOP = Mode(

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from starvecheck.core import stages as stages_table
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
 from starvecheck.core.parameters import Parameters
 
@@ -118,19 +119,16 @@ class Gain:
 # --trace` under profile). In the code a result's `stage` is always its own stage's
 # name; the JSON and the screen show `reported_as(stage)`, and reading a report back
 # tells the modes apart by what only they record (`_own_stage`).
-REPORTED_AS = {"factory": "loader", "trace": "profile"}
-
-
 def reported_as(stage: str) -> str:
     """The name the JSON and the screen give a stage's results and findings."""
-    return REPORTED_AS.get(stage, stage)
+    return stages_table.entry(stage).shown_as
 
 
 def _own_stage(reported: str, parameters: Mapping[str, Any]) -> str:
     """A result's own stage from its JSON: `loader --factory` records its spec
     (`factory`), `profile --trace` its files (`trace`); every other stage reports under
     its own name."""
-    for own, name in REPORTED_AS.items():
+    for own, name in stages_table.reported_as().items():
         if reported == name and own in parameters:
             return own
     return reported
@@ -219,7 +217,7 @@ class StageResult:
 
     @property
     def reported_as(self) -> str:
-        """The name the JSON and the screen give this result (REPORTED_AS)."""
+        """The name the JSON and the screen give this result (core/stages.py)."""
         return reported_as(self.stage)
 
     def to_dict(self) -> dict[str, Any]:

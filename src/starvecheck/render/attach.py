@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 _WHO = {
@@ -61,3 +62,10 @@ def _share(m: Metric) -> str:
     if not isinstance(low, float | int) or not isinstance(high, float | int):
         return f"{m.value:.1%}"  # a report from before intervals were kept
     return f"{m.value:.1%} ({percent(float(low), float(high))}, {n})"
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rows, rest, notes = split(stage, metrics)
+    if not rows:
+        return [], rest
+    return [Section(HEADERS, rows, notes, range(3, 4), metrics=taken(metrics, rest))], rest

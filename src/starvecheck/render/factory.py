@@ -16,6 +16,7 @@ from typing import Any
 
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 HEADERS = (
     "workers",
@@ -141,3 +142,15 @@ def _mib(m: Metric | None) -> str:
     if m is None or m.value is None:
         return ""
     return f"{m.value / MIB:,.0f}"
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rows, costs, rest, notes = split(stage, metrics)
+    if not rows:
+        return [], rest
+    title = f"your pipeline: {stage.parameters.factory}"
+    shown = taken(metrics, rest)
+    return [
+        Section(HEADERS, rows, [], range(0, len(HEADERS) - 1), title, shown),
+        Section(COST_HEADERS, costs, notes, range(0, len(COST_HEADERS)), "what it costs"),
+    ], rest

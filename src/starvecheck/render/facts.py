@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from starvecheck.core import stages as stages_table
 from starvecheck.core.units import format_bytes
 
 
@@ -34,30 +35,16 @@ def _bytes(m: Mapping[str, Any], key: str, absent: str = "none") -> str:
     return format_bytes(value)
 
 
-# The facts each command's report shows (all of them go to JSON); commands not
-# listed show every row.
-_SHOWN = {
-    "io": ("CPU", "Memory", "Container", "Storage"),
-    # DataLoader workers hand batches over through /dev/shm.
-    "loader": ("CPU", "Memory", "/dev/shm", "Container", "Storage"),
-    # Padding is a property of the data and the batching, not of this machine.
-    "pad": (),
-}
-# Unknown facts worth listing, by key prefix, for commands that show only some rows.
-_UNKNOWN_SHOWN = {
-    "io": ("cpu.", "memory.", "storage."),
-    "loader": ("cpu.", "memory.", "shm.", "storage."),
-    "pad": (),
-}
-
-
 def shows_gpus(command: str) -> bool:
-    return command not in _SHOWN
+    """Whether the command's report shows the GPU rows: those that show every fact (the
+    stage table's `facts`, core/stages.py)."""
+    return stages_table.entry(command).facts is None
 
 
 def machine_rows(m: Mapping[str, Any], command: str | None = None) -> list[tuple[str, str]]:
     rows = [(name, text(m)) for name, text in _ROWS]
-    shown = _SHOWN.get(command or "")
+    # The facts each command's report shows (all of them go to JSON): the stage table's.
+    shown = stages_table.entry(command or "").facts
     return [r for r in rows if r[0] in shown] if shown is not None else rows
 
 
@@ -259,7 +246,7 @@ def gpu_rows(m: Mapping[str, Any]) -> list[tuple[str, ...]]:
 
 
 def unknown_rows(m: Mapping[str, Any], command: str | None = None) -> list[tuple[str, str]]:
-    prefixes = _UNKNOWN_SHOWN.get(command or "")
+    prefixes = stages_table.entry(command or "").unknown_facts
     return sorted(
         (k, v)
         for k, v in m.get("unknown", {}).items()

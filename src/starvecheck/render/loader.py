@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from starvecheck.core.figures import loader_curves
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 HEADERS = (
     "layout",
@@ -99,3 +100,11 @@ def _number(m: Metric | None, fmt: str) -> str:
     if m is None:
         return ""
     return "n/a" if m.value is None else format(m.value, fmt)
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rows, rest, notes = split(stage, metrics)
+    if not rows:
+        return [], rest
+    right = range(2, len(HEADERS) - 1)
+    return [Section(HEADERS, rows, notes, right, metrics=taken(metrics, rest))], rest

@@ -7,11 +7,14 @@ strategy trained with today (--current).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from starvecheck.core.metric import Metric, value
+from starvecheck.core.model import StageResult
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.strategies import STRATEGIES
+from starvecheck.render.section import Section, taken
 
 HEADERS = (
     "strategy",
@@ -140,3 +143,11 @@ def split(
         )
     notes = [summary(lengths, f"{params.context:,}")] if lengths else []
     return rows, rest, [*notes, NOTE]
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rows, rest, notes = split(metrics, stage.parameters)
+    if not rows:
+        return [], rest
+    right = range(1, len(HEADERS))
+    return [Section(HEADERS, rows, notes, right, metrics=taken(metrics, rest))], rest

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.units import format_bytes, parse_size, size_name
+from starvecheck.render.section import Section, taken
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
 OVERLAP_HEADERS = ("memory", "mode", "copy ms", "CPU ms", "sequential ms", "together ms",
@@ -324,3 +326,23 @@ def _host_notes(params: Parameters) -> list[str]:
 
 def _or_unknown(count: int | None) -> str:
     return "?" if count is None else str(count)
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    tables, rest, notes = split(metrics, stage.parameters, stage.judged)
+    shown = taken(metrics, rest)
+    out = [
+        # The tables share the figures they were made of: listed under the first.
+        Section(
+            t.headers,
+            t.rows,
+            t.notes,
+            range(t.numbers_from, len(t.headers)),
+            t.title,
+            metrics=shown if i == 0 else (),
+        )
+        for i, t in enumerate(tables)
+    ]
+    if notes:
+        out.append(Section((), [], notes, metrics=() if tables else shown))
+    return out, rest

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 HEADERS = (
     "layout",
@@ -81,3 +82,11 @@ def split(
             )
         )
     return rows, rest
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rows, rest = split(stage, metrics)
+    if not rows:
+        return [], rest
+    right = range(1, len(HEADERS))
+    return [Section(HEADERS, rows, [NOTE], right, metrics=taken(metrics, rest))], rest

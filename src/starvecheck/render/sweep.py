@@ -7,7 +7,11 @@ of the metrics whose only dimension is `workers` (labels `quantity` and `workers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starvecheck.core.metric import Metric
+from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 SWEEP_LABELS = {"quantity", "workers"}
 MAX_COLUMNS = 7  # wider than this, a pivot is harder to read than the list
@@ -59,3 +63,11 @@ def split(
     headers = ("workers", *(LABELS.get(w) or f"{w} ({units[w]})" for w in columns))
     rows = [(str(n), *(_cell(cells[n].get(w)) for w in columns)) for n in sorted(cells)]
     return headers, rows, rest
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    headers, rows, rest = split(tuple(metrics))
+    if not rows:
+        return [], rest
+    right = range(1, len(headers))
+    return [Section(headers, rows, [], right, metrics=taken(metrics, rest))], rest

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
 HEADERS = (
@@ -101,3 +102,12 @@ def missing_reasons(rows: list[Row]) -> list[str]:
             if f"{row.what} {row.temp}" not in labels:  # every reader count alike
                 labels.append(f"{row.what} {row.temp}")
     return [f"n/a ({', '.join(labels)}): {reason}" for reason, labels in by_reason.items()]
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    rates, rest = split(stage, metrics)
+    if not rates:
+        return [], rest
+    rows = [r.cells() for r in rates]
+    notes = missing_reasons(rates)
+    return [Section(HEADERS, rows, notes, range(3, 10), metrics=taken(metrics, rest))], rest

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.render.section import Section, taken
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
 HEADERS = ("per step", "ms (mean ± σ)", "share of step")
@@ -343,3 +344,23 @@ def loop_ranks(
 def _natural(text: str) -> tuple[str, int]:
     head, _, tail = text.rpartition(" ")
     return (head, int(tail)) if tail.isdigit() else (text, -1)
+
+
+def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
+    """The steps' phases, then every rank's (a multi-rank trace's, or watch's ranks)."""
+    out: list[Section] = []
+    before = list(metrics)
+    rows, rest, notes = split(stage, before)
+    if rows:
+        right = range(1, len(HEADERS))
+        out.append(Section(HEADERS, rows, notes, right, metrics=taken(before, rest)))
+    for pick, headers, last in (
+        (ranks, RANK_HEADERS, len(RANK_HEADERS)),
+        (loop_ranks, LOOP_RANK_HEADERS, len(LOOP_RANK_HEADERS) - 1),
+    ):
+        before = rest
+        rows, rest, notes = pick(stage, before)
+        if rows:
+            shown = taken(before, rest)
+            out.append(Section(headers, rows, notes, range(1, last), "every rank", shown))
+    return out, list(rest)

@@ -307,7 +307,13 @@ def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
         for x in select(metrics, quantity="mb_per_s", pattern="random", cache="cold", threads=1)
     )
     if plan.cold and under_hypervisor():
-        caveats.append(hypervisor_cache("io"))
+        caveats.append(
+            hypervisor_cache(
+                "this is a virtual machine: cold means evicted from this kernel's page "
+                "cache, but the hypervisor may cache the virtual disk (virtio "
+                "cache=writeback), which makes cold reads faster than the physical device"
+            )
+        )
     if cold_small and not plan.drop_caches:
         caveats.append(
             Caveat(

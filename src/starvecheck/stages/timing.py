@@ -147,15 +147,7 @@ def not_cold(text: str) -> Caveat:
     return Caveat("cache.not-cold", text)
 
 
-HYPERVISOR_TEXT = {
-    "io": "this is a virtual machine: cold means evicted from this kernel's page cache, "
-    "but the hypervisor may cache the virtual disk (virtio cache=writeback), which "
-    "makes cold reads faster than the physical device",
-    "loader": "this is a virtual machine: the hypervisor may cache the virtual disk, which "
-    "makes cold epochs faster than the physical device would",
-}
-
-
-def hypervisor_cache(stage: str) -> Caveat:
-    """Cold figures under a hypervisor, which may cache the virtual disk itself."""
-    return Caveat("cache.hypervisor", HYPERVISOR_TEXT[stage])
+def hypervisor_cache(text: str) -> Caveat:
+    """Cold figures under a hypervisor, which may cache the virtual disk itself; `text`
+    is the stage's own sentence."""
+    return Caveat("cache.hypervisor", text)

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core import stages as stages_table
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
@@ -27,7 +28,8 @@ from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload
 from starvecheck.stages import registry
 from starvecheck.stages.base import Progress, RunContext
 
-STAGES = ("io", "loader", "starve", "pad", "pcie")  # chain order, as --only names them
+# The stages doctor runs, in chain order as --only names them (core/stages.py).
+STAGES = stages_table.doctor_chain()
 
 
 def select(only: str | None, skip: str | None) -> tuple[str, ...]:
@@ -115,7 +117,7 @@ def run(
         caveats.append(step_caveat)
     unavailable: dict[str, str] = {}
     plans: dict[str, Any] = {}
-    for name in registry.DOCTOR_ORDER:  # every plan first: bad input before any measuring
+    for name in stages_table.doctor_run_order():  # every plan first: bad input before any measuring
         if name not in stages:
             unavailable[name] = f"{name} not selected (--only/--skip)"
             continue

@@ -206,7 +206,12 @@ def _run(
     params["first_batch_cache"] = first_cache
     metrics += extra_metrics
     if plan.cold and under_hypervisor():
-        caveats.append(hypervisor_cache("loader"))
+        caveats.append(
+            hypervisor_cache(
+                "this is a virtual machine: the hypervisor may cache the virtual disk, "
+                "which makes cold epochs faster than the physical device would"
+            )
+        )
     return StageResult(
         stage="loader",
         parameters=params,

@@ -257,7 +257,7 @@ def _headline(run: Run, deadline: Deadline) -> dict[str, Any]:
 class TraceStage(BaseStage[TraceOptions, TraceOptions]):
     """`profile --trace FILE|DIR ...` in the registry (stages/base.Stage): torch.profiler
     traces of another run, analysed. Its result reports under `profile`
-    (core/model.REPORTED_AS: schema 1 named it so)."""
+    (core/stages.py, `reported_as`: schema 1 named it so)."""
 
     name = "trace"
 

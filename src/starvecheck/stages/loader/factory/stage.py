@@ -416,7 +416,7 @@ def run_factory(
 
 class FactoryStage(BaseStage[FactoryOptions, Plan]):
     """`loader --factory` in the registry (stages/base.Stage): the user's own pipeline,
-    swept. Its result reports under `loader` (core/model.REPORTED_AS)."""
+    swept. Its result reports under `loader` (core/stages.py, `reported_as`)."""
 
     name = "factory"
 
