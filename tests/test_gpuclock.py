@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from starvecheck.loop.gpuclock import PENDING_MAX, DeviceIdle, FakeDevice
+from starvecheck.loop.gpuclock import PENDING_MAX, DeviceIdle
+from tests.fake_device import FakeDevice
 
 
 def run(

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from starvecheck.core.metric import value
-from starvecheck.loop.gpuclock import FakeDevice
 from starvecheck.loop.timer import Watch
+from tests.fake_device import FakeDevice
 
 
 def fake_loop(fetch_ms: float, kernels_ms: float, steps: int = 40, **kw):

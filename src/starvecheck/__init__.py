@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from starvecheck.loop.timer import Watch
 
-__version__ = "0.1.0"
+from starvecheck.core.version import __version__
+
 __all__ = ["__version__", "watch"]
 
 

@@ -44,7 +44,6 @@ class Weakest:
     demand: float | None = None
     speedup: float | None = None  # how much faster training runs with it fixed
     next_link: str | None = None  # the limit after it (gpu: demand)
-    next_capacity: float | None = None
     headroom: float | None = None  # gpu weakest: lowest other capacity / demand
     message: str = ""
 
@@ -65,7 +64,7 @@ def weakest(chain: Sequence[Link]) -> Weakest:
                 f": less padding would make the step up to {speedup:,.1f}x faster; whether "
                 "training gets it depends on the pipeline, not measured here"
             )
-        return Weakest("gpu", demand, demand, speedup, None, None, None, text + ".")
+        return Weakest("gpu", demand, demand, speedup, None, None, text + ".")
     order = {name: i for i, name in enumerate(LINKS)}
     ranked = sorted(pipeline, key=lambda x: (x.capacity, order.get(x.link, len(LINKS))))
     low, others = ranked[0], ranked[1:]
@@ -88,7 +87,7 @@ def weakest(chain: Sequence[Link]) -> Weakest:
             f": fixing it would make training up to {speedup:,.1f}x faster "
             f"(until {limit_name} at {limit:,.0f} samples/s)"
         )
-    return Weakest(low.link, low.capacity, demand, speedup, limit_name, limit, None, text + ".")
+    return Weakest(low.link, low.capacity, demand, speedup, limit_name, None, text + ".")
 
 
 def _gpu_weakest(gpu_link: Link, low: Link) -> Weakest:
@@ -107,9 +106,9 @@ def _gpu_weakest(gpu_link: Link, low: Link) -> Weakest:
             f"; less padding would make training up to {speedup:,.1f}x faster "
             f"(until {until}" + (" samples/s" if low.capacity < fixed else " removed") + ")"
         )
-        return Weakest("gpu", demand, demand, speedup, low.link, low.capacity, headroom, text + ".")
+        return Weakest("gpu", demand, demand, speedup, low.link, headroom, text + ".")
     text += f" (next: {low.link} at {headroom:,.1f}x what the GPU consumes)"
-    return Weakest("gpu", demand, demand, 1.0, low.link, low.capacity, headroom, text + ".")
+    return Weakest("gpu", demand, demand, 1.0, low.link, headroom, text + ".")
 
 
 # What to do about each link, pointing at the stage findings that say exactly how.

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from starvecheck import __version__
 from starvecheck.core.model import Report, StageResult
+from starvecheck.core.version import __version__
 
 if TYPE_CHECKING:
     from starvecheck.core.context import Context

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from starvecheck import __version__
 from starvecheck.core.context import Context
 from starvecheck.core.model import Report, Severity, StageResult, at_or_above
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
 from starvecheck.core.text import printable
+from starvecheck.core.version import __version__
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
 
 if TYPE_CHECKING:

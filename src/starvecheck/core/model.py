@@ -322,9 +322,6 @@ class Report:
     def findings(self) -> tuple[Finding, ...]:
         return tuple(f for s in self.stages for f in s.findings)
 
-    def worst_severity(self) -> Severity:
-        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=Severity.OK)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,

@@ -17,7 +17,6 @@ from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import check
 from starvecheck.inputs.streams import Cut, bounded_lines, open_text
 
-FORMATS = ("jsonl", "json", "parquet", "csv", "tsv", "text")
 _SUFFIXES = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",

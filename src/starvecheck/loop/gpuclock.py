@@ -22,7 +22,7 @@ are counted as unresolved, and a queue of PENDING_MAX unresolved steps (a stream
 stalls, or a device far behind) drops its oldest, counted, so memory stays bounded.
 
 The device is behind a seam (`Device`): `CudaDevice` records torch.cuda events on the
-current stream; tests drive `FakeDevice`, whose work runs on a simulated clock.
+current stream; tests drive a fake device (tests/fake_device.py) on a simulated clock.
 """
 
 from __future__ import annotations
@@ -133,33 +133,6 @@ class DeviceIdle:
         """The GPU's idle time over its steps' periods, resolved steps only."""
         total = sum(self.period_ms)
         return sum(self.idle_ms) / total if total > 0 else None
-
-
-class FakeDevice:
-    """A device on a simulated clock, for tests: `launch(ms)` queues work behind what is
-    queued; an event completes when the work queued before it has run; `stall()` makes
-    queued work never finish. The host's time is `now`, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.busy_until = 0.0
-        self.stalled = False
-
-    def launch(self, ms: float) -> None:
-        self.busy_until = max(self.busy_until, self.now) + ms
-
-    def stall(self) -> None:
-        self.stalled = True
-        self.busy_until = float("inf")
-
-    def record(self) -> float:
-        return max(self.busy_until, self.now)
-
-    def done(self, event: float) -> bool:
-        return event <= self.now
-
-    def elapsed_ms(self, a: float, b: float) -> float:
-        return b - a
 
 
 class NoDevice:

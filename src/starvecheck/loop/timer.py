@@ -48,17 +48,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
-from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S, Barrier
+from starvecheck.loop.barrier import Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, MachineCpu, Runqueue, WorkerCpu
 from starvecheck.loop.gpuclock import CudaDevice, Device, DeviceIdle, NoDevice
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.headspace import Replay, steps
-from starvecheck.loop.output import check_file, never_raising
+from starvecheck.loop.options import WatchOptions
+from starvecheck.loop.output import never_raising
 from starvecheck.loop.samples import FirstBatches
 from starvecheck.loop.steps import TrainerSteps
 from starvecheck.loop.times import LoopTimes, _cuda_in_use
@@ -76,34 +77,21 @@ class Watch(TrainerSteps, Generic[T]):
         self,
         iterable: Iterable[T],
         *,
-        sync: bool = False,
-        every: int | None = None,
-        file: TextIO | None = None,
-        show: bool = True,
-        barrier: bool = False,
-        barrier_timeout: float = DEFAULT_TIMEOUT_S,
-        headspace: int = 0,
-        gpu_events: bool | None = None,
         clock: Callable[[], float] = time.perf_counter,
         device: Device | None = None,
+        **options: Any,
     ) -> None:
-        if every is not None and (not isinstance(every, int) or every < 1):
-            raise ValueError(f"every must be a positive number of steps, not {every!r}")
-        if not isinstance(barrier_timeout, int | float) or not 0 < barrier_timeout < 1e9:
-            raise ValueError(
-                f"barrier_timeout must be a positive number of seconds, not {barrier_timeout!r}"
-            )
-        check_file(file)
+        o = WatchOptions(**options)  # loop/options.py: every option's default and check
         self.iterable = iterable
-        self.barrier = barrier
-        self.barrier_timeout = float(barrier_timeout)
-        self.every = every
-        self.file = file
-        self.show = show
+        self.barrier = o.barrier
+        self.barrier_timeout = o.barrier_timeout
+        self.every = o.every
+        self.file = o.file
+        self.show = o.show
         self.clock = clock
-        self.times = LoopTimes(sync=sync)  # what is measured
-        self._replay = Replay(steps(headspace))  # loop/headspace.py
-        self._want_events, self._device = gpu_events, device  # loop/gpuclock.py
+        self.times = LoopTimes(sync=o.sync)  # what is measured
+        self._replay = Replay(steps(o.headspace))  # loop/headspace.py
+        self._want_events, self._device = o.gpu_events, device  # loop/gpuclock.py
         self._gpu: DeviceIdle | NoDevice | None = None
         self._synchronize: Callable[[], None] | None = None
         self._barrier: Barrier | None = None
@@ -415,19 +403,7 @@ def _nothing() -> None:
 NO_EVENTS = "gpu_events=True, but torch sees no CUDA device: the GPU's idle time is not read"
 
 
-def watch(
-    iterable: Iterable[T],
-    *,
-    sync: bool = False,
-    every: int | None = None,
-    file: TextIO | None = None,
-    show: bool = True,
-    barrier: bool = False,
-    barrier_timeout: float = DEFAULT_TIMEOUT_S,
-    headspace: int = 0,
-    gpu_events: bool | None = None,
-) -> Watch[T]:
-    """Wrap the iterable a training loop consumes; see the module docstring."""
-    return Watch(iterable, sync=sync, every=every, file=file, show=show, barrier=barrier,
-                 barrier_timeout=barrier_timeout, headspace=headspace,
-                 gpu_events=gpu_events)  # fmt: skip
+def watch(iterable: Iterable[T], **options: Any) -> Watch[T]:
+    """Wrap the iterable a training loop consumes; see the module docstring and
+    loop/options.WatchOptions for the options."""
+    return Watch(iterable, **options)

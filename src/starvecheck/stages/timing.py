@@ -113,7 +113,6 @@ MORE_RUNS = "add runs (`--runs` of io, loader and pcie)"
 NOISY_MACHINE = (
     f"a noisy machine or a cache changing under the runs: close other work and {MORE_RUNS}"
 )
-NOISY_GPU = f"other work on this GPU or CPU, or a link changing speed: close it and {MORE_RUNS}"
 
 
 def unstable(entries: Sequence[str], what: str = "runs", cause: str = NOISY_MACHINE) -> Caveat:

@@ -7,9 +7,8 @@ options. Each callback maps its trainer's hooks onto the timer's two lifecycles:
 from __future__ import annotations
 
 import importlib
-from typing import Any, TextIO
+from typing import Any
 
-from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S
 from starvecheck.loop.timer import Watch
 
 SINGLE = "_SingleProcessDataLoaderIter"  # the DataLoader iterator at num_workers=0
@@ -17,31 +16,14 @@ MULTI = "_MultiProcessingDataLoaderIter"
 
 
 class Hooked:
-    """Holds `.watch`; options as `starvecheck.watch`'s."""
+    """Holds `.watch`; options as `starvecheck.watch`'s (loop/options.WatchOptions)."""
 
     trainer = "a trainer"  # what the report names as the loop's iterator
 
-    def __init__(
-        self,
-        *,
-        sync: bool = False,
-        every: int | None = None,
-        file: TextIO | None = None,
-        show: bool = True,
-        barrier: bool = False,
-        barrier_timeout: float = DEFAULT_TIMEOUT_S,
-        gpu_events: bool | None = None,
-    ) -> None:
-        self.watch: Watch[Any] = Watch(
-            (),
-            sync=sync,
-            every=every,
-            file=file,
-            show=show,
-            barrier=barrier,
-            barrier_timeout=barrier_timeout,
-            gpu_events=gpu_events,
-        )
+    def __init__(self, **options: Any) -> None:
+        if "headspace" in options:  # steps replayed from memory: a loop we iterate only
+            raise TypeError("headspace applies to starvecheck.watch(loader) only")
+        self.watch: Watch[Any] = Watch((), **options)
         self.watch.times.iterator = self.trainer
 
     def _workers(self, workers: object) -> None:

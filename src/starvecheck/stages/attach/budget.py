@@ -22,7 +22,6 @@ never raise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from starvecheck.probe.cpu import parse_status_field
 from starvecheck.probe.load import parse_pid_stat
@@ -144,18 +143,6 @@ def samples_expected(rate: int, seconds: float) -> int:
 def duration_for(rate: int, samples: int = MIN_SAMPLES) -> int:
     """Seconds of sampling at `rate` that give `samples` samples (whole seconds)."""
     return math.ceil(samples / max(1, rate))
-
-
-@dataclass(frozen=True)
-class Spent:
-    """What py-spy took: CPU seconds over the seconds it ran."""
-
-    cpu_s: float
-    seconds: float
-
-    @property
-    def cpus(self) -> float:
-        return self.cpu_s / self.seconds if self.seconds > 0 else 0.0
 
 
 # --- readers (through SysRoot; never raise) ----------------------------------------------

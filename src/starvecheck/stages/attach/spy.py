@@ -35,7 +35,6 @@ from starvecheck.stages.attach.classify import Frame, parse_frame
 if TYPE_CHECKING:
     from starvecheck.scratch.directory import Scratch
 
-RATE_DEFAULT = 50  # samples a second: the default (under 1% of a step, docs/performance.md)
 RATE_CEILING = 200  # never more, whatever is asked
 MAX_LINES = 200_000
 MAX_FRAMES = 512

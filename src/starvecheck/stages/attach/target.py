@@ -53,15 +53,6 @@ def command_of(pid: int, root: SysRoot | None = None) -> str | None:
     return process.command(_root(root), pid)
 
 
-def environ_of(pid: int, root: SysRoot | None = None) -> dict[str, str] | None:
-    return process.environ(_root(root), pid)
-
-
-def children_of(pid: int, root: SysRoot | None = None) -> list[int]:
-    """Every descendant of `pid` (children, their children), from /proc/*/stat."""
-    return descendants_of([pid], root)[pid]
-
-
 def descendants_of(pids: list[int], root: SysRoot | None = None) -> dict[int, list[int]]:
     """Each of `pids` -> its descendants, from one reading of /proc/*/stat."""
     return process.descendants(process.parents(_root(root)), pids)

@@ -40,18 +40,11 @@ NO_GPU = "no GPU kernels in the trace: a CPU-only run"
 _STEP = re.compile(r"ProfilerStep#(\d+)")
 _FETCH_PREFIX = "enumerate(DataLoader)#"
 _COPY = re.compile(r"Memcpy\s*(HtoD|DtoH|DtoD|PtoP|HtoH)", re.IGNORECASE)
-COPY_KINDS = ("h2d", "d2h", "d2d")
 _COPY_KIND = {"htod": "h2d", "dtoh": "d2h", "dtod": "d2d", "ptop": "d2d"}
 
 
 def _category(cat: Any) -> str:
     return cat.lower() if isinstance(cat, str) else ""
-
-
-def _host(category: str) -> bool:
-    """A host-side category: Kineto also copies record_function ranges, ProfilerStep
-    among them, onto the GPU timeline as gpu_user_annotation; those are not steps."""
-    return not category.startswith("gpu_") and category not in GPU_CATEGORIES
 
 
 def _is_fetch(name: str) -> bool:

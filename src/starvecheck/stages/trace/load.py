@@ -92,12 +92,6 @@ class Event(msgspec.Struct, gc=False):
         return self.args.correlation if self.args is not None else None
 
 
-class _File(msgspec.Struct, gc=False):
-    traceEvents: Any = msgspec.UNSET
-    distributedInfo: Any = None
-    baseTimeNanoseconds: Any = None
-
-
 class _Typed(msgspec.Struct, gc=False):
     traceEvents: list[Event]
     distributedInfo: Any = None
