@@ -1,12 +1,13 @@
 # The README's two set-up commands. On a fresh machine they are all the set-up there is.
 #   make run   venv with every extra, then `starvecheck doctor --quick` on the embedded default
-#   make test  venv with every extra and the test tools, then the whole suite (what CI runs)
+#   make test  venv with every extra and the test tools, then the fast lane (what CI runs
+#              first): every test but the slow and the accuracy ones, on every CPU
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: run test package-check lint bench clean
+.PHONY: run test test-slow accuracy package-check lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +34,20 @@ run: $(VENV)/.installed-all
 	$(BIN)/starvecheck doctor --quick
 
 # Tests run with every extra: the tokenizer, Streaming and plot paths are tested, not skipped.
+# Three lanes (docs/development.md, "The test lanes"):
+#   test       the fast lane, in parallel (pytest-xdist): deterministic on a loaded machine
+#   test-slow  real workers, processes and signals end to end; deterministic, minutes
+#   accuracy   truth checks of samplers, timings and predictions: needs a quiet machine
+TEST_WORKERS ?= auto
 test: $(VENV)/.installed-all
 	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not accuracy"
+
+test-slow: $(VENV)/.installed-all
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "slow and not accuracy"
+
+accuracy: $(VENV)/.installed-all
+	$(BIN)/python -m pytest -q -m accuracy
 
 # Build the wheel and sdist, install the wheel in a fresh venv and run it (CI runs this).
 package-check: $(VENV)/.installed-test

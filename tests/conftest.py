@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,59 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def _tmpdirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Where each test's own temporary directory is made: beside the real one (short,
+    as multiprocessing's socket paths need), and removed when the session ends."""
+    import shutil
+    import tempfile
+
+    # pytest fixes its own base (tmp_path's) on first use, from tempfile: before any
+    # test's TMPDIR is swapped in.
+    tmp_path_factory.getbasetemp()
+
+    from multiprocessing import util
+
+    base = Path(tempfile.mkdtemp(prefix="sc-tests-"))
+    base.chmod(0o755)  # tests run commands as another user under it, as under /tmp
+    yield base
+    # Removed at exit after multiprocessing removes its own pymp-* (priority -100),
+    # which an in-process test may have made in there.
+    util.Finalize(None, shutil.rmtree, (str(base),), {"ignore_errors": True}, exitpriority=-200)
+
+
+@pytest.fixture(autouse=True)
+def own_tmpdir(_tmpdirs: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own temporary directory (TMPDIR, for the commands it runs
+    too), made as /tmp is (sticky, writable by all): what multiprocessing (pymp-*),
+    Streaming (locks) and starvecheck's own markers leave there is this test's alone,
+    whatever other tests run beside it (xdist)."""
+    import tempfile
+
+    own = Path(tempfile.mkdtemp(prefix="t", dir=_tmpdirs))
+    own.chmod(0o1777)
+    monkeypatch.setenv("TMPDIR", str(own))
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+    # multiprocessing keeps the pymp-* it made for the process: this test makes its own.
+    from multiprocessing import process
+
+    monkeypatch.delitem(process.current_process()._config, "tempdir", raising=False)
+    return own
+
+
+def settled(new: Callable[[], set[str]], within: float = 120.0) -> set[str]:
+    """What `new()` (names in /dev/shm made since a test began) still holds once it
+    settles: /dev/shm is the machine's, and a test running beside this one (xdist)
+    makes and removes its own there. Empty as soon as it is; what a run really left
+    stays, and is returned after `within` seconds."""
+    import time
+
+    deadline = time.monotonic() + within
+    while (left := new()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def children(pid: int) -> set[int]:

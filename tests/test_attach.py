@@ -96,7 +96,7 @@ def read_loop(mode: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[st
     return r, own_share(a, b), p.pid
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_a_data_bound_loop_is_named_input_bound_at_its_own_share(tmp_path):
     r, own, pid = read_loop("data", tmp_path)
     f = findings(r)["attach.data-wait"]
@@ -113,7 +113,7 @@ def test_a_data_bound_loop_is_named_input_bound_at_its_own_share(tmp_path):
         assert bound["gain"] is None or bound["gain"]["value"] is None, bound
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_a_compute_bound_loop_is_not(tmp_path):
     r, own, pid = read_loop("compute", tmp_path)
     f = findings(r)["attach.data-wait"]
@@ -127,7 +127,7 @@ def test_a_compute_bound_loop_is_not(tmp_path):
         assert not [c for c in stage["caveats"] if "GPU utilization not read" in str(c)]
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 @pytest.mark.parametrize(
     ("mode", "link"),
     [("cpu", "CPU-bound"), ("io", "I/O-bound"), ("handover", "hand-over-bound")],
@@ -182,6 +182,7 @@ def test_what_is_not_a_training_job_is_one_line_and_exit_2(tmp_path):
             p.wait()
 
 
+@pytest.mark.slow
 def test_stacks_it_may_not_read_are_one_caveat_and_the_rest_is_reported(tmp_path, monkeypatch):
     # A py-spy refused by ptrace, as in a container without SYS_PTRACE: it says so on
     # stderr and exits 1. attach reports /proc's figures and what to grant.

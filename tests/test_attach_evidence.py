@@ -78,7 +78,7 @@ def read(cmd: list[str], path: Path) -> tuple[dict[str, Any], float, int]:
     return stage_of(r), own_share(a, b), p.pid
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_a_starved_loop_in_a_thread_is_read_in_that_thread(tmp_path):
     path = tmp_path / "state.json"
     stage, own, pid = read([sys.executable, str(LOOPS / "attach_loop.py"), "thread", str(path)],
@@ -91,7 +91,7 @@ def test_a_starved_loop_in_a_thread_is_read_in_that_thread(tmp_path):
     beside_its_own(stage, pid, own)
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_a_nanogpt_style_get_batch_is_its_wait_for_data(tmp_path):
     tokens = tmp_path / "train.bin"
     np.random.default_rng(0).integers(0, 256, 1_000_000).astype(np.uint16).tofile(tokens)

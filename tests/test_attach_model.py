@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from starvecheck.advice.attach import rules
 from starvecheck.advice.results import Results
 from starvecheck.core.metric import Metric
@@ -102,6 +104,7 @@ def test_the_per_second_readings_of_the_others_are_there_and_sane():
     assert out["load_average"] is None or out["load_average"] >= 0
 
 
+@pytest.mark.slow
 def test_attachs_json_carries_the_others_cpus_each_second(tmp_path, monkeypatch):
     """End to end on a real loop (stacks refused, as without SYS_PTRACE, so that no
     py-spy runs): the JSON holds the other processes' CPUs each second, the machine's

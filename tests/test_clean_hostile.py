@@ -53,9 +53,10 @@ def _victim(path: Path) -> Path:
 
 
 @pytest.fixture
-def where(tmp_path: Path) -> dict[str, Path]:
-    """PATH (data), the temporary directory clean is told about (tmp), and elsewhere."""
-    dirs = {k: tmp_path / k for k in ("data", "tmp", "elsewhere")}
+def where(own_tmpdir: Path) -> dict[str, Path]:
+    """PATH (data), the temporary directory clean is told about (tmp), and elsewhere:
+    under the test's own short temporary directory, as a socket's path must be short."""
+    dirs = {k: own_tmpdir / k for k in ("data", "tmp", "elsewhere")}
     for d in dirs.values():
         d.mkdir()
     return dirs
@@ -413,6 +414,7 @@ def test_a_lease_break_does_not_end_clean(tmp_path) -> None:
         assert child.wait(timeout=60) == 0
 
 
+@pytest.mark.slow
 def test_the_names_match_the_installed_streaming() -> None:
     pytest.importorskip("streaming")
     from starvecheck.stages.samples import mds

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -408,9 +409,13 @@ def test_render_and_advice_take_no_metric_name_apart(layer):
 # --- every metric: labelled, and in exactly one table ------------------------------
 
 
-def _reports(tmp_path: Path) -> Iterator[tuple[str, Report]]:
-    for p in sorted(GOLDEN.glob("*.json")):
-        yield p.stem, Report.from_dict(json.loads(p.read_text()))
+# Reports of each measuring command, as this code writes them, stored so the fast lane
+# checks every metric's labels without measuring (the slow test below checks that they
+# are still what the commands write, and rewrites them with STARVECHECK_REGOLDEN=1).
+LABELS = GOLDEN / "labels"
+
+
+def _fresh(tmp_path: Path) -> Iterator[tuple[str, dict]]:
     tok = tiny_tokenizer(tmp_path / "tok")
     fresh = {
         "io": ("io", "--quick", "--runs", "1", "--threads", "1,2", str(tmp_path)),
@@ -423,13 +428,26 @@ def _reports(tmp_path: Path) -> Iterator[tuple[str, Report]]:
     for name, argv in fresh.items():
         r = run(*argv, "--json", "-")
         assert r.exit_code in (0, 1, 3), (name, r.stderr)
-        yield name, Report.from_dict(r.json)
+        yield name, r.json
 
 
-@pytest.mark.slow
-def test_every_metric_is_labelled_and_in_exactly_one_table(tmp_path):
+def _reports() -> Iterator[tuple[str, Report]]:
+    for p in (*sorted(GOLDEN.glob("*.json")), *sorted(LABELS.glob("*.json"))):
+        yield p.stem, Report.from_dict(json.loads(p.read_text()))
+
+
+def _shapes(report: dict) -> set[tuple[str, str, tuple[str, ...]]]:
+    """(stage, quantity, label keys) of every metric: what the tables select by."""
+    return {
+        (s["stage"], str(m.get("labels", {}).get("quantity")), tuple(sorted(m.get("labels", {}))))
+        for s in report["stages"]
+        for m in s.get("metrics", ())
+    }
+
+
+def test_every_metric_is_labelled_and_in_exactly_one_table():
     seen = set()
-    for source, report in _reports(tmp_path):
+    for source, report in _reports():
         for stage in report.stages:
             metrics = [*stage.metrics, *([stage.capacity] if stage.capacity else [])]
             unlabelled = [m.name for m in metrics if "quantity" not in m.labels]
@@ -439,6 +457,46 @@ def test_every_metric_is_labelled_and_in_exactly_one_table(tmp_path):
             assert sorted(placed) == sorted(id(m) for m in stage.metrics), (source, stage.stage)
             seen.add(stage.stage)
     assert {"io", "loader", "starve", "pad", "pcie", "profile"} <= seen
+
+
+@pytest.mark.slow
+def test_the_stored_reports_are_what_the_commands_write(tmp_path):
+    """The goldens the label check reads still have the metrics the commands write:
+    the same stages, quantities and label keys."""
+    regolden = os.environ.get("STARVECHECK_REGOLDEN") == "1"
+    for name, report in _fresh(tmp_path):
+        stored = LABELS / f"{name}.json"
+        if regolden:
+            stored.write_text(json.dumps(report, indent=1) + "\n")
+        assert _shapes(json.loads(stored.read_text())) == _shapes(report), name
+
+
+# --- no test passes vacuously --------------------------------------------------------
+
+
+def _vacuous_returns(path: Path) -> list[str]:
+    """`if ...: return` in a test before it asserted anything: where that branch is
+    taken the test passes having checked nothing (it must skip, saying why)."""
+    found = []
+    for fn in ast.parse(path.read_text()).body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")):
+            continue
+        asserted = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Assert)]
+        for node in ast.walk(fn):
+            returns = isinstance(node, ast.If) and any(
+                isinstance(st, ast.Return) and st.value is None for st in node.body
+            )
+            if returns and not any(line < node.lineno for line in asserted):
+                found.append(f"{path.name}:{node.lineno} {fn.name}")
+    return found
+
+
+def test_no_test_returns_before_it_asserted_anything(tmp_path):
+    tests = Path(__file__).parent
+    assert [hit for p in sorted(tests.glob("test_*.py")) for hit in _vacuous_returns(p)] == []
+    bad = tmp_path / "test_bad.py"
+    bad.write_text("def test_x(workers=0):\n    if workers == 0:\n        return\n    assert 1\n")
+    assert _vacuous_returns(bad) == ["test_bad.py:2 test_x"]  # the check can fail
 
 
 # --- every finding id documented --------------------------------------------------

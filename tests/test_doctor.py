@@ -26,6 +26,7 @@ UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
 LINKS = ["storage", "loader", "pcie", "gpu"]
 
 
+@pytest.mark.slow
 def test_quick_json_holds_every_stage_the_chain_and_the_weakest_link(tmp_path):
     r = run("doctor", "--quick", "--json", "-", str(tmp_path))
     assert r.exit_code == 0, r.stderr
@@ -110,6 +111,7 @@ def test_workload_file_and_options_reach_the_stages(tmp_path):
     assert d["weakest_link"] == "gpu"
 
 
+@pytest.mark.slow
 def test_tokenizer_measures_the_cpu_per_sample_and_counts_the_datasets_tokens(tmp_path):
     tok = tiny_tokenizer(tmp_path / "tok")
     data = tmp_path / "train.jsonl"
@@ -252,6 +254,7 @@ def test_help_lists_doctor_and_imports_nothing_heavy():
     assert p.stderr.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "marker", ["starvecheck-io-*/shard.bin", "starvecheck-loader-*/shard.idx"], ids=["io", "loader"]
 )

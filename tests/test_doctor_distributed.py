@@ -30,6 +30,7 @@ def _torchrun(tmp_path: Path, slow: str, *args: str) -> subprocess.CompletedProc
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_slowed_rank_is_named_the_straggler(tmp_path):
     # 1 ms of sleep per sample caps rank 1 near 1,000 samples/s per worker; an
     # unslowed loader reads 8 KiB samples from the page cache at tens of thousands.
@@ -50,6 +51,7 @@ def test_slowed_rank_is_named_the_straggler(tmp_path):
     assert list(tmp_path.iterdir()) == []  # both ranks' scratch data removed
 
 
+@pytest.mark.slow
 def test_bad_hook_is_one_line_and_nothing_is_gathered(tmp_path):
     p = _torchrun(tmp_path, "x", "--only", "pad")
     assert p.returncode != 0

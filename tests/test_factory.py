@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -313,6 +314,7 @@ def run_cli(
     )
 
 
+@pytest.mark.slow
 def test_the_command_end_to_end_with_a_chatty_factory_keeps_json_on_stdout(
     pipes: Path, tmp_path: Path
 ) -> None:
@@ -338,6 +340,7 @@ def test_the_command_end_to_end_with_a_chatty_factory_keeps_json_on_stdout(
     assert all(m["value"] > 0 for m in rates)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("func", "line"),
     [
@@ -369,6 +372,7 @@ def test_budget_without_factory_is_refused() -> None:
     assert r.returncode == 2 and "--budget applies with --factory only" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_package_module_factory_importable_from_the_working_directory(tmp_path: Path) -> None:
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
@@ -403,7 +407,7 @@ def plain_rate(loader: Any, batches: int = 120, warmup: int = 5) -> float:
     return samples / (marks[-1] - marks[warmup - 1])
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     """The README's run: real JPEG decode. The count recommended is within the CPUs (the
     work is decoding), and what it predicts against the current num_workers=0 comes true
@@ -426,7 +430,7 @@ def test_the_jpeg_example_its_recommendation_and_a_plain_loop_agree() -> None:
     workers = finding["fix"]["num_workers"]
     assert workers <= stage["parameters"]["effective_cpus"]
     if workers == 0:
-        return
+        pytest.skip("num_workers=0 recommended here: there is no count to apply and time")
     (predicted,) = [
         m
         for m in stage["metrics"]
@@ -473,7 +477,7 @@ def test_step_ms_without_factory_is_refused() -> None:
 
 
 def _pymp() -> set[str]:
-    return {n for n in os.listdir("/tmp") if n.startswith("pymp-")}
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("pymp-")}
 
 
 @pytest.mark.slow
@@ -517,6 +521,7 @@ def test_a_signal_while_the_users_workers_run_stops_them_and_leaves_nothing(
     assert _pymp() - before == set()
 
 
+@pytest.mark.slow
 def test_a_dataset_of_fewer_batches_than_the_warm_up_is_still_measured(pipes: Path) -> None:
     """Two batches an epoch, five to fill two workers' prefetch queues: the warm-up goes on
     into the next epochs, then every batch counts, each epoch's restart with it."""

@@ -281,7 +281,7 @@ OBJECTS = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_copy_on_read_end_to_end(tmp_path: Path) -> None:
     path = tmp_path / "cor.py"
     path.write_text(OBJECTS)

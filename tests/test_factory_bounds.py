@@ -215,7 +215,7 @@ def make():
 """
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_a_sleep_bound_dataset_gives_a_gain_its_worker_counts_explain(tmp_path: Path) -> None:
     """Two workers cannot load a 100 ms-a-sample dataset more than about twice as fast as
     the main process alone (it gave 211-824x when buffered batches were counted)."""

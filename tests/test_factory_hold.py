@@ -158,7 +158,7 @@ def test_merging_slices_keeps_one_figure_a_round_and_adds_the_rest() -> None:
 # --- workers waiting for a CPU are CPU work -------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.accuracy
 def test_while_another_process_burns_a_core_cpu_work_stays_within_the_cpus(pipes: Path) -> None:
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:

@@ -67,6 +67,7 @@ QUICK = ("--quick", "--budget", "0.5", "--workers", "0")
 # --- the working directory -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_factory_that_changes_directory_leaves_the_outputs_where_asked(tmp_path: Path) -> None:
     """--json report.json is written in the directory the command ran in, not the one
     the factory moved to (whose report.json is someone else's), nor lost when that one
@@ -99,6 +100,7 @@ def test_a_factory_that_changes_directory_leaves_the_outputs_where_asked(tmp_pat
     assert sorted(p.name for p in elsewhere.iterdir()) == ["report.json"]
 
 
+@pytest.mark.slow
 def test_a_factory_that_sets_the_umask_leaves_the_report_readable(tmp_path: Path) -> None:
     pipe = factory(tmp_path, "def closed():\n    os.umask(0o777)\n    return Small()\n")
     r = run_cli("--factory", f"{pipe}:closed", *QUICK, "--json", "r.json", cwd=tmp_path)
@@ -107,6 +109,7 @@ def test_a_factory_that_sets_the_umask_leaves_the_report_readable(tmp_path: Path
     assert "set the umask to 777" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_relative_factory_file_is_imported_again_after_it_moved(tmp_path: Path) -> None:
     """An IterableDataset is made afresh for each configuration: FILE.py, given relative,
     is found again after FUNC changed directory."""
@@ -172,6 +175,7 @@ class Stuck(Small):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every_sample", [False, True])
 def test_the_factorys_own_signal_handlers_do_not_switch_off_sigterm(
     tmp_path: Path, every_sample: bool
@@ -203,6 +207,7 @@ def test_the_factorys_own_signal_handlers_do_not_switch_off_sigterm(
     assert "starvecheck kept its own" in err
 
 
+@pytest.mark.slow
 def test_the_factorys_own_timer_does_not_switch_off_the_batch_timeout(tmp_path: Path) -> None:
     """Its own SIGALRM handler and a timer left running, set by FUNC and by a sample:
     a sample that then never returns still ends at --batch-timeout."""
@@ -226,6 +231,7 @@ def _short_tmpdir() -> str:
     return tempfile.mkdtemp(prefix="sc-", dir="/tmp")
 
 
+@pytest.mark.slow
 def test_a_killed_factory_run_leaves_what_clean_removes(tmp_path: Path) -> None:
     """The user's code kills the process (SIGKILL, as an out-of-memory kill does): the
     pymp-* directory multiprocessing made was recorded first, and `clean` removes it."""
@@ -261,6 +267,7 @@ def test_a_killed_factory_run_leaves_what_clean_removes(tmp_path: Path) -> None:
         os.rmdir(tmp)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["factory", "sample", "caught"])
 def test_os_exit_in_the_users_code_is_one_line_and_exit_2(tmp_path: Path, where: str) -> None:
     tmp = _short_tmpdir()
@@ -303,6 +310,7 @@ def test_os_exit_in_the_users_code_is_one_line_and_exit_2(tmp_path: Path, where:
         os.rmdir(tmp)
 
 
+@pytest.mark.slow
 def test_workers_still_exit_through_os_exit(tmp_path: Path) -> None:
     """A forked DataLoader worker leaves through the real os._exit: a run with workers
     ends normally."""
@@ -314,6 +322,7 @@ def test_workers_still_exit_through_os_exit(tmp_path: Path) -> None:
 # --- what the pipeline hands back -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("func", "line"),
     [
@@ -359,6 +368,7 @@ def test_a_pipeline_that_yields_nothing_is_one_line_and_exit_2(
     assert line in error_line(r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("func", "line"),
     [

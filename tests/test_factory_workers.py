@@ -128,6 +128,7 @@ def _cmdline(pid: int) -> str:
 # --- workers die with the main process ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("func", ["slow", "slow_forkserver"])
 def test_workers_in_a_slow_worker_init_fn_die_with_a_killed_main_process(
     factory_file: Path, tmp_path: Path, func: str
@@ -172,6 +173,7 @@ def test_workers_in_a_slow_worker_init_fn_die_with_a_killed_main_process(
                 os.kill(p, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_sigterm_while_workers_are_in_a_slow_worker_init_fn_ends_at_once(
     factory_file: Path, tmp_path: Path
 ) -> None:
@@ -207,6 +209,7 @@ def test_sigterm_while_workers_are_in_a_slow_worker_init_fn_ends_at_once(
 # --- spawn, forkserver and multiprocessing_context -------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("func", ["spawn", "forkserver"])
 def test_a_factory_file_with_spawn_or_forkserver_workers_is_measured(
     factory_file: Path, func: str
@@ -285,6 +288,7 @@ def _measured(report: str) -> set[int]:
     return {c["workers"] for c in stage["parameters"]["configurations"] if c["batches"]}
 
 
+@pytest.mark.slow
 def test_the_default_sweep_is_fitted_to_the_open_file_limit(factory_file: Path) -> None:
     """Without --workers there was no check: a 120 s wait and tracebacks under
     `ulimit -n 12`."""
@@ -358,6 +362,7 @@ def test_a_worker_killed_for_memory_is_named_with_the_oom_count(
 # --- processes the pipeline left running ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_processes_the_users_workers_started_are_stopped(
     factory_file: Path, tmp_path: Path
 ) -> None:
@@ -396,6 +401,7 @@ def _pids_cgroup(tmp_path: Path, limit: int) -> Path | None:
     return cg
 
 
+@pytest.mark.slow
 def test_a_pids_limit_leaves_out_the_counts_that_cannot_start(
     factory_file: Path, tmp_path: Path
 ) -> None:

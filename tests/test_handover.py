@@ -57,6 +57,7 @@ def test_only_a_loop_that_waits_with_big_batches_is_worth_measuring():
     assert not worth_measuring(MIN_BYTES, [], [])
 
 
+@pytest.mark.slow
 def test_the_handover_is_measured_with_a_real_worker_and_nothing_is_left():
     pytest.importorskip("torch")
     before = children(os.getpid())

@@ -219,6 +219,7 @@ def test_lightning_ddp_reports_every_rank(tmp_path):
 # --- the environment `make test` builds, and the README's snippets as printed ------------
 
 
+@pytest.mark.slow
 def test_the_environment_imports_every_trainer_and_streaming():
     """transformers' Trainer, Lightning and Streaming all import torchvision; the set-up's
     torchvision (scripts/torchvision_cpu.py) must import beside its torch. No hiding."""

@@ -194,6 +194,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["early", "generate", "flush", "read"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_leaves_nothing_behind(
@@ -238,6 +239,7 @@ def test_signal_leaves_nothing_behind(
     assert err.splitlines() == [line]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [None, "2"], ids=["default-threads", "2-threads"])
 def test_sighup_during_measurement_leaves_nothing_behind(
     tmp_path: Path, child: Callable[..., subprocess.Popen], threads: str | None

@@ -3,6 +3,7 @@ table's reading of metric labels."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,7 @@ def metrics(draw):
     return tuple(out)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(metrics())
 def test_split_never_raises_and_accounts_for_every_metric(ms):

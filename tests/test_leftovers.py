@@ -16,7 +16,7 @@ import pytest
 
 from starvecheck.scratch import leftovers
 from starvecheck.scratch.directory import Scratch
-from tests.conftest import run
+from tests.conftest import run, settled
 
 MINE = b"my own data\n"
 
@@ -121,6 +121,7 @@ def _wait_for(predicate, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_run_killed_with_sigkill_is_reported_then_cleaned(tmp_path: Path) -> None:
     data, tmp = tmp_path / "data", tmp_path / "tmp"
     data.mkdir()
@@ -172,7 +173,7 @@ def test_a_run_killed_with_sigkill_is_reported_then_cleaned(tmp_path: Path) -> N
     assert sorted(p.name for p in data.iterdir()) == ["mine.txt"]
     assert mine.read_bytes() == MINE
     assert list(tmp.iterdir()) == []  # Streaming's lock files, multiprocessing's pymp-*
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert settled(lambda: set(os.listdir("/dev/shm")) - shm_before) == set()
 
 
 @pytest.mark.parametrize("text", ["", "not json\n", '{"tool": "starvecheck"}\n', "[1, 2]\n"])

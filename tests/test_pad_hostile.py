@@ -17,6 +17,7 @@ from tests.conftest import PEAK, one_line, run, tiny_tokenizer
 WORDS = "the quick brown fox jumps over the lazy dog "
 
 
+@pytest.mark.slow
 def test_a_huge_single_line_is_cut_while_read_and_memory_stays_bounded(tmp_path: Path) -> None:
     # 48 MiB in one line: before 0.2 about 5 GB resident (a 100 MB line: 11 GB, 88 s).
     tok = tiny_tokenizer(tmp_path / "tok")
@@ -111,6 +112,7 @@ def test_a_tokenizer_error_says_its_cause(tmp_path: Path) -> None:
     assert not err.rstrip().endswith(("Error", "Exception"))
 
 
+@pytest.mark.slow
 def test_a_huge_line_of_lengths_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
     path = tmp_path / "lengths.txt"
     path.write_text("12\n" + "9" * (160 << 20) + "\n")

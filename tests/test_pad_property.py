@@ -172,6 +172,7 @@ def blocks(data: bytes, read: int, limit: int | None, **sizes: int) -> np.ndarra
         return str(e)
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None)
 @given(
     _TEXTS,

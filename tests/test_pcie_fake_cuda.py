@@ -166,6 +166,7 @@ def test_numa_with_a_cpu_this_process_may_not_use_is_a_reason(fake, monkeypatch)
     assert m["numa.remote_penalty"].value is None
 
 
+@pytest.mark.slow
 def test_the_command_on_the_stand_in_exits_0_with_a_json_report(fake, monkeypatch):
     monkeypatch.setattr(cudart, "reference_h2d", lambda *a: ([1.0], [1.0], "x"))
     r = run("pcie", "--sizes", "1M,2M", "--runs", "3", "--json", "-")

@@ -61,6 +61,7 @@ def _workers_measured(report: str) -> set[int]:
     return {m["labels"]["workers"] for m in stage["metrics"] if "workers" in m["labels"]}
 
 
+@pytest.mark.slow
 def test_a_hard_limit_of_72_files_measures_what_fits(tmp_path: Path) -> None:
     r = _loader(tmp_path, 72, 72)
     assert r.returncode == 0, r.stderr
@@ -73,6 +74,7 @@ def test_a_hard_limit_of_72_files_measures_what_fits(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_low_soft_limit_is_raised_and_everything_measured(tmp_path: Path) -> None:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     r = _loader(tmp_path, 36, hard)
@@ -89,6 +91,7 @@ def test_a_limit_too_low_for_anything_is_one_line(tmp_path: Path) -> None:
     assert r.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_long_temporary_directory_does_not_break_the_workers(tmp_path: Path) -> None:
     # Workers hand batches over through a Unix socket under multiprocessing's pymp-*
     # directory; under a TMPDIR this long its path passed 107 bytes, every hand-over

@@ -27,6 +27,7 @@ def metrics(r):
     return {m["name"]: m for m in r.json["stages"][0]["metrics"]}
 
 
+@pytest.mark.slow
 def test_quick_loop_reports_both_layouts_with_five_phases(tmp_path):
     pytest.importorskip("transformers")
     traces = tmp_path / "traces"
@@ -189,6 +190,7 @@ def test_h2d_copies_over_a_tenth_of_the_step_are_a_finding():
 # --- the text layout: raw text tokenized on the data path ---------------------------
 
 
+@pytest.mark.slow
 def test_tokenizer_adds_a_text_layout_tokenized_in_the_loader(tmp_path):
     pytest.importorskip("transformers")
     from tests.conftest import tiny_tokenizer
@@ -319,6 +321,7 @@ def test_trace_dir_is_made_by_the_command_before_the_stage_plans(tmp_path):
     assert plan.plan.trace_dir == str((tmp_path / "t").resolve()) and (tmp_path / "t").is_dir()
 
 
+@pytest.mark.slow
 def test_profile_leaves_nothing_in_tmpdir(tmp_path):
     """torch.profiler reads inductor's config, which made torchinductor_<user> in
     TMPDIR and left it there after every run. In a fresh process with a private
@@ -343,6 +346,7 @@ def test_profile_leaves_nothing_in_tmpdir(tmp_path):
     assert sorted(p.name for p in data.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_building_the_training_step_leaves_nothing_in_tmpdir(tmp_path):
     """doctor builds the same model to time the GPU step, with no scratch directory:
     the cache directory the import makes is removed again where it is the import's

@@ -228,6 +228,7 @@ def test_plot_writes_a_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_real_tokenization_is_measured_and_used(tmp_path):
     tiny_tokenizer(tmp_path / "tok")
     r = run(
@@ -275,6 +276,7 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_shuts_the_workers_down(sig, code):
     proc = subprocess.Popen(

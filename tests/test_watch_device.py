@@ -104,6 +104,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.accuracy
 def test_headspace_on_a_cpu_loop_measures_the_step_without_the_loader(one_thread):
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from starvecheck.advice.report import build_report
 from starvecheck.core.context import Context
 from starvecheck.core.model import StageResult
@@ -76,6 +78,7 @@ def test_a_watched_loop_carries_the_others_cpus_and_its_own():
     assert params["load_average"] is None or params["load_average"] >= 0
 
 
+@pytest.mark.slow
 def test_a_trainers_hooks_read_the_machine_too_where_it_loads_itself():
     w = Watch((), show=False)
     w.times.num_workers = 0
