@@ -31,7 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.core.model import Report
+from starvecheck.core import catalogue
+from starvecheck.core.catalogue import CATALOGUE
+from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.render.sections import stage_sections
 from tests.conftest import run, tiny_tokenizer
 
@@ -533,57 +535,49 @@ def _first_argument(call: ast.Call, keyword: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == keyword), None)
 
 
-def _id_helpers(tree: ast.AST) -> dict[str, tuple[str, ast.Call]]:
-    """Functions that build a Finding from the tail of its id, as advice/env.py's
-    `_finding("shm", ...)` builds `env.shm`: {name: (prefix, their Finding call)}."""
-    helpers = {}
-    for fn in ast.walk(tree):
-        if not isinstance(fn, ast.FunctionDef) or not fn.args.args:
-            continue
-        for call in ast.walk(fn):
-            if not isinstance(call, ast.Call) or getattr(call.func, "id", "") != "Finding":
-                continue
-            first = _first_argument(call, "id")
-            if (
-                isinstance(first, ast.JoinedStr)
-                and len(first.values) == 2
-                and isinstance(prefix := first.values[0], ast.Constant)
-                and isinstance(tail := first.values[1], ast.FormattedValue)
-                and getattr(tail.value, "id", "") == fn.args.args[0].arg
-            ):
-                helpers[fn.name] = (str(prefix.value), call)
-    return helpers
-
-
-def finding_ids() -> tuple[set[str], list[str]]:
-    """Every finding id written in the source, and where a Finding's id could not be
-    read (so that an id built some new way fails the test rather than going unchecked)."""
-    found: set[str] = set()
-    unread: list[str] = []
+def _spelled_ids() -> list[str]:
+    """Where a finding id of the catalogue is written as a string outside it, or a
+    Finding is built from a string literal: each id must be spelled once."""
+    found = []
     for p in sorted(SRC.rglob("*.py")):
-        tree = ast.parse(p.read_text())
-        helpers = _id_helpers(tree)
-        inside = {id(call) for _, call in helpers.values()}
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call) or id(node) in inside:
-                continue
-            name = getattr(node.func, "id", "")
-            if name != "Finding" and name not in helpers:
-                continue
-            first = _first_argument(node, "id" if name == "Finding" else "id_")
-            prefix = helpers[name][0] if name in helpers else ""
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                found.add(prefix + first.value)
-            else:
-                unread.append(f"{p.relative_to(SRC)}:{node.lineno}")
-    return found, unread
+        if p == SRC / "core" / "catalogue.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            where = f"{p.relative_to(SRC)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Constant) and node.value in CATALOGUE:
+                found.append(f"{where} {node.value}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Finding":
+                first = _first_argument(node, "id")
+                if isinstance(first, ast.Constant | ast.JoinedStr):
+                    found.append(f"{where} Finding({ast.unparse(first)}, ...)")
+    return found
+
+
+def test_every_finding_id_is_spelled_in_the_catalogue_alone():
+    assert _spelled_ids() == []
+
+
+def test_every_kind_of_the_catalogue_is_given_somewhere():
+    used = set()
+    for p in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "catalogue":
+                used.add(node.attr)
+    names = {name for name, v in vars(catalogue).items() if isinstance(v, catalogue.Kind)}
+    assert len(names) > 70  # every stage's: a broken scan must not pass quietly
+    assert sorted(names - used) == []
+
+
+def test_a_kind_refuses_a_severity_it_does_not_list():
+    with pytest.raises(ValueError, match=r"env\.no-gpu is never critical"):
+        Finding(catalogue.ENV_NO_GPU, Severity.CRITICAL, "no NVIDIA GPU is visible")
+    assert Finding(catalogue.ENV_NO_GPU, Severity.INFO, "t").to_dict()["id"] == "env.no-gpu"
+    # Judging may lower a severity (a gain inside the noise), never raise one.
+    assert Finding(catalogue.IO_SMALL_FILES, Severity.INFO, "t").severity is Severity.INFO
 
 
 def test_every_finding_id_is_documented():
-    ids, unread = finding_ids()
-    assert unread == []
-    # The scan finds them, every stage's: a broken scan must not pass quietly.
-    assert len(ids) > 50
+    ids = set(CATALOGUE)
     stages = {"env", "io", "loader", "starve", "pad", "pcie", "profile", "doctor"}
     assert {i.partition(".")[0] for i in ids} >= stages
     docs = _docs()

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.intervals import percent, samples_needed, side, wilson
 from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -166,8 +167,8 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
     title = f"{_who(r, pid)}: no verdict on its wait for data: {w.why}"
     evidence = f"{_who(r, pid)}: waits for data {w.text()} of its training loop's samples"
     if headline:
-        return Finding("attach.data-wait", Severity.INFO, title, evidence, fix)
-    return Finding("attach.no-verdict", Severity.INFO, title, evidence, fix)
+        return Finding(catalogue.ATTACH_DATA_WAIT, Severity.INFO, title, evidence, fix)
+    return Finding(catalogue.ATTACH_NO_VERDICT, Severity.INFO, title, evidence, fix)
 
 
 def _ranks(r: StageResult) -> list[int]:
@@ -225,10 +226,12 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     ci = percent(w.low, w.high)
     if sev is Severity.OK:
         title = f"{_who(r, pid)} waits for data {share:.0%} ({ci}) of the time: its data keeps up"
-        return Finding("attach.data-wait", sev, title, evidence)
+        return Finding(catalogue.ATTACH_DATA_WAIT, sev, title, evidence)
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
     title = f"{_who(r, pid)} waits for data {share:.0%} ({ci}) of the time: {kind}"
-    return Finding("attach.data-wait", sev, title, evidence, "See attach.loader-bound for why.")
+    return Finding(
+        catalogue.ATTACH_DATA_WAIT, sev, title, evidence, "See attach.loader-bound for why."
+    )
 
 
 def _gpus(r: StageResult) -> str:
@@ -340,12 +343,14 @@ def _advise(
     if advice is not None and advice.reason is not None:
         text, gain, fix = no_figure(advice, f"num_workers={advice.workers_now}")
         sev = Severity.WARNING if advice.changes else Severity.INFO
-        return Finding("attach.loader-bound", sev, title, what, text, gain, fix=fix)
+        return Finding(catalogue.ATTACH_LOADER_BOUND, sev, title, what, text, gain, fix=fix)
     if advice is None or advice.forecast is None:
-        return Finding("attach.loader-bound", Severity.INFO, title, what)
+        return Finding(catalogue.ATTACH_LOADER_BOUND, Severity.INFO, title, what)
     recommendation, gain, fix = _change(advice, cpus)
     sev = Severity.WARNING if advice.changes else Severity.INFO
-    return Finding("attach.loader-bound", sev, title, what, recommendation + assumed, gain, fix=fix)
+    return Finding(
+        catalogue.ATTACH_LOADER_BOUND, sev, title, what, recommendation + assumed, gain, fix=fix
+    )
 
 
 def _change(a: WorkerAdvice, cpus: float) -> tuple[str, Gain, dict[str, int]]:
@@ -395,7 +400,7 @@ def _straggler(r: StageResult, waits: dict[int, float], read: dict[int, Wait]) -
     if waits[pid] - rest < STRAGGLER_POINTS or read[pid].low <= rest_high:
         return None
     return Finding(
-        "attach.straggler",
+        catalogue.ATTACH_STRAGGLER,
         Severity.WARNING,
         f"{_who(r, pid)} is the straggler: it waits for data {waits[pid]:.0%} of the time, "
         f"the other ranks {rest:.0%} (median)",
@@ -413,7 +418,7 @@ def _throttled(r: StageResult) -> Finding | None:
         return None
     seconds = value(r.metrics, quantity="throttled_s") or 0.0
     return Finding(
-        "attach.throttled",
+        catalogue.ATTACH_THROTTLED,
         Severity.WARNING,
         f"The job's cgroup was throttled in {throttled / periods:.0%} of its CPU periods",
         f"{throttled:.0f} of {periods:.0f} periods, {seconds:.2f} s throttled over "
@@ -429,7 +434,7 @@ def _worker_memory(r: StageResult, ranks: list[int]) -> Finding | None:
         return None
     pid = max(grown, key=lambda p: grown[p])
     return Finding(
-        "attach.worker-memory",
+        catalogue.ATTACH_WORKER_MEMORY,
         Severity.WARNING,
         f"A DataLoader worker of {_who(r, pid)} grew {grown[pid] / MIB:,.0f} MiB of memory "
         f"of its own in {r.parameters.seconds} s",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.capacity import build
+from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
 from starvecheck.core.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity
 
@@ -133,7 +134,7 @@ def advise(chain: Sequence[Link], w: Weakest) -> tuple[Finding, ...]:
     )
     return (
         Finding(
-            "doctor.weakest-link",
+            catalogue.DOCTOR_WEAKEST_LINK,
             Severity.CRITICAL if w.speedup >= CRITICAL_SPEEDUP else Severity.WARNING,
             f"The GPU waits for {w.link}: {link.capacity:,.0f} samples/s against the "
             f"{link.demand:,.0f} it consumes",

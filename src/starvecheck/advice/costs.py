@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from starvecheck.advice.configurations import Point, describe
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 from starvecheck.core.paired import spread
 from starvecheck.core.parameters import Parameters
@@ -156,7 +157,7 @@ def _copy_finding(
         f"{k * own / MIB:,.0f} MiB in all"
     )
     return Finding(
-        "loader.copy-on-read",
+        catalogue.LOADER_COPY_ON_READ,
         Severity.CRITICAL if over else Severity.WARNING,
         title,
         evidence="; ".join(parts),
@@ -204,7 +205,7 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
     size = 1 << max(30, math.ceil(math.log2(max(need * 2, 1.0))))
     return [
         Finding(
-            "loader.shm",
+            catalogue.LOADER_SHM,
             Severity.WARNING,
             f"{describe(p)} needs {need / MIB:,.0f} MiB of /dev/shm; {shm / MIB:,.0f} MiB is free",
             evidence=(
@@ -278,7 +279,7 @@ def batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
         evidence += f"; slower than num_workers=0 ({zero.rate:,.0f} samples/s): " + ", ".join(worse)
     return [
         Finding(
-            "loader.batch-transfer",
+            catalogue.LOADER_BATCH_TRANSFER,
             Severity.WARNING if slower else Severity.INFO,
             f"Batches of {batch / MIB:,.1f} MiB cross from the workers to the training process",
             evidence=evidence,
@@ -316,7 +317,7 @@ def main_threads(loader: StageResult, found: list[Point]) -> Finding | None:
             f"{max(with_workers):.2f}x"
         )
     return Finding(
-        "loader.main-threads",
+        catalogue.LOADER_MAIN_THREADS,
         Severity.INFO,
         "At num_workers=0 your pipeline's torch operations run on the training process's threads",
         evidence=evidence + ".",

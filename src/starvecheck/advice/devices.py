@@ -8,30 +8,10 @@ evidence and the exact change; advice/env.py lists them all, in the order they r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
 from starvecheck.probe.cpu import format_cpulist, parse_cpulist
 from starvecheck.probe.machine import GpuInfo, Machine
-
-STAGE = "env"
-
-
-# Each module of checks builds its ids in its own helper: the contract test reads a
-# finding's id from the calls of a helper defined in the same module.
-def _finding(
-    id_: str,
-    severity: Severity,
-    title: str,
-    evidence: str = "",
-    recommendation: str = "",
-    gain: Gain | None = None,
-    fix: Mapping[str, Any] | None = None,
-) -> Finding:
-    return Finding(
-        f"env.{id_}", severity, title, evidence, recommendation, gain, STAGE, fix=fix or {}
-    )
 
 
 def _gpu_list(gpus: list[GpuInfo]) -> str:
@@ -60,8 +40,8 @@ def check_numa(m: Machine) -> Finding | None:
             f"numactl --cpunodebind={n} --membind={n} for GPU {_gpu_list(gs)}"
             for n, gs in sorted(by_node.items())
         )
-        return _finding(
-            "numa-remote-gpu",
+        return Finding(
+            catalogue.ENV_NUMA_REMOTE_GPU,
             Severity.WARNING,
             f"{len(remote)} of {len(placed)} GPUs are on a NUMA node this process cannot run on",
             f"this process may run on CPUs {m.cpu.affinity_list} (node "
@@ -72,8 +52,8 @@ def check_numa(m: Machine) -> Finding | None:
         )
     gpu_nodes = sorted({g.numa_node for g in placed if g.numa_node is not None})
     if len(my_nodes) > 1 and len(gpu_nodes) > 1:
-        return _finding(
-            "numa-unbound",
+        return Finding(
+            catalogue.ENV_NUMA_UNBOUND,
             Severity.INFO,
             f"this process may run on all {len(my_nodes)} NUMA nodes; its GPUs sit on "
             f"{len(gpu_nodes)}",
@@ -85,7 +65,9 @@ def check_numa(m: Machine) -> Finding | None:
             + ". Unbound, a rank and its DataLoader workers may run on the other socket.",
             "Bind each rank to its GPU's node: torchrun --numa-binding=node ... (PyTorch 2.9+).",
         )
-    return _finding("numa", Severity.OK, "every GPU is on a NUMA node this process runs on")
+    return Finding(
+        catalogue.ENV_NUMA, Severity.OK, "every GPU is on a NUMA node this process runs on"
+    )
 
 
 def check_pcie_width(m: Machine) -> Finding | None:
@@ -95,8 +77,10 @@ def check_pcie_width(m: Machine) -> Finding | None:
     narrow = [g for g in known if g.pcie.width_current < g.pcie.width_max]
     if not narrow:
         full = f"x{known[0].pcie.width_max}"
-        return _finding(
-            "pcie-width", Severity.OK, f"every GPU's PCIe link runs at its full width ({full})"
+        return Finding(
+            catalogue.ENV_PCIE_WIDTH,
+            Severity.OK,
+            f"every GPU's PCIe link runs at its full width ({full})",
         )
     lines = []
     for g in narrow:
@@ -111,8 +95,8 @@ def check_pcie_width(m: Machine) -> Finding | None:
                 else ""
             )
         )
-    return _finding(
-        "pcie-width-degraded",
+    return Finding(
+        catalogue.ENV_PCIE_WIDTH_DEGRADED,
         Severity.WARNING,
         f"{len(narrow)} GPU link{'s' if len(narrow) > 1 else ''} trained below full width",
         "; ".join(lines) + ". Width, unlike speed, does not drop when a GPU idles: fewer lanes "
@@ -132,8 +116,8 @@ def check_pcie_gen(m: Machine) -> Finding | None:
         return None
     pairs = sorted({(g.pcie.gen_current, g.pcie.gen_max) for g in slow})
     gens = ", ".join(f"gen {c} of {mx}" for c, mx in pairs)
-    return _finding(
-        "pcie-gen-below-max",
+    return Finding(
+        catalogue.ENV_PCIE_GEN_BELOW_MAX,
         Severity.INFO,
         f"{len(slow)} GPU link{'s' if len(slow) > 1 else ''} at a lower PCIe generation now "
         f"({gens})",
@@ -148,8 +132,8 @@ def check_torch_build(m: Machine) -> Finding | None:
     if not m.real or not m.gpus or m.software.torch is None:
         return None
     if m.software.torch_cuda is None and "software.torch_cuda" in m.not_applicable:
-        return _finding(
-            "torch-cpu-build",
+        return Finding(
+            catalogue.ENV_TORCH_CPU_BUILD,
             Severity.CRITICAL,
             f"torch {m.software.torch} is a CPU-only build on a machine with "
             f"{len(m.gpus)} NVIDIA GPU{'s' if len(m.gpus) > 1 else ''}",
@@ -170,8 +154,8 @@ def check_torch_build(m: Machine) -> Finding | None:
 def check_no_gpu(m: Machine) -> Finding | None:
     if m.gpus:
         return None
-    return _finding(
-        "no-gpu",
+    return Finding(
+        catalogue.ENV_NO_GPU,
         Severity.INFO,
         "no NVIDIA GPU is visible",
         m.not_applicable.get("gpus", ""),
@@ -190,8 +174,8 @@ def check_storage(m: Machine) -> Finding | None:
             if s.kind == "fuse"
             else f"a network filesystem ({s.fstype})"
         )
-        return _finding(
-            "network-storage",
+        return Finding(
+            catalogue.ENV_NETWORK_STORAGE,
             Severity.WARNING,
             f"the data path is on {what}",
             f"{where}. Each file open and read costs a network round trip; many small files "
@@ -201,8 +185,8 @@ def check_storage(m: Machine) -> Finding | None:
             "and cache locally.",
         )
     if s.rotational:
-        return _finding(
-            "rotational-storage",
+        return Finding(
+            catalogue.ENV_ROTATIONAL_STORAGE,
             Severity.WARNING,
             "the data path is on a rotational disk",
             f"{where}; the kernel marks the device rotational (queue/rotational = 1; virtual "
@@ -211,9 +195,11 @@ def check_storage(m: Machine) -> Finding | None:
             "Move the dataset to SSD/NVMe, or store it as large shards read sequentially.",
         )
     if s.kind == "memory":
-        return _finding("storage", Severity.OK, f"{s.path} is in memory ({s.fstype})")
+        return Finding(catalogue.ENV_STORAGE, Severity.OK, f"{s.path} is in memory ({s.fstype})")
     if s.rotational is False:
-        return _finding(
-            "storage", Severity.OK, f"{s.path} is on local solid-state storage ({s.fstype})"
+        return Finding(
+            catalogue.ENV_STORAGE,
+            Severity.OK,
+            f"{s.path} is on local solid-state storage ({s.fstype})",
         )
     return None

@@ -14,11 +14,12 @@ where a fault is a blocker (the job fails or runs on the wrong device).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starvecheck.advice import devices
 from starvecheck.advice.workers import Cpus, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
 from starvecheck.core.units import format_bytes
 from starvecheck.probe.machine import Machine
@@ -26,26 +27,11 @@ from starvecheck.probe.machine import Machine
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-STAGE = "env"
 SHM_CRITICAL_BYTES = 1024**3
 SHM_SUGGESTED = "16g"
 MEMLOCK_LOW_BYTES = 64 * 1024**2
 NOFILE_LOW = 4096
 PIDS_LOW = 1024
-
-
-def _finding(
-    id_: str,
-    severity: Severity,
-    title: str,
-    evidence: str = "",
-    recommendation: str = "",
-    gain: Gain | None = None,
-    fix: Mapping[str, Any] | None = None,
-) -> Finding:
-    return Finding(
-        f"env.{id_}", severity, title, evidence, recommendation, gain, STAGE, fix=fix or {}
-    )
 
 
 def _ranks(m: Machine) -> int:
@@ -66,8 +52,8 @@ def check_cpu(m: Machine) -> Finding | None:
     workers = recommended_workers(m)
     per = f" per process ({_ranks(m)} GPUs share {eff} CPUs)" if _ranks(m) > 1 else ""
     if logical <= eff:
-        return _finding(
-            "cpu",
+        return Finding(
+            catalogue.ENV_CPU,
             Severity.OK,
             f"{eff} effective CPUs, as os.cpu_count() reports",
             f"os.cpu_count() = {logical}, affinity {m.cpu.affinity}, no lower quota.",
@@ -80,8 +66,8 @@ def check_cpu(m: Machine) -> Finding | None:
     if m.cpu.quota_cpus is not None:
         where = f" ({m.cgroup.quota_path})" if m.cgroup.quota_path else ""
         limits.append(f"the cgroup CPU quota is {m.cpu.quota_cpus:g} CPUs{where}")
-    return _finding(
-        "cpu-oversubscribed",
+    return Finding(
+        catalogue.ENV_CPU_OVERSUBSCRIBED,
         Severity.WARNING,
         f"os.cpu_count() says {logical} CPUs, but this process can use {eff}",
         f"{'; '.join(limits)}. A DataLoader sized with num_workers=os.cpu_count() starts "
@@ -99,16 +85,16 @@ def check_throttling(m: Machine) -> Finding | None:
     if t is None or t.nr_periods == 0:
         return None
     if t.nr_throttled == 0:
-        return _finding(
-            "cpu-throttling",
+        return Finding(
+            catalogue.ENV_CPU_THROTTLING,
             Severity.OK,
             "no CPU throttling recorded",
             f"0 of {t.nr_periods:,} scheduler periods throttled ({t.path}/cpu.stat).",
         )
     severity = Severity.WARNING if t.share >= 0.01 else Severity.INFO
     quota = f" under a quota of {m.cpu.quota_cpus:g} CPUs" if m.cpu.quota_cpus else ""
-    return _finding(
-        "cpu-throttled",
+    return Finding(
+        catalogue.ENV_CPU_THROTTLED,
         severity,
         f"the CPU quota throttled this cgroup in {t.share:.1%} of scheduler periods",
         f"{t.nr_throttled:,} of {t.nr_periods:,} periods throttled, {t.throttled_s:,.0f} s "
@@ -123,8 +109,8 @@ def check_throttling(m: Machine) -> Finding | None:
 
 def check_shm(m: Machine) -> Finding | None:
     if not m.shm.mounted:
-        return _finding(
-            "shm-missing",
+        return Finding(
+            catalogue.ENV_SHM_MISSING,
             Severity.WARNING,
             "/dev/shm is not mounted",
             m.unknown.get("shm.size_bytes", "/dev/shm is not in the mount table") + ". "
@@ -134,18 +120,18 @@ def check_shm(m: Machine) -> Finding | None:
         )
     size = m.shm.size_bytes
     if size is None:
-        return _finding(
-            "shm-unknown",
+        return Finding(
+            catalogue.ENV_SHM_UNKNOWN,
             Severity.INFO,
             "/dev/shm size could not be read",
             m.unknown.get("shm.size_bytes", ""),
         )
     if size >= SHM_CRITICAL_BYTES:
         free = f", {format_bytes(m.shm.free_bytes)} free" if m.shm.free_bytes is not None else ""
-        return _finding("shm", Severity.OK, f"/dev/shm is {format_bytes(size)}{free}")
+        return Finding(catalogue.ENV_SHM, Severity.OK, f"/dev/shm is {format_bytes(size)}{free}")
     batch = 32 * 3 * 224 * 224 * 4
-    return _finding(
-        "shm-too-small",
+    return Finding(
+        catalogue.ENV_SHM_TOO_SMALL,
         Severity.CRITICAL,
         f"/dev/shm is only {format_bytes(size)}",
         f"/dev/shm ({m.shm.fstype}) holds {format_bytes(size)}. DataLoader workers pass every "
@@ -165,14 +151,18 @@ def check_memlock(m: Machine) -> Finding | None:
     soft = m.limits.memlock_bytes
     if soft is None:
         if "limits.memlock_bytes" in m.not_applicable:
-            return _finding("memlock", Severity.OK, "locked memory (RLIMIT_MEMLOCK) is unlimited")
+            return Finding(
+                catalogue.ENV_MEMLOCK, Severity.OK, "locked memory (RLIMIT_MEMLOCK) is unlimited"
+            )
         return None
     if soft >= MEMLOCK_LOW_BYTES:
-        return _finding("memlock", Severity.OK, f"RLIMIT_MEMLOCK is {format_bytes(soft)}")
+        return Finding(
+            catalogue.ENV_MEMLOCK, Severity.OK, f"RLIMIT_MEMLOCK is {format_bytes(soft)}"
+        )
     hard = m.limits.memlock_hard_bytes
     hard_text = "unlimited" if hard is None else format_bytes(hard)
-    return _finding(
-        "memlock-low",
+    return Finding(
+        catalogue.ENV_MEMLOCK_LOW,
         Severity.WARNING if m.gpus else Severity.INFO,
         f"locked memory is limited to {format_bytes(soft)} (RLIMIT_MEMLOCK)",
         f"soft {format_bytes(soft)}, hard {hard_text}. Page-locked (pinned) host memory is "
@@ -191,7 +181,7 @@ def check_nofile(m: Machine) -> Finding | None:
     if soft is None:
         return None
     if soft >= NOFILE_LOW:
-        return _finding("nofile", Severity.OK, f"open files limit is {soft:,}")
+        return Finding(catalogue.ENV_NOFILE, Severity.OK, f"open files limit is {soft:,}")
     hard = m.limits.nofile_hard
     raise_to = min(65536, hard) if hard is not None else 65536
     can = (
@@ -200,8 +190,8 @@ def check_nofile(m: Machine) -> Finding | None:
         if hard is not None and hard > soft
         else "Raise the hard limit first (Docker: --ulimit nofile=65536:65536)"
     )
-    return _finding(
-        "nofile-low",
+    return Finding(
+        catalogue.ENV_NOFILE_LOW,
         Severity.WARNING,
         f"only {soft:,} open files allowed (RLIMIT_NOFILE)",
         f"soft limit {soft:,}, hard {'unlimited' if hard is None else f'{hard:,}'}. DataLoader "
@@ -217,8 +207,8 @@ def check_pids(m: Machine) -> Finding | None:
     pids = m.limits.pids_max
     if pids is None or pids >= PIDS_LOW:
         return None
-    return _finding(
-        "pids-low",
+    return Finding(
+        catalogue.ENV_PIDS_LOW,
         Severity.WARNING,
         f"the cgroup allows only {pids:,} tasks (pids.max)",
         f"pids.max = {pids:,}. The limit counts threads, not just processes: every DataLoader "
@@ -232,8 +222,8 @@ def check_memory_limit(m: Machine) -> Finding | None:
     limit, total = m.memory.limit_bytes, m.memory.total_bytes
     if limit is None or total is None or limit >= total:
         return None
-    return _finding(
-        "memory-limit",
+    return Finding(
+        catalogue.ENV_MEMORY_LIMIT,
         Severity.INFO,
         f"this cgroup may use {format_bytes(limit)} of the machine's {format_bytes(total)}",
         f"cgroup memory limit {format_bytes(limit)}"

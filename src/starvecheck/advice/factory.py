@@ -72,6 +72,7 @@ from starvecheck.advice.factory_bounds import (
     training_gain,
 )
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.explained import Unexplained
 from starvecheck.core.metric import Metric, one
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -303,7 +304,7 @@ def _config(loader: StageResult) -> Finding | None:
                 "a larger --budget) narrows the interval."
             )
         return Finding(
-            "loader.own-config",
+            catalogue.LOADER_OWN_CONFIG,
             Severity.OK,
             title,
             evidence=evidence,
@@ -335,7 +336,7 @@ def _config(loader: StageResult) -> Finding | None:
     # Severity by the interval's low end: a short run, less certain, warns no sooner.
     severity = Severity.WARNING if against.low >= WARN_GAIN and gain >= WARN_GAIN else Severity.INFO
     return Finding(
-        "loader.own-config",
+        catalogue.LOADER_OWN_CONFIG,
         severity,
         title,
         evidence=evidence,
@@ -354,7 +355,7 @@ def _as_is(loader: StageResult) -> Finding | None:
         return None
     p = found[0]
     return Finding(
-        "loader.own-config",
+        catalogue.LOADER_OWN_CONFIG,
         Severity.INFO,
         f"Your loader was read as it is: {p.rate:,.0f} samples/s; nothing of it could be swept",
         evidence=(

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 
 from starvecheck.advice.configurations import Point, describe
+from starvecheck.core import catalogue
 from starvecheck.core.explained import Cost, Unexplained, unexplained
 from starvecheck.core.metric import Caveat, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -115,7 +116,7 @@ def no_figure(
     if found:
         what = "; ".join(u.describe() for u in found)
         return Finding(
-            "loader.own-config",
+            catalogue.LOADER_OWN_CONFIG,
             Severity.INFO,
             "No worker count can be recommended: the measured figures cannot be true",
             evidence=f"{what}; {evidence}",
@@ -126,7 +127,7 @@ def no_figure(
             ),
         )
     return Finding(
-        "loader.own-config",
+        catalogue.LOADER_OWN_CONFIG,
         Severity.INFO,
         f"This machine is too busy to tell: other processes kept {busy or 0.0:.1f} of the "
         f"{effective:g} CPUs busy while the workers computed",
@@ -168,7 +169,7 @@ def demand(
     if idle < 0.05:
         said = "keeps" if chosen is now else "would keep"
         return Finding(
-            "loader.own-demand",
+            catalogue.LOADER_OWN_DEMAND,
             Severity.OK if chosen is now else Severity.INFO,
             f"Your pipeline {said} up with the GPU ({chosen.rate / wanted:.1f}x its demand)",
             evidence=evidence,
@@ -188,7 +189,7 @@ def demand(
         "the job more CPUs."
     )
     return Finding(
-        "loader.own-demand",
+        catalogue.LOADER_OWN_DEMAND,
         Severity.CRITICAL if idle > 0.2 else Severity.WARNING,
         title,
         evidence=evidence,

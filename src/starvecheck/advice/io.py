@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.parameters import Parameters
 
@@ -105,14 +106,14 @@ def _small_files_generated(m: StageResult) -> Finding | None:
     )
     if ratio < SMALL_FILES_WARNING:
         return Finding(
-            "io.small-files",
+            catalogue.IO_SMALL_FILES,
             Severity.OK,
             f"Small files cost little on this storage ({ratio:.1f}x)",
             evidence,
             stage="io",
         )
     return Finding(
-        "io.small-files",
+        catalogue.IO_SMALL_FILES,
         Severity.CRITICAL if ratio >= SMALL_FILES_CRITICAL else Severity.WARNING,
         f"One file per sample reads {ratio:.1f}x slower than a shard",
         evidence,
@@ -148,14 +149,14 @@ def _small_files_existing(m: StageResult, params: Parameters) -> Finding | None:
     )
     if median >= 1 << 20:
         return Finding(
-            "io.small-files",
+            catalogue.IO_SMALL_FILES,
             Severity.OK,
             "Files are large enough that per-file cost is small",
             evidence,
             stage="io",
         )
     return Finding(
-        "io.small-files",
+        catalogue.IO_SMALL_FILES,
         Severity.WARNING,
         f"Dataset is one small file per sample (median {median / 1024:,.0f} KiB)",
         evidence,
@@ -188,14 +189,14 @@ def _cold_gap(m: StageResult) -> Finding | None:
     evidence = f"{base}, 1 reader: cold {cold:,.0f} MB/s, warm {warm:,.0f} MB/s ({ratio:.1f}x)"
     if ratio < COLD_GAP_NOTE:
         return Finding(
-            "io.cold-cache-gap",
+            catalogue.IO_COLD_CACHE_GAP,
             Severity.OK,
             f"Cold and warm reads are close ({ratio:.1f}x)",
             evidence,
             stage="io",
         )
     return Finding(
-        "io.cold-cache-gap",
+        catalogue.IO_COLD_CACHE_GAP,
         Severity.INFO,
         f"A warm page cache makes this storage look {ratio:.1f}x faster than it is",
         evidence + "; benchmarks run twice on the same files measure the cache, not the disk",
@@ -231,7 +232,7 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
     )
     if scale < READERS_NOTE:
         return Finding(
-            "io.few-readers",
+            catalogue.IO_FEW_READERS,
             Severity.OK,
             f"More readers add little ({scale:.1f}x with {n}): latency is not the limit",
             evidence,
@@ -242,7 +243,7 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
     advice = recommend_workers(Throughput({1: one, n: many}, cpu_work=False), Cpus(None))
     n = advice.workers if advice is not None else n
     return Finding(
-        "io.few-readers",
+        catalogue.IO_FEW_READERS,
         Severity.INFO,
         f"{n} concurrent readers read {scale:.1f}x faster than one",
         evidence + ("" if flat else f"; still rising at {n}: more readers would help further"),
@@ -269,7 +270,7 @@ def _network(m: StageResult, storage: Mapping[str, Any], params: Parameters) -> 
     figures = f"; cold small reads {cold[0]:,.0f} MB/s at {cold[1]:.2f} ms p50" if cold else ""
     fs = storage.get("fstype") or "network filesystem"
     return Finding(
-        "io.network-storage",
+        catalogue.IO_NETWORK_STORAGE,
         Severity.WARNING,
         f"Training data is on {fs}, a network or FUSE filesystem",
         f"{storage.get('path')} is on {storage.get('mount_point')} ({fs}, "
@@ -291,7 +292,7 @@ def _rotational(m: StageResult, storage: Mapping[str, Any], params: Parameters) 
     mbps, p50 = cold
     if p50 < SEEK_MS:
         return Finding(
-            "io.rotational",
+            catalogue.IO_ROTATIONAL,
             Severity.INFO,
             "Disk reports itself as rotational, but reads like flash",
             f"queue/rotational is 1, yet cold small reads take {p50:.2f} ms at the median "
@@ -302,7 +303,7 @@ def _rotational(m: StageResult, storage: Mapping[str, Any], params: Parameters) 
             stage="io",
         )
     return Finding(
-        "io.rotational",
+        catalogue.IO_ROTATIONAL,
         Severity.WARNING,
         f"Data is on a spinning disk: {p50:.1f} ms per cold random read",
         f"queue/rotational is 1 and cold small reads take {p50:.2f} ms at the median "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.advice.results import Results
+from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
 from starvecheck.core.model import Finding, Link, StageResult
 
@@ -105,7 +106,7 @@ def judge(results: Results) -> Judgement:
 # reads, the other the CPU work, and the workers must do both: the larger count of the
 # two); the storage's readers; env's rule of thumb last.
 # A flag that a measurement of the same thing replaces: (flag, measurement).
-MEASURED_BEATS_FLAGGED = (("env.rotational-storage", "io.rotational"),)
+MEASURED_BEATS_FLAGGED = ((catalogue.ENV_ROTATIONAL_STORAGE, catalogue.IO_ROTATIONAL),)
 
 
 def reconcile(findings: Sequence[Finding]) -> list[Finding]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.figures import headline, loader_curves, loader_rounds
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -156,7 +157,7 @@ def _workers(
     )
     if rec == 0:
         return Finding(
-            "loader.workers",
+            catalogue.LOADER_WORKERS,
             Severity.OK,
             f"num_workers=0 delivers as much as any worker count ({curve[0]:,.0f} samples/s)",
             evidence,
@@ -167,7 +168,7 @@ def _workers(
         return None
     speedup = curve[rec] / curve[0]
     return Finding(
-        "loader.workers",
+        catalogue.LOADER_WORKERS,
         Severity.WARNING if speedup >= WORKERS_WARNING else Severity.INFO,
         f"num_workers={rec} loads {speedup:.1f}x faster than num_workers=0",
         evidence,
@@ -203,7 +204,7 @@ def _above_cpus(
         else:
             why = " (waiting on storage)" if temp == "cold" else ""
         return Finding(
-            "loader.workers-above-cpus",
+            catalogue.LOADER_WORKERS_ABOVE_CPUS,
             Severity.INFO,
             f"{w_best} workers delivered {best_over / curve[rec]:.1f}x more than {rec} on "
             f"{cpus} CPUs: the workers wait more than they compute",
@@ -216,7 +217,7 @@ def _above_cpus(
         )
     slower = curve[most] < curve[rec] / AS_GOOD
     return Finding(
-        "loader.workers-above-cpus",
+        catalogue.LOADER_WORKERS_ABOVE_CPUS,
         Severity.WARNING,
         f"{most} workers are {'slower than' if slower else 'no faster than'} {rec}: this "
         f"machine has {cpus} effective CPUs",
@@ -245,14 +246,14 @@ def _first_batch(m: StageResult, layout: str, rec: int, params: Parameters) -> F
     )
     if first < SLOW_FIRST_BATCH_S:
         return Finding(
-            "loader.first-batch-slow",
+            catalogue.LOADER_FIRST_BATCH_SLOW,
             Severity.OK,
             f"Workers deliver the first batch in {first:.2f} s",
             evidence,
             stage="loader",
         )
     return Finding(
-        "loader.first-batch-slow",
+        catalogue.LOADER_FIRST_BATCH_SLOW,
         Severity.INFO,
         f"The first batch takes {first:.1f} s with {rec} workers",
         evidence + "; without persistent workers this is paid again at every epoch",
@@ -288,14 +289,14 @@ def _small_files(
     )
     if ratio < SMALL_FILES_WARNING:
         return Finding(
-            "loader.small-files",
+            catalogue.LOADER_SMALL_FILES,
             Severity.OK,
             f"One file per sample costs little through the DataLoader here ({ratio:.1f}x)",
             evidence,
             stage="loader",
         )
     return Finding(
-        "loader.small-files",
+        catalogue.LOADER_SMALL_FILES,
         Severity.CRITICAL if ratio >= SMALL_FILES_CRITICAL else Severity.WARNING,
         f"One file per sample loads {ratio:.1f}x slower than {LABEL[name]}",
         evidence + f"; fastest measured: {LABEL[name]}",
@@ -327,7 +328,7 @@ def _mds_overhead(
         return None
     best_w = max(mds_curve, key=lambda w: mds_curve[w])
     return Finding(
-        "loader.mds-overhead",
+        catalogue.LOADER_MDS_OVERHEAD,
         Severity.INFO,
         f"StreamingDataset delivers {shard / mds:.1f}x fewer samples/s than a plain shard here",
         f"{temp} cache, each at its recommended num_workers: one shard (map-style, pread) "

@@ -8,6 +8,7 @@ compares the ranks' of the same pass, each rank its last two passes.
 from __future__ import annotations
 
 from starvecheck.advice.results import Results
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 
 # Of the first samples compared, this share on every rank: the ranks read the same data.
@@ -31,7 +32,7 @@ def _same_batches(r: StageResult) -> Finding | None:
     world = p.world_size or 2
     sampler = p.sampler or "not a DataLoader's"
     return Finding(
-        "watch.ranks-same-batches",
+        catalogue.WATCH_RANKS_SAME_BATCHES,
         Severity.CRITICAL,
         f"Every rank trains on the same samples: {world} ranks, one rank's worth of data",
         evidence=(
@@ -69,7 +70,7 @@ def _set_epoch(r: StageResult) -> Finding | None:
         "DataLoader once."
     )
     return Finding(
-        "watch.set-epoch",
+        catalogue.WATCH_SET_EPOCH,
         Severity.WARNING,
         f"Your shuffling sampler ({p.sampler}) deals the same order every epoch",
         evidence=(

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.strategies import LABELS, SHARES_ROWS, STRATEGIES
@@ -159,7 +160,7 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Find
     gain = Gain(GainKind.THROUGHPUT, round(w.gain, 3), basis)
     if w.severity is Severity.OK:
         return Finding(
-            "pad.waste",
+            catalogue.PAD_WASTE,
             Severity.OK,
             f"{LABELS[current].capitalize()} wastes little: {eff[current]:.0%} of positions "
             "are real tokens",
@@ -178,7 +179,7 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Find
             "with --dataset FILE --tokenizer DIR, or --lengths FILE."
         )
     return Finding(
-        "pad.waste",
+        catalogue.PAD_WASTE,
         w.severity,
         title,
         evidence=evidence,
@@ -212,7 +213,7 @@ def _truncated(m: StageResult, params: Parameters) -> Finding | None:
             '`packing_strategy="wrapped"` splits; "bfd" cuts)'
         )
     return Finding(
-        "pad.truncated",
+        catalogue.PAD_TRUNCATED,
         Severity.WARNING if share >= CUT_WARNING else Severity.INFO,
         f"{n:,.0f} samples ({_share(n / samples)}) are longer than the context of "
         f"{context:,} tokens",

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.core import catalogue
 from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.core.metric import Labels
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -135,7 +136,7 @@ def link_below_max(v: Mapping[str, float]) -> Finding | None:
     best = f"gen{gen_max} x{width_max}"
     if gen >= gen_max and width >= width_max:
         return Finding(
-            "pcie.link-below-max",
+            catalogue.PCIE_LINK_BELOW_MAX,
             Severity.OK,
             f"under load the link runs at its maximum ({now})",
             stage="pcie",
@@ -147,7 +148,7 @@ def link_below_max(v: Mapping[str, float]) -> Finding | None:
         else None
     )
     return Finding(
-        "pcie.link-below-max",
+        catalogue.PCIE_LINK_BELOW_MAX,
         Severity.WARNING,
         f"under load the PCIe link runs at {now}, below its maximum {best}",
         evidence=f"NVML read gen{gen} x{width} while pinned copies ran back to back; GPU and "
@@ -168,13 +169,13 @@ def low_efficiency(v: Mapping[str, float]) -> Finding | None:
     measured = v.get("link.h2d_under_load", eff * peak)
     if eff >= LOW_EFFICIENCY:
         return Finding(
-            "pcie.low-efficiency",
+            catalogue.PCIE_LOW_EFFICIENCY,
             Severity.OK,
             f"pinned H2D reaches {eff:.0%} of the link's theoretical peak",
             stage="pcie",
         )
     return Finding(
-        "pcie.low-efficiency",
+        catalogue.PCIE_LOW_EFFICIENCY,
         Severity.WARNING,
         f"pinned host-to-device copies reach only {eff:.0%} of the link's theoretical peak",
         evidence=f"{measured:.1f} GB/s measured under load against {peak:.1f} GB/s for the "
@@ -208,13 +209,13 @@ def pageable_d2h(v: Mapping[str, float], result: StageResult) -> Finding | None:
     share = pageable / pinned if pinned > 0 else 1.0
     if share >= PAGEABLE_D2H_COLLAPSE:
         return Finding(
-            "pcie.pageable-d2h",
+            catalogue.PCIE_PAGEABLE_D2H,
             Severity.OK,
             f"pageable device-to-host copies keep {share:.0%} of pinned speed at {size}",
             stage="pcie",
         )
     return Finding(
-        "pcie.pageable-d2h",
+        catalogue.PCIE_PAGEABLE_D2H,
         Severity.WARNING,
         f"device-to-host copies into pageable memory collapse to {pageable:.1f} GB/s at {size}",
         evidence=f"{size}: pinned {pinned:.1f} GB/s, pageable {v[f'd2h.pageable.{size}']:.1f} "
@@ -260,7 +261,7 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
         and all(r is not None and r >= PARALLEL_AT for r in others)
     ):
         return Finding(
-            "pcie.overlap",
+            catalogue.PCIE_OVERLAP,
             Severity.OK,
             "every combination overlaps CPU work with the copy",
             evidence=table,
@@ -269,7 +270,7 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
     if best is not None and best >= PARALLEL_AT:
         known = all(r is not None for r in others)
         return Finding(
-            "pcie.overlap",
+            catalogue.PCIE_OVERLAP,
             Severity.WARNING if known else Severity.INFO,
             (
                 "only pinned memory with non_blocking=True"
@@ -291,7 +292,7 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
     else:
         sev, title = Severity.WARNING, "no combination overlaps CPU work with the copy"
     return Finding(
-        "pcie.overlap",
+        catalogue.PCIE_OVERLAP,
         sev,
         title,
         evidence=table,
@@ -322,14 +323,14 @@ def numa_penalty(v: Mapping[str, float], params: Parameters) -> Finding | None:
     local, remote = params.numa_local_node, params.numa_remote_node
     if penalty < NUMA_PENALTY:
         return Finding(
-            "pcie.numa-remote",
+            catalogue.PCIE_NUMA_REMOTE,
             Severity.OK,
             f"a copying thread on NUMA node {remote} loses {penalty:.0%} against node {local}",
             stage="pcie",
         )
     lg, rg = v.get("numa.h2d.pinned.local"), v.get("numa.h2d.pinned.remote")
     return Finding(
-        "pcie.numa-remote",
+        catalogue.PCIE_NUMA_REMOTE,
         Severity.WARNING,
         f"copies from NUMA node {remote} lose {penalty:.0%} of the bandwidth of node {local}, "
         "the GPU's",
@@ -356,13 +357,13 @@ def reference_gap(v: Mapping[str, float], params: Parameters) -> Finding | None:
     size = params.reference_size or "256MiB"
     if ratio >= REFERENCE_GAP:
         return Finding(
-            "pcie.reference",
+            catalogue.PCIE_REFERENCE,
             Severity.OK,
             f"torch's pinned H2D at {size} runs at {ratio:.0%} of the CUDA runtime's",
             stage="pcie",
         )
     return Finding(
-        "pcie.reference",
+        catalogue.PCIE_REFERENCE,
         Severity.INFO,
         f"torch's pinned H2D at {size} runs at {ratio:.0%} of a plain cudaMemcpy",
         evidence=f"reference_ratio {ratio:.2f} (medians of the wall clock, same size, same "

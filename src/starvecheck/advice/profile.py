@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
 from starvecheck.core.parameters import Parameters
@@ -90,7 +91,7 @@ def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
     if gap < LAYOUT_GAP:
         return None
     return Finding(
-        "profile.tokenize",
+        catalogue.PROFILE_TOKENIZE,
         severity(text[w]),
         f"Tokenizing in the loader waits {gap:.0%} of the step longer than pre-tokenized shards",
         evidence=f"num_workers={w}: data wait {text[w]:.1%} tokenizing raw text per sample, "
@@ -123,7 +124,7 @@ def _h2d(metrics: Sequence[Metric], params: Parameters) -> Finding | None:
     share, where = worst
     pinned = params.device == "cuda"  # the loop pins its batches on CUDA
     return Finding(
-        "profile.h2d",
+        catalogue.PROFILE_H2D,
         Severity.WARNING,
         f"Host-to-device copies take {share:.0%} of each step, not overlapped with compute",
         evidence=f"{where}: H2D_TRANSFER is {share:.1%} of the "
@@ -143,14 +144,14 @@ def _best(s: Mapping[tuple[str, int], float]) -> Finding:
     where = f"{layout} with num_workers={w}"
     if sev is Severity.OK:
         return Finding(
-            "profile.data-bound",
+            catalogue.PROFILE_DATA_BOUND,
             Severity.OK,
             f"The training step is fed: {share:.1%} of it waits for data ({where})",
             stage="profile",
         )
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
     return Finding(
-        "profile.data-bound",
+        catalogue.PROFILE_DATA_BOUND,
         sev,
         f"Even the best configuration is {kind}: {share:.0%} of each step waits for data",
         evidence=f"best measured: {where}; every configuration: "
@@ -183,7 +184,7 @@ def _workers(s: Mapping[tuple[str, int], float], cpus: Cpus) -> Finding | None:
         return None
     gap, layout, low, best_w, share_low, share_best = worst
     return Finding(
-        "profile.workers",
+        catalogue.PROFILE_WORKERS,
         severity(share_low),
         f"num_workers={low} leaves {share_low:.0%} of each step waiting for data; "
         f"{best_w} workers bring it to {share_best:.0%}",
@@ -206,7 +207,7 @@ def _layout(s: Mapping[tuple[str, int], float]) -> Finding | None:
     if gap < LAYOUT_GAP:
         return None
     return Finding(
-        "profile.small-files",
+        catalogue.PROFILE_SMALL_FILES,
         severity(files[w]),
         f"One file per sample waits {gap:.0%} of the step longer than MDS shards",
         evidence=f"num_workers={w}: data wait {files[w]:.1%} with one file per sample, "

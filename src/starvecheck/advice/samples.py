@@ -13,6 +13,7 @@ worker, so workers cannot repeat its samples.
 from __future__ import annotations
 
 from starvecheck.advice.configurations import Point, base_repeats, describe, repeats_grow
+from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 
 # A worker that delivered less than this share of the busiest worker's batches, once
@@ -60,7 +61,7 @@ def _repeats(loader: StageResult, found: list[Point]) -> Finding | None:
         else f"Your current settings deliver the same samples again: {cause}"
     )
     return Finding(
-        "loader.repeats",
+        catalogue.LOADER_REPEATS,
         Severity.CRITICAL if current is not None else Severity.WARNING,
         title,
         evidence=evidence + " (a digest of each sample's bytes, shape and dtype)",
@@ -89,7 +90,7 @@ def _idle(loader: StageResult, found: list[Point]) -> Finding | None:
     shards = loader.parameters.shards
     said = f"; the dataset says it has {shards} shard(s)" if shards is not None else ""
     return Finding(
-        "loader.idle-workers",
+        catalogue.LOADER_IDLE_WORKERS,
         Severity.WARNING,
         f"{len(idle)} of {len(counts)} workers deliver (almost) nothing: the dataset gives "
         f"{busy} worker(s) data",

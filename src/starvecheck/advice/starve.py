@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
+from starvecheck.core import catalogue
 from starvecheck.core.criteria import IDLE_AS_GOOD
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
@@ -130,7 +131,7 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
         return None
     if w0 < STARVED_WARNING:
         return Finding(
-            "starve.workers-zero",
+            catalogue.STARVE_WORKERS_ZERO,
             Severity.OK,
             f"Even num_workers=0 keeps the GPU fed ({w0:.0%} idle)",
             evidence,
@@ -140,7 +141,7 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
     # limit, one worker buys little and the not-enough-cpu finding says why.
     recovered = max(0.0, w0 - wr)
     return Finding(
-        "starve.workers-zero",
+        catalogue.STARVE_WORKERS_ZERO,
         Severity.CRITICAL
         if recovered >= STARVED_CRITICAL
         else Severity.WARNING
@@ -180,7 +181,7 @@ def _enough(
     )
     if best <= FED:
         return Finding(
-            "starve.workers-needed",
+            catalogue.STARVE_WORKERS_NEEDED,
             Severity.OK,
             f"num_workers={r} keeps the GPU fed ({best:.0%} idle)",
             evidence + f"; use {_dataloader_line(r)}",
@@ -188,7 +189,7 @@ def _enough(
             fix={"num_workers": r},
         )
     return Finding(
-        "starve.not-enough-cpu",
+        catalogue.STARVE_NOT_ENOUGH_CPU,
         Severity.CRITICAL if best >= STARVED_CRITICAL else Severity.WARNING,
         f"No worker count is enough here: the GPU stays {best:.0%} idle",
         evidence,
@@ -231,7 +232,7 @@ def _above_cpus(
         # Measured, and against the CPU arithmetic: said as an observation, never as a
         # "Passed" beside a recommendation of fewer workers.
         return Finding(
-            "starve.workers-above-cpus",
+            catalogue.STARVE_WORKERS_ABOVE_CPUS,
             Severity.INFO,
             f"{w_over} workers left the GPU {gained:.0%} less idle than {w_at} on {cpus_said}",
             evidence + "; CPU-bound work should not gain past the CPUs: the simulated "
@@ -244,7 +245,7 @@ def _above_cpus(
         )
     keep = int(rec) if rec is not None and int(rec) <= cpus else w_at
     return Finding(
-        "starve.workers-above-cpus",
+        catalogue.STARVE_WORKERS_ABOVE_CPUS,
         Severity.WARNING,
         f"{w_over} workers are no better than {w_at}: this machine has {cpus_said}",
         evidence,
@@ -270,7 +271,7 @@ def _first_batch(result: StageResult, rec: float | None) -> Finding | None:
     if first is None or first < SLOW_FIRST_BATCH_S:
         return None
     return Finding(
-        "starve.first-batch-slow",
+        catalogue.STARVE_FIRST_BATCH_SLOW,
         Severity.INFO,
         f"The first batch takes {first:.1f} s with {r} workers",
         f"time to the first batch at num_workers={r}: {first:.2f} s (worker start-up and "
@@ -286,7 +287,7 @@ def _pin_memory(params: Parameters, rec: float | None) -> Finding | None:
     if not params.cuda or not rec:
         return None
     return Finding(
-        "starve.pin-memory",
+        catalogue.STARVE_PIN_MEMORY,
         Severity.INFO,
         "Batches here are pageable: pin them so the copy to the GPU can overlap",
         "this run hands batches over without pin_memory; with a CUDA device, pageable "

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from starvecheck.advice.profile import few_steps
+from starvecheck.core import catalogue
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 
@@ -101,14 +102,14 @@ def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str,
         "steps_compared": len(per_step),
     }
     for f in findings:
-        if f.id == "profile.straggler":
+        if f.id == catalogue.PROFILE_STRAGGLER:
             return out | {
                 "pattern": "fixed",
                 "rank": f.fix.get("rank"),
                 "cause": f.fix.get("cause"),
                 "lost_share": f.gain.value if f.gain else None,
             }
-        if f.id == "profile.straggler-rotating":
+        if f.id == catalogue.PROFILE_STRAGGLER_ROTATING:
             out |= {"pattern": "rotating", "lost_share": f.gain.value if f.gain else None}
     return out
 
@@ -157,7 +158,7 @@ def among_ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = Non
     sev, few = few_steps(n, Severity.WARNING, "on every rank")
     return [
         Finding(
-            "profile.straggler-rotating",
+            catalogue.PROFILE_STRAGGLER_ROTATING,
             sev,
             f"A different rank holds up the step in {len(over)} of {n} steps",
             evidence=(
@@ -253,7 +254,7 @@ def _straggler(
             "sequence lengths: bucket by length)."
         )
     return Finding(
-        "profile.straggler",
+        catalogue.PROFILE_STRAGGLER,
         sev,
         f"{rank} is a straggler: every step waits {lost:,.1f} ms for it",
         evidence=evidence + few + ".",
@@ -336,7 +337,7 @@ def among_nodes(
         where = f"rank {row['rank']}" + (f" on {row['host']}" if row["host"] else "")
         findings.append(
             Finding(
-                "doctor.straggler",
+                catalogue.DOCTOR_STRAGGLER,
                 Severity.CRITICAL if starving else Severity.WARNING,
                 f"{where.capitalize()} is a straggler: its data pipeline delivers "
                 f"{value / median:.0%} of the median node's",

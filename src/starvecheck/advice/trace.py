@@ -26,6 +26,7 @@ from starvecheck.advice.stepworkers import (
     workers_needed,
 )
 from starvecheck.advice.stragglers import WAITING, among_ranks
+from starvecheck.core import catalogue
 from starvecheck.core.metric import Caveat, Metric, one, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison
@@ -231,7 +232,7 @@ def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
     evidence = _data_wait_evidence(d, params)
     if d.severity is Severity.OK:
         return Finding(
-            "profile.data-bound",
+            catalogue.PROFILE_DATA_BOUND,
             Severity.OK,
             f"The training step is fed: {d.share:.1%} of it waits for data",
             evidence=evidence,
@@ -244,7 +245,7 @@ def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
     evidence, gain = _on_the_device(m, evidence, gain)
     n = d.steps
     return Finding(
-        "profile.data-bound",
+        catalogue.PROFILE_DATA_BOUND,
         d.severity,
         f"The training step is {d.kind}: {d.share:.0%} of it waits for data"
         + (f"; only {n} step{'s' if n > 1 else ''} measured" if d.few else ""),
@@ -308,7 +309,7 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
         )
     sev, few = _few_steps(m, Severity.CRITICAL if other > GPU_IDLE_CRITICAL else Severity.WARNING)
     return Finding(
-        "profile.gpu-idle",
+        catalogue.PROFILE_GPU_IDLE,
         sev,
         f"The GPU sits idle {other:.0%} of each step, and not for data",
         evidence=evidence + few + ".",
@@ -372,7 +373,7 @@ def _memcpy(m: Sequence[Metric]) -> Finding | None:
         )
     # Not held back on a few steps: pageable copies are a setting seen, not a noisy time.
     return Finding(
-        "profile.memcpy",
+        catalogue.PROFILE_MEMCPY,
         Severity.WARNING,
         f"Host <-> device copies take {share:.0%} of each step",
         evidence=evidence + ".",
@@ -394,7 +395,7 @@ def _first_step(m: Sequence[Metric]) -> Finding | None:
     if first is None or rest is None or not rest.median or first <= FIRST_STEP_STALL * rest.median:
         return None
     return Finding(
-        "profile.first-step-stall",
+        catalogue.PROFILE_FIRST_STEP_STALL,
         Severity.INFO,
         f"The first step took {first / rest.median:.1f}x the others",
         evidence=f"first step {first:,.1f} ms; the other {rest.n}: median {rest.median:,.1f} ms. "

@@ -138,7 +138,7 @@ def _own_stage(reported: str, parameters: Mapping[str, Any]) -> str:
 class Finding:
     """One thing to know or change, with the numbers that show it."""
 
-    id: str  # stable: "env.shm-too-small"; people grep and gate on it
+    id: str  # stable: catalogue.ENV_SHM_TOO_SMALL; people grep and gate on it
     severity: Severity
     title: str
     evidence: str = ""
@@ -147,6 +147,14 @@ class Finding:
     stage: str = ""
     # The change recommended, as data where it is a setting ({"num_workers": 2}).
     fix: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        # A kind of the catalogue (core/catalogue.py) is detected in the severities it
+        # lists; judging may lower one (a gain inside the noise, an assumed input),
+        # never raise it above them.
+        allowed = getattr(self.id, "severities", None)
+        if allowed and self.severity.rank > max(s.rank for s in allowed):
+            raise ValueError(f"{self.id} is never {self.severity.value} (core/catalogue.py)")
 
     def to_dict(self) -> dict[str, Any]:
         d = {
