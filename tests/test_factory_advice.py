@@ -382,3 +382,19 @@ def test_never_nothing_to_fix_beside_a_measured_gain() -> None:
     assert own.severity.value == "info" and own.gain.value == pytest.approx(1.2)
     text = verdict(rank(found), len(found))
     assert "nothing to fix" not in text and "start with loader.own-config" in text
+
+
+def test_the_configuration_is_chosen_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """complete() chooses; the rules, the basis and the chain's capacity read its choice
+    (advice/factory.choice_of) instead of choosing again."""
+    from starvecheck.advice import factory
+    from starvecheck.advice.report import build_report
+    from starvecheck.core.context import Context
+
+    calls = []
+    real = factory.choose
+    monkeypatch.setattr(factory, "choose", lambda r: calls.append(1) or real(r))
+    runs = sweep({0: 100, 1: 190, 2: 280}, worker_cpu_ms=1.0)
+    report = build_report("loader", None, [stage(runs, Config(0))], Context())
+    assert any(f.id == "loader.own-config" for f in report.stages[0].findings)
+    assert len(calls) == 1

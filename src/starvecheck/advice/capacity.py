@@ -91,7 +91,7 @@ def link_workers(
     if factory is not None:
         from starvecheck.advice import factory as own
 
-        choice = own.choose(factory)
+        choice = own.choice_of(factory)
         return None if choice is None else choice.chosen.workers
     counts = []
     if loader is not None:

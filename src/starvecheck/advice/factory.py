@@ -222,7 +222,16 @@ def complete(loader: StageResult) -> StageResult:
     if choice is not None:
         at = one(choice.chosen.metrics, quantity="samples_per_s")
         capacity = replace(at, name=f"capacity ({at.name})") if at is not None else None
-    return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity)
+    judged = {**loader.judged, "choice": choice}  # chosen once per report: choice_of
+    return replace(
+        loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity, judged=judged
+    )
+
+
+def choice_of(loader: StageResult) -> Choice | None:
+    """The configuration recommended, as `complete` chose it (once per report); chosen
+    here for a result that was not completed."""
+    return loader.judged["choice"] if "choice" in loader.judged else choose(loader)
 
 
 _JUDGED = ("vs_current", "vs_current_low", "vs_current_high")
@@ -234,7 +243,7 @@ def chosen_of(choice: Choice | None) -> Point | None:
 
 def basis(loader: StageResult) -> str:
     """What doctor's loader link rests on, in words."""
-    choice = choose(loader)
+    choice = choice_of(loader)
     where = loader.parameters.factory
     said = describe(choice.chosen) if choice is not None else "no configuration"
     return f"your pipeline {where}, {said}, measured (its decode and collate included)"
@@ -247,7 +256,7 @@ def rules(results: Results) -> list[Finding]:
     found = points(loader)
     if not found:
         return []
-    choice = choose(loader)
+    choice = choice_of(loader)
     now = choice.current if choice is not None else None
     swept = len(choice.sweep) if choice is not None else 0
     out = [_config(loader), demand(loader, chosen_of(choice), now, swept)]
@@ -275,7 +284,7 @@ def _evidence(choice: Choice, effective: float) -> str:
 def _config(loader: StageResult) -> Finding | None:
     if loader.parameters.read_as_is:
         return _as_is(loader)
-    choice = choose(loader)
+    choice = choice_of(loader)
     if choice is None:
         return None
     if choice.disturbed or choice.busy is not None:
