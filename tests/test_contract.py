@@ -576,6 +576,18 @@ def test_a_kind_refuses_a_severity_it_does_not_list():
     assert Finding(catalogue.IO_SMALL_FILES, Severity.INFO, "t").severity is Severity.INFO
 
 
+def test_a_kind_crosses_processes_as_itself():
+    """Findings are pickled (torch.distributed gathers every rank's): a kind comes back
+    as the catalogue's own, and an id it does not know as the plain string."""
+    import copy
+    import pickle
+
+    f = Finding(catalogue.IO_SMALL_FILES, Severity.WARNING, "t")
+    for back in (pickle.loads(pickle.dumps(f)), copy.deepcopy(f)):
+        assert back == f and back.id is catalogue.IO_SMALL_FILES
+    assert catalogue.kind("io.gone-in-a-later-version") == "io.gone-in-a-later-version"
+
+
 def test_every_finding_id_is_documented():
     ids = set(CATALOGUE)
     stages = {"env", "io", "loader", "starve", "pad", "pcie", "profile", "doctor"}

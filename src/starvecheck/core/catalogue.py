@@ -31,6 +31,17 @@ class Kind(str):
     def stage(self) -> str:
         return self.partition(".")[0]
 
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # Pickled (a rank's findings gathered over torch.distributed, a copy) as its id,
+        # and read back as the catalogue's own kind.
+        return (kind, (str(self),))
+
+
+def kind(id_: str) -> Kind | str:
+    """The catalogue's kind of this id; the id itself where it has none (a report of
+    another version read back)."""
+    return CATALOGUE.get(id_, id_)
+
 
 # --- env ---------------------------------------------------------------------------------
 
