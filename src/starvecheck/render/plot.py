@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from starvecheck.core.model import StageResult
 from starvecheck.core.signals import importing, signals_held
 from starvecheck.core.status import UsageError
+
+
+class PaddedLayout(Protocol):
+    """What the padding picture reads of a batching strategy's layout (the pad stage's
+    packing.Layout keeps it): which row each sample went to, in which order, and each
+    row's positions. Declared here, as render never imports stages/."""
+
+    order: Any  # numpy arrays, as numpy's own stubs type them
+    row: Any
+    row_len: Any
+    rows_per_batch: int
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def batches(self) -> int: ...
+
+    def row_tokens(self, lengths: Any) -> Any: ...
+
+
+class PaddedRun(Protocol):
+    """What the padding picture reads of a pad run (the pad stage's Run keeps it)."""
+
+    result: StageResult
+    lengths: Any
+    layouts: Mapping[str, PaddedLayout]
 
 
 def _pyplot() -> Any:
@@ -146,7 +174,7 @@ MAX_PLOT_COLUMNS = 8192
 _NOT_COMPUTED, _PADDING, _TOKEN_A, _TOKEN_B = 0, 1, 2, 3
 
 
-def _median_batch(layout: Any, lengths: Any) -> int:
+def _median_batch(layout: PaddedLayout, lengths: Any) -> int:
     """The batch whose share of real tokens is the median one: a typical batch, not
     the first (length grouping puts the longest sample first on purpose)."""
     import numpy as np
@@ -161,7 +189,7 @@ def _median_batch(layout: Any, lengths: Any) -> int:
     return int(ranked[(ranked.size - 1) // 2])
 
 
-def _batch_image(layout: Any, lengths: Any, batch: int, width: int) -> Any:
+def _batch_image(layout: PaddedLayout, lengths: Any, batch: int, width: int) -> Any:
     """Rows of one batch as cells: not computed, padding, or a sample's tokens. Past
     MAX_PLOT_COLUMNS positions a cell stands for several (a long context stays small
     in memory); a sample or padding run covers every cell it touches."""
@@ -185,7 +213,7 @@ def _batch_image(layout: Any, lengths: Any, batch: int, width: int) -> Any:
     return image
 
 
-def pad_plot(run: Any, path: str) -> None:
+def pad_plot(run: PaddedRun, path: str) -> None:
     """One heatmap per strategy: a typical batch, rows by positions, real tokens (two
     shades, so packed samples show their boundaries) against padding."""
     plt = _pyplot()
