@@ -8,8 +8,8 @@ module whose stage is not in the run returns nothing. Cross-stage rules live her
 after every module has spoken, so the checklist never contradicts itself.
 
 Before the rules, the modules whose judgement the report carries beside the figures
-complete their stage's result (`complete(result)`, named in the stage table): loader's and starve's
-recommended num_workers and loader's capacity, pcie's overlap verdicts. The rules, the
+complete their stage's result (`complete(result)`, named in the stage table): loader's
+and starve's recommended num_workers and loader's capacity, pcie's overlap verdicts. The rules, the
 chain and the report (through `attach`) all read those completed results.
 
 advice/ imports the model, probe facts and the workload, never stages/.
@@ -17,7 +17,6 @@ advice/ imports the model, probe facts and the workload, never stages/.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,7 +56,7 @@ def _completed(name: str, r: StageResult) -> StageResult:
     module = stages_table.entry(name).complete
     if module is None:
         return r
-    return importlib.import_module(stages_table.module(module)).complete(r)  # type: ignore[no-any-return]
+    return stages_table.load(module).complete(r)  # type: ignore[no-any-return]
 
 
 def advise_all(results: Results) -> list[Finding]:
@@ -67,7 +66,7 @@ def advise_all(results: Results) -> list[Finding]:
     found: list[Finding] = []
     for stage in results.stages:
         for module in stages_table.entry(stage).judge:
-            rules = importlib.import_module(stages_table.module(module)).rules
+            rules = stages_table.load(module).rules
             found += [_stamped(f, stage) for f in rules(results)]
     return found
 
@@ -101,10 +100,6 @@ def judge(results: Results) -> Judgement:
 
 # Cross-stage rules: one judgement per report.
 
-# Who measured a setting most directly, first (each stage's `authority` in the table):
-# the user's own loop; the DataLoader over the data and the CPU sweep (one measures the
-# reads, the other the CPU work, and the workers must do both: the larger count of the
-# two); the storage's readers; env's rule of thumb last.
 # A flag that a measurement of the same thing replaces: (flag, measurement).
 MEASURED_BEATS_FLAGGED = ((catalogue.ENV_ROTATIONAL_STORAGE, catalogue.IO_ROTATIONAL),)
 
@@ -125,6 +120,11 @@ def reconcile(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def _authority(f: Finding, key: str) -> tuple[int, float, int]:
+    """Whose value of a setting wins, lowest first: who measured it most directly (the
+    stage table's `authority`: the user's own loop; the DataLoader over the data and the
+    CPU sweep, one measuring the reads, the other the CPU work, and the workers must do
+    both, so the larger count of the two; the storage's readers; env's rule of thumb
+    last), then the larger value, then a finding to act on before a passed check."""
     tier = stages_table.entry(f.stage).authority
     v = f.fix[key]
     larger = -float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0

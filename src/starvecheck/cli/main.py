@@ -8,7 +8,6 @@ with --debug (or STARVECHECK_DEBUG=1).
 from __future__ import annotations
 
 import errno
-import importlib
 import signal
 import sys
 import traceback
@@ -28,7 +27,7 @@ from starvecheck.core.text import readable
 # the stage table's order (core/stages.py): the machine, then the chain from storage to
 # the GPU step, doctor, the running job, then housekeeping.
 for _command in stages_table.commands():
-    importlib.import_module(_command)
+    stages_table.load(_command)
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:

@@ -15,7 +15,9 @@ row below; nothing else names it (tests/test_stage_table.py shows it).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 
 _PACKAGE = "starvecheck"
 
@@ -63,6 +65,11 @@ class StageEntry:
 def module(name: str) -> str:
     """A module of the table, by its full dotted name."""
     return f"{_PACKAGE}.{name}"
+
+
+def load(name: str) -> ModuleType:
+    """A module the table names (`advice.io`), imported on first use."""
+    return importlib.import_module(module(name))
 
 
 # In the chain's order, from the machine to the GPU step, then the loops and the jobs.
@@ -180,7 +187,6 @@ TABLE: tuple[StageEntry, ...] = (
         command="cli.attach",
     ),
 )
-BY_NAME = {e.name: e for e in TABLE}
 # Commands that are not a stage's own, in `starvecheck --help`'s order after them.
 OTHER_COMMANDS = ("cli.clean",)
 # Every stage's tables are tried first, then this one: a sweep of figures by num_workers
@@ -190,7 +196,7 @@ RENDER_LAST = ("render.sweep",)
 
 def entry(name: str) -> StageEntry:
     """The stage's row; a name not in the table has no modules and reports as itself."""
-    return BY_NAME.get(name) or StageEntry(name)
+    return next((e for e in TABLE if e.name == name), None) or StageEntry(name)
 
 
 def reported_as() -> dict[str, str]:
@@ -210,5 +216,6 @@ def doctor_chain() -> tuple[str, ...]:
 
 
 def commands() -> tuple[str, ...]:
-    """The CLI modules that register a command, in `starvecheck --help`'s order."""
-    return tuple(module(c) for c in (*(e.command for e in TABLE if e.command), *OTHER_COMMANDS))
+    """The CLI modules that register a command (for `load`), in `starvecheck --help`'s
+    order."""
+    return (*(e.command for e in TABLE if e.command), *OTHER_COMMANDS)

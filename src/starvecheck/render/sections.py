@@ -10,8 +10,6 @@ metrics after them.
 
 from __future__ import annotations
 
-import importlib
-
 from starvecheck.core import stages as stages_table
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
@@ -28,6 +26,6 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     metrics = list(stage.metrics)
     modules = (*stages_table.entry(stage.stage).render, *stages_table.RENDER_LAST)
     for name in modules:
-        shown, metrics = importlib.import_module(stages_table.module(name)).sections(stage, metrics)
+        shown, metrics = stages_table.load(name).sections(stage, metrics)
         out += shown
     return out, list(metrics)

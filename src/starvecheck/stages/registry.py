@@ -9,7 +9,6 @@ table (core/stages.py).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from starvecheck.core import stages as stages_table
@@ -22,4 +21,4 @@ def get(name: str) -> Stage[Any, Any]:
     measure = stages_table.entry(name).measure
     if measure is None:
         raise KeyError(f"no stage {name!r}")
-    return importlib.import_module(stages_table.module(measure)).STAGE  # type: ignore[no-any-return]
+    return stages_table.load(measure).STAGE  # type: ignore[no-any-return]
