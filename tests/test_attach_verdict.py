@@ -9,6 +9,7 @@ from starvecheck.advice.attach import rules
 from starvecheck.advice.results import Results
 from starvecheck.core.metric import value
 from starvecheck.core.model import Severity, StageResult
+from starvecheck.core.schema.attach import Parameters as AttachParameters
 from starvecheck.stages.attach.readings import Fate, follow
 from starvecheck.stages.attach.spy import parse_raw
 from starvecheck.stages.attach.stage import read_stacks
@@ -34,7 +35,7 @@ def stage(raw: str, **rank: object) -> StageResult:
     metrics, workers, top, info = read_stacks(proc, parse_raw(raw), lambda f, n: None)
     params = {
         "pid": PID,
-        "ranks": [{"pid": PID, "rank": None, "workers": workers, **info, **rank}],
+        "ranks": [{**info.to_dict(), "workers": workers, **rank}],
         "seconds": 8.0,
         "other_frames": {str(PID): top} if top else {},
         "effective_cpus": 2,
@@ -63,7 +64,7 @@ def test_a_loop_run_in_a_thread_is_read_there_and_named():
     s = parse_raw(ray_style(300, 100))
     assert loop_thread(s, PID) == ((PID, PID + 1), True)
     r = stage(ray_style(300, 100))
-    assert r.parameters.ranks[0]["thread"] == "train"
+    assert r.parameters.read(AttachParameters).ranks[0].thread == "train"
     assert value(r.metrics, quantity="main_share", kind="data") == 0.75
     f = judged(r)["attach.data-wait"]
     assert f.severity is Severity.CRITICAL and "'train'" in f.evidence
@@ -94,7 +95,7 @@ def nanogpt(fetch: int, step: int, fetch_frames: list[str] | None = None) -> str
 
 def test_a_get_batch_between_steps_is_the_wait_for_data_and_named():
     r = stage(nanogpt(40, 360))
-    assert r.parameters.ranks[0]["data_path"] == "get_batch (train.py)"
+    assert r.parameters.read(AttachParameters).ranks[0].data_path == "get_batch (train.py)"
     assert value(r.metrics, quantity="main_share", kind="data") == 0.1
     assert value(r.metrics, quantity="main_loading_share", kind="read") == 0.1
     f = judged(r)["attach.data-wait"]
@@ -104,9 +105,9 @@ def test_a_get_batch_between_steps_is_the_wait_for_data_and_named():
 
 def test_a_generator_named_for_data_is_a_fetch_and_unknown_work_is_not():
     gen = nanogpt(120, 280, ["batches (/job/train.py:20)", "shuffle (/job/train.py:12)"])
-    assert stage(gen).parameters.ranks[0]["data_path"] == "batches (train.py)"
+    assert stage(gen).parameters["ranks"][0]["data_path"] == "batches (train.py)"
     odd = stage(nanogpt(120, 280, ["log_metrics (/job/train.py:80)"]))
-    assert odd.parameters.ranks[0]["data_path"] is None
+    assert odd.parameters.read(AttachParameters).ranks[0].data_path is None
     f = judged(odd)["attach.data-wait"]
     # never "Passed": the data path is unknown, and said to be
     assert f.severity is Severity.INFO and "data path could not be identified" in f.title
@@ -175,7 +176,7 @@ def test_a_fetch_that_stacks_tensors_is_still_the_fetch_and_a_train_batch_is_not
         line(PID, "MainThread", ["<module> (/job/t.py:9)", "train_batch (/job/t.py:4)"], 100),
         line(PID, "MainThread", ["<module> (/job/t.py:9)", FWD], 10),
     ])  # fmt: skip
-    assert stage(raw).parameters.ranks[0]["data_path"] is None
+    assert stage(raw).parameters.read(AttachParameters).ranks[0].data_path is None
 
 
 def test_ranks_each_with_their_interval_and_one_without_a_verdict():
@@ -186,7 +187,7 @@ def test_ranks_each_with_their_interval_and_one_without_a_verdict():
         ])  # fmt: skip
         metrics, workers, _, info = read_stacks(Process(pid, "t", rank), parse_raw(raw),
                                                 lambda f, n: None)  # fmt: skip
-        return metrics, {"pid": pid, "rank": rank, "workers": workers, **info}
+        return metrics, {**info.to_dict(), "rank": rank, "workers": workers}
 
     (m0, p0), (m1, p1), (m2, p2) = (
         rank_of(1, 40, 360, 0),
@@ -209,7 +210,7 @@ def test_no_straggler_from_a_gap_the_samples_cannot_tell():
         ])  # fmt: skip
         metrics, workers, _, info = read_stacks(Process(pid, "t", pid), parse_raw(raw),
                                                 lambda f, n: None)  # fmt: skip
-        return metrics, {"pid": pid, "rank": pid, "workers": workers, **info}
+        return metrics, {**info.to_dict(), "rank": pid, "workers": workers}
 
     def straggler(*ranks: tuple[list, dict]) -> bool:
         params = {"pid": 1, "ranks": [p for _, p in ranks], "seconds": 8.0,
@@ -232,7 +233,7 @@ def test_a_fast_dataloader_never_caught_waiting_is_still_a_dataloader():
         line(PID + 3, "pin", [pin, GET], 400),
     ])  # fmt: skip
     r = stage(raw)
-    assert r.parameters.ranks[0]["data_path"] == "DataLoader"
+    assert r.parameters.read(AttachParameters).ranks[0].data_path == "DataLoader"
     assert judged(r)["attach.data-wait"].severity is Severity.OK
 
 

@@ -12,6 +12,7 @@ from starvecheck.advice.results import Results
 from starvecheck.cli.ranks import from_environ, slow_ms
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Link, Report, Severity, StageResult
+from starvecheck.core.schema.doctor import Node
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.workload import Workload
 
@@ -312,7 +313,7 @@ def test_link_and_doctor_report_round_trip_and_other_reports_are_unchanged():
         chain=(link, Link("pcie", None, 400.0, reason="no CUDA device")),
         weakest_link="loader",
         workload=Workload().to_dict(),
-        nodes=({"rank": 0, "host": "a"},),
+        nodes=(Node(0, "a", {"loader": 800.0}, 800.0),),
     )
     again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again == report
@@ -338,9 +339,9 @@ def test_judge_marks_the_straggler_with_severity_by_demand():
     table, (f,) = stragglers.among_nodes(
         [_payload(1, 5000.0, 300.0), _payload(0, 5000.0, 3000.0)], 400.0
     )
-    assert [r["rank"] for r in table] == [0, 1]
-    assert table[1]["straggler"] and not table[0]["straggler"]
-    assert table[1]["data_pipeline_samples_per_s"] == 300.0
+    assert [r.rank for r in table] == [0, 1]
+    assert table[1].straggler and not table[0].straggler
+    assert table[1].data_pipeline_samples_per_s == 300.0
     assert f.id == "doctor.straggler" and f.severity is Severity.CRITICAL
     assert "Rank 1 on node1" in f.title and f.gain.value == pytest.approx(400 / 300, abs=1e-3)
     _, (g,) = stragglers.among_nodes(

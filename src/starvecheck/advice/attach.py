@@ -42,6 +42,9 @@ from starvecheck.core import catalogue
 from starvecheck.core.intervals import percent, samples_needed, side, wilson
 from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.schema import attach as vocab
+from starvecheck.core.schema.attach import Loading, Main, Parameters, Rank
+from starvecheck.core.schema.common import OTHERS_CPUS, OTHERS_CPUS_EACH_S, SAMPLES
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -65,7 +68,7 @@ def rules(results: Results) -> list[Finding]:
     if waits:
         pid = max(waits, key=lambda p: waits[p])
         out.append(_data_wait(r, pid, waits, read[pid]))
-        if read[pid].severity is not Severity.OK and not _param(r, pid, "ended"):
+        if read[pid].severity is not Severity.OK and not _rank(r, pid).ended:
             bound = _bound(r, pid, waits[pid])
             if bound is not None:
                 out.append(bound)
@@ -101,7 +104,7 @@ def _wait(r: StageResult, pid: int) -> Wait | None:
     each threshold it is judged by (advice/profile.severity: 5%, 20%); none from no
     samples, from a job stopped in the window (its samples then repeat its last
     stack), or where neither a DataLoader nor a fetch between steps was found."""
-    n = value(_of(r, pid), quantity="samples")
+    n = value(_of(r, pid), quantity=SAMPLES)
     if n is None:
         return None
     n = int(n)
@@ -111,17 +114,17 @@ def _wait(r: StageResult, pid: int) -> Wait | None:
     def none(why: str) -> Wait:
         return Wait(share, n, low, high, None, why)
 
-    stopped = _param(r, pid, "stopped_s") or 0.0
+    stopped = _rank(r, pid).stopped_s
     if isinstance(stopped, (int, float)) and stopped >= 0.5:
         return none(f"it was stopped (State T) for about {stopped:.0f} s of the window")
     if n == 0:
         return none("no samples of its training loop were kept")
-    if _param(r, pid, "loop_found") is False:
+    if _rank(r, pid).loop_found is False:
         return none(
             "no thread's samples show a training loop (a DataLoader, forward, backward, "
             "an optimizer)"
         )
-    if _param(r, pid, "loop_found") and _param(r, pid, "data_path") is None:
+    if _rank(r, pid).loop_found and _rank(r, pid).data_path is None:
         return none(
             "its data path could not be identified: no DataLoader, and nothing its loop "
             "calls between steps reads or is named for data"
@@ -138,22 +141,24 @@ def _wait(r: StageResult, pid: int) -> Wait | None:
 
 def _ci(r: StageResult, pid: int, share: float) -> str:
     """`68% (63-73%, 400 samples)`: a rank's share with its interval."""
-    n = int(value(_of(r, pid), quantity="samples") or 0)
+    n = int(value(_of(r, pid), quantity=SAMPLES) or 0)
     low, high = wilson(share * n, n)
     return f"{share:.0%} ({percent(low, high)}, {n} samples)"
 
 
-def _param(r: StageResult, pid: int, key: str) -> object:
-    for x in r.parameters.ranks:
-        if isinstance(x, dict) and x.get("pid") == pid:
-            return x.get(key)
-    return None
+def _params(r: StageResult) -> Parameters:
+    return r.parameters.read(Parameters)
+
+
+def _rank(r: StageResult, pid: int) -> Rank:
+    """The rank `pid` as the parameters record it (an empty record where they do not)."""
+    return next((x for x in _params(r).ranks if x.pid == pid), Rank(pid))
 
 
 def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
     """No verdict on a rank's wait, with why, and what would give one: the data-wait
     finding itself where no rank has a verdict, else one of its own."""
-    seconds = float(r.parameters.seconds or 0.0)
+    seconds = float(_params(r).seconds or 0.0)
     fix = ""
     if w.why.startswith("too few samples") and w.n and seconds:
         need = samples_needed(w.share, INPUT_BOUND)
@@ -172,15 +177,12 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
 
 
 def _ranks(r: StageResult) -> list[int]:
-    return [int(x["pid"]) for x in r.parameters.ranks if isinstance(x, dict) and "pid" in x]
+    return [x.pid for x in _params(r).ranks]
 
 
 def _who(r: StageResult, pid: int) -> str:
-    for x in r.parameters.ranks:
-        if isinstance(x, dict) and x.get("pid") == pid:
-            rank = x.get("rank")
-            return f"PID {pid}" + (f" (rank {rank})" if rank is not None else "")
-    return f"PID {pid}"
+    rank = _rank(r, pid).rank
+    return f"PID {pid}" + (f" (rank {rank})" if rank is not None else "")
 
 
 def _of(r: StageResult, pid: int) -> Sequence[Metric]:
@@ -196,24 +198,23 @@ def _breakdown(r: StageResult, pid: int, quantity: str, kinds: Sequence[str]) ->
     return ", ".join(parts)
 
 
-MAIN_KINDS = ("data", "step", "copy", "gpu-wait", "collective", "other")
-LOAD_KINDS = ("read", "decode", "tokenize", "collate", "handover", "idle", "other")
+MAIN_KINDS, LOAD_KINDS = tuple(Main), tuple(Loading)
 
 
 def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Finding:
     share = waits[pid]
     sev = w.severity or Severity.INFO
-    seconds = r.parameters.seconds or 0.0
-    thread = _param(r, pid, "thread")
+    seconds = _params(r).seconds or 0.0
+    thread = _rank(r, pid).thread
     where = "main thread" if thread in (None, "", "MainThread") else f"loop's thread '{thread}'"
     evidence = (
         f"{_who(r, pid)}: {w.n} samples of its {where} over {seconds:g} s: waits for data "
         f"{w.text()}; " + _breakdown(r, pid, "main_share", MAIN_KINDS)
     )
-    path = _param(r, pid, "data_path")
+    path = _rank(r, pid).data_path
     if isinstance(path, str) and path != "DataLoader":
         evidence += f"; no DataLoader: its data is fetched by {path}, counted as its wait"
-    other = r.parameters.other_frames.get(str(pid))
+    other = _params(r).other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
     gpus = _gpus(r)
@@ -238,7 +239,7 @@ def _gpus(r: StageResult) -> str:
     """The job's GPUs' utilization over the seconds read (NVML, once a second)."""
     parts = [
         f"GPU {m.labels.get('gpu')} {m.value:.0f}% ({m.min:.0f}-{m.max:.0f}%)"
-        for m in select(r.metrics, quantity="gpu_utilization")
+        for m in select(r.metrics, quantity=vocab.GPU_UTILIZATION)
         if m.value is not None and m.min is not None and m.max is not None
     ]
     return ("busy by NVML, median each second (range): " + ", ".join(parts)) if parts else ""
@@ -246,7 +247,7 @@ def _gpus(r: StageResult) -> str:
 
 def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     m = _of(r, pid)
-    workers = int(value(m, quantity="workers_found") or 0)
+    workers = int(value(m, quantity=vocab.WORKERS_FOUND) or 0)
     loading = _breakdown(r, pid, "main_loading_share", LOAD_KINDS)
     cpus = float(r.parameters.effective_cpus or 1)
     if workers == 0:
@@ -261,9 +262,9 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
             "none); for large batches the gain is an upper bound."
         )
         return _advise(r, pid, loop, cpus, "loads in the training process", what, assumed)
-    wcpu = value(m, quantity="workers_cpus") or 0.0
-    runq = value(m, quantity="workers_runq_cpus") or 0.0
-    blocked = value(m, quantity="workers_blocked_share")
+    wcpu = value(m, quantity=vocab.WORKERS_CPUS) or 0.0
+    runq = value(m, quantity=vocab.WORKERS_RUNQ_CPUS) or 0.0
+    blocked = value(m, quantity=vocab.WORKERS_BLOCKED_SHARE)
     kinds = _breakdown(r, pid, "worker_share", LOAD_KINDS)
     receive = _receive_cpu(m, share)
     busy = (wcpu + runq) / workers
@@ -321,8 +322,8 @@ def _machine(r: StageResult, m: Sequence[Metric], loading: float) -> dict[str, A
     processes' CPUs each second (the whole window's figure where those are missing),
     the training process's own CPU less the loading it does itself (`loading`, CPUs),
     the machine's CPUs and load average."""
-    each = one(r.metrics, quantity="others_cpus_each_s")
-    whole = value(r.metrics, quantity="others_cpus")
+    each = one(r.metrics, quantity=OTHERS_CPUS_EACH_S)
+    whole = value(r.metrics, quantity=OTHERS_CPUS)
     others = tuple(each.values) if each is not None and each.values else ()
     if not others and whole is not None:
         others = (whole,)
@@ -422,14 +423,14 @@ def _throttled(r: StageResult) -> Finding | None:
         Severity.WARNING,
         f"The job's cgroup was throttled in {throttled / periods:.0%} of its CPU periods",
         f"{throttled:.0f} of {periods:.0f} periods, {seconds:.2f} s throttled over "
-        f"{r.parameters.seconds} s",
+        f"{_params(r).seconds} s",
         "Raise the CPU limit (Kubernetes `resources.limits.cpu`) or drop it and keep the "
         "request; or fewer DataLoader workers, so that the quota is not spent in bursts.",
     )
 
 
 def _worker_memory(r: StageResult, ranks: list[int]) -> Finding | None:
-    grown = {p: g for p in ranks if (g := value(_of(r, p), quantity="worker_uss_growth"))}
+    grown = {p: g for p in ranks if (g := value(_of(r, p), quantity=vocab.WORKER_USS_GROWTH))}
     if not grown or max(grown.values()) < WORKER_GROWTH_BYTES:
         return None
     pid = max(grown, key=lambda p: grown[p])
@@ -437,7 +438,7 @@ def _worker_memory(r: StageResult, ranks: list[int]) -> Finding | None:
         catalogue.ATTACH_WORKER_MEMORY,
         Severity.WARNING,
         f"A DataLoader worker of {_who(r, pid)} grew {grown[pid] / MIB:,.0f} MiB of memory "
-        f"of its own in {r.parameters.seconds} s",
+        f"of its own in {_params(r).seconds} s",
         "USS (memory no other process shares) from /proc/PID/smaps_rollup at the start and the end",
         "Python objects the dataset holds (lists, dicts) are copied into each worker as "
         "they are read (pytorch/pytorch#13246): keep them in numpy arrays or Arrow, or "

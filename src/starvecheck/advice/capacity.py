@@ -32,6 +32,17 @@ from typing import TYPE_CHECKING
 
 from starvecheck.core.figures import loader_curve
 from starvecheck.core.model import Link, StageResult
+from starvecheck.core.schema.common import (
+    CLOCK_WALL,
+    EFFICIENCY,
+    GBPS,
+    PATTERN_RANDOM,
+    RECOMMENDED_NUM_WORKERS,
+    SAMPLES_PER_S,
+    SOURCE_TORCH,
+)
+from starvecheck.core.schema.io import Parameters as IoParameters
+from starvecheck.core.schema.loader import StarveParameters
 from starvecheck.core.strategies import LABELS, STRATEGIES
 from starvecheck.core.units import size_name
 
@@ -47,11 +58,15 @@ def missing(link: str, demand: float | None, reason: str) -> Link:
 
 def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
-    threads = max(io.parameters.threads)
+    threads = max(io.parameters.read(IoParameters).threads)
     withheld = None
     for temp in ("cold", "warm"):
         metric = io.one(
-            quantity="samples_per_s", layout=layout, pattern="random", cache=temp, threads=threads
+            quantity=SAMPLES_PER_S,
+            layout=layout,
+            pattern=PATTERN_RANDOM,
+            cache=temp,
+            threads=threads,
         )
         if metric is None:
             continue
@@ -95,17 +110,17 @@ def link_workers(
         return None if choice is None else choice.chosen.workers
     counts = []
     if loader is not None:
-        k = loader.value(quantity="recommended_num_workers", layout=layout)
+        k = loader.value(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
         counts.append(None if k is None else int(k))
     if starve is not None and starve.capacity is not None:
-        counts.append(starve.parameters.capacity_workers)
+        counts.append(starve.parameters.read(StarveParameters).capacity_workers)
     known = [k for k in counts if k is not None]
     return max(known) if known and len(known) == len(counts) else None
 
 
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
     """The DataLoader's samples/s over the layout at its recommended num_workers."""
-    k = loader.value(quantity="recommended_num_workers", layout=layout)
+    k = loader.value(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
     found = loader_curve(loader, layout)
     if k is None or found is None:
         return None, f"loader recommended no num_workers for {layout}"
@@ -152,8 +167,8 @@ def cpu_capacity(starve: StageResult) -> tuple[float | None, str]:
     if starve.capacity is None or starve.capacity.value is None:
         reason = starve.capacity.reason if starve.capacity else None
         return None, reason or "starve measured no preprocessing capacity"
-    d = starve.parameters.sample_cpu_ms
-    workers = starve.parameters.capacity_workers
+    params = starve.parameters.read(StarveParameters)
+    d, workers = params.sample_cpu_ms, params.capacity_workers
     return starve.capacity.value, f"starve, {d} ms CPU per sample in {workers} worker(s)"
 
 
@@ -168,7 +183,7 @@ def padding(pad: StageResult, current: str, demand: float | None) -> tuple[float
     """(the GPU's samples/s with the least-padding strategy, what it rests on); the
     rate is None, with the reason, where pad measured no figure to scale by."""
     eff = {
-        s: v for s in STRATEGIES if (v := pad.value(quantity="efficiency", strategy=s)) is not None
+        s: v for s in STRATEGIES if (v := pad.value(quantity=EFFICIENCY, strategy=s)) is not None
     }
     best = best_strategy(eff)
     if demand is None:
@@ -195,7 +210,7 @@ def pcie(result: StageResult, wire_bytes_per_sample: int, batch: int, demand: fl
     rates = {
         int(m.labels["size"]): m.value
         for m in result.select(
-            quantity="gbps", direction="h2d", memory="pinned", clock="wall", source="torch"
+            quantity=GBPS, direction="h2d", memory="pinned", clock=CLOCK_WALL, source=SOURCE_TORCH
         )
         if m.value is not None and "variant" not in m.labels
     }

@@ -15,8 +15,10 @@ from starvecheck.core.criteria import cpu_work
 from starvecheck.core.metric import Caveat, Metric, one, select
 from starvecheck.core.model import StageResult
 from starvecheck.core.paired import spread
+from starvecheck.core.schema.common import OTHERS_CPUS, SAMPLES_PER_S
+from starvecheck.core.schema.factory import LAYOUT, WORKERS
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
-LAYOUT = "own"
 KEYS = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
 # The roles of a configuration read again beside the count's variants, in their rounds:
 # the count itself (`base`) and the current settings (`again`); never the sweep's own.
@@ -58,9 +60,9 @@ class Point:
 
     def cpu_work(self) -> bool | None:
         """Its workers' measured time: on a CPU or waiting for one (CPU work), or blocked."""
-        cpu = self.get("cpu_ms_per_sample", process="workers")
-        runq = self.get("runq_ms_per_sample", process="workers")
-        blocked = self.get("blocked_ms_per_sample", process="workers")
+        cpu = self.get("cpu_ms_per_sample", process=WORKERS)
+        runq = self.get("runq_ms_per_sample", process=WORKERS)
+        blocked = self.get("blocked_ms_per_sample", process=WORKERS)
         if cpu is None or runq is None or blocked is None:
             return None
         return cpu_work(cpu, runq, cpu + runq + blocked)
@@ -77,7 +79,7 @@ def points(loader: StageResult) -> list[Point]:
     configuration's samples/s counts unique samples only: delivering the same sample
     twice is no faster."""
     out = []
-    for m in select(loader.metrics, quantity="samples_per_s", layout=LAYOUT):
+    for m in select(loader.metrics, quantity=SAMPLES_PER_S, layout=LAYOUT):
         rates = m.values or ((m.value,) if m.value is not None else ())
         if not rates:
             continue
@@ -85,7 +87,7 @@ def points(loader: StageResult) -> list[Point]:
         out.append(
             Point(m.labels, tuple(rates), tuple(select(loader.metrics, layout=LAYOUT, **where)))
         )
-    if loader.parameters.iterable and repeats_grow(out):
+    if loader.parameters.read(FactoryParameters).iterable and repeats_grow(out):
         out = [
             Point(p.labels, tuple(r * (1.0 - (p.get("repeat_share") or 0.0)) for r in p.rates),
                   p.metrics, unique=True)
@@ -141,7 +143,7 @@ def fix_of(p: Point) -> dict[str, Any]:
 
 def moved_caveat(found: list[Point], loader: StageResult) -> Caveat | None:
     """One line where other work on the machine moved the figures, saying how much."""
-    others = [v for p in found for m in select(p.metrics, quantity="others_cpus") for v in m.values]
+    others = [v for p in found for m in select(p.metrics, quantity=OTHERS_CPUS) for v in m.values]
     busy = statistics.median(others) if others else None
     moves = [(p, s) for p in found if (s := spread(p.rates)) is not None]
     worst = max(moves, key=lambda kv: kv[1], default=None)

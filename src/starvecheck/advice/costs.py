@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
-from typing import Any
 
 from starvecheck.advice.configurations import Point, describe
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 from starvecheck.core.paired import spread
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.factory import MAIN, WORKER, Configuration
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 MIB = float(1 << 20)
 # A worker whose private memory grew this much while reading copies on read.
@@ -37,7 +36,7 @@ THREADED_CPUS = 1.3
 MEMORY_SHARE = 0.8
 
 
-def memory_cap(p: Point, params: Parameters) -> tuple[int | None, str]:
+def memory_cap(p: Point, params: FactoryParameters) -> tuple[int | None, str]:
     """The most workers whose private memory fits the memory limit (cgroup, else what was
     available; read when measured), and their batches in flight /dev/shm; None where
     nothing is known."""
@@ -45,8 +44,8 @@ def memory_cap(p: Point, params: Parameters) -> tuple[int | None, str]:
         return None, ""
     cap: int | None = None
     why = ""
-    worker = p.get("uss_bytes", process="worker")
-    main = p.get("uss_bytes", process="main") or 0.0
+    worker = p.get("uss_bytes", process=WORKER)
+    main = p.get("uss_bytes", process=MAIN) or 0.0
     limit = params.memory_limit_bytes
     if worker and limit:
         cap = max(0, math.floor((MEMORY_SHARE * limit - main) / worker))
@@ -77,13 +76,13 @@ def copy_on_read(
     happens), or held from the first batch on against a worker that has read nothing
     (a copy made at once: a pass over a list of Python objects, the garbage collector),
     projected to the count recommended and to the memory limit."""
-    idle = loader.parameters.idle_worker_uss_bytes
+    idle = loader.parameters.read(FactoryParameters).idle_worker_uss_bytes
     figures = []
     for p in found:
         if not p.workers:
             continue
-        growth = p.get("uss_growth_bytes", process="worker")
-        end = p.get("uss_bytes", process="worker")
+        growth = p.get("uss_growth_bytes", process=WORKER)
+        end = p.get("uss_bytes", process=WORKER)
         held = end - idle if end is not None and idle is not None else None
         figures.append((max(growth or 0.0, held or 0.0), growth, held, end, p))
     if not figures:
@@ -104,7 +103,7 @@ def _own_growth(found: list[Point], growth: float) -> bool:
     the growth is the pipeline's own (a shuffle buffer, a cache it fills), not pages a
     fork shares and a worker copies."""
     zero = next((q for q in found if q.workers == 0 and q.role in ("workers", "current")), None)
-    own = zero.get("uss_growth_bytes", process="main") if zero is not None else None
+    own = zero.get("uss_growth_bytes", process=MAIN) if zero is not None else None
     return own is not None and own >= OWN_GROWTH_SHARE * growth
 
 
@@ -116,7 +115,7 @@ def _copy_finding(
     end: float,
     chosen: Point | None,
 ) -> Finding:
-    params = loader.parameters
+    params = loader.parameters.read(FactoryParameters)
     samples = _samples_read(loader, p)
     read = f" while the workers read {samples:,} samples" if samples else ""
     parts = [f"num_workers={p.workers}: each worker's USS (memory no other process shares) is "
@@ -130,7 +129,7 @@ def _copy_finding(
         parts.append(f"it grew by {growth / MIB:,.0f} MiB{read}")
     own = max(held or 0.0, growth or 0.0)
     k = chosen.workers if chosen is not None and chosen.workers else p.workers
-    main = p.get("uss_bytes", process="main") or 0.0
+    main = p.get("uss_bytes", process=MAIN) or 0.0
     total = main + k * end
     parts.append(
         f"at num_workers={k}{' (recommended)' if chosen is not None and chosen.workers else ''}"
@@ -177,7 +176,7 @@ def _growth_per_s(loader: StageResult, p: Point, growth: float | None) -> float 
     c = _configuration(loader, p)
     if not growth or growth < MIB or c is None:
         return None
-    seconds = float(c.get("seconds") or 0.0)
+    seconds = c.seconds
     return growth / seconds if seconds > 0 else None
 
 
@@ -185,7 +184,7 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
     """Batches in flight (workers x prefetch_factor x the batch's bytes) against the
     /dev/shm free, for the fastest configuration measured: past it, a DataLoader dies
     with "Bus error" (Docker's default is 64 MB)."""
-    shm = loader.parameters.shm_free_bytes
+    shm = loader.parameters.read(FactoryParameters).shm_free_bytes
     with_workers = [p for p in found if p.workers and p.get("batch_bytes")]
     if not shm or not with_workers:
         return []
@@ -235,13 +234,13 @@ def _in_flight(p: Point) -> float:
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
     c = _configuration(loader, p)
-    return None if c is None else int(c.get("samples") or 0) or None
+    return None if c is None else c.samples or None
 
 
-def _configuration(loader: StageResult, p: Point) -> Mapping[str, Any] | None:
+def _configuration(loader: StageResult, p: Point) -> Configuration | None:
     """`p`'s entry in the run's `configurations` (samples read, seconds)."""
-    for c in loader.parameters.configurations:
-        if c.get("role") == p.labels.get("role") and c.get("workers") == p.workers:
+    for c in loader.parameters.read(FactoryParameters).configurations:
+        if c.role == p.labels.get("role") and c.workers == p.workers:
             return c
     return None
 
@@ -255,7 +254,7 @@ def batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
         [b for p in with_workers if (b := p.get("batch_bytes")) is not None] or [0.0]
     )
     per_sample = statistics.median(
-        [c for p in with_workers if (c := p.get("cpu_ms_per_sample", process="main")) is not None]
+        [c for p in with_workers if (c := p.get("cpu_ms_per_sample", process=MAIN)) is not None]
         or [0.0]
     )
     size = loader.parameters.batch_size or 1
@@ -299,11 +298,11 @@ def main_threads(loader: StageResult, found: list[Point]) -> Finding | None:
     zero = next((p for p in found if p.workers == 0 and p.role in ("workers", "current")), None)
     if zero is None:
         return None
-    cpu = zero.get("cpu_ms_per_sample", process="main")
-    cpus_busy = zero.get("cpus_busy", process="main")
+    cpu = zero.get("cpu_ms_per_sample", process=MAIN)
+    cpus_busy = zero.get("cpus_busy", process=MAIN)
     if cpu is None or cpus_busy is None or cpus_busy < THREADED_CPUS:
         return None
-    threads = loader.parameters.torch_threads
+    threads = loader.parameters.read(FactoryParameters).torch_threads
     moved = spread(zero.rates)
     with_workers = [s for p in found if p.workers and (s := spread(p.rates)) is not None]
     evidence = (

@@ -77,6 +77,8 @@ from starvecheck.core.explained import Unexplained
 from starvecheck.core.metric import Metric, one
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison, chained, compare
+from starvecheck.core.schema.common import EPOCH_START_S, SAMPLES_PER_S
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -143,7 +145,7 @@ def choose(loader: StageResult) -> Choice | None:
     """The configuration to recommend (see the module docstring); None where the sweep
     measured nothing to choose from."""
     found = points(loader)
-    params = loader.parameters
+    params = loader.parameters.read(FactoryParameters)
     effective = float(params.cpus)
     sweep = {p.workers: p for p in found if p.role == "workers"}
     current = _current(found)
@@ -220,7 +222,7 @@ def complete(loader: StageResult) -> StageResult:
     choice = choose(loader)
     capacity = None
     if choice is not None:
-        at = one(choice.chosen.metrics, quantity="samples_per_s")
+        at = one(choice.chosen.metrics, quantity=SAMPLES_PER_S)
         capacity = replace(at, name=f"capacity ({at.name})") if at is not None else None
     judged = {**loader.judged, "choice": choice}  # chosen once per report: choice_of
     return replace(
@@ -244,7 +246,7 @@ def chosen_of(choice: Choice | None) -> Point | None:
 def basis(loader: StageResult) -> str:
     """What doctor's loader link rests on, in words."""
     choice = choice_of(loader)
-    where = loader.parameters.factory
+    where = loader.parameters.read(FactoryParameters).factory
     said = describe(choice.chosen) if choice is not None else "no configuration"
     return f"your pipeline {where}, {said}, measured (its decode and collate included)"
 
@@ -282,7 +284,7 @@ def _evidence(choice: Choice, effective: float) -> str:
 
 
 def _config(loader: StageResult) -> Finding | None:
-    if loader.parameters.read_as_is:
+    if loader.parameters.read(FactoryParameters).read_as_is:
         return _as_is(loader)
     choice = choice_of(loader)
     if choice is None:
@@ -291,7 +293,7 @@ def _config(loader: StageResult) -> Finding | None:
         return no_figure(
             loader, choice.disturbed, choice.busy, _evidence(choice, float(loader.parameters.cpus))
         )
-    params = loader.parameters
+    params = loader.parameters.read(FactoryParameters)
     effective = float(params.cpus)
     current, chosen, against = choice.current, choice.chosen, choice.against
     evidence = _evidence(choice, effective)
@@ -368,8 +370,8 @@ def _as_is(loader: StageResult) -> Finding | None:
         Severity.INFO,
         f"Your loader was read as it is: {p.rate:,.0f} samples/s; nothing of it could be swept",
         evidence=(
-            f"{loader.parameters.dataset}: not a torch DataLoader, Dataset or "
-            "IterableDataset, and no DataLoader inside it"
+            f"{loader.parameters.read(FactoryParameters).dataset}: not a torch DataLoader, "
+            "Dataset or IterableDataset, and no DataLoader inside it"
         ),
         recommendation=(
             "To have num_workers, prefetch_factor and persistent_workers measured, return "
@@ -441,7 +443,7 @@ def _sooner(
 def _starts(p: Point) -> tuple[float, float, float] | None:
     """Later epochs' starts: the median, less and plus their median absolute deviation
     (unlike the extremes, it does not widen as more epochs are read)."""
-    m = one(p.metrics, quantity="epoch_start_s")
+    m = one(p.metrics, quantity=EPOCH_START_S)
     if m is None or m.value is None:
         return None
     mad = statistics.median(abs(v - m.value) for v in m.values or (m.value,))

@@ -20,6 +20,9 @@ from starvecheck.core import catalogue
 from starvecheck.core.explained import Cost, Unexplained, unexplained
 from starvecheck.core.metric import Caveat, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.schema.common import OTHERS_CPUS
+from starvecheck.core.schema.factory import MAIN, WORKERS
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 # Too busy to tell: other processes kept this share of the effective CPUs busy (the
 # median over the rounds) while workers doing CPU work were measured. Their figures then
@@ -51,14 +54,14 @@ def point_cost(p: Point) -> Cost:
     num_workers=0 the main process's, its blocked time its wall time a sample less
     its CPU and run-queue time."""
     if not p.workers:
-        cpu = p.get("cpu_ms_per_sample", process="main")
-        runq = p.get("runq_ms_per_sample", process="main")
+        cpu = p.get("cpu_ms_per_sample", process=MAIN)
+        runq = p.get("runq_ms_per_sample", process=MAIN)
         if cpu is None or runq is None or p.rate <= 0:
             return Cost(cpu, None)
         return Cost(cpu, max(0.0, 1e3 / p.rate - cpu - runq))
     return Cost(
-        p.get("cpu_ms_per_sample", process="workers"),
-        p.get("blocked_ms_per_sample", process="workers"),
+        p.get("cpu_ms_per_sample", process=WORKERS),
+        p.get("blocked_ms_per_sample", process=WORKERS),
     )
 
 
@@ -68,7 +71,7 @@ def too_busy(found: list[Point], cpus: float, worked: bool | None) -> float | No
     the machine could tell (workers blocked in I/O or sleep need no CPU to wait)."""
     if worked is False or cpus <= 0:
         return None
-    others = [v for p in found for m in select(p.metrics, quantity="others_cpus") for v in m.values]
+    others = [v for p in found for m in select(p.metrics, quantity=OTHERS_CPUS) for v in m.values]
     if not others:
         return None
     busy = statistics.median(others)
@@ -147,7 +150,7 @@ def demand(
     one; `swept`: how many worker counts were measured) against the samples/s the GPU
     consumes (batch size / step). At num_workers=0 the training process loads, then
     runs its step: the two take turns, and the GPU waits for every batch."""
-    params = loader.parameters
+    params = loader.parameters.read(FactoryParameters)
     step_ms, batch = params.step_ms, params.batch_size
     if not step_ms or not batch or chosen is None or now is None:
         return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.io import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -66,7 +66,7 @@ def rules(results: Results) -> list[Finding]:
     r = results.get("io")
     if r is None:
         return []
-    parameters = r.parameters
+    parameters = r.parameters.read(Parameters)
     storage = asdict(results.machine.storage) if results.machine is not None else {}
     layout = "files" if parameters.existing else "small_files"
     checks = (

@@ -17,7 +17,8 @@ from starvecheck.core import catalogue
 from starvecheck.core.figures import headline, loader_curves, loader_rounds
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLES_PER_S
+from starvecheck.core.schema.loader import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -88,13 +89,13 @@ def complete(loader: StageResult) -> StageResult:
     of each layout and overall (the headline layout's), the capacity (the headline
     curve at that count), and a caveat for a layout with no count to recommend. Made
     here, when the run is judged; a stored report's are made again from its curves."""
-    metrics = [m for m in loader.metrics if m.labels.get("quantity") != "recommended_num_workers"]
+    metrics = [m for m in loader.metrics if m.labels.get("quantity") != RECOMMENDED_NUM_WORKERS]
     caveats = list(loader.caveats)
     judged, rec = loader_curves(loader), recommended(loader)
     cpus = loader.parameters.cpus
     for layout in judged:
         if layout in rec:
-            labels = {"quantity": "recommended_num_workers", "layout": layout}
+            labels = {"quantity": RECOMMENDED_NUM_WORKERS, "layout": layout}
             name = f"recommended_num_workers.{layout}"
             metrics.append(Metric.single(name, rec[layout], "workers", labels))
             continue
@@ -108,10 +109,10 @@ def complete(loader: StageResult) -> StageResult:
     top = headline(rec)
     if top is None:
         return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=None)
-    labels = {"quantity": "recommended_num_workers"}
+    labels = {"quantity": RECOMMENDED_NUM_WORKERS}
     metrics.append(Metric.single("recommended_num_workers", rec[top], "workers", labels))
     temp, _ = judged[top]
-    at = loader.one(quantity="samples_per_s", layout=top, cache=temp, workers=rec[top])
+    at = loader.one(quantity=SAMPLES_PER_S, layout=top, cache=temp, workers=rec[top])
     assert at is not None
     capacity = replace(at, name=f"capacity ({at.name})")
     return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity)
@@ -122,7 +123,7 @@ def rules(results: Results) -> list[Finding]:
     m = results.get("loader")
     if m is None:
         return []
-    params = m.parameters
+    params = m.parameters.read(Parameters)
     judged = loader_curves(m)
     counts = recommended(m)
     top = headline(counts)
@@ -237,7 +238,7 @@ def _above_cpus(
 
 
 def _first_batch(m: StageResult, layout: str, rec: int, params: Parameters) -> Finding | None:
-    first = m.value(quantity="first_batch_s", layout=layout, workers=rec)
+    first = m.value(quantity=FIRST_BATCH_S, layout=layout, workers=rec)
     if first is None or rec == 0:
         return None
     evidence = (

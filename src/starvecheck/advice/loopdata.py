@@ -10,6 +10,7 @@ from __future__ import annotations
 from starvecheck.advice.results import Results
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
+from starvecheck.core.schema.steps import Parameters as StepParameters
 
 # Of the first samples compared, this share on every rank: the ranks read the same data.
 SAME_SHARE = 0.9
@@ -25,7 +26,7 @@ def rules(results: Results) -> list[Finding]:
 
 
 def _same_batches(r: StageResult) -> Finding | None:
-    p = r.parameters
+    p = r.parameters.read(StepParameters)
     share, compared = p.ranks_same_share, p.ranks_samples_compared
     if share is None or compared is None or compared < LEAST_COMPARED or share < SAME_SHARE:
         return None
@@ -53,7 +54,7 @@ def _same_batches(r: StageResult) -> Finding | None:
 
 
 def _set_epoch(r: StageResult) -> Finding | None:
-    p = r.parameters
+    p = r.parameters.read(StepParameters)
     shuffles = p.sampler_shuffle or p.sampler == "RandomSampler"
     if not shuffles or not p.same_order_passes:
         return None

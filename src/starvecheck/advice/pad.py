@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import EFFICIENCY, SAMPLES
+from starvecheck.core.schema.pad import ATTENTION_UNMASKED_VS_IDEAL, LENGTH, Parameters
 from starvecheck.core.strategies import LABELS, SHARES_ROWS, STRATEGIES
 
 if TYPE_CHECKING:
@@ -53,11 +54,12 @@ def rules(results: Results) -> list[Finding]:
     m = results.get("pad")
     if m is None:
         return []
-    eff = {s: m.value(quantity="efficiency", strategy=s) for s in STRATEGIES}
+    eff = {s: m.value(quantity=EFFICIENCY, strategy=s) for s in STRATEGIES}
     eff = {s: v for s, v in eff.items() if v is not None}
     if not eff:
         return []
-    findings = [_waste(m, eff, m.parameters), _truncated(m, m.parameters)]
+    params = m.parameters.read(Parameters)
+    findings = [_waste(m, eff, params), _truncated(m, params)]
     return [f for f in findings if f is not None]
 
 
@@ -106,8 +108,8 @@ def waste(eff: Mapping[str, float], params: Parameters) -> Waste | None:
 
 def _waste_evidence(w: Waste, m: StageResult, eff: Mapping[str, float], params: Parameters) -> str:
     current, best = w.current, w.best
-    mean = m.value(quantity="length", statistic="mean")
-    p90 = m.value(quantity="length", statistic="p90")
+    mean = m.value(quantity=LENGTH, statistic="mean")
+    p90 = m.value(quantity=LENGTH, statistic="p90")
     padding = m.value(quantity="padding_positions", strategy=current)
     others = ", ".join(
         f"{s} {eff[s]:.1%}" for s in STRATEGIES if s in eff and s not in (current, best)
@@ -131,7 +133,7 @@ def _waste_change(w: Waste, m: StageResult, eff: Mapping[str, float], context: i
     best, current, padded_best = w.best, w.current, w.padded_best
     recommendation = f"Switch to {LABELS[best]}: {change(best, context)}."
     if best in SHARES_ROWS:
-        unmasked = m.value(quantity="attention_unmasked_vs_ideal", strategy=best)
+        unmasked = m.value(quantity=ATTENTION_UNMASKED_VS_IDEAL, strategy=best)
         recommendation += (
             " It needs attention that keeps samples apart (FlashAttention 2/3 with "
             "position_ids): without it samples attend to each other"
@@ -193,13 +195,13 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Find
 def _truncated(m: StageResult, params: Parameters) -> Finding | None:
     n = m.value(quantity="truncated_samples")
     cut = m.value(quantity="truncated_tokens")
-    samples, tokens = m.value(quantity="samples"), m.value(quantity="tokens")
+    samples, tokens = m.value(quantity=SAMPLES), m.value(quantity="tokens")
     if not n or cut is None or not samples or tokens is None:
         return None
     context = params.context
     share = cut / (tokens + cut)
-    longest = m.value(quantity="length", statistic="max")
-    p99 = m.value(quantity="length", statistic="p99")
+    longest = m.value(quantity=LENGTH, statistic="max")
+    p99 = m.value(quantity=LENGTH, statistic="p99")
     if p99 is not None and p99 > context:
         change = (
             f"Raise max_length to cover most of them (p99 is {p99:,.0f} tokens), or split "

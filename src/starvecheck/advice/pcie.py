@@ -27,7 +27,8 @@ from starvecheck.core import catalogue
 from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.core.metric import Labels
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import CLOCK_WALL, GBPS, SOURCE_CUDART, SOURCE_TORCH
+from starvecheck.core.schema.pcie import Parameters
 from starvecheck.core.units import size_name
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 
@@ -56,7 +57,7 @@ def key(labels: Labels) -> str:
             return "numa.remote_penalty"
         return f"numa.{labels['direction']}.{labels['memory']}.{labels['node']}"
     if q == "gbps":
-        prefix = "reference." if labels.get("source") == "cudart" else ""
+        prefix = "reference." if labels.get("source") == SOURCE_CUDART else ""
         base = f"{prefix}{labels['direction']}.{labels['memory']}.{size_name(int(labels['size']))}"
         base += ".fresh" if labels.get("variant") == "fresh" else ""
         return base + (".events" if labels.get("clock") == "events" else "")
@@ -75,7 +76,7 @@ def _sizes(result: StageResult, direction: str, memory: str) -> list[int]:
     return [
         int(m.labels["size"])
         for m in result.select(
-            quantity="gbps", direction=direction, memory=memory, clock="wall", source="torch"
+            quantity=GBPS, direction=direction, memory=memory, clock=CLOCK_WALL, source=SOURCE_TORCH
         )
         if m.value is not None and "variant" not in m.labels and "group" not in m.labels
     ]
@@ -115,7 +116,7 @@ def complete(result: StageResult) -> StageResult:
 
 
 def advise(result: StageResult) -> tuple[Finding, ...]:
-    v, params = _values(result), result.parameters
+    v, params = _values(result), result.parameters.read(Parameters)
     found = [
         link_below_max(v),
         low_efficiency(v),

@@ -16,7 +16,8 @@ from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import DATA_WAIT_SHARE, PHASE_MS, STEP_MS
+from starvecheck.core.schema.steps import Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -40,7 +41,7 @@ def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
     """The data-wait share of each (layout, num_workers) the loop measured."""
     return {
         (str(m.labels["layout"]), int(m.labels["workers"])): m.value
-        for m in select(metrics, quantity="data_wait_share")
+        for m in select(metrics, quantity=DATA_WAIT_SHARE)
         if m.value is not None and "layout" in m.labels and "workers" in m.labels
     }
 
@@ -60,7 +61,7 @@ def rules(results: Results) -> list[Finding]:
         _workers(s, cpus),
         _layout(s),
         _tokenize(s),
-        _h2d(r.metrics, r.parameters),
+        _h2d(r.metrics, r.parameters.read(Parameters)),
     ]
     return [f for f in findings if f is not None]
 
@@ -109,11 +110,11 @@ def _h2d(metrics: Sequence[Metric], params: Parameters) -> Finding | None:
     """Copies the loop waits for: the loop times H2D_TRANSFER to its end (synchronised on
     CUDA), which is what a loop pays when the copy does not overlap compute."""
     worst = None
-    for m in select(metrics, quantity="phase_ms", phase="h2d_transfer"):
+    for m in select(metrics, quantity=PHASE_MS, phase="h2d_transfer"):
         if not m.values or not {"layout", "workers"} <= m.labels.keys():
             continue
         layout, workers = m.labels["layout"], m.labels["workers"]
-        step = one(metrics, quantity="step_ms", layout=layout, workers=workers)
+        step = one(metrics, quantity=STEP_MS, layout=layout, workers=workers)
         if step is None or not step.values or sum(step.values) <= 0:
             continue
         share = sum(m.values) / sum(step.values)

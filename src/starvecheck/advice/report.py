@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.model import Report, StageResult
+from starvecheck.core.schema.doctor import Node
 from starvecheck.core.version import __version__
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ def build_report(
     *,
     workload: Workload | None = None,
     extra: Mapping[str, Any] | None = None,
-    nodes: Sequence[Mapping[str, Any]] = (),
+    nodes: Sequence[Node] = (),
 ) -> Report:
     """Judge every stage result of the run once, together, and assemble the report.
     doctor passes its workload (then judging builds the chain), facts no stage holds

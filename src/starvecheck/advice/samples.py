@@ -15,6 +15,8 @@ from __future__ import annotations
 from starvecheck.advice.configurations import Point, base_repeats, describe, repeats_grow
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
+from starvecheck.core.schema.common import WORKER_BATCHES
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 # A worker that delivered less than this share of the busiest worker's batches, once
 # that one delivered at least IDLE_LEAST, gives the loader (almost) nothing.
@@ -37,7 +39,7 @@ def rules(loader: StageResult, found: list[Point]) -> list[Finding]:
 
 
 def _repeats(loader: StageResult, found: list[Point]) -> Finding | None:
-    grown = repeats_grow(found) if loader.parameters.iterable else []
+    grown = repeats_grow(found) if loader.parameters.read(FactoryParameters).iterable else []
     if not grown:
         return None
     base = base_repeats(found)
@@ -87,7 +89,7 @@ def _idle(loader: StageResult, found: list[Point]) -> Finding | None:
     p, counts, idle = worst
     busy = len(counts) - len(idle)
     per = ", ".join(f"worker {i}: {c:,.0f}" for i, c in enumerate(counts))
-    shards = loader.parameters.shards
+    shards = loader.parameters.read(FactoryParameters).shards
     said = f"; the dataset says it has {shards} shard(s)" if shards is not None else ""
     return Finding(
         catalogue.LOADER_IDLE_WORKERS,
@@ -107,6 +109,6 @@ def _idle(loader: StageResult, found: list[Point]) -> Finding | None:
 
 def _worker_batches(p: Point) -> list[float]:
     for m in p.metrics:
-        if m.labels.get("quantity") == "worker_batches" and m.values:
+        if m.labels.get("quantity") == WORKER_BATCHES and m.values:
             return list(m.values)
     return []

@@ -15,7 +15,8 @@ from starvecheck.core import catalogue
 from starvecheck.core.criteria import IDLE_AS_GOOD
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLE_CPU_MS
+from starvecheck.core.schema.loader import StarveParameters as Parameters
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -46,10 +47,10 @@ def recommended(r: StageResult) -> int | None:
 def complete(r: StageResult) -> StageResult:
     """The result as the report carries it: its sweep, with the recommended num_workers
     (made here, when the run is judged; a stored report's made again from its sweep)."""
-    metrics = [m for m in r.metrics if m.labels.get("quantity") != "recommended_num_workers"]
+    metrics = [m for m in r.metrics if m.labels.get("quantity") != RECOMMENDED_NUM_WORKERS]
     rec = recommended(r)
     if rec is not None:
-        labels = {"quantity": "recommended_num_workers"}
+        labels = {"quantity": RECOMMENDED_NUM_WORKERS}
         metrics.append(Metric.single("recommended_num_workers", rec, "workers", labels))
     return replace(r, metrics=tuple(metrics))
 
@@ -61,12 +62,12 @@ def rules(results: Results) -> list[Finding]:
     idle = _idle(r)
     if not idle:
         return []
-    params = r.parameters
+    params = r.parameters.read(Parameters)
     cpus = params.cpus
     quota = results.machine.cpu.quota_cpus if results.machine is not None else None
     said = cpus_text(cpus, quota)
     d, b, g = params.sample_ms, params.batch_size, params.step_ms
-    d = r.value(quantity="sample_cpu_ms") or d
+    d = r.value(quantity=SAMPLE_CPU_MS) or d
     rec = recommended(r)
     findings = [
         _workers_zero(r, idle, rec),
@@ -267,7 +268,7 @@ def _first_batch(result: StageResult, rec: float | None) -> Finding | None:
     if not rec:
         return None
     r = int(rec)
-    first = result.value(quantity="first_batch_s", workers=r)
+    first = result.value(quantity=FIRST_BATCH_S, workers=r)
     if first is None or first < SLOW_FIRST_BATCH_S:
         return None
     return Finding(

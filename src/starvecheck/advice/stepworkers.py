@@ -24,7 +24,8 @@ from starvecheck.advice.workers import (
 from starvecheck.core.metric import Metric, one, value
 from starvecheck.core.model import Gain, GainKind
 from starvecheck.core.paired import Comparison, compare
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import BATCH_BYTES, OTHERS_CPUS_EACH_S, STEP_MS
+from starvecheck.core.schema.steps import Parameters
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
 SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
@@ -99,7 +100,7 @@ def measured_advice(
         "step_process_cpu_ms": value(m, quantity="compute_process_cpu_ms"),
         "handover_worker_ms": value(m, quantity="handover_worker_cpu_ms") or 0.0,
         "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
-        "batch_bytes": _int(value(m, quantity="batch_bytes")),
+        "batch_bytes": _int(value(m, quantity=BATCH_BYTES)),
         **_machine(m, params, step_ms),
     }
     if params.dataloader == SINGLE_PROCESS:
@@ -135,7 +136,7 @@ def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[st
     sharing = params.ranks_on_host
     if isinstance(sharing, int) and sharing > 1:
         return {}
-    each = one(m, quantity="others_cpus_each_s")
+    each = one(m, quantity=OTHERS_CPUS_EACH_S)
     step_pcpu = value(m, quantity="compute_process_cpu_ms")
     wait_pcpu = value(m, quantity="data_wait_process_cpu_ms") or 0.0
     own = None
@@ -189,7 +190,7 @@ def prediction_interval(m: Sequence[Metric], params: Parameters) -> Comparison |
         ]
         block = [*others, *means]
         advice = measured_advice(
-            block, params, value(block, quantity="data_wait_ms"), value(block, quantity="step_ms")
+            block, params, value(block, quantity="data_wait_ms"), value(block, quantity=STEP_MS)
         )
         if advice is None or advice.forecast is None:
             return None

@@ -20,12 +20,16 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from starvecheck.advice.profile import few_steps
 from starvecheck.core import catalogue
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Link, Severity, StageResult
+from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.steps import Parameters as StepParameters
+from starvecheck.core.schema.steps import Straggler
 
 K = TypeVar("K", int, str)
 
@@ -86,31 +90,24 @@ WAITING = {
 }
 
 
-def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> dict[str, Any]:
+def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> Straggler:
     """The straggler verdict as data, for a report's JSON: `pattern` is 'fixed' (one
     rank, named), 'rotating' (a different rank in turn) or 'none'; `slowest_in` how
     many common steps each rank had the most work in. From the same findings people
     read, so the two never disagree."""
     per_step = slowest_per_step(metrics)
     turns = Counter(k for k, _, _ in per_step)
-    out: dict[str, Any] = {
-        "pattern": "none",
-        "rank": None,
-        "cause": None,
-        "lost_share": None,
-        "slowest_in": {k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
-        "steps_compared": len(per_step),
-    }
+    out = Straggler(
+        slowest_in={k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
+        steps_compared=len(per_step),
+    )
     for f in findings:
+        lost = f.gain.value if f.gain else None
         if f.id == catalogue.PROFILE_STRAGGLER:
-            return out | {
-                "pattern": "fixed",
-                "rank": f.fix.get("rank"),
-                "cause": f.fix.get("cause"),
-                "lost_share": f.gain.value if f.gain else None,
-            }
+            rank, cause = f.fix.get("rank"), f.fix.get("cause")
+            return replace(out, pattern="fixed", rank=rank, cause=cause, lost_share=lost)
         if f.id == catalogue.PROFILE_STRAGGLER_ROTATING:
-            out |= {"pattern": "rotating", "lost_share": f.gain.value if f.gain else None}
+            out = replace(out, pattern="rotating", lost_share=lost)
     return out
 
 
@@ -119,9 +116,9 @@ def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> 
     torch.distributed, `profile --trace` of a multi-rank job): the straggler `summary`
     of its ranks, one shape for both (advice.judge attaches it)."""
     return {
-        name: {"straggler": summary(r.metrics, findings)}
+        name: {"straggler": summary(r.metrics, findings).to_dict()}
         for name in ("trace", "watch")
-        if (r := stages.get(name)) is not None and r.parameters.ranks
+        if (r := stages.get(name)) is not None and r.parameters.read(StepParameters).ranks
     }
 
 
@@ -281,34 +278,30 @@ def data_pipeline(capacities: Mapping[str, float | None]) -> float | None:
     return min(known) if known else None
 
 
-def node_rows(payloads: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def node_rows(payloads: Sequence[Mapping[str, Any]]) -> list[Node]:
     """One row per rank, by rank: host, each link's capacity, the data pipeline."""
     out = []
-    for p in sorted(payloads, key=lambda p: p["rank"]):
-        chain = p["report"].get("chain", [])
-        caps = {x["link"]: x.get("capacity_samples_per_s") for x in chain}
+    for p in payloads:
+        who = Node.from_dict(p)  # the rank and the host it ran on
+        if who is None:
+            continue
+        chain = [Link.from_dict(x) for x in p["report"].get("chain", [])]
+        caps = {x.link: x.capacity for x in chain}
         # The node's own pipeline is compared: a loader at num_workers=0 counted alone,
         # not taking turns with the step (advice/capacity.loader), which would make
         # every node look alike.
-        own = {
-            x["link"]: (x.get("parts") or {}).get("alone") or x.get("capacity_samples_per_s")
-            for x in chain
-        }
+        own = {x.link: x.parts.get("alone") or x.capacity for x in chain}
         out.append(
-            {
-                "rank": p["rank"],
-                "host": p.get("host", ""),
-                "capacity_samples_per_s": caps,
-                "data_pipeline_samples_per_s": data_pipeline(own),
-                "straggler": False,
-            }
+            replace(
+                who, capacity_samples_per_s=caps, data_pipeline_samples_per_s=data_pipeline(own)
+            )
         )
-    return out
+    return sorted(out, key=lambda n: n.rank)
 
 
 def among_nodes(
     payloads: Sequence[Mapping[str, Any]], demand: float | None
-) -> tuple[list[dict[str, Any]], list[Finding]]:
+) -> tuple[list[Node], list[Finding]]:
     """Rows with stragglers marked, and one doctor.straggler finding per straggler.
 
     Severity: critical when the straggler cannot feed its own GPU (below demand): in
@@ -317,13 +310,13 @@ def among_nodes(
     GPU or model, and a node slower than its twins usually has a fault worth finding.
     """
     table = node_rows(payloads)
-    median, slow = below_median({r["rank"]: r["data_pipeline_samples_per_s"] for r in table})
+    median, slow = below_median({r.rank: r.data_pipeline_samples_per_s for r in table})
     findings = []
-    for row in table:
-        if row["rank"] not in slow:
+    for i, row in enumerate(table):
+        if row.rank not in slow:
             continue
-        row["straggler"] = True
-        value = row["data_pipeline_samples_per_s"]
+        row = table[i] = replace(row, straggler=True)
+        value = row.data_pipeline_samples_per_s
         assert median is not None and value is not None
         starving = demand is not None and value < demand
         gain = None
@@ -334,7 +327,7 @@ def among_nodes(
                 "the straggler raised to the median node (or the GPU's demand, if lower); "
                 "synchronous training runs at the slowest rank's pace",
             )
-        where = f"rank {row['rank']}" + (f" on {row['host']}" if row["host"] else "")
+        where = f"rank {row.rank}" + (f" on {row.host}" if row.host else "")
         findings.append(
             Finding(
                 catalogue.DOCTOR_STRAGGLER,
@@ -361,12 +354,12 @@ def among_nodes(
     return table, findings
 
 
-def shared_hosts(table: Sequence[Mapping[str, Any]]) -> list[str]:
+def shared_hosts(table: Sequence[Node]) -> list[str]:
     """Caveats for ranks that measured one machine at the same time (torchrun with
     --nproc-per-node above 1): they shared its CPUs and storage while measuring."""
     by_host: dict[str, list[int]] = {}
     for row in table:
-        by_host.setdefault(str(row.get("host", "")), []).append(int(row["rank"]))
+        by_host.setdefault(row.host, []).append(row.rank)
     return [
         f"ranks {', '.join(map(str, ranks))} measured {host or 'one host'} at the same time, "
         "sharing its CPUs and storage: each figure is what a rank gets beside the others"

@@ -10,7 +10,7 @@ input-bound, above 20% highly input-bound.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,8 @@ from starvecheck.core import catalogue
 from starvecheck.core.metric import Caveat, Metric, one, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import DATA_WAIT_SHARE, GPU_IDLE_DATA_WAIT_SHARE
+from starvecheck.core.schema.steps import Parameters, Run
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -64,7 +65,7 @@ def complete(r: StageResult) -> StageResult:
     """A trace's result as the report carries it: where its files hold other runs
     than the one analysed, each one's headline said (`trace.other-runs`), from the
     figures the stage recorded of it."""
-    runs = r.parameters.runs
+    runs = r.parameters.read(Parameters).runs
     others = [_other_run(i, run) for i, run in enumerate(runs[1 : OTHER_RUNS_SAID + 1], start=2)]
     if len(runs) > OTHER_RUNS_SAID + 1:
         others.append(f"and {len(runs) - OTHER_RUNS_SAID - 1} more runs")
@@ -74,13 +75,13 @@ def complete(r: StageResult) -> StageResult:
     return replace(r, caveats=(*r.caveats, said))
 
 
-def _other_run(i: int, run: Mapping[str, Any]) -> str:
-    if run.get("error"):
-        return f"run {i} could not be analysed: {run['error']}"
-    share, rank = run.get("data_wait_share"), run.get("headline_rank")
+def _other_run(i: int, run: Run) -> str:
+    if run.error:
+        return f"run {i} could not be analysed: {run.error}"
+    share, rank = run.data_wait_share, run.headline_rank
     wait = f"{share:.0%}" if share is not None else "an unknown share"
     who = f"{rank} waits most for data: " if rank else ""
-    return f"run {i} on its own: {who}{wait} of a {run.get('step_ms') or 0:,.1f} ms step"
+    return f"run {i} on its own: {who}{wait} of a {run.step_ms or 0:,.1f} ms step"
 
 
 def rules(results: Results) -> list[Finding]:
@@ -91,8 +92,9 @@ def rules(results: Results) -> list[Finding]:
     for stage in ("trace", "watch"):
         r = results.get(stage)
         if r is not None:
-            found += _breakdown(breakdown(r.metrics), r.parameters)
-            found += among_ranks(r.metrics, WAITING.get(r.parameters.rank_wait_source or ""))
+            params = r.parameters.read(Parameters)
+            found += _breakdown(breakdown(r.metrics), params)
+            found += among_ranks(r.metrics, WAITING.get(params.rank_wait_source or ""))
     return found
 
 
@@ -137,7 +139,7 @@ class DataWait:
 
 
 def data_wait(m: Sequence[Metric]) -> DataWait | None:
-    share = value(m, quantity="data_wait_share")
+    share = value(m, quantity=DATA_WAIT_SHARE)
     if share is None:
         return None
     sev = severity(share)
@@ -261,7 +263,7 @@ def _on_the_device(m: Sequence[Metric], evidence: str, gain: Gain) -> tuple[str,
     """watch's own GPU figures beside the host's wait: the GPU's idle time waiting for
     data on its own clock (CUDA events), and the headspace replay's step with no data
     wait, which makes the gain of fixing the data path a measured ceiling."""
-    device = value(m, quantity="gpu_idle_data_wait_share")
+    device = value(m, quantity=GPU_IDLE_DATA_WAIT_SHARE)
     if device is not None and _get(m, "gpu_step_ms") is not None:
         evidence += (
             f" On the GPU's own clock (CUDA events, never synchronizing) it sat idle "
@@ -288,7 +290,7 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
     if idle is None or idle <= GPU_IDLE:
         return None
     # gpu_idle_host_wait_share: its name in reports before 0.2 (the same figure).
-    waiting = value(m, quantity="gpu_idle_data_wait_share")
+    waiting = value(m, quantity=GPU_IDLE_DATA_WAIT_SHARE)
     if waiting is None:
         waiting = value(m, quantity="gpu_idle_host_wait_share")
     other = value(m, quantity="gpu_idle_other_share")

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from starvecheck.core.model import Finding, Report
+from starvecheck.core.schema.doctor import Node
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
 
@@ -97,7 +98,7 @@ def gather(report: Report, rank: Rank, environ: Mapping[str, str]) -> list[dict[
 
 def judge(
     gathered: list[dict[str, Any]], demand: float | None
-) -> tuple[list[dict[str, Any]], list[Finding], list[str]]:
+) -> tuple[list[Node], list[Finding], list[str]]:
     """Rows per rank, straggler findings, and caveats."""
     from starvecheck.advice import stragglers
 

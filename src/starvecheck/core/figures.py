@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from starvecheck.core.metric import Metric, select
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import SAMPLES_PER_S
 
 # The layout a loader report leads with, in this order of preference where measured.
 HEADLINE_ORDER = ("mds", "shard", "files", "small_files")
@@ -28,7 +29,7 @@ def loader_curve(loader: StageResult | Sequence[Metric], layout: str) -> Curve |
     for cache in ("cold", "warm"):
         points = [
             m
-            for m in select(metrics, quantity="samples_per_s", layout=layout, cache=cache)
+            for m in select(metrics, quantity=SAMPLES_PER_S, layout=layout, cache=cache)
             if "workers" in m.labels
         ]
         if points and all(m.value is not None for m in points):
@@ -45,7 +46,7 @@ def loader_rounds(
     metrics = _metrics(loader)
     return {
         int(m.labels["workers"]): tuple(m.values) if m.values else (m.value,)
-        for m in select(metrics, quantity="samples_per_s", layout=layout, cache=cache)
+        for m in select(metrics, quantity=SAMPLES_PER_S, layout=layout, cache=cache)
         if "workers" in m.labels and m.value is not None
     }
 
@@ -54,7 +55,7 @@ def loader_curves(loader: StageResult | Sequence[Metric]) -> dict[str, Curve]:
     """Every measured layout's curve (loader_curve), in the order they were measured."""
     metrics = _metrics(loader)
     layouts: list[str] = []
-    for m in select(metrics, quantity="samples_per_s"):
+    for m in select(metrics, quantity=SAMPLES_PER_S):
         layout = str(m.labels.get("layout"))
         if "workers" in m.labels and layout not in layouts:
             layouts.append(layout)

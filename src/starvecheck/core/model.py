@@ -34,6 +34,7 @@ from typing import Any
 from starvecheck.core import stages as stages_table
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
 from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.doctor import Node
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -324,7 +325,7 @@ class Report:
     workload: Mapping[str, Any] = field(default_factory=dict)
     chain: tuple[Link, ...] = ()
     weakest_summary: str = ""  # the sentence judging wrote under the chain
-    nodes: tuple[Mapping[str, Any], ...] = ()  # one per rank under torchrun
+    nodes: tuple[Node, ...] = ()  # one per rank under torchrun
 
     @property
     def findings(self) -> tuple[Finding, ...]:
@@ -351,7 +352,7 @@ class Report:
             d["chain"] = [link.to_dict() for link in self.chain]
             d["weakest_summary"] = self.weakest_summary
         if self.nodes:
-            d["nodes"] = [dict(n) for n in self.nodes]
+            d["nodes"] = [n.to_dict() for n in self.nodes]
         return d
 
     @classmethod
@@ -373,7 +374,7 @@ class Report:
             workload=dict(d.get("workload", {})),
             chain=tuple(Link.from_dict(x) for x in d.get("chain", ())),
             weakest_summary=d.get("weakest_summary", ""),
-            nodes=tuple(dict(n) for n in d.get("nodes", ())),
+            nodes=Node.read_all(d.get("nodes", ())),
         )
 
 

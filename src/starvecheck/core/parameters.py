@@ -17,9 +17,14 @@ writes it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+if TYPE_CHECKING:
+    from starvecheck.core.schema.record import Record
 
 T = TypeVar("T")
+R = TypeVar("R", bound="Record")
+P = TypeVar("P", bound="Parameters")
 
 
 class _Key(Generic[T]):
@@ -103,13 +108,20 @@ def items(key: str | None = None) -> _Key[tuple[Any, ...]]:
     return _Key(_items, (), key)
 
 
+def counts(key: str | None = None) -> _Key[tuple[Any, ...]]:
+    """A list of counts measured, read as (1,) where absent or empty."""
+    return _Key(lambda v: _items(v) or (1,), (1,), key)
+
+
 def mapping(key: str | None = None) -> _Key[Mapping[str, Any]]:
     return _Key(_mapping, {}, key)
 
 
 class Parameters(Mapping[str, Any]):
     """A stage's parameters: a read-only mapping of what it wrote, with an accessor
-    for each key another layer reads."""
+    for each key another layer reads. The keys every sweeping stage writes are here;
+    each stage's own are on its subclass, in its vocabulary module
+    (core/schema/<stage>.py): `r.parameters.read(schema.pad.Parameters).context`."""
 
     __slots__ = ("_values",)
 
@@ -129,9 +141,10 @@ class Parameters(Mapping[str, Any]):
         return f"Parameters({self._values!r})"
 
     @classmethod
-    def of(cls, values: Mapping[str, Any]) -> Parameters:
-        """`values` as Parameters (itself where it is one already)."""
-        return values if isinstance(values, Parameters) else cls(values)
+    def of(cls: type[P], values: Mapping[str, Any]) -> P:
+        """`values` as these Parameters (itself where it is of this class already): a
+        stage's reader says whose parameters it reads (core/schema/<stage>.py)."""
+        return values if isinstance(values, cls) else cls(values)
 
     # Every stage that sweeps num_workers, and watch: the CPUs DataLoader workers get
     # (affinity and quota) as recorded, a fraction where ranks share a host (watch);
@@ -141,87 +154,25 @@ class Parameters(Mapping[str, Any]):
     # The batch and the step judged against (loader, starve, factory, pad, doctor).
     batch_size = whole()
     step_ms = number()
-    sample_ms = number()  # starve: the CPU time per sample it was given (D)
-    sample_cpu_ms = number()  # starve: ... as measured
-    capacity_workers = whole()  # starve: the worker count its capacity is at
-    assumed = items()  # starve: which of its inputs were assumed, not given
-    cuda = flag()  # starve, pcie: a CUDA device was present
-    device = text()  # profile: the device the loop trained on
-    sample_size_bytes = whole(absent=0)  # loader
-    prefetch_factor = whole()  # loader: batches each worker loads ahead
-    first_batch_cache = mapping()  # loader: the cache state each first batch met
-    # io
-    existing = flag()  # the user's own files (--existing), not generated ones
-    threads = _Key(lambda v: _items(v) or (1,), (1,))  # the reader counts measured
-    median_file_bytes = number()
-    small_files_seen = whole(absent=0)  # --existing: files of at most 8 MiB among them
-    # loader --factory: the spec, the configurations read, what the workers must fit in
-    factory = text()
-    dataset = text()  # what FUNC returned, described
-    samples_in_dataset = whole()  # its len(), where it has one
-    iterable = flag()  # an IterableDataset (workers run its __iter__), not map-style
-    read_as_is = flag()  # FUNC returned an iterable holding no DataLoader: one configuration
-    configurations = items()
-    torch_threads = whole()  # torch's intra-op threads in the measuring process
-    rounds = whole()  # each configuration read this many times, in interleaved rounds
-    memory_limit_bytes = whole()
-    shm_free_bytes = whole()
-    shards = whole()  # the dataset's own count of shards (num_shards, n_shards), if it has one
-    start_method = text()  # how workers start (fork, spawn, forkserver)
-    idle_worker_uss_bytes = whole()  # a worker that has read nothing: its private memory
-    # watch: the loop's sampler, and what its first samples of each pass say
-    sampler = text()  # the DataLoader's sampler class
-    sampler_shuffle = flag()
-    sampler_epochs = items()  # a DistributedSampler's epoch as each of the last passes began
-    same_order_passes = flag()  # the last two passes began in the same order
-    ranks_same_share = number()  # of the first samples, the share every rank had
-    ranks_samples_compared = whole()
-    world_size = whole()
-    # pad
-    current = text()  # the strategy trained with today
-    context = whole(absent=0)
-    lengths_source = text("source")  # where the lengths came from ("default": embedded)
-    # pcie
-    reference_size = text()
-    host_headroom_bytes = whole()
-    host_headroom_source = text()  # what the headroom was read from
-    pinned_budget_bytes = whole()
-    link_samples = whole()  # NVML samples of the link under load
-    memlock_unlimited = flag()
-    memlock_bytes = whole()
-    sizes_skipped = mapping()
-    numa_nodes = whole()
-    numa_local_node = whole()
-    numa_remote_node = whole()
-    # a step breakdown: profile --trace and watch
-    dataloader = text()  # how batches were fetched (watch: the iterator's class)
-    num_workers = whole()  # watch: the DataLoader's own
-    data_wait_source = text()  # what the trace marks a fetch with
-    gpu_devices = whole(absent=0)
-    gpu_device = text()  # the headline GPU where a rank drives several
-    runs = items()  # profile --trace: the runs in the files, the one analysed first
-    # several ranks: profile --trace of a multi-rank job, watch under torch.distributed
-    ranks = items()  # one entry per rank
-    headline_rank = text()  # the rank whose steps the breakdown shows
-    ranks_on_host = whole()  # watch: ranks sharing this host's CPUs
-    machine_cpus = number()  # watch: the machine's online CPUs (the worker model's bound)
-    load_average = number()  # watch: its 1-minute load average
-    rank_wait_source = text()  # watch: how the wait for the others was had
-    straggler = mapping()  # judging's straggler verdict (advice/stragglers.summary)
-    # attach: the seconds sampled; each process's `other` frames (pid -> words)
-    seconds = number()
-    other_frames = mapping()
-    gpus = items()  # the job's GPUs: index, name, the job's and others' PIDs on each
-    gpu_read = text()  # how the job's GPUs were told, or why none were read
 
-    @property
-    def slowest_in(self) -> Mapping[str, int]:
-        """Judging's count, per rank, of the common steps it had the most work in."""
-        counts = self.straggler.get("slowest_in")
-        return counts if isinstance(counts, Mapping) else {}
+    def read(self, kind: type[P]) -> P:
+        """These parameters as `kind`, a stage's own (core/schema/<stage>.py)."""
+        return kind.of(self)
 
-    @property
-    def steps_compared(self) -> int:
-        """How many steps every rank has, compared for the straggler verdict."""
-        n = self.straggler.get("steps_compared")
-        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+def record(kind: type[R], absent: R) -> _Key[R]:
+    """One nested record, read back as `kind`; `absent` where it does not read as one."""
+
+    def read(value: Any) -> R:
+        got = kind.from_dict(value)
+        if got is None:
+            raise TypeError(value)
+        return got
+
+    return _Key(read, absent)
+
+
+def records(kind: type[R]) -> _Key[tuple[R, ...]]:
+    """A list of nested records, each read back as `kind` (core/schema/record.py);
+    an entry that does not read as one is left out."""
+    return _Key(kind.read_all, ())

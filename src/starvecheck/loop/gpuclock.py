@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starvecheck.core.metric import Metric
+from starvecheck.core.schema.common import GPU_IDLE_DATA_WAIT_SHARE
 
 PENDING_MAX = 256
 RESOLVE_PER_CALL = 4
@@ -162,7 +163,7 @@ def figures(idle_ms: Sequence[float], period_ms: Sequence[float], unresolved: in
             "gpu_idle_data_wait_share",
             sum(idle_ms) / total if total > 0 else 0.0,
             "fraction",
-            {"quantity": "gpu_idle_data_wait_share"},
+            {"quantity": GPU_IDLE_DATA_WAIT_SHARE},
         ),
     ]
     if unresolved:

@@ -33,6 +33,7 @@ from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import DATA_WAIT_SHARE
 from starvecheck.loop.samples import shared
 from starvecheck.loop.times import LoopTimes, RankTimes
 
@@ -204,7 +205,7 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
         )
     metrics_by = {r: w.metrics() for r, w in loops.items()}
     shares = {
-        r: next((m.value for m in ms if m.labels.get("quantity") == "data_wait_share"), None)
+        r: next((m.value for m in ms if m.labels.get("quantity") == DATA_WAIT_SHARE), None)
         for r, ms in metrics_by.items()
     }
     headline = max(loops, key=lambda r: (shares[r] or 0.0, -r))

@@ -9,6 +9,7 @@ from typing import Any
 
 from starvecheck.core.model import CHAIN_LINKS as LINKS
 from starvecheck.core.model import Link, Report
+from starvecheck.core.schema.doctor import Node
 from starvecheck.core.units import format_bytes
 
 CHAIN_HEADERS = ("link", "capacity samples/s", "vs demand", "from", "")
@@ -92,21 +93,18 @@ def weakest_line(report: Report) -> str:
     return report.weakest_summary
 
 
-def node_headers(nodes: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+def node_headers(nodes: Sequence[Node]) -> tuple[str, ...]:
     return ("host", "rank", *LINKS, "data pipeline", "")
 
 
-def node_rows(nodes: Sequence[Mapping[str, Any]]) -> list[tuple[str, ...]]:
-    rows = []
-    for n in nodes:
-        caps = n.get("capacity_samples_per_s", {})
-        rows.append(
-            (
-                str(n.get("host", "")),
-                str(n.get("rank", "")),
-                *(rate(caps.get(link)) for link in LINKS),
-                rate(n.get("data_pipeline_samples_per_s")),
-                "<- straggler" if n.get("straggler") else "",
-            )
+def node_rows(nodes: Sequence[Node]) -> list[tuple[str, ...]]:
+    return [
+        (
+            n.host,
+            str(n.rank),
+            *(rate(n.capacity_samples_per_s.get(link)) for link in LINKS),
+            rate(n.data_pipeline_samples_per_s),
+            "<- straggler" if n.straggler else "",
         )
-    return rows
+        for n in nodes
+    ]

@@ -16,6 +16,9 @@ from typing import Any
 
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import SAMPLES_PER_S
+from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKER, WORKERS
+from starvecheck.core.schema.factory import Parameters as FactoryParameters
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -43,7 +46,6 @@ COST_HEADERS = (
     "worker",
     "growth",
 )
-LAYOUT = "own"
 MIB = float(1 << 20)
 
 
@@ -68,14 +70,14 @@ def split(
     rows: list[tuple[str, ...]] = []
     costs: list[tuple[str, ...]] = []
     used: set[int] = set()
-    for m in select(metrics, quantity="samples_per_s", layout=LAYOUT):
+    for m in select(metrics, quantity=SAMPLES_PER_S, layout=LAYOUT):
         keys = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
         mine = select(metrics, layout=LAYOUT, **{k: m.labels[k] for k in keys if k in m.labels})
         used.update(id(x) for x in mine)
         rows.append(_row(m, mine))
         costs.append(_cost(m, mine))
     rest = [m for m in metrics if id(m) not in used]
-    rounds = stage.parameters.rounds
+    rounds = stage.parameters.read(FactoryParameters).rounds
     notes = [
         f"every configuration read once a round, {rounds or 'several'} rounds, each round "
         "in another order; samples/s: the median over the rounds (each round's figure over "
@@ -122,13 +124,13 @@ def _cost(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
     workers = int(m.labels.get("workers", 0))
     return (
         *_setting(m.labels),
-        _n(get("cpu_ms_per_sample", process="main"), ".2f"),
-        _n(get("cpu_ms_per_sample", process="workers"), ".2f") if workers else "",
+        _n(get("cpu_ms_per_sample", process=MAIN), ".2f"),
+        _n(get("cpu_ms_per_sample", process=WORKERS), ".2f") if workers else "",
         _n(get("runq_ms_per_sample", process="workers" if workers else "main"), ".2f"),
-        _n(get("blocked_ms_per_sample", process="workers"), ".2f") if workers else "",
-        _mib(get("uss_bytes", process="main")),
-        _mib(get("uss_bytes", process="worker")) if workers else "",
-        _mib(get("uss_growth_bytes", process="worker")) if workers else "",
+        _n(get("blocked_ms_per_sample", process=WORKERS), ".2f") if workers else "",
+        _mib(get("uss_bytes", process=MAIN)),
+        _mib(get("uss_bytes", process=WORKER)) if workers else "",
+        _mib(get("uss_growth_bytes", process=WORKER)) if workers else "",
     )
 
 
@@ -148,7 +150,7 @@ def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Sectio
     rows, costs, rest, notes = split(stage, metrics)
     if not rows:
         return [], rest
-    title = f"your pipeline: {stage.parameters.factory}"
+    title = f"your pipeline: {stage.parameters.read(FactoryParameters).factory}"
     shown = taken(metrics, rest)
     return [
         Section(HEADERS, rows, [], range(0, len(HEADERS) - 1), title, shown),

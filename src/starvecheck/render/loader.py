@@ -13,6 +13,13 @@ from collections.abc import Sequence
 from starvecheck.core.figures import loader_curves
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import (
+    FIRST_BATCH_S,
+    MB_PER_S,
+    RECOMMENDED_NUM_WORKERS,
+    SAMPLES_PER_S,
+)
+from starvecheck.core.schema.loader import Parameters as LoaderParameters
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -40,22 +47,22 @@ def split(
     under the same labels."""
     if stage.stage != "loader":
         return [], list(metrics), []
-    parameters = stage.parameters
+    parameters = stage.parameters.read(LoaderParameters)
     first_cache = parameters.first_batch_cache
     judged = loader_curves(metrics)
     rows: list[tuple[str, ...]] = []
     used: set[int] = set()
     reasons: dict[str, list[str]] = {}
     marks = 0
-    for m in select(metrics, quantity="samples_per_s"):
+    for m in select(metrics, quantity=SAMPLES_PER_S):
         if not {"layout", "cache", "workers"} <= set(m.labels):
             continue
         layout, temp, w = str(m.labels["layout"]), str(m.labels["cache"]), int(m.labels["workers"])
         where = {"layout": layout, "cache": temp, "workers": w}
-        mbps = one(metrics, quantity="mb_per_s", **where)
+        mbps = one(metrics, quantity=MB_PER_S, **where)
         p50 = one(metrics, quantity="batch_wait_p50_ms", **where)
         p99 = one(metrics, quantity="batch_wait_p99_ms", **where)
-        first = one(metrics, quantity="first_batch_s", layout=layout, workers=w)
+        first = one(metrics, quantity=FIRST_BATCH_S, layout=layout, workers=w)
         used.update(id(x) for x in (m, mbps, p50, p99) if x is not None)
         if first is not None and first_cache.get(layout, temp) == temp:
             used.add(id(first))
@@ -67,7 +74,7 @@ def split(
                 where.append(f"{layout} {temp}")
             rows.append((layout, temp, str(w), "n/a", *("",) * 6))
             continue
-        rec = one(metrics, quantity="recommended_num_workers", layout=layout)
+        rec = one(metrics, quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
         marked = rec is not None and rec.value == w and judged.get(layout, ("",))[0] == temp
         marks += marked
         rows.append(

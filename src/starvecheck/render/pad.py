@@ -12,7 +12,7 @@ from typing import Any
 
 from starvecheck.core.metric import Metric, value
 from starvecheck.core.model import StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.pad import IDEAL, Parameters
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.render.section import Section, taken
 
@@ -52,7 +52,7 @@ _SUMMARY = frozenset(
 def _is_summary(m: Metric) -> bool:
     quantity = m.labels.get("quantity")
     if quantity == "attention_cost":
-        return m.labels.get("strategy") == "ideal"
+        return m.labels.get("strategy") == IDEAL
     return quantity in _SUMMARY
 
 
@@ -101,6 +101,7 @@ def split(
     metrics: tuple[Metric, ...] | list[Metric], params: Parameters
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, other metrics, notes); no rows unless the metrics are a pad run's."""
+    params = Parameters.of(params)
     cells: dict[str, dict[str, Metric]] = {}
     rest: list[Metric] = []
     lengths: list[Metric] = []
@@ -146,7 +147,7 @@ def split(
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, rest, notes = split(metrics, stage.parameters)
+    rows, rest, notes = split(metrics, stage.parameters.read(Parameters))
     if not rows:
         return [], rest
     right = range(1, len(HEADERS))

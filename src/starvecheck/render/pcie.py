@@ -17,7 +17,8 @@ from typing import Any
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.common import SOURCE_CUDART
+from starvecheck.core.schema.pcie import Parameters
 from starvecheck.core.units import format_bytes, parse_size, size_name
 from starvecheck.render.section import Section, taken
 
@@ -68,6 +69,7 @@ def split(
 ) -> tuple[list[Table], list[Metric], list[str]]:
     """(tables, other metrics, notes); nothing unless the metrics are a pcie run's.
     `judged`: what judging read off them (advice/pcie.complete)."""
+    params = Parameters.of(params)
     judged = judged or {}
     sweep: dict[tuple[str, str, str, str], dict[str, Metric]] = {}
     overlaps: dict[tuple[str, str], dict[str, Metric]] = {}
@@ -80,7 +82,7 @@ def split(
         labels = m.labels
         q, group = str(labels.get("quantity", "")), labels.get("group")
         if q == "gbps" and group is None and "direction" in labels:
-            cudart = labels.get("source") == "cudart"
+            cudart = labels.get("source") == SOURCE_CUDART
             memory = str(labels["memory"]) + (", CUDA runtime" if cudart else "")
             if labels.get("variant") == "fresh":
                 memory += ", fresh buffer"
@@ -288,7 +290,7 @@ def _numa_table(
     rows = []
     for where in ("local", "remote"):
         m = numa.get(f"numa.h2d.pinned.{where}")
-        node = params.get(f"numa_{where}_node")
+        node = params.numa_local_node if where == "local" else params.numa_remote_node
         label = f"node {node} ({'the GPU' if where == 'local' else 'another'}'s)"
         rows.append((label, _gbps(m), _range(m), str(m.n) if m and m.values else ""))
         if m is not None and m.value is None and m.reason:
@@ -301,7 +303,7 @@ def _numa_table(
 
 def _host_notes(params: Parameters) -> list[str]:
     room = params.host_headroom_bytes
-    if "host_headroom_source" not in params:
+    if params.host_headroom_source is None:
         return []
     memlock = "unlimited" if params.memlock_unlimited else format_bytes(params.memlock_bytes)
     line = (
@@ -329,7 +331,7 @@ def _or_unknown(count: int | None) -> str:
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    tables, rest, notes = split(metrics, stage.parameters, stage.judged)
+    tables, rest, notes = split(metrics, stage.parameters.read(Parameters), stage.judged)
     shown = taken(metrics, rest)
     out = [
         # The tables share the figures they were made of: listed under the first.

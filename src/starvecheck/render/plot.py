@@ -6,6 +6,15 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import (
+    EFFICIENCY,
+    RECOMMENDED_NUM_WORKERS,
+    SAMPLES,
+    SAMPLES_PER_S,
+)
+from starvecheck.core.schema.loader import Parameters as LoaderParameters
+from starvecheck.core.schema.loader import StarveParameters
+from starvecheck.core.schema.pad import Parameters as PadParameters
 from starvecheck.core.signals import importing, signals_held
 from starvecheck.core.status import UsageError
 
@@ -100,7 +109,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
     ax.set_ylabel("GPU idle share")
     ax.set_ylim(0, 1)
     ax.set_title(
-        f"starvecheck starve: D={result.parameters.sample_cpu_ms} ms, "
+        f"starvecheck starve: D={result.parameters.read(StarveParameters).sample_cpu_ms} ms, "
         f"B={result.parameters.batch_size}, G={g:g} ms"
     )
     ax.legend()
@@ -116,7 +125,7 @@ def loader_plot(result: StageResult, path: str) -> None:
     from starvecheck.core.figures import loader_curve
 
     series: dict[tuple[str, str], dict[int, float]] = {}
-    for m in result.select(quantity="samples_per_s"):
+    for m in result.select(quantity=SAMPLES_PER_S):
         if m.value is not None and {"layout", "cache", "workers"} <= m.labels.keys():
             key = (str(m.labels["layout"]), str(m.labels["cache"]))
             series.setdefault(key, {})[int(m.labels["workers"])] = m.value
@@ -133,7 +142,7 @@ def loader_plot(result: StageResult, path: str) -> None:
             label=f"{layout} ({temp})",
         )
         colours[layout] = line.get_color()
-        rec = result.one(quantity="recommended_num_workers", layout=layout)
+        rec = result.one(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
         # The cache state the recommendation was made in.
         judged_in = (loader_curve(result, layout) or ("",))[0]
         if rec is not None and rec.value in points and temp == judged_in:
@@ -162,7 +171,8 @@ def loader_plot(result: StageResult, path: str) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title(
         f"starvecheck loader: batch {result.parameters.batch_size}, "
-        f"{result.parameters.sample_size_bytes / 1024:g} KiB samples (★ recommended)"
+        f"{result.parameters.read(LoaderParameters).sample_size_bytes / 1024:g} KiB samples "
+        "(★ recommended)"
     )
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -223,7 +233,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
 
     from starvecheck.core.strategies import LABELS
 
-    params = run.result.parameters
+    params = run.result.parameters.read(PadParameters)
     layouts = run.layouts
     context = params.context
     width = max([context] + [int(lay.row_len.max()) for lay in layouts.values() if lay.rows])
@@ -249,7 +259,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
             interpolation="nearest",
             extent=(0, width, image.shape[0], 0),  # x in tokens, whatever the cell size
         )
-        eff = run.result.one(quantity="efficiency", strategy=name)
+        eff = run.result.one(quantity=EFFICIENCY, strategy=name)
         shown = image.shape[0]
         rows = f"{shown} rows" + (
             f" of {lay.rows_per_batch}" if shown < min(lay.rows_per_batch, lay.rows) else ""
@@ -277,7 +287,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
         frameon=False,
     )
     fig.suptitle(
-        f"starvecheck pad: {run.result.value(quantity='samples'):,.0f} samples, "
+        f"starvecheck pad: {run.result.value(quantity=SAMPLES):,.0f} samples, "
         f"context {context:,}, batch {params.batch_size}",
         x=0.01,
         ha="left",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import MB_PER_S
 from starvecheck.render.section import Section, taken
 
 COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
@@ -76,7 +77,7 @@ def split(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Row], lis
     if stage.stage != "io":
         return [], list(metrics)
     placed = [m for m in metrics if {"layout", "pattern", "cache"} <= set(m.labels)]
-    rates = [m for m in placed if m.labels.get("quantity") == "mb_per_s"]
+    rates = [m for m in placed if m.labels.get("quantity") == MB_PER_S]
     companions: dict[tuple[object, ...], dict[str, Metric]] = {}
     for m in placed:
         if m.labels.get("quantity") in COMPANIONS:

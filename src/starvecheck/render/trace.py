@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import PHASE_MS
+from starvecheck.core.schema.steps import Parameters as StepParameters
 from starvecheck.render.section import Section, taken
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
@@ -90,14 +92,15 @@ def _step_row(step: Metric, steps: Metric | None) -> tuple[str, ...]:
 def _whose(stage: StageResult) -> list[str]:
     """Notes on whose figures these are: the headline rank's, one GPU's of several."""
     notes = []
-    headline = stage.parameters.headline_rank
+    params = stage.parameters.read(StepParameters)
+    headline = params.headline_rank
     if headline:
         notes.append(
-            f"{headline}'s steps: of {len(stage.parameters.ranks)} ranks, the one that "
+            f"{headline}'s steps: of {len(params.ranks)} ranks, the one that "
             "waits most for data (or idles most); every rank's figures below"
         )
-    device = stage.parameters.gpu_device
-    if stage.parameters.gpu_devices > 1 and device is not None:
+    device = params.gpu_device
+    if params.gpu_devices > 1 and device is not None:
         notes.append(f"GPU figures are GPU {device}'s, the idlest of the rank's GPUs")
     return notes
 
@@ -177,7 +180,7 @@ def _phase_rows(
     """A row per phase timed (`phase_ms` labelled with its `phase`)."""
     rows: list[tuple[str, ...]] = []
     for m in metrics:
-        if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != "phase_ms":
+        if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != PHASE_MS:
             continue
         if m.value is None:
             continue
@@ -241,7 +244,8 @@ def ranks(
             devices.setdefault(rank, {})[str(m.labels["device"])] = m
         else:
             by.setdefault(rank, {})[str(m.labels["quantity"])] = m
-    turns, compared = stage.parameters.slowest_in, stage.parameters.steps_compared
+    p = stage.parameters.read(StepParameters)
+    turns, compared = p.straggler.slowest_in, p.straggler.steps_compared
     rows: list[tuple[str, ...]] = []
 
     def share(x: Metric | None) -> str:
@@ -307,7 +311,8 @@ def loop_ranks(
     by: dict[str, dict[str, Metric]] = {}
     for m in mine:
         by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
-    turns, compared = stage.parameters.slowest_in, stage.parameters.steps_compared
+    p = stage.parameters.read(StepParameters)
+    turns, compared = p.straggler.slowest_in, p.straggler.steps_compared
     rows = []
     for rank in sorted(by, key=_natural):
         f = by[rank]
@@ -323,7 +328,7 @@ def loop_ranks(
                 f"{turns.get(rank, 0)} of {compared}" if compared else "",
             )
         )
-    how = stage.parameters.rank_wait_source
+    how = stage.parameters.read(StepParameters).rank_wait_source
     notes = [
         "means per step, the first step left out; waits for others: "
         + (

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Caveat, Metric, one, select
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import MB_PER_S, PATTERN_RANDOM, SAMPLES_PER_S
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.probe.cpu import under_hypervisor
@@ -304,7 +305,7 @@ def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
     caveats: list[Caveat] = []
     cold_small = any(
         x.value is not None and x.labels.get("layout") in ("small_files", "files")
-        for x in select(metrics, quantity="mb_per_s", pattern="random", cache="cold", threads=1)
+        for x in select(metrics, quantity=MB_PER_S, pattern=PATTERN_RANDOM, cache="cold", threads=1)
     )
     if plan.cold and under_hypervisor():
         caveats.append(
@@ -329,9 +330,9 @@ def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
 def _capacity(metrics: Sequence[Metric], layouts: Sequence[Layout], plan: Plan) -> Metric | None:
     """The user's own files (--existing): samples/s of the first layout at the most
     readers, cold where measured, else warm."""
-    where = {"layout": layouts[0].name, "pattern": "random", "threads": max(plan.threads)}
+    where = {"layout": layouts[0].name, "pattern": PATTERN_RANDOM, "threads": max(plan.threads)}
     for temp in plan.temperatures:
-        m = one(metrics, quantity="samples_per_s", cache=temp, **where)
+        m = one(metrics, quantity=SAMPLES_PER_S, cache=temp, **where)
         if m is not None and m.value:
             return replace(m, name=f"capacity ({m.name})")
     return None

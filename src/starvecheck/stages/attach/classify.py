@@ -51,8 +51,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-MAIN = ("data", "collective", "gpu-wait", "copy", "step", "other")
-WORKER = ("idle", "handover", "collate", "tokenize", "decode", "read", "other")
+from starvecheck.core.schema.attach import Loading, Main
 
 Source = Callable[[str, int], "str | None"]  # (file, line) -> the source line, or None
 
@@ -114,25 +113,25 @@ _STEP = (
 )
 
 
-def main_kind(frames: Sequence[Frame], source: Source | None = None) -> str:
-    """The main thread's sample: one of MAIN (see the module docstring)."""
+def main_kind(frames: Sequence[Frame], source: Source | None = None) -> Main:
+    """The main thread's sample: a Main (core/schema/attach.py)."""
     if any(_data(f) for f in frames):
-        return "data"
+        return Main.DATA
     if any(_in(f, "torch/distributed/") for f in frames):
-        return "collective"
+        return Main.COLLECTIVE
     if any(_in(f, "torch/cuda/__init__.py", "torch/cuda/streams.py") and f.name == "synchronize"
            for f in frames):  # fmt: skip
-        return "gpu-wait"
+        return Main.GPU_WAIT
     if any(_in(f, "torch/utils/data/_utils/pin_memory.py") for f in frames):
-        return "copy"
+        return Main.COPY
     if any(_in(f, *_STEP) for f in frames):
-        return "step"
+        return Main.STEP
     line = _leaf_line(frames, source)
     if line is not None and _GPU_WAIT.search(line):
-        return "gpu-wait"
+        return Main.GPU_WAIT
     if line is not None and _COPY.search(line):
-        return "copy"
-    return "other"
+        return Main.COPY
+    return Main.OTHER
 
 
 def _leaf_line(frames: Sequence[Frame], source: Source | None) -> str | None:
@@ -207,31 +206,31 @@ _READ_LINE = re.compile(r"\bopen\(|\.read\(|\.read_bytes\(|np\.load\(|numpy\.loa
 _QUEUE = "multiprocessing/queues.py"
 
 
-def loading_kind(frames: Sequence[Frame], source: Source | None = None) -> str:
+def loading_kind(frames: Sequence[Frame], source: Source | None = None) -> Loading:
     """A worker's sample (its frames after `_worker_loop`), or the main thread's inside
-    the DataLoader: one of WORKER (see the module docstring)."""
+    the DataLoader: a Loading (core/schema/attach.py)."""
     if not frames:
-        return "idle"
+        return Loading.IDLE
     if _in(frames[0], _QUEUE) and frames[0].name == "get":
-        return "idle"  # the index queue: nothing asked of it
+        return Loading.IDLE  # the index queue: nothing asked of it
     if any(_moving(f) for f in frames):
-        return "handover"
+        return Loading.HANDOVER
     if frames and _in(frames[-1], "multiprocessing/connection.py", "selectors.py", _QUEUE):
-        return "idle"  # polling a queue: waiting, with nothing to move yet
+        return Loading.IDLE  # polling a queue: waiting, with nothing to move yet
     for kind, paths in (
-        ("collate", _COLLATE),
-        ("tokenize", _TOKENIZE),
-        ("decode", _DECODE),
-        ("read", _READ),
+        (Loading.COLLATE, _COLLATE),
+        (Loading.TOKENIZE, _TOKENIZE),
+        (Loading.DECODE, _DECODE),
+        (Loading.READ, _READ),
     ):
         if any(_in(f, *paths) for f in frames):
             return kind
     if any("collate" in f.name for f in frames):
-        return "collate"
+        return Loading.COLLATE
     line = _leaf_line(frames, source)
     if line is not None and _READ_LINE.search(line):
-        return "read"
-    return "other"
+        return Loading.READ
+    return Loading.OTHER
 
 
 def named(frames: Sequence[Frame], depth: int = 2) -> str:
@@ -265,7 +264,7 @@ def loop_score(samples: Sequence[tuple[Sequence[Frame], int]]) -> int:
     for frames, n in samples:
         if any(f.name in _HELPERS for f in frames):
             return 0
-        if main_kind(frames) in ("data", "step", "collective", "gpu-wait"):
+        if main_kind(frames) in (Main.DATA, Main.STEP, Main.COLLECTIVE, Main.GPU_WAIT):
             score += n
     return score
 

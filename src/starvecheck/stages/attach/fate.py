@@ -6,18 +6,20 @@ its last stack), or ended (exited, exec'd, its command changed, its PID reused).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from starvecheck.core.metric import Caveat
+from starvecheck.core.schema.attach import Rank
 from starvecheck.stages.attach.readings import Watch
 from starvecheck.stages.attach.target import Process
 
 
-def params(watch: Watch, pid: int) -> dict[str, object]:
-    """What became of a rank over the window, for its parameters."""
-    fate = watch.fates.get(pid)
+def of(watch: Watch, rank: Rank) -> Rank:
+    """The rank's record with what became of it over the window."""
+    fate = watch.fates.get(rank.pid)
     if fate is None:
-        return {}
-    return {"stopped_s": round(fate.stopped_s, 1), "ended": fate.ended, "ended_at_s": fate.at_s}
+        return rank
+    return replace(rank, stopped_s=round(fate.stopped_s, 1), ended=fate.ended, ended_at_s=fate.at_s)
 
 
 def caveats(ranks: Sequence[Process], seconds: float, watch: Watch) -> list[Caveat]:

@@ -22,12 +22,25 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from starvecheck.core.intervals import wilson
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.attach import (
+    GPU_UTILIZATION,
+    WORKER_USS_GROWTH,
+    WORKERS_BLOCKED_SHARE,
+    WORKERS_CPUS,
+    WORKERS_FOUND,
+    WORKERS_RUNQ_CPUS,
+    Gpu,
+    Loading,
+    Main,
+    Rank,
+)
+from starvecheck.core.schema.common import OTHERS_CPUS_EACH_S, SAMPLES
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
@@ -60,7 +73,7 @@ def _metric(name: str, value: float | None, unit: str, **labels: object) -> list
 
 
 def _shares(
-    counts: Counter[str], total: int, name: str, quantity: str, **lab: object
+    counts: Counter[Main] | Counter[Loading], total: int, name: str, quantity: str, **lab: object
 ) -> list[Metric]:
     """Each kind's share of `total` samples, with its 95% Wilson interval (labels
     `low95`, `high95`) and the samples it was counted from (`samples`)."""
@@ -75,7 +88,7 @@ def _shares(
 
 def read_stacks(
     rank: Process, stacks: Stacks, src: classify.Source
-) -> tuple[list[Metric], list[int], str, dict[str, object]]:
+) -> tuple[list[Metric], list[int], str, Rank]:
     """The shares of one rank's training loop, its loading, its workers and their
     feeder threads, from its samples; the workers seen; the loop's `other` frames;
     what the loop was read from (`thread`, `loop_found`, `data_path`)."""
@@ -83,9 +96,9 @@ def read_stacks(
     key, found = loop_thread(stacks, rank.pid)
     main = stacks.by_thread.get(key, []) if key is not None else []
     total = sum(n for _, n in main)
-    out: list[Metric] = _metric("main.samples", total, "samples", quantity="samples", **lab)
-    kinds: Counter[str] = Counter()
-    loading: Counter[str] = Counter()
+    out: list[Metric] = _metric("main.samples", total, "samples", quantity=SAMPLES, **lab)
+    kinds: Counter[Main] = Counter()
+    loading: Counter[Loading] = Counter()
     others: Counter[str] = Counter()
     fetches: Counter[str] = Counter()
     # a DataLoader seen anywhere in the rank's stacks (its workers, its pin-memory
@@ -99,20 +112,20 @@ def read_stacks(
         kind = classify.main_kind(frames, src)
         at = classify.callee_of(frames, loop) if fetch and loop is not None else None
         if at is not None and (frames[at].function, frames[at].file) in fetch:
-            kind = "data"  # the loop's own fetch, whatever torch it calls to stack a batch
+            kind = Main.DATA  # the loop's own fetch, whatever torch it calls to stack a batch
             fetches[frames[at].short()] += n
             loading[classify.loading_kind(frames[at:], src)] += n
-        elif kind == "data":
+        elif kind == Main.DATA:
             loading[classify.loading_kind(classify.loading_frames(frames), src)] += n
-        elif kind == "other":
+        elif kind == Main.OTHER:
             others[classify.named(frames)] += n
         kinds[kind] += n
     if total and (has_loader or fetch):
-        kinds["data"] += 0  # the wait's share stands with its interval, none sampled too
+        kinds[Main.DATA] += 0  # the wait's share stands with its interval, none sampled too
     if total:
         out += _shares(kinds, total, "main", "main_share", **lab)
         out += _shares(loading, total, "main.loading", "main_loading_share", **lab)
-    worker_kinds: Counter[str] = Counter()
+    worker_kinds: Counter[Loading] = Counter()
     workers: set[int] = set()
     feeding = feeders = 0
     for (pid, _tid), samples in stacks.by_thread.items():
@@ -138,12 +151,9 @@ def read_stacks(
         path: str | None = "DataLoader"
     else:
         path = ", ".join(f for f, _ in fetches.most_common(2)) or None
-    info: dict[str, object] = {
-        "thread": stacks.thread_names.get(key, "") if key is not None else None,
-        "loop_found": found,
-        "data_path": path,
-    }
-    return out, sorted(workers), top, info
+    thread = stacks.thread_names.get(key, "") if key is not None else None
+    read = Rank(rank.pid, thread=thread, loop_found=found, data_path=path)
+    return out, sorted(workers), top, read
 
 
 def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
@@ -175,16 +185,16 @@ def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
         cpu = sum(x.delta("cpu_s") or 0.0 for x in series)
         runq = sum(x.delta("runq_s") or 0.0 for x in series)
         alive = sum(x.seconds for x in series)
-        out += _metric("workers.cpu", cpu / s, "CPUs", quantity="workers_cpus", **lab)
-        out += _metric("workers.runq", runq / s, "CPUs", quantity="workers_runq_cpus", **lab)
+        out += _metric("workers.cpu", cpu / s, "CPUs", quantity=WORKERS_CPUS, **lab)
+        out += _metric("workers.runq", runq / s, "CPUs", quantity=WORKERS_RUNQ_CPUS, **lab)
         out += _metric("workers.blocked", max(0.0, alive - cpu - runq) / alive, "share",
-                       quantity="workers_blocked_share", **lab)  # fmt: skip
+                       quantity=WORKERS_BLOCKED_SHARE, **lab)  # fmt: skip
         # A worker started inside the window (a new epoch's) is not growth from zero:
         # only those alive from the start, read again at the end, are compared.
         growth = [g for x in series if x.from_start and (g := x.delta("uss")) is not None]
         if growth:
             out += _metric("workers.uss_growth", max(growth), "bytes",
-                           quantity="worker_uss_growth", **lab)  # fmt: skip
+                           quantity=WORKER_USS_GROWTH, **lab)  # fmt: skip
         read = sum(x.delta("read_bytes") or 0.0 for x in series)
         out += _metric(
             "workers.read", read / s, "bytes/s", quantity="workers_read_bytes_per_s", **lab
@@ -249,14 +259,15 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
-                {
-                    "pid": r.pid,
-                    "rank": r.rank,
-                    "command": r.command,
-                    "workers": found[r.pid],
-                    **loops.get(r.pid, {}),
-                    **fate.params(watch, r.pid),
-                }
+                fate.of(
+                    watch,
+                    replace(
+                        loops.get(r.pid, Rank(r.pid)),
+                        rank=r.rank,
+                        command=r.command,
+                        workers=tuple(found[r.pid]),
+                    ),
+                ).to_dict()
                 for r in plan.job.ranks
             ],
             "agent": plan.job.agent.describe() if plan.job.agent else None,
@@ -267,12 +278,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             "effective_cpus": plan.effective_cpus,
             "other_frames": tops,
             "gpus": [
-                {
-                    "index": g.index,
-                    "name": g.name,
-                    "job_pids": g.job_pids,
-                    "other_pids": g.other_pids,
-                }
+                Gpu(g.index, g.name, tuple(g.job_pids), tuple(g.other_pids)).to_dict()
                 for g in gpus.gpus
             ],
             "gpu_read": gpus.reason or gpus.chosen_by,
@@ -326,13 +332,13 @@ def _read_all(
     watch: Watch,
     recorders: dict[int, sampling.RankSampler],
     caveats: list[Caveat],
-) -> tuple[list[Metric], dict[int, list[int]], dict[str, str], dict[int, dict[str, object]]]:
+) -> tuple[list[Metric], dict[int, list[int]], dict[str, str], dict[int, Rank]]:
     machine = watch.finish()
     caveats += fate.caveats(plan.job.ranks, plan.seconds, watch)
     metrics: list[Metric] = []
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
-    loops: dict[int, dict[str, object]] = {}
+    loops: dict[int, Rank] = {}
     for r in plan.job.ranks:
         workers = watch.owned(r.pid)
         rec = recorders.get(r.pid)
@@ -355,7 +361,7 @@ def _read_all(
             workers = seen or workers
             # the most alive at once, not every worker of every epoch in the window
             at_once = watch.most_alive(workers) or len(workers)
-            lab_w = {"quantity": "workers_found", "rank": r.rank, "pid": r.pid}
+            lab_w = {"quantity": WORKERS_FOUND, "rank": r.rank, "pid": r.pid}
             metrics += _metric("workers.found", at_once, "workers", **lab_w)
             if top:
                 tops[str(r.pid)] = top
@@ -367,7 +373,7 @@ def _read_all(
         metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
     if watch.others_each:  # each second: the spread the worker model's bound reads
         each = [round(x, 3) for x in watch.others_each]
-        lab = {"quantity": "others_cpus_each_s"}
+        lab = {"quantity": OTHERS_CPUS_EACH_S}
         metrics.append(Metric.repeated("attach.machine.others_cpus_each_s", each, "CPUs", lab))
     return metrics, found, tops, loops
 
@@ -379,7 +385,7 @@ def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
         caveats.append(Caveat("attach.no-gpu", f"GPU utilization not read: {gpus.reason}"))
     out: list[Metric] = []
     for g in gpus.gpus:
-        lab = {"gpu": g.index, "quantity": "gpu_utilization"}
+        lab = {"gpu": g.index, "quantity": GPU_UTILIZATION}
         if g.utilization:
             out.append(Metric.repeated("attach.gpu.utilization", g.utilization, "%", lab))
         if g.other_pids:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import FIRST_BATCH_S, MB_PER_S, SAMPLES_PER_S
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.status import UsageError
 from starvecheck.probe.cpu import under_hypervisor
@@ -84,8 +85,8 @@ def summarize(
                 epochs = m.epochs.get((name, temp, w), [])
                 base = f"{name}.{temp}.w{w}"
                 where = {"layout": name, "cache": temp, "workers": w}
-                rate_l = {"quantity": "samples_per_s", **where}
-                mbps_l = {"quantity": "mb_per_s", **where}
+                rate_l = {"quantity": SAMPLES_PER_S, **where}
+                mbps_l = {"quantity": MB_PER_S, **where}
                 wait_l = {p: {"quantity": f"batch_wait_p{p}_ms", **where} for p in (50, 99)}
                 if temp == "cold" and name in not_cold:
                     reason = not_cold[name]
@@ -129,7 +130,7 @@ def summarize(
                     f"first_batch_s.{name}.w{w}",
                     [round(e.first_batch_s, 5) for e in m.epochs.get((name, temp, w), [])],
                     "s",
-                    {"quantity": "first_batch_s", "layout": name, "workers": w},
+                    {"quantity": FIRST_BATCH_S, "layout": name, "workers": w},
                 )
             )
     if unstable:
@@ -194,7 +195,7 @@ def _run(
                         "throughput.mds",
                         "samples/s",
                         why,
-                        {"quantity": "samples_per_s", "layout": "mds"},
+                        {"quantity": SAMPLES_PER_S, "layout": "mds"},
                     )
                 )
             sources, measured, params["scratch"] = _generated(

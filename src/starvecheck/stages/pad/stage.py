@@ -21,6 +21,7 @@ import numpy as np
 
 from starvecheck.core.metric import Caveat, Metric, value
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.pad import ATTENTION_UNMASKED_VS_IDEAL, IDEAL, LENGTH
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 from starvecheck.inputs.dataset import CHARS_PER_TOKEN, read_samples
@@ -197,7 +198,7 @@ def _length_metrics(raw: np.ndarray, cut: np.ndarray, context: int, empty: int) 
         return Metric.single(name, value, unit, {"quantity": name})
 
     def length(statistic: str, value: float) -> Metric:
-        labels = {"quantity": "length", "statistic": statistic}
+        labels = {"quantity": LENGTH, "statistic": statistic}
         return Metric.single(f"length.{statistic}", value, "tokens", labels)
 
     out = [
@@ -251,7 +252,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
             "attention_cost.ideal",
             ideal,
             "token²",
-            {"quantity": "attention_cost", "strategy": "ideal"},
+            {"quantity": "attention_cost", "strategy": IDEAL},
         )
     )
     shuffles = plan.shuffles(int(lengths.size))
@@ -269,7 +270,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     layout_s = time.perf_counter() - laid_out
 
     unmasked = [
-        f"{n} {_x(value(metrics, quantity='attention_unmasked_vs_ideal', strategy=n))}"
+        f"{n} {_x(value(metrics, quantity=ATTENTION_UNMASKED_VS_IDEAL, strategy=n))}"
         for n in STRATEGIES
         if n in SHARES_ROWS
     ]

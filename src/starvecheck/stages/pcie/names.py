@@ -8,6 +8,7 @@ and never read a name."""
 from __future__ import annotations
 
 from starvecheck.core.metric import LabelValue, Metric
+from starvecheck.core.schema.common import GBPS
 from starvecheck.core.units import parse_size
 
 DIRECTIONS = ("h2d", "d2h")
@@ -22,7 +23,7 @@ def labels_of(name: str) -> dict[str, LabelValue]:
         source, parts = "cudart", parts[1:]
     if parts[0] in DIRECTIONS and len(parts) >= 3 and parts[1] in MEMORIES:
         out: dict[str, LabelValue] = {
-            "quantity": "gbps",
+            "quantity": GBPS,
             "direction": parts[0],
             "memory": parts[1],
             "size": parse_size(parts[2]) or 0,
@@ -41,7 +42,7 @@ def labels_of(name: str) -> dict[str, LabelValue]:
         if parts[1] == "remote_penalty":
             return {"quantity": "remote_penalty", "group": "numa"}
         return {
-            "quantity": "gbps",
+            "quantity": GBPS,
             "group": "numa",
             "direction": parts[1],
             "memory": parts[2],

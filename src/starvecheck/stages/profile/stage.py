@@ -20,6 +20,7 @@ from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import DATA_WAIT_SHARE, PHASE_MS, SAMPLES_PER_S, STEP_MS
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.inputs.embedded import default_texts
@@ -47,14 +48,14 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
                     f"phase_ms.{name.lower()}.{key}",
                     [s * 1e3 for s in steps.phases[name]],
                     "ms",
-                    {"quantity": "phase_ms", "phase": name.lower(), **where},
+                    {"quantity": PHASE_MS, "phase": name.lower(), **where},
                 )
             )
         totals = steps.totals
         wait = sum(steps.phases["DATALOADER_WAIT"])
         out.append(
             Metric.repeated(
-                f"step_ms.{key}", [t * 1e3 for t in totals], "ms", {"quantity": "step_ms", **where}
+                f"step_ms.{key}", [t * 1e3 for t in totals], "ms", {"quantity": STEP_MS, **where}
             )
         )
         out.append(
@@ -62,7 +63,7 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
                 f"data_wait_share.{key}",
                 wait / sum(totals),
                 "fraction",
-                {"quantity": "data_wait_share", **where},
+                {"quantity": DATA_WAIT_SHARE, **where},
             )
         )
         out.append(
@@ -70,7 +71,7 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
                 f"samples_per_s.{key}",
                 plan.batch_size * len(totals) / sum(totals),
                 "samples/s",
-                {"quantity": "samples_per_s", **where},
+                {"quantity": SAMPLES_PER_S, **where},
             )
         )
     return out

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import SAMPLE_CPU_MS
 from starvecheck.core.signals import importing
 from starvecheck.inputs.embedded import default_texts
 from starvecheck.inputs.tokenizers import load_tokenizer
@@ -53,7 +54,7 @@ def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> list[Metric]:
     """Metrics named as the README promises (wait_ms.w<N>, predicted_wait_ms.w<N>, ...),
     each labelled with its quantity and worker count."""
     metrics: list[Metric] = [
-        Metric.single("sample_cpu_ms", round(d_ms, 4), "ms", {"quantity": "sample_cpu_ms"})
+        Metric.single("sample_cpu_ms", round(d_ms, 4), "ms", {"quantity": SAMPLE_CPU_MS})
     ]
     for p in points:
         w = p.workers

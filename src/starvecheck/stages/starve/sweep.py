@@ -18,6 +18,7 @@ from typing import Any
 
 from starvecheck.core.criteria import least_idle
 from starvecheck.core.metric import Metric
+from starvecheck.core.schema.common import SAMPLES_PER_S
 from starvecheck.core.signals import check_signals, importing
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
@@ -234,5 +235,5 @@ def measure_capacity(
         spent_ms = sum(point.waits_ms) + sum(point.computes_ms)
         if spent_ms > 0:
             rates.append(plan.batch_size * len(point.waits_ms) * 1000 / spent_ms)
-    labels = {"quantity": "samples_per_s", "workers": workers}
+    labels = {"quantity": SAMPLES_PER_S, "workers": workers}
     return Metric.repeated(f"capacity.w{workers}", rates, "samples/s", labels)

@@ -12,6 +12,8 @@ from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.common import PHASE_MS, STEP_MS
+from starvecheck.core.schema.steps import Run as RunRecord
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import TooLarge
 from starvecheck.stages.base import BaseStage, RunContext
@@ -96,7 +98,7 @@ def breakdown(a: Analysis) -> list[Metric]:
                 f"phase_ms.{phase.lower()}",
                 [s.phases[phase] / 1e3 for s in measured],
                 "ms",
-                {"quantity": "phase_ms", "phase": phase.lower()},
+                {"quantity": PHASE_MS, "phase": phase.lower()},
             )
         )
     return out
@@ -157,7 +159,7 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
     caveats = list(job.caveats)
     for r in job.ranks:
         caveats += [Caveat(c.id, f"{r.name}: {c}") if several else c for c in r.caveats]
-    spread = _spread_caveat(next(m for m in found if m.labels == {"quantity": "step_ms"}))
+    spread = _spread_caveat(next(m for m in found if m.labels == {"quantity": STEP_MS}))
     if spread:
         caveats.append(spread)
     paths = [os.fspath(path)] if isinstance(path, str | os.PathLike) else list(path)
@@ -227,8 +229,7 @@ def read(
         "files": [f.path for f in runs[0].files],
         "world_size": runs[0].job.world_size,
         "runs": [
-            {"world_size": r.job.world_size, "ranks": sorted(r.ranks), "files": len(r.files)}
-            | (_headline(r, deadline) if 0 < i <= OTHER_RUNS_ANALYSED else {})
+            _run(r, deadline if 0 < i <= OTHER_RUNS_ANALYSED else None).to_dict()
             for i, r in enumerate(runs)
         ],
         "skipped": skipped,
@@ -236,22 +237,27 @@ def read(
     return dataclasses.replace(job, caveats=job.caveats + tuple(notes), info=info)
 
 
-def _headline(run: Run, deadline: Deadline) -> dict[str, Any]:
-    """Another run's headline figures, analysed on its own (advice/trace says them):
-    its headline rank (the one that waits most for data, where it has several), that
-    rank's data-wait share and mean step; or why it could not be analysed."""
+def _run(run: Run, deadline: Deadline | None) -> RunRecord:
+    """A run as the parameters record it; with a deadline, analysed on its own for its
+    headline figures (advice/trace says them): its headline rank (the one that waits
+    most for data, where it has several), that rank's data-wait share and mean step;
+    or why it could not be analysed."""
+    record = RunRecord(run.job.world_size, tuple(sorted(run.ranks)), len(run.files))
+    if deadline is None:
+        return record
     try:
         job = analyze_job(run.timelines(), deadline)
     except TooSlow:
         raise
     except UsageError as e:
-        return {"error": str(e)}
+        return dataclasses.replace(record, error=str(e))
     a = job.headline
-    return {
-        "headline_rank": a.name if len(job.ranks) > 1 else None,
-        "data_wait_share": a.data_wait_share,
-        "step_ms": a.step_time / max(1, len(a.measured)) / 1e3,
-    }
+    return dataclasses.replace(
+        record,
+        headline_rank=a.name if len(job.ranks) > 1 else None,
+        data_wait_share=a.data_wait_share,
+        step_ms=a.step_time / max(1, len(a.measured)) / 1e3,
+    )
 
 
 class TraceStage(BaseStage[TraceOptions, TraceOptions]):

@@ -11,11 +11,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from starvecheck.core.metric import Metric
+from starvecheck.core.schema.common import (
+    BATCH_BYTES,
+    EPOCH_START_S,
+    FIRST_BATCH_S,
+    OTHERS_CPUS,
+    SAMPLES_PER_S,
+    WORKER_BATCHES,
+)
+from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKERS
 from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.timing import percentile
-
-LAYOUT = "own"  # the label of the user's own pipeline's figures
 
 
 def labels_of(role: str, config: Config, current: bool) -> dict[str, Any]:
@@ -42,22 +49,22 @@ def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:
     def single(name: str, value: float | None, unit: str, **labels: Any) -> list[Metric]:
         return [] if value is None else [Metric.single(f"{base}.{name}", value, unit, lab | labels)]
 
-    out = many("samples_per_s", run.samples_per_s, "samples/s", quantity="samples_per_s")
+    out = many("samples_per_s", run.samples_per_s, "samples/s", quantity=SAMPLES_PER_S)
     out += many("batches_per_s", run.batches_per_s, "batches/s", quantity="batches_per_s")
-    out += single("first_batch_s", round(run.first_batch_s, 4), "s", quantity="first_batch_s")
+    out += single("first_batch_s", round(run.first_batch_s, 4), "s", quantity=FIRST_BATCH_S)
     for p in (50, 99) if run.waits_ms else ():
         wait = round(percentile(sorted(run.waits_ms), p), 4)
         out += single(f"batch_wait_ms.p{p}", wait, "ms", quantity="batch_wait_ms", percentile=p)
     if run.batch_bytes:
         out += single("batch_bytes", float(statistics.median(run.batch_bytes)), "bytes",
-                      quantity="batch_bytes")  # fmt: skip
+                      quantity=BATCH_BYTES)  # fmt: skip
     out += _cpu_metrics(base, lab, run)
     out += _memory_metrics(base, lab, run)
     if run.restarts_s:  # each later epoch's start: judging reads their spread
         starts = [round(x, 4) for x in run.restarts_s]
-        out += many("epoch_start_s", starts, "s", quantity="epoch_start_s")
+        out += many("epoch_start_s", starts, "s", quantity=EPOCH_START_S)
     elif run.restart_s is not None:
-        out += single("epoch_start_s", round(run.restart_s, 4), "s", quantity="epoch_start_s")
+        out += single("epoch_start_s", round(run.restart_s, 4), "s", quantity=EPOCH_START_S)
     out += many("copy_ms", [x * 1e3 for x in run.copy_s], "ms", quantity="copy_ms")
     return out + _sample_metrics(base, lab, run)
 
@@ -77,7 +84,7 @@ def _sample_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:
         out.append(Metric.missing(f"{base}.repeat_share", "share", why, q))
     if run.worker_batches and run.config.workers:
         counts = [float(run.worker_batches.get(w, 0)) for w in range(run.config.workers)]
-        q = lab | {"quantity": "worker_batches"}
+        q = lab | {"quantity": WORKER_BATCHES}
         out.append(Metric.repeated(f"{base}.worker_batches", counts, "batches", q))
     return out
 
@@ -111,19 +118,19 @@ def _cpu_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:
     alive, cpu, runq = run.worker_alive_s, run.worker_cpu_s, run.worker_runq_s
     if run.config.workers and alive is not None and cpu is not None and runq is not None:
         blocked = max(0.0, alive - cpu - runq)
-        q = lab | {"quantity": "blocked_ms_per_sample", "process": "workers"}
+        q = lab | {"quantity": "blocked_ms_per_sample", "process": WORKERS}
         out.append(
             Metric.single(
                 f"{base}.blocked_ms_per_sample.workers", round(blocked * 1e3 / n, 4), "ms", q
             )
         )
     if run.main_cpu_s is not None and run.main_span_s:
-        q = lab | {"quantity": "cpus_busy", "process": "main"}
+        q = lab | {"quantity": "cpus_busy", "process": MAIN}
         busy = round(run.main_cpu_s / run.main_span_s, 3)
         out.append(Metric.single(f"{base}.cpus_busy.main", busy, "CPUs", q))
     others = [x for x in run.others_each if x is not None]
     if others and len(others) == len(run.others_each):
-        q = lab | {"quantity": "others_cpus"}
+        q = lab | {"quantity": OTHERS_CPUS}
         out.append(Metric.repeated(f"{base}.others_cpus", [round(x, 3) for x in others], "CPUs", q))
     return out
 

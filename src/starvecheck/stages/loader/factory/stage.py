@@ -26,6 +26,7 @@ from starvecheck.core.criteria import cpu_work, paired_knee
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.factory import Configuration
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
@@ -294,17 +295,17 @@ def result(
     for role, run in runs:
         metrics += metrics_of(role, run, run.config == now)
         configs.append(
-            {
-                "role": role,
-                "config": run.config.describe(),
-                "workers": run.config.workers,
-                "stopped": run.stopped,
-                "batches": run.batches,
-                "samples": run.samples,
-                "seconds": round(run.seconds, 3),
-                "epochs": run.epochs,
-                "partial_window": run.partial,
-            }
+            Configuration(
+                role,
+                run.config.workers,
+                run.config.describe(),
+                run.stopped,
+                run.batches,
+                run.samples,
+                round(run.seconds, 3),
+                run.epochs,
+                run.partial,
+            ).to_dict()
         )
     parameters: dict[str, Any] = {
         "source": "factory",

@@ -1,0 +1,239 @@
+"""A stage's words are spelled once (core/schema/): a label value that more than one
+module writes or reads, and a nested record's keys, live in the stage's vocabulary
+module; every other module names them by the constant or the record's field."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import pkgutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from starvecheck.core import schema
+from starvecheck.core.parameters import Parameters
+from starvecheck.core.schema.attach import Gpu, Rank
+from starvecheck.core.schema.factory import Configuration
+from starvecheck.core.schema.record import Record
+from starvecheck.core.schema.steps import Run
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "starvecheck"
+SCHEMA = SRC / "core" / "schema"
+
+# The labels whose values are a stage's words (a metric's dimensions); a worker count,
+# a size, a rank or a pid are figures, not words.
+LABEL_KEYS = frozenset({
+    "quantity", "layout", "cache", "kind", "source", "role", "process", "activity",
+    "strategy", "direction", "memory", "mode", "pinned", "pattern", "clock", "phase",
+})  # fmt: skip
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for e in node.elts for s in _strings(e)]
+    return []
+
+
+def _label_read(node: ast.AST) -> str | None:
+    """The label key `x.labels.get("k")` or `x.labels["k"]` reads, if it is one."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and node.args
+        and "labels" in ast.unparse(node.func.value)
+    ):
+        key = node.args[0]
+    elif isinstance(node, ast.Subscript) and "labels" in ast.unparse(node.value):
+        key = node.slice
+    else:
+        return None
+    return key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+
+
+def label_values(tree: ast.AST) -> list[tuple[str, str, int]]:
+    """(label, value, line) for each label value spelled out: a keyword argument
+    (`select(m, quantity="x")`), a dict's entry (`{"layout": "own"}`), a comparison
+    with a label read (`m.labels.get("role") == "workers"`). numpy's `kind=` is not a
+    label."""
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            if ast.unparse(n.func).startswith(("np.", "numpy.")) or ast.unparse(n.func).endswith(
+                "argsort"
+            ):
+                continue
+            found += [
+                (k.arg, v, n.lineno)
+                for k in n.keywords
+                if k.arg in LABEL_KEYS
+                for v in _strings(k.value)
+            ]
+        elif isinstance(n, ast.Dict):
+            found += [
+                (k.value, v, n.lineno)
+                for k, val in zip(n.keys, n.values, strict=True)
+                if isinstance(k, ast.Constant) and k.value in LABEL_KEYS
+                for v in _strings(val)
+            ]
+        elif isinstance(n, ast.Compare) and (key := _label_read(n.left)) in LABEL_KEYS:
+            found += [(key, v, n.lineno) for c in n.comparators for v in _strings(c)]
+    return found
+
+
+def _modules() -> list[Path]:
+    return [p for p in sorted(SRC.rglob("*.py")) if SCHEMA not in p.parents]
+
+
+def test_the_scan_sees_each_way_a_label_value_is_spelled():
+    code = (
+        'a = select(m, quantity="x", layout="own", workers=2)\n'
+        'b = {"role": "workers", "rank": "3"}\n'
+        'c = m.labels.get("kind") == "data"\n'
+        'd = np.argsort(x, kind="stable")\n'
+        'e = p.labels["process"] in ("main", "worker")\n'
+    )
+    assert sorted(label_values(ast.parse(code))) == [
+        ("kind", "data", 3),
+        ("layout", "own", 1),
+        ("process", "main", 5),
+        ("process", "worker", 5),
+        ("quantity", "x", 1),
+        ("role", "workers", 2),
+    ]
+
+
+def test_no_label_value_is_spelled_in_more_than_one_module():
+    where: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for path in _modules():
+        for key, value, _ in label_values(ast.parse(path.read_text())):
+            where[key, value].add(str(path.relative_to(SRC)))
+    twice = {f"{k}={v}": sorted(m) for (k, v), m in where.items() if len(m) > 1}
+    assert twice == {}, "spell these once, in core/schema/, and import them"
+
+
+def _records() -> list[type[Record]]:
+    found: list[type[Record]] = []
+    for info in pkgutil.iter_modules(schema.__path__):
+        module = importlib.import_module(f"{schema.__name__}.{info.name}")
+        found += [
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, Record) and v is not Record
+            and v.__module__ == module.__name__
+        ]  # fmt: skip
+    return found
+
+
+def test_the_records_are_the_ones_named_here():
+    assert set(_records()) >= {Configuration, Rank, Gpu, Run}
+
+
+def _labels(node: ast.AST) -> bool:
+    """A metric's labels or a finding's settings (`fix`): mappings of their own words."""
+    return ast.unparse(node).endswith((".labels", ".fix"))
+
+
+def _keys_read(tree: ast.AST) -> set[str]:
+    """The strings a module reads a mapping by, labels and settings apart: subscripts,
+    `.get("k")`, `"k" in x`."""
+    keys: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and not _labels(n.value):
+            keys |= set(_strings(n.slice))
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "get"
+            and n.args
+            and not _labels(n.func.value)
+        ):
+            keys |= set(_strings(n.args[0]))
+        elif (
+            isinstance(n, ast.Compare)
+            and any(isinstance(o, ast.In) for o in n.ops)
+            and not _labels(n.comparators[0])
+        ):
+            keys |= set(_strings(n.left))
+    return keys
+
+
+def _schema_imports(tree: ast.AST) -> set[str]:
+    """The names a module imports from the vocabulary modules (`module.Name`)."""
+    return {
+        f"{n.module}.{a.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(schema.__name__ + ".")
+        for a in n.names
+    }
+
+
+def test_the_key_scan_sees_each_read_but_a_label_read():
+    code = 'a = x["pid"]\nb = y.get("role")\nc = "data_path" in z\nd = m.labels["workers"]\n'
+    assert _keys_read(ast.parse(code)) == {"pid", "role", "data_path"}
+
+
+@pytest.mark.parametrize("record", _records(), ids=lambda r: r.__name__)
+def test_judging_and_showing_read_a_record_by_its_fields_never_by_a_key(record):
+    """advice/, render/ and cli/ read a nested record through its stage's parameters
+    (`records(Rank)`), typed; a module that names the record never reads one of its
+    keys off a mapping, the old way (advice/attach read `x.get("pid")` off
+    `parameters.ranks`)."""
+    fields = {f.name for f in dataclasses.fields(record)}
+    offences = {
+        str(path.relative_to(SRC)): sorted(spelled)
+        for layer in ("advice", "render", "cli")
+        for path in sorted((SRC / layer).rglob("*.py"))
+        if f"{record.__module__}.{record.__name__}" in _schema_imports(
+            tree := ast.parse(path.read_text())
+        )
+        and (spelled := _keys_read(tree) & fields)
+    }
+    assert offences == {}
+
+
+@pytest.mark.parametrize("record", _records(), ids=lambda r: r.__name__)
+def test_a_record_reads_back_as_written(record):
+    made = record.from_dict(
+        {f.name: _example(f.type) for f in dataclasses.fields(record)}
+    )
+    assert made is not None
+    assert record.from_dict(made.to_dict()) == made
+
+
+def _example(kind: object) -> object:
+    text = str(kind)
+    if "tuple" in text:
+        return [1, 2]
+    if text.startswith("int"):
+        return 3
+    if text.startswith("float"):
+        return 1.5
+    if text.startswith("bool"):
+        return True
+    return "x"
+
+
+def test_a_stored_record_of_the_wrong_shape_reads_as_its_defaults_or_not_at_all():
+    assert Rank.from_dict({"pid": "12"}) is None  # what identifies it is missing
+    assert Rank.from_dict([1, 2]) is None
+    odd = Rank.from_dict({"pid": 12, "rank": True, "workers": ["a"], "stopped_s": 2})
+    assert odd == Rank(12, stopped_s=2)  # a bool is no rank; an int is a float
+    assert Configuration.read_all([{"role": "workers", "workers": 2}, "x", {}]) == (
+        Configuration("workers", 2),
+    )
+
+
+def test_a_stage_reads_its_records_typed_through_its_parameters():
+    from starvecheck.core.schema.attach import Parameters as AttachParameters
+
+    p = Parameters({"ranks": [{"pid": 7, "rank": 1, "workers": [8, 9]}, "junk"], "seconds": 4})
+    attach = p.read(AttachParameters)
+    assert attach.ranks == (Rank(7, 1, workers=(8, 9)),)
+    assert attach.seconds == 4
+    assert p.read(AttachParameters) is not p and attach.read(AttachParameters) is attach
