@@ -12,7 +12,8 @@ from starvecheck.advice.results import Results
 from starvecheck.cli.ranks import from_environ, slow_ms
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Link, Report, Severity, StageResult
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.doctor import Context as DoctorContext
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.workload import Workload
 
@@ -192,8 +193,8 @@ def test_pcie_uses_pinned_bandwidth_at_the_size_nearest_a_batch():
 def test_build_chain_with_a_pcie_result_and_skipped_stages():
     w = Workload(step_ms=200.0)  # 16 per 0.2 s: 80 samples/s
     why = {"io": "io not selected (--only/--skip)", "pad": "pad not selected (--only/--skip)"}
-    extra = {"gpu_basis": "step_ms 200 (option)", "unavailable": why}
-    links = capacity.build(Results({"pcie": _pcie()}, workload=w, extra=extra))
+    doctor = DoctorContext("step_ms 200 (option)", why)
+    links = capacity.build(Results({"pcie": _pcie()}, workload=w, doctor=doctor))
     assert "padding" not in {x.link for x in links}  # a property of the GPU step
     by = {x.link: x for x in links}
     assert [x.link for x in links] == list(chain.LINKS)
@@ -202,7 +203,7 @@ def test_build_chain_with_a_pcie_result_and_skipped_stages():
     assert by["gpu"].capacity == by["gpu"].demand == 80.0
     assert by["storage"].capacity is None and "io not selected" in (by["storage"].reason or "")
     why["pcie"] = "no CUDA device"
-    skipped = capacity.build(Results({}, workload=w, extra={"unavailable": why}))
+    skipped = capacity.build(Results({}, workload=w, doctor=DoctorContext(unavailable=why)))
     assert skipped[2].link == "pcie" and skipped[2].reason == "not measured: no CUDA device"
 
 

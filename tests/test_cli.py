@@ -49,7 +49,7 @@ def test_env_json_on_this_machine_has_every_key_and_true_values():
     r = run("env", "--json", "-")
     assert r.exit_code == 0, r.stderr
     d = r.json
-    assert d["schema_version"] == 2 and d["command"] == "env"
+    assert d["schema_version"] == 3 and d["command"] == "env"
     m = d["machine"]
     for key in REQUIRED_KEYS:
         value = dig(m, key)

@@ -451,12 +451,12 @@ def test_every_metric_is_labelled_and_in_exactly_one_table():
     seen = set()
     for source, report in _reports():
         for stage in report.stages:
-            metrics = [*stage.metrics, *([stage.capacity] if stage.capacity else [])]
+            metrics = [*stage.figures, *([stage.delivers] if stage.delivers else [])]
             unlabelled = [m.name for m in metrics if "quantity" not in m.labels]
             assert unlabelled == [], (source, stage.stage, unlabelled)
             sections, rest = stage_sections(stage)
             placed = [id(m) for s in sections for m in s.metrics] + [id(m) for m in rest]
-            assert sorted(placed) == sorted(id(m) for m in stage.metrics), (source, stage.stage)
+            assert sorted(placed) == sorted(id(m) for m in stage.figures), (source, stage.stage)
             seen.add(stage.stage)
     assert {"io", "loader", "starve", "pad", "pcie", "profile"} <= seen
 

@@ -266,7 +266,7 @@ def test_a_missing_path_is_refused_by_the_stages_plan(tmp_path):
 
 def test_env_json_has_no_metrics_and_its_findings_from_judging():
     r = env_json("k8s-pod-v2")
-    assert r["schema_version"] == 2
+    assert r["schema_version"] == 3
     (stage,) = r["stages"]
     assert stage["stage"] == "env" and stage["metrics"] == [] and stage["findings"]
     assert all(f["stage"] == "env" for f in stage["findings"])

@@ -180,7 +180,8 @@ def test_a_variant_is_read_against_the_current_settings_in_its_own_rounds() -> N
     assert f.fix == {"num_workers": 2, "prefetch_factor": 4}
     assert f.gain.value == pytest.approx(2.4)
     # The current settings read again are not a second "current" in the table.
-    got = {m.name for m in result.metrics if m.labels.get("quantity") == "vs_current"}
+    got = {m.name for m in result.judged.figures if m.labels.get("quantity") == "vs_current"}
+    assert not any(m.labels.get("quantity") == "vs_current" for m in result.metrics)
     assert "own.w0.again.vs_current" not in got and "own.w2.prefetch.vs_current" in got
 
 
@@ -339,7 +340,7 @@ def test_other_work_that_moved_the_figures_is_said_in_one_line() -> None:
         r.others_each = [0.9, 1.0, 0.2, 0.8, 0.9]
         r.samples_per_s = [r.samples_per_s[0] * k for k in (1.0, 0.4, 1.0, 0.5, 1.0)]
     judged = ownloader.complete(stage(runs, Config(0)))
-    (moved,) = [c for c in judged.caveats if c.id == "machine.busy"]
+    (moved,) = [c for c in judged.said if c.id == "machine.busy"]
     assert "other processes kept 0.9 of the 2 CPUs busy" in moved
     assert "moved up to 2.50x between rounds" in moved
     # Side by side, round by round, the ratio held: the change is still recommended.

@@ -247,7 +247,8 @@ def test_the_table_is_loaders_alone():
 def test_recommend_labels_its_figures_and_ids_its_caveat():
     metrics = _sweep("shard", {0: 1000.0, 2: 3000.0}) + _sweep("mds", {4: 500.0, 8: 900.0})
     done = complete(StageResult("loader", PARAMS, tuple(metrics)))
-    rec, capacity, caveats = done.metrics[len(metrics) :], done.capacity, done.caveats
+    assert done.metrics == tuple(metrics) and done.capacity is None  # measured, untouched
+    rec, capacity, caveats = done.judged.figures, done.delivers, done.said
     q = {"quantity": "recommended_num_workers"}
     assert [(m.name, m.labels) for m in rec] == [
         ("recommended_num_workers.shard", {**q, "layout": "shard"}),
@@ -348,7 +349,7 @@ def test_loader_end_to_end_json(tmp_path):
         "layout": "mds",
     }
     assert by["recommended_num_workers"]["labels"] == {"quantity": "recommended_num_workers"}
-    assert r.json["schema_version"] == 2
+    assert r.json["schema_version"] == 3
     cpus = r.json["machine"]["cpu"]["effective_cpus"]
     rec = by["recommended_num_workers"]
     assert rec["unit"] == "workers" and 0 <= rec["value"] <= cpus

@@ -487,7 +487,7 @@ def metrics(r):
 def test_default_run_reports_every_strategy():
     r = run("pad", "--json", "-")
     assert r.exit_code == 0, r.stderr
-    assert r.json["schema_version"] == 2
+    assert r.json["schema_version"] == 3
     stage = r.json["stages"][0]
     assert stage["metrics"] and all(m["labels"].get("quantity") for m in stage["metrics"])
     assert {m["labels"].get("strategy") for m in stage["metrics"]} >= {*STRATEGIES, "ideal"}

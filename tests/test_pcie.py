@@ -16,7 +16,7 @@ import pytest
 from starvecheck.advice import pcie as advice
 from starvecheck.core.criteria import overlap_verdict
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report, Severity, StageResult
+from starvecheck.core.model import Judged, Report, Severity, StageResult
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.core.units import parse_size
 from starvecheck.probe.machine import collect
@@ -779,13 +779,16 @@ def test_report_round_trips_through_json():
     report = Report("pcie", {}, (result,), ())
     again = Report.from_dict(json.loads(json.dumps(report.to_dict())))
     assert again == report
-    # The verdicts and peaks are judging's, not in the JSON: judged again, the same tables.
+    # The verdicts and peaks are judging's: in the JSON's judgement (schema 3), so the
+    # report read back shows the same tables, and judged again, the same still.
+    assert again.stages[0].judged.verdicts == result.judged.verdicts != {}
+    assert render_text(again.stages[0]) == render_text(result)
     assert render_text(advice.complete(again.stages[0])) == render_text(result)
-    unjudged = render_text(again.stages[0])
+    unjudged = render_text(replace(again.stages[0], judged=Judged()))
     ov = next(
         line for line in unjudged.splitlines() if line.startswith("pinned") and "non_bl" in line
     )
-    assert ov.split()[-2:] == ["90%", "-"]
+    assert ov.split()[-2:] == ["90%", "-"]  # no verdict read: none shown
 
 
 # --- on a real GPU ------------------------------------------------------------------

@@ -167,6 +167,8 @@ def _heavy_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
     def walk(node: ast.AST, where: list[str], held: bool) -> None:
         for child in ast.iter_child_nodes(node):
             inner, hold = where, held
+            if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
+                continue  # for the type checker alone: never runs
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 inner = [*where, child.name]
             if isinstance(child, ast.With):
@@ -185,6 +187,11 @@ def _heavy_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
 
     walk(tree, [], False)
     return found
+
+
+def test_an_import_for_the_type_checker_alone_is_no_import():
+    code = "if TYPE_CHECKING:\n    import torch\nimport transformers\n"
+    assert _heavy_imports(ast.parse(code)) == [("", 3, False)]
 
 
 def test_every_heavy_import_of_the_command_line_holds_signals():

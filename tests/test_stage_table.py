@@ -20,7 +20,7 @@ from starvecheck.advice import judge
 from starvecheck.advice.results import Results
 from starvecheck.core import stages as stages_table
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import CHAIN_LINKS, Finding, Severity, StageResult, reported_as
+from starvecheck.core.model import CHAIN_LINKS, Finding, Judged, Severity, StageResult, reported_as
 from starvecheck.render.section import Section, taken
 from starvecheck.render.sections import stage_sections
 from starvecheck.stages import registry
@@ -51,7 +51,7 @@ def hello(monkeypatch: pytest.MonkeyPatch) -> StageResult:
         return [Section(("figure", "value"), rows, metrics=taken(metrics, rest))], rest
 
     def complete(r: StageResult) -> StageResult:
-        return replace(r, judged={"completed": True})
+        return replace(r, judged=Judged(verdicts={"completed": True}))
 
     _module(monkeypatch, "stages.hello", STAGE=types.SimpleNamespace(name="hello"))
     _module(monkeypatch, "advice.hello", rules=rules, complete=complete)
@@ -68,7 +68,7 @@ def test_a_new_stage_is_its_own_modules_and_one_row(hello: StageResult) -> None:
     assert registry.get("hello").name == "hello"  # measured
     judged = judge.judge(Results({"hello": hello}))  # completed, then judged
     assert [f.id for f in judged.findings] == ["hello.greeted"]
-    assert judged.stages["hello"].judged == {"completed": True}
+    assert judged.stages["hello"].judged.verdicts == {"completed": True}
     (section,), rest = stage_sections(hello)  # shown
     assert section.rows == [("hello.greetings", "3")] and rest == []
     assert reported_as("hello") == "hello"

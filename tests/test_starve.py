@@ -107,8 +107,9 @@ def test_summarize_names_and_values():
     assert "recommended_num_workers" not in by
     _, params = _metrics([_point(0, 160), _point(2, 30)])
     done = complete(StageResult("starve", params, tuple(metrics)))
-    assert done.metrics[:-1] == tuple(metrics)
-    assert done.metrics[-1].name == "recommended_num_workers" and done.metrics[-1].value == 2
+    assert done.metrics == tuple(metrics)  # measured, untouched: the verdict is judged's
+    (rec,) = done.judged.figures
+    assert rec.name == "recommended_num_workers" and rec.value == 2
 
 
 def test_wait_is_the_mean_not_the_median():
@@ -159,7 +160,7 @@ def test_advice_slow_first_batch():
 
 def test_sweep_table_pivots_worker_counts():
     metrics, params = _metrics([_point(0, 160), _point(2, 30)])
-    metrics = list(complete(StageResult("starve", params, tuple(metrics))).metrics)
+    metrics = list(complete(StageResult("starve", params, tuple(metrics))).figures)
     headers, rows, rest = sweep.split(tuple(metrics))
     assert headers[0] == "workers" and "GPU idle" in headers
     assert [r[0] for r in rows] == ["0", "2"]

@@ -640,7 +640,7 @@ def test_cli_terminal_report_breaks_the_step_down():
 def test_cli_json_labels_every_metric_with_its_quantity():
     r = run("profile", "--trace", str(TRACES / "gpu.json"), "--json", "-")
     assert r.exit_code == 0, r.stderr
-    assert r.json["schema_version"] == 2
+    assert r.json["schema_version"] == 3
     (stage,) = r.json["stages"]
     assert stage["stage"] == "profile"  # as schema 1 named it
     for m in stage["metrics"]:

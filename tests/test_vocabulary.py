@@ -17,6 +17,7 @@ from starvecheck.core import schema
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.schema.attach import Gpu, Rank
 from starvecheck.core.schema.factory import Configuration
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.schema.record import Record
 from starvecheck.core.schema.steps import Run
 
@@ -131,7 +132,7 @@ def _records() -> list[type[Record]]:
 
 
 def test_the_records_are_the_ones_named_here():
-    assert set(_records()) >= {Configuration, Rank, Gpu, Run}
+    assert set(_records()) >= {Configuration, Rank, Gpu, Run, Node}
 
 
 def _labels(node: ast.AST) -> bool:
@@ -237,3 +238,75 @@ def test_a_stage_reads_its_records_typed_through_its_parameters():
     assert attach.ranks == (Rank(7, 1, workers=(8, 9)),)
     assert attach.seconds == 4
     assert p.read(AttachParameters) is not p and attach.read(AttachParameters) is attach
+
+
+# Where `Any` stays at a seam, and why: what comes from outside starvecheck (the user's
+# batch, the trainer package's own objects), typed by its owner or by nothing.
+OUTSIDE = {
+    "starvecheck.inputs.fingerprints": "the user's batch: whatever the pipeline yields",
+    "starvecheck.loop.trainers.hf": "transformers' TrainingArguments, state and control",
+    "starvecheck.loop.trainers.pl": "Lightning's Trainer, module, batch and outputs",
+}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def seams() -> dict[str, set[str]]:
+    """Each module's names another layer imports (the package root is the public API,
+    the user's side, not a layer)."""
+    used: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts
+        if len(parts) < 2:
+            continue
+        importer = ".".join(parts)
+        for n in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(n, ast.ImportFrom)
+                and (n.module or "").startswith("starvecheck.")
+                and _layer(n.module or "") != _layer(importer)
+            ):
+                used[n.module or ""] |= {a.name for a in n.names}
+    return used
+
+
+def _any_in(node: ast.AST) -> bool:
+    return any(isinstance(x, ast.Name) and x.id == "Any" for x in ast.walk(node))
+
+
+def any_at_seams() -> list[str]:
+    found = []
+    for module, names in sorted(seams().items()):
+        path = SRC.parent / (module.replace(".", "/") + ".py")
+        if not path.exists() or module in OUTSIDE:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name not in names:
+                continue
+            members = [node] if isinstance(node, ast.FunctionDef) else node.body
+            for m in members:
+                if isinstance(m, ast.FunctionDef) and not m.name.startswith("_"):
+                    typed = [a.annotation for a in (*m.args.args, *m.args.kwonlyargs)]
+                    typed += [m.args.vararg and m.args.vararg.annotation]
+                    typed += [m.args.kwarg and m.args.kwarg.annotation, m.returns]
+                    if any(t is not None and _any_in(t) for t in typed):
+                        found.append(f"{module}.{node.name}" + ("" if m is node else f".{m.name}"))
+                elif isinstance(m, ast.AnnAssign) and _any_in(m.annotation):
+                    found.append(f"{module}.{node.name}.{ast.unparse(m.target)}")
+    return found
+
+
+def test_the_seam_scan_sees_an_any():
+    assert "starvecheck.inputs.fingerprints.leading" in {
+        f"{m}.{n}" for m, ns in seams().items() for n in ns
+    }
+
+
+def test_no_any_where_one_layer_hands_a_value_to_another():
+    """What crosses from one layer to another is typed: JSON as core/jsonvalue's
+    JsonValue, a user's or a library's object as what it is, never `Any` (OUTSIDE
+    names the seams whose values come from outside starvecheck)."""
+    assert any_at_seams() == []

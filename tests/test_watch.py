@@ -212,7 +212,7 @@ def test_every_figure_is_labelled_with_its_quantity_and_no_finding_before_judgin
     measured = w.measured()
     assert measured.findings == () and measured.has_caveat("watch.warmup-left-out")
     d = w.report().to_dict()
-    assert d["schema_version"] == 2
+    assert d["schema_version"] == 3
     assert all(m["labels"]["quantity"] for m in d["stages"][0]["metrics"])
 
 

@@ -72,8 +72,10 @@ def test_a_rank_whose_data_is_slow_is_the_straggler_and_the_others_wait_for_it()
     assert "estimated" in s.evidence and s.fix == {"rank": "rank 1", "cause": "data wait"}
     p = stage.parameters
     assert p["headline_rank"] == "rank 1" and p["rank_wait_source"] == "estimated"
-    assert p["straggler"]["pattern"] == "fixed" and p["straggler"]["rank"] == "rank 1"
-    assert p["straggler"]["slowest_in"] == {"rank 0": 0, "rank 1": n}
+    verdict = stage.judged.straggler  # judging's, typed; the JSON keeps parameters.straggler
+    assert verdict is not None and (verdict.pattern, verdict.rank) == ("fixed", "rank 1")
+    assert verdict.slowest_in == {"rank 0": 0, "rank 1": n}
+    assert stage.to_dict()["parameters"]["straggler"]["slowest_in"] == {"rank 0": 0, "rank 1": n}
     rows = {r["rank"]: r for r in p["ranks"]}
     assert rows["rank 0"]["rank_wait_ms"] == pytest.approx(19)
     assert rows["rank 1"]["rank_wait_ms"] == pytest.approx(0)
@@ -117,7 +119,7 @@ def test_ranks_alike_name_no_straggler():
     b = rank_loop([9] + [2.2, 2] * (n // 2), [5] + [5, 5.1] * (n // 2))
     stage, f = judged({0: a, 1: b})
     assert "profile.straggler" not in f and "profile.straggler-rotating" not in f
-    assert stage.parameters["straggler"]["pattern"] == "none"
+    assert stage.judged.straggler is not None and stage.judged.straggler.pattern == "none"
 
 
 def test_a_slow_rank_that_changes_from_step_to_step_is_called_rotating():
@@ -129,7 +131,7 @@ def test_a_slow_rank_that_changes_from_step_to_step_is_called_rotating():
     assert "profile.straggler" not in f
     rot = f["profile.straggler-rotating"]
     assert "rank 0 (10 steps)" in rot.evidence and "rank 1 (10 steps)" in rot.evidence
-    assert stage.parameters["straggler"]["pattern"] == "rotating"
+    assert stage.judged.straggler is not None and stage.judged.straggler.pattern == "rotating"
 
 
 def test_uneven_and_late_ranks_are_said():
@@ -214,7 +216,7 @@ def test_a_pass_that_ends_posts_the_figures_whatever_show_says(monkeypatch):
         assert list(w) == list(range(6))
     assert w.gathered is not None and sorted(w.gathered.payloads) == [0, 1]
     assert store.sets == ["k/1"] and store.d == {}
-    assert "straggler" in w.result().parameters  # judged: the summary attached
+    assert w.result().judged.straggler is not None  # judged: the summary attached
 
 
 def test_a_store_that_fails_leaves_rank_0_its_own_figures():

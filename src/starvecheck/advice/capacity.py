@@ -92,9 +92,9 @@ def own_capacity(factory: StageResult) -> tuple[float | None, str]:
     recommended for it."""
     from starvecheck.advice import factory as own
 
-    if factory.capacity is None or factory.capacity.value is None:
+    if factory.delivers is None or factory.delivers.value is None:
         return None, "your pipeline: no configuration measured to recommend"
-    return factory.capacity.value, own.basis(factory)
+    return factory.delivers.value, own.basis(factory)
 
 
 def link_workers(
@@ -112,7 +112,7 @@ def link_workers(
     if loader is not None:
         k = loader.value(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
         counts.append(None if k is None else int(k))
-    if starve is not None and starve.capacity is not None:
+    if starve is not None and starve.delivers is not None:
         counts.append(starve.parameters.read(StarveParameters).capacity_workers)
     known = [k for k in counts if k is not None]
     return max(known) if known and len(known) == len(counts) else None
@@ -164,12 +164,12 @@ def loader(
 
 
 def cpu_capacity(starve: StageResult) -> tuple[float | None, str]:
-    if starve.capacity is None or starve.capacity.value is None:
-        reason = starve.capacity.reason if starve.capacity else None
+    if starve.delivers is None or starve.delivers.value is None:
+        reason = starve.delivers.reason if starve.delivers else None
         return None, reason or "starve measured no preprocessing capacity"
     params = starve.parameters.read(StarveParameters)
     d, workers = params.sample_cpu_ms, params.capacity_workers
-    return starve.capacity.value, f"starve, {d} ms CPU per sample in {workers} worker(s)"
+    return starve.delivers.value, f"starve, {d} ms CPU per sample in {workers} worker(s)"
 
 
 def best_strategy(efficiency: Mapping[str, float]) -> str | None:
@@ -249,7 +249,7 @@ def build(results: Results) -> tuple[Link, ...]:
     w = results.workload
     assert w is not None
     demand = w.demand
-    why = results.extra.get("unavailable", {})
+    why = results.doctor.unavailable
     io, loader_r, factory, starve, pad, pcie_r = (
         results.get(s) for s in ("io", "loader", "factory", "starve", "pad", "pcie")
     )
@@ -278,6 +278,6 @@ def build(results: Results) -> tuple[Link, ...]:
         if pcie_r is not None
         else missing("pcie", demand, f"not measured: {why.get('pcie', 'no CUDA device')}")
     )
-    gpu_link = gpu(demand, results.extra.get("gpu_basis", ""), padding_fix)
+    gpu_link = gpu(demand, results.doctor.gpu_basis, padding_fix)
     workers = link_workers(factory, loader_r, starve, w.layout)
     return (storage_link, loader(read, cpu, demand, workers), pcie_link, gpu_link)

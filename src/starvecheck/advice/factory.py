@@ -23,19 +23,15 @@ in interleaved rounds (each configuration read once a round, side by side).
   BUSY_SHARE of the CPUs while workers doing CPU work ran: a quick and a full run
   would name different counts).
 - `loader.own-demand`: with --step-ms, the recommended configuration against the
-  samples/s the GPU consumes; at num_workers=0 loading and the step take turns (the
-  training process does one, then the other), so the GPU waits for every batch.
+  samples/s the GPU consumes (at num_workers=0 the GPU waits for every batch).
 - `loader.main-threads`: at num_workers=0 the pipeline's torch operations ran on
   several threads of the training process.
 - copies on read, batches crossing processes: advice/costs.py.
 
-`complete` adds, for every configuration, its ratio to the current one (quantity
-`vs_current`, with `vs_current_low` and `vs_current_high`), the capacity (the samples/s
-of the configuration recommended: doctor's loader link), and where other work moved the
-figures, a caveat saying by how much.
-
-Reads metrics by labels (layout `own`, role, workers, prefetch_factor,
-persistent_workers, pin_memory, current); never by names.
+`complete` judges once (the result's `judged`): each configuration's ratio to the
+current one (`vs_current`, `_low`, `_high`), the capacity of the one recommended
+(doctor's loader link), the choice, and a caveat where other work moved the figures.
+Reads metrics by labels, never by names.
 """
 
 from __future__ import annotations
@@ -74,10 +70,10 @@ from starvecheck.advice.factory_bounds import (
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.explained import Unexplained
-from starvecheck.core.metric import Metric, one
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.metric import Caveat, Metric, one
+from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison, chained, compare
-from starvecheck.core.schema.common import EPOCH_START_S, SAMPLES_PER_S
+from starvecheck.core.schema import common as words
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 if TYPE_CHECKING:
@@ -190,7 +186,7 @@ def complete(loader: StageResult) -> StageResult:
     recommended), and a caveat where other work moved the figures."""
     found = points(loader)
     current = _current(found)
-    metrics = [m for m in loader.metrics if m.labels.get("quantity") not in _JUDGED]
+    metrics: list[Metric] = []
     unexplained = disturbed(found, float(loader.parameters.cpus))
     suspect = {w for u in unexplained for w in (u.workers, u.against)}
     for p in found:
@@ -202,9 +198,9 @@ def complete(loader: StageResult) -> StageResult:
             workers=p.workers, role="" if p.role == "workers" else f".{p.role}"
         )
         for q, v in (
-            ("vs_current", c.ratio),
-            ("vs_current_low", c.low),
-            ("vs_current_high", c.high),
+            (words.VS_CURRENT, c.ratio),
+            (words.VS_CURRENT_LOW, c.low),
+            (words.VS_CURRENT_HIGH, c.high),
         ):
             if v is not None and v not in (0.0, float("inf")):
                 metrics.append(
@@ -212,7 +208,7 @@ def complete(loader: StageResult) -> StageResult:
                         name + q, round(v, 3), "x", {"layout": LAYOUT, **where, "quantity": q}
                     )
                 )
-    caveats = list(loader.caveats)
+    caveats: list[Caveat] = []
     said = disturbed_caveat(unexplained)
     if said is not None:
         caveats.append(said)
@@ -222,21 +218,20 @@ def complete(loader: StageResult) -> StageResult:
     choice = choose(loader)
     capacity = None
     if choice is not None:
-        at = one(choice.chosen.metrics, quantity=SAMPLES_PER_S)
+        at = one(choice.chosen.metrics, quantity=words.SAMPLES_PER_S)
         capacity = replace(at, name=f"capacity ({at.name})") if at is not None else None
-    judged = {**loader.judged, "choice": choice}  # chosen once per report: choice_of
-    return replace(
-        loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity, judged=judged
-    )
+    # chosen once per report (choice_of reads it)
+    judged = Judged(tuple(metrics), capacity, tuple(caveats), choice=choice)
+    return replace(loader, judged=judged)
 
 
 def choice_of(loader: StageResult) -> Choice | None:
     """The configuration recommended, as `complete` chose it (once per report); chosen
     here for a result that was not completed."""
-    return loader.judged["choice"] if "choice" in loader.judged else choose(loader)
+    made = loader.judged.choice
+    return made if isinstance(made, Choice) else choose(loader)
 
 
-_JUDGED = ("vs_current", "vs_current_low", "vs_current_high")
 
 
 def chosen_of(choice: Choice | None) -> Point | None:
@@ -443,7 +438,7 @@ def _sooner(
 def _starts(p: Point) -> tuple[float, float, float] | None:
     """Later epochs' starts: the median, less and plus their median absolute deviation
     (unlike the extremes, it does not widen as more epochs are read)."""
-    m = one(p.metrics, quantity=EPOCH_START_S)
+    m = one(p.metrics, quantity=words.EPOCH_START_S)
     if m is None or m.value is None:
         return None
     mad = statistics.median(abs(v - m.value) for v in m.values or (m.value,))

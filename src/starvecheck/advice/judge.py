@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from starvecheck.advice.results import Results
 from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
 from starvecheck.core.model import Finding, Link, StageResult
+from starvecheck.core.schema.steps import Straggler
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,9 @@ class Judgement:
     chain: tuple[Link, ...] = ()
     weakest_link: str | None = None
     weakest_summary: str = ""  # the sentence under the chain table
-    # Verdicts as data, by stage: added to that stage's parameters for the JSON
-    # (the straggler summary across ranks of watch and of a multi-rank trace).
-    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The straggler verdict across ranks of watch and of a multi-rank trace, by stage:
+    # it lands in that stage's judgement.
+    stragglers: Mapping[str, Straggler] = field(default_factory=dict)
     # Each stage's result as judged (`complete`d): what the report carries.
     stages: Mapping[str, StageResult] = field(default_factory=dict)
 
@@ -76,7 +76,7 @@ def judge(results: Results) -> Judgement:
 
     results = complete(results)
     # Findings made outside the stages' rules (doctor's stragglers across ranks).
-    findings = [*advise_all(results), *results.extra.get("findings", ())]
+    findings = [*advise_all(results), *results.doctor.findings]
     chain: tuple[Link, ...] = ()
     weakest, summary = None, ""
     if results.workload is not None:
@@ -168,8 +168,8 @@ def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageRe
     """The stage results as judged (completed: see `complete`), with their findings
     filled in from the judgement. A finding whose stage is none of the run's (watch
     reports with profile's findings) joins the run's last result: the one stage of a
-    command, doctor's own in doctor. A verdict judging states as data joins its
-    stage's parameters."""
+    command, doctor's own in doctor. The straggler verdict across ranks joins its
+    stage's judgement."""
     stages = {r.stage for r in results}
     homeless = tuple(f for f in judgement.findings if f.stage not in stages)
     out = [
@@ -179,8 +179,8 @@ def attach(results: Sequence[StageResult], judgement: Judgement) -> list[StageRe
     if homeless and out:
         out[-1] = replace(out[-1], findings=(*out[-1].findings, *homeless))
     return [
-        replace(r, parameters={**r.parameters, **judgement.parameters[r.stage]})
-        if r.stage in judgement.parameters
+        replace(r, judged=replace(r.judged, straggler=judgement.stragglers[r.stage]))
+        if r.stage in judgement.stragglers
         else r
         for r in out
     ]

@@ -16,7 +16,7 @@ from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.figures import headline, loader_curves, loader_rounds
 from starvecheck.core.metric import Caveat, Metric
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLES_PER_S
 from starvecheck.core.schema.loader import Parameters
 
@@ -89,8 +89,8 @@ def complete(loader: StageResult) -> StageResult:
     of each layout and overall (the headline layout's), the capacity (the headline
     curve at that count), and a caveat for a layout with no count to recommend. Made
     here, when the run is judged; a stored report's are made again from its curves."""
-    metrics = [m for m in loader.metrics if m.labels.get("quantity") != RECOMMENDED_NUM_WORKERS]
-    caveats = list(loader.caveats)
+    metrics: list[Metric] = []
+    caveats: list[Caveat] = []
     judged, rec = loader_curves(loader), recommended(loader)
     cpus = loader.parameters.cpus
     for layout in judged:
@@ -108,14 +108,14 @@ def complete(loader: StageResult) -> StageResult:
             caveats.append(caveat)
     top = headline(rec)
     if top is None:
-        return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=None)
+        return replace(loader, judged=Judged(tuple(metrics), None, tuple(caveats)))
     labels = {"quantity": RECOMMENDED_NUM_WORKERS}
     metrics.append(Metric.single("recommended_num_workers", rec[top], "workers", labels))
     temp, _ = judged[top]
     at = loader.one(quantity=SAMPLES_PER_S, layout=top, cache=temp, workers=rec[top])
     assert at is not None
     capacity = replace(at, name=f"capacity ({at.name})")
-    return replace(loader, metrics=tuple(metrics), caveats=tuple(caveats), capacity=capacity)
+    return replace(loader, judged=Judged(tuple(metrics), capacity, tuple(caveats)))
 
 
 def rules(results: Results) -> list[Finding]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.core import catalogue
 from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
 from starvecheck.core.metric import Labels
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.schema.common import CLOCK_WALL, GBPS, SOURCE_CUDART, SOURCE_TORCH
 from starvecheck.core.schema.pcie import Parameters
 from starvecheck.core.units import size_name
@@ -100,7 +100,7 @@ LINK_ROWS = {
 
 def complete(result: StageResult) -> StageResult:
     """The result as the report carries it: with what its tables show beside the
-    figures (`judged`, not in the JSON): the verdict of each overlap ratio
+    figures (`judged.verdicts`): the verdict of each overlap ratio
     (`overlap_verdict.<memory>.<mode>`, UNKNOWN where not measured) and the
     theoretical peak of the link as read idle, under load and at its maximum
     (`link_peak_gbps.<row>`, GB/s per direction, probe.gpu's table; None unknown)."""
@@ -112,7 +112,7 @@ def complete(result: StageResult) -> StageResult:
     for row, (gen, width) in LINK_ROWS.items():
         g, w = v.get(gen), v.get(width)
         judged[f"link_peak_gbps.{row}"] = link_peak(int(g) if g else None, int(w) if w else None)
-    return replace(result, judged={**result.judged, **judged})
+    return replace(result, judged=Judged(verdicts=judged))
 
 
 def advise(result: StageResult) -> tuple[Finding, ...]:

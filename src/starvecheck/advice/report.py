@@ -8,11 +8,13 @@ only hands it the run and puts the judgement in the report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from starvecheck.core.jsonvalue import JsonObject
 from starvecheck.core.model import Report, StageResult
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.doctor import Context as DoctorContext
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.version import __version__
 
 if TYPE_CHECKING:
@@ -23,23 +25,23 @@ if TYPE_CHECKING:
 
 def build_report(
     command: str,
-    machine: Machine | Mapping[str, Any] | None,
+    machine: Machine | JsonObject | None,
     stages: list[StageResult],
     c: Context,
     *,
     workload: Workload | None = None,
-    extra: Mapping[str, Any] | None = None,
+    doctor: DoctorContext | None = None,
     nodes: Sequence[Node] = (),
 ) -> Report:
     """Judge every stage result of the run once, together, and assemble the report.
     doctor passes its workload (then judging builds the chain), facts no stage holds
-    (`extra`: the GPU link's basis, why a stage did not run, findings across ranks)
+    (`doctor`: the GPU link's basis, why a stage did not run, findings across ranks)
     and, under torchrun, one row per node. `c` gives the clock the report is dated by."""
     from starvecheck.advice.judge import Results, attach, judge
     from starvecheck.probe.machine import Machine
 
     facts = machine if isinstance(machine, Machine) else None
-    results = Results({s.stage: s for s in stages}, facts, workload, dict(extra or {}))
+    results = Results({s.stage: s for s in stages}, facts, workload, doctor or DoctorContext())
     judgement = judge(results)
     return Report(
         command=command,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.doctor import Context as DoctorContext
 
 if TYPE_CHECKING:
     from starvecheck.inputs.workload import Workload
@@ -23,7 +24,7 @@ class Results:
     stages: Mapping[str, StageResult]
     machine: Machine | None = None  # this machine's facts (None for a trace of another run)
     workload: Workload | None = None  # doctor's; None for a single command
-    extra: Mapping[str, Any] = field(default_factory=dict)  # e.g. doctor's GPU basis
+    doctor: DoctorContext = field(default_factory=DoctorContext)  # the GPU link's basis, ...
 
     def get(self, stage: str) -> StageResult | None:
         return self.stages.get(stage)

@@ -14,7 +14,7 @@ from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.criteria import IDLE_AS_GOOD
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLE_CPU_MS
 from starvecheck.core.schema.loader import StarveParameters as Parameters
 
@@ -47,12 +47,12 @@ def recommended(r: StageResult) -> int | None:
 def complete(r: StageResult) -> StageResult:
     """The result as the report carries it: its sweep, with the recommended num_workers
     (made here, when the run is judged; a stored report's made again from its sweep)."""
-    metrics = [m for m in r.metrics if m.labels.get("quantity") != RECOMMENDED_NUM_WORKERS]
     rec = recommended(r)
-    if rec is not None:
-        labels = {"quantity": RECOMMENDED_NUM_WORKERS}
-        metrics.append(Metric.single("recommended_num_workers", rec, "workers", labels))
-    return replace(r, metrics=tuple(metrics))
+    if rec is None:
+        return replace(r, judged=Judged())
+    labels = {"quantity": RECOMMENDED_NUM_WORKERS}
+    figure = Metric.single("recommended_num_workers", rec, "workers", labels)
+    return replace(r, judged=Judged((figure,)))
 
 
 def rules(results: Results) -> list[Finding]:

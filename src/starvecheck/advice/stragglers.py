@@ -27,7 +27,7 @@ from starvecheck.advice.profile import few_steps
 from starvecheck.core import catalogue
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Link, Severity, StageResult
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.schema.steps import Parameters as StepParameters
 from starvecheck.core.schema.steps import Straggler
 
@@ -111,12 +111,14 @@ def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> Straggler
     return out
 
 
-def verdicts(stages: Mapping[str, StageResult], findings: Sequence[Finding]) -> dict[str, Any]:
-    """What judging adds to the parameters of a stage with several ranks (watch under
+def verdicts(
+    stages: Mapping[str, StageResult], findings: Sequence[Finding]
+) -> dict[str, Straggler]:
+    """What judging adds to the judgement of a stage with several ranks (watch under
     torch.distributed, `profile --trace` of a multi-rank job): the straggler `summary`
     of its ranks, one shape for both (advice.judge attaches it)."""
     return {
-        name: {"straggler": summary(r.metrics, findings).to_dict()}
+        name: summary(r.metrics, findings)
         for name in ("trace", "watch")
         if (r := stages.get(name)) is not None and r.parameters.read(StepParameters).ranks
     }

@@ -28,7 +28,7 @@ from starvecheck.advice.stepworkers import (
 from starvecheck.advice.stragglers import WAITING, among_ranks
 from starvecheck.core import catalogue
 from starvecheck.core.metric import Caveat, Metric, one, value
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison
 from starvecheck.core.schema.common import DATA_WAIT_SHARE, GPU_IDLE_DATA_WAIT_SHARE
 from starvecheck.core.schema.steps import Parameters, Run
@@ -72,7 +72,7 @@ def complete(r: StageResult) -> StageResult:
     said = Caveat("trace.other-runs", "; ".join(others))
     if not others or said in r.caveats:
         return r
-    return replace(r, caveats=(*r.caveats, said))
+    return replace(r, judged=Judged(caveats=(said,)))
 
 
 def _other_run(i: int, run: Run) -> str:

@@ -337,7 +337,7 @@ def _judged(
     def report_of(results: list[StageResult], **more: Any) -> Report:
         return build_report("doctor", machine, results, c, workload=outcome.workload, **more)
 
-    report = report_of(results, extra=outcome.extra)
+    report = report_of(results, doctor=outcome.context)
     if rank is None:
         return report, True
     gathered = doctor_ranks.gather(report, rank, c.environ)
@@ -345,4 +345,5 @@ def _judged(
         return report, False
     nodes, findings, caveats = doctor_ranks.judge(gathered, outcome.workload.demand)
     results = doctor_stage.with_caveats(results, caveats)
-    return report_of(results, extra={**outcome.extra, "findings": findings}, nodes=nodes), True
+    context = replace(outcome.context, findings=tuple(findings))
+    return report_of(results, doctor=context, nodes=nodes), True

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from starvecheck.core.model import Finding, Report
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
 

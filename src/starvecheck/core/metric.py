@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core.jsonvalue import JsonDict, JsonObject
+
 # A label's value: a layout name, a worker count, a size in bytes, ...
 LabelValue = str | int | float | bool
 Labels = Mapping[str, LabelValue]
@@ -74,8 +76,8 @@ class Metric:
     def n(self) -> int:
         return len(self.values)
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def to_dict(self) -> JsonDict:
+        d: JsonDict = {
             "name": self.name,
             "value": self.value,
             "unit": self.unit,
@@ -95,7 +97,7 @@ class Metric:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Metric:
+    def from_dict(cls, d: JsonObject) -> Metric:
         return cls(
             name=d["name"],
             value=d.get("value"),

@@ -4,24 +4,7 @@ Results are frozen once made; their figures (`Metric`, with labels, and `Caveat`
 core/metric.py's. Every class has `to_dict()` and `from_dict()` so a report written as
 JSON loads back into the same objects.
 
-JSON schema versions (`Report.to_dict()["schema_version"]`):
-  1  first release: machine, stages (metrics, findings, caveats, capacity),
-     checklist, weakest_link, verdict.
-     Added since, without a version change (new keys, present only where they
-     apply, so readers of version 1 are unaffected): `doctor` reports carry
-     `workload` (the figures judged against, each with its source), `chain` (one
-     `Link` per link: link, capacity_samples_per_s, demand_samples_per_s, basis,
-     reason, parts, limited_by) and, under torchrun, `nodes` (one row per rank).
-  2  every metric carries `labels`: the dimensions it was measured under
-     (`quantity`, what the figure is, and e.g. layout, pattern, cache, threads,
-     workers, size, direction, memory), so scripts select figures by label instead
-     of parsing names. Every name of version 1 is kept. Version 1 files still load
-     (their metrics without labels). doctor reports add `weakest_summary`, the
-     sentence under the chain (judging writes it; renderers only print it).
-     Added since, without a version change: a `profile --trace` report's
-     `parameters.runs` entries after the first carry that run's headline figures
-     (`headline_rank`, `data_wait_share`, `step_ms`, or `error`), from which judging
-     words the `trace.other-runs` caveat.
+The JSON's schema versions, and what each added: docs/json.md ("Schema versions").
 """
 
 from __future__ import annotations
@@ -29,15 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
 
 from starvecheck.core import stages as stages_table
+from starvecheck.core.jsonvalue import JsonDict, JsonObject
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
 from starvecheck.core.parameters import Parameters
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.common import JUDGED
+from starvecheck.core.schema.nodes import Node
+from starvecheck.core.schema.steps import Straggler
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class Severity(str, Enum):
@@ -101,7 +86,7 @@ class Gain:
             return self.value
         return 1.0 / (1.0 - self.value) if 0 <= self.value < 1 else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         s = self.speedup
         return {
             "kind": self.kind.value,
@@ -111,7 +96,7 @@ class Gain:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Gain:
+    def from_dict(cls, d: JsonObject) -> Gain:
         return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
 
 
@@ -125,7 +110,7 @@ def reported_as(stage: str) -> str:
     return stages_table.entry(stage).shown_as
 
 
-def _own_stage(reported: str, parameters: Mapping[str, Any]) -> str:
+def _own_stage(reported: str, parameters: Mapping[str, object]) -> str:
     """A result's own stage from its JSON: `loader --factory` records its spec
     (`factory`), `profile --trace` its files (`trace`); every other stage reports under
     its own name."""
@@ -147,7 +132,7 @@ class Finding:
     gain: Gain | None = None
     stage: str = ""
     # The change recommended, as data where it is a setting ({"num_workers": 2}).
-    fix: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    fix: Mapping[str, LabelValue] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         # A kind of the catalogue (core/catalogue.py) is detected in the severities it
@@ -157,7 +142,7 @@ class Finding:
         if allowed and self.severity.rank > max(s.rank for s in allowed):
             raise ValueError(f"{self.id} is never {self.severity.value} (core/catalogue.py)")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         d = {
             "id": self.id,
             "severity": self.severity.value,
@@ -170,7 +155,7 @@ class Finding:
         return d | ({"fix": dict(self.fix)} if self.fix else {})
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+    def from_dict(cls, d: JsonObject) -> Finding:
         return cls(
             id=d["id"],
             severity=Severity(d["severity"]),
@@ -184,24 +169,53 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Judged:
+    """What judging read off one stage's figures, once per report (the stage table's
+    `complete`, advice/): the figures it derives (a recommended num_workers, each
+    configuration's ratio to the current one), the capacity at the count it
+    recommends, caveats on reading the figures, the verdicts a table shows beside them
+    (pcie's overlap verdicts and link peaks), the straggler verdict across ranks, and
+    loader --factory's choice. Measured results are never written by judging: this is
+    where its verdict lands, and the JSON carries it as the stage's `judgement`."""
+
+    figures: tuple[Metric, ...] = ()
+    capacity: Metric | None = None
+    caveats: tuple[Caveat, ...] = ()
+    verdicts: Mapping[str, LabelValue | None] = field(default_factory=dict)
+    straggler: Straggler | None = None
+    choice: object = None  # advice/factory.Choice: judging's own, not in the JSON
+
+    def to_dict(self) -> JsonDict:
+        return {
+            "figures": [m.name for m in self.figures],
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "caveats": [c.text for c in self.caveats],
+            "verdicts": dict(self.verdicts),
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.figures or self.capacity or self.caveats or self.verdicts)
+
+
+@dataclass(frozen=True)
 class StageResult:
-    """What one stage measured. Stages leave `findings` empty: judging (advice.judge)
-    runs once over every result of the run and fills them in."""
+    """What one stage measured, and (`judged`) what judging read off it. Stages leave
+    `findings` empty: judging (advice.judge) runs once over every result of the run and
+    fills them in."""
 
     stage: str
     # What it measured with, as the JSON writes it, typed where another layer reads it
     # (core/parameters.py); any mapping given becomes one.
     parameters: Parameters = field(default_factory=Parameters)
-    metrics: tuple[Metric, ...] = ()
+    metrics: tuple[Metric, ...] = ()  # measured: judging never adds to them
     findings: tuple[Finding, ...] = ()
     caveats: tuple[Caveat, ...] = ()
-    # Samples per second this link can deliver for the workload, where it can say.
+    # Samples per second this link delivers for the workload, where the stage measured
+    # it (io's existing files, starve); judging's, at the count it recommends, is
+    # `judged.capacity` (`delivers` reads either).
     capacity: Metric | None = None
     duration_s: float | None = None
-    # What judging read off the figures for the tables to show beside them (pcie's
-    # overlap verdicts and link peaks), keyed by name. Not in the JSON: it follows from
-    # the metrics, so a report loaded from JSON has it again once judged.
-    judged: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    judged: Judged = field(default_factory=Judged, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Plain sentences are accepted and become caveats of their own kind.
@@ -209,51 +223,95 @@ class StageResult:
         if not isinstance(self.parameters, Parameters):
             object.__setattr__(self, "parameters", Parameters(self.parameters))
 
+    @property
+    def figures(self) -> tuple[Metric, ...]:
+        """Every figure the report shows: the measured ones, then judging's."""
+        return (*self.metrics, *self.judged.figures)
+
+    @property
+    def said(self) -> tuple[Caveat, ...]:
+        """Every caveat the report shows: the stage's, then judging's."""
+        return (*self.caveats, *(c for c in self.judged.caveats if c not in self.caveats))
+
+    @property
+    def delivers(self) -> Metric | None:
+        """The capacity the report states: judging's where it made one, else measured."""
+        return self.judged.capacity or self.capacity
+
     def metric(self, name: str) -> Metric | None:
-        return next((m for m in self.metrics if m.name == name), None)
+        return next((m for m in self.figures if m.name == name), None)
 
     def select(self, **want: LabelValue) -> list[Metric]:
-        return select(self.metrics, **want)
+        return select(self.figures, **want)
 
     def one(self, **want: LabelValue) -> Metric | None:
-        return one(self.metrics, **want)
+        return one(self.figures, **want)
 
     def value(self, **want: LabelValue) -> float | None:
-        return value(self.metrics, **want)
+        return value(self.figures, **want)
 
     def has_caveat(self, caveat_id: str) -> bool:
-        return any(c.id == caveat_id for c in self.caveats)
+        return any(c.id == caveat_id for c in self.said)
 
     @property
     def reported_as(self) -> str:
         """The name the JSON and the screen give this result (core/stages.py)."""
         return reported_as(self.stage)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self) -> JsonDict:
+        """The stage as schema 3 writes it: `judgement` is judging's, and (kept for
+        scripts written against schema 2) its figures, caveats, capacity and straggler
+        verdict are in `metrics`, `caveats`, `capacity` and `parameters` too."""
+        parameters = dict(self.parameters)
+        if self.judged.straggler is not None:
+            parameters["straggler"] = self.judged.straggler.to_dict()
+        d: JsonDict = {
             "stage": self.reported_as,
-            "parameters": dict(self.parameters),
-            "metrics": [m.to_dict() for m in self.metrics],
+            "parameters": parameters,
+            "metrics": [m.to_dict() for m in self.figures],
             "findings": [f.to_dict() for f in self.findings],
-            "caveats": [c.text for c in self.caveats],
-            "capacity": self.capacity.to_dict() if self.capacity else None,
+            "caveats": [c.text for c in self.said],
+            "capacity": self.delivers.to_dict() if self.delivers else None,
             "duration_s": self.duration_s,
         }
+        if self.judged:
+            d["judgement"] = self.judged.to_dict()
+        return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> StageResult:
+    def from_dict(cls, d: JsonObject) -> StageResult:
         parameters = dict(d.get("parameters", {}))
         stage = _own_stage(d["stage"], parameters)
+        metrics = tuple(Metric.from_dict(m) for m in d.get("metrics", ()))
+        caveats = tuple(caveat(c) for c in d.get("caveats", ()))
+        capacity = Metric.from_dict(d["capacity"]) if d.get("capacity") else None
+        judged = Judged()
+        if isinstance(section := d.get("judgement"), Mapping):  # schema 3
+            names = set(section.get("figures", ()))
+            said = {caveat(c) for c in section.get("caveats", ())}
+            judged = Judged(
+                tuple(m for m in metrics if m.name in names),
+                Metric.from_dict(section["capacity"]) if section.get("capacity") else None,
+                tuple(c for c in caveats if c in said),
+                dict(section.get("verdicts", {})),
+            )
+            metrics = tuple(m for m in metrics if m.name not in names)
+            caveats = tuple(c for c in caveats if c not in said)
+            capacity = None if judged.capacity is not None else capacity
+        else:  # schema 2: judging's figures among the measured; judging makes them again
+            metrics = tuple(m for m in metrics if m.labels.get("quantity") not in JUDGED)
+        straggler = Straggler.from_dict(parameters.pop("straggler", None))
         return cls(
             stage=stage,
             parameters=parameters,
-            metrics=tuple(Metric.from_dict(m) for m in d.get("metrics", ())),
+            metrics=metrics,
             findings=tuple(
                 _restamped(Finding.from_dict(f), {d["stage"]: stage}) for f in d.get("findings", ())
             ),
-            caveats=tuple(d.get("caveats", ())),
-            capacity=Metric.from_dict(d["capacity"]) if d.get("capacity") else None,
+            caveats=caveats,
+            capacity=capacity,
             duration_s=d.get("duration_s"),
+            judged=replace(judged, straggler=straggler),
         )
 
 
@@ -285,7 +343,7 @@ class Link:
             return None
         return self.capacity / self.demand
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "link": self.link,
             "capacity_samples_per_s": self.capacity,
@@ -297,7 +355,7 @@ class Link:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Link:
+    def from_dict(cls, d: JsonObject) -> Link:
         return cls(
             link=d["link"],
             capacity=d.get("capacity_samples_per_s"),
@@ -314,7 +372,7 @@ class Report:
     """Everything one command found: machine facts, stage results, the ranked checklist."""
 
     command: str
-    machine: Mapping[str, Any]  # JSON-ready facts from probe.machine (Machine.to_dict())
+    machine: JsonObject  # JSON-ready facts from probe.machine (Machine.to_dict())
     stages: tuple[StageResult, ...] = ()
     checklist: tuple[Finding, ...] = ()  # ranked; see advice.rank
     weakest_link: str | None = None
@@ -322,7 +380,7 @@ class Report:
     tool_version: str = ""
     created_at: str = ""
     # doctor only (empty elsewhere, and then left out of the JSON):
-    workload: Mapping[str, Any] = field(default_factory=dict)
+    workload: JsonObject = field(default_factory=dict)
     chain: tuple[Link, ...] = ()
     weakest_summary: str = ""  # the sentence judging wrote under the chain
     nodes: tuple[Node, ...] = ()  # one per rank under torchrun
@@ -331,7 +389,7 @@ class Report:
     def findings(self) -> tuple[Finding, ...]:
         return tuple(f for s in self.stages for f in s.findings)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "starvecheck", "version": self.tool_version},
@@ -344,8 +402,8 @@ class Report:
             "verdict": self.verdict,
         } | self._doctor_dict()
 
-    def _doctor_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
+    def _doctor_dict(self) -> JsonDict:
+        d: JsonDict = {}
         if self.workload:
             d["workload"] = dict(self.workload)
         if self.chain:
@@ -356,7 +414,7 @@ class Report:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+    def from_dict(cls, d: JsonObject) -> Report:
         version = d.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise ValueError(f"unsupported report schema_version {version!r}")

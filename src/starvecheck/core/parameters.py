@@ -117,7 +117,7 @@ def mapping(key: str | None = None) -> _Key[Mapping[str, Any]]:
     return _Key(_mapping, {}, key)
 
 
-class Parameters(Mapping[str, Any]):
+class Parameters(Mapping[str, object]):
     """A stage's parameters: a read-only mapping of what it wrote, with an accessor
     for each key another layer reads. The keys every sweeping stage writes are here;
     each stage's own are on its subclass, in its vocabulary module
@@ -125,10 +125,10 @@ class Parameters(Mapping[str, Any]):
 
     __slots__ = ("_values",)
 
-    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
         self._values = dict(values or {})
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         return self._values[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -141,7 +141,7 @@ class Parameters(Mapping[str, Any]):
         return f"Parameters({self._values!r})"
 
     @classmethod
-    def of(cls: type[P], values: Mapping[str, Any]) -> P:
+    def of(cls: type[P], values: Mapping[str, object]) -> P:
         """`values` as these Parameters (itself where it is of this class already): a
         stage's reader says whose parameters it reads (core/schema/<stage>.py)."""
         return values if isinstance(values, cls) else cls(values)

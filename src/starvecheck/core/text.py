@@ -119,7 +119,7 @@ def _handler(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(ERRORS, _handler)
 
 
-def readable(stream: Any) -> None:
+def readable(stream: object) -> None:
     """Make a text stream whose encoding is not UTF-8 write what it cannot encode as
     ASCII (`_ascii`) instead of raising UnicodeEncodeError. Streams of other kinds
     (StringIO, a closed or detached one) are left as they are."""

@@ -153,7 +153,9 @@ class _Bounded(io.RawIOBase):
         super().close()
 
 
-def _source(path: str, where: str, timeout_s: float, stdin: Any) -> tuple[Any, bool]:
+def _source(
+    path: str, where: str, timeout_s: float, stdin: IO[bytes] | IO[str] | None
+) -> tuple[Any, bool]:
     """(raw binary stream, whether it is a stream of unknown length)."""
     if path == STDIN:
         return _stdin(where, timeout_s, stdin), True
@@ -174,7 +176,7 @@ def _source(path: str, where: str, timeout_s: float, stdin: Any) -> tuple[Any, b
     return io.FileIO(fd, "rb", closefd=True), False
 
 
-def _stdin(where: str, timeout_s: float, stdin: Any) -> io.RawIOBase:
+def _stdin(where: str, timeout_s: float, stdin: IO[bytes] | IO[str] | None) -> io.RawIOBase:
     """Standard input as bytes: its descriptor, read with the idle time limit, where
     it has one; what a test hands over (a StringIO, a BytesIO) as it is."""
     f = sys.stdin if stdin is None else stdin
@@ -222,7 +224,7 @@ def open_input(
     lift: str = "",
     gunzip: bool | None = None,
     timeout_s: float | None = None,
-    stdin: Any = None,
+    stdin: IO[bytes] | IO[str] | None = None,
 ) -> io.BufferedReader:
     """`path` (`-`: standard input) as a binary stream: checked first, gunzipped where
     `gunzip` says (None: where it starts as gzip does), and bounded: more than `limit`

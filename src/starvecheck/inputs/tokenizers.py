@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,8 @@ from starvecheck.core.signals import importing
 from starvecheck.core.status import UsageError
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from starvecheck.inputs.dataset import Sample
 
 TOKENIZE_BATCH = 1000
@@ -26,7 +28,7 @@ TOKENIZE_BATCH = 1000
 Progress = Callable[[str, int, int | None], None]
 
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """A transformers tokenizer from local files only: starvecheck never downloads.
     NAME is a directory holding tokenizer.json (or the files of a slow tokenizer), a
     lone tokenizer.json file, or a model name already in the local Hugging Face cache."""
@@ -64,7 +66,7 @@ def _why(e: BaseException) -> str:
 
 def token_lengths(
     samples: Sequence[Sample],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase | None,
     progress: Progress | None = None,
     batch: int = TOKENIZE_BATCH,
 ) -> np.ndarray:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
 
+from starvecheck.core.jsonvalue import JsonDict, JsonObject
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.core.units import format_bytes, parse_size
@@ -35,7 +35,7 @@ MAX_SAMPLE_SIZE = 1 << 30
 MAX_FILE_BYTES = 1 << 20
 
 # key: (kind, low, high). kind: int, float, size, choice, text, texts, factory.
-_RULES: dict[str, tuple[str, Any, Any]] = {
+_RULES: dict[str, tuple[str, object, object]] = {
     "batch_size": ("int", 1, 1_000_000),
     "context": ("int", 1, 10_000_000),
     "sample_size": ("size", 1, MAX_SAMPLE_SIZE),
@@ -50,6 +50,9 @@ _RULES: dict[str, tuple[str, Any, Any]] = {
     "factory": ("factory", None, None),
 }
 ALIASES = {"seq_len": "context"}
+
+# A workload value as checked: a count, a time, a name, the fields, the factory.
+Value = int | float | str | tuple[str, ...] | FactorySpec | None
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class Workload:
     def source(self, key: str) -> str:
         return self.sources.get(key, "default")
 
-    def set(self, key: str, value: Any, source: str) -> Workload:
+    def set(self, key: str, value: Value, source: str) -> Workload:
         return replace(self, **{key: value}, sources={**self.sources, key: source})
 
     @property
@@ -88,9 +91,9 @@ class Workload:
         """Bytes one sample takes on PCIe: context token ids of token_bytes each."""
         return self.context * self.token_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """{key: {"value": ..., "source": ...}}, in declaration order."""
-        out: dict[str, Any] = {}
+        out: JsonDict = {}
         for f in fields(self):
             if f.name == "sources":
                 continue
@@ -106,7 +109,7 @@ class Workload:
         return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Workload:
+    def from_dict(cls, d: JsonObject) -> Workload:
         values = {k: v["value"] for k, v in d.items() if k in _FIELDS}
         if "field" in values:
             values["field"] = tuple(values["field"] or ())
@@ -118,7 +121,7 @@ class Workload:
 _FIELDS = {f.name for f in fields(Workload)} - {"sources"}
 
 
-def check(key: str, value: Any, where: str) -> Any:
+def check(key: str, value: object, where: str) -> Value:
     """One value, checked and converted; `where` names its origin in the error."""
     kind, low, high = _RULES[key]
     bad = f"{where}: {key} = {_show(value)}"
@@ -161,12 +164,12 @@ def check(key: str, value: Any, where: str) -> Any:
     return names
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_file(path: str) -> dict[str, Any]:
+def read_file(path: str) -> dict[str, Value]:
     """A workload TOML file -> checked values. Unknown keys, wrong types, values out of
     range and unreadable or malformed files are one usage error each."""
     try:
@@ -186,7 +189,7 @@ def read_file(path: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not UTF-8 text") from e
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{where}: not valid TOML: {' '.join(str(e).split())}") from e
-    out: dict[str, Any] = {}
+    out: dict[str, Value] = {}
     for raw_key, value in data.items():
         key = ALIASES.get(raw_key, raw_key)
         if key not in _RULES:
@@ -198,7 +201,7 @@ def read_file(path: str) -> dict[str, Any]:
     return out
 
 
-def resolve(from_file: Mapping[str, Any], from_options: Mapping[str, Any]) -> Workload:
+def resolve(from_file: Mapping[str, Value], from_options: Mapping[str, Value]) -> Workload:
     """The defaults, then the file's values, then the options' (already checked)."""
     w = Workload()
     for source, values in (("file", from_file), ("option", from_options)):

@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from starvecheck.probe.cpu import format_cpulist
@@ -99,7 +100,7 @@ def normalise_bus_id(bus_id: str) -> str | None:
 
 
 @contextlib.contextmanager
-def session() -> Iterator[Any]:
+def session() -> Iterator[ModuleType]:
     """The NVML module, initialised for the length of the block and shut down after:
     the one place starvecheck opens NVML for live queries (pcie's link under load).
     NvmlUnavailable, with the reason in one line, when it cannot be opened."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from starvecheck.core.model import CHAIN_LINKS as LINKS
 from starvecheck.core.model import Link, Report
-from starvecheck.core.schema.doctor import Node
+from starvecheck.core.schema.nodes import Node
 from starvecheck.core.units import format_bytes
 
 CHAIN_HEADERS = ("link", "capacity samples/s", "vs demand", "from", "")

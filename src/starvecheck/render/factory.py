@@ -16,7 +16,7 @@ from typing import Any
 
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import SAMPLES_PER_S
+from starvecheck.core.schema.common import SAMPLES_PER_S, VS_CURRENT
 from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKER, WORKERS
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 from starvecheck.render.section import Section, taken
@@ -99,7 +99,7 @@ def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
     def get(quantity: str, **more: Any) -> Metric | None:
         return one(mine, quantity=quantity, **more)
 
-    ratio = get("vs_current")
+    ratio = get(VS_CURRENT)
     against = ""
     if ratio is not None and ratio.value is not None:
         against = f"{ratio.value:.2f}x"

@@ -85,7 +85,7 @@ def serialize(report: Report) -> str:
             out += ["### GPUs", "", *_table(GPU_HEADERS, gpu_rows(report.machine)), ""]
     for stage in report.stages:
         sections, rest = stage_sections(stage)
-        if stage.metrics:
+        if stage.figures:
             out += [f"### {stage.reported_as}", ""]
         for section in sections:
             if section.rows:
@@ -97,9 +97,9 @@ def serialize(report: Report) -> str:
         if rest:
             out += _table(("metric", "value", "unit", "spread"), [_metric(m) for m in rest])
             out.append("")
-        for caveat in stage.caveats:
+        for caveat in stage.said:
             out.append(f"> ⚠️ {stage.reported_as}: {caveat}")
-        if stage.caveats:
+        if stage.said:
             out.append("")
     out += ["### Checklist", ""]
     if report.checklist:

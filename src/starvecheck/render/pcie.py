@@ -6,16 +6,15 @@ The JSON keeps one flat metric per figure (`h2d.pinned.256MiB`, `.events`,
 and memories side by side, so the terminal and Markdown pivot them. A table whose
 figures are all missing for one reason (no CUDA device) becomes one line. The
 overlap verdicts and the links' theoretical peaks are advice/pcie's, read from what
-judging stored beside the figures (`StageResult.judged`); "-" where it did not.
+judging stored beside the figures (`StageResult.judged.verdicts`); "-" where it did not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from starvecheck.core.metric import Metric
+from starvecheck.core.metric import LabelValue, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import SOURCE_CUDART
 from starvecheck.core.schema.pcie import Parameters
@@ -65,7 +64,9 @@ def _size_key(size: str) -> int:
 
 
 def split(
-    metrics: Sequence[Metric], params: Parameters, judged: Mapping[str, Any] | None = None
+    metrics: Sequence[Metric],
+    params: Parameters,
+    judged: Mapping[str, LabelValue | None] | None = None,
 ) -> tuple[list[Table], list[Metric], list[str]]:
     """(tables, other metrics, notes); nothing unless the metrics are a pcie run's.
     `judged`: what judging read off them (advice/pcie.complete)."""
@@ -193,7 +194,7 @@ def _ms(m: Metric | None) -> str:
 def _overlap_table(
     overlaps: dict,
     group: list[Metric],
-    judged: Mapping[str, Any],
+    judged: Mapping[str, LabelValue | None],
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -245,7 +246,7 @@ def _link_table(
     link: dict[str, Metric],
     group: list[Metric],
     params: Parameters,
-    judged: Mapping[str, Any],
+    judged: Mapping[str, LabelValue | None],
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -331,7 +332,7 @@ def _or_unknown(count: int | None) -> str:
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    tables, rest, notes = split(metrics, stage.parameters.read(Parameters), stage.judged)
+    tables, rest, notes = split(metrics, stage.parameters.read(Parameters), stage.judged.verdicts)
     shown = taken(metrics, rest)
     out = [
         # The tables share the figures they were made of: listed under the first.

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.model import StageResult
+from starvecheck.core.model import Report, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
     RECOMMENDED_NUM_WORKERS,
@@ -14,36 +13,13 @@ from starvecheck.core.schema.common import (
 )
 from starvecheck.core.schema.loader import Parameters as LoaderParameters
 from starvecheck.core.schema.loader import StarveParameters
+from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
 from starvecheck.core.schema.pad import Parameters as PadParameters
 from starvecheck.core.signals import importing, signals_held
 from starvecheck.core.status import UsageError
 
-
-class PaddedLayout(Protocol):
-    """What the padding picture reads of a batching strategy's layout (the pad stage's
-    packing.Layout keeps it): which row each sample went to, in which order, and each
-    row's positions. Declared here, as render never imports stages/."""
-
-    order: Any  # numpy arrays, as numpy's own stubs type them
-    row: Any
-    row_len: Any
-    rows_per_batch: int
-
-    @property
-    def rows(self) -> int: ...
-
-    @property
-    def batches(self) -> int: ...
-
-    def row_tokens(self, lengths: Any) -> Any: ...
-
-
-class PaddedRun(Protocol):
-    """What the padding picture reads of a pad run (the pad stage's Run keeps it)."""
-
-    result: StageResult
-    lengths: Any
-    layouts: Mapping[str, PaddedLayout]
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def _pyplot() -> Any:
@@ -81,7 +57,7 @@ def sweep_plot(result: StageResult, path: str) -> None:
     g = float(result.parameters.step_ms or 0.0)
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
     models = {"predicted_wait_ms": "CPU-aware model", "sleep_model_wait_ms": "sleep model"}
-    for m in result.metrics:
+    for m in result.figures:
         quantity, w = m.labels.get("quantity"), m.labels.get("workers")
         if w is None or m.value is None:
             continue
@@ -184,7 +160,7 @@ MAX_PLOT_COLUMNS = 8192
 _NOT_COMPUTED, _PADDING, _TOKEN_A, _TOKEN_B = 0, 1, 2, 3
 
 
-def _median_batch(layout: PaddedLayout, lengths: Any) -> int:
+def _median_batch(layout: PaddedLayout, lengths: np.ndarray) -> int:
     """The batch whose share of real tokens is the median one: a typical batch, not
     the first (length grouping puts the longest sample first on purpose)."""
     import numpy as np
@@ -297,7 +273,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
     _save(fig, path)
 
 
-def chain_plot(report: Any, path: str) -> None:
+def chain_plot(report: Report, path: str) -> None:
     """doctor's chain at a glance: each link's capacity as a multiple of what the GPU
     consumes (a log scale: links differ by orders of magnitude), the demand as the line
     at 1x, the weakest link marked, the sentence on its fix as the title. A link not

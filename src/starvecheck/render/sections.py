@@ -23,7 +23,7 @@ def stage_sections(stage: StageResult) -> tuple[list[Section], list[Metric]]:
     holds notes alone. The stage's render modules (its row of the stage table) are
     asked in turn, then the ones every stage's metrics may need (a sweep by workers)."""
     out: list[Section] = []
-    metrics = list(stage.metrics)
+    metrics = list(stage.figures)
     modules = (*stages_table.entry(stage.stage).render, *stages_table.RENDER_LAST)
     for name in modules:
         shown, metrics = stages_table.load(name).sections(stage, metrics)

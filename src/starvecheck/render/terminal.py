@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
@@ -17,6 +17,9 @@ from starvecheck.render.facts import (
 )
 from starvecheck.render.sections import stage_sections
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 STYLE = {
     Severity.CRITICAL: "bold red",
     Severity.WARNING: "yellow",
@@ -25,7 +28,7 @@ STYLE = {
 }
 
 
-def as_text(report: Report, console: Any) -> str:
+def as_text(report: Report, console: Console) -> str:
     """The report as `render` prints it on `console`, as one string: what a command
     writes to stdout and `watch` to its file. rich pads table cells to the full width;
     the trailing blanks are cut, as they only get in the way of copy-paste and diffs."""
@@ -34,7 +37,7 @@ def as_text(report: Report, console: Any) -> str:
     return "\n".join(line.rstrip() for line in captured.get().split("\n"))
 
 
-def render(report: Report, console: Any) -> None:
+def render(report: Report, console: Console) -> None:
     """Print the report on `console`. Every string in it is escaped first (core/text.py):
     a path, a mount point or a name from the user's code never reaches the terminal
     raw, and the tables are laid out at the width of what they show."""
@@ -90,7 +93,7 @@ def render(report: Report, console: Any) -> None:
         if rest:
             console.print()
             console.print(_metrics_table("" if tables else stage.reported_as, tuple(rest)))
-        for caveat in stage.caveats:
+        for caveat in stage.said:
             console.print(Text(f"! {stage.reported_as}: {caveat}", style="yellow"))
 
     console.print()
@@ -113,7 +116,7 @@ def render(report: Report, console: Any) -> None:
     console.print(Text(report.verdict, style=f"bold {STYLE[worst]}"))
 
 
-def _doctor(report: Report, console: Any) -> None:
+def _doctor(report: Report, console: Console) -> None:
     """The workload, then the chain with its weakest link in bold red, then the nodes."""
     from rich.table import Table
     from rich.text import Text

@@ -14,6 +14,7 @@ from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import PHASE_MS
 from starvecheck.core.schema.steps import Parameters as StepParameters
+from starvecheck.core.schema.steps import Straggler
 from starvecheck.render.section import Section, taken
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
@@ -244,8 +245,8 @@ def ranks(
             devices.setdefault(rank, {})[str(m.labels["device"])] = m
         else:
             by.setdefault(rank, {})[str(m.labels["quantity"])] = m
-    p = stage.parameters.read(StepParameters)
-    turns, compared = p.straggler.slowest_in, p.straggler.steps_compared
+    verdict = stage.judged.straggler or Straggler()
+    turns, compared = verdict.slowest_in, verdict.steps_compared
     rows: list[tuple[str, ...]] = []
 
     def share(x: Metric | None) -> str:
@@ -311,8 +312,8 @@ def loop_ranks(
     by: dict[str, dict[str, Metric]] = {}
     for m in mine:
         by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
-    p = stage.parameters.read(StepParameters)
-    turns, compared = p.straggler.slowest_in, p.straggler.steps_compared
+    verdict = stage.judged.straggler or Straggler()
+    turns, compared = verdict.slowest_in, verdict.steps_compared
     rows = []
     for rank in sorted(by, key=_natural):
         f = by[rank]

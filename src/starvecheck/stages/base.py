@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from starvecheck.core.model import StageResult
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from starvecheck.core.jsonvalue import JsonObject
+    from starvecheck.core.schema.pad import PaddedRun
     from starvecheck.inputs.workload import Workload
     from starvecheck.probe.machine import Machine
 
@@ -66,7 +68,7 @@ class RunContext:
         return max(1, cpus or 1)
 
     @property
-    def storage(self) -> dict[str, Any]:
+    def storage(self) -> JsonObject:
         """The facts about the storage under the path measured (kind, network, ...)."""
         return self.machine.to_dict()["storage"] if self.machine is not None else {}
 
@@ -96,7 +98,7 @@ class Measured:
     machine: Machine | None = None  # env: the facts read, which are the report's machine
     # pad: the lengths and layouts behind the figures (--plot draws a batch of each), a
     # stages.pad.Run; not named here, so that this module, below every stage, imports none.
-    pad_run: Any = None
+    pad_run: PaddedRun | None = None  # pad --plot: what the picture is drawn from
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,12 @@ SAMPLES = "samples"  # attach: stacks sampled; pad: samples read
 # quantity: judged (advice adds them where it completes a result)
 RECOMMENDED_NUM_WORKERS = "recommended_num_workers"
 EFFICIENCY = "efficiency"  # pad's padding efficiency; capacity's reading of it
+VS_CURRENT = "vs_current"  # loader --factory: a configuration's rate over the current one's
+VS_CURRENT_LOW = "vs_current_low"  # ... and its interval
+VS_CURRENT_HIGH = "vs_current_high"
+# What judging derives (core/model.Judged): a report of schema 2 holds them among its
+# metrics; read back, they are left to judging to make again.
+JUDGED = (RECOMMENDED_NUM_WORKERS, VS_CURRENT, VS_CURRENT_LOW, VS_CURRENT_HIGH)
 # quantity: a step and its parts (profile, profile --trace, watch)
 STEP_MS = "step_ms"
 PHASE_MS = "phase_ms"

@@ -1,20 +1,22 @@
-"""doctor's words across ranks: each rank's node as the report's `nodes` lists it."""
+"""doctor's words: what its judging reads beside the stages' figures (each rank's node
+across ranks is core/schema/nodes.py's)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from starvecheck.core.schema.record import Record
+if TYPE_CHECKING:
+    from starvecheck.core.model import Finding
 
 
 @dataclass(frozen=True)
-class Node(Record):
-    """A rank's node under doctor across ranks: its host, each link's capacity, its
-    data pipeline (the lower of storage and loader), and whether it is a straggler."""
+class Context:
+    """What doctor's judging reads that is no stage's figure: what the GPU link rests
+    on, why each selected stage could not run here ({"pcie": "no CUDA device ..."}),
+    and the findings made across ranks under torchrun (doctor.straggler)."""
 
-    rank: int
-    host: str = ""
-    capacity_samples_per_s: Mapping[str, float | None] = field(default_factory=dict)
-    data_pipeline_samples_per_s: float | None = None
-    straggler: bool = False
+    gpu_basis: str = ""
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()

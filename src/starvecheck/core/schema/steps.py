@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from starvecheck.core.parameters import Parameters as Base
-from starvecheck.core.parameters import flag, items, number, record, records, text, whole
+from starvecheck.core.parameters import flag, items, number, records, text, whole
 from starvecheck.core.schema.record import Record
 
 
@@ -63,7 +63,6 @@ class Parameters(Base):
     machine_cpus = number()  # watch: the machine's online CPUs (the worker model's bound)
     load_average = number()  # watch: its 1-minute load average
     rank_wait_source = text()  # watch: how the wait for the others was had
-    straggler = record(Straggler, Straggler())  # judging's verdict (advice/stragglers)
     # watch: the loop's sampler, and what its first samples of each pass say
     sampler = text()  # the DataLoader's sampler class
     sampler_shuffle = flag()

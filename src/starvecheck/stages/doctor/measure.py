@@ -16,12 +16,13 @@ needs each link's capacity at the recommended setting.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.core import stages as stages_table
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.doctor import Context as DoctorContext
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload
@@ -95,9 +96,7 @@ def cuda_present() -> bool:
 class Outcome:
     workload: Workload  # with step_ms resolved, and what the stages measured of it
     results: tuple[StageResult, ...]  # the stages' own, in chain order, then doctor's
-    # Facts judging needs that are no stage's figure: what the GPU link rests on, and
-    # why a selected stage could not run here ({"pcie": "no CUDA device ..."}).
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    context: DoctorContext = field(default_factory=DoctorContext)
 
 
 def run(
@@ -152,7 +151,7 @@ def run(
         duration_s=round(time.perf_counter() - start, 3),
     )
     ordered = (*(results[s] for s in STAGES if s in results), own)
-    return Outcome(w, ordered, {"gpu_basis": gpu_basis, "unavailable": unavailable})
+    return Outcome(w, ordered, DoctorContext(gpu_basis, unavailable))
 
 
 def with_caveats(results: Sequence[StageResult], caveats: Sequence[str]) -> list[StageResult]:
