@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from starvecheck.core import outputs
 from starvecheck.core import stages as stages_table
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import parse_size
@@ -146,6 +147,8 @@ def output_file(option: str, value: str) -> None:
     one line then."""
     if value == "":
         raise UsageError(f"{option} needs a path, or '-' for stdout")
+    if (why := outputs.refusal(value)) is not None:
+        raise UsageError(f"{option} {value}: {why}")
     try:
         st = os.stat(value)
     except FileNotFoundError:

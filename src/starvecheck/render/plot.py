@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from starvecheck.core import outputs
 from starvecheck.core.model import StageResult
-from starvecheck.core.signals import importing, signals_held
-from starvecheck.core.status import UsageError
+from starvecheck.core.signals import importing
 
 
 class PaddedLayout(Protocol):
@@ -48,8 +48,9 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str) -> None:
-    """Render in memory, then write the file whole: Ctrl-C while drawing leaves no
-    half-written PNG behind, and one during the short write waits for it to end."""
+    """Render in memory, then write the file whole (core/outputs.py): Ctrl-C while
+    drawing leaves no half-written PNG behind, and one during the short write waits for
+    it to end."""
     import io
 
     plt = _pyplot()
@@ -58,11 +59,7 @@ def _save(fig: Any, path: str) -> None:
         fig.savefig(buf, format="png")
     finally:
         plt.close(fig)
-    try:
-        with signals_held(), open(path, "wb") as f:
-            f.write(buf.getvalue())
-    except OSError as e:  # a full disk, /dev/full, a file gone read-only since the check
-        raise UsageError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
+    outputs.write("--plot", path, path, buf.getvalue())  # no link followed, never blocking
 
 
 def sweep_plot(result: StageResult, path: str) -> None:
