@@ -104,7 +104,9 @@ def StepsOpt(help: str) -> Any:
 
 def finite(low: float, high: float, above: bool = False) -> Callable[[float | None], float | None]:
     """A float option's check (its `callback`): a number from `low` (or, with `above`,
-    above it) to `high`. click's own range lets nan through, and inf where unbounded."""
+    above it) to `high`. click's own range lets nan through, and inf where unbounded.
+    Every float option of every command has it (tests/test_strict_numbers.py finds them
+    in the app and checks `finite_range`)."""
 
     def check(value: float | None) -> float | None:
         if value is None:
@@ -117,6 +119,7 @@ def finite(low: float, high: float, above: bool = False) -> Callable[[float | No
             )
         return value
 
+    check.finite_range = (low, high)  # type: ignore[attr-defined]
     return check
 
 

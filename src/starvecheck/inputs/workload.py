@@ -52,6 +52,13 @@ _RULES: dict[str, tuple[str, Any, Any]] = {
 ALIASES = {"seq_len": "context"}
 
 
+def bounds(key: str) -> tuple[float, float]:
+    """The range a number of the workload must lie in (the command line checks its
+    options against the same)."""
+    _, low, high = _RULES[key]
+    return float(low), float(high)
+
+
 @dataclass(frozen=True)
 class Workload:
     batch_size: int = 16
