@@ -164,3 +164,41 @@ def test_a_narrow_terminal_wraps_every_fact_table_cell_and_checklist_line(width:
     ]
     assert not missing, f"width {width}: dropped {missing[:10]}"
     assert max(len(line) for line in text.splitlines()) <= width
+
+
+@pytest.mark.slow
+def test_a_real_terminal_ten_columns_wide_shows_every_checklist_word(tmp_path) -> None:
+    """pad on a pseudo-terminal with COLUMNS=10, as a person would see it."""
+    import os
+    import pty
+    import select
+    import sys
+    import time
+    from pathlib import Path
+
+    from starvecheck.core.model import Report
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    wide = run("pad", "--quick", "--json", "-")
+    report = Report.from_dict(wide.json)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: starvecheck on the terminal
+        os.environ.update(COLUMNS="10", PYTHONPATH=src, NO_COLOR="1")
+        os.execv(sys.executable, [sys.executable, "-m", "starvecheck", "pad", "--quick"])
+    out, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        try:
+            chunk = os.read(fd, 65536) if ready else b""
+        except OSError:  # the child ended: EIO
+            break
+        if ready and not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
+    assert os.waitstatus_to_exitcode(status) == 0, text[-500:]
+    squeezed = re.sub(r"\s+", "", text)
+    words = [w for f in report.checklist for w in f"{f.title} {f.evidence or ''}".split()]
+    missing = [w for w in words if w not in squeezed]
+    assert words and not missing, missing[:10]
