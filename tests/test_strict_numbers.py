@@ -202,3 +202,27 @@ def test_a_real_terminal_ten_columns_wide_shows_every_checklist_word(tmp_path) -
     words = [w for f in report.checklist for w in f"{f.title} {f.evidence or ''}".split()]
     missing = [w for w in words if w not in squeezed]
     assert words and not missing, missing[:10]
+
+
+@pytest.mark.parametrize("width", [10, 24, 40])
+def test_doctors_workload_chain_and_nodes_keep_every_word_when_narrow(width: int) -> None:
+    import json
+    from pathlib import Path
+
+    from starvecheck.core.context import Context
+    from starvecheck.core.model import Report
+    from starvecheck.core.text import escaped
+    from starvecheck.render import chain
+    from starvecheck.render.terminal import as_text
+
+    stored = sorted((Path(__file__).parent / "golden").glob("doctor-*.json"))
+    assert stored, "no stored doctor report"
+    report = Report.from_dict(json.loads(stored[0].read_text()))
+    text = as_text(report, Context(stdout_isatty=False, width=width).console())
+    squeezed = re.sub(r"\s+", "", text)
+    shown = escaped(report)
+    cells = [c for row in chain.workload_rows(shown.workload) for c in row]
+    cells += [c for row in chain.chain_rows(shown.chain, shown.weakest_link) for c in row]
+    cells += [c for row in chain.node_rows(shown.nodes) for c in row]
+    missing = [w for c in cells for w in c.split() if w not in squeezed]
+    assert not missing, f"width {width}: dropped {missing[:10]}"

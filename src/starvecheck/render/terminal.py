@@ -119,19 +119,22 @@ def _doctor(report: Report, console: Any) -> None:
 
     console.print()
     grid = Table(*chain.WORKLOAD_HEADERS, box=None, header_style="bold", pad_edge=False)
+    grid.columns[0].no_wrap = True  # a key is never cut: where it does not fit, stacked
     grid.columns[2].style = "dim"
-    for row in chain.workload_rows(report.workload):
+    workload = list(chain.workload_rows(report.workload))
+    for row in workload:
         grid.add_row(*row)
-    console.print(grid)
+    console.print(_fitting(console, grid, "", chain.WORKLOAD_HEADERS, workload))
     if report.chain:
         console.print()
         console.print(Text(chain.demand_line(report)))
         table = _table("chain", chain.CHAIN_HEADERS, [], right=range(1, 3))
         table.columns[3].overflow = "fold"
-        for row in chain.chain_rows(report.chain, report.weakest_link):
+        rows = list(chain.chain_rows(report.chain, report.weakest_link))
+        for row in rows:
             style = "bold red" if row[-1] else ("dim" if row[1] == "n/a" else None)
             table.add_row(*row, style=style)
-        console.print(table)
+        console.print(_fitting(console, table, "chain", chain.CHAIN_HEADERS, rows))
         console.print(Text(chain.weakest_line(report), style="bold"))
     if report.nodes:
         console.print()
@@ -140,7 +143,7 @@ def _doctor(report: Report, console: Any) -> None:
         table = _table("nodes", headers, [], right=range(1, len(headers) - 1))
         for row in rows:
             table.add_row(*row, style="bold red" if row[-1] else None)
-        console.print(table)
+        console.print(_fitting(console, table, "nodes", headers, rows))
     console.print()
 
 
@@ -242,9 +245,8 @@ def _stacked(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) 
     lines = [Text(title, style="italic")] if title else []
     for row in rows:
         lines.append(Text(row[0], style="bold"))
-        lines += [
-            Text(f"  {h}: {cell}") for h, cell in zip(headers[1:], row[1:], strict=False) if cell
-        ]
+        cells = zip(headers[1:], row[1:], strict=False)
+        lines += [Text(f"  {h}: {cell}" if h else f"  {cell}") for h, cell in cells if cell]
     return Group(*lines)
 
 
