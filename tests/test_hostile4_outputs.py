@@ -452,6 +452,38 @@ def proc_file_as_output(tmp: Path) -> Plan:
     return Plan([*SC, "env", "--json", "/proc/self/environ"], 2)
 
 
+# --plot: pad draws with matplotlib (seconds), so these run in the slow lane.
+
+
+def plot_to_fifo_without_reader(tmp: Path) -> Plan:
+    os.mkfifo(tmp / "p.png")
+    return Plan([*SC, "pad", "--quick", "--plot", str(tmp / "p.png")], 2, "no process reads it")
+
+
+def plot_to_link_to_victim(tmp: Path) -> Plan:
+    v = _victim(tmp)
+    (tmp / "p.png").symlink_to(v)
+    return Plan([*SC, "pad", "--quick", "--plot", str(tmp / "p.png")], 2, NO_LINK, [v])
+
+
+def plot_to_dev_full(tmp: Path) -> Plan:
+    return Plan([*SC, "pad", "--quick", "--plot", "/dev/full"], 2, "No space left on device")
+
+
+def plot_over_hard_link_to_victim(tmp: Path) -> Plan:
+    v = _victim(tmp)
+    os.link(v, tmp / "p.png")
+
+    def check(p: subprocess.CompletedProcess) -> None:
+        assert (tmp / "p.png").read_bytes().startswith(b"\x89PNG")
+
+    return Plan([*SC, "pad", "--quick", "--plot", str(tmp / "p.png")], 0, None, [v], check)
+
+
+PLOTS = (plot_to_fifo_without_reader, plot_to_link_to_victim, plot_to_dev_full,
+         plot_over_hard_link_to_victim)  # fmt: skip
+
+
 CASES: dict[str, Callable[[Path], Plan]] = {
     f.__name__: f
     for f in (
@@ -469,7 +501,7 @@ CASES: dict[str, Callable[[Path], Plan]] = {
         foreign_file_in_sticky_directory, new_file_in_sticky_directory,
         immutable_directory_existing_file, nobody_new_file_in_a_read_only_directory,
         nobody_own_file_in_a_read_only_directory, nobody_link_to_root_file, umask_077,
-        umask_000, umask_027_markdown, existing_mode_kept, proc_file_as_output,
+        umask_000, umask_027_markdown, existing_mode_kept, proc_file_as_output, *PLOTS,
     )
 }  # fmt: skip
 
@@ -495,7 +527,10 @@ def sweep_dir() -> Path:
     shutil.rmtree(top, ignore_errors=True)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if CASES[n] in PLOTS else n for n in CASES],
+)
 def test_output(name: str, sweep_dir: Path) -> None:
     plan = CASES[name](sweep_dir)
     argv = plan.argv
