@@ -239,6 +239,7 @@ def test_ctrl_c_while_writing_removes_the_temporary_file(tmp_path: Path, monkeyp
     assert _leftovers(tmp_path, {"r.json"}) == []
 
 
+@pytest.mark.slow  # matplotlib's import and drawing: seconds
 def test_a_plot_goes_through_the_same_writer(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("matplotlib")
     victim = tmp_path / "victim"
