@@ -261,3 +261,21 @@ def test_a_plot_goes_through_the_same_writer(tmp_path: Path, monkeypatch) -> Non
     assert err.endswith(f"--plot {target}: a symbolic link: {NO_LINK}\n"), err
     assert victim.read_text() == VICTIM_TEXT
     assert target.is_symlink()
+
+
+def test_a_reader_that_takes_nothing_ends_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    """A FIFO whose reader opened it and never reads: the write gives up after IDLE_S
+    (1 s here, 60 by default) instead of waiting for ever once the pipe is full."""
+    import fcntl
+
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    try:
+        fcntl.fcntl(held, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+        monkeypatch.setattr(outputs, "IDLE_S", 1.0)
+        r = run("env", "--json", str(fifo))
+    finally:
+        os.close(held)
+    err = one_line(r)
+    assert err.endswith(f"--json {fifo}: cannot write it: nothing read it for 1 s\n"), err
