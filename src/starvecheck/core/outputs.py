@@ -117,9 +117,10 @@ def _regular(
             return
         try:
             try:
-                os.fchmod(fd, mode)  # the mode asked, whatever the umask is now
+                with contextlib.suppress(OSError):  # vfat and some FUSE mounts keep none
+                    os.fchmod(fd, mode)  # the mode asked, whatever the umask is now
                 _write_all(fd, data)
-                os.fsync(fd)
+                _sync(fd)
             finally:
                 os.close(fd)
             os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -150,7 +151,7 @@ def _in_place(name: str, dir_fd: int, data: bytes) -> None:
                           "takes no new file to put in its place")  # fmt: skip
         os.ftruncate(fd, 0)
         _write_all(fd, data)
-        os.fsync(fd)
+        _sync(fd)
     finally:
         os.close(fd)
 
@@ -235,6 +236,16 @@ def _own_stream(st: os.stat_result) -> int | None:
             if (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(own.st_mode):
                 return fd
     return None
+
+
+def _sync(fd: int) -> None:
+    """The data on disk before the rename makes it the report; a filesystem that cannot
+    sync (EINVAL, ENOTSUP: some FUSE mounts) is no reason to lose the report."""
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
+            raise
 
 
 def _write_all(fd: int, data: bytes) -> None:
