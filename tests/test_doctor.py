@@ -219,7 +219,7 @@ def test_fail_on_gates_on_findings(monkeypatch):
         (["--current", "x"], "--current: current = 'x'"),
         (["--field", "text"], "--field applies to --dataset"),
         (["--workload", "/nonexistent.toml"], "--workload /nonexistent.toml: no such file"),
-        (["--step-ms", "0"], "--step-ms: step_ms = 0.0"),
+        (["--step-ms", "0"], "'--step-ms': 0: expected from 0.001 to 600,000"),
         (["/nonexistent-dir"], "/nonexistent-dir: no such file or directory"),
     ],
 )

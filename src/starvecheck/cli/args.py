@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from starvecheck.core import outputs
 from starvecheck.core import stages as stages_table
 from starvecheck.core.status import UsageError
-from starvecheck.core.units import parse_size
+from starvecheck.core.units import parse_size, parse_uint
 from starvecheck.inputs.factory import FactorySpec, parse_spec
 from starvecheck.inputs.files import PSEUDO_FS, fstype
 from starvecheck.stages.options import default_threads
@@ -95,11 +96,10 @@ def worker_counts(text: str | None, high: int = 1024) -> tuple[int, ...] | None:
 
 def counts(option: str, text: str, low: int, high: int) -> tuple[int, ...]:
     """'1,4,16' -> (1, 4, 16), sorted and unique; anything else is one usage error."""
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:  # also "1,,4": an empty item is a typo, not nothing
-        values = []
-    if not values or any(v < low or v > high for v in values):
+    # ASCII digits only (not "٢", "+1", "1_0"); "1,,4": an empty item is a typo
+    read = [parse_uint(v.strip(" \t")) for v in text.split(",")]
+    values = [v for v in read if v is not None]
+    if not read or None in read or any(v < low or v > high for v in values):
         raise UsageError(
             f"{option} {text!r}: expected counts from {low} to {high}, e.g. {low},4,16"
         )
@@ -146,6 +146,8 @@ def output_file(option: str, value: str) -> None:
     one line then."""
     if value == "":
         raise UsageError(f"{option} needs a path, or '-' for stdout")
+    if (why := outputs.refusal(value)) is not None:
+        raise UsageError(f"{option} {value}: {why}")
     try:
         st = os.stat(value)
     except FileNotFoundError:

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from starvecheck.core import outputs
 from starvecheck.core.context import Context
 from starvecheck.core.model import Report, Severity, StageResult, at_or_above
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
@@ -104,7 +104,9 @@ def StepsOpt(help: str) -> Any:
 
 def finite(low: float, high: float, above: bool = False) -> Callable[[float | None], float | None]:
     """A float option's check (its `callback`): a number from `low` (or, with `above`,
-    above it) to `high`. click's own range lets nan through, and inf where unbounded."""
+    above it) to `high`. click's own range lets nan through, and inf where unbounded.
+    Every float option of every command has it (tests/test_strict_numbers.py finds them
+    in the app and checks `finite_range`)."""
 
     def check(value: float | None) -> float | None:
         if value is None:
@@ -117,6 +119,7 @@ def finite(low: float, high: float, above: bool = False) -> Callable[[float | No
             )
         return value
 
+    check.finite_range = (low, high)  # type: ignore[attr-defined]
     return check
 
 
@@ -195,12 +198,12 @@ class Outputs:
 
         if json_path == "-" and markdown_path == "-":
             raise UsageError("--json - and --markdown - cannot both write to stdout")
-        for option, value in (("--json", json_path), ("--markdown", markdown_path)):
-            if value is not None and value != "-":
-                args.output_file(option, value)
         args.distinct_files(
             [("--json", json_path), ("--markdown", markdown_path), ("--plot", plot)], inputs
         )
+        for option, value in (("--json", json_path), ("--markdown", markdown_path)):
+            if value is not None and value != "-":
+                args.output_file(option, value)
         cwd = ""
         with contextlib.suppress(OSError):  # a working directory removed: paths as given
             cwd = os.getcwd()
@@ -288,11 +291,8 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
             c.stdout.write(serialize(report))
             c.stdout.flush()
         elif path is not None:
-            try:
-                Path(out.file(path)).write_text(serialize(report), encoding="utf-8")
-            except OSError as e:
-                option = "--json" if path == out.json else "--markdown"
-                raise UsageError(f"{option} {path}: cannot write it: {e.strerror}") from e
+            option = "--json" if path == out.json else "--markdown"
+            outputs.write(option, path, out.file(path), serialize(report).encode("utf-8"))
     if out.terminal:
         from starvecheck.render.terminal import as_text
 

@@ -25,11 +25,13 @@ from starvecheck.cli.common import (
     context_of,
     emit,
     exit_status,
+    finite,
     progress_bar,
     warning,
 )
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.status import UsageError
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.stages.base import RunContext, no_progress
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ def doctor(
         float | None,
         typer.Option(
             "--cpu-ms-per-sample",
+            callback=finite(*workload_bounds("cpu_ms_per_sample")),
             help="CPU milliseconds of preprocessing per sample in a worker [default: 2].",
             show_default=False,
         ),
@@ -90,6 +93,7 @@ def doctor(
         float | None,
         typer.Option(
             "--step-ms",
+            callback=finite(*workload_bounds("step_ms")),
             help="GPU milliseconds per training step [default: measured with GPT-2 on a "
             "CUDA device; 400, assumed, without one].",
             show_default=False,

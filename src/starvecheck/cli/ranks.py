@@ -24,6 +24,7 @@ from starvecheck.core.model import Finding, Report
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
+from starvecheck.core.units import parse_uint
 
 SLOW_ENV = "STARVECHECK_SLOW_RANKS"
 # Ranks meet only once each has measured its node: a slow node may take minutes more.
@@ -41,11 +42,8 @@ def from_environ(environ: Mapping[str, str]) -> Rank | None:
     rank, world = environ.get("RANK"), environ.get("WORLD_SIZE")
     if rank is None or world is None:
         return None
-    try:
-        r, w = int(rank), int(world)
-    except ValueError:
-        r, w = -1, 0
-    if not 0 <= r < w:
+    r, w = parse_uint(rank), parse_uint(world)  # ASCII digits only: not " 1", "٣", "+1"
+    if r is None or w is None or not r < w:
         raise UsageError(f"RANK={rank!r}, WORLD_SIZE={world!r}: expected 0 <= RANK < WORLD_SIZE")
     return Rank(r, w)
 
@@ -56,12 +54,13 @@ def slow_ms(environ: Mapping[str, str], rank: int) -> float:
     if not text:
         return 0.0
     ranks_text, sep, ms_text = text.partition(":")
+    read = [parse_uint(r.strip()) for r in ranks_text.split(",")]
+    ranks = {r for r in read if r is not None}
     try:
-        ranks = {int(r) for r in ranks_text.split(",")}
-        ms = float(ms_text)
+        ms = float(ms_text) if ms_text.isascii() else -1.0
     except ValueError:
-        ranks, ms = set(), -1.0
-    if not sep or not ranks or any(r < 0 for r in ranks) or not 0 < ms <= 10_000:
+        ms = -1.0
+    if not sep or not read or None in read or not 0 < ms <= 10_000:
         raise UsageError(
             f"{SLOW_ENV}={text!r}: expected RANKS:MS, e.g. 1:20 (ranks 1 add 20 ms per sample)"
         )

@@ -149,7 +149,8 @@ def signals_raise() -> Iterator[None]:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM/SIGHUP until the block ends, then deliver the first one.
+    """Hold SIGINT/SIGTERM/SIGHUP until the block ends, then deliver the first one that
+    is not ignored; those ignored at entry stay ignored.
 
     Python-level handlers, not pthread_sigmask: a signal caught by any thread runs
     its Python handler in the main thread, so masking one thread would not help.
@@ -163,7 +164,9 @@ def signals_held() -> Iterator[None]:
         pending.append(signum)
 
     # A handler set outside Python (getsignal says None) cannot be put back: left alone.
-    old = {s: h for s in SIGNALS if (h := signal.getsignal(s)) is not None}
+    # An ignored signal stays ignored (SIGINT in a background job, SIGHUP under nohup):
+    # held, it would be raised first and ignored, and a SIGTERM held after it lost.
+    old = {s: h for s in SIGNALS if (h := signal.getsignal(s)) not in (None, signal.SIG_IGN)}
     for s in old:
         signal.signal(s, hold)
     try:
@@ -171,8 +174,11 @@ def signals_held() -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if pending:
-            signal.raise_signal(pending[0])
+        # The first held signal that something still takes (a handler may have been set
+        # to SIG_IGN inside the block, as `signals_raise`'s first signal does).
+        taken = [s for s in pending if signal.getsignal(s) is not signal.SIG_IGN]
+        if taken:
+            signal.raise_signal(taken[0])
 
 
 @contextlib.contextmanager

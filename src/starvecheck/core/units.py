@@ -21,6 +21,21 @@ def format_bytes(n: int | float | None) -> str:
     return f"{int(n)} B"
 
 
+# 2**64 - 1 has 20 digits: nothing we read from outside is larger. int() of a longer
+# string is slow, and past 4,300 digits a ValueError (Python 3.11's limit).
+MAX_DIGITS = 20
+
+
+def parse_uint(text: str) -> int | None:
+    """A whole number written in ASCII digits alone, at most 20 of them; None for
+    anything else. Not str.isdigit (True for "²", which int() refuses), not int() (it
+    takes "٣", " 1", "+1" and "1_0"): the one parser for counts and ranks read from
+    another process, a tool's output or the environment."""
+    if not 0 < len(text) <= MAX_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*", re.IGNORECASE)
 
 

@@ -55,6 +55,13 @@ ALIASES = {"seq_len": "context"}
 Value = int | float | str | tuple[str, ...] | FactorySpec | None
 
 
+def bounds(key: str) -> tuple[float, float]:
+    """The range a number of the workload must lie in (the command line checks its
+    options against the same)."""
+    _, low, high = _RULES[key]
+    return float(low), float(high)
+
+
 @dataclass(frozen=True)
 class Workload:
     batch_size: int = 16

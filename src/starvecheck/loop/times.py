@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.units import parse_uint
 from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
 
@@ -405,8 +406,8 @@ def _digests(value: Any) -> dict[int, list[int]]:
         return {}
     out = {}
     for k, v in list(value.items())[:4]:
-        if isinstance(v, list) and str(k).isdigit():
-            out[int(k)] = [x for x in v[:4096] if isinstance(x, int)]
+        if isinstance(v, list) and (n := parse_uint(str(k))) is not None:
+            out[n] = [x for x in v[:4096] if isinstance(x, int)]
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.core import outputs
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
@@ -15,8 +16,7 @@ from starvecheck.core.schema.loader import Parameters as LoaderParameters
 from starvecheck.core.schema.loader import StarveParameters
 from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
 from starvecheck.core.schema.pad import Parameters as PadParameters
-from starvecheck.core.signals import importing, signals_held
-from starvecheck.core.status import UsageError
+from starvecheck.core.signals import importing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,8 +33,9 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: str) -> None:
-    """Render in memory, then write the file whole: Ctrl-C while drawing leaves no
-    half-written PNG behind, and one during the short write waits for it to end."""
+    """Render in memory, then write the file whole (core/outputs.py): Ctrl-C while
+    drawing leaves no half-written PNG behind, and one during the short write waits for
+    it to end."""
     import io
 
     plt = _pyplot()
@@ -43,11 +44,7 @@ def _save(fig: Any, path: str) -> None:
         fig.savefig(buf, format="png")
     finally:
         plt.close(fig)
-    try:
-        with signals_held(), open(path, "wb") as f:
-            f.write(buf.getvalue())
-    except OSError as e:  # a full disk, /dev/full, a file gone read-only since the check
-        raise UsageError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
+    outputs.write("--plot", path, path, buf.getvalue())  # no link followed, never blocking
 
 
 def sweep_plot(result: StageResult, path: str) -> None:

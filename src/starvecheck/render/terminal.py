@@ -55,12 +55,7 @@ def render(report: Report, console: Console) -> None:
         _doctor(report, console)
 
     if report.machine:
-        facts = Table.grid(padding=(0, 2))
-        facts.add_column(style="bold", no_wrap=True)
-        facts.add_column(overflow="fold")  # fold long cgroup paths rather than cut them
-        for label, value in machine_rows(report.machine, report.command):
-            facts.add_row(label, value)
-        console.print(facts)
+        console.print(_facts(machine_rows(report.machine, report.command), console.width))
         rows = gpu_rows(report.machine) if shows_gpus(report.command) else []
         if rows:
             gpus = Table(*GPU_HEADERS, box=None, header_style="bold", pad_edge=False)
@@ -83,7 +78,8 @@ def render(report: Report, console: Console) -> None:
             if section.rows:
                 console.print()
                 title = section.title or stage.reported_as
-                console.print(_table(title, section.headers, section.rows, right=section.right))
+                table = _table(title, section.headers, section.rows, section.right)
+                console.print(_fitting(console, table, title, section.headers, section.rows))
                 tables = True
             elif not tables:  # notes without a table above them: name the stage first
                 console.print()
@@ -92,7 +88,10 @@ def render(report: Report, console: Console) -> None:
                 console.print(Text(line, style="dim"))
         if rest:
             console.print()
-            console.print(_metrics_table("" if tables else stage.reported_as, tuple(rest)))
+            title = "" if tables else stage.reported_as
+            rows = [_metric_row(m) for m in rest]
+            table = _metrics_table(title, tuple(rest))
+            console.print(_fitting(console, table, title, METRIC_HEADERS, rows))
         for caveat in stage.said:
             console.print(Text(f"! {stage.reported_as}: {caveat}", style="yellow"))
 
@@ -104,7 +103,7 @@ def render(report: Report, console: Console) -> None:
     if not report.checklist:
         console.print("  nothing to change")
     for i, f in enumerate(report.checklist, 1):
-        console.print(_finding_block(i, f))
+        console.print(_finding_block(i, f, console.width))
     passed = [f for f in report.findings if f.severity is Severity.OK]
     if passed:
         console.print()
@@ -123,19 +122,22 @@ def _doctor(report: Report, console: Console) -> None:
 
     console.print()
     grid = Table(*chain.WORKLOAD_HEADERS, box=None, header_style="bold", pad_edge=False)
+    grid.columns[0].no_wrap = True  # a key is never cut: where it does not fit, stacked
     grid.columns[2].style = "dim"
-    for row in chain.workload_rows(report.workload):
+    workload = list(chain.workload_rows(report.workload))
+    for row in workload:
         grid.add_row(*row)
-    console.print(grid)
+    console.print(_fitting(console, grid, "", chain.WORKLOAD_HEADERS, workload))
     if report.chain:
         console.print()
         console.print(Text(chain.demand_line(report)))
         table = _table("chain", chain.CHAIN_HEADERS, [], right=range(1, 3))
         table.columns[3].overflow = "fold"
-        for row in chain.chain_rows(report.chain, report.weakest_link):
+        rows = list(chain.chain_rows(report.chain, report.weakest_link))
+        for row in rows:
             style = "bold red" if row[-1] else ("dim" if row[1] == "n/a" else None)
             table.add_row(*row, style=style)
-        console.print(table)
+        console.print(_fitting(console, table, "chain", chain.CHAIN_HEADERS, rows))
         console.print(Text(chain.weakest_line(report), style="bold"))
     if report.nodes:
         console.print()
@@ -144,14 +146,50 @@ def _doctor(report: Report, console: Console) -> None:
         table = _table("nodes", headers, [], right=range(1, len(headers) - 1))
         for row in rows:
             table.add_row(*row, style="bold red" if row[-1] else None)
-        console.print(table)
+        console.print(_fitting(console, table, "nodes", headers, rows))
     console.print()
 
 
-def _finding_block(i: int, f: Finding) -> Any:
+# Below this many columns a label beside its value leaves the value no room (a grid's
+# label column is never wrapped, and rich drops a column it cannot fit): each label is
+# printed above its value instead, and both wrap.
+NARROW = 32
+
+
+def _facts(rows: list[tuple[str, str]], width: int) -> Any:
+    """The machine's facts: label and value side by side, or stacked where narrow."""
+    from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    if width < NARROW:
+        return Group(*(Text(f"{label}\n  {value}") for label, value in rows))
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")  # fold long cgroup paths rather than cut them
+    for label, value in rows:
+        facts.add_row(label, value)
+    return facts
+
+
+def _finding_block(i: int, f: Finding, width: int = 100) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if width < NARROW:
+        lines = [
+            Text(f"{i:>2}. ")
+            + Text(f.severity.value.upper(), style=STYLE[f.severity])
+            + Text(f" {f.title}", style="bold")
+            + Text(f" [{f.id}]", style="dim")
+        ]
+        for label, text in (("evidence", f.evidence), ("change", f.recommendation)):
+            if text:
+                lines.append(Text(f"  {label}: ", style="dim") + Text(text))
+        gain = f.gain.describe() if f.gain else "not estimated"
+        lines.append(Text("  gain: ", style="dim") + Text(gain))
+        return Group(*lines)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, min_width=4)
     grid.add_column(no_wrap=True, min_width=9)
@@ -189,16 +227,49 @@ def _table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], ri
     return table
 
 
+def _fitting(
+    console: Any, table: Any, title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]
+) -> Any:
+    """The table, or where even its narrowest layout (each column as wide as its longest
+    word) is wider than the terminal, its rows stacked: rich would otherwise cut words
+    into pieces across lines, or drop whole columns."""
+    unbounded = console.options.update(max_width=1 << 16)  # else measured to the width
+    if console.width < NARROW or console.measure(table, options=unbounded).minimum > console.width:
+        return _stacked(title, headers, rows)
+    return table
+
+
+def _stacked(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+    """A table on a narrow terminal: each row's first cell, then each other cell under
+    it with its header, every line wrapped (nothing cut, no column dropped)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    lines = [Text(title, style="italic")] if title else []
+    for row in rows:
+        lines.append(Text(row[0], style="bold"))
+        cells = zip(headers[1:], row[1:], strict=False)
+        lines += [Text(f"  {h}: {cell}" if h else f"  {cell}") for h, cell in cells if cell]
+    return Group(*lines)
+
+
+METRIC_HEADERS = ("metric", "value", "unit", "min … max", "σ", "n")
+
+
+def _metric_row(m: Metric) -> tuple[str, ...]:
+    if m.value is None:
+        return (m.name, "n/a", m.unit, m.reason or "", "", "")
+    if m.values:
+        spread = f"{m.min:.4g} … {m.max:.4g}"
+        return (m.name, f"{m.value:.4g}", m.unit, spread, f"{m.stdev:.3g}", str(m.n))
+    return (m.name, f"{m.value:.4g}", m.unit, "", "", "")
+
+
 def _metrics_table(stage: str, metrics: tuple[Metric, ...]) -> Any:
     from rich.table import Table
 
     table = Table(
-        "metric",
-        "value",
-        "unit",
-        "min … max",
-        "σ",
-        "n",
+        *METRIC_HEADERS,
         title=stage or None,
         title_justify="left",
         box=None,
@@ -206,17 +277,5 @@ def _metrics_table(stage: str, metrics: tuple[Metric, ...]) -> Any:
         pad_edge=False,
     )
     for m in metrics:
-        if m.value is None:
-            table.add_row(m.name, "n/a", m.unit, m.reason or "", "", "")
-        elif m.values:
-            table.add_row(
-                m.name,
-                f"{m.value:.4g}",
-                m.unit,
-                f"{m.min:.4g} … {m.max:.4g}",
-                f"{m.stdev:.3g}",
-                str(m.n),
-            )
-        else:
-            table.add_row(m.name, f"{m.value:.4g}", m.unit, "", "", "")
+        table.add_row(*_metric_row(m))
     return table

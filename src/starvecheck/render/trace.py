@@ -15,6 +15,7 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import PHASE_MS
 from starvecheck.core.schema.steps import Parameters as StepParameters
 from starvecheck.core.schema.steps import Straggler
+from starvecheck.core.units import parse_uint
 from starvecheck.render.section import Section, taken
 
 # The milliseconds are means, as the shares are sums over the same steps: the rows add up.
@@ -349,7 +350,8 @@ def loop_ranks(
 
 def _natural(text: str) -> tuple[str, int]:
     head, _, tail = text.rpartition(" ")
-    return (head, int(tail)) if tail.isdigit() else (text, -1)
+    number = parse_uint(tail)
+    return (head, number) if number is not None else (text, -1)
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:

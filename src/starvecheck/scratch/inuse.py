@@ -29,6 +29,8 @@ import signal
 import stat
 from collections.abc import Iterator
 
+from starvecheck.core.units import parse_uint
+
 PROC = "/proc"
 # F_SETLEASE and F_UNLCK where this platform's fcntl module has them (Linux).
 _SETLEASE = getattr(fcntl, "F_SETLEASE", None)
@@ -131,7 +133,7 @@ def mapped(files: dict[str, os.stat_result], proc: str | None = None) -> dict[st
         return {}
     proc = PROC if proc is None else proc
     try:
-        pids = sorted((p for p in os.listdir(proc) if p.isdigit()), key=int)
+        pids = sorted((p for p in os.listdir(proc) if parse_uint(p) is not None), key=int)
     except OSError as e:
         return {path: f"cannot list processes ({proc}: {e.strerror})" for path in files}
     found: dict[str, str] = {}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 
+from starvecheck.core.units import parse_uint
 from starvecheck.probe.cpu import parse_status_field
 from starvecheck.probe.load import parse_pid_stat
 from starvecheck.probe.sysroot import SysRoot
@@ -152,7 +153,7 @@ def threads_of(pid: int, root: SysRoot | None = None) -> int | None:
     """The process's thread count (/proc/PID/status `Threads`), None where unreadable."""
     text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/status").value
     value = parse_status_field(text, "Threads") if text else None
-    return int(value) if value and value.isdigit() else None
+    return parse_uint(value) if value else None
 
 
 def cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
@@ -205,8 +206,8 @@ def workers_of(
     for pid in descendants:
         stat = root.read(f"/proc/{pid}/stat").value or ""
         fields = stat.rpartition(")")[2].split()
-        if len(fields) > 1 and fields[1].isdigit():
-            parents.add(int(fields[1]))
+        if len(fields) > 1 and (parent := parse_uint(fields[1])) is not None:
+            parents.add(parent)
     for pid in sorted(descendants, reverse=True):
         cmd = root.read(f"/proc/{pid}/cmdline").value
         exe = root.readlink(f"/proc/{pid}/exe").value

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from starvecheck.core.units import parse_uint
 from starvecheck.stages.attach.classify import Frame, parse_frame
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ def parse_raw(text: str, pid: int | None = None) -> Stacks:
     out = Stacks()
     for line in text.splitlines()[:MAX_LINES]:
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        samples = parse_uint(count)
+        if not stack or samples is None:
             continue
         parts = stack.split(";", MAX_FRAMES + 8)
         # --subprocesses: a child's line names its parents first, itself last.
@@ -75,14 +77,15 @@ def parse_raw(text: str, pid: int | None = None) -> Stacks:
             continue
         pid_text, _, command = parts[at - 1][len("process ") :].partition(":")
         tid_text, _, name = parts[at][len("thread (") :].partition(")")
-        if not pid_text.isdigit() or not tid_text.isdigit():
+        pid_read, tid_read = parse_uint(pid_text), parse_uint(tid_text)
+        if pid_read is None or tid_read is None:  # a command line may forge "thread (²)"
             continue
-        key = (int(pid_text), int(tid_text))
+        key = (pid_read, tid_read)
         out.commands.setdefault(key[0], command.strip('"')[:300])
         out.thread_names.setdefault(key, name.lstrip(": ").strip()[:100])
         frames = [parse_frame(p) for p in parts[at + 1 : at + 1 + MAX_FRAMES]]
-        out.by_thread.setdefault(key, []).append((frames, int(count)))
-        out.samples += int(count)
+        out.by_thread.setdefault(key, []).append((frames, samples))
+        out.samples += samples
     return out
 
 

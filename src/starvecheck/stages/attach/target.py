@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from starvecheck.core.status import UsageError
+from starvecheck.core.units import parse_uint
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
 
@@ -65,8 +66,7 @@ def _is_agent(command: str) -> bool:
 
 
 def _rank(root: SysRoot, pid: int) -> int | None:
-    value = (process.environ(root, pid) or {}).get("RANK", "")
-    return int(value) if value.isascii() and value.isdigit() else None
+    return parse_uint((process.environ(root, pid) or {}).get("RANK", ""))
 
 
 def _torch(root: SysRoot, pid: int) -> bool | None:
