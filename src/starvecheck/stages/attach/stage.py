@@ -302,7 +302,7 @@ def _wait(
     15 s past the duration to write its samples); py-spy's cost checked, and workers
     started since sampled, at each tick (sampling.py)."""
     t0 = time.perf_counter()
-    deadline = t0 + plan.seconds + (15.0 if recorders else 0.0)
+    deadline = t0 + plan.seconds + (spy.END_GRACE_S if recorders else 0.0)
     while time.perf_counter() < deadline:
         check_signals()
         elapsed = time.perf_counter() - t0
