@@ -52,6 +52,8 @@ def main(behaviour: str, argv: list[str]) -> None:
         _stacks(argv)
         os._exit(0)
     if behaviour in ("garbage", "raw-garbage"):
+        # Python ignores SIGXFSZ; py-spy (Rust) does not: a write past RLIMIT_FSIZE ends it
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
         chunk = (bytes(range(256)) * 64)[:16000] + b"\n"
         where = _output(argv) if behaviour == "raw-garbage" else None
         fds = [os.open(where, os.O_WRONLY | os.O_CREAT)] if where else [1, 2]

@@ -145,13 +145,9 @@ def _step(at: int, name: str, held: list[int]) -> int | None:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(at, name):
             raise Refused(LINK) from None
-        if e.errno == errno.ENOTDIR:
-            raise Refused(NOT_REGULAR) from None
-        return None
+        return None  # not there (a file named as a directory is no path either)
     held.append(fd)
-    if not stat.S_ISDIR(os.fstat(fd).st_mode):
-        raise Refused(NOT_REGULAR)
-    return fd
+    return fd if stat.S_ISDIR(os.fstat(fd).st_mode) else None
 
 
 def _is_link(at: int, name: str) -> bool:
