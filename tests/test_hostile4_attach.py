@@ -588,3 +588,35 @@ def test_attach_with_a_py_spy_that_cannot_be_run(nobody_job, tmp_path):
     r = attach(nobody_job[0], fake, "--duration", "1")
     assert r.returncode == 0, r.stderr
     assert any("py-spy could not be started" in c for c in r.stage()["caveats"])
+
+
+# --- filesystems a job's user may serve --------------------------------------------------
+
+
+def _mount_of(path: Path) -> int:
+    fd = os.open(path, os.O_PATH)
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            return int(next(x for x in f if x.startswith("mnt_id:")).split()[1])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "fstype, expected",
+    [("fuse.sshfs", source.ON_FUSE), ("fuse", source.ON_FUSE), ("fuseblk", source.ON_FUSE),
+     ("ext4", "read"), (None, source.UNKNOWN_MOUNT)],
+)  # fmt: skip
+def test_a_file_on_fuse_is_never_touched(jobroot, tmp_path, fstype, expected):
+    # The job's mount table as a fake machine gives it: the directory's own mount listed
+    # with `fstype` (None: not listed at all).
+    fake = tmp_path / "sysroot" / "proc" / "42"
+    fake.mkdir(parents=True)
+    line = f"{_mount_of(jobroot)} 1 0:99 / / rw - {fstype} none rw\n" if fstype else ""
+    (fake / "mountinfo").write_text("1 0 0:1 / / rw - ext4 /dev/x rw\n" + line)
+    f = files_in(jobroot)
+    f.mounts = source.Mounts(SysRoot(tmp_path / "sysroot"), 42)
+    try:
+        assert outcome(f, "/code/train.py") == expected
+    finally:
+        f.close()

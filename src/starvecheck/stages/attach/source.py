@@ -32,9 +32,12 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from starvecheck.probe.mounts import parse_mountinfo
 from starvecheck.probe.sysroot import SysRoot
+from starvecheck.probe.text import is_uint
 from starvecheck.stages.attach import rights as rights_
 
 MAX_BYTES = 1 << 20
@@ -52,6 +55,8 @@ NOT_REGULAR = "not a regular file"
 NOT_THEIRS = "not readable by the job's own user"
 TOO_LARGE = f"larger than {MAX_BYTES >> 20} MiB"
 UNKNOWN_RIGHTS = "the job's user could not be read from /proc"
+ON_FUSE = "on a FUSE filesystem, whose server could make a read wait for ever"
+UNKNOWN_MOUNT = "on a filesystem the job's mount table does not list"
 
 
 class Refused(Exception):
@@ -66,6 +71,7 @@ class JobFiles:
     root_fd: int | None
     cwd_fd: int | None
     rights: rights_.Rights | None
+    mounts: Mounts | None = None  # None: not checked (a directory standing in for a root)
 
     @classmethod
     def of(cls, pid: int, root: SysRoot | None = None) -> JobFiles:
@@ -74,6 +80,7 @@ class JobFiles:
             _open_link(root, f"/proc/{pid}/root"),
             _open_link(root, f"/proc/{pid}/cwd"),
             rights_.of_job(pid, root),
+            Mounts(root, pid),
         )
 
     def close(self) -> None:
@@ -96,7 +103,59 @@ class JobFiles:
         names = [n for n in path.split("/") if n and n != "."]
         if not names or len(names) > MAX_DEPTH:
             return None
-        return _walk(start, names, self.rights, floor_is_root=path.startswith("/"))
+        guard = self.mounts.check if self.mounts is not None else _unchecked
+        return _walk(start, names, _Walk(self.rights, guard), floor_is_root=path.startswith("/"))
+
+
+class Mounts:
+    """The filesystem type of each of the job's mounts (/proc/PID/mountinfo): a file on
+    FUSE is never touched, not even stat'ed (a FUSE server run by the job's user, with
+    `allow_other`, answers attach's calls when it likes). A descriptor's mount is told
+    by /proc/self/fdinfo's `mnt_id` (mount ids are the kernel's, the same in every
+    namespace); one the table does not list is read again once, then refused."""
+
+    def __init__(self, root: SysRoot, pid: int) -> None:
+        self._root, self._pid = root, pid
+        self._types = self._read()
+
+    def _read(self) -> dict[int, str]:
+        text = self._root.read(f"/proc/{self._pid}/mountinfo").value or ""
+        return {m.mount_id: m.fstype for m in parse_mountinfo(text)}
+
+    def check(self, fd: int) -> None:
+        mnt = _mount_id(fd)
+        if mnt is None:
+            raise Refused(UNKNOWN_MOUNT)
+        if mnt not in self._types:
+            self._types = self._read()
+        fstype = self._types.get(mnt)
+        if fstype is None:
+            raise Refused(UNKNOWN_MOUNT)
+        if fstype == "fuse" or fstype.startswith(("fuse.", "fuseblk")):
+            raise Refused(ON_FUSE)
+
+
+def _mount_id(fd: int) -> int | None:
+    try:
+        with open(f"/proc/self/fdinfo/{fd}") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "mnt_id" and is_uint(value.strip()):
+            return int(value.strip())
+    return None
+
+
+def _unchecked(fd: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class _Walk:
+    rights: rights_.Rights
+    guard: Callable[[int], None]  # raises Refused before a descriptor is stat'ed
 
 
 def _open_link(root: SysRoot, path: str) -> int | None:
@@ -108,13 +167,11 @@ def _open_link(root: SysRoot, path: str) -> int | None:
         return None
 
 
-def _walk(
-    start: int, names: list[str], rights: rights_.Rights, floor_is_root: bool
-) -> bytes | None:
+def _walk(start: int, names: list[str], how: _Walk, floor_is_root: bool) -> bytes | None:
     held: list[int] = []  # directories opened on the way (closed at the end)
     try:
         at = start
-        if not _searchable(at, rights):
+        if not _searchable(at, how):
             raise Refused(NOT_THEIRS)
         trail = [at]
         for name in names[:-1]:
@@ -125,21 +182,21 @@ def _walk(
                     return None  # above the working directory: not followed
                 at = trail[-1]
                 continue
-            at = _step(at, name, held)
+            at = _step(at, name, held, how)
             if at is None:
                 return None
-            if not _searchable(at, rights):
+            if not _searchable(at, how):
                 raise Refused(NOT_THEIRS)
             trail.append(at)
         if names[-1] == "..":
             return None
-        return _read_file(at, names[-1], rights)
+        return _read_file(at, names[-1], how)
     finally:
         for fd in held:
             os.close(fd)
 
 
-def _step(at: int, name: str, held: list[int]) -> int | None:
+def _step(at: int, name: str, held: list[int], how: _Walk) -> int | None:
     try:
         fd = os.open(name, _DIR, dir_fd=at)
     except OSError as e:
@@ -147,6 +204,7 @@ def _step(at: int, name: str, held: list[int]) -> int | None:
             raise Refused(LINK) from None
         return None  # not there (a file named as a directory is no path either)
     held.append(fd)
+    how.guard(fd)
     return fd if stat.S_ISDIR(os.fstat(fd).st_mode) else None
 
 
@@ -157,16 +215,18 @@ def _is_link(at: int, name: str) -> bool:
         return False
 
 
-def _searchable(fd: int, rights: rights_.Rights) -> bool:
-    return rights_.allowed(rights, fd, os.fstat(fd), rights_.SEARCH)
+def _searchable(fd: int, how: _Walk) -> bool:
+    how.guard(fd)
+    return rights_.allowed(how.rights, fd, os.fstat(fd), rights_.SEARCH)
 
 
-def _read_file(at: int, name: str, rights: rights_.Rights) -> bytes | None:
+def _read_file(at: int, name: str, how: _Walk) -> bytes | None:
     try:
         fd = os.open(name, _FILE, dir_fd=at)
     except OSError:
         return None
     try:
+        how.guard(fd)
         st = os.fstat(fd)
         if stat.S_ISLNK(st.st_mode):
             raise Refused(LINK)
@@ -174,7 +234,7 @@ def _read_file(at: int, name: str, rights: rights_.Rights) -> bytes | None:
             raise Refused(NOT_REGULAR)
         if st.st_size > MAX_BYTES:
             raise Refused(TOO_LARGE)
-        if not rights_.allowed(rights, fd, st, rights_.READ):
+        if not rights_.allowed(how.rights, fd, st, rights_.READ):
             raise Refused(NOT_THEIRS)
         try:  # the very file held, opened for reading (a regular file: never blocks)
             rd = os.open(f"/proc/self/fd/{fd}", _READ)
