@@ -125,3 +125,20 @@ def test_no_file_is_read_for_a_job_whose_ids_cannot_be_read(tmp_path, monkeypatc
         assert lines(str(tmp_path / "train.py"), 3) is None
     assert list(lines.refused.values()) == [source.UNKNOWN_RIGHTS]
     assert Path(tmp_path / "train.py").exists()
+
+
+def test_the_jobs_ids_and_groups_from_its_status(tmp_path):
+    from starvecheck.probe.sysroot import SysRoot
+    from starvecheck.stages.attach import rights
+
+    (tmp_path / "proc" / "7").mkdir(parents=True)
+    # a set-uid root program run by uid 1000: every id counts, each must be allowed
+    (tmp_path / "proc" / "7" / "status").write_text(
+        "Name:\tjob\nUid:\t1000\t0\t0\t0\nGid:\t100\t100\t100\t100\nGroups:\t4 27 \n"
+        "CapEff:\t000001ffffffffff\n"
+    )
+    got = rights.of_job(7, SysRoot(tmp_path))
+    assert got is not None
+    assert got.ids == (rights.Identity(1000, 100), rights.Identity(0, 100))
+    assert got.groups == {4, 27}
+    assert got.override is False  # not every uid is 0: its capabilities do not count

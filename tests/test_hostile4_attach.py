@@ -563,7 +563,8 @@ def test_attach_on_a_job_naming_hostile_files(nobody_job, tmp_path, case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "behaviour", ["hang", "child-holds", "garbage", "raw-garbage", "slow-exit", "error"]
+    "behaviour",
+    ["hang", "child-holds", "garbage", "raw-garbage", "slow-exit", "error", "fifo-output"],
 )
 def test_attach_with_a_misbehaving_py_spy(nobody_job, tmp_path, behaviour):
     pid = nobody_job[0]

@@ -12,6 +12,7 @@ raw-garbage  writes garbage to its --output for ever
 stacks       writes the raw lines in $FAKE_SPY_STACKS (a file) to --output, then exits
 slow-exit    writes the stacks, then ignores SIGINT and sleeps for ever
 error        prints a Rust panic to stderr and exits 101
+fifo-output  puts a FIFO where its --output was, and exits
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ def main(behaviour: str, argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         while True:
             time.sleep(60)
+    if behaviour == "fifo-output":
+        out = _output(argv)
+        if out is not None:
+            os.unlink(out)
+            os.mkfifo(out)
+        return
     if behaviour == "error":
         panic = "thread 'main' panicked at src/main.rs:3\n   7: main\nError: no luck"
         print(panic, file=sys.stderr)

@@ -24,6 +24,7 @@ import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -280,12 +281,17 @@ def _die_with(parent: int) -> None:
 
 
 def _read_bounded(scratch: Scratch, name: str) -> str:
-    """A file py-spy wrote in the scratch directory, at most MAX_BYTES; "" where none."""
+    """A file py-spy wrote in the scratch directory, at most MAX_BYTES; "" where none,
+    or where what is there now is not a regular file (a FIFO put in its place would
+    block the read for ever: opened non-blocking, and not read)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scratch.dir_fd())
+        fd = os.open(name, flags, dir_fd=scratch.dir_fd())
     except (OSError, KeyError):
         return ""
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
         return f.read(MAX_BYTES).decode(errors="replace")
 
 
