@@ -132,3 +132,9 @@ def test_several_py_spys_that_hang_are_stopped_within_one_deadline(target, tmp_p
     assert none_left(fake.marker) == []
     # One wait for all (one after the other was 4 x STOP_S)
     assert took < spy.STOP_S + spy.REAP_S + 3.0, took
+
+
+def test_a_py_spy_ended_by_its_output_bound_is_said_so_not_its_garbage():
+    said = spy.error_line("\x00\x01\x02\x03\n\x05\x06", -signal.SIGXFSZ)
+    assert said == spy.error_line("", -signal.SIGXFSZ)
+    assert f"more than {spy.MAX_BYTES >> 20} MiB" in said

@@ -329,7 +329,10 @@ def parse_progress(text: str) -> Progress:
 
 def error_line(err: str, status: int | None = None) -> str:
     """What py-spy said failed, in one line of words: its `Error:` line (with the first
-    `Reason:`), never a line of a Rust backtrace (`7: main`, `at src/...`)."""
+    `Reason:`), never a line of a Rust backtrace (`7: main`, `at src/...`); where the
+    kernel ended it for writing past its bound, that, whatever it printed."""
+    if status == -signal.SIGXFSZ:
+        return _exited(status)
     lines = [x.strip() for x in err[:MAX_BYTES].splitlines()[:MAX_LINES] if x.strip()]
     said = next((x for x in lines if x.startswith("Error:")), None)
     if said is not None:
