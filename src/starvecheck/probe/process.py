@@ -24,6 +24,7 @@ TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 CAP_SYS_PTRACE = 19
 MAX_VALUE = 4096  # characters kept of an environment variable (8 GPU UUIDs fit)
 MAX_TASKS = 20_000  # threads read of one process; a torch job has hundreds
+MAX_GROUPS = 65_536  # the kernel's NGROUPS_MAX
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,11 @@ class Status:
     threads: int | None = None
     uid: int | None = None  # real
     euid: int | None = None
+    fsuid: int | None = None  # the uid the kernel checks file access against
+    gid: int | None = None  # real
+    egid: int | None = None
+    fsgid: int | None = None
+    groups: tuple[int, ...] | None = None  # supplementary; None where the line is missing
     nspid: tuple[int, ...] = ()  # outermost (this /proc's namespace) to innermost
     cap_eff: int | None = None
     tracer: int | None = None
@@ -95,6 +101,13 @@ def parse_status(text: str) -> Status:
             fields[{"PPid": "ppid", "Threads": "threads", "TracerPid": "tracer"}[key]] = int(value)
         elif key == "Uid" and (ids := _ints(value)) and len(ids) >= 2:
             fields["uid"], fields["euid"] = ids[0], ids[1]
+            fields["fsuid"] = ids[3] if len(ids) == 4 else None
+        elif key == "Gid" and (ids := _ints(value)) and len(ids) == 4:
+            fields["gid"], fields["egid"], fields["fsgid"] = ids[0], ids[1], ids[3]
+        elif key == "Groups":
+            groups = _ints(value) if value else []
+            fine = groups is not None and len(groups) <= MAX_GROUPS
+            fields["groups"] = tuple(groups) if fine and groups is not None else None
         elif key == "NSpid" and (ids := _ints(value)):
             fields["nspid"] = tuple(ids[:32])
         elif key == "CapEff" and value and len(value) <= 32 and _hex(value):

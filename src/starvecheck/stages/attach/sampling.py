@@ -44,8 +44,7 @@ class RankSampler:
         return all(r.done() for r in self.all())
 
     def stop(self) -> None:
-        for r in self.all():
-            r.stop()
+        spy.stop_all(self.all())
 
     def stacks(self) -> spy.Stacks:
         """The rank's samples and its workers' (a worker py-spy could not read is left
@@ -256,12 +255,9 @@ class Sampling:
         return max(0.0, (c1 - c0) / (t1 - t0))
 
     def stop(self) -> None:
-        """Every py-spy asked to end at once, then each waited for (each may take up to
-        its sampling interval to notice)."""
-        for r in self.recorders():
-            r.interrupt()
-        for r in self.recorders():
-            r.stop()
+        """Every py-spy asked to end at once, then waited for together, at most
+        spy.STOP_S, before every group still there is killed (spy.stop_all)."""
+        spy.stop_all(self.recorders())
 
     def done(self) -> bool:
         return all(s.done() for s in self.samplers.values())

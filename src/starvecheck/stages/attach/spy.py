@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -40,6 +42,9 @@ RATE_CEILING = 200  # never more, whatever is asked
 MAX_LINES = 200_000
 MAX_FRAMES = 512
 MAX_BYTES = 64 << 20
+END_GRACE_S = 15.0  # past its duration, for py-spy to write its samples and end
+STOP_S = 5.0  # once asked to end (SIGINT), before its process group is killed
+REAP_S = 2.0  # once killed, to be reaped
 
 
 @dataclass
@@ -109,9 +114,14 @@ class Recorder:
     py-spy dies with attach: it is started in a process group of its own (a Ctrl-C at
     the terminal reaches attach, which stops it), with a parent-death signal (SIGKILL to
     attach ends it at once, where it would otherwise sample the job to the end of
-    --duration), and `stop()` ends its whole group on every way out. Its files (the
-    samples, what it printed) live in `scratch`, a marked directory that attach removes
-    and `starvecheck clean` can prove and remove after a SIGKILL."""
+    --duration), and its whole group is killed on every way out: `stop()` (SIGINT, then
+    SIGKILL after STOP_S), and whenever py-spy is found ended, before it is reaped (so
+    that a child it left, holding its output open, goes too, and its group's id cannot
+    have been reused). No wait on it is unbounded: it is polled, never waited for, and
+    once killed, reaped within REAP_S or left to the kernel. Its files (the samples,
+    what it printed) live in `scratch`, a marked directory that attach removes and
+    `starvecheck clean` can prove and remove after a SIGKILL; each at most MAX_BYTES
+    (RLIMIT_FSIZE: a py-spy printing for ever is ended by the kernel, SIGXFSZ)."""
 
     def __init__(
         self,
@@ -155,9 +165,10 @@ class Recorder:
             os.close(out)
             os.close(err)
         self.ended: float | None = None
+        self.killed = False  # it did not end when asked: its group was killed
 
     def done(self) -> bool:
-        return self._reap(block=False)
+        return self._reap()
 
     def cpu_now(self) -> float | None:
         """py-spy's CPU seconds so far (/proc while it runs; exact once it has ended)."""
@@ -173,43 +184,46 @@ class Recorder:
 
     def stop(self) -> None:
         """End py-spy and its group: SIGINT first (it writes what it sampled), SIGKILL
-        after 5 s. Safe to call again, and from `finally` on any way out."""
-        if self._reap(block=False):
-            return
-        self.interrupt()
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            if self._reap(block=False):
-                return
-            time.sleep(0.02)
-        self.kill()
+        after STOP_S. Safe to call again, and from `finally` on any way out."""
+        stop_all([self])
 
     def interrupt(self) -> None:
         """Ask py-spy to end (SIGINT: it writes what it sampled); `stop()` waits for it."""
-        if not self._reap(block=False):
+        if not self._reap():
             self._signal(signal.SIGINT)
 
     def kill(self) -> None:
-        """End py-spy's group at once, its samples unread (a restart at another rate)."""
-        if not self._reap(block=False):
-            self._signal(signal.SIGKILL)
-            self._reap(block=True)
+        """End py-spy's group at once (a restart at another rate drops its samples; a
+        py-spy that did not end when asked), and reap it within REAP_S."""
+        if self._reap():
+            return
+        self.killed = True
+        self._signal(signal.SIGKILL)
+        deadline = time.monotonic() + REAP_S
+        while not self._reap() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signum)
 
-    def _reap(self, block: bool) -> bool:
-        """Whether py-spy has ended; reaped here (os.wait4) to keep its CPU time."""
+    def _reap(self) -> bool:
+        """Whether py-spy has ended, never waiting. Found ended, its group is killed
+        first (what it left running in it), while its id is still held by it (a
+        zombie), then it is reaped here (os.wait4) to keep its CPU time."""
         if self.proc.returncode is not None:
             return True
         try:
-            pid, status, usage = os.wait4(self.proc.pid, 0 if block else os.WNOHANG)
+            ended = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if ended is None:
+                return False
+            self._signal(signal.SIGKILL)
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
         except ChildProcessError:  # reaped elsewhere
             self.proc.returncode = -1
             self.ended = time.monotonic()
             return True
-        if pid == 0:
+        if pid == 0:  # cannot be: it was seen ended
             return False
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         self.cpu_s = usage.ru_utime + usage.ru_stime
@@ -229,6 +243,8 @@ class Recorder:
         if self.proc.returncode != 0 or not text:
             if _refused(err):
                 raise NotAllowed(_why(err))
+            if self.killed:
+                raise RuntimeError(f"py-spy did not end within {STOP_S:.0f} s of being asked to")
             if self.proc.returncode != 0:
                 raise RuntimeError(error_line(err, self.proc.returncode))
         stacks = parse_raw(text, None if self.subprocesses else self.pid)
@@ -237,23 +253,48 @@ class Recorder:
         return stacks
 
 
+def stop_all(recorders: list[Recorder]) -> None:
+    """Every py-spy asked to end at once (SIGINT), waited for together for at most
+    STOP_S, then every group still there killed, on any way out (a signal in the wait
+    included: the kills run with signals held)."""
+    from starvecheck.core.signals import signals_held
+
+    try:
+        for r in recorders:
+            r.interrupt()
+        deadline = time.monotonic() + STOP_S
+        while not all(r.done() for r in recorders) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        with signals_held():
+            for r in recorders:
+                r.kill()
+
+
 def _die_with(parent: int) -> None:
     """In py-spy's process, before exec: the kernel sends it SIGKILL when attach goes
-    (PR_SET_PDEATHSIG, Linux); where attach went already, it leaves at once."""
+    (PR_SET_PDEATHSIG, Linux); where attach went already, it leaves at once. Each file
+    it writes is bounded (RLIMIT_FSIZE): past MAX_BYTES the kernel ends it (SIGXFSZ)."""
     from starvecheck.stages.dataloader.workers import PR_SET_PDEATHSIG, prctl
 
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_BYTES, MAX_BYTES))
     if os.getppid() != parent:
         os._exit(1)
 
 
 def _read_bounded(scratch: Scratch, name: str) -> str:
-    """A file py-spy wrote in the scratch directory, at most MAX_BYTES; "" where none."""
+    """A file py-spy wrote in the scratch directory, at most MAX_BYTES; "" where none,
+    or where what is there now is not a regular file (a FIFO put in its place would
+    block the read for ever: opened non-blocking, and not read)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scratch.dir_fd())
+        fd = os.open(name, flags, dir_fd=scratch.dir_fd())
     except (OSError, KeyError):
         return ""
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
         return f.read(MAX_BYTES).decode(errors="replace")
 
 
@@ -291,7 +332,10 @@ def parse_progress(text: str) -> Progress:
 
 def error_line(err: str, status: int | None = None) -> str:
     """What py-spy said failed, in one line of words: its `Error:` line (with the first
-    `Reason:`), never a line of a Rust backtrace (`7: main`, `at src/...`)."""
+    `Reason:`), never a line of a Rust backtrace (`7: main`, `at src/...`); where the
+    kernel ended it for writing past its bound, that, whatever it printed."""
+    if status == -signal.SIGXFSZ:
+        return _exited(status)
     lines = [x.strip() for x in err[:MAX_BYTES].splitlines()[:MAX_LINES] if x.strip()]
     said = next((x for x in lines if x.startswith("Error:")), None)
     if said is not None:
@@ -308,6 +352,8 @@ _RUST_FRAME = re.compile(r"^(\d+:\s|at\s|stack backtrace:|note: |thread '.*' pan
 
 
 def _exited(status: int | None) -> str:
+    if status == -signal.SIGXFSZ:
+        return f"py-spy wrote more than {MAX_BYTES >> 20} MiB of output and was ended"
     if status is not None and status < 0:
         try:
             return f"py-spy was ended by {signal.Signals(-status).name}"

@@ -308,7 +308,7 @@ def _wait(
     15 s past the duration to write its samples); py-spy's cost checked, and workers
     started since sampled, at each tick (sampling.py)."""
     t0 = time.perf_counter()
-    deadline = t0 + plan.seconds + (15.0 if recorders else 0.0)
+    deadline = t0 + plan.seconds + (spy.END_GRACE_S if recorders else 0.0)
     while time.perf_counter() < deadline:
         check_signals()
         elapsed = time.perf_counter() - t0
@@ -339,6 +339,7 @@ def _read_all(
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
     loops: dict[int, Rank] = {}
+    readers: list[source.Lines] = []
     for r in plan.job.ranks:
         workers = watch.owned(r.pid)
         rec = recorders.get(r.pid)
@@ -356,7 +357,9 @@ def _read_all(
             stacks = None
         if stacks is not None:
             stacks = ids.in_our_ids(stacks, r)
-            got, seen, top, loops[r.pid] = read_stacks(r, stacks, source.Lines(_cwd(r.pid)))
+            with source.Lines.of(r.pid, SysRoot.from_environ()) as lines:
+                got, seen, top, loops[r.pid] = read_stacks(r, stacks, lines)
+            readers.append(lines)
             metrics += got
             workers = seen or workers
             # the most alive at once, not every worker of every epoch in the window
@@ -369,6 +372,8 @@ def _read_all(
             metrics += _metric("dropped", stacks.errors, "samples", quantity="dropped", **lab)
         found[r.pid] = workers
         metrics += read_procs(r, workers, watch)
+    if (unread := source.caveat(readers)) is not None:
+        caveats.append(Caveat("attach.source-unread", unread))
     for key in MACHINE:
         metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
     if watch.others_each:  # each second: the spread the worker model's bound reads
@@ -430,10 +435,6 @@ def _idle_before(watch: Watch, effective_cpus: float) -> float | None:
 
 def _value(metrics: list[Metric], name: str) -> float | None:
     return next((m.value for m in metrics if m.name == name), None)
-
-
-def _cwd(pid: int) -> str | None:
-    return process.cwd(SysRoot.from_environ(), pid)
 
 
 def _refusal(r: Process, e: Exception) -> str:
