@@ -280,3 +280,49 @@ def test_the_trainer_callbacks_pass_the_port_through():
 def test_no_port_and_no_variable_no_exporter(monkeypatch):
     monkeypatch.delenv("STARVECHECK_PROMETHEUS_PORT", raising=False)
     assert Watch(range(3), show=False).exporter is None
+
+
+def single_process(wait_ms: float, n: int = 200) -> LoopTimes:
+    return LoopTimes(
+        waits=[wait_ms / 1e3] * n,
+        computes=[0.010] * n,
+        wait_cpu=[wait_ms / 1e3] * n,
+        compute_cpu=[0.010] * n,
+        passes=1,
+        num_workers=0,
+        iterator="_SingleProcessDataLoaderIter",
+    )
+
+
+def test_the_live_advice_is_watchs_judgement_of_the_figures_so_far():
+    from starvecheck.loop.live import DATA, STEP, advice
+
+    starved = advice(single_process(10.0))
+    assert starved.num_workers == 0 and starved.link == DATA
+    assert isinstance(starved.recommended, int) and starved.recommended >= 1
+    fed = advice(single_process(0.01))
+    assert fed.link == STEP and fed.recommended is None and fed.speedup is None
+
+
+def test_the_live_advice_reads_the_last_steps_only():
+    from starvecheck.loop.live import snapshot
+
+    t = made([1, 2, 3, 4, 5], [1, 1, 1, 1])  # the fifth batch's step not completed
+    s = snapshot(t, window=2)
+    assert list(s.waits) == [0.003, 0.004] and list(s.computes) == [0.001, 0.001]
+    assert s.offset == 2 and s.steps == 4
+    assert s.waits is not t.waits  # the loop's arrays go on without it
+
+
+def test_a_scrape_carries_the_recommendation_and_the_weakest_link():
+    w = served()
+    try:
+        w.exporter.follow(single_process(10.0), set())
+        w.exporter.new_pass(None)
+        got = scrape(w.exporter.port)
+        assert one(got, "starvecheck_recommended_num_workers") >= 1
+        assert one(got, "starvecheck_num_workers") == 0
+        (link,) = got["starvecheck_weakest_link"]
+        assert dict(link)["link"] == "data loading"
+    finally:
+        w.exporter.close()

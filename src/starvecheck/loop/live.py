@@ -2,9 +2,9 @@
 watch's report judges them (advice.report.build_report), reduced to the gauges of
 loop/families.Advice: num_workers now and recommended, the predicted speed-up with its
 interval over blocks of steps (advice.stepworkers.prediction_interval), the weakest
-link. Judging takes milliseconds, so the exporter does it at most every
-loop/exporter.ADVICE_EVERY_S seconds, on a copy of the steps completed (the loop
-appends meanwhile).
+link, all from the last WINDOW steps. Judging takes milliseconds, so the exporter
+does it at most every loop/exporter.ADVICE_EVERY_S seconds, on a copy of the steps
+completed (the loop appends meanwhile).
 """
 
 from __future__ import annotations
@@ -14,22 +14,29 @@ import dataclasses
 from starvecheck.loop.families import Advice
 from starvecheck.loop.times import ARRAYS, LoopTimes
 
+# The steps judged: the last this many (a rank's window, loop/ranks.WINDOW), so judging
+# stays a few milliseconds however long the job has run, and says what holds now.
+WINDOW = 4096
+
 # The data-wait share from which watch's judgement calls a loop input-bound
 # (advice/profile.INPUT_BOUND): the weakest link is then the data's.
 DATA = "data loading"
 STEP = "training step"
 
 
-def snapshot(t: LoopTimes) -> LoopTimes:
-    """The steps completed so far, apart from the arrays the loop goes on appending to."""
+def snapshot(t: LoopTimes, window: int = WINDOW) -> LoopTimes:
+    """The last `window` steps completed, apart from the arrays the loop goes on
+    appending to (`offset` counts those before, as a rank's last steps are sent)."""
     n = len(t.computes)
-    arrays = {name: getattr(t, name)[:n] for name in ARRAYS}
+    start = max(0, n - window)
+    arrays = {name: getattr(t, name)[start : min(n, len(getattr(t, name)))] for name in ARRAYS}
     lists = {
         name: list(getattr(t, name))
         for name in ("worker_cpu", "worker_runq", "notes", "others_cpus", "process_cpus")
     }
     gpu = {"gpu_idle": t.gpu_idle[:], "gpu_period": t.gpu_period[:]}
-    return dataclasses.replace(t, **arrays, **lists, **gpu, digests=dict(t.digests))
+    offset = t.offset + start
+    return dataclasses.replace(t, **arrays, **lists, **gpu, digests=dict(t.digests), offset=offset)
 
 
 def advice(t: LoopTimes) -> Advice:
