@@ -93,6 +93,18 @@ def start(
     return None
 
 
+def serve(collector: Any, port: int, addr: str) -> Any:
+    """prometheus_client's HTTP server for `collector` alone, on a registry of its own
+    (never the process's default one); its thread dies with the process. OSError where
+    the port is taken or the address is not this host's."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    return server
+
+
 class Exporter:
     """The server and the collector: a scrape calls `collect()` (its thread)."""
 
@@ -109,11 +121,7 @@ class Exporter:
         self.closed = False
 
     def serve(self, port: int, addr: str) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)
-        self._server, _ = start_http_server(port, addr=addr, registry=registry)
+        self._server = serve(self, port, addr)
         self.port = self._server.server_port
         atexit.register(self.close)
 

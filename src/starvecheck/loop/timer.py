@@ -141,10 +141,7 @@ class Watch(TrainerSteps, Generic[T]):
         t.num_workers = getattr(it, "_num_workers", t.num_workers)
         workers = WorkerCpu(it)
         machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
-        t.new_pass()
-        t.passes += 1
-        if self.exporter is not None:
-            self.exporter.new_pass(self.peers.rank if self.peers else None)
+        self._new_pass(t)
         first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
         received = None  # when the loop got its last batch; None before the first
         try:
@@ -201,6 +198,12 @@ class Watch(TrainerSteps, Generic[T]):
             raise
         finally:
             self._pass_over(workers, runq)
+
+    def _new_pass(self, t: LoopTimes) -> None:
+        t.new_pass()
+        t.passes += 1
+        if self.exporter is not None:  # its pass's first step (loop/exporter.py)
+            self.exporter.new_pass(self.peers.rank if self.peers else None)
 
     def _pass_over(self, workers: WorkerCpu, runq: Runqueue) -> None:
         with never_raising(self._warned, "end the pass"):
