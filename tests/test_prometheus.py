@@ -309,7 +309,8 @@ def test_a_torchrun_job_scraped_names_its_slow_rank_and_each_ranks_ratio(tmp_pat
     job: subprocess.Popen | None = None
     try:
         server.ready()
-        job = torchrun(tmp_path, base, steps=220)
+        # STARVECHECK_FLEET_STEPS: a longer run for docs/fleet.md's picture
+        job = torchrun(tmp_path, base, steps=int(os.environ.get("STARVECHECK_FLEET_STEPS", 220)))
         mine = wait_for("each rank's own figures", lambda: own_clock(tmp_path), 300, job)
         assert {m["port"] for m in mine.values()} == {base, base + 1}  # LOCAL_RANK's offset
 
@@ -381,7 +382,7 @@ def screenshot(server: Server, expr: str) -> None:
         server.url
         + "/graph?"
         + urllib.parse.urlencode(
-            {"g0.expr": expr, "g0.tab": "0", "g0.range_input": "1m", "g0.stacked": "0"}
+            {"g0.expr": expr, "g0.tab": "0", "g0.range_input": "2m", "g0.stacked": "0"}
         )
     )
     subprocess.run(
