@@ -350,6 +350,14 @@ def test_a_torchrun_job_scraped_names_its_slow_rank_and_each_ranks_ratio(tmp_pat
             30,
         )
         assert set(recorded) == {"0", "1"}
+        # The straggler alert's comparison (less its 50 ms floor: this job's slow rank
+        # waits about 25 ms a step) names rank 1 alone.
+        straggler = (
+            "starvecheck:data_wait_p95:rate5m > on (job) group_left () "
+            "(3 * starvecheck:data_wait_p95_others:median)"
+        )
+        named = wait_for("the straggler named", lambda: server.by_rank(straggler) or None, 30)
+        assert set(named) == {"1"}
         screenshot(server, window)
     finally:
         (tmp_path / "stop").touch()
