@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip install --quiet --constraint constraints.txt
 
-.PHONY: run test test-slow accuracy package-check lint bench clean
+.PHONY: run test test-slow accuracy package-check lint bench clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,20 +33,30 @@ $(VENV)/.installed-all: pyproject.toml constraints.txt $(VENV)/.installed-torch
 run: $(VENV)/.installed-all
 	$(BIN)/starvecheck doctor --quick
 
+# System packages the tests run: Debian's prometheus (the server and promtool, which
+# tests/test_prometheus.py starts and runs). Installed with apt-get where promtool is
+# missing and we are root (CI); otherwise those tests skip saying why.
+system-deps:
+	@if command -v promtool >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q prometheus >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q prometheus >/dev/null; }; \
+	else echo "make: promtool missing and not root: the Prometheus tests will skip"; fi
+
 # Tests run with every extra: the tokenizer, Streaming and plot paths are tested, not skipped.
 # Three lanes (docs/development.md, "The test lanes"):
 #   test       the fast lane, in parallel (pytest-xdist): deterministic on a loaded machine
 #   test-slow  real workers, processes and signals end to end; deterministic, minutes
 #   accuracy   truth checks of samplers, timings and predictions: needs a quiet machine
 TEST_WORKERS ?= auto
-test: $(VENV)/.installed-all
+test: $(VENV)/.installed-all system-deps
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not accuracy"
 
-test-slow: $(VENV)/.installed-all
+test-slow: $(VENV)/.installed-all system-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "slow and not accuracy"
 
-accuracy: $(VENV)/.installed-all
+accuracy: $(VENV)/.installed-all system-deps
 	$(BIN)/python -m pytest -q -m accuracy
 
 # Build the wheel and sdist, install the wheel in a fresh venv and run it (CI runs this).

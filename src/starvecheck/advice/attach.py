@@ -108,7 +108,7 @@ def _wait(r: StageResult, pid: int) -> Wait | None:
     if n is None:
         return None
     n = int(n)
-    share = value(_of(r, pid), quantity="main_share", kind="data") or 0.0
+    share = value(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA) or 0.0
     low, high = wilson(share * n, n)
 
     def none(why: str) -> Wait:
@@ -209,7 +209,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     where = "main thread" if thread in (None, "", "MainThread") else f"loop's thread '{thread}'"
     evidence = (
         f"{_who(r, pid)}: {w.n} samples of its {where} over {seconds:g} s: waits for data "
-        f"{w.text()}; " + _breakdown(r, pid, "main_share", MAIN_KINDS)
+        f"{w.text()}; " + _breakdown(r, pid, vocab.MAIN_SHARE, MAIN_KINDS)
     )
     path = _rank(r, pid).data_path
     if isinstance(path, str) and path != "DataLoader":

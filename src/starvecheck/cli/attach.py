@@ -53,6 +53,30 @@ def attach(
     all_ranks: Annotated[
         bool, typer.Option("--all", help="Every rank on this node beside PID.")
     ] = False,
+    every: Annotated[
+        float | None,
+        typer.Option(
+            "--every",
+            callback=finite(1.0, 86400.0),
+            metavar="SECONDS",
+            help="Read a window every SECONDS until the job ends; the last is the report.",
+            show_default=False,
+        ),
+    ] = None,
+    prometheus: Annotated[
+        int | None,
+        typer.Option(
+            "--prometheus",
+            min=0,
+            max=65535,
+            metavar="PORT",
+            help="With --every: serve each window's figures for Prometheus on PORT.",
+            show_default=False,
+        ),
+    ] = None,
+    prometheus_addr: Annotated[
+        str, typer.Option("--prometheus-addr", metavar="ADDR", help="The address to serve on.")
+    ] = "127.0.0.1",
     json_path: JsonOpt = None,
     markdown_path: MarkdownOpt = None,
     fail_on: FailOnOpt = FailOn.never,
@@ -67,12 +91,16 @@ def attach(
     memory and reads, throttling. Where stacks may not be read, says what is missing
     and reports the rest. A torchrun agent's PID (or --all) reads every rank.
     """
+    from starvecheck.cli import windows
     from starvecheck.probe.machine import collect
     from starvecheck.stages.options import AttachOptions
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
     options = AttachOptions(pid, duration, rate, all_ranks, quick)
+    windows.check(every, prometheus, duration or (5.0 if quick else 10.0))
     machine = collect(sysroot_of(c), environ=c.environ)
+    if every is not None:  # a sidecar: a window every SECONDS (cli/windows.py)
+        return windows.windows(options, c, out, machine, every, prometheus, prometheus_addr)
     result = measure_one(options, c, out, machine).result
     return emit(build_report("attach", machine, [result], c), out, c)

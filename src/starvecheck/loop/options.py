@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from starvecheck.loop.barrier import DEFAULT_TIMEOUT_S
+from starvecheck.loop.exporter import check_port
 from starvecheck.loop.output import check_file
 
 
@@ -17,7 +18,9 @@ class WatchOptions:
     dist.barrier() once each batch is in hand; barrier_timeout: seconds before a
     barrier is given up; headspace: steps replayed from memory to measure what faster
     data would buy (starvecheck.watch only); gpu_events: CUDA events on the device
-    clock (None: where CUDA is in use)."""
+    clock (None: where CUDA is in use); prometheus: serve the figures for Prometheus
+    on this port plus LOCAL_RANK (None: STARVECHECK_PROMETHEUS_PORT where set; 0: any
+    free port), on prometheus_addr (default 127.0.0.1; loop/exporter.py)."""
 
     sync: bool = False
     every: int | None = None
@@ -27,6 +30,8 @@ class WatchOptions:
     barrier_timeout: float = DEFAULT_TIMEOUT_S
     headspace: int = 0
     gpu_events: bool | None = None
+    prometheus: int | None = None
+    prometheus_addr: str | None = None
 
     def __post_init__(self) -> None:
         every, timeout = self.every, self.barrier_timeout
@@ -38,3 +43,6 @@ class WatchOptions:
             )
         object.__setattr__(self, "barrier_timeout", float(timeout))
         check_file(self.file)
+        check_port(self.prometheus)
+        if self.prometheus_addr is not None and not isinstance(self.prometheus_addr, str):
+            raise TypeError(f"prometheus_addr must be an address, not {self.prometheus_addr!r}")

@@ -49,7 +49,9 @@ class FirstBatches:
             t.batch_bytes = max(t.batch_bytes or 0, nbytes)
         try:
             if seen <= DIGESTED and len(self.digests) < MAX_SAMPLES:
-                got = digests(item, leading(item))
+                size = leading(item)
+                t.batch_samples = t.batch_samples or size or None
+                got = digests(item, size)
                 if got is None:
                     t.digest_gaps += 1
                 else:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from starvecheck.loop.barrier import Barrier
     from starvecheck.loop.cpu import MachineCpu
+    from starvecheck.loop.exporter import Exporter
     from starvecheck.loop.gpuclock import DeviceIdle, NoDevice
     from starvecheck.loop.ranks import Peers
     from starvecheck.loop.times import LoopTimes
@@ -34,6 +35,8 @@ class TrainerSteps:
     _gap_cpu: float
     _gap_pcpu: float
     _machine: MachineCpu | None = None  # the machine's CPU, read about once a second
+    exporter: Exporter | None
+    peers: Peers | None
 
     if TYPE_CHECKING:  # Watch's own
 
@@ -115,6 +118,8 @@ class TrainerSteps:
             self._sync()
             self._distributed()
             self.times.passes += 1
+            if self.exporter is not None:  # loop/exporter.py
+                self.exporter.new_pass(self.peers.rank if self.peers else None)
             self._events().new_pass()
             self._gap, self._gap_cpu = self.clock(), time.thread_time()
             self._gap_pcpu = time.process_time()

@@ -54,6 +54,7 @@ from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, MachineCpu, Runqueue, WorkerCpu
+from starvecheck.loop.exporter import start as start_exporter
 from starvecheck.loop.gpuclock import CudaDevice, Device, DeviceIdle, NoDevice
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
@@ -108,6 +109,8 @@ class Watch(TrainerSteps, Generic[T]):
         self._handover: dict[int, Handover | None] = {}  # measured once per batch size
         self._gap_cpu = 0.0
         self._gap_pcpu = 0.0
+        # Prometheus (loop/exporter.py): None unless asked for, here or in the environment.
+        self.exporter = start_exporter(self.times, o.prometheus, o.prometheus_addr, self._warned)
 
     @property
     def sync(self) -> bool:
@@ -138,8 +141,7 @@ class Watch(TrainerSteps, Generic[T]):
         t.num_workers = getattr(it, "_num_workers", t.num_workers)
         workers = WorkerCpu(it)
         machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
-        t.new_pass()
-        t.passes += 1
+        self._new_pass(t)
         first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
         received = None  # when the loop got its last batch; None before the first
         try:
@@ -196,6 +198,12 @@ class Watch(TrainerSteps, Generic[T]):
             raise
         finally:
             self._pass_over(workers, runq)
+
+    def _new_pass(self, t: LoopTimes) -> None:
+        t.new_pass()
+        t.passes += 1
+        if self.exporter is not None:  # its pass's first step (loop/exporter.py)
+            self.exporter.new_pass(self.peers.rank if self.peers else None)
 
     def _pass_over(self, workers: WorkerCpu, runq: Runqueue) -> None:
         with never_raising(self._warned, "end the pass"):

@@ -97,6 +97,7 @@ class LoopTimes:
     # The first batches' samples, digested (loop/samples.py), by pass: the last two.
     digests: dict[int, list[int]] = field(default_factory=dict)
     digest_gaps: int = 0  # first batches no digest could be made of
+    batch_samples: int | None = None  # the first batch's leading size (fingerprints.leading)
     sampler: str | None = None  # the DataLoader's sampler class
     sampler_shuffle: bool | None = None  # it says it shuffles
     sampler_epochs: list[int] = field(default_factory=list)  # its epoch as each pass began

@@ -1,0 +1,97 @@
+"""`starvecheck attach PID --every SECONDS [--prometheus PORT]`: a window read every
+SECONDS until the job ends (or Ctrl-C), each said in one line on stderr and, with
+--prometheus, added to the metric families served there (loop/windows.py); the last
+window's report is the command's output, as one `attach` gives it.
+
+A sidecar's loop: it runs beside a training container for as long as the job does
+(docs/fleet.md). The job ending between windows ends it with the last report; a job
+gone before the first window is attach's usual one line and exit status.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from starvecheck.advice.report import build_report
+from starvecheck.cli.common import Outputs, emit, measure_one
+from starvecheck.core.context import Context
+from starvecheck.core.metric import value
+from starvecheck.core.model import Report
+from starvecheck.core.schema.attach import MAIN_SHARE, Main
+from starvecheck.core.status import StarvecheckError, UsageError
+from starvecheck.stages.options import AttachOptions
+
+
+def check(every: float | None, port: int | None, seconds: float) -> None:
+    """--prometheus serves windows: it needs --every; a window fits in its period."""
+    if port is not None and every is None:
+        raise UsageError("--prometheus needs --every SECONDS: it serves a window every SECONDS")
+    if every is not None and seconds > every:
+        raise UsageError(f"--duration {seconds:g} is longer than --every {every:g}")
+
+
+def windows(
+    options: AttachOptions,
+    c: Context,
+    out: Outputs,
+    machine: Any,
+    every: float,
+    port: int | None,
+    addr: str,
+) -> int:
+    """Windows until the job ends; the last one's report emitted."""
+    collector = _serving(c, port, addr) if port is not None else None
+    report: Report | None = None
+    n = 0
+    while True:
+        began = time.monotonic()
+        try:
+            result = measure_one(options, c, out, machine).result
+        except StarvecheckError:
+            if report is None:  # nothing read yet: attach's own line and status
+                raise
+            break  # the job ended between windows
+        report = build_report("attach", machine, [result], c)
+        n += 1
+        if collector is not None:
+            collector.add(report)
+        _say(c, f"starvecheck: attach window {n}: {_line(report)}")
+        if not Path(f"/proc/{options.pid}").exists():
+            break
+        time.sleep(max(0.0, every - (time.monotonic() - began)))
+    return emit(report, out, c)
+
+
+def _serving(c: Context, port: int, addr: str) -> Any:
+    from starvecheck.loop.exporter import serve
+    from starvecheck.loop.windows import Windows
+
+    collector = Windows(c.environ)
+    try:
+        server = serve(collector, port, addr)
+    except OSError as e:
+        raise UsageError(f"--prometheus {port}: cannot serve on {addr}:{port} ({e})") from None
+    _say(
+        c, f"starvecheck: serving Prometheus metrics on http://{addr}:{server.server_port}/metrics"
+    )
+    return collector
+
+
+def _line(report: Report) -> str:
+    """Each rank's sampled data-wait share in this window, in a few words."""
+    stage = report.stages[0]
+    parts = []
+    for r in stage.parameters.get("ranks") or []:
+        m = [x for x in stage.metrics if x.labels.get("pid") == r.get("pid")]
+        share = value(m, quantity=MAIN_SHARE, kind=Main.DATA)
+        who = f"rank {r['rank']}" if r.get("rank") is not None else f"PID {r.get('pid')}"
+        said = f"waits for data {share:.0%}" if share is not None else "not read"
+        parts.append(f"{who} {said}")
+    return "; ".join(parts) or "no rank read"
+
+
+def _say(c: Context, line: str) -> None:
+    c.stderr.write(line + "\n")
+    c.stderr.flush()
