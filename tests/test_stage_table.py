@@ -135,3 +135,29 @@ def test_no_stage_name_keys_a_table_but_the_one():
         for hit in _stage_keyed_tables(p)
     ]
     assert offenders == []
+
+
+def test_a_stage_is_timed_in_one_place_for_its_command_and_for_doctor():
+    """stages/base.timed sets every result's duration_s (its measuring's wall time);
+    no stage times itself (there were twelve copies)."""
+    from starvecheck.stages.base import BaseStage, RunContext, timed
+
+    class Slow(BaseStage[None, None]):
+        name = "slow"
+
+        def measure(self, plan: None, ctx: RunContext) -> StageResult:
+            import time
+
+            time.sleep(0.05)
+            return StageResult("slow")
+
+    got = timed(Slow(), None, RunContext()).result
+    assert got.duration_s is not None and got.duration_s >= 0.05
+    setters = [
+        f"{p.relative_to(SRC)}:{n.lineno}"
+        for p in sorted((SRC / "stages").rglob("*.py"))
+        if p.name != "base.py" and p.parent.name != "doctor"
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.keyword) and n.arg == "duration_s"
+    ]
+    assert setters == []

@@ -190,9 +190,8 @@ def test_judging_and_showing_read_a_record_by_its_fields_never_by_a_key(record):
         str(path.relative_to(SRC)): sorted(spelled)
         for layer in ("advice", "render", "cli")
         for path in sorted((SRC / layer).rglob("*.py"))
-        if f"{record.__module__}.{record.__name__}" in _schema_imports(
-            tree := ast.parse(path.read_text())
-        )
+        if f"{record.__module__}.{record.__name__}"
+        in _schema_imports(tree := ast.parse(path.read_text()))
         and (spelled := _keys_read(tree) & fields)
     }
     assert offences == {}
@@ -200,9 +199,7 @@ def test_judging_and_showing_read_a_record_by_its_fields_never_by_a_key(record):
 
 @pytest.mark.parametrize("record", _records(), ids=lambda r: r.__name__)
 def test_a_record_reads_back_as_written(record):
-    made = record.from_dict(
-        {f.name: _example(f.type) for f in dataclasses.fields(record)}
-    )
+    made = record.from_dict({f.name: _example(f.type) for f in dataclasses.fields(record)})
     assert made is not None
     assert record.from_dict(made.to_dict()) == made
 

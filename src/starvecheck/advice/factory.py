@@ -232,8 +232,6 @@ def choice_of(loader: StageResult) -> Choice | None:
     return made if isinstance(made, Choice) else choose(loader)
 
 
-
-
 def chosen_of(choice: Choice | None) -> Point | None:
     return choice.chosen if choice is not None else None
 

@@ -239,7 +239,7 @@ def measure_one(
     what it can report to `refused` (then exit 3); else measure with a progress bar.
     `batch_timeout_s`: --batch-timeout where the command has it (None: the default)."""
     from starvecheck.stages import registry
-    from starvecheck.stages.base import RunContext
+    from starvecheck.stages.base import RunContext, timed
 
     stage = registry.get(options.stage)
     ctx = RunContext(machine=machine, environ=c.environ, warn=lambda msg: warning(c, msg))
@@ -251,7 +251,7 @@ def measure_one(
             refused(refusal.result)
         raise Unavailable(refusal.message)
     with progress_bar(c, out) as progress:
-        return stage.measure_all(plan, replace(ctx, progress=progress))
+        return timed(stage, plan, replace(ctx, progress=progress))
 
 
 def emit(report: Report, out: Outputs, c: Context) -> int:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ def run(
     environ: Mapping[str, str] | None = None,
     nvml: NvmlSource | None = None,
 ) -> tuple[Machine, StageResult]:
-    start = time.perf_counter()
     machine = collect(root, path=path, environ=environ, nvml=nvml)
     caveats = []
     if not root.real:
@@ -44,7 +42,6 @@ def run(
         stage="env",
         parameters={"path": machine.storage.path, "sysroot": str(root.root)},
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 4),
     )
     return machine, result
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import random
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -402,7 +401,6 @@ class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
     def measure(self, plan: OnDisk[Plan], ctx: RunContext) -> StageResult:
         """Measure and summarise (judging is advice/io's). SIGTERM/SIGHUP raise like
         Ctrl-C while this runs, so the scratch data is removed on every way out."""
-        start = time.perf_counter()
         path, p = plan.path, plan.plan
         params: dict[str, Any] = {"path": path, **p.parameters()}
         caveats: list[Caveat] = []
@@ -432,7 +430,6 @@ class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
             metrics=tuple(metrics),
             caveats=tuple(caveats),
             capacity=_capacity(metrics, layouts, p) if plan.existing else None,
-            duration_s=round(time.perf_counter() - start, 3),
         )
 
 

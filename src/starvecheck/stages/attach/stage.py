@@ -215,7 +215,6 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
         return Plan(job, seconds, options.rate, ctx.effective_cpus)
 
     def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
-        start = time.perf_counter()
         caveats: list[Caveat] = []
         binary = spy.py_spy()
         owned = {r.pid: list(plan.job.children[r.pid]) for r in plan.job.ranks}
@@ -283,10 +282,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             ],
             "gpu_read": gpus.reason or gpus.chosen_by,
         }
-        took = round(time.perf_counter() - start, 3)
-        return StageResult(
-            "attach", params, tuple(metrics), caveats=tuple(caveats), duration_s=took
-        )
+        return StageResult("attach", params, tuple(metrics), caveats=tuple(caveats))
 
 
 NO_PY_SPY = (

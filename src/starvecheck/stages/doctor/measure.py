@@ -27,7 +27,7 @@ from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload
 from starvecheck.stages import registry
-from starvecheck.stages.base import Progress, RunContext
+from starvecheck.stages.base import Progress, RunContext, timed
 
 # The stages doctor runs, in chain order as --only names them (core/stages.py).
 STAGES = stages_table.doctor_chain()
@@ -134,7 +134,7 @@ def run(
     for name, plan in plans.items():
         stage = registry.get(measured_by(name, w))
         try:
-            results[name] = stage.measure(plan, ctx)
+            results[name] = timed(stage, plan, ctx).result
         except Unavailable as e:  # a stage failing mid-way (CUDA): its link says why
             unavailable[name] = str(e)
             continue

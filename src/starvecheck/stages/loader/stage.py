@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -167,7 +166,6 @@ def _run(
 
     sample = (1 << 20) if existing else plan.sample_size  # existing: files up to 8 MiB, most small
     plan = preflight.fitted(plan, plan.batch_size * sample, plan.prefetch_factor, warn)
-    start = time.perf_counter()
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     caveats: list[str] = []
     extra_metrics: list[Metric] = []
@@ -218,7 +216,6 @@ def _run(
         parameters=params,
         metrics=tuple(metrics),
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 3),
     )
 
 

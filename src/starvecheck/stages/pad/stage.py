@@ -229,7 +229,6 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     stdin = stdin if stdin is not None else plan.stdin
     if plan.current not in STRATEGIES:
         raise UsageError(f"--current {plan.current}: one of {', '.join(STRATEGIES)}")
-    start = time.perf_counter()
     data = load(plan, progress, stdin)
     raw = data.lengths
     empty = int((raw == 0).sum())
@@ -302,7 +301,6 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
         parameters=params,
         metrics=tuple(metrics),
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 3),
     )
     return Run(result, lengths, layouts)
 

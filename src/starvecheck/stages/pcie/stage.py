@@ -18,7 +18,6 @@ pinned buffers, RLIMIT_MEMLOCK, NUMA nodes, each GPU's link and its theoretical 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -107,7 +106,6 @@ def cpu_side(
     """The report without a CUDA device: host memory for pinned buffers, memlock,
     NUMA, each GPU's link and theoretical peak; every measured figure missing with
     the reason, so scripts find the names they expect."""
-    start = time.perf_counter()
     plan = plan or Plan.default(quick=False)
     facts = host_facts(machine)
     sp = size_plan(plan, facts)
@@ -136,7 +134,6 @@ def cpu_side(
         parameters=params,
         metrics=tuple(metrics),
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 4),
     )
 
 
@@ -152,7 +149,6 @@ def run(
         raise Unavailable(f"pcie needs a CUDA device: {reason}")
     from starvecheck.stages.pcie.measure import Measurement
 
-    start = time.perf_counter()
     facts = host_facts(machine)
     sp = size_plan(plan, facts)
     m = Measurement(plan, machine, facts, sp, progress, warn)
@@ -171,7 +167,6 @@ def run(
         parameters=params,
         metrics=tuple(labelled(m.metrics)),
         caveats=tuple(list(sp.notes) + m.caveats),
-        duration_s=round(time.perf_counter() - start, 3),
     )
 
 

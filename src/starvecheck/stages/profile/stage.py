@@ -13,7 +13,6 @@ Chrome trace is kept for TensorBoard or Perfetto (and for `starvecheck profile
 from __future__ import annotations
 
 import os
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +92,6 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     from starvecheck.stages.dataloader import preflight
     from starvecheck.stages.samples.mds import streaming_or_why, unusable_under
 
-    start = time.perf_counter()
     # Kineto logs each profiler start and stop to stderr at its default level, and
     # transformers warns about config fields: neither is news to the person reading.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
@@ -144,7 +142,6 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
         parameters=params,
         metrics=tuple(metrics),
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 3),
     )
 
 

@@ -16,7 +16,6 @@ the plan, the figures, and the stage.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -100,7 +99,6 @@ def run(
 
     # A sample is a small tensor of token ids (or nothing, with --sleep): a batch is tiny.
     plan = preflight.fitted(plan, plan.batch_size * 4096, PREFETCH, warn)
-    start = time.perf_counter()
     caveats: list[Caveat] = []
     tokenizer = texts = None
     d_ms = plan.sample_ms
@@ -152,7 +150,6 @@ def run(
         metrics=tuple(metrics),
         caveats=tuple(caveats),
         capacity=capacity,
-        duration_s=round(time.perf_counter() - start, 3),
     )
 
 

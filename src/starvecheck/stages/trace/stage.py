@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -271,10 +270,8 @@ class TraceStage(BaseStage[TraceOptions, TraceOptions]):
         return options
 
     def measure(self, plan: TraceOptions, ctx: RunContext) -> StageResult:
-        start = time.perf_counter()
         job = read(plan.traces, plan.max_bytes, plan.max_seconds)
-        out = result(job, job.info.get("files") or [os.fspath(p) for p in plan.traces])
-        return dataclasses.replace(out, duration_s=round(time.perf_counter() - start, 3))
+        return result(job, job.info.get("files") or [os.fspath(p) for p in plan.traces])
 
 
 STAGE = TraceStage()

@@ -380,12 +380,9 @@ def run_factory(
     pipeline left running stopped.
     The caller turns signals into exceptions (signals_raise): workers are stopped on
     every way out."""
-    import time
-
     with importing():
         import torch
 
-    started = time.perf_counter()
     strays = Strays()
     strays.mark()  # what FUNC, the dataset and the workers start from here on
     # multiprocessing's pymp-* directory, made and recorded (in the marker of the
@@ -412,7 +409,7 @@ def run_factory(
     finally:
         strays.stop()
         strays.say(warn)
-    return replace(out, duration_s=round(time.perf_counter() - started, 3))
+    return out
 
 
 class FactoryStage(BaseStage[FactoryOptions, Plan]):
