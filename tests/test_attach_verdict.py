@@ -162,7 +162,7 @@ def test_the_table_shows_each_share_with_its_interval_and_samples():
     from starvecheck.render.attach import split
 
     r = stage(ray_style(300, 100))
-    rows, _, _ = split(r, r.metrics)
+    rows, _, _ = split(r.metrics)
     assert ("PID 100", "training loop", "data", "75.0% (71-79%, 400)") in rows
 
 

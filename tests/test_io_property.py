@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from starvecheck.cli.args import thread_counts as _threads
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import parse_size
 from starvecheck.render import throughput
@@ -132,7 +131,7 @@ def metrics(draw):
 @SETTINGS
 @given(metrics())
 def test_split_never_raises_and_accounts_for_every_metric(ms):
-    rows, rest = throughput.split(StageResult("io", {}, ms), ms)
+    rows, rest = throughput.split(ms)
     rates = [r.rate.name for r in rows]
     companions = [c.name for r in rows for c in r.companions.values()]
     others = [m.name for m in rest]

@@ -24,6 +24,7 @@ from starvecheck.core.figures import loader_curves as curves
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Severity, StageResult
 from starvecheck.render import loader as loader_render
+from starvecheck.render.sections import stage_sections
 from starvecheck.scratch.directory import Scratch
 from starvecheck.stages.loader.epochs import steady
 from starvecheck.stages.samples import mds, sources
@@ -41,9 +42,9 @@ def advise(metrics, params):
     return rules(Results({"loader": StageResult("loader", params, tuple(metrics))}))
 
 
-def table(metrics, params, stage="loader"):
+def table(metrics, params):
     """loader's table of these figures, as render/sections asks for it."""
-    return loader_render.split(StageResult(stage, params, tuple(metrics)), list(metrics))
+    return loader_render.split(StageResult("loader", params, tuple(metrics)), list(metrics))
 
 
 # Small enough that a whole sweep takes a few seconds here.
@@ -239,8 +240,10 @@ def test_rules_and_table_select_by_labels_not_names():
 
 def test_the_table_is_loaders_alone():
     metrics, params = _labelled_sweep()
-    rows, rest, notes = table(metrics, params, stage="profile")
-    assert (rows, notes) == ([], []) and rest == metrics
+    profile = stage_sections(StageResult("profile", params, tuple(metrics)))[0]
+    assert loader_render.HEADERS not in {s.headers for s in profile}
+    loader = stage_sections(StageResult("loader", params, tuple(metrics)))[0]
+    assert loader_render.HEADERS in {s.headers for s in loader}
     assert rules(Results({})) == []
 
 

@@ -13,6 +13,7 @@ from starvecheck.advice.results import Results
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
 from starvecheck.render import profile as profile_table
+from starvecheck.render.sections import stage_sections
 from starvecheck.stages.base import RunContext
 from starvecheck.stages.options import ProfileOptions
 from starvecheck.stages.profile import loop as profile_loop
@@ -283,11 +284,11 @@ def test_table_and_rules_select_by_labels_not_names():
     renamed = dataclasses.replace(
         r, metrics=tuple(dataclasses.replace(m, name=f"figure{i}") for i, m in enumerate(ms))
     )
-    rows, rest = profile_table.split(r, r.metrics)
+    rows, rest = profile_table.split(r.metrics)
     assert [row[:2] for row in rows] == [("small_files", "0"), ("small_files", "2"), ("mds", "2")]
     assert rest == []
     assert rows[0][-2:] == ("40.0%", "80.0")
-    assert profile_table.split(renamed, renamed.metrics) == (rows, [])
+    assert profile_table.split(renamed.metrics) == (rows, [])
     found = judged(r.metrics, r.parameters)
     assert found.keys() == {
         "profile.data-bound",
@@ -301,11 +302,11 @@ def test_table_and_rules_select_by_labels_not_names():
 
 def test_the_loop_table_is_profiles_alone():
     ms = _loop_metrics()
-    other = StageResult("loader", {}, tuple(ms))
-    assert profile_table.split(other, ms) == ([], ms)
+    other = stage_sections(StageResult("loader", {}, tuple(ms)))[0]
+    assert profile_table.HEADERS not in {s.headers for s in other}
     # A trace reports under profile too, but its figures carry no layout: not the loop's.
     flat = [Metric.single("data_wait_share", 0.3, "fraction", {"quantity": "data_wait_share"})]
-    assert profile_table.split(StageResult("profile", {}, tuple(flat)), flat) == ([], flat)
+    assert profile_table.split(flat) == ([], flat)
     assert judged(flat) == {}
 
 

@@ -34,11 +34,7 @@ NOTE = (
 )
 
 
-def split(
-    stage: StageResult, metrics: Sequence[Metric]
-) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
-    if stage.stage != "attach":
-        return [], list(metrics), []
+def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     rows: list[tuple[str, ...]] = []
     used: set[int] = set()
     for quantity, who in _WHO.items():
@@ -65,7 +61,7 @@ def _share(m: Metric) -> str:
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, rest, notes = split(stage, metrics)
+    rows, rest, notes = split(metrics)
     if not rows:
         return [], rest
     return [Section(HEADERS, rows, notes, range(3, 4), metrics=taken(metrics, rest))], rest

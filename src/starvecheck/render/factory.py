@@ -65,8 +65,6 @@ def split(
 ) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, cost rows, every other metric, notes) for the configurations of a factory
     run: one row per configuration in each table."""
-    if stage.stage != "factory":
-        return [], [], list(metrics), []
     rows: list[tuple[str, ...]] = []
     costs: list[tuple[str, ...]] = []
     used: set[int] = set()

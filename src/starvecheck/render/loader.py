@@ -42,11 +42,10 @@ def split(
     stage: StageResult, metrics: Sequence[Metric]
 ) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
     """(rows, every other metric, why some rows are n/a) of `metrics`, those of
-    `stage` the tables before this one left; no rows for other stages. A row is a
+    `stage` the tables before this one left (the stage table gives loader's results
+    alone to this module). A row is a
     DataLoader's samples/s at one (layout, cache, workers), with the figures measured
     under the same labels."""
-    if stage.stage != "loader":
-        return [], list(metrics), []
     parameters = stage.parameters.read(LoaderParameters)
     first_cache = parameters.first_batch_cache
     judged = loader_curves(metrics)

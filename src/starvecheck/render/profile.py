@@ -52,13 +52,9 @@ def _ms(m: Metric | None) -> str:
     return f"{text}±{m.stdev:,.{spread}f}"
 
 
-def split(
-    stage: StageResult, metrics: Sequence[Metric]
-) -> tuple[list[tuple[str, ...]], list[Metric]]:
-    """(rows, every other metric) of `metrics`, those of `stage` the tables before this
-    one left; no rows for other stages, nor for a trace (its figures carry no layout)."""
-    if stage.stage != "profile":
-        return [], list(metrics)
+def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric]]:
+    """(rows, every other metric) of profile's `metrics`, those the tables before this
+    one left (the stage table gives profile's results alone to this module)."""
     cells: dict[tuple[str, int], dict[str, Metric]] = {}
     rest: list[Metric] = []
     for m in metrics:
@@ -85,7 +81,7 @@ def split(
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, rest = split(stage, metrics)
+    rows, rest = split(metrics)
     if not rows:
         return [], rest
     right = range(1, len(HEADERS))

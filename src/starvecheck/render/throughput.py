@@ -69,13 +69,11 @@ def _where(m: Metric) -> tuple[object, ...]:
     return (*(m.labels[k] for k in ("layout", "pattern", "cache")), m.labels.get("threads", 1))
 
 
-def split(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Row], list[Metric]]:
-    """(throughput rows, every other metric) of `metrics`, in the order `stage` gave
-    them; no rows for a stage other than io. A row is a read pattern's MB/s (labels
-    quantity mb_per_s, layout, pattern, cache, threads) with its companions measured
-    under the same labels."""
-    if stage.stage != "io":
-        return [], list(metrics)
+def split(metrics: Sequence[Metric]) -> tuple[list[Row], list[Metric]]:
+    """(throughput rows, every other metric) of io's `metrics`, in the order it gave
+    them (the stage table gives io's results alone to this module). A row is a read
+    pattern's MB/s (labels quantity mb_per_s, layout, pattern, cache, threads) with its
+    companions measured under the same labels."""
     placed = [m for m in metrics if {"layout", "pattern", "cache"} <= set(m.labels)]
     rates = [m for m in placed if m.labels.get("quantity") == MB_PER_S]
     companions: dict[tuple[object, ...], dict[str, Metric]] = {}
@@ -106,7 +104,7 @@ def missing_reasons(rows: list[Row]) -> list[str]:
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rates, rest = split(stage, metrics)
+    rates, rest = split(metrics)
     if not rates:
         return [], rest
     rows = [r.cells() for r in rates]
