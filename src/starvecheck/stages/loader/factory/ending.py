@@ -214,10 +214,11 @@ def _cleanup(stop: threading.Event) -> None:
     import shutil
     from multiprocessing import process, util
 
-    tempdir = process.current_process()._config.get("tempdir")
+    tempdir = process.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
     with contextlib.suppress(Exception):
-        util._exiting = False  # run again where the exit handlers were cut short
-    _bounded(util._exit_function, threading.Event() if stop.is_set() else stop, "starvecheck-mp")
+        util._exiting = False  # type: ignore[attr-defined]  # run again, the handlers cut short
+    again = threading.Event() if stop.is_set() else stop
+    _bounded(util._exit_function, again, "starvecheck-mp")  # type: ignore[attr-defined]
     for child in process.active_children():
         with contextlib.suppress(Exception):
             child.kill()

@@ -9,7 +9,7 @@ read (a property of the user's) within the time limit and the exit guard.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
@@ -23,7 +23,37 @@ from starvecheck.stages.loader.factory.rounds import ROUNDS
 from starvecheck.stages.loader.factory.run import Run
 
 if TYPE_CHECKING:
-    from starvecheck.stages.loader.factory.stage import Plan
+    from starvecheck.inputs.factory import FactorySpec
+
+
+class Planned(Protocol):
+    """What the result reads of the sweep's plan (stage.Plan), typed here so that this
+    module need not import the stage that imports it."""
+
+    @property
+    def spec(self) -> FactorySpec: ...
+    @property
+    def quick(self) -> bool: ...
+    @property
+    def cuda(self) -> bool: ...
+    @property
+    def effective_cpus(self) -> int: ...
+    @property
+    def budget_s(self) -> float: ...
+    @property
+    def factory_timeout_s(self) -> float: ...
+    @property
+    def memory_limit_bytes(self) -> int | None: ...
+    @property
+    def shm_free_bytes(self) -> int | None: ...
+    @property
+    def rounds(self) -> int | None: ...
+    @property
+    def torch_threads(self) -> int | None: ...
+    @property
+    def idle_worker_uss_bytes(self) -> int | None: ...
+    @property
+    def step_ms(self) -> float | None: ...
 
 
 DISTURBED = (
@@ -93,7 +123,7 @@ def _unread(run: Run) -> str:
 
 def result(
     pipeline: Pipeline,
-    plan: Plan,
+    plan: Planned,
     runs: Sequence[tuple[str, Run]],
     reread: Sequence[str] = (),
 ) -> StageResult:

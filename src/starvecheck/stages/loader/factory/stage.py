@@ -296,7 +296,7 @@ def run_factory(
         out = result(pipeline, plan, runs, reread)
         if threads := [describe(t) for t in left_threads()]:  # the process will not wait
             said = THREADS_LEFT.format(len(threads), "; ".join(threads[:8]))
-            out = replace(out, caveats=[*out.caveats, Caveat("loader.threads-left", said)])
+            out = replace(out, caveats=(*out.caveats, Caveat("loader.threads-left", said)))
     finally:
         strays.stop()
         strays.say(warn)
