@@ -31,7 +31,11 @@ def entry() -> int:
 
     try:
         from starvecheck.cli import main
+        from starvecheck.stages.loader.factory import ending
     except KeyboardInterrupt:
         sys.stderr.write("starvecheck: error: interrupted\n")
         return 130
-    return main()
+    # Where the user's code ran in this process (`loader --factory`), the process ends
+    # there once the report is written: nothing the pipeline left can hold it.
+    ending.enable()
+    return ending.finish(main())

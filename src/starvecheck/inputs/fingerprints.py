@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.signals import importing
 
 FIRST_BYTES = 2048  # read from each sample's start
 SPREAD_BYTES = 1024  # and this many more at even steps across the rest
-MAX_FIELDS = 16  # fields of a batch read at most
+MAX_FIELDS = 16  # fields of a batch read at most (and items of a sample)
+MAX_DEPTH = 4  # levels of a sample's nest read at most
 _MASK = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing's odd constant
 
@@ -34,32 +36,85 @@ _MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing's odd constant
 def leading(batch: Any) -> int:
     """A batch's samples where no batch size is known: the first field's leading size
     (a tensor's first dimension, a list's length); 0 where there is none."""
-    for leaf in _fields(batch):
-        shape = getattr(leaf, "shape", None) if _is_array(leaf) else None
-        if shape:
-            return int(shape[0])
-        if isinstance(leaf, list | tuple) and leaf:
-            return len(leaf)
+    try:
+        for leaf in _fields(batch):
+            if getattr(leaf, "is_nested", False) is True:
+                continue
+            shape = getattr(leaf, "shape", None) if _is_array(leaf) else None
+            if shape:
+                return int(shape[0])
+            if isinstance(leaf, list | tuple) and leaf:
+                return len(leaf)
+    except Exception:  # a field of the user's own class that cannot be read
+        return 0
     return 0
+
+
+@dataclass
+class Digest:
+    """One batch's digests (None where no field could be read, or one is on a device
+    other than the CPU) and the fields left out, each with why."""
+
+    values: list[int] | None
+    skipped: list[str] = field(default_factory=list)
 
 
 def digests(batch: Any, samples: int) -> list[int] | None:
     """One digest per sample of `batch` (`samples` of them: its leading size), or None
-    where no field of the batch has that leading size (nothing to tell samples apart)
-    or a field sits on a device other than the CPU (reading it would wait for it)."""
+    where no field of the batch has that leading size (nothing to tell samples apart),
+    none could be read, or a field sits on a device other than the CPU (reading it
+    would wait for it)."""
+    return digest_batch(batch, samples).values
+
+
+def digest_batch(batch: Any, samples: int) -> Digest:
+    """`digests`, with the fields it could not read named (a sparse or nested tensor, an
+    object of the user's own with .shape, items whose code raises): such a field is left
+    out, never an error, for the pipeline read it fine; the digest is starvecheck's."""
     if samples <= 0:
-        return None
+        return Digest(None)
     out = [0] * samples
     used = 0
-    for leaf in _fields(batch):
-        rows = _rows(leaf, samples)
+    skipped: list[str] = []
+    try:
+        fields = list(_fields(batch))
+    except Exception as e:  # a batch of the user's own class that cannot be walked
+        return Digest(None, [f"the batch ({_kind(batch)}): {_why(e)}"])
+    for i, leaf in enumerate(fields):
+        try:
+            rows = _rows(leaf, samples)
+        except _Unreadable as e:
+            skipped.append(f"field {i} ({_kind(leaf)}): {e}")
+            continue
+        except Exception as e:
+            skipped.append(f"field {i} ({_kind(leaf)}): {_why(e)}")
+            continue
         if rows is _ON_DEVICE:
-            return None
+            return Digest(None, skipped)
         if rows is None:
             continue
         used += 1
         out = [((h * _MIX) ^ r) & _MASK for h, r in zip(out, rows, strict=True)]
-    return out if used else None
+    return Digest(out if used else None, skipped)
+
+
+class _Unreadable(Exception):
+    """A field the digest does not read, and why."""
+
+
+def _kind(x: Any) -> str:
+    try:
+        return type(x).__name__
+    except Exception:  # pragma: no cover - type() of anything has a name
+        return "object"
+
+
+def _why(e: BaseException) -> str:
+    try:
+        text = " ".join(str(e).split())[:120]
+    except Exception:  # an exception whose own __str__ raises
+        text = ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 _ON_DEVICE = object()
@@ -82,14 +137,43 @@ def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
+def _readable(leaf: Any) -> Any:
+    """The array whose memory the digest reads: a numpy array, or a strided CPU tensor
+    (its conjugate or negative bit cleared, a view of the same memory); anything else
+    with .shape and .dtype is not read (`_Unreadable`, with why)."""
+    import numpy as np
+
+    if isinstance(leaf, np.ndarray | np.generic):
+        return np.asarray(leaf)
+    if not (hasattr(leaf, "detach") and hasattr(leaf, "layout")):
+        raise _Unreadable("not a tensor or numpy array")
+    if getattr(leaf, "is_nested", False):
+        raise _Unreadable("a nested tensor")
+    layout = str(leaf.layout)
+    if layout != "torch.strided":
+        raise _Unreadable(f"a {layout.replace('torch.', '')} tensor")
+    t = leaf.detach()
+    if t.is_conj():
+        t = t.conj()  # the same memory, its conjugate bit cleared
+    if t.is_neg():
+        t = t._neg_view()  # the same memory, its negative bit cleared
+    return t
+
+
 def _rows(leaf: Any, samples: int) -> list[int] | object | None:
+    if getattr(leaf, "is_nested", False) is True:  # its .shape raises
+        raise _Unreadable("a nested tensor")
     if _is_array(leaf):
-        shape = tuple(leaf.shape)
+        device = getattr(getattr(leaf, "device", None), "type", "cpu")
+        if device not in ("cpu", "meta"):
+            return _ON_DEVICE
+        if device == "meta":
+            raise _Unreadable("a tensor on the meta device: it holds no data")
+        a = _readable(leaf)
+        shape = tuple(a.shape)
         if not shape or shape[0] != samples:
             return None
-        if getattr(getattr(leaf, "device", None), "type", "cpu") != "cpu":
-            return _ON_DEVICE
-        return _array_rows(leaf, samples)
+        return _array_rows(a, samples)
     if isinstance(leaf, list | tuple) and len(leaf) == samples:
         return [_one(x) for x in leaf]
     return None
@@ -97,13 +181,14 @@ def _rows(leaf: Any, samples: int) -> list[int] | object | None:
 
 def _array_rows(leaf: Any, samples: int) -> list[int]:
     """Each row's digest, vectorised: the bytes read from every row at once (a slice
-    and a strided slice, no gather), as 64-bit words, weighted and summed (wrapping)."""
+    and a strided slice, no gather), as 64-bit words, weighted and summed (wrapping).
+    A row of Python objects: its first MAX_FIELDS items, each read bounded (`_one`)."""
     import numpy as np
 
     tag = zlib.crc32(f"{tuple(leaf.shape[1:])}|{leaf.dtype}".encode())
     a = _as_numpy(leaf).reshape(samples, -1)
     if a.dtype.hasobject:
-        return [zlib.crc32(repr(row[:64].tolist()).encode(), tag) for row in a]
+        return [_objects(row[:MAX_FIELDS], tag) for row in a]
     head, step, spread = _reads(a.shape[1], a.dtype.itemsize)
     total = np.zeros(samples, dtype=np.uint64)
     parts = ((0, a[:, :head]), (1, a[:, head::step][:, :spread]))
@@ -118,6 +203,13 @@ def _array_rows(leaf: Any, samples: int) -> list[int]:
             words = raw.view(np.uint64)
             total += (words * _weights(words.shape[1], which)).sum(axis=1, dtype=np.uint64)
     return [(s ^ tag) & _MASK for s in total.tolist()]
+
+
+def _objects(items: Any, tag: int) -> int:
+    h = tag
+    for x in items:
+        h = ((h * _MIX) ^ _one(x)) & _MASK
+    return h
 
 
 def _as_numpy(leaf: Any) -> Any:
@@ -167,31 +259,38 @@ def _weights(n: int, which: int) -> Any:
     return w
 
 
-def _one(x: Any) -> int:
+def _one(x: Any, depth: int = 0) -> int:
     """A digest of one sample that is not part of an array: a string, bytes, a number,
-    a small tensor, or a nest of them."""
+    a small tensor, or a nest of them (MAX_FIELDS items, MAX_DEPTH levels). What is read
+    is bounded (FIRST_BYTES of a string); no object's own __repr__ or __str__ is
+    called: another object is its type's name."""
     if isinstance(x, str):
-        return zlib.crc32(x[:FIRST_BYTES].encode("utf-8", "replace"), len(x))
+        return zlib.crc32(x[:FIRST_BYTES].encode("utf-8", "replace"), len(x) & 0xFFFFFFFF)
     if isinstance(x, bytes | bytearray | memoryview):
         b = bytes(x[:FIRST_BYTES])
-        return zlib.crc32(b, len(x))
-    if isinstance(x, bool | int | float):
-        return zlib.crc32(repr(x).encode())
+        return zlib.crc32(b, len(x) & 0xFFFFFFFF)
+    if isinstance(x, bool):
+        return zlib.crc32(b"True" if x is True else b"False")
+    if isinstance(x, int | float):  # their own __repr__, not a subclass's
+        text = int.__repr__(x) if isinstance(x, int) else float.__repr__(x)
+        return zlib.crc32(text[:64].encode())
     if _is_array(x):
-        shape = tuple(x.shape)
-        rows = _array_rows(x.reshape(1, -1) if shape else x.reshape(1), 1)
+        a = _readable(x)
+        rows = _array_rows(a.reshape(1, -1) if tuple(a.shape) else a.reshape(1), 1)
         return rows[0] if isinstance(rows, list) else 0
-    if isinstance(x, list | tuple):
+    if depth >= MAX_DEPTH:
+        return zlib.crc32(_kind(x).encode())
+    if type(x) in (list, tuple):
         h = len(x)
         for y in x[:MAX_FIELDS]:
-            h = ((h * _MIX) ^ _one(y)) & _MASK
+            h = ((h * _MIX) ^ _one(y, depth + 1)) & _MASK
         return h
-    if isinstance(x, dict):
+    if type(x) is dict:
         h = len(x)
         for k, v in list(x.items())[:MAX_FIELDS]:
-            h = ((h * _MIX) ^ zlib.crc32(str(k).encode()) ^ _one(v)) & _MASK
+            h = ((h * _MIX) ^ _one(k, depth + 1) ^ _one(v, depth + 1)) & _MASK
         return h
-    return zlib.crc32(type(x).__name__.encode())
+    return zlib.crc32(_kind(x).encode())
 
 
 # Of each epoch, the samples read for repeats: the same stretch for every configuration,
@@ -201,7 +300,8 @@ EPOCH_SAMPLES = 4096
 
 
 class Repeats:
-    """Of the first EPOCH_SAMPLES samples of each epoch, how many came again."""
+    """Of the first EPOCH_SAMPLES samples of each epoch, how many came again; the
+    fields the digest left out, each with why and how many batches (`skipped`)."""
 
     def __init__(self) -> None:
         self.seen: set[int] = set()
@@ -209,6 +309,7 @@ class Repeats:
         self.repeats = 0  # of them, a digest already seen this epoch
         self.unreadable = 0  # batches that could not be fingerprinted
         self.taken = 0  # samples of this epoch read for repeats
+        self.skipped: dict[str, int] = {}  # a field left out, with why -> batches
 
     def new_epoch(self) -> None:
         self.seen = set()
@@ -218,13 +319,16 @@ class Repeats:
         if self.taken >= EPOCH_SAMPLES:
             return
         self.taken += samples
-        d = digests(batch, samples)
-        if d is None:
+        d = digest_batch(batch, samples)
+        for why in d.skipped[:MAX_FIELDS]:
+            if len(self.skipped) < MAX_FIELDS or why in self.skipped:
+                self.skipped[why] = self.skipped.get(why, 0) + 1
+        if d.values is None:
             self.unreadable += count
             return
-        for h in d:
+        for h in d.values:
             if h in self.seen:
                 self.repeats += count
             else:
                 self.seen.add(h)
-        self.read += len(d) if count else 0
+        self.read += len(d.values) if count else 0

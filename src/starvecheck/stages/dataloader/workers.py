@@ -133,7 +133,7 @@ def prctl(option: int, value: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def die_with_parent(parent: int | None) -> None:
+def die_with_parent(parent: int | None, watched: bool = True) -> None:
     """A worker outlives a main process killed with SIGKILL (or by the OOM killer)
     while the worker starts: reparented, it waits for ever holding a copy of the
     dataset's memory, and multiprocessing's resource tracker with it (torch's watchdog
@@ -142,12 +142,16 @@ def die_with_parent(parent: int | None) -> None:
     the parent went before that was set, `parent` (the main process's pid) is no
     longer this worker's parent nor running, and the worker leaves at once. Under
     forkserver the parent is the fork server, which outlives the main process while
-    any worker holds its pipe: a thread of this worker watches the main process."""
+    any worker holds its pipe: a thread of this worker watches the main process
+    (`watched`: started here; False where it was started before, as the user's
+    worker_init_fn's is followed by this call again, owndata.ChainedInit)."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if parent is None or parent == os.getpid() or os.getppid() == parent:
         return
     if not running(parent):
         os._exit(1)
+    if not watched:
+        return
     import threading
 
     threading.Thread(target=_watch, args=(parent,), name="starvecheck-parent", daemon=True).start()

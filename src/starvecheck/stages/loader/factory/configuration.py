@@ -168,6 +168,7 @@ class _Reading:
         self.cpu_read = 0.0  # when the processes' CPU was last read
         self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
+        self.window_own = 0.0  # the digest's time in this window (`_own`)
 
     def spent(self, now: float) -> bool:
         """The budget is spent: its seconds are, and a whole window was read (or, for a
@@ -283,7 +284,7 @@ class _Reading:
         """After a batch counted: the window closed where it is whole, the processes read,
         and the reading stopped where stable or out of budget."""
         run, now = self.run, self.clock()
-        if whole_window(self.window_batches, now - self.window_start, run.config):
+        if whole_window(self.window_batches, now - self.window_start - self._own(), run.config):
             self._window(now)
             self._sample(pids, False)
             self.cpu_read = now
@@ -328,8 +329,12 @@ class _Reading:
             to_device(batch, self.device)
             torch.cuda.synchronize(self.device)
             run.copy_s.append(self.clock() - t0)
+        started = self.clock()
         n, nbytes = batch_figures(batch, self.pipeline.settings.get("batch_size"))
         self.repeats.add(batch, n)
+        own = self.clock() - started
+        self.window_own += own
+        run.digest_s += own
         run.waits_ms.append(wait_s * 1e3)
         run.batch_bytes.append(nbytes)
         run.samples += n
@@ -342,8 +347,18 @@ class _Reading:
         n, _ = batch_figures(batch, self.pipeline.settings.get("batch_size"))
         self.repeats.add(batch, n, count=False)
 
+    def _own(self) -> float:
+        """starvecheck's own time in this window that is not the pipeline's: the
+        digest and the batch's figures, which the main process computes between
+        batches. With num_workers=0 it delays the next batch by as much, and is taken
+        out of the window; with workers, the workers go on loading meanwhile (as they
+        do during a training step), so the window keeps it, bounded (benchmarks/
+        digest_cost.py)."""
+        return self.window_own if not self.run.config.workers else 0.0
+
     def _window(self, now: float) -> None:
-        span = max(now - self.window_start, 1e-9)
+        span = max(now - self.window_start - self._own(), 1e-9)
+        self.window_own = 0.0
         self.run.samples_per_s.append(self.window_samples / span)
         self.run.batches_per_s.append(self.window_batches / span)
         self.run.window_s += span
@@ -360,8 +375,9 @@ class _Reading:
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats
         run.unreadable = self.repeats.unreadable
-        if None in self.cpu0 and None in self.cpu1:
-            run.main_cpu_s = self.cpu1[None] - self.cpu0[None]
+        run.digest_skipped = dict(self.repeats.skipped)
+        if None in self.cpu0 and None in self.cpu1:  # the digest's CPU is ours
+            run.main_cpu_s = max(0.0, self.cpu1[None] - self.cpu0[None] - run.digest_s)
         workers = [p for p in self.cpu1 if p is not None and p in self.cpu0]
         run.worker_cpu_s = (
             sum(self.cpu1[p] - self.cpu0[p] for p in workers)

@@ -74,7 +74,7 @@ def batch_bytes(pipeline: Pipeline, limit_s: float) -> int:
             batch = next(it, None)
     except UsageError:
         raise
-    except Exception:
+    except (Exception, SystemExit):  # the sweep reads it again, and says what it raises
         return 0
     if batch is None:
         return 0

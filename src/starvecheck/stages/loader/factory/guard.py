@@ -44,6 +44,7 @@ from typing import Any
 
 from starvecheck.core.signals import in_main_thread, received
 from starvecheck.core.status import UsageError
+from starvecheck.stages.loader.factory.ending import arm
 from starvecheck.stages.loader.factory.owndata import SampleFailed, worker_error
 
 # The handlers starvecheck keeps while the user's code runs: signals_raise's, and the
@@ -157,11 +158,18 @@ def guarding(where: str, warn: Callable[[str], None]) -> Iterator[None]:
         yield
         return
     guard = _Guard(where, warn)
+    arm(where)  # os._exit contained after this, too, to the process's end (ending.py)
 
     def _exit(status: int) -> None:
-        if os.getpid() != guard.pid:  # a forked worker: its normal way out
+        # A forked worker: its normal way out. After `guarding` (this stand-in kept by
+        # the user's code, atexit.register(os._exit, 0)): the stand-in it replaced.
+        if os.getpid() != guard.pid or guard not in _current:
             real_exit(status)
-        guard.exited = status
+            return
+        if guard.exited is None:
+            guard.exited = status
+        if not in_main_thread():  # a thread of the pipeline's: it ends, quietly; the
+            raise SystemExit(status)  # run ends at the next call into the user's code
         raise guard.exit_error()
 
     def refused(what: str) -> bool:
@@ -265,8 +273,13 @@ def empty_batch(batch: Any) -> str | None:
 
 
 def _no_elements(item: Any) -> bool:
-    shape = getattr(item, "shape", None)
-    return isinstance(shape, tuple) and any(isinstance(n, int) and n == 0 for n in shape)
+    """A tensor or array of shape with a 0 in it; what has no readable shape (a nested
+    tensor's raises, a custom object's may be anything) is not refused here."""
+    try:
+        shape = getattr(item, "shape", None)
+        return isinstance(shape, tuple) and any(type(n) is int and n == 0 for n in shape)
+    except Exception:
+        return False
 
 
 def next_batch(it: Any, where: str, index: int) -> Any:
@@ -284,6 +297,10 @@ def next_batch(it: Any, where: str, index: int) -> Any:
     except (Exception, SystemExit) as e:
         at = "" if isinstance(e, SampleFailed) else f"batch {index}: "
         raise UsageError(f"{where}: {at}{worker_error(e)}") from e
-    if (wrong := empty_batch(batch)) is not None:
+    try:
+        wrong = empty_batch(batch)
+    except Exception:  # a batch of the user's own class, whose __len__ or __iter__ raises
+        wrong = None  # is not refused as empty: the figures say what could be read
+    if wrong is not None:
         raise UsageError(f"{where}: batch {index} {wrong}: there is nothing to measure")
     return batch

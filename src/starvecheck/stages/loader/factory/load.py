@@ -141,7 +141,7 @@ def _import(spec: FactorySpec) -> Any:
     return importlib.import_module(spec.module or "")
 
 
-def _call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
+def call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
     """call() with a SIGALRM limit where one can be set (the main thread, no timer of
     someone else's running); without one, unbounded."""
     import signal
@@ -211,7 +211,7 @@ def load(
             except (Exception, SystemExit) as e:
                 raise UsageError(f"{where}: {spec.func}() raised {one_line(e)}") from e
 
-    made = _call_limited(run, limit_s, f"{where}: importing it and calling {spec.func}()")
+    made = call_limited(run, limit_s, f"{where}: importing it and calling {spec.func}()")
     pipeline = from_object(spec, made, batch_size)
     pipeline.factory_s = time.perf_counter() - started
     return pipeline

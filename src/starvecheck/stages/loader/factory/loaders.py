@@ -44,6 +44,17 @@ class Config:
         return ", ".join(parts)
 
 
+def current_config(pipeline: Pipeline) -> Config:
+    s = pipeline.settings
+    workers = int(s.get("num_workers", 0) or 0)
+    return Config(
+        workers,
+        s.get("prefetch_factor") if workers else None,
+        bool(s.get("persistent_workers")) if workers else False,
+        bool(s.get("pin_memory")),
+    )
+
+
 @dataclass
 class Built:
     """What one configuration reads: `loader`, the DataLoader, or the user's loader-like
@@ -126,12 +137,22 @@ def _held_loader() -> type:
 
 
 def built_for(pipeline: Pipeline, config: Config) -> Built:
+    """The configuration's loader, or one line: DataLoader refuses the settings, or the
+    user's code it calls (the dataset's __len__, read by a sampler, the loader-like
+    object's copy) raises or exits."""
     try:
         return make_loader(pipeline, config)
+    except UsageError:
+        raise
     except (ValueError, TypeError) as e:
         raise UsageError(
             f"loader --factory {pipeline.spec.text}: DataLoader({config.describe()}) refused "
             f"the pipeline's settings: {one_line(e)}"
+        ) from e
+    except (Exception, SystemExit) as e:
+        raise UsageError(
+            f"loader --factory {pipeline.spec.text}: making the DataLoader of "
+            f"{config.describe()} raised {one_line(e)} (the dataset's __len__, its sampler)"
         ) from e
 
 

@@ -7,13 +7,14 @@ before the user's (`ChainedInit`), a batch of any shape counted in samples and b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable
 from typing import Any
 
 from starvecheck.stages.dataloader.deaths import named
-from starvecheck.stages.dataloader.workers import worker_init
+from starvecheck.stages.dataloader.workers import die_with_parent, worker_init
 from starvecheck.stages.loader.factory.load import one_line
 
 # A batch's structure is walked this deep and this wide to count its samples and bytes.
@@ -25,14 +26,23 @@ def batch_figures(batch: Any, batch_size: int | None = None) -> tuple[int, int]:
     """(samples, bytes) of a collated batch of any shape: tensors, numpy arrays, and
     lists, tuples and dicts of them. Samples: the leading size its top-level fields
     agree on (a tensor's first dimension, a list's length), else the length of a list
-    of samples, else `batch_size`; bytes: every tensor's and array's, and strings'."""
-    return _samples(batch, batch_size), _bytes(batch)
+    of samples, else `batch_size`; bytes: every tensor's and array's, and strings'.
+    A batch of the user's own class whose __len__ or __iter__ raises counts as
+    `batch_size` samples (or 1) and the bytes read before it raised."""
+    try:
+        samples = _samples(batch, batch_size)
+    except Exception:
+        samples = batch_size or 1
+    return samples, _bytes(batch)
 
 
 def _leading(item: Any) -> int | None:
     if _nbytes(item) is not None:
-        shape = getattr(item, "shape", ())
-        return int(shape[0]) if len(shape) else None
+        try:  # a nested tensor has no shape; a custom object's may be anything
+            shape = tuple(getattr(item, "shape", ()))
+            return int(shape[0]) if shape else None
+        except Exception:
+            return None
     if isinstance(item, list):
         return len(item)
     return None
@@ -62,29 +72,37 @@ def _samples(batch: Any, batch_size: int | None) -> int:
 
 
 def _bytes(batch: Any) -> int:
+    """Every tensor's and array's bytes, and strings', walked bounded; a container of
+    the user's own whose __iter__ raises ends the walk with what was counted."""
     total = 0
     seen = 0
     stack: list[tuple[Any, int]] = [(batch, 0)]
-    while stack and seen < _WALK_ITEMS:
-        item, depth = stack.pop()
-        seen += 1
-        nbytes = _nbytes(item)
-        if nbytes is not None:
-            total += nbytes
-        elif isinstance(item, str | bytes):
-            total += len(item)
-        elif depth < _WALK_DEPTH and isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif depth < _WALK_DEPTH and isinstance(item, list | tuple):
-            stack.extend((v, depth + 1) for v in item)
+    with contextlib.suppress(Exception):
+        while stack and seen < _WALK_ITEMS:
+            item, depth = stack.pop()
+            seen += 1
+            nbytes = _nbytes(item)
+            if nbytes is not None:
+                total += nbytes
+            elif isinstance(item, str | bytes):
+                total += len(item)
+            elif depth < _WALK_DEPTH and isinstance(item, dict):
+                stack.extend((v, depth + 1) for v in item.values())
+            elif depth < _WALK_DEPTH and isinstance(item, list | tuple):
+                stack.extend((v, depth + 1) for v in item)
     return total
 
 
 def _nbytes(item: Any) -> int | None:
-    if hasattr(item, "element_size") and hasattr(item, "numel"):  # a torch tensor
-        return int(item.numel()) * int(item.element_size())
-    if hasattr(item, "nbytes") and hasattr(item, "shape") and hasattr(item, "dtype"):
-        return int(item.nbytes)  # numpy
+    """An array's bytes; None for what is no array; 0 for one that cannot say (a
+    nested tensor has no numel(), a custom batch object's may raise)."""
+    try:
+        if hasattr(item, "element_size") and hasattr(item, "numel"):  # a torch tensor
+            return int(item.numel()) * int(item.element_size())
+        if hasattr(item, "nbytes") and hasattr(item, "shape") and hasattr(item, "dtype"):
+            return int(item.nbytes)  # numpy
+    except Exception:
+        return 0
     return None
 
 
@@ -146,8 +164,10 @@ class Named:
 
 class ChainedInit:
     """starvecheck's worker set-up (the worker dies with this process; signals:
-    workers.worker_init), then the user's. Made in the main process: its pid travels
-    with it to workers started by spawn or forkserver too."""
+    workers.worker_init), then the user's, then the parent-death signal armed again: a
+    worker_init_fn that sets its own (SIGTERM, which the worker ignores, a common idiom)
+    or clears it would let the worker outlive a SIGKILLed run. Made in the main process:
+    its pid travels with it to workers started by spawn or forkserver too."""
 
     def __init__(self, user: Callable[[int], None] | None) -> None:
         self.user = user
@@ -156,7 +176,10 @@ class ChainedInit:
     def __call__(self, worker_id: int) -> None:
         worker_init(worker_id, self.parent)
         if self.user is not None:
-            self.user(worker_id)
+            try:
+                self.user(worker_id)
+            finally:
+                die_with_parent(self.parent, watched=False)
 
 
 _IN_WORKER = re.compile(r"in DataLoader worker process (\d+)")

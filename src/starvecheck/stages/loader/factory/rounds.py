@@ -75,6 +75,9 @@ def merge(slices: list[Run]) -> Run:
         out.fingerprinted += r.fingerprinted
         out.repeats += r.repeats
         out.unreadable += r.unreadable
+        out.digest_s += r.digest_s
+        for why, n in r.digest_skipped.items():
+            out.digest_skipped[why] = out.digest_skipped.get(why, 0) + n
         for worker, n in r.worker_batches.items():
             out.worker_batches[worker] = out.worker_batches.get(worker, 0) + n
     names = ("main_cpu_s", "worker_cpu_s", "main_runq_s", "worker_runq_s", "worker_alive_s")

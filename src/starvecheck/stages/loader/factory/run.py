@@ -58,6 +58,8 @@ class Run:
     fingerprinted: int = 0  # samples in the windows with a digest
     repeats: int = 0  # of them, a sample already delivered in the same epoch
     unreadable: int = 0  # batches in the windows no digest could be made of
+    digest_skipped: dict[str, int] = field(default_factory=dict)  # field, why -> batches
+    digest_s: float = 0.0  # the digest's own time in the windows (fingerprints.py)
     worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
     partial: bool = False  # its only window was cut short (fewer than least_batches)
 

@@ -20,31 +20,40 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starvecheck.core.criteria import cpu_work, paired_knee
 from starvecheck.core.explained import Cost, unexplained
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import Configuration
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
 from starvecheck.stages.dataloader.deaths import Strays
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
+from starvecheck.stages.loader.factory.ending import describe, left_threads
 from starvecheck.stages.loader.factory.figures import metrics_of
 from starvecheck.stages.loader.factory.fits import check_files, check_spawnable, fit_run
 from starvecheck.stages.loader.factory.guard import guarding, recorded, user_code
-from starvecheck.stages.loader.factory.idle import idle_worker_uss, start_method
-from starvecheck.stages.loader.factory.load import DEFAULT_FACTORY_TIMEOUT_S, Pipeline, load
-from starvecheck.stages.loader.factory.loaders import Config
+from starvecheck.stages.loader.factory.idle import idle_worker_uss
+from starvecheck.stages.loader.factory.load import (
+    DEFAULT_FACTORY_TIMEOUT_S,
+    Pipeline,
+    load,
+)
+from starvecheck.stages.loader.factory.loaders import Config, current_config
+from starvecheck.stages.loader.factory.outcome import result
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
 from starvecheck.stages.options import FactoryOptions
 
 if TYPE_CHECKING:
     from starvecheck.inputs.factory import FactorySpec
     from starvecheck.inputs.workload import Workload
+
+
+# Importable from here, where callers have found them.
+__all__ = ["Plan", "current_config", "metrics_of", "result", "run_factory", "sweep"]
 
 
 @dataclass(frozen=True)
@@ -77,17 +86,6 @@ def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
         return counts
     top = max(2, effective_cpus)
     return tuple(sorted({w for w in counts if w <= top} | {top}))
-
-
-def current_config(pipeline: Pipeline) -> Config:
-    s = pipeline.settings
-    workers = int(s.get("num_workers", 0) or 0)
-    return Config(
-        workers,
-        s.get("prefetch_factor") if workers else None,
-        bool(s.get("persistent_workers")) if workers else False,
-        bool(s.get("pin_memory")),
-    )
 
 
 def sweep(
@@ -186,18 +184,6 @@ def run_cost(r: Run) -> Cost:
     return Cost(None if cpu is None else cpu * 1e3 / n, blocked)
 
 
-DISTURBED = (
-    "The first reading was disturbed: {what}; every worker count was read again, and the "
-    "figures shown are the second reading's"
-)
-
-
-PARTIAL = (
-    "{}: a window cut short of the prefetch queue's batches and two a worker (a dataset too "
-    "slow for the --budget): its figure is not steady state; a larger --budget reads it whole"
-)
-
-
 def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
     """The worker counts swept, the rest as the current configuration has it, and the
     current configuration where its count is not swept."""
@@ -246,107 +232,6 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
 
 def _median_rate(run: Run) -> float:
     return statistics.median(run.samples_per_s) if run.samples_per_s else 0.0
-
-
-NO_PIN = (
-    "pin_memory not tried: torch sees no CUDA device, and pinned memory against pageable "
-    "is measured only with each batch copied to one"
-)
-
-NO_CONTEXT = (
-    "num_workers=0 was measured without the pipeline's multiprocessing_context ({}): "
-    "DataLoader refuses one without workers, and the main process, loading every batch "
-    "itself, starts nothing with it"
-)
-
-
-# A setting second to the count moves samples/s by a few percent, at the edge of its
-# bar: three rounds cannot tell it from the noise (one quick run's line took
-# prefetch_factor=4 at 1.15x, the next ones and the full run did not), so a quick run
-# does not read them, and its line is never more than the full run's.
-QUICK_COUNTS = (
-    "--quick measured the worker counts only: prefetch_factor, persistent_workers and "
-    "pin_memory are measured and judged by the run without --quick"
-)
-
-
-def result(
-    pipeline: Pipeline,
-    plan: Plan,
-    runs: Sequence[tuple[str, Run]],
-    reread: Sequence[str] = (),
-) -> StageResult:
-    metrics: list[Metric] = []
-    caveats: list[Caveat] = []
-    if reread:
-        caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
-    short = [run.config.describe() for _, run in runs if run.partial]
-    if short:
-        caveats.append(Caveat("loader.partial-window", PARTIAL.format(", ".join(short))))
-    if plan.quick and not pipeline.fixed:
-        caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
-    elif not plan.cuda and not pipeline.fixed:
-        caveats.append(Caveat("loader.no-pin", NO_PIN))
-    context = pipeline.settings.get("multiprocessing_context")
-    if context is not None and any(not run.config.workers for _, run in runs):
-        caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
-    configs = []
-    now = current_config(pipeline)
-    for role, run in runs:
-        metrics += metrics_of(role, run, run.config == now)
-        configs.append(
-            Configuration(
-                role,
-                run.config.workers,
-                run.config.describe(),
-                run.stopped,
-                run.batches,
-                run.samples,
-                round(run.seconds, 3),
-                run.epochs,
-                run.partial,
-            ).to_dict()
-        )
-    parameters: dict[str, Any] = {
-        "source": "factory",
-        "factory": plan.spec.text,
-        "dataset": pipeline.describe(),
-        "iterable": pipeline.iterable,
-        "samples_in_dataset": pipeline.length,
-        "given_dataloader": pipeline.given,
-        "read_as_is": pipeline.fixed,
-        "shuffle": bool(pipeline.settings.get("shuffle"))
-        or type(pipeline.settings.get("sampler")).__name__ == "RandomSampler",
-        "batch_size": pipeline.settings.get("batch_size"),
-        "current": current_config(pipeline).describe(),
-        "effective_cpus": plan.effective_cpus,
-        "memory_limit_bytes": plan.memory_limit_bytes,
-        "shm_free_bytes": plan.shm_free_bytes,
-        "budget_s": plan.budget_s,
-        "rounds": plan.rounds or ROUNDS[plan.quick],
-        "torch_threads": plan.torch_threads,
-        "shards": _shards(pipeline.dataset),
-        "start_method": start_method(pipeline.settings.get("multiprocessing_context")),
-        "idle_worker_uss_bytes": plan.idle_worker_uss_bytes,
-        "step_ms": plan.step_ms,
-        "factory_s": round(pipeline.factory_s, 3),
-        "configurations": configs,
-        "reread": list(reread),
-    }
-    return StageResult("factory", parameters=parameters, metrics=metrics, caveats=caveats)
-
-
-def _shards(dataset: Any) -> int | None:
-    """The dataset's own count of shards (Hugging Face's IterableDataset.num_shards,
-    n_shards), where it has one; never computed by reading it."""
-    for name in ("num_shards", "n_shards"):
-        try:
-            value = getattr(dataset, name, None)
-        except Exception:  # a property of the user's that raises
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
@@ -406,10 +291,19 @@ def run_factory(
         reread: list[str] = []
         runs = sweep(pipeline, plan, progress, strays=strays, reread=reread)
         out = result(pipeline, plan, runs, reread)
+        if threads := [describe(t) for t in left_threads()]:  # the process will not wait
+            said = THREADS_LEFT.format(len(threads), "; ".join(threads[:8]))
+            out = replace(out, caveats=(*out.caveats, Caveat("loader.threads-left", said)))
     finally:
         strays.stop()
         strays.say(warn)
     return out
+
+
+THREADS_LEFT = (
+    "The pipeline's code left {} thread(s) running past the measurement ({}): "
+    "starvecheck ends its process without waiting for them"
+)
 
 
 class FactoryStage(BaseStage[FactoryOptions, Plan]):
