@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import importlib
 import pkgutil
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -307,3 +308,31 @@ def test_no_any_where_one_layer_hands_a_value_to_another():
     JsonValue, a user's or a library's object as what it is, never `Any` (OUTSIDE
     names the seams whose values come from outside starvecheck)."""
     assert any_at_seams() == []
+
+
+def test_a_title_more_than_one_rule_gives_is_worded_in_the_catalogue_alone():
+    """profile.data-bound comes from profile's sweep and from a step breakdown: its
+    titles are the catalogue's templates, and no rule spells their words again."""
+    from starvecheck.core.catalogue import CATALOGUE
+
+    shared = [k for k in CATALOGUE.values() if k.titles]
+    assert shared, "the scan has something to check"
+    pieces = {  # each template's longest fixed words, where they say something of their own
+        max(re.split(r"\{[^}]*\}", template), key=len)
+        for k in shared
+        for template in k.titles.values()
+    }
+    spelled = {
+        str(p.relative_to(SRC)): sorted(
+            piece
+            for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            for piece in pieces
+            if len(piece) >= 20 and piece in n.value
+        )
+        for p in _modules()
+        if p.name != "catalogue.py"
+    }
+    assert {k: v for k, v in spelled.items() if v} == {}
+    fed = CATALOGUE["profile.data-bound"].title("fed", share=0.05, where="")
+    assert fed == "The training step is fed: 5.0% of it waits for data"

@@ -147,14 +147,21 @@ def _best(s: Mapping[tuple[str, int], float]) -> Finding:
         return Finding(
             catalogue.PROFILE_DATA_BOUND,
             Severity.OK,
-            f"The training step is fed: {share:.1%} of it waits for data ({where})",
+            catalogue.PROFILE_DATA_BOUND.title("fed", share=share, where=f" ({where})"),
             stage="profile",
         )
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
     return Finding(
         catalogue.PROFILE_DATA_BOUND,
         sev,
-        f"Even the best configuration is {kind}: {share:.0%} of each step waits for data",
+        catalogue.PROFILE_DATA_BOUND.title(
+            "bound",
+            whose="Even the best configuration is",
+            kind=kind,
+            share=share,
+            each="each step",
+            more="",
+        ),
         evidence=f"best measured: {where}; every configuration: "
         + ", ".join(f"{lay} w{n} {v:.0%}" for (lay, n), v in sorted(s.items())),
         recommendation="More workers do not close the gap here: find the slow link with "

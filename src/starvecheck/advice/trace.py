@@ -236,7 +236,7 @@ def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
         return Finding(
             catalogue.PROFILE_DATA_BOUND,
             Severity.OK,
-            f"The training step is fed: {d.share:.1%} of it waits for data",
+            catalogue.PROFILE_DATA_BOUND.title("fed", share=d.share, where=""),
             evidence=evidence,
             recommendation="The input keeps up; step time is compute. For text, "
             "`starvecheck pad` shows how much of that compute goes on padding.",
@@ -249,8 +249,14 @@ def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
     return Finding(
         catalogue.PROFILE_DATA_BOUND,
         d.severity,
-        f"The training step is {d.kind}: {d.share:.0%} of it waits for data"
-        + (f"; only {n} step{'s' if n > 1 else ''} measured" if d.few else ""),
+        catalogue.PROFILE_DATA_BOUND.title(
+            "bound",
+            whose="The training step is",
+            kind=d.kind,
+            share=d.share,
+            each="it",
+            more=f"; only {n} step{'s' if n > 1 else ''} measured" if d.few else "",
+        ),
         evidence=evidence,
         recommendation=recommendation,
         gain=gain,

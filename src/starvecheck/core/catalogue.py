@@ -20,12 +20,25 @@ class Kind(str):
 
     severities: frozenset[Severity]
     says: str
+    titles: dict[str, str]
 
-    def __new__(cls, id_: str, severities: tuple[Severity, ...], says: str) -> Kind:
+    def __new__(
+        cls,
+        id_: str,
+        severities: tuple[Severity, ...],
+        says: str,
+        titles: dict[str, str] | None = None,
+    ) -> Kind:
         kind = super().__new__(cls, id_)
         kind.severities = frozenset(severities)
         kind.says = says
+        kind.titles = dict(titles or {})
         return kind
+
+    def title(self, form: str, **values: object) -> str:
+        """The title of one of its forms, its values filled in: a finding that more
+        than one rule gives is worded here once, apart from where it is detected."""
+        return self.titles[form].format(**values)
 
     @property
     def stage(self) -> str:
@@ -264,6 +277,10 @@ PROFILE_DATA_BOUND = Kind(
     "profile.data-bound",
     (CRIT, WARN, INFO, OK),
     "The loop is input-bound: … of each step waits for data",
+    {  # given by profile's own sweep (advice/profile) and by a step breakdown (advice/trace)
+        "fed": "The training step is fed: {share:.1%} of it waits for data{where}",
+        "bound": "{whose} {kind}: {share:.0%} of {each} waits for data{more}",
+    },
 )
 PROFILE_FIRST_STEP_STALL = Kind(
     "profile.first-step-stall", (INFO,), "The first step took …x the others"
