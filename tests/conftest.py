@@ -150,21 +150,44 @@ def settled(new: Callable[[], set[str]], within: float = 120.0) -> set[str]:
 
 
 def children(pid: int) -> set[int]:
-    """The pids of a process's children (its DataLoader workers, say)."""
+    """The pids of a process's children (its DataLoader workers, say), started by any
+    of its threads."""
+    found: set[int] = set()
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return {int(x) for x in f.read().split()}
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found |= {int(x) for x in f.read().split()}
     except OSError:
-        return set()
+        pass
+    return found
 
 
 def alive(pid: int) -> bool:
-    """Whether a process runs (a zombie does not)."""
+    """Whether a process runs (a zombie or a dead one does not). The state follows the
+    last ')': a command name may hold spaces and parentheses."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
     except OSError:
         return False
+
+
+def marked(marker: str) -> list[int]:
+    """Processes still running (not this one) whose command line holds `marker`: what a
+    test's run left behind, where the marker is the test's own directory."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+        except OSError:
+            continue
+        if alive(int(entry)):
+            found.append(int(entry))
+    return found
 
 
 def one_line(r: Result) -> str:

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.loops.attachjob import as_user, shared_dir
 from tests.loops.loopstate import attach_beside, data_share, own_share, stop_tree
 
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
@@ -120,21 +120,6 @@ def test_pid_1_of_a_pid_namespace_read_from_the_node(namespaced):
     assert f["severity"] in ("warning", "critical"), f
 
 
-@contextlib.contextmanager
-def _shared_dir() -> Iterator[Path]:
-    """A directory every user may write (tmp_path's parents are root's alone)."""
-    d = Path(tempfile.mkdtemp(prefix="starvecheck-users-"))
-    d.chmod(0o1777)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def _as(uid: int, cmd: list[str]) -> list[str]:
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *cmd]
-
-
 @pytest.mark.slow
 def test_another_users_job_is_one_caveat_naming_the_grant_and_no_verdict():
     why = _can(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "true"])
@@ -144,7 +129,7 @@ def test_another_users_job_is_one_caveat_naming_the_grant_and_no_verdict():
     # other users may not enter (mode 0700, as root's home and CI's clone are) they
     # cannot, and no mode of a directory this test did not make is changed to let them.
     for uid in (NOBODY, OTHER):
-        r = subprocess.run(_as(uid, [sys.executable, "-c", "import starvecheck, torch"]),
+        r = subprocess.run(as_user(uid, [sys.executable, "-c", "import starvecheck, torch"]),
                            capture_output=True, text=True, timeout=120, env=_env(),
                            cwd="/")  # fmt: skip
         if r.returncode != 0:
@@ -153,10 +138,10 @@ def test_another_users_job_is_one_caveat_naming_the_grant_and_no_verdict():
                 "directory above them is closed to other users): run from a checkout "
                 "others may read"
             )
-    with _shared_dir() as d:
+    with shared_dir() as d:
         path = d / "state.json"
         env = _env(HOME=str(d), TMPDIR=str(d))
-        loop = subprocess.Popen(_as(NOBODY, [sys.executable, str(LOOP), "data", str(path)]),
+        loop = subprocess.Popen(as_user(NOBODY, [sys.executable, str(LOOP), "data", str(path)]),
                                 env=env, start_new_session=True)  # fmt: skip
         try:
             _wait_state(loop, path)
@@ -164,7 +149,7 @@ def test_another_users_job_is_one_caveat_naming_the_grant_and_no_verdict():
             assert psutil.Process(job_pid).uids().real == NOBODY
             cmd = [sys.executable, "-m", "starvecheck", "attach", str(job_pid), "--json", "-",
                    "--duration", "3"]  # fmt: skip
-            r = subprocess.run(_as(OTHER, cmd), capture_output=True, text=True, timeout=180,
+            r = subprocess.run(as_user(OTHER, cmd), capture_output=True, text=True, timeout=180,
                                env=env, cwd=d)  # fmt: skip
             assert loop.poll() is None, "the loop died under attach"
         finally:

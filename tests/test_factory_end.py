@@ -13,35 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-HEAD = textwrap.dedent(
-    """
-    import os, signal, sys, threading, time
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    class Small(Dataset):
-        def __init__(self, n=64):
-            self.n = n
-        def __len__(self):
-            return self.n
-        def __getitem__(self, i):
-            return torch.full((4,), i, dtype=torch.int64)
-    """
-)
+from tests.conftest import alive, children, marked
+from tests.test_factory_user import factory as user_factory
 
 QUICK = ("--quick", "--budget", "0.5", "--factory-timeout", "4")
 
 
 def factory(tmp_path: Path, body: str) -> Path:
-    path = tmp_path / "endpipe.py"
-    path.write_text(HEAD + textwrap.dedent(body))
-    return path
+    return user_factory(tmp_path, body, "endpipe.py")
 
 
 def start(
@@ -64,24 +48,6 @@ def finish(p: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str
         out, err = p.communicate()
         pytest.fail(f"still running after {timeout} s (a hang): {err[-2000:]}")
     return p.returncode, out, err
-
-
-def left(marker: str) -> list[int]:
-    """Processes whose command line holds `marker` (the test's own directory)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read()
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in line and state not in (b"Z", b"X"):
-            found.append(int(pid))
-    return found
 
 
 def one_error(err: str) -> str:
@@ -121,7 +87,7 @@ def test_a_thread_the_factory_left_running_is_named_and_the_run_ends(
     assert "left 1 thread(s) running past the measurement" in caveats, caveats
     assert "my-p" in caveats, caveats
     assert not [n for n in os.listdir(own_tmpdir) if n.startswith(("pymp-", "starvecheck-"))]
-    assert left(str(tmp_path)) == []
+    assert marked(str(tmp_path)) == []
 
 
 @pytest.mark.slow
@@ -300,40 +266,21 @@ def test_workers_die_with_a_sigkilled_run_whatever_worker_init_fn_set(
         kids: list[int] = []
         while time.monotonic() < deadline and len(kids) < 2:
             time.sleep(0.2)
-            kids = [k for k in left(str(tmp_path)) if k != p.pid]
+            kids = [k for k in marked(str(tmp_path)) if k != p.pid]
         assert len(kids) >= 2, "no workers started"
         time.sleep(1.0)  # the worker_init_fn has run
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)  # not its pipes: a worker left running holds them
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(map(_alive, kids)):
+        while time.monotonic() < deadline and any(map(alive, kids)):
             time.sleep(0.1)
-        alive = [k for k in kids if _alive(k)]
+        still = [k for k in kids if alive(k)]
     finally:
-        for k in _children(p.pid):
+        for k in children(p.pid):
             os.kill(k, signal.SIGKILL)
         for stream in (p.stdout, p.stderr):
             if stream is not None:
                 stream.close()
-    for k in alive:
+    for k in still:
         os.kill(k, signal.SIGKILL)
-    assert alive == [], "workers outlived the SIGKILLed run"
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except OSError:
-        return False
+    assert still == [], "workers outlived the SIGKILLed run"

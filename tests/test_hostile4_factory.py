@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import marked
+
 PIPE = textwrap.dedent(
     """
     import atexit, os, signal, sys, threading, time, warnings
@@ -334,23 +336,6 @@ CASES = {
 ALL = [(area, *case) for area, cases in CASES.items() for case in cases]
 
 
-def _left(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read()
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in line and state not in (b"Z", b"X"):
-            found.append(int(pid))
-    return found
-
-
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("hostile4") / "hostile4pipe.py"
@@ -379,7 +364,7 @@ def test_hostile_factory(
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{area}/{func}: a hang ({e.stderr!r:.2000})")
     finally:
-        stray = _left(marker)
+        stray = marked(marker)
         for pid in stray:
             os.kill(pid, 9)
     err = r.stderr

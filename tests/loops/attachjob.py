@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import marked
+
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parent.parent / "src")
 NOBODY = 65534
@@ -126,25 +128,6 @@ def attach(pid: int, spy: FakeSpy, *extra: str, timeout: float = 120, **kw: str)
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**kw))
     return Run(r.returncode, r.stdout, r.stderr, time.monotonic() - t0)
-
-
-def marked(marker: str) -> list[int]:
-    """Processes (not zombies) whose command line holds `marker`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        out.append(int(entry))
-    return out
 
 
 def none_left(marker: str, within_s: float = 5.0) -> list[int]:
