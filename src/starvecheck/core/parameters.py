@@ -123,10 +123,11 @@ class Parameters(Mapping[str, object]):
     each stage's own are on its subclass, in its vocabulary module
     (core/schema/<stage>.py): `r.parameters.read(schema.pad.Parameters).context`."""
 
-    __slots__ = ("_values",)
+    __slots__ = ("_as", "_values")
 
     def __init__(self, values: Mapping[str, object] | None = None) -> None:
         self._values = dict(values or {})
+        self._as: dict[type[Parameters], Parameters] = {}  # read(): each class made once
 
     def __getitem__(self, key: str) -> object:
         return self._values[key]
@@ -157,7 +158,12 @@ class Parameters(Mapping[str, object]):
 
     def read(self, kind: type[P]) -> P:
         """These parameters as `kind`, a stage's own (core/schema/<stage>.py)."""
-        return kind.of(self)
+        if isinstance(self, kind):
+            return self
+        made = self._as.get(kind)
+        if made is None:
+            made = self._as[kind] = kind(self._values)
+        return made  # type: ignore[return-value]
 
 
 def record(kind: type[R], absent: R) -> _Key[R]:
