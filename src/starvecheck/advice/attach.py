@@ -248,10 +248,10 @@ def _gpus(r: StageResult) -> str:
 def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     m = _of(r, pid)
     workers = int(value(m, quantity=vocab.WORKERS_FOUND) or 0)
-    loading = _breakdown(r, pid, "main_loading_share", LOAD_KINDS)
+    loading = _breakdown(r, pid, vocab.MAIN_LOADING_SHARE, LOAD_KINDS)
     cpus = float(r.parameters.effective_cpus or 1)
     if workers == 0:
-        reading = value(m, quantity="main_loading_share", kind="read") or 0.0
+        reading = value(m, quantity=vocab.MAIN_LOADING_SHARE, kind=Loading.READ) or 0.0
         cpu_ms = max(0.0, share - reading) * 1e3
         machine = _machine(r, m, cpu_ms / 1e3)
         step_cpu = _step_cpu_ms(m, share, cpu_ms / 1e3)
@@ -265,7 +265,7 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     wcpu = value(m, quantity=vocab.WORKERS_CPUS) or 0.0
     runq = value(m, quantity=vocab.WORKERS_RUNQ_CPUS) or 0.0
     blocked = value(m, quantity=vocab.WORKERS_BLOCKED_SHARE)
-    kinds = _breakdown(r, pid, "worker_share", LOAD_KINDS)
+    kinds = _breakdown(r, pid, vocab.WORKER_SHARE, LOAD_KINDS)
     receive = _receive_cpu(m, share)
     busy = (wcpu + runq) / workers
     if receive >= BOUND_SHARE * share:
@@ -300,7 +300,7 @@ def _receive_cpu(m: Sequence[Metric], share: float) -> float:
     samples in the hand-over, but no more than the CPU it used beyond the rest of its
     loop. A thread caught in the hand-over while the workers it waits on get no CPU
     (an fd passed by a worker's thread that cannot run) is waiting, not working."""
-    sampled = value(m, quantity="main_loading_share", kind="handover") or 0.0
+    sampled = value(m, quantity=vocab.MAIN_LOADING_SHARE, kind=Loading.HANDOVER) or 0.0
     thread = value(m, quantity="main_thread_cpus")
     if thread is None:
         return sampled

@@ -16,7 +16,7 @@ from starvecheck.advice.configurations import Point, describe
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 from starvecheck.core.paired import spread
-from starvecheck.core.schema.factory import MAIN, WORKER, Configuration
+from starvecheck.core.schema.factory import MAIN, SWEPT, WORKER, Configuration
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 MIB = float(1 << 20)
@@ -102,7 +102,7 @@ def _own_growth(found: list[Point], growth: float) -> bool:
     """The same pipeline in the training process alone (num_workers=0) grows as much:
     the growth is the pipeline's own (a shuffle buffer, a cache it fills), not pages a
     fork shares and a worker copies."""
-    zero = next((q for q in found if q.workers == 0 and q.role in ("workers", "current")), None)
+    zero = next((q for q in found if q.workers == 0 and q.role in SWEPT), None)
     own = zero.get("uss_growth_bytes", process=MAIN) if zero is not None else None
     return own is not None and own >= OWN_GROWTH_SHARE * growth
 
@@ -295,7 +295,7 @@ def batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
 def main_threads(loader: StageResult, found: list[Point]) -> Finding | None:
     """At num_workers=0, the training process on several CPUs at once: torch's intra-op
     threads run the pipeline's operations (ToTensor, Normalize, an STFT) there."""
-    zero = next((p for p in found if p.workers == 0 and p.role in ("workers", "current")), None)
+    zero = next((p for p in found if p.workers == 0 and p.role in SWEPT), None)
     if zero is None:
         return None
     cpu = zero.get("cpu_ms_per_sample", process=MAIN)

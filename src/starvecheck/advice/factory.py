@@ -74,6 +74,7 @@ from starvecheck.core.metric import Caveat, Metric, one
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison, chained, compare
 from starvecheck.core.schema import common as words
+from starvecheck.core.schema.factory import SWEPT
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def _against_current(p: Point, current: Point, found: list[Point]) -> Comparison
     is the count itself, through the count p was read beside (`base`)."""
     if p is current:
         return Comparison(1.0, 1.0, 1.0, len(p.rates))
-    if p.role in ("workers", "current"):
+    if p.role in SWEPT:
         return compare(p.rates, current.rates)
     again = next((q for q in found if q.role == "again"), None)
     if again is not None:

@@ -21,7 +21,7 @@ from starvecheck.core.explained import Cost, Unexplained, unexplained
 from starvecheck.core.metric import Caveat, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.schema.common import OTHERS_CPUS
-from starvecheck.core.schema.factory import MAIN, WORKERS
+from starvecheck.core.schema.factory import MAIN, SWEPT, WORKERS
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 # Too busy to tell: other processes kept this share of the effective CPUs busy (the
@@ -38,7 +38,7 @@ DISTURBED = (
 
 def _counts(found: list[Point]) -> dict[int, Point]:
     """The worker counts as the first set read them (the sweep and the current one)."""
-    return {p.workers: p for p in found if p.role in ("workers", "current")}
+    return {p.workers: p for p in found if p.role in SWEPT}
 
 
 def disturbed(found: list[Point], cpus: float) -> list[Unexplained]:

@@ -166,18 +166,6 @@ class Parameters(Mapping[str, object]):
         return made  # type: ignore[return-value]
 
 
-def record(kind: type[R], absent: R) -> _Key[R]:
-    """One nested record, read back as `kind`; `absent` where it does not read as one."""
-
-    def read(value: Any) -> R:
-        got = kind.from_dict(value)
-        if got is None:
-            raise TypeError(value)
-        return got
-
-    return _Key(read, absent)
-
-
 def records(kind: type[R]) -> _Key[tuple[R, ...]]:
     """A list of nested records, each read back as `kind` (core/schema/record.py);
     an entry that does not read as one is left out."""

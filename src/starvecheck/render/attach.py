@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.attach import MAIN_LOADING_SHARE, MAIN_SHARE, WORKER_SHARE
 from starvecheck.render.section import Section, taken
 
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 _WHO = {
-    "main_share": "training loop",
-    "main_loading_share": "  inside its data fetch",
-    "worker_share": "DataLoader workers",
+    MAIN_SHARE: "training loop",
+    MAIN_LOADING_SHARE: "  inside its data fetch",
+    WORKER_SHARE: "DataLoader workers",
 }
 NOTE = (
     "Python stacks sampled by py-spy without pausing the job; idle threads counted "

@@ -30,6 +30,9 @@ from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.attach import (
     GPU_UTILIZATION,
+    MAIN_LOADING_SHARE,
+    MAIN_SHARE,
+    WORKER_SHARE,
     WORKER_USS_GROWTH,
     WORKERS_BLOCKED_SHARE,
     WORKERS_CPUS,
@@ -123,8 +126,8 @@ def read_stacks(
     if total and (has_loader or fetch):
         kinds[Main.DATA] += 0  # the wait's share stands with its interval, none sampled too
     if total:
-        out += _shares(kinds, total, "main", "main_share", **lab)
-        out += _shares(loading, total, "main.loading", "main_loading_share", **lab)
+        out += _shares(kinds, total, "main", MAIN_SHARE, **lab)
+        out += _shares(loading, total, "main.loading", MAIN_LOADING_SHARE, **lab)
     worker_kinds: Counter[Loading] = Counter()
     workers: set[int] = set()
     feeding = feeders = 0
@@ -142,7 +145,7 @@ def read_stacks(
                 feeding += n if busy else 0
     wtotal = sum(worker_kinds.values())
     if wtotal:
-        out += _shares(worker_kinds, wtotal, "workers", "worker_share", **lab)
+        out += _shares(worker_kinds, wtotal, "workers", WORKER_SHARE, **lab)
     if feeders:
         busy = feeding / feeders
         out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)

@@ -26,6 +26,7 @@ from starvecheck.core.criteria import cpu_work, paired_knee
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.factory import SWEPT
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
@@ -155,7 +156,7 @@ def sweep(
 def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
     """The worker counts' ratios past what the counts explain (core/explained.py), in
     words; the workers' measured time says which counts are CPU work."""
-    counts = [r for role, r in runs if role in ("workers", "current")]
+    counts = [r for role, r in runs if role in SWEPT]
     rates = {r.config.workers: r.samples_per_s for r in counts}
     work = {
         r.config.workers: cpu_work(r.worker_cpu_s, r.worker_runq_s, r.worker_alive_s)
