@@ -132,7 +132,11 @@ def test_a_job_stopped_in_the_window_is_said_and_not_judged(tmp_path):
         os.kill(p.pid, signal.SIGCONT)  # never leave it stopped
     try:
         before = read_state(path)["steps"]
-        time.sleep(1.5)
+        # A step is about 45 ms; polled with a long deadline, not one fixed sleep, so that
+        # a loaded machine's scheduling delay does not read as a loop left stopped.
+        deadline = time.time() + 60
+        while read_state(path)["steps"] <= before and time.time() < deadline:
+            time.sleep(0.1)
         assert read_state(path)["steps"] > before, "the loop did not run on after SIGCONT"
     finally:
         stop_tree(p)

@@ -91,18 +91,34 @@ def _read(cmd: list[str], path: Path, pid_in_json: int) -> tuple[dict[str, Any],
     return stage, data_share(stage, pid_in_json), own_share(a, b)
 
 
-@pytest.mark.slow
-def test_pid_1_of_a_pid_namespace_read_from_inside(namespaced):
-    host_pid, path = namespaced
+def _inside(host_pid: int) -> list[str]:
+    """attach 1, started inside the namespace."""
     inside = [sys.executable, "-m", "starvecheck", "attach", "1", "--json", "-",
               "--duration", str(SECONDS)]  # fmt: skip
     # nsenter --mount starts it in the namespace's root directory: the sources by their
     # absolute path
     where = f"PYTHONPATH={_env()['PYTHONPATH']}"
-    cmd = ["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", "env", where, *inside]
-    stage, share, own = _read(cmd, path, 1)
+    return ["nsenter", "--target", str(host_pid), "--pid", "--mount", "--", "env", where, *inside]
+
+
+def _from_the_node(host_pid: int) -> list[str]:
+    """attach HOST_PID, started on the node."""
+    return [sys.executable, "-m", "starvecheck", "attach", str(host_pid), "--json", "-",
+            "--duration", str(SECONDS)]  # fmt: skip
+
+
+# The slow lane checks what holds on a loaded machine (the job found, its data wait
+# reported under the PID attach was given, the verdict of a loop that waits for data
+# about three quarters of its time); the sampled share against the loop's own clock is
+# a sampler's accuracy, checked in the accuracy lane (the last test of this group).
+
+
+@pytest.mark.slow
+def test_pid_1_of_a_pid_namespace_read_from_inside(namespaced):
+    host_pid, path = namespaced
+    stage, share, _ = _read(_inside(host_pid), path, 1)
     assert stage["parameters"]["ranks"][0]["pid"] == 1
-    assert abs(share - own) <= 0.05, (share, own)
+    assert share > 0, stage["metrics"]  # main_share labelled with PID 1 (0.0: none)
     f = _findings(stage)["attach.data-wait"]
     assert f["severity"] in ("warning", "critical"), f
 
@@ -110,14 +126,24 @@ def test_pid_1_of_a_pid_namespace_read_from_inside(namespaced):
 @pytest.mark.slow
 def test_pid_1_of_a_pid_namespace_read_from_the_node(namespaced):
     host_pid, path = namespaced
-    cmd = [sys.executable, "-m", "starvecheck", "attach", str(host_pid), "--json", "-",
-           "--duration", str(SECONDS)]  # fmt: skip
-    stage, share, own = _read(cmd, path, host_pid)
+    stage, share, _ = _read(_from_the_node(host_pid), path, host_pid)
     samples = [m for m in stage["metrics"] if m["labels"].get("quantity") == "samples"]
     assert samples and samples[0]["value"] > 100, samples  # the main thread was found
-    assert abs(share - own) <= 0.05, (share, own)
+    assert share > 0, stage["metrics"]  # main_share labelled with the host PID (0.0: none)
     f = _findings(stage)["attach.data-wait"]
     assert f["severity"] in ("warning", "critical"), f
+
+
+@pytest.mark.accuracy
+@pytest.mark.parametrize("where", ["inside", "node"])
+def test_pid_1_of_a_pid_namespace_is_read_at_the_loops_own_share(namespaced, where):
+    """The share attach samples, from inside the namespace and from the node, within
+    0.05 of the loop's own clock over the same seconds: a truth check of the sampler,
+    which needs a quiet machine (moved from the two slow tests above)."""
+    host_pid, path = namespaced
+    cmd, pid = (_inside(host_pid), 1) if where == "inside" else (_from_the_node(host_pid), host_pid)
+    _, share, own = _read(cmd, path, pid)
+    assert abs(share - own) <= 0.05, (share, own)
 
 
 @pytest.mark.slow

@@ -130,8 +130,10 @@ def test_several_py_spys_that_hang_are_stopped_within_one_deadline(target, tmp_p
             r.kill()
     assert all(r.done() for r in recs)
     assert none_left(fake.marker) == []
-    # One wait for all (one after the other was 4 x STOP_S)
-    assert took < spy.STOP_S + spy.REAP_S + 3.0, took
+    # One wait for all: STOP_S (the fakes ignore SIGINT), then the kills. One after the
+    # other was 4 x STOP_S (20 s): the bound sits well below that, and leaves four
+    # group kills and reaps 10 s on a loaded machine, not the 5 s of STOP_S + REAP_S + 3.
+    assert took < 3 * spy.STOP_S, took
 
 
 def test_a_py_spy_ended_by_its_output_bound_is_said_so_not_its_garbage():

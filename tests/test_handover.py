@@ -16,6 +16,8 @@ from tests.conftest import children
 
 np = pytest.importorskip("numpy")
 
+LOADED_LIMIT_S = 120.0  # a 2-CPU machine shared with other work: 15 batches of 64 MiB
+
 
 def test_batch_bytes_are_found_through_tuples_lists_and_mappings():
     torch = pytest.importorskip("torch")
@@ -61,17 +63,30 @@ def test_only_a_loop_that_waits_with_big_batches_is_worth_measuring():
 def test_the_handover_is_measured_with_a_real_worker_and_nothing_is_left():
     pytest.importorskip("torch")
     before = children(os.getpid())
-    h = measure(4 * MIN_BYTES)
+    # LIMIT_S (10 s) is watch's own bound, which a loaded machine may pass (None, said
+    # as not measured): here the measurement itself is the point, so a generous one.
+    h = measure(4 * MIN_BYTES, limit_s=LOADED_LIMIT_S)
     assert h is not None and h.nbytes == 4 * MIN_BYTES and h.batches == 10
     assert h.worker_ms >= 0 and h.main_ms >= 0
-    # Bigger batches cost more on the training process's side (mapping and reading).
-    big = measure(64 * MIN_BYTES)
-    assert big is not None and big.main_ms > h.main_ms
+    big = measure(64 * MIN_BYTES, limit_s=LOADED_LIMIT_S)
+    assert big is not None and big.nbytes == 64 * MIN_BYTES and big.main_ms >= 0
     deadline = time.monotonic() + 10
     while children(os.getpid()) - before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert children(os.getpid()) - before == set()
     assert measure(MIN_BYTES - 1) is None
+
+
+@pytest.mark.accuracy
+def test_bigger_batches_cost_the_training_process_more():
+    """Mapping and reading a 64 MiB batch costs the training process more than a 4 MiB
+    one: two measured times compared, each a difference of medians (clipped at 0), which
+    a loaded machine can blur (moved from the slow test above)."""
+    pytest.importorskip("torch")
+    h = measure(4 * MIN_BYTES)
+    big = measure(64 * MIN_BYTES)
+    assert h is not None and big is not None
+    assert big.main_ms > h.main_ms, (big.main_ms, h.main_ms)
 
 
 def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, machine_alone):

@@ -18,7 +18,11 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 SAMPLE_MS = 5.0  # each training sample takes this long to read (a sleep: I/O)
 BATCH = 4  # so a batch takes 20 ms
-EVAL_MS = 30.0  # each evaluation sample: 4 of them, 120 ms an evaluation
+# Each evaluation sample: 4 of them, 1 s of sleep an evaluation, which a wait holding one
+# would be at least, whatever the load; a training wait is 20 ms (40 ms for two batches)
+# of sleep, stretched by a loaded machine (184 ms seen beside a CPU burner: the 120 ms
+# evaluation this was once let the check fail on a wait that held none).
+EVAL_MS = 250.0
 
 
 def test_importing_the_package_imports_no_trainer():
@@ -169,8 +173,8 @@ def check(text: str) -> None:
     # The trainers' loaders fetch a batch ahead (accelerate's DataLoaderShard, Lightning's
     # fetcher), so one wait may hold two batches and the last none: the median is one.
     rest = waits[1:]
-    assert statistics.median(rest) > BATCH * SAMPLE_MS * 0.9e-3
-    assert max(rest) < BATCH * EVAL_MS * 0.7e-3  # evaluation is not data wait
+    assert statistics.median(rest) > BATCH * SAMPLE_MS * 0.9e-3  # a sleep: a lower bound
+    assert max(rest) < BATCH * EVAL_MS * 1e-3, waits  # evaluation is not data wait
     stage = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
     assert stage["parameters"]["num_workers"] == 0
     (f,) = [f for f in stage["findings"] if f["id"] == "profile.data-bound"]
@@ -259,6 +263,31 @@ def test_the_readme_has_one_runnable_snippet_per_callback():
     ],
 )
 def test_the_readme_snippet_runs_as_printed(tmp_path, callback, packages):
+    waits = run_readme_snippet(tmp_path, callback, packages)
+    # 8 samples of 5 ms of sleep each: a wait is at least that, whatever the load (how
+    # much of the step it is, a timing, is the accuracy test's below)
+    assert float(waits.group(1)) >= 30, waits.group(0)
+
+
+@pytest.mark.accuracy
+@pytest.mark.parametrize(
+    ("callback", "packages"),
+    [
+        ("TransformersCallback", ("accelerate", "transformers")),
+        ("LightningCallback", ("lightning",)),
+    ],
+)
+def test_the_readme_snippets_loop_waits_for_data_most_of_its_step(tmp_path, callback, packages):
+    """Moved from the slow test above: on a loaded machine the toy step's compute
+    stretches while the wait (sleeps) does not, and the share falls."""
+    waits = run_readme_snippet(tmp_path, callback, packages)
+    # 8 samples of 5 ms each: most of a toy step waits for data
+    assert 30 <= float(waits.group(1)) <= 120 and float(waits.group(2)) > 70, waits.group(0)
+
+
+def run_readme_snippet(tmp_path: Path, callback: str, packages: tuple[str, ...]) -> re.Match:
+    """The README's snippet for `callback` run as printed; its report's data-wait line
+    (mean ms, share %)."""
     need(*packages)
     script = tmp_path / "snippet.py"
     script.write_text(readme_snippets()[callback])
@@ -271,8 +300,7 @@ def test_the_readme_snippet_runs_as_printed(tmp_path, callback, packages):
     assert "[profile.data-bound]" in r.stderr
     waits = re.search(r"data wait\s+([\d.]+) ± [\d.]+\s+([\d.]+)%", r.stderr)
     assert waits, r.stderr[-3000:]
-    # 8 samples of 5 ms each: most of a toy step waits for data
-    assert 30 <= float(waits.group(1)) <= 120 and float(waits.group(2)) > 70
+    return waits
 
 
 # --- a trainer that is there but broken: one line, never a trainer's traceback ------------
