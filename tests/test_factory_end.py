@@ -238,7 +238,10 @@ def _pdeath_pipe(tmp_path: Path) -> Path:
         class Slow(Small):
             def __getitem__(self, i):
                 if torch.utils.data.get_worker_info() is not None:
-                    time.sleep(60)  # busy in a sample: torch's watchdog never looks
+                    # past every worker_init_fn: said, then busy in a sample (torch's
+                    # watchdog never looks)
+                    open(os.path.join(os.environ["BUSY"], f"busy-{os.getpid()}"), "a").close()
+                    time.sleep(60)
                 return super().__getitem__(i)
 
         def loader():
@@ -259,19 +262,23 @@ def test_workers_die_with_a_sigkilled_run_whatever_worker_init_fn_set(
     pipe = _pdeath_pipe(tmp_path)
     p = start(
         pipe, "loader", "--budget", "60", "--workers", "2", "--batch-timeout", "120",
-        env={"PDEATH": str(int(pdeath))},
+        env={"PDEATH": str(int(pdeath)), "BUSY": str(tmp_path)},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        kids: list[int] = []
-        while time.monotonic() < deadline and len(kids) < 2:
+        # Both workers in a sample, so past the worker_init_fn (ours and the user's): a
+        # condition waited for, not a fixed sleep that a loaded machine can outrun.
+        deadline = time.monotonic() + 120
+        busy: list[int] = []
+        while time.monotonic() < deadline and len(busy) < 2:
             time.sleep(0.2)
-            kids = [k for k in marked(str(tmp_path)) if k != p.pid]
-        assert len(kids) >= 2, "no workers started"
-        time.sleep(1.0)  # the worker_init_fn has run
+            busy = [int(f.name[5:]) for f in tmp_path.glob("busy-*")]
+        assert len(busy) >= 2, "no workers started"
+        kids = [k for k in marked(str(tmp_path)) if k != p.pid]
+        assert set(busy) <= set(kids), (busy, kids)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)  # not its pipes: a worker left running holds them
-        deadline = time.monotonic() + 5
+        # A deadline, not a figure: a worker our SIGKILL missed sleeps out its 60 s.
+        deadline = time.monotonic() + 20
         while time.monotonic() < deadline and any(map(alive, kids)):
             time.sleep(0.1)
         still = [k for k in kids if alive(k)]

@@ -40,7 +40,9 @@ SAMPLE_SIZE = 16 * 1024
 SHARD_BYTES = SAMPLES * SAMPLE_SIZE
 MINE = b"my own data; starvecheck must not touch it\n"
 MINE_MTIME_NS = 1_600_000_000_123_456_789
-POLL_TIMEOUT_S = 30.0
+# Deadlines to wait for, not figures asserted: on a loaded 2-CPU machine writing the
+# 20,000 files and the shard took more than 30 s (about 2.6 s quiet).
+POLL_TIMEOUT_S = 300.0
 EXIT_TIMEOUT_S = 60.0
 
 
@@ -222,7 +224,12 @@ def test_signal_leaves_nothing_behind(
         # over at ~0.2 s here). SIGINT raises KeyboardInterrupt there, outside main's
         # handling, and Python exits by re-raising SIGINT (rc -2, a traceback on
         # stderr); SIGTERM still has its default action until io installs its handler
-        # (rc -15, silent). On a much faster machine main() may already be running.
+        # (rc -15, silent). On a much faster machine main() may already be running; on a
+        # loaded one Python may not yet have imported runpy to run `-m starvecheck`,
+        # and its start-up ends with 1 and its own traceback (seen under a CPU burner).
+        if sig == signal.SIGINT and rc == 1 and "Could not import runpy module" in err:
+            assert err.rstrip().endswith("KeyboardInterrupt"), err
+            return
         assert rc in (-sig, code), err
         if rc == code:
             assert err.splitlines() == [line]

@@ -16,7 +16,7 @@ import pytest
 
 from starvecheck.scratch import leftovers
 from starvecheck.scratch.directory import Scratch
-from tests.conftest import run, settled
+from tests.conftest import group_alive, run, settled
 
 MINE = b"my own data\n"
 
@@ -150,7 +150,9 @@ def test_a_run_killed_with_sigkill_is_reported_then_cleaned(tmp_path: Path) -> N
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # as the OOM killer would: nothing runs after
         proc.wait()
-    time.sleep(0.5)
+    # Every process of the run gone (its workers hold files in the directory until they
+    # are): waited for, where a fixed 0.5 s could be outrun on a loaded machine.
+    _wait_for(lambda: not group_alive(proc.pid))
     (left,) = data.glob("starvecheck-loader-*")
 
     r = run("io", "--samples", "200", "--runs", "1", "--no-cold", str(data))
