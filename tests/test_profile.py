@@ -81,9 +81,7 @@ def test_quick_loop_reports_both_layouts_with_five_phases(tmp_path):
     for key, b in back.items():
         t = metrics(b)
         assert t["step_ms"]["n"] == 3 and "first_step_ms" not in t
-        assert b.json["stages"][0]["parameters"]["data_wait_source"].startswith(
-            "DATALOADER_WAIT"
-        )
+        assert b.json["stages"][0]["parameters"]["data_wait_source"].startswith("DATALOADER_WAIT")
         for phase in PHASES:
             read, timed = t[f"phase_ms.{phase}"]["values"], m[f"phase_ms.{phase}.{key}"]["values"]
             assert len(read) == len(timed) == 3, (key, phase)

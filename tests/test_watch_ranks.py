@@ -185,7 +185,7 @@ def test_collect_takes_a_rank_that_stopped_at_once_and_waits_bounded_for_a_silen
     took = time.monotonic() - t0
     assert sorted(g.payloads) == [0, 1]
     assert g.late == {2: "sent no figures"}  # rank 2 never sent: waited 0.3 s, not forever
-    assert 0.25 < took < 2
+    assert 0.25 < took < 10  # waited its 0.3 s (a loaded machine may add seconds), not for ever
     assert store.d == {}  # rank 1's final figures, read, are not left in the store
     # an `every` report waits for a rank behind it only WAIT_EVERY_S
     behind = rank_loop([9] + [1] * 3, [5] * 4)
