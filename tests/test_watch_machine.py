@@ -116,3 +116,21 @@ def test_a_ranks_machine_readings_travel_with_its_figures():
     assert got.others_cpus == [0.5, 0.75] and got.process_cpus == [1.0, 1.25]
     old = t.encode(rank=1, final=True, window=64).replace(b'"machine"', b'"unknown"')
     assert RankTimes.decode(old).times.others_cpus == []  # a rank of an older version
+
+
+def test_a_stalled_reading_never_says_more_cpus_than_there_are(monkeypatch):
+    """A stall between the clock and the readings (a loaded machine) makes the CPU time
+    they count span more than the second timed: each figure stays at most the CPUs."""
+    from starvecheck.loop import cpu
+    from starvecheck.probe import load
+
+    m = cpu.MachineCpu()
+    assert m.last is not None, "no /proc/stat here"
+    n = len(m.cpus) if m.cpus else (os.cpu_count() or 1)
+    stretched = load.Load(1.0, 10.0 * n, None, None, None)
+    monkeypatch.setattr(load, "between", lambda a, b, seconds: stretched)
+    at, s, mine0 = m.last
+    m.last = (at - 1.0, s, mine0 - 10.0 * n)  # 10 x the CPUs' seconds in one second
+    others, process = [], []
+    m.read(others, process)
+    assert others == [n] and process == [n]

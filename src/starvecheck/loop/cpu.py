@@ -117,8 +117,11 @@ class MachineCpu:
             at, before, mine0 = self.last
             load = between(before, s, now - at)
             if load.others_cpus is not None and s.ours_cpu >= before.ours_cpu:
-                others.append(round(load.others_cpus, 3))
-                process.append(round(max(0.0, mine - mine0) / (now - at), 3))
+                # At most the CPUs there are: a stall between the clock and the readings
+                # (a loaded machine) stretches what they count past the seconds timed.
+                n = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
+                others.append(round(min(n, load.others_cpus), 3))
+                process.append(round(min(n, max(0.0, mine - mine0) / (now - at)), 3))
         self.last = (now, s, mine)
 
 

@@ -141,8 +141,11 @@ class Watch:
         now = _machine(self.cpus)
         if now is None or self.machine0 is None:
             return None
-        cpus = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
-        return now - self.machine0, time.perf_counter() - self.t0, cpus
+        return now - self.machine0, time.perf_counter() - self.t0, self._ncpus()
+
+    def _ncpus(self) -> int:
+        """The CPUs the job may run on, which the machine's readings are of."""
+        return len(self.cpus) if self.cpus else (os.cpu_count() or 1)
 
     def add(self, pid: int, owner: int) -> None:
         if pid in self.series:
@@ -193,7 +196,9 @@ class Watch:
         if busy is not None and m.busy is not None:
             own = mine - m.ours if mine is not None and m.ours is not None else 0.0
             used = busy - m.busy - self._job_since - max(0.0, own)
-            self.others_each.append(max(0.0, used / (now - m.at)))
+            # At most the CPUs there are: a stall between the clock and /proc/stat
+            # (a loaded machine) stretches the busy time past the second it is read for.
+            self.others_each.append(min(self._ncpus(), max(0.0, used / (now - m.at))))
         self._mark, self._job_since = Mark(now, busy, mine), 0.0
 
     def finish(self) -> dict[str, float | None]:
@@ -209,7 +214,7 @@ class Watch:
         ours = sum(s.delta("cpu_s") or 0.0 for s in self.series.values())
         others = None
         if self.machine0 is not None and machine1 is not None:
-            others = max(0.0, (machine1 - self.machine0 - ours) / seconds)
+            others = min(self._ncpus(), max(0.0, (machine1 - self.machine0 - ours) / seconds))
         out: dict[str, float | None] = {"seconds": seconds, "others_cpus": others}
         out["load_average"] = load_average()
         out["machine_cpus"] = float(len(self.cpus) if self.cpus else os.cpu_count() or 0) or None
