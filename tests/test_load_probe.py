@@ -66,3 +66,13 @@ def test_the_machine_on_the_cpus_a_process_may_use():
 def test_allowed_cpus_are_none_where_a_process_may_use_every_cpu():
     allowed = load.allowed_cpus()
     assert allowed is None or 0 < len(allowed) < (os.cpu_count() or 0)
+
+
+def test_a_reading_is_bounded_by_the_cpus_it_is_of(monkeypatch):
+    assert load.cpus_read(frozenset({0, 3})) == 2
+    monkeypatch.setattr(load.os, "cpu_count", lambda: 8)
+    assert load.cpus_read(None) == 8
+    assert load.at_most_cpus(9.5, None) == 8 and load.at_most_cpus(1.25, None) == 1.25
+    assert load.at_most_cpus(3.0, frozenset({0, 3})) == 2
+    monkeypatch.setattr(load.os, "cpu_count", lambda: None)  # unknown: nothing to bound by
+    assert load.cpus_read(None) == 0 and load.at_most_cpus(9.5, None) == 9.5

@@ -101,7 +101,7 @@ class MachineCpu:
     def read(self, others: list[float] | None, process: list[float] | None) -> None:
         """Append the seconds since the last reading: others' CPUs to `others`, this
         process's to `process`."""
-        from starvecheck.probe.load import between, sample
+        from starvecheck.probe.load import at_most_cpus, between, sample
 
         now = time.perf_counter()
         self.next_at = now + MACHINE_EACH_S
@@ -117,18 +117,16 @@ class MachineCpu:
             at, before, mine0 = self.last
             load = between(before, s, now - at)
             if load.others_cpus is not None and s.ours_cpu >= before.ours_cpu:
-                # At most the CPUs there are: a stall between the clock and the readings
-                # (a loaded machine) stretches what they count past the seconds timed.
-                n = len(self.cpus) if self.cpus else (os.cpu_count() or 1)
-                others.append(round(min(n, load.others_cpus), 3))
-                process.append(round(min(n, max(0.0, mine - mine0) / (now - at)), 3))
+                own = max(0.0, mine - mine0) / (now - at)
+                others.append(round(at_most_cpus(load.others_cpus, self.cpus), 3))
+                process.append(round(at_most_cpus(own, self.cpus), 3))
         self.last = (now, s, mine)
 
 
 def machine_facts() -> dict[str, float | None]:
     """The CPUs others' use is read on (those this process may run on: all the
     machine's where nothing restricts it) and the 1-minute load average."""
-    from starvecheck.probe.load import allowed_cpus, load_average
+    from starvecheck.probe.load import allowed_cpus, cpus_read, load_average
 
-    cpus = len(allowed_cpus() or ()) or os.cpu_count() or 0
+    cpus = cpus_read(allowed_cpus())
     return {"machine_cpus": float(cpus) or None, "load_average": load_average()}

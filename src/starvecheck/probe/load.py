@@ -155,6 +155,20 @@ def allowed_cpus(pid: int = 0) -> frozenset[int] | None:
     return allowed if allowed and len(allowed) < (os.cpu_count() or 0) else None
 
 
+def cpus_read(cpus: Collection[int] | None) -> int:
+    """How many CPUs a reading of `cpus` (allowed_cpus'; None: the machine's) is of:
+    0 where the machine's count is unknown."""
+    return len(cpus) if cpus else (os.cpu_count() or 0)
+
+
+def at_most_cpus(value: float, cpus: Collection[int] | None) -> float:
+    """`value` (CPUs busy over a second) bounded by the CPUs read: a stall between the
+    clock and /proc on a loaded machine stretches the CPU time counted past the
+    seconds timed."""
+    n = cpus_read(cpus)
+    return min(n, value) if n else value
+
+
 def ours_cpu() -> float | None:
     """CPU seconds of this process and every process it started: its own threads, the
     children it has reaped (cutime, cstime), and those still alive; None where they

@@ -16,6 +16,8 @@ from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
 from starvecheck.probe.life import Life, read_life
 from starvecheck.probe.load import (
     allowed_cpus,
+    at_most_cpus,
+    cpus_read,
     load_average,
     machine_times,
     ours_cpu,
@@ -141,11 +143,7 @@ class Watch:
         now = _machine(self.cpus)
         if now is None or self.machine0 is None:
             return None
-        return now - self.machine0, time.perf_counter() - self.t0, self._ncpus()
-
-    def _ncpus(self) -> int:
-        """The CPUs the job may run on, which the machine's readings are of."""
-        return len(self.cpus) if self.cpus else (os.cpu_count() or 1)
+        return now - self.machine0, time.perf_counter() - self.t0, cpus_read(self.cpus) or 1
 
     def add(self, pid: int, owner: int) -> None:
         if pid in self.series:
@@ -196,9 +194,7 @@ class Watch:
         if busy is not None and m.busy is not None:
             own = mine - m.ours if mine is not None and m.ours is not None else 0.0
             used = busy - m.busy - self._job_since - max(0.0, own)
-            # At most the CPUs there are: a stall between the clock and /proc/stat
-            # (a loaded machine) stretches the busy time past the second it is read for.
-            self.others_each.append(min(self._ncpus(), max(0.0, used / (now - m.at))))
+            self.others_each.append(at_most_cpus(max(0.0, used / (now - m.at)), self.cpus))
         self._mark, self._job_since = Mark(now, busy, mine), 0.0
 
     def finish(self) -> dict[str, float | None]:
@@ -214,10 +210,10 @@ class Watch:
         ours = sum(s.delta("cpu_s") or 0.0 for s in self.series.values())
         others = None
         if self.machine0 is not None and machine1 is not None:
-            others = min(self._ncpus(), max(0.0, (machine1 - self.machine0 - ours) / seconds))
+            others = at_most_cpus(max(0.0, (machine1 - self.machine0 - ours) / seconds), self.cpus)
         out: dict[str, float | None] = {"seconds": seconds, "others_cpus": others}
         out["load_average"] = load_average()
-        out["machine_cpus"] = float(len(self.cpus) if self.cpus else os.cpu_count() or 0) or None
+        out["machine_cpus"] = float(cpus_read(self.cpus)) or None
         for key in ("nr_periods", "nr_throttled", "throttled_s"):
             a, b = self.cgroup0.get(key), cgroup1.get(key)
             out[key] = None if a is None or b is None else max(0.0, b - a)
