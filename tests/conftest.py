@@ -16,6 +16,7 @@ from starvecheck.cli import main
 from starvecheck.core.context import Context
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SRC = Path(__file__).resolve().parents[1] / "src"
 SYSROOTS = FIXTURES / "sysroots"
 
 
@@ -50,6 +51,13 @@ def run(*args: str, env: dict[str, str] | None = None, width: int = 100, stdin: 
     )
     code = main(list(args), context)
     return Result(int(code), out.getvalue(), err.getvalue())
+
+
+def source_env(**extra: str) -> dict[str, str]:
+    """This process's environment with this checkout's sources first on PYTHONPATH,
+    and `extra`: for starvecheck (or a job) run as a subprocess."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def sysroot_env(name: str) -> dict[str, str]:

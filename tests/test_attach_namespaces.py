@@ -22,17 +22,12 @@ import psutil
 import pytest
 
 from tests.loops.attachjob import as_user, shared_dir
+from tests.loops.attachjob import env as _env
 from tests.loops.loopstate import attach_beside, data_share, own_share, stop_tree
 
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
-SRC = str(Path(__file__).resolve().parent.parent / "src")
 SECONDS = 10  # attach's default: within about 0.03 of the loop's own share (test_attach.py)
 NOBODY, OTHER = 65534, 65533
-
-
-def _env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", **extra}
 
 
 def _can(cmd: list[str]) -> str | None:

@@ -31,11 +31,10 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core import outputs
-from tests.conftest import group_alive, one_line, run
+from tests.conftest import group_alive, one_line, run, source_env
 from tests.test_hostile import NOBODY, nobody_cannot_run_starvecheck
 from tests.test_strict_numbers import FLOATS, REQUIRED
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 SC = [sys.executable, "-m", "starvecheck"]
 TIMEOUT_S = 60
 SECRET = "victim: must never change\n"
@@ -545,8 +544,7 @@ def test_output(name: str, sweep_dir: Path) -> None:
         if mask is not None:
             os.umask(mask)
 
-    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {**os.environ, "PYTHONPATH": path, "STARVECHECK_DEBUG": "", "COLUMNS": "100"}
+    env = source_env(STARVECHECK_DEBUG="", COLUMNS="100")
     stop = plan.during() if plan.during else None
     out = open(plan.stdout_to, "w") if plan.stdout_to else subprocess.PIPE  # noqa: SIM115
     started = time.monotonic()

@@ -19,16 +19,14 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core import outputs
-from tests.conftest import one_line, run
+from tests.conftest import one_line, run, source_env
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 VICTIM_TEXT = "root-only secret, must survive\n"
 NO_LINK = "starvecheck writes through no link; name the file itself"
 
 
 def _env() -> dict[str, str]:
-    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**os.environ, "PYTHONPATH": path, "STARVECHECK_DEBUG": ""}
+    return source_env(STARVECHECK_DEBUG="")
 
 
 def _leftovers(directory: Path, keep: set[str]) -> list[str]:

@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import group_alive
-
-SRC = Path(__file__).resolve().parents[1] / "src"
+from tests.conftest import group_alive, source_env
 
 # Signals held, then ignored ones and SIGTERM sent to the process itself inside.
 HELD = """
@@ -44,8 +42,7 @@ def _ignoring(*names: str):
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**os.environ, "TMPDIR": str(tmp), "STARVECHECK_DEBUG": "", "PYTHONPATH": path}
+    return source_env(TMPDIR=str(tmp), STARVECHECK_DEBUG="")
 
 
 @pytest.mark.parametrize(

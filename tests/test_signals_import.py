@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import group_alive
+from tests.conftest import group_alive, source_env
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 LOADER = ["loader", "--quick", "--samples", "1500", "--runs", "1"]
@@ -74,8 +74,7 @@ runpy.run_module("starvecheck", run_name="__main__")
 
 def _env(tmp: Path) -> dict[str, str]:
     # TMPDIR: multiprocessing's pymp-* land here, so what is left is this run's.
-    path = os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**os.environ, "TMPDIR": str(tmp), "STARVECHECK_DEBUG": "", "PYTHONPATH": path}
+    return source_env(TMPDIR=str(tmp), STARVECHECK_DEBUG="")
 
 
 def _dirs(work: Path) -> tuple[Path, Path]:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import marked
+from tests.conftest import marked, source_env
 
 HERE = Path(__file__).resolve().parent
-SRC = str(HERE.parent.parent / "src")
 NOBODY = 65534
 # The job: torch loaded (attach refuses a Python without it), then a loop of its own
 # code compiled under FILE's name, whose line 3 it sits on for ever (`time.sleep` is C:
@@ -39,8 +38,7 @@ GPU_LINE = "import torch\n\nloss = model(x).item()  # SENTINEL: would make this 
 
 
 def env(**extra: str) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1", **extra}
+    return source_env(**{"NO_COLOR": "1", **extra})
 
 
 def can_switch_user() -> str | None:
