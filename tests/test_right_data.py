@@ -234,7 +234,14 @@ def test_the_seed_lessons_dataset_is_flagged_and_gets_no_worker_gain(pipes: Path
     assert share(stage, 2) >= 0.4 and share(stage, 0) <= 0.02
     assert "unique" in f["loader.repeats"]["evidence"]
     own = f["loader.own-config"]
-    assert own["fix"]["num_workers"] == 0, own["title"]  # no gain claimed for duplicates
+    # No gain claimed for duplicates: the count stays at 0, or, where other work kept the
+    # CPUs busy while the workers computed (the slow lane runs beside other tests), no
+    # count at all, the machine said too busy to tell.
+    assert own.get("gain") is None, own
+    if own.get("fix"):
+        assert own["fix"]["num_workers"] == 0, own["title"]
+    else:
+        assert "too busy to tell" in own["title"] or "cannot be true" in own["title"], own
 
 
 @pytest.mark.slow
