@@ -144,8 +144,12 @@ def test_core_imports_only_core():
     assert _escapes("starvecheck.core", ("starvecheck.core",)) == []
 
 
-@pytest.mark.parametrize("package", ["starvecheck.inputs", "starvecheck.scratch"])
+@pytest.mark.parametrize(
+    "package", ["starvecheck.inputs", "starvecheck.scratch", "starvecheck.loading"]
+)
 def test_inputs_and_scratch_import_only_core_and_probe(package):
+    """...and loading/, which runs inside the user's workers: what it imports, every
+    worker of a spawn or forkserver pipeline imports."""
     assert any(m.startswith(package + ".") for m in FULL_GRAPH)
     allowed = (package, "starvecheck.core", "starvecheck.probe")
     assert _escapes(package, allowed) == []

@@ -242,6 +242,7 @@ def test_a_stage_reads_its_records_typed_through_its_parameters():
 # batch, the trainer package's own objects), typed by its owner or by nothing.
 OUTSIDE = {
     "starvecheck.inputs.fingerprints": "the user's batch: whatever the pipeline yields",
+    "starvecheck.loading.tap": "the user's DataLoader, the iterator it makes and its batches",
     "starvecheck.loop.trainers.hf": "transformers' TrainingArguments, state and control",
     "starvecheck.loop.trainers.pl": "Lightning's Trainer, module, batch and outputs",
 }

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice import loadstages
+from starvecheck.advice.loadstages import Waits
 from starvecheck.advice.profile import INPUT_BOUND, few_steps, severity
 from starvecheck.advice.stepworkers import (
     EITHER,
@@ -93,7 +95,7 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             params = r.parameters.read(Parameters)
-            found += _breakdown(breakdown(r.metrics), params)
+            found += _breakdown(breakdown(r.metrics), params, loadstages.read(r.metrics))
             found += among_ranks(r.metrics, WAITING.get(params.rank_wait_source or ""))
     return found
 
@@ -105,8 +107,8 @@ def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
     return [x for x in metrics if set(x.labels) == {"quantity"}]
 
 
-def _breakdown(m: Sequence[Metric], params: Parameters) -> list[Finding]:
-    findings = [_data_bound(m, params), _gpu_idle(m), _memcpy(m), _first_step(m)]
+def _breakdown(m: Sequence[Metric], params: Parameters, split: Waits | None) -> list[Finding]:
+    findings = [_data_bound(m, params, split), _gpu_idle(m), _memcpy(m), _first_step(m)]
     return [f for f in findings if f is not None]
 
 
@@ -177,10 +179,17 @@ def _data_wait_evidence(d: DataWait, params: Parameters) -> str:
 
 
 def _data_bound_fix(
-    d: DataWait, m: Sequence[Metric], params: Parameters
+    d: DataWait, m: Sequence[Metric], params: Parameters, split: Waits | None
 ) -> tuple[str, Gain, dict[str, Any]]:
-    """(recommendation, gain, fix): the measured worker change where the loop's figures
-    allow one, else what to look at."""
+    """(recommendation, gain, fix): the fix for the stage that holds the step back where
+    the wait was split and no worker count reaches it (advice/loadstages.py); else the
+    measured worker change where the loop's figures allow one; else what to look at."""
+    if split is not None:
+        stage = loadstages.startup_fix(
+            split, d.step_ms, params.num_workers, params.start_method
+        ) or loadstages.handover_fix(split, value(m, quantity="batch_bytes"))
+        if stage is not None:
+            return stage
     gain = Gain(
         GainKind.STEP_SHARE,
         round(d.share, 4),
@@ -227,11 +236,13 @@ def _inside_noise(workers: int, interval: Comparison) -> str:
     )
 
 
-def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
+def _data_bound(m: Sequence[Metric], params: Parameters, split: Waits | None) -> Finding | None:
     d = data_wait(m)
     if d is None:
         return None
     evidence = _data_wait_evidence(d, params)
+    if split is not None and d.severity is not Severity.OK:
+        evidence += f" {loadstages.sentence(split)}."
     if d.severity is Severity.OK:
         return Finding(
             catalogue.PROFILE_DATA_BOUND,
@@ -243,7 +254,7 @@ def _data_bound(m: Sequence[Metric], params: Parameters) -> Finding | None:
             gain=Gain(GainKind.STEP_SHARE, round(d.share, 4), "data wait inside the steps"),
             stage="trace",
         )
-    recommendation, gain, fix = _data_bound_fix(d, m, params)
+    recommendation, gain, fix = _data_bound_fix(d, m, params, split)
     evidence, gain = _on_the_device(m, evidence, gain)
     n = d.steps
     return Finding(

@@ -175,7 +175,7 @@ TABLE: tuple[StageEntry, ...] = (
     StageEntry(
         "watch",
         judge=("advice.trace", "advice.loopdata"),
-        render=("render.trace",),
+        render=("render.trace", "render.loadstages"),
         authority=0,
     ),
     # A running job, read without touching it.

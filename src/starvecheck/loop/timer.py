@@ -62,10 +62,12 @@ from starvecheck.loop.headspace import Replay, steps
 from starvecheck.loop.options import WatchOptions
 from starvecheck.loop.output import never_raising
 from starvecheck.loop.samples import FirstBatches
+from starvecheck.loop.splits import tap_for
 from starvecheck.loop.steps import TrainerSteps
 from starvecheck.loop.times import LoopTimes, _cuda_in_use
 
 if TYPE_CHECKING:
+    from starvecheck.loading.tap import Tap
     from starvecheck.loop.ranks import Gathered, Peers
 
 T = TypeVar("T")
@@ -107,6 +109,7 @@ class Watch(TrainerSteps, Generic[T]):
         self._began_cpu = self._began_pcpu = 0.0
         self._gap: float | None = None
         self._handover: dict[int, Handover | None] = {}  # measured once per batch size
+        self._taps: list[Tap | None] | None = None  # the stage split's tap, once made
         self._gap_cpu = 0.0
         self._gap_pcpu = 0.0
         # Prometheus (loop/exporter.py): None unless asked for, here or in the environment.
@@ -136,13 +139,7 @@ class Watch(TrainerSteps, Generic[T]):
         compute_pcpu, wait_pcpu = t.compute_process_cpu, t.wait_process_cpu
         got_cpu = got_pcpu = 0.0
         every = self.every
-        it = iter(self.iterable)
-        t.iterator = type(it).__name__
-        t.num_workers = getattr(it, "_num_workers", t.num_workers)
-        workers = WorkerCpu(it)
-        machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
-        self._new_pass(t)
-        first = FirstBatches(t, self.iterable)  # their bytes, their samples' digests
+        tap, it, iter_s, workers, machine, first = self._pass_begins()
         received = None  # when the loop got its last batch; None before the first
         try:
             while True:
@@ -166,7 +163,11 @@ class Watch(TrainerSteps, Generic[T]):
                     if every and len(computes) % every == 0:
                         self._checkpoint()
                         asked = clock()  # printing is ours: counted in neither figure
+                else:  # the pass's first wait: iter() too
+                    asked -= iter_s
                 asked_runq = queued()
+                if tap is not None:
+                    tap.before(it)
                 try:
                     item = next(it)
                 except StopIteration:
@@ -176,6 +177,8 @@ class Watch(TrainerSteps, Generic[T]):
                 wait_cpu.append(got_cpu - asked_cpu)
                 wait_pcpu.append(pcpu() - asked_pcpu)
                 wait_runq.append(queued() - asked_runq)
+                if tap is not None:  # the wait split by stage (loading/tap.py)
+                    tap.after(len(waits) - 1, asked, received, asked_cpu, asked_pcpu)
                 if first.left:  # reading the first batches is ours: counted in neither
                     first.read(item)
                     received, got_cpu = clock(), cpu()
@@ -197,7 +200,28 @@ class Watch(TrainerSteps, Generic[T]):
                 t.stopped_inside(clock() - received, cpu() - got_cpu, pcpu() - got_pcpu)
             raise
         finally:
-            self._pass_over(workers, runq)
+            self._pass_over(workers, runq, tap)
+
+    def _pass_begins(
+        self,
+    ) -> tuple[Tap | None, Iterator[T], float, WorkerCpu, MachineCpu, FirstBatches]:
+        """A pass's iterator and what reads beside it: (the stage split's tap, the
+        iterator, the seconds iter() took (the pass's first wait counts them: workers
+        start there), its workers' CPU, the machine's, the first batches' reader)."""
+        t, clock = self.times, self.clock
+        if self._taps is None:  # made once (loop/splits.py)
+            self._taps = [tap_for(self.iterable, t.split, clock)]
+        tap = self._taps[0]
+        began = clock()
+        it = tap.begin(began) if tap is not None else iter(self.iterable)
+        iter_s = clock() - began
+        t.split.pass_starts.append(len(t.waits))
+        t.iterator = type(it).__name__
+        t.num_workers = getattr(it, "_num_workers", t.num_workers)
+        workers = WorkerCpu(it)
+        machine = MachineCpu(workers.pids)  # the others' CPUs beside this pass's workers
+        self._new_pass(t)
+        return tap, it, iter_s, workers, machine, FirstBatches(t, self.iterable)
 
     def _new_pass(self, t: LoopTimes) -> None:
         t.new_pass()
@@ -205,8 +229,12 @@ class Watch(TrainerSteps, Generic[T]):
         if self.exporter is not None:  # its pass's first step (loop/exporter.py)
             self.exporter.new_pass(self.peers.rank if self.peers else None)
 
-    def _pass_over(self, workers: WorkerCpu, runq: Runqueue) -> None:
+    def _pass_over(self, workers: WorkerCpu, runq: Runqueue, tap: Tap | None = None) -> None:
         with never_raising(self._warned, "end the pass"):
+            if tap is not None:
+                tap.finish()
+                if (startup := tap.startup()) is not None:
+                    self.times.split.startups.append(startup)
             if workers:  # the pass's last reading, where its workers are still there
                 workers.sample(len(self.times.computes), self.times.worker_cpu,
                                self.times.worker_runq)  # fmt: skip

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
-from starvecheck.core.units import parse_uint
+from starvecheck.loop import sent
 from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
+from starvecheck.loop.sent import MACHINE_SENT
+from starvecheck.loop.splits import StageSplit
 
 SOURCE = "starvecheck.watch"
-MACHINE_SENT = 600  # the machine's last readings a rank sends (about ten minutes)
 VERSION = 1  # of the encoding
 # The per-step arrays, in seconds, one entry per completed step.
 ARRAYS = (
@@ -111,6 +112,8 @@ class LoopTimes:
     # beside this process and its workers, and this process's own (all its threads).
     others_cpus: list[float] = field(default_factory=list)
     process_cpus: list[float] = field(default_factory=list)
+    # Each step's wait split over the stages of loading (loop/splits.py, loading/).
+    split: StageSplit = field(default_factory=StageSplit)
 
     def same_order(self) -> bool | None:
         """The last two passes began with the same samples in the same order; None
@@ -150,6 +153,7 @@ class LoopTimes:
             self.wait_process_cpu,
         ):
             del a[n:]
+        self.split.cut(n)
 
     # The metrics
 
@@ -183,6 +187,7 @@ class LoopTimes:
         if self.headspace:
             out.append(_ms("headspace_step_ms", self.headspace))
         out += self._cpu_metrics(first)
+        out += self.split.metrics(self.waits, first)
         if first:
             out += [
                 _single("first_step_ms", steps[0] * 1e3, "ms"),
@@ -267,10 +272,13 @@ class LoopTimes:
             "sampler_epochs": self.sampler_epochs[-2:],
             "same_order_passes": self.same_order(),
             "samples_digested": len(max(self.digests.values(), key=len, default=[])),
+            **self.split.parameters(),
         }
 
     def caveats(self) -> list[Caveat]:
         caveats = list(self.notes)
+        first = 1 if len(self.waits) > 1 and not self.offset else 0
+        caveats += self.split.caveats(len(self.waits), first)
         if len(self.computes) > 1:
             caveats.append(
                 Caveat(
@@ -324,6 +332,7 @@ class LoopTimes:
             "headspace": self.headspace,
             # the machine beside this rank, its last readings (about one a second)
             "machine": [self.others_cpus[-MACHINE_SENT:], self.process_cpus[-MACHINE_SENT:]],
+            "split": self.split.encode(cut),
         }
         return json.dumps(head).encode()
 
@@ -367,49 +376,15 @@ class RankTimes:
             worker_cpu=[(int(s), float(c)) for s, c in p.get("worker_cpu", ())],
             worker_runq=[(int(s), float(c)) for s, c in p.get("worker_runq", ())],
             notes=[Caveat(i, t) for i, t in p.get("notes", ())],
-            digests=_digests(p.get("digests")),
+            digests=sent.digests(p.get("digests")),
             sampler=params.get("sampler"),
             sampler_shuffle=params.get("sampler_shuffle"),
             sampler_epochs=[e for e in params.get("sampler_epochs") or () if isinstance(e, int)],
-            **_gpu(p.get("gpu"), p.get("headspace")),
-            **_machine_sent(p.get("machine")),
+            **sent.gpu(p.get("gpu"), p.get("headspace")),
+            **sent.machine(p.get("machine")),
+            split=StageSplit.decode(p.get("split")),
         )
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
-
-
-def _gpu(gpu: Any, headspace: Any) -> dict[str, Any]:
-    """A rank's GPU figures and headspace as sent; anything malformed is dropped."""
-    out: dict[str, Any] = {}
-    try:
-        idle, period, unresolved = gpu
-        out["gpu_idle"] = array("d", [float(x) for x in idle])
-        out["gpu_period"] = array("d", [float(x) for x in period])
-        out["gpu_unresolved"] = int(unresolved)
-    except (TypeError, ValueError):
-        pass
-    if isinstance(headspace, list):
-        out["headspace"] = [float(x) for x in headspace if isinstance(x, int | float)]
-    return out
-
-
-def _machine_sent(value: Any) -> dict[str, list[float]]:
-    """A rank's machine readings as sent; anything malformed is dropped."""
-    try:
-        others, process = ([float(x) for x in v][-MACHINE_SENT:] for v in value)
-    except (TypeError, ValueError):
-        return {}
-    return {"others_cpus": others, "process_cpus": process}
-
-
-def _digests(value: Any) -> dict[int, list[int]]:
-    """A rank's digests as sent: pass -> 64-bit integers; anything else is dropped."""
-    if not isinstance(value, dict):
-        return {}
-    out = {}
-    for k, v in list(value.items())[:4]:
-        if isinstance(v, list) and (n := parse_uint(str(k))) is not None:
-            out[n] = [x for x in v[:4096] if isinstance(x, int)]
-    return out
 
 
 def _single(quantity: str, value: float, unit: str) -> Metric:

@@ -71,3 +71,6 @@ class Parameters(Base):
     ranks_same_share = number()  # of the first samples, the share every rank had
     ranks_samples_compared = whole()
     world_size = whole()
+    # watch: how the DataLoader's workers are started and kept (loading/tap.py)
+    start_method = text()  # fork, forkserver, spawn
+    persistent_workers = flag()

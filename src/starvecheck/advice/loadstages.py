@@ -1,0 +1,183 @@
+"""What a loop's wait for data is made of, by stage (core/schema/loading.py), and the
+fix for the stage that holds the step back.
+
+The figures are the loop's own (watch, the trainers' callbacks): each stage's exposed
+ms a step (its part of the wait: what prefetching did not hide) and share of the wait,
+each stage's busy ms a batch (wherever it ran), each pass's worker start-up. The stage
+with the largest exposed share is the one a fix must reach:
+
+  read, transform, collate   the workers' own work: more workers where the machine has
+                             room (the worker model, advice/stepworkers.py); a read
+                             waits, so workers (or threads inside the dataset) may
+                             outnumber the CPUs; a transform or collate is CPU work
+  startup                    workers started every pass: persistent_workers=True saves
+                             the start-up of every pass but the first, measured
+  handover                   the batch's way to the training process: more workers do
+                             not shorten it; fewer bytes a batch, or no workers where
+                             the work per batch is small (measured by loader --factory)
+  pin, copy                  the host's side of the copy to the device
+
+A stage whose fix no setting reaches gets no predicted figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from starvecheck.core.metric import Metric, select, value
+from starvecheck.core.model import Gain, GainKind
+from starvecheck.core.schema.loading import (
+    BUSY_MS,
+    EXPOSED_MS,
+    EXPOSED_SHARE,
+    SPLIT_STEPS,
+    LoadStage,
+)
+
+# What each stage is, as a person reads it in a finding.
+MEANING = {
+    LoadStage.STARTUP: "workers starting",
+    LoadStage.READ: "the dataset's fetch off a CPU (storage, the network, a sleep, a lock)",
+    LoadStage.TRANSFORM: "the dataset's fetch on a CPU (decode, transforms, tokenizing)",
+    LoadStage.COLLATE: "collate_fn making the batch",
+    LoadStage.HANDOVER: "the batch's way from a worker to the training process",
+    LoadStage.PIN: "pinning the batch",
+    LoadStage.COPY: "the copy to the device",
+}
+# The stages more workers reach: the workers' own work.
+WORKERS_REACH = (LoadStage.READ, LoadStage.TRANSFORM, LoadStage.COLLATE)
+SAID_SHARE = 0.02  # a stage under this share of the wait is left out of the sentence
+# quantities watch writes beside the split (loop/splits.py)
+STARTUP_S = "startup_s"
+STARTUP_UNPICKLE_S = "startup_unpickle_s"
+RESTART_EXPOSED_MS = "restart_exposed_ms"
+
+
+@dataclass(frozen=True)
+class Waits:
+    """The split as judging reads it; `top` the stage with the largest exposed share."""
+
+    exposed_ms: Mapping[LoadStage, float]
+    share: Mapping[LoadStage, float]
+    busy_ms: Mapping[LoadStage, float]
+    steps: int
+    startup_s: float | None = None  # a pass's slowest worker ready (median over passes)
+    unpickle_s: float | None = None  # a worker's birth to worker_init_fn (its unpickling)
+    restart_ms: float | None = None  # start-up exposed in later passes, ms a step
+
+    @property
+    def top(self) -> LoadStage | None:
+        if not self.share:
+            return None
+        stage = max(self.share, key=lambda s: self.share[s])
+        return stage if self.share[stage] > 0 else None
+
+
+def _by_stage(metrics: Sequence[Metric], quantity: str) -> dict[LoadStage, float]:
+    out = {}
+    for m in select(metrics, quantity=quantity):
+        stage = m.labels.get("load_stage")
+        if m.value is not None and stage in LoadStage.__members__.values():
+            out[LoadStage(str(stage))] = m.value
+    return out
+
+
+def read(metrics: Sequence[Metric]) -> Waits | None:
+    """The split of a loop's figures; None where the wait was not split."""
+    steps = value(metrics, quantity=SPLIT_STEPS)
+    share = _by_stage(metrics, EXPOSED_SHARE)
+    if not steps or not share:
+        return None
+    return Waits(
+        exposed_ms=_by_stage(metrics, EXPOSED_MS),
+        share=share,
+        busy_ms=_by_stage(metrics, BUSY_MS),
+        steps=int(steps),
+        startup_s=value(metrics, quantity=STARTUP_S),
+        unpickle_s=value(metrics, quantity=STARTUP_UNPICKLE_S),
+        restart_ms=value(metrics, quantity=RESTART_EXPOSED_MS),
+    )
+
+
+def sentence(w: Waits) -> str:
+    """The split in words: each stage's share of the wait (and ms a step), largest
+    first, those under SAID_SHARE left out."""
+    parts = [
+        f"{s.value} {w.share[s]:.0%} ({w.exposed_ms.get(s, 0.0):,.1f} ms)"
+        for s in sorted(w.share, key=lambda s: -w.share[s])
+        if w.share[s] >= SAID_SHARE
+    ]
+    top = w.top
+    head = f"By stage (over {w.steps} steps; exposed: what prefetching did not hide), the wait is "
+    said = head + ", ".join(parts) if parts else head + "spread thin"
+    if top is not None:
+        said += f"; {top.value}: {MEANING[top]}"
+    return said
+
+
+def startup_fix(
+    w: Waits, step_ms: float | None, workers: int | None, method: str | None
+) -> tuple[str, Gain, dict[str, bool]] | None:
+    """Workers started every pass hold the step back: persistent_workers=True, with what
+    it saves (the start-up exposed in the passes after the first), where measured."""
+    if w.top is not LoadStage.STARTUP:
+        return None
+    how = f" under {method}" if method else ""
+    each = f" ({workers} workers{how}" if workers else f" (workers{how}"
+    startup = f"{w.startup_s:,.2f} s" if w.startup_s is not None else "its time"
+    said = (
+        f"Every pass starts its workers again{each}): the slowest is ready {startup} after "
+        "the pass began"
+    )
+    if w.unpickle_s is not None and method in ("forkserver", "spawn"):
+        said += (
+            f", {w.unpickle_s:,.2f} s of it the worker's own start (the interpreter, its "
+            f"imports and the dataset unpickled: {method} sends each worker the whole dataset)"
+        )
+    said += (
+        ". Keep them between passes: `DataLoader(..., persistent_workers=True)` (they then "
+        "keep their memory between passes). A dataset that pickles small (open files and "
+        "load arrays in the worker, not in __init__) shortens every start"
+    )
+    if method in ("forkserver", "spawn"):
+        said += "; so does the fork start method, where the job can use it"
+    said += "."
+    fix = {"persistent_workers": True}
+    if w.restart_ms is None or step_ms is None or step_ms <= w.restart_ms:
+        share = round(w.share[LoadStage.STARTUP], 4)
+        return (
+            said,
+            Gain(GainKind.STEP_SHARE, share, "the start-up's share of the wait; at most"),
+            fix,
+        )
+    ratio = step_ms / (step_ms - w.restart_ms)
+    basis = (
+        f"predicted: the mean step from {step_ms:,.1f} ms to {step_ms - w.restart_ms:,.1f} ms, "
+        f"the {w.restart_ms:,.1f} ms a step the passes after the first waited for their "
+        "workers to start (measured) saved; the first pass still starts them"
+    )
+    return said, Gain(GainKind.THROUGHPUT, round(ratio, 2), basis), fix
+
+
+def handover_fix(w: Waits, batch_bytes: float | None) -> tuple[str, Gain, dict[str, bool]] | None:
+    """The hand-over holds the step back: more workers do not shorten it. No setting
+    reaches it alone, so no figure: the share is an upper bound."""
+    if w.top is not LoadStage.HANDOVER:
+        return None
+    size = f" of {batch_bytes / 1e6:,.1f} MB" if batch_bytes else ""
+    said = (
+        f"Each batch{size} takes {w.exposed_ms.get(LoadStage.HANDOVER, 0.0):,.1f} ms a step to "
+        "reach the training process after its worker finished it (the queue, shared memory, "
+        "unpickling; with pin_memory, the pinning thread): more workers do not shorten it. "
+        "Send fewer bytes a batch (uint8 images normalised on the device, int32 token ids, "
+        "no copies of shared tensors), or, where a batch takes little work to make, load it "
+        "in the training process: `starvecheck loader --factory FILE.py:FUNC` measures "
+        "num_workers=0, which hands nothing over, against your count."
+    )
+    gain = Gain(
+        GainKind.STEP_SHARE,
+        round(w.share[LoadStage.HANDOVER], 4),
+        "the hand-over's share of the wait, were it free; at most (no setting reaches it alone)",
+    )
+    return said, gain, {}

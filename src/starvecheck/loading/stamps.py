@@ -1,0 +1,195 @@
+"""The worker side of the stage split: a DataLoader's collate_fn and worker_init_fn,
+wrapped, write each batch's times into a table the training process reads.
+
+The table is a float64 tensor in shared memory, one block of rows a worker: a header
+(the worker's birth, when worker_init_fn was called and returned, its CPU then) and a
+ring of RING batch records (when the worker was free for the batch, when collate began
+and ended, the CPU and run-queue seconds of the fetch, the CPU of collate). Every time
+is time.perf_counter, CLOCK_MONOTONIC on Linux: one clock in every process of the
+machine, so a worker's times and the training loop's compare directly.
+
+The wrappers travel to the workers with the DataLoader's own arguments (inherited
+under fork, pickled under forkserver and spawn, the table's memory with them); they
+call the user's functions unchanged and never raise: a record that cannot be written
+is left out, and the training process then splits nothing for that batch. A record's
+sequence number is written last, so a record read before it was whole reads as absent.
+
+At num_workers=0 the collate_fn runs in the training process itself: the wrapper keeps
+the last batch's times on itself (`Stamped.here`), which the tap reads after each next().
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+RING = 1024  # batch records a worker keeps; the tap reads each within a few steps
+FIELDS = 8
+# A worker's header row (its block's row 0)
+H_PID, H_BORN, H_INIT, H_READY, H_CPU, H_RUNQ = range(6)
+# A batch record (rows 1..RING): its sequence number + 1 (0: empty), written last
+R_SEQ, R_FREE, R_COLLATE, R_DONE, R_FETCH_CPU, R_FETCH_RUNQ, R_COLLATE_CPU = range(7)
+
+clock = time.perf_counter
+
+
+def table(workers: int) -> Any:
+    """A zeroed table for `workers` workers, in shared memory (torch is loaded: the
+    caller holds a DataLoader)."""
+    import torch
+
+    return torch.zeros(max(1, workers), RING + 1, FIELDS, dtype=torch.float64).share_memory_()
+
+
+class Sched:
+    """This thread's CPU and run-queue seconds from /proc/thread-self/schedstat (one
+    pread: its first two fields, in ns); the thread's CPU time and no run queue where
+    it cannot be read. Opened in the process and thread that read it."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def read(self) -> tuple[float, float]:
+        if self.fd is not None:
+            try:
+                run, wait = os.pread(self.fd, 96, 0).split()[:2]
+                return int(run) / 1e9, int(wait) / 1e9
+            except (OSError, ValueError):
+                self.fd = None
+        return time.thread_time(), 0.0
+
+
+def born() -> float:
+    """When this process started, on perf_counter's clock: /proc/self/stat's start time
+    (clock ticks since boot) against CLOCK_BOOTTIME now; nan where it cannot be read."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read(4096)
+        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return clock() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return float("nan")
+
+
+class _Worker:
+    """What one worker process keeps between its batches."""
+
+    def __init__(self, rows: Any, sched: Sched) -> None:
+        self.rows = rows  # this worker's block of the table (numpy, shared)
+        self.sched = sched
+        self.seq = 0
+        head = rows[0]
+        ready = float(head[H_READY])
+        self.free = ready if ready > 0 else float("nan")  # free since: ready, or its last batch
+        self.cpu = float(head[H_CPU])
+        self.runq = float(head[H_RUNQ])
+
+
+def _block(shared: Any, worker: int) -> Any:
+    return shared.numpy()[worker]
+
+
+class Started:
+    """worker_init_fn, timed: the worker's birth, the call and its return (the worker
+    is ready to fetch from then). Calls the user's own, if any, unchanged."""
+
+    def __init__(self, init: Any, shared: Any) -> None:
+        self.init, self.shared = init, shared
+
+    def __call__(self, worker_id: int) -> None:
+        called = clock()
+        try:
+            if self.init is not None:
+                self.init(worker_id)
+        finally:
+            try:
+                head = _block(self.shared, worker_id)[0]
+                cpu, runq = Sched().read()
+                head[H_PID], head[H_BORN], head[H_INIT] = os.getpid(), born(), called
+                head[H_CPU], head[H_RUNQ] = cpu, runq
+                head[H_READY] = clock()
+            except Exception:  # ours: never the worker's failure
+                pass
+
+
+class Here:
+    """The last batch collated in the training process itself (num_workers=0): when
+    collate began and ended, the thread's and the process's CPU seconds when it began,
+    and the thread's CPU seconds in it."""
+
+    __slots__ = ("collate", "collate_cpu", "cpu", "done", "pcpu", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.collate = self.done = self.cpu = self.pcpu = self.collate_cpu = 0.0
+
+
+class Stamped:
+    """A DataLoader's collate_fn, timed where it runs. Calls the user's own unchanged,
+    with the same argument, and returns what it returns."""
+
+    def __init__(self, collate: Any, shared: Any) -> None:
+        self.collate, self.shared = collate, shared
+        self.here = Here()
+        self._worker: _Worker | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"collate": self.collate, "shared": self.shared}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["collate"], state["shared"])  # type: ignore[misc]
+
+    def __call__(self, data: Any) -> Any:
+        c0 = clock()
+        t0 = time.thread_time()
+        p0 = time.process_time() if self._worker is None else 0.0
+        out = self.collate(data)
+        c1 = clock()
+        try:  # noqa: SIM105 (a batch's cost: contextlib.suppress is ten times try's)
+            self._record(c0, c1, t0, p0)
+        except Exception:  # ours: never the worker's failure
+            pass
+        return out
+
+    def _record(self, c0: float, c1: float, t0: float, p0: float) -> None:
+        w = self._where()
+        if w is None:  # the training process (num_workers=0)
+            h = self.here
+            h.collate, h.done, h.cpu, h.pcpu = c0, c1, t0, p0
+            h.collate_cpu = time.thread_time() - t0
+            h.seq += 1
+            return
+        cpu, runq = w.sched.read()
+        collate_cpu = time.thread_time() - t0
+        row = w.rows[1 + w.seq % RING]
+        row[R_SEQ] = 0.0  # being written
+        row[R_FREE], row[R_COLLATE], row[R_DONE] = w.free, c0, c1
+        # The fetch's CPU: the thread's since its last batch (or since it was ready),
+        # less this collate's (the reading is taken after it).
+        row[R_FETCH_CPU] = max(0.0, cpu - w.cpu - collate_cpu)
+        row[R_FETCH_RUNQ] = max(0.0, runq - w.runq)
+        row[R_COLLATE_CPU] = collate_cpu
+        w.seq += 1
+        row[R_SEQ] = w.seq
+        w.free, w.cpu, w.runq = c1, cpu, runq
+
+    def _where(self) -> _Worker | None:
+        """This worker's state (made on its first batch); None in the training process."""
+        pid = os.getpid()
+        if self._worker is not None and self._pid == pid:
+            return self._worker
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return None
+        self._pid = pid
+        self._worker = _Worker(_block(self.shared, info.id), Sched())
+        return self._worker

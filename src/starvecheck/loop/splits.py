@@ -1,0 +1,189 @@
+"""A watched loop's wait split over the stages of loading (core/schema/loading.py),
+step by step: what loading/tap.py hands over, kept beside the loop's own arrays
+(loop/times.py) and made into metrics with them.
+
+Each step's exposed seconds by stage are one array a stage, NaN where the step was not
+split (no record of its batch), so a step's figures line up with its wait and a rank's
+last steps are sent as its waits are. The busy seconds (each stage's time per batch
+wherever it ran) are summed: nothing reads them step by step. Each pass's worker
+start-up (loading/tap.Startup) is kept as a list.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.schema.loading import (
+    BUSY_MS,
+    EXPOSED_MS,
+    EXPOSED_SHARE,
+    SPLIT_STEPS,
+    LoadStage,
+)
+from starvecheck.loading.split import STAGES
+from starvecheck.loading.tap import Startup, Tap
+
+# quantity: a pass's worker start-up (loading/tap.Startup), seconds
+STARTUP_S = "startup_s"  # the slowest worker ready, from the pass's start
+STARTUP_UNPICKLE_S = "startup_unpickle_s"  # a worker's birth to worker_init_fn
+# ms a step: the start-up exposed in every pass but the first (what persistent workers
+# would save: they start once)
+RESTART_EXPOSED_MS = "restart_exposed_ms"
+NAN = float("nan")
+
+
+def tap_for(iterable: Any, split: StageSplit, clock: Any) -> Tap | None:
+    """The stage split's side in the training process (loading/tap.py) for a loop over
+    `iterable`: where it is a torch DataLoader and the loop runs on perf_counter's clock
+    (the workers'); None otherwise. Writes how the workers start into `split`."""
+    import time
+
+    tap = Tap.of(iterable, split)
+    if tap is None or clock is not time.perf_counter:
+        return None
+    split.start_method, split.persistent, split.pinned = tap.method, tap.persistent, tap.pinned
+    return tap
+
+
+def _stage_arrays() -> dict[LoadStage, array[float]]:
+    return {s: array("d") for s in STAGES}
+
+
+@dataclass
+class StageSplit:
+    """The stage split of one loop (see the module's docstring)."""
+
+    exposed: dict[LoadStage, array[float]] = field(default_factory=_stage_arrays)
+    busy: list[float] = field(default_factory=lambda: [0.0] * len(STAGES))
+    busy_batches: int = 0
+    startups: list[Startup] = field(default_factory=list)
+    pass_starts: list[int] = field(default_factory=list)  # each pass's first step
+    start_method: str | None = None
+    persistent: bool | None = None
+    pinned: bool | None = None
+
+    def put(self, step: int, exposed: list[float], busy: list[float]) -> None:
+        """Step `step`'s split (loading/tap.Sink): the arrays grow to it with NaN."""
+        for s, v in zip(STAGES, exposed, strict=True):
+            a = self.exposed[s]
+            if len(a) <= step:
+                a.extend([NAN] * (step + 1 - len(a)))
+            a[step] = v
+        self.busy = [a + b for a, b in zip(self.busy, busy, strict=True)]
+        self.busy_batches += 1
+
+    def cut(self, steps: int) -> None:
+        """Forget the steps from `steps` on (a step that never finished)."""
+        for a in self.exposed.values():
+            del a[steps:]
+
+    def metrics(self, waits: array[float], first: int) -> list[Metric]:
+        """Each stage's exposed ms a step and share of the wait, over the steps split
+        from `first` on (the loop's own figures leave the same warm-up out), the busy
+        ms a batch, and each pass's start-up."""
+        read = self.exposed[STAGES[0]]
+        steps = [i for i in range(first, min(len(waits), len(read))) if not math.isnan(read[i])]
+        out: list[Metric] = []
+        if steps:
+            wait = sum(waits[i] for i in steps)
+            out.append(Metric.single(SPLIT_STEPS, len(steps), "steps", {"quantity": SPLIT_STEPS}))
+            for s in STAGES:
+                a = self.exposed[s]
+                total = sum(a[i] for i in steps)
+                labels = {"quantity": EXPOSED_MS, "load_stage": s.value}
+                mean = total / len(steps) * 1e3
+                out.append(Metric.single(f"{EXPOSED_MS}.{s}", mean, "ms", labels))
+                share = total / wait if wait > 0 else 0.0
+                labels = {"quantity": EXPOSED_SHARE, "load_stage": s.value}
+                out.append(Metric.single(f"{EXPOSED_SHARE}.{s}", share, "fraction", labels))
+            if not self.persistent and len(self.pass_starts) > 1:
+                later = self.pass_starts[1]
+                a = self.exposed[LoadStage.STARTUP]
+                restart = sum(a[i] for i in steps if i >= later) / len(steps) * 1e3
+                labels = {"quantity": RESTART_EXPOSED_MS}
+                out.append(Metric.single(RESTART_EXPOSED_MS, restart, "ms", labels))
+        if self.busy_batches:
+            for s, total in zip(STAGES, self.busy, strict=True):
+                labels = {"quantity": BUSY_MS, "load_stage": s.value}
+                value = total / self.busy_batches * 1e3
+                out.append(Metric.single(f"{BUSY_MS}.{s}", value, "ms", labels))
+        if self.startups:
+            slowest = [u.slowest_s for u in self.startups]
+            out.append(Metric.repeated(STARTUP_S, slowest, "s", {"quantity": STARTUP_S}))
+            unpickle = [u.unpickle_s for u in self.startups if u.unpickle_s is not None]
+            if unpickle:
+                labels = {"quantity": STARTUP_UNPICKLE_S}
+                out.append(Metric.repeated(STARTUP_UNPICKLE_S, unpickle, "s", labels))
+        return out
+
+    def caveats(self, waits: int, first: int) -> list[Caveat]:
+        read = self.exposed[STAGES[0]]
+        split = sum(1 for i in range(first, min(waits, len(read))) if not math.isnan(read[i]))
+        if split == 0 or split >= waits - first:
+            return []
+        return [
+            Caveat(
+                "watch.split-partial",
+                f"the wait was split by stage in {split} of {waits - first} steps (the others' "
+                "batches carried no record: workers started before the watch, or another "
+                "kind of iterator)",
+            )
+        ]
+
+    def parameters(self) -> dict[str, Any]:
+        return {
+            "start_method": self.start_method,
+            "persistent_workers": self.persistent,
+            "pin_memory": self.pinned,
+        }
+
+    # The exchange between ranks (loop/times.py's encoding carries these)
+
+    def encode(self, cut: int) -> dict[str, Any]:
+        return {
+            "exposed": {s.value: list(self.exposed[s][cut:]) for s in STAGES},
+            "busy": self.busy,
+            "busy_batches": self.busy_batches,
+            # Past a cut, the window's start stands for the run's first pass (its later
+            # passes are restarts whatever the window shows of them).
+            "pass_starts": ([0] if cut else []) + [p - cut for p in self.pass_starts if p > cut]
+            if cut
+            else self.pass_starts,
+            "startups": [
+                [u.slowest_s, u.mean_s, u.unpickle_s, u.init_s, u.workers] for u in self.startups
+            ],
+            **self.parameters(),
+        }
+
+    @classmethod
+    def decode(cls, p: Mapping[str, Any] | None) -> StageSplit:
+        """A rank's split as it sent it; what does not read is left out, never raised."""
+        out = cls()
+        if not isinstance(p, Mapping):
+            return out
+        try:
+            for s in STAGES:
+                out.exposed[s] = array("d", [float(v) for v in p["exposed"].get(s.value, ())])
+            busy = [float(v) for v in p.get("busy", ())]
+            if len(busy) == len(STAGES):
+                out.busy, out.busy_batches = busy, int(p.get("busy_batches", 0))
+            out.pass_starts = [int(x) for x in p.get("pass_starts", ())]
+            out.startups = [
+                Startup(float(a), float(b), None if c is None else float(c),
+                        None if d is None else float(d), int(e))
+                for a, b, c, d, e in p.get("startups", ())
+            ]  # fmt: skip
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return cls()
+        method, persistent, pinned = (
+            p.get(k) for k in ("start_method", "persistent_workers", "pin_memory")
+        )
+        out.start_method = method if isinstance(method, str) else None
+        out.persistent = persistent if isinstance(persistent, bool) else None
+        out.pinned = pinned if isinstance(pinned, bool) else None
+        return out
