@@ -21,6 +21,7 @@ the last batch's times on itself (`Stamped.here`), which the tap reads after eac
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -120,14 +121,24 @@ class Started:
 
 class Here:
     """The last batch collated in the training process itself (num_workers=0): when
-    collate began and ended, the thread's and the process's CPU seconds when it began,
-    and the thread's CPU seconds in it."""
+    collate began and ended, the thread's and the process's CPU seconds and the thread's
+    run-queue seconds when it began, and the thread's CPU seconds in it."""
 
-    __slots__ = ("collate", "collate_cpu", "cpu", "done", "pcpu", "seq")
+    __slots__ = ("collate", "collate_cpu", "cpu", "done", "pcpu", "runq", "sched", "seq", "tid")
 
     def __init__(self) -> None:
         self.seq = 0
-        self.collate = self.done = self.cpu = self.pcpu = self.collate_cpu = 0.0
+        self.collate = self.done = self.cpu = self.pcpu = self.collate_cpu = self.runq = 0.0
+        self.sched: Sched | None = None  # the collating thread's, opened on first use
+        self.tid = 0
+
+    def runq_now(self) -> float:
+        """The calling thread's run-queue seconds (its own schedstat, reopened where
+        another thread collates)."""
+        tid = threading.get_ident()
+        if self.sched is None or self.tid != tid:
+            self.sched, self.tid = Sched(), tid
+        return self.sched.read()[1]
 
 
 class Stamped:
@@ -150,19 +161,20 @@ class Stamped:
         c0 = clock()
         t0 = time.thread_time()
         p0 = time.process_time() if self._worker is None else 0.0
+        q0 = self.here.runq_now() if self._worker is None else 0.0
         out = self.collate(data)
         c1 = clock()
         try:  # noqa: SIM105 (a batch's cost: contextlib.suppress is ten times try's)
-            self._record(c0, c1, t0, p0)
+            self._record(c0, c1, t0, p0, q0)
         except Exception:  # ours: never the worker's failure
             pass
         return out
 
-    def _record(self, c0: float, c1: float, t0: float, p0: float) -> None:
+    def _record(self, c0: float, c1: float, t0: float, p0: float, q0: float) -> None:
         w = self._where()
         if w is None:  # the training process (num_workers=0)
             h = self.here
-            h.collate, h.done, h.cpu, h.pcpu = c0, c1, t0, p0
+            h.collate, h.done, h.cpu, h.pcpu, h.runq = c0, c1, t0, p0, q0
             h.collate_cpu = time.thread_time() - t0
             h.seq += 1
             return

@@ -120,6 +120,7 @@ class Tap:
         self.worker = 0  # the worker of the batch expected next
         self.seen: set[int] = set()  # workers whose first batch of the pass came
         self.here_seq = 0
+        self.broken: str | None = None  # why the split stopped, where it did
 
     @classmethod
     def of(cls, iterable: Any, sink: Sink) -> Tap | None:
@@ -139,6 +140,9 @@ class Tap:
         self.began, self.index, self.seen = now, 0, set()
         self.sent = deque()
         loader = self.loader
+        if getattr(loader, "in_order", True) is False:  # batches come as they are made:
+            self.live = False  # the iterator's next task need not be the batch received
+            return self._made(iter(loader))
         existing = getattr(loader, "_iterator", None) if self.persistent else None
         if existing is not None:  # persistent workers: ours only if we made them
             it = iter(loader)
@@ -197,19 +201,32 @@ class Tap:
         self.worker = info[0] if info else self.index % self.workers
 
     def after(
-        self, step: int, asked: float, received: float, asked_cpu: float, asked_pcpu: float
+        self,
+        step: int,
+        asked: float,
+        received: float,
+        asked_cpu: float,
+        asked_pcpu: float,
+        asked_runq: float = 0.0,
     ) -> None:
         """The wait [asked, received] of step `step` for the batch just received: its
         split (exposed) and each stage's busy time for it go to the sink, at once at
         num_workers=0, else once the same worker's next batch is read (its hand-over
         is shared with that batch's work: split.held) or the pass ends (`finish`).
-        `asked_cpu`, `asked_pcpu`: the loop thread's and the process's CPU seconds when
-        it asked (at num_workers=0 the fetch's CPU is counted from them)."""
+        `asked_cpu`, `asked_pcpu`, `asked_runq`: the loop thread's and the process's CPU
+        seconds and the thread's run-queue seconds when it asked (at num_workers=0 the
+        fetch's CPU is counted from them)."""
         if not self.live:
             return
-        if not self.workers:
-            self._here(step, asked, received, asked_cpu, asked_pcpu)
-            return
+        try:
+            if not self.workers:
+                self._here(step, asked, received, asked_cpu, asked_pcpu, asked_runq)
+            else:
+                self._worker_batch(step, asked, received)
+        except Exception as e:  # ours: never the loop's failure; the split stops here
+            self.live, self.broken = False, f"{type(e).__name__}: {e}"
+
+    def _worker_batch(self, step: int, asked: float, received: float) -> None:
         w = self.worker
         self.index += 1
         sent = self.sent[0] if len(self.sent) >= self.ahead > 0 else self.made
@@ -255,11 +272,21 @@ class Tap:
 
     def finish(self) -> None:
         """The pass ended: the batches whose worker sends no next one, split as they are."""
-        for w in list(self.pending):
-            self._settle(w, None)
+        try:
+            for w in list(self.pending):
+                self._settle(w, None)
+        except Exception as e:  # ours: never the loop's failure
+            self.live, self.broken = False, f"{type(e).__name__}: {e}"
+        self.pending.clear()
 
     def _here(
-        self, step: int, asked: float, received: float, asked_cpu: float, asked_pcpu: float
+        self,
+        step: int,
+        asked: float,
+        received: float,
+        asked_cpu: float,
+        asked_pcpu: float,
+        asked_runq: float,
     ) -> None:
         """num_workers=0: the batch collated in this process during the wait. The
         fetch's CPU is the thread's, or the whole process's where torch's intra-op
@@ -270,7 +297,8 @@ class Tap:
             self.here_seq = h.seq
             return
         self.here_seq = h.seq
-        fetch_cpu = max(h.cpu - asked_cpu, h.pcpu - asked_pcpu, 0.0)
+        waited = max(0.0, h.runq - asked_runq) if asked_runq else 0.0  # for a CPU: CPU work
+        fetch_cpu = max(h.cpu - asked_cpu + waited, h.pcpu - asked_pcpu, 0.0)
         out = arith.in_process(asked, received, h.collate, h.done, fetch_cpu, self.pinned)
         self.sink.put(step, out, list(out))
 

@@ -178,7 +178,7 @@ class Watch(TrainerSteps, Generic[T]):
                 wait_pcpu.append(pcpu() - asked_pcpu)
                 wait_runq.append(queued() - asked_runq)
                 if tap is not None:  # the wait split by stage (loading/tap.py)
-                    tap.after(len(waits) - 1, asked, received, asked_cpu, asked_pcpu)
+                    tap.after(len(waits) - 1, asked, received, asked_cpu, asked_pcpu, asked_runq)
                 if first.left:  # reading the first batches is ours: counted in neither
                     first.read(item)
                     received, got_cpu = clock(), cpu()
@@ -235,6 +235,9 @@ class Watch(TrainerSteps, Generic[T]):
                 tap.finish()
                 if (startup := tap.startup()) is not None:
                     self.times.split.startups.append(startup)
+                if tap.broken and not any(c.id == SPLIT_STOPPED for c in self.times.notes):
+                    said = f"the wait's split by stage stopped: {tap.broken}"
+                    self.times.notes.append(Caveat(SPLIT_STOPPED, said))
             if workers:  # the pass's last reading, where its workers are still there
                 workers.sample(len(self.times.computes), self.times.worker_cpu,
                                self.times.worker_runq)  # fmt: skip
@@ -436,6 +439,7 @@ def _nothing() -> None:
     pass
 
 
+SPLIT_STOPPED = "watch.split-stopped"
 NO_EVENTS = "gpu_events=True, but torch sees no CUDA device: the GPU's idle time is not read"
 
 
