@@ -78,6 +78,41 @@ def test_a_second_scrape_adds_only_the_steps_completed_since():
     assert tally.waits.counts[tally.waits.bounds.index(0.05)] == 1  # 30 ms
 
 
+def test_the_wait_by_stage_is_a_counter_a_stage_counted_once_settled():
+    from starvecheck.core.schema.loading import LoadStage
+    from starvecheck.loading.split import INDEX, STAGES
+
+    t = made([500, 10, 30, 10, 20], [20, 20, 20, 20, 20], num_workers=1)
+
+    def split(read: float, handover: float) -> list[float]:
+        out = [0.0] * len(STAGES)
+        out[INDEX[LoadStage.READ]], out[INDEX[LoadStage.HANDOVER]] = read, handover
+        return out
+
+    for step, (read, hand) in enumerate([(0.4, 0.1), (0.008, 0.002), (0.03, 0.0)]):
+        t.split.put(step, split(read, hand), split(read, hand))
+    tally = Tally()
+    tally.update(t)
+    # steps 1 and 2 are settled (a step a worker behind the 5 completed), the first left
+    # out as the wait counters leave it out
+    assert tally.exposed_s[INDEX[LoadStage.READ]] == pytest.approx(0.038)
+    t.split.put(3, split(0.01, 0.0), split(0.01, 0.0))
+    t.split.put(4, split(0.015, 0.005), split(0.015, 0.005))
+    t.waits.append(0.001)
+    t.computes.append(0.001)  # a sixth step: the fourth settles
+    tally.update(t)
+    f = by_name(tally)
+    exposed = {
+        s.labels["stage"]: s.value for s in f["starvecheck_data_wait_exposed_seconds"].samples
+    }
+    assert exposed["read"] == pytest.approx(0.048)
+    assert exposed["handover"] == pytest.approx(0.002)
+    assert set(exposed) == {s.value for s in STAGES}
+    busy = {s.labels["stage"]: s.value for s in f["starvecheck_loading_busy_seconds"].samples}
+    assert busy["read"] == pytest.approx(0.463)  # every batch's, the first too
+    assert "starvecheck_data_wait_exposed_seconds" not in by_name(Tally())  # none: absent
+
+
 def test_the_wait_histogram_has_cumulative_buckets_from_1_ms_to_10_s():
     t = made([1, 0.5, 1, 3, 20000], [1] * 5)
     tally = Tally()

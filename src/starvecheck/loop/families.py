@@ -15,11 +15,13 @@ and their labels are listed in docs/fleet.md.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.loading.split import STAGES
 from starvecheck.loop.times import LoopTimes
 
 # Per-step data wait: 1 ms .. 10 s (a wait under 1 ms is a loader keeping ahead).
@@ -75,6 +77,13 @@ class Tally:
     first: Buckets = field(default_factory=lambda: Buckets(FIRST_BUCKETS))
     workers: dict[int, Buckets] = field(default_factory=dict)
     pass_starts: list[int] = field(default_factory=list)  # each pass's first step
+    # The wait by stage of loading (loop/splits.py), seconds, in split.STAGES' order, of
+    # the steps counted so far; a step's split comes once its worker's next batch is in
+    # (at most a step a worker late), so they are counted that far behind.
+    exposed_s: list[float] = field(default_factory=lambda: [0.0] * len(STAGES))
+    exposed_counted: int = 1
+    busy_s: list[float] = field(default_factory=lambda: [0.0] * len(STAGES))
+    busy_base: list[float] = field(default_factory=lambda: [0.0] * len(STAGES))
     firsts_seen: int = 0  # of pass_starts, those whose first batch is counted
     workers_seen: int = 0  # of pass_starts, those whose workers' first batches are
 
@@ -100,6 +109,21 @@ class Tally:
             self.gpu_period_s += sum(t.gpu_period[self.gpu_counted : m]) / 1e3
             self.gpu_counted = m
         self._firsts(t)
+        self._stages(t, n)
+
+    def _stages(self, t: LoopTimes, n: int) -> None:
+        """The split's steps settled since the last scrape, added up by stage; the busy
+        seconds are the split's own running sums."""
+        split = t.split
+        limit = n - (t.num_workers or 0) - 1
+        arrays = [split.exposed[s] for s in STAGES]
+        limit = min(limit, len(arrays[0]))
+        for i in range(self.exposed_counted, limit):
+            row = [a[i] for a in arrays]
+            if not math.isnan(row[0]):
+                self.exposed_s = [x + y for x, y in zip(self.exposed_s, row, strict=True)]
+        self.exposed_counted = max(self.exposed_counted, limit)
+        self.busy_s = [b + x for b, x in zip(self.busy_base, split.busy, strict=True)]
 
     def next_loop(self) -> Tally:
         """The tally a new watch on the same exporter goes on with: the totals kept (a
@@ -117,6 +141,9 @@ class Tally:
             waits=self.waits,
             first=self.first,
             workers=self.workers,
+            exposed_s=self.exposed_s,
+            busy_s=self.busy_s,
+            busy_base=self.busy_s,
         )
 
     def _firsts(self, t: LoopTimes) -> None:
@@ -174,6 +201,15 @@ HELP = {
     "predicted_speedup_low": "Low end of the predicted speed-up's interval.",
     "predicted_speedup_high": "High end of the predicted speed-up's interval.",
     "weakest_link": "1 for the link that bounds the loop now (data loading, training step).",
+    "data_wait_exposed_seconds": (
+        "Seconds of the data wait each stage of loading was on the critical path of "
+        "(exposed: what prefetching did not hide); over the steps split, the stages add up "
+        "to their data wait."
+    ),
+    "loading_busy_seconds": (
+        "Seconds each stage of loading worked, wherever it ran (in the workers, hidden "
+        "while they keep ahead)."
+    ),
 }
 
 
@@ -198,6 +234,7 @@ def families(tally: Tally, labels: Mapping[str, str], advice: Advice) -> Iterato
             c.add_metric(values, value)
             yield c
     yield from histograms(tally, names, values)
+    yield from stages(tally, names, values)
     gauges = {
         "data_wait_ratio": share,
         "num_workers": advice.num_workers,
@@ -216,6 +253,21 @@ def families(tally: Tally, labels: Mapping[str, str], advice: Advice) -> Iterato
         g = GaugeMetricFamily(PREFIX + name, HELP[name], labels=[*names, "link"])
         g.add_metric([*values, advice.link], 1.0)
         yield g
+
+
+def stages(tally: Tally, names: list[str], values: list[str]) -> Iterator[Any]:
+    """A counter a stage of loading, labelled `stage` (loop/splits.py): exposed and busy
+    seconds, where the wait was split at all."""
+    from prometheus_client.core import CounterMetricFamily
+
+    for name, totals in (("data_wait_exposed_seconds", tally.exposed_s),
+                         ("loading_busy_seconds", tally.busy_s)):  # fmt: skip
+        if not any(totals):
+            continue
+        c = CounterMetricFamily(PREFIX + name, HELP[name], labels=[*names, "stage"])
+        for stage, total in zip(STAGES, totals, strict=True):
+            c.add_metric([*values, stage.value], total)
+        yield c
 
 
 def histograms(tally: Tally, names: list[str], values: list[str]) -> Iterator[Any]:
