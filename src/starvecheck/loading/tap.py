@@ -100,11 +100,19 @@ class Tap:
     """One DataLoader's stage split (see the module's docstring)."""
 
     def __init__(self, loader: Any, sink: Sink) -> None:
-        self.loader = loader
+        # accelerate's DataLoaderShard wraps the DataLoader it iterates (its
+        # `base_dataloader`, whose class it says it is): the wrappers go on that one.
+        inner = getattr(loader, "__dict__", {}).get("base_dataloader")
+        self.outer = loader  # what the loop iterates
+        self.loader = inner if inner is not None else loader  # the DataLoader itself
         self.sink = sink
         self.pending: dict[int, _Pending] = {}  # worker -> its last batch, not yet split
+        loader = self.loader
         self.workers = int(getattr(loader, "num_workers", 0) or 0)
-        self.pinned = bool(getattr(loader, "pin_memory", False))
+        # pin_memory does nothing without a CUDA device (torch says so, once)
+        cuda = getattr(sys.modules.get("torch"), "cuda", None)
+        available = getattr(cuda, "is_available", lambda: False)
+        self.pinned = bool(getattr(loader, "pin_memory", False)) and bool(available())
         self.persistent = bool(getattr(loader, "persistent_workers", False)) and self.workers > 0
         self.method = start_method(loader)
         self.shared: Any = None
@@ -121,6 +129,10 @@ class Tap:
         self.seen: set[int] = set()  # workers whose first batch of the pass came
         self.here_seq = 0
         self.broken: str | None = None  # why the split stopped, where it did
+        self.held: tuple[Any, Any] | None = None  # a trainer's: the functions we replaced
+        self.ahead_fetched = 0  # a trainer's fetcher: batches it keeps ahead
+        self.skip = 0  # batches of this pass fetched in no wait of their own
+        self.by_order = False  # batches matched with waits by order, not by the iterator
 
     @classmethod
     def of(cls, iterable: Any, sink: Sink) -> Tap | None:
@@ -140,12 +152,15 @@ class Tap:
         self.began, self.index, self.seen = now, 0, set()
         self.sent = deque()
         loader = self.loader
+        # An adapter's iterator keeps a batch ahead (accelerate's): matched by order.
+        self.by_order = self.outer is not loader
+        self.skip = self.ahead_fetched = 1 if self.by_order else 0
         if getattr(loader, "in_order", True) is False:  # batches come as they are made:
             self.live = False  # the iterator's next task need not be the batch received
-            return self._made(iter(loader))
+            return self._made(iter(self.outer))
         existing = getattr(loader, "_iterator", None) if self.persistent else None
         if existing is not None:  # persistent workers: ours only if we made them
-            it = iter(loader)
+            it = iter(self.outer)
             self.live = it is self.it and self.shared is not None
             return self._made(it)
         old_collate, old_init = loader.collate_fn, loader.worker_init_fn
@@ -165,14 +180,59 @@ class Tap:
         except Exception:  # a DataLoader that will not take them: not split
             self._put_back(old_collate, old_init)
             self.live = False
-            return self._made(iter(loader))
+            return self._made(iter(self.outer))
         try:
-            it = iter(loader)
+            it = iter(self.outer)
         finally:
             self._put_back(old_collate, old_init)
         self.live = True
         self.it = it
         return self._made(it)
+
+    # A trainer's loop (the callbacks): the trainer makes each pass's iterator itself,
+    # so the wrappers stay on its DataLoader for the training (`hold`, `release`), and
+    # each wait is matched with a batch by order: a fetcher that keeps `ahead` batches
+    # ahead receives the pass's batch k + ahead in its k-th wait (its first wait, the
+    # first ahead + 1), and batch j comes from worker j mod num_workers.
+
+    def hold(self, ahead: int) -> None:
+        """Set the wrappers on the DataLoader until `release()`: every iterator the
+        trainer makes from now on carries them."""
+        loader = self.loader
+        self.held = (loader.collate_fn, loader.worker_init_fn)
+        self.ahead_fetched, self.by_order = ahead, True
+        try:
+            if self.workers:
+                self.shared = stamps.table(self.workers)
+                self.rows = self.shared.numpy()
+            self.stamped = stamps.Stamped(self.held[0], self.shared)
+            loader.collate_fn = self.stamped
+            if self.workers:
+                loader.worker_init_fn = stamps.Started(self.held[1], self.shared)
+        except Exception as e:  # a DataLoader that will not take them: not split
+            self.release()
+            self.broken = f"{type(e).__name__}: {e}"
+            return
+        self.live = True
+
+    def release(self) -> None:
+        """The DataLoader's own collate_fn and worker_init_fn back (training ended)."""
+        if self.held is not None:
+            self._put_back(*self.held)
+            self.held = None
+
+    def new_pass(self, now: float) -> None:
+        """A trainer's pass begins (its iterator is made next): new workers unless
+        persistent ones were made already."""
+        self.finish()
+        self.began = self.made = now
+        self.index, self.seen, self.sent = 0, set(), deque()
+        self.ahead = 2 * self.workers  # the DataLoader's default prefetch_factor
+        if not self.persistent:
+            self.counts = [0] * max(1, self.workers)
+        self.skip = self.ahead_fetched
+        if self.stamped is not None:
+            self.here_seq = self.stamped.here.seq
 
     def _put_back(self, collate: Any, init: Any) -> None:
         for name, value in (("collate_fn", collate), ("worker_init_fn", init)):
@@ -191,7 +251,7 @@ class Tap:
     def before(self, it: Any) -> None:
         """Which worker the next batch comes from: the iterator's record of the task it
         will return next, else the next in turn."""
-        if not self.workers:
+        if not self.workers or self.by_order:
             return
         info = None
         try:  # noqa: SIM105 (a step's cost: contextlib.suppress is ten times try's)
@@ -218,6 +278,13 @@ class Tap:
         fetch's CPU is counted from them)."""
         if not self.live:
             return
+        if self.workers and self.by_order:  # matched by order (see `hold`)
+            for _ in range(self.skip):  # fetched in this wait, used in later steps
+                self.counts[self.index % self.workers] += 1
+                self.index += 1
+                self.sent.append(asked)
+            self.skip = 0
+            self.worker = self.index % self.workers
         try:
             if not self.workers:
                 self._here(step, asked, received, asked_cpu, asked_pcpu, asked_runq)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from starvecheck.loading.tap import Tap
     from starvecheck.loop.barrier import Barrier
     from starvecheck.loop.cpu import MachineCpu
     from starvecheck.loop.exporter import Exporter
@@ -35,6 +36,7 @@ class TrainerSteps:
     _gap_cpu: float
     _gap_pcpu: float
     _machine: MachineCpu | None = None  # the machine's CPU, read about once a second
+    _taps: list[Tap | None] | None
     exporter: Exporter | None
     peers: Peers | None
 
@@ -60,6 +62,9 @@ class TrainerSteps:
         t.wait_cpu.append(now_cpu - self._gap_cpu)
         t.wait_process_cpu.append(time.process_time() - self._gap_pcpu)
         t.wait_runq.append(0.0)
+        tap = self._held()
+        if tap is not None:  # the wait split by stage (loading/tap.py)
+            tap.after(len(t.waits) - 1, gap, now, self._gap_cpu, self._gap_pcpu)
         barrier = self._rank_barrier()
         if barrier is not None:
             barrier.wait(len(t.waits))
@@ -123,3 +128,36 @@ class TrainerSteps:
             self._events().new_pass()
             self._gap, self._gap_cpu = self.clock(), time.thread_time()
             self._gap_pcpu = time.process_time()
+            tap = self._held()
+            if tap is not None:
+                self._passed(tap)
+                self.times.split.pass_starts.append(len(self.times.waits))
+                tap.new_pass(self._gap)
+
+    def hold_loader(self, loader: object, ahead: int) -> None:
+        """The trainer's DataLoader, for the stage split: its collate_fn and
+        worker_init_fn wrapped until training ends (loading/tap.py's `hold`); its
+        fetcher keeps `ahead` batches ahead of the step."""
+        from starvecheck.loop.splits import tap_for
+
+        tap = tap_for(loader, self.times.split, self.clock)
+        if tap is not None:
+            tap.hold(ahead)
+        self._taps = [tap]
+
+    def _held(self) -> Tap | None:
+        taps = getattr(self, "_taps", None)
+        return taps[0] if taps else None
+
+    def _passed(self, tap: Tap) -> None:
+        """The pass that ended: its batches split, its workers' start-up kept."""
+        tap.finish()
+        if (startup := tap.startup()) is not None:
+            self.times.split.startups.append(startup)
+
+    def release_loader(self) -> None:
+        """Training ended: the last pass's split, and the DataLoader as it was."""
+        tap = self._held()
+        if tap is not None:
+            self._passed(tap)
+            tap.release()

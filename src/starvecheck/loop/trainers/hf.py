@@ -33,6 +33,11 @@ class TransformersCallback(Hooked, TrainerCallback):  # type: ignore[misc]
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         workers = getattr(args, "dataloader_num_workers", None)
         self._workers(workers)
+        # The stage split: accelerate's DataLoaderShard is a DataLoader whose iterator
+        # keeps one batch ahead. With gradient accumulation a step's wait fetches
+        # several batches and a micro-step's none: the waits are not split.
+        if getattr(args, "gradient_accumulation_steps", 1) == 1:
+            self._loader(kwargs.get("train_dataloader"), ahead=1)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.watch.begin_pass()
@@ -57,4 +62,4 @@ class TransformersCallback(Hooked, TrainerCallback):  # type: ignore[misc]
         self.watch.resume_wait()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.watch.end_pass()
+        self._ended()

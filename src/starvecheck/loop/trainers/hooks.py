@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from starvecheck.loop.output import never_raising
 from starvecheck.loop.timer import Watch
 
 SINGLE = "_SingleProcessDataLoaderIter"  # the DataLoader iterator at num_workers=0
@@ -25,6 +26,17 @@ class Hooked:
             raise TypeError("headspace applies to starvecheck.watch(loader) only")
         self.watch: Watch[Any] = Watch((), **options)
         self.watch.times.iterator = self.trainer
+
+    def _loader(self, loader: object, ahead: int = 1) -> None:
+        """The trainer's DataLoader, for the stage split, where it is one (its fetcher
+        keeps `ahead` batches ahead); given back as it was when training ends."""
+        with never_raising(self.watch._warned, "time the DataLoader's stages"):
+            self.watch.hold_loader(loader, ahead)
+
+    def _ended(self) -> None:
+        with never_raising(self.watch._warned, "put the DataLoader back"):
+            self.watch.release_loader()
+        self.watch.end_pass()
 
     def _workers(self, workers: object) -> None:
         """The trainer's DataLoader num_workers, where it says: the judgement reads

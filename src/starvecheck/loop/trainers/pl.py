@@ -36,6 +36,11 @@ class LightningCallback(Hooked, Callback):  # type: ignore[misc]
         loader = getattr(trainer, "train_dataloader", None)
         workers = getattr(loader, "num_workers", None)
         self._workers(workers)
+        # The stage split: Lightning's fetcher keeps one batch ahead where the loader
+        # has no length (to know the last batch), none where it has one. It made the
+        # first epoch's iterator before this hook: the split begins with the second
+        # epoch (the first's workers carry no record), or never with persistent workers.
+        self._loader(loader, ahead=0 if _sized(loader) else 1)
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.watch.begin_pass()
@@ -54,4 +59,12 @@ class LightningCallback(Hooked, Callback):  # type: ignore[misc]
         self.watch.resume_wait()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self.watch.end_pass()
+        self._ended()
+
+
+def _sized(loader: object) -> bool:
+    try:
+        len(loader)  # type: ignore[arg-type]
+    except Exception:  # no __len__, or an IterableDataset's DataLoader without one
+        return False
+    return True
