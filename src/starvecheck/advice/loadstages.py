@@ -27,11 +27,16 @@ from dataclasses import dataclass
 
 from starvecheck.core.metric import Metric, select, value
 from starvecheck.core.model import Gain, GainKind
+from starvecheck.core.paired import MARGIN
 from starvecheck.core.schema.loading import (
     BUSY_MS,
     EXPOSED_MS,
     EXPOSED_SHARE,
+    RESTART_EXPOSED_MS,
+    SOLO_MS,
     SPLIT_STEPS,
+    STARTUP_S,
+    STARTUP_UNPICKLE_S,
     LoadStage,
 )
 
@@ -48,10 +53,6 @@ MEANING = {
 # The stages more workers reach: the workers' own work.
 WORKERS_REACH = (LoadStage.READ, LoadStage.TRANSFORM, LoadStage.COLLATE)
 SAID_SHARE = 0.02  # a stage under this share of the wait is left out of the sentence
-# quantities watch writes beside the split (loop/splits.py)
-STARTUP_S = "startup_s"
-STARTUP_UNPICKLE_S = "startup_unpickle_s"
-RESTART_EXPOSED_MS = "restart_exposed_ms"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Waits:
     startup_s: float | None = None  # a pass's slowest worker ready (median over passes)
     unpickle_s: float | None = None  # a worker's birth to worker_init_fn (its unpickling)
     restart_ms: float | None = None  # start-up exposed in later passes, ms a step
+    solo_ms: float | None = None  # a batch made alone (no wait for a CPU), ms
 
     @property
     def top(self) -> LoadStage | None:
@@ -97,6 +99,7 @@ def read(metrics: Sequence[Metric]) -> Waits | None:
         startup_s=value(metrics, quantity=STARTUP_S),
         unpickle_s=value(metrics, quantity=STARTUP_UNPICKLE_S),
         restart_ms=value(metrics, quantity=RESTART_EXPOSED_MS),
+        solo_ms=value(metrics, quantity=SOLO_MS),
     )
 
 
@@ -160,17 +163,48 @@ def startup_fix(
     return said, Gain(GainKind.THROUGHPUT, round(ratio, 2), basis), fix
 
 
-def handover_fix(w: Waits, batch_bytes: float | None) -> tuple[str, Gain, dict[str, bool]] | None:
-    """The hand-over holds the step back: more workers do not shorten it. No setting
-    reaches it alone, so no figure: the share is an upper bound."""
+def handover_fix(
+    w: Waits,
+    batch_bytes: float | None,
+    step_ms: float | None,
+    compute_ms: float | None,
+    workers: int | None,
+) -> tuple[str, Gain, dict[str, int]] | None:
+    """The hand-over holds the step back: more workers do not shorten it. Where making
+    a batch alone (its fetch and collate with a CPU of their own, measured in the
+    workers) and the step's compute take less than the step now, num_workers=0 hands
+    nothing over: that, with its predicted figure; else fewer bytes a batch, with no
+    figure (no setting reaches it: the share is an upper bound)."""
     if w.top is not LoadStage.HANDOVER:
         return None
     size = f" of {batch_bytes / 1e6:,.1f} MB" if batch_bytes else ""
     said = (
         f"Each batch{size} takes {w.exposed_ms.get(LoadStage.HANDOVER, 0.0):,.1f} ms a step to "
         "reach the training process after its worker finished it (the queue, shared memory, "
-        "unpickling; with pin_memory, the pinning thread): more workers do not shorten it. "
-        "Send fewer bytes a batch (uint8 images normalised on the device, int32 token ids, "
+        "unpickling; with pin_memory, the pinning thread): more workers do not shorten it"
+    )
+    if workers and w.solo_ms is not None and step_ms and compute_ms is not None:
+        alone = compute_ms + w.solo_ms
+        if alone > 0 and step_ms / alone >= 1 + MARGIN:
+            said += (
+                f". Making a batch takes {w.solo_ms:,.1f} ms with a CPU of its own (measured "
+                f"in the workers) and the rest of the step {compute_ms:,.1f} ms: loading in "
+                "the training process hands nothing over, `DataLoader(..., num_workers=0)`. "
+                "Or send fewer bytes a batch (uint8 images normalised on the device, int32 "
+                "token ids) and keep the workers."
+            )
+            basis = (
+                f"predicted: the mean step from {step_ms:,.1f} ms to {alone:,.1f} ms (the "
+                "step's compute and a batch made alone, one after the other); the hand-over "
+                "and the wait for it gone"
+            )
+            return (
+                said,
+                Gain(GainKind.THROUGHPUT, round(step_ms / alone, 2), basis),
+                {"num_workers": 0},
+            )
+    said += (
+        ". Send fewer bytes a batch (uint8 images normalised on the device, int32 token ids, "
         "no copies of shared tensors), or, where a batch takes little work to make, load it "
         "in the training process: `starvecheck loader --factory FILE.py:FUNC` measures "
         "num_workers=0, which hands nothing over, against your count."

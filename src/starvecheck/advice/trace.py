@@ -187,7 +187,13 @@ def _data_bound_fix(
     if split is not None:
         stage = loadstages.startup_fix(
             split, d.step_ms, params.num_workers, params.start_method
-        ) or loadstages.handover_fix(split, value(m, quantity="batch_bytes"))
+        ) or loadstages.handover_fix(
+            split,
+            value(m, quantity="batch_bytes"),
+            d.step_ms,
+            _mean(m, "compute_ms"),
+            params.num_workers,
+        )
         if stage is not None:
             return stage
     gain = Gain(

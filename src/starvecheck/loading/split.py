@@ -53,6 +53,7 @@ class Batch:
     fetch_cpu: float  # the fetch's CPU and run-queue seconds (the worker's thread)
     collate_cpu: float = 0.0
     ready: float | None = None  # the worker's start-up ended, where this is its first batch
+    fetch_runq: float = 0.0  # of fetch_cpu, the seconds it waited for a CPU
 
 
 def _clip(t: float, low: float, high: float) -> float:
@@ -105,6 +106,15 @@ def busy(b: Batch, handover_s: float) -> list[float]:
     out[_COLLATE] = max(0.0, b.done - b.collate)
     out[_HANDOVER] = handover_s
     return out
+
+
+def solo(b: Batch) -> float:
+    """The batch's fetch and collate with a CPU of their own: their wall time less the
+    fetch's wait for a CPU (what the training process would take to make it alone)."""
+    began = b.free if b.ready is None else max(b.free, b.ready)
+    if math.isnan(began) or math.isnan(b.done):
+        return 0.0
+    return max(0.0, b.done - began - b.fetch_runq)
 
 
 def in_process(

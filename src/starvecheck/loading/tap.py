@@ -83,9 +83,9 @@ _HANDOVER = INDEX[arith.LoadStage.HANDOVER]
 
 class Sink(Protocol):
     """Where a step's split goes: its exposed seconds and busy seconds by stage, in
-    split.STAGES' order."""
+    split.STAGES' order, and its batch's seconds made alone (split.solo)."""
 
-    def put(self, step: int, exposed: list[float], busy: list[float]) -> None: ...
+    def put(self, step: int, exposed: list[float], busy: list[float], solo: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +323,7 @@ class Tap:
             fetch_cpu=rec[R_FETCH_CPU] + rec[R_FETCH_RUNQ],
             collate_cpu=rec[R_COLLATE_CPU],
             ready=ready,
+            fetch_runq=rec[R_FETCH_RUNQ],
         )
         self._settle(w, b)
         self.pending[w] = _Pending(step, asked, received, b)
@@ -335,7 +336,7 @@ class Tap:
         out = arith.exposed(p.asked, p.received, p.batch)
         if nxt is not None:
             out = arith.held(out, p.asked, p.received, p.batch, nxt)
-        self.sink.put(p.step, out, arith.busy(p.batch, out[_HANDOVER]))
+        self.sink.put(p.step, out, arith.busy(p.batch, out[_HANDOVER]), arith.solo(p.batch))
 
     def finish(self) -> None:
         """The pass ended: the batches whose worker sends no next one, split as they are."""
@@ -367,7 +368,7 @@ class Tap:
         waited = max(0.0, h.runq - asked_runq) if asked_runq else 0.0  # for a CPU: CPU work
         fetch_cpu = max(h.cpu - asked_cpu + waited, h.pcpu - asked_pcpu, 0.0)
         out = arith.in_process(asked, received, h.collate, h.done, fetch_cpu, self.pinned)
-        self.sink.put(step, out, list(out))
+        self.sink.put(step, out, list(out), sum(out))
 
     def startup(self) -> Startup | None:
         """This pass's worker start-up, from the workers' headers: None where no worker

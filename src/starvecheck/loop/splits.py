@@ -22,18 +22,16 @@ from starvecheck.core.schema.loading import (
     BUSY_MS,
     EXPOSED_MS,
     EXPOSED_SHARE,
+    RESTART_EXPOSED_MS,
+    SOLO_MS,
     SPLIT_STEPS,
+    STARTUP_S,
+    STARTUP_UNPICKLE_S,
     LoadStage,
 )
 from starvecheck.loading.split import STAGES
 from starvecheck.loading.tap import Startup, Tap
 
-# quantity: a pass's worker start-up (loading/tap.Startup), seconds
-STARTUP_S = "startup_s"  # the slowest worker ready, from the pass's start
-STARTUP_UNPICKLE_S = "startup_unpickle_s"  # a worker's birth to worker_init_fn
-# ms a step: the start-up exposed in every pass but the first (what persistent workers
-# would save: they start once)
-RESTART_EXPOSED_MS = "restart_exposed_ms"
 NAN = float("nan")
 
 
@@ -61,14 +59,16 @@ class StageSplit:
     exposed: dict[LoadStage, array[float]] = field(default_factory=_stage_arrays)
     busy: list[float] = field(default_factory=lambda: [0.0] * len(STAGES))
     busy_batches: int = 0
+    solo: float = 0.0  # the batches' seconds made alone (loading/split.solo), summed
     startups: list[Startup] = field(default_factory=list)
     pass_starts: list[int] = field(default_factory=list)  # each pass's first step
     start_method: str | None = None
     persistent: bool | None = None
     pinned: bool | None = None
 
-    def put(self, step: int, exposed: list[float], busy: list[float]) -> None:
+    def put(self, step: int, exposed: list[float], busy: list[float], solo: float = 0.0) -> None:
         """Step `step`'s split (loading/tap.Sink): the arrays grow to it with NaN."""
+        self.solo += solo
         for s, v in zip(STAGES, exposed, strict=True):
             a = self.exposed[s]
             if len(a) <= step:
@@ -112,6 +112,8 @@ class StageSplit:
                 labels = {"quantity": BUSY_MS, "load_stage": s.value}
                 value = total / self.busy_batches * 1e3
                 out.append(Metric.single(f"{BUSY_MS}.{s}", value, "ms", labels))
+            solo = self.solo / self.busy_batches * 1e3
+            out.append(Metric.single(SOLO_MS, solo, "ms", {"quantity": SOLO_MS}))
         if self.startups:
             slowest = [u.slowest_s for u in self.startups]
             out.append(Metric.repeated(STARTUP_S, slowest, "s", {"quantity": STARTUP_S}))
@@ -149,6 +151,7 @@ class StageSplit:
             "exposed": {s.value: list(self.exposed[s][cut:]) for s in STAGES},
             "busy": self.busy,
             "busy_batches": self.busy_batches,
+            "solo": self.solo,
             # Past a cut, the window's start stands for the run's first pass (its later
             # passes are restarts whatever the window shows of them).
             "pass_starts": ([0] if cut else []) + [p - cut for p in self.pass_starts if p > cut]
@@ -172,6 +175,7 @@ class StageSplit:
             busy = [float(v) for v in p.get("busy", ())]
             if len(busy) == len(STAGES):
                 out.busy, out.busy_batches = busy, int(p.get("busy_batches", 0))
+                out.solo = float(p.get("solo", 0.0))
             out.pass_starts = [int(x) for x in p.get("pass_starts", ())]
             out.startups = [
                 Startup(float(a), float(b), None if c is None else float(c),

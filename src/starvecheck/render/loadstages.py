@@ -12,16 +12,17 @@ from starvecheck.core.schema.loading import (
     BUSY_MS,
     EXPOSED_MS,
     EXPOSED_SHARE,
+    RESTART_EXPOSED_MS,
+    SOLO_MS,
     SPLIT_STEPS,
+    STARTUP_S,
+    STARTUP_UNPICKLE_S,
     LoadStage,
 )
 from starvecheck.core.schema.steps import Parameters
 from starvecheck.render.section import Section, taken
 
 HEADERS = ("stage", "exposed ms a step", "share of the wait", "busy ms a batch")
-STARTUP_S = "startup_s"
-STARTUP_UNPICKLE_S = "startup_unpickle_s"
-RESTART_EXPOSED_MS = "restart_exposed_ms"
 _OWN = (EXPOSED_MS, EXPOSED_SHARE, BUSY_MS)
 NOTE = (
     "exposed: the stage's part of the loop's wait for its batch (what prefetching did not "
@@ -41,9 +42,9 @@ def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Sectio
             cells[(q, str(m.labels["load_stage"]))] = m
         elif q == SPLIT_STEPS and set(m.labels) == {"quantity"}:
             steps = m
-        elif q in (STARTUP_S, STARTUP_UNPICKLE_S, RESTART_EXPOSED_MS) and set(m.labels) == {
-            "quantity"
-        }:
+        elif q in (STARTUP_S, STARTUP_UNPICKLE_S, RESTART_EXPOSED_MS, SOLO_MS) and set(
+            m.labels
+        ) == {"quantity"}:
             singles[q] = m
         else:
             rest.append(m)
@@ -66,6 +67,12 @@ def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Sectio
     notes = [NOTE]
     if steps is not None and steps.value is not None:
         notes.append(f"over the {int(steps.value)} steps whose batches carried a record")
+    solo = singles.get(SOLO_MS)
+    if solo is not None and solo.value is not None:
+        notes.append(
+            f"a batch made alone (its fetch and collate, without waiting for a CPU): "
+            f"{solo.value:,.1f} ms"
+        )
     notes += _startup_notes(stage, singles)
     title = "where the data wait goes, by stage"
     used = taken(metrics, rest)

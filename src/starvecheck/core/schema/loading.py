@@ -50,6 +50,16 @@ IN_WORKERS = (LoadStage.STARTUP, LoadStage.READ, LoadStage.TRANSFORM, LoadStage.
 EXPOSED_MS = "exposed_ms"  # the stage's part of the data wait, ms a step (mean)
 EXPOSED_SHARE = "exposed_share"  # ... of the whole data wait
 BUSY_MS = "busy_ms"  # the stage's time per batch wherever it ran, ms (mean)
+# quantity: a batch's fetch and collate with a CPU of their own (their CPU and blocked
+# time, not their wait for a CPU), ms (mean): what the training process would spend
+# making it at num_workers=0, where no hand-over is
+SOLO_MS = "solo_ms"
+# quantity: a pass's worker start-up (loading/tap.Startup), seconds
+STARTUP_S = "startup_s"  # the slowest worker ready, from the pass's start
+STARTUP_UNPICKLE_S = "startup_unpickle_s"  # a worker's birth to worker_init_fn
+# quantity: ms a step, the start-up exposed in every pass but the first (what persistent
+# workers would save: they start once)
+RESTART_EXPOSED_MS = "restart_exposed_ms"
 # quantity: the steps whose wait could be split (each step's wait is split, or none of it)
 SPLIT_STEPS = "split_steps"
 

@@ -1,0 +1,122 @@
+"""Pipelines built so that one stage of loading dominates the wait (issue 57;
+benchmarks/stage_split.py): each a FUNC that `starvecheck loader --factory` reads and a
+loop can iterate, with the settings a job would start from. Keyword arguments are the
+DataLoader settings a fix changes.
+
+  read       __getitem__ sleeps 15 ms a sample (a network read: no CPU); 2 workers
+  transform  __getitem__ does 4 ms of pure-Python work a sample (a tokenizer); in the
+             training process (num_workers=0)
+  collate    the samples are ready; collate_fn does 25 ms of pure-Python work a batch;
+             num_workers=0
+  handover   each item is a whole batch, a fresh 64 MB float32 tensor made by one copy
+             (batch_size=None); 2 workers hand them over
+  startup    a dataset that carries 200 MB (a table read in __init__), 16 batches an
+             epoch of 2 ms samples, 2 workers started under forkserver each epoch
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+WORDS = [f"w{i}" for i in range(2000)]
+VOCAB = {w: i for i, w in enumerate(WORDS)}
+_TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(200))
+_ROUND_S: list[float] = []
+
+
+def python_work(ms: float) -> None:
+    """About `ms` of pure-Python CPU work (a word-level tokenizer), sized once here."""
+    if not _ROUND_S:
+        start = time.thread_time()
+        for _ in range(200):
+            _tokenize()
+        _ROUND_S.append(max((time.thread_time() - start) / 200, 1e-6))
+    for _ in range(max(1, round(ms / 1e3 / _ROUND_S[0]))):
+        _tokenize()
+
+
+def _tokenize() -> list[int]:
+    ids = [VOCAB.get(w, 0) for w in _TEXT.split()]
+    return [(i * 31 + 7) % 50021 for i in ids]
+
+
+class Sized(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Reads(Sized):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.015)
+        return torch.zeros(64)
+
+
+class Tokenizes(Sized):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        python_work(4.0)
+        return torch.zeros(64)
+
+
+class Ready(Sized):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.zeros(64)
+
+
+def heavy_collate(samples: list[torch.Tensor]) -> torch.Tensor:
+    python_work(25.0)
+    return default_collate(samples)
+
+
+_BASE: list[torch.Tensor] = []
+
+
+class WholeBatches(Sized):
+    """Each item a batch of 64 MB, made by copying a ready tensor."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not _BASE:
+            _BASE.append(torch.randn(16, 1024, 1024))
+        return _BASE[0].clone()
+
+
+class Carries(Sized):
+    """A dataset holding 200 MB (a lookup table read in __init__): every worker a
+    forkserver or spawn context starts unpickles it."""
+
+    def __init__(self, n: int, nbytes: int = 200 << 20) -> None:
+        super().__init__(n)
+        self.table = bytes(nbytes)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.zeros(64)
+
+
+def read(**fix: Any) -> DataLoader:
+    return DataLoader(Reads(4096), **{"batch_size": 4, "num_workers": 2, **fix})
+
+
+def transform(**fix: Any) -> DataLoader:
+    return DataLoader(Tokenizes(4096), **{"batch_size": 8, "num_workers": 0, **fix})
+
+
+def collate(**fix: Any) -> DataLoader:
+    settings = {"batch_size": 8, "num_workers": 0, "collate_fn": heavy_collate, **fix}
+    return DataLoader(Ready(4096), **settings)
+
+
+def handover(**fix: Any) -> DataLoader:
+    return DataLoader(WholeBatches(4096), **{"batch_size": None, "num_workers": 2, **fix})
+
+
+def startup(**fix: Any) -> DataLoader:
+    settings = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": "forkserver"}
+    return DataLoader(Carries(64), **{**settings, **fix})

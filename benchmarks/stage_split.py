@@ -1,0 +1,222 @@
+"""Does watch name the stage that holds a loop back, and does that stage's fix come
+true? (issue 57; docs/performance.md, "The wait by stage")
+
+Each scenario of benchmarks/pipelines/stages.py is built so that one stage of loading
+dominates the wait. For each:
+  1. the loop runs under `starvecheck.watch` (a sleep is the GPU step: it leaves the
+     CPUs free, as a GPU step does), and the stage with the largest exposed share is
+     read, with the data-bound finding's fix (its `fix`, the DataLoader setting it
+     names) and its predicted speed-up;
+  2. the fix is applied exactly as the finding states it, and the loop as it was and
+     the loop with the fix run in interleaved rounds (each round in the other order),
+     without watch; the measured speed-up is the median of the rounds' ratios of steps
+     a second over the same passes (worker start-up included where passes restart);
+  3. with --trainer the same pipeline is trained by a real lightning.Trainer with
+     LightningCallback (three epochs: its first epoch's workers are made before any
+     hook), and the stage the callback names is read.
+
+    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--only NAME ...]
+
+--busy runs a process that keeps one CPU busy throughout (the figures beside other
+work). Targets (exit 1 when missed): the named stage is the scenario's; the applied fix
+within 15% of its prediction and never slower (0.97x or more). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "pipelines"))
+
+import stages as pipelines  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+import starvecheck  # noqa: E402
+from starvecheck.core.metric import select  # noqa: E402
+from starvecheck.core.schema.loading import EXPOSED_SHARE  # noqa: E402
+
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+TOLERANCE = 0.15
+WARMUP = 3  # steps of the first pass left out of the benchmark's own clock
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    stage: str  # the stage that dominates, by construction
+    step_ms: float  # the GPU step, a sleep
+    steps: int  # a pass's steps
+    passes: int = 1
+
+
+SCENARIOS = (
+    Scenario("read", "read", 20.0, 60),
+    Scenario("transform", "transform", 20.0, 40),
+    Scenario("collate", "collate", 20.0, 40),
+    Scenario("handover", "handover", 5.0, 40),
+    Scenario("startup", "startup", 10.0, 16, passes=4),
+)
+
+
+def loop(loader: DataLoader, s: Scenario, watched: bool) -> tuple[float, Any]:
+    """s.passes passes of s.steps steps; (seconds a step, the report where watched).
+    The first pass's first WARMUP steps are left out of the clock (the run's own
+    start); later passes' starts are in it, as a job pays them."""
+    source: Any = starvecheck.watch(loader, show=False) if watched else loader
+    begun = None
+    steps = 0
+    for p in range(s.passes):
+        for n, _batch in enumerate(source):
+            time.sleep(s.step_ms / 1e3)
+            if p == 0 and n + 1 == WARMUP:
+                begun = time.perf_counter()
+            elif begun is not None:
+                steps += 1
+            if n + 1 >= s.steps:
+                break
+    assert begun is not None
+    per_step = (time.perf_counter() - begun) / steps
+    return per_step, source.report() if watched else None
+
+
+def named(report: Any) -> tuple[str, Any]:
+    """(the stage with the largest exposed share, the data-bound finding)."""
+    stage = report.stages[0]
+    shares = {
+        m.labels["load_stage"]: m.value for m in select(stage.figures, quantity=EXPOSED_SHARE)
+    }
+    top = max(shares, key=lambda k: shares[k]) if shares else "none"
+    finding = next(f for f in report.checklist if f.id == "profile.data-bound")
+    return str(top), finding
+
+
+def rounds_of(s: Scenario, rounds: int) -> tuple[str, Any, list[float], list[float], list[float]]:
+    """Interleaved rounds, each in the other order: the loop as it is under watch (the
+    stage it names, its finding's fix and predicted speed-up) and the loop with that
+    fix applied, without watch. (the last round's stage, its finding, the predictions,
+    seconds a step before, after.) A prediction and the measurement it is checked
+    against come from the same round, seconds apart: a machine whose other work comes
+    and goes moves both alike."""
+    make = getattr(pipelines, s.name)
+    top, finding, predicted, before, after = "none", None, [], [], []
+    fix: dict[str, Any] = {}
+    for r in range(rounds):
+        for fixed in (False, True) if r % 2 == 0 or not fix else (True, False):
+            if not fixed:
+                step, report = loop(make(), s, watched=True)
+                top, finding = named(report)
+                fix = dict(finding.fix or {})
+                gain = finding.gain
+                kind = gain.kind.value if gain is not None else None
+                predicted.append(gain.value if kind == "throughput" and gain.value else 1.0)
+                before.append(step)
+            elif fix:
+                after.append(loop(make(**fix), s, watched=False)[0])
+    return top, finding, predicted, before, after
+
+
+LIGHTNING = """
+import json, sys
+sys.path.insert(0, {pipelines!r})
+import lightning as L, torch, stages, time
+from starvecheck.integrations import LightningCallback
+
+class Step(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+    def training_step(self, batch, i):
+        time.sleep({step_s})
+        return (self.w * 0).sum() + self.w.sum() * 0
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+cb = LightningCallback(show=False)
+trainer = L.Trainer(max_epochs=3, limit_train_batches={steps}, accelerator="cpu", logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, callbacks=[cb])
+trainer.fit(Step(), stages.{name}())
+shares = {{m.labels["load_stage"]: m.value for m in cb.watch.result().figures
+          if m.labels.get("quantity") == "exposed_share"}}
+print("SHARES", json.dumps(shares))
+"""
+
+
+def trainer_stage(s: Scenario) -> str:
+    """The stage LightningCallback names for the scenario (its later epochs)."""
+    code = LIGHTNING.format(
+        pipelines=str(HERE / "pipelines"), step_s=s.step_ms / 1e3, steps=s.steps, name=s.name
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env
+    )
+    if out.returncode != 0:
+        return f"failed: {out.stderr.strip().splitlines()[-1:]}"
+    shares = json.loads(out.stdout.split("SHARES ", 1)[1].splitlines()[0])
+    return max(shares, key=lambda k: shares[k]) if shares else "none"
+
+
+def burn() -> None:
+    while True:
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--trainer", action="store_true")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    burner = None
+    if args.busy:
+        burner = multiprocessing.get_context("fork").Process(target=burn, daemon=True)
+        burner.start()
+    rows, failed = [], 0
+    try:
+        for s in SCENARIOS:
+            if args.only and s.name not in args.only:
+                continue
+            top, finding, predicted, before, after = rounds_of(s, args.rounds)
+            fix = dict(finding.fix or {}) if finding is not None else {}
+            gain = statistics.median(predicted) if fix else None
+            b = statistics.median(before)
+            a = statistics.median(after) if after else b
+            ratio = b / a
+            error = None if gain is None else gain / ratio - 1
+            trainer = trainer_stage(s) if args.trainer else ""
+            ok = top == s.stage and ratio >= 0.97 and (error is None or abs(error) <= TOLERANCE)
+            ok = ok and (not args.trainer or trainer == s.stage) and bool(fix)
+            failed += not ok
+            rows.append(
+                f"| {s.name} | {top} | {trainer or '-'} | `{fix}` | "
+                f"{'none' if gain is None else f'{gain:.2f}x'} | {ratio:.2f}x "
+                f"({b * 1e3:.1f} -> {a * 1e3:.1f} ms) | "
+                f"{'-' if error is None else f'{error:+.0%}'} | {'yes' if ok else 'NO'} |"
+            )
+            print(rows[-1], flush=True)
+    finally:
+        if burner is not None:
+            burner.terminate()
+    print(f"\nload: {'one CPU burner' if args.busy else 'quiet'}; rounds {args.rounds}")
+    print("| scenario | watch names | callback names | fix | predicted | measured | error | ok |")
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
