@@ -68,16 +68,27 @@ def test_the_hand_over_held_by_the_workers_next_batch_goes_to_that_batchs_work()
     nxt = Batch(free=0.010, collate=0.040, done=0.041, fetch_cpu=0.030)
     out = exposed(0.005, 0.040, b)
     assert _named(out)[LoadStage.HANDOVER] == pytest.approx(0.030)
-    moved = _named(held(out, 0.005, 0.040, b, nxt))
+    moved = _named(held(out, 0.005, 0.040, b, [nxt]))
     assert moved[LoadStage.TRANSFORM] == pytest.approx(0.004 + 0.030)
     assert LoadStage.HANDOVER not in moved
+
+
+def test_another_workers_computing_holds_the_hand_over_too():
+    # Batch done at 10 ms by an idle worker; another worker collated in Python from 5 to
+    # 30 ms: the batches cross one queue, and its busy interpreter held this one back.
+    b = Batch(free=0.0, collate=0.009, done=0.010, fetch_cpu=0.0)
+    other = Batch(free=0.0, collate=0.005, done=0.030, fetch_cpu=0.0, collate_cpu=0.025)
+    out = exposed(0.010, 0.031, b)
+    moved = _named(held(out, 0.010, 0.031, b, [other]))
+    assert moved[LoadStage.COLLATE] == pytest.approx(0.020)
+    assert moved[LoadStage.HANDOVER] == pytest.approx(0.001)
 
 
 def test_a_next_batch_that_reads_leaves_the_hand_over_as_it_was():
     b = Batch(free=0.0, collate=0.009, done=0.010, fetch_cpu=0.009)
     nxt = Batch(free=0.010, collate=0.040, done=0.041, fetch_cpu=0.0)  # sleeping: no lock
     out = exposed(0.005, 0.040, b)
-    assert held(out, 0.005, 0.040, b, nxt) == out
+    assert held(out, 0.005, 0.040, b, [nxt]) == out
 
 
 def test_busy_counts_the_work_wherever_it_ran():
@@ -120,7 +131,7 @@ def test_the_stages_of_any_wait_add_up_to_it_and_none_is_negative(
     b = Batch(free=free, collate=collate, done=done, fetch_cpu=cpu, collate_cpu=cpu, ready=ready)
     nxt = Batch(free=done, collate=n_collate, done=n_done, fetch_cpu=n_cpu, collate_cpu=n_cpu)
     out = exposed(asked, received, b)
-    moved = held(out, asked, received, b, nxt)
+    moved = held(out, asked, received, b, [nxt, b])
     wait = max(0.0, received - asked)
     for split in (out, moved):
         assert len(split) == len(STAGES)

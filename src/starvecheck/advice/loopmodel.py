@@ -9,8 +9,9 @@ sleeps), then runs the step for R ms. With k workers:
 
 - each batch is also handed over: the worker writes it into shared memory and sends
   it (Hw ms of its CPU), the training process receives, maps and first reads it (Hm
-  ms). loop/handover.py measures both for the loop's batch size; for 19 MB float
-  image batches they cost about as much as the decode a worker saves;
+  ms). loop/handover.py measures both for the loop's batch size, however small (a
+  batch's trip through the queues costs about a millisecond on each side here); for
+  19 MB float image batches they cost about as much as the decode a worker saves;
 - the workers deliver a batch every (W + Hw) / k ms, and no faster than the CPU
   allows: each step needs C + Hw of the workers' CPU and P ms of the training
   process's own (all its threads, measured where it can be), out of the CPUs the job
@@ -20,8 +21,11 @@ sleeps), then runs the step for R ms. With k workers:
   training process's CPUs are busy only in its step: while it waits they are the
   workers', so the step is at least (C + Hw + P) / (E - O), O taken as none where the
   others were not measured (a trace);
-- the training process's own path is R + Hm, its CPU part stretched where the workers,
-  it and the other processes outnumber the CPUs ((k + 1 + O) / E);
+- the training process's own path is R + Hm, its CPU part (receiving the batch
+  included) stretched where the workers, it and the other processes outnumber the CPUs
+  ((k + 1 + O) / E), and each batch held back while another worker's interpreter is
+  busy with its Python work (advice/loopbounds.py, `held`: the workers' batches cross
+  one queue, and a busy sender's lock delays its batch and those behind it);
 
 and the step is the slowest of the three. The count is the fewest within 5% of the best
 predicted step, up to the count that hides the latency (one spare) and, for CPU work,
@@ -62,6 +66,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from starvecheck.advice.loopbounds import Model
 from starvecheck.advice.machinebound import MIN_GAIN, pool_wide, spread, too_busy, too_wide
 
 # CPU work is this share of the wait or more: the loader is doing CPU work.
@@ -70,8 +75,6 @@ CPU_WORK_SHARE = 0.5
 NEGLIGIBLE_SHARE = 0.1
 # A step whose process keeps busy all the effective CPUs but this many: no worker gains.
 CONTENDED_SLACK = 0.5
-# The fewest workers whose predicted step is within this factor of the best.
-KNEE = 1.05
 # A wait, less the training process's own CPU receiving the batch, under this share of
 # the step: the workers keep up.
 QUIET_SHARE = 0.05
@@ -301,7 +304,7 @@ class _Figures:
         process = loop.step_process_cpu_ms
         step_cpus = max(self.main_cpu, process if process is not None else 0.0) / rest_ms
         contended = step_cpus >= max(1.0, effective - CONTENDED_SLACK)
-        m = _Model(rest_ms, self.main_cpu, self.hand_m, self.made_ms, self.cpu_ms, effective,
+        m = Model(rest_ms, self.main_cpu, self.hand_m, self.made_ms, self.cpu_ms, effective,
                    self.room(others), self.own_cpus * (rest_ms + self.hand_m))  # fmt: skip
         keep_up = math.ceil(self.made_ms / (rest_ms + self.hand_m))  # hides the latency
         # CPU work (time waiting for a CPU included): never more workers than the CPUs
@@ -353,60 +356,7 @@ def _io_capped(wanted: int, cap: int) -> str:
     )
 
 
-@dataclass(frozen=True)
-class _Model:
-    """The loop model's figures (see the module docstring), in ms per batch."""
-
-    rest_ms: float  # R: the step after the batch is in hand
-    main_cpu: float  # the training thread's CPU in it
-    hand_m: float  # Hm: receiving the batch in the training process
-    made_ms: float  # W + Hw: a worker's time to make and send a batch
-    cpu_ms: float  # C + Hw: its CPU
-    effective: float  # E: the effective CPUs
-    room: float  # the CPUs the job can have: E less what other processes took of them
-    own_cpu_ms: float  # P: the training process's own CPU a step, all its threads
-
-    def bounds(self, k: int) -> dict[str, float]:
-        """The step with k workers is the slowest of: the training process's own path
-        (its step, the CPU part of it shared with the workers and other processes where
-        they and it outnumber the CPUs, and receiving the batch, timed as it is:
-        loop/handover.py), the workers' delivery, and the CPU the loading needs beside
-        the step. The own path never falls below the step outside the wait plus
-        receiving: the share of the step loading can save caps the gain."""
-        contending = self.effective - self.room  # the CPUs other processes keep busy
-        share = max(1.0, (k + 1 + contending) / self.effective)
-        own = (self.rest_ms - self.main_cpu) + self.main_cpu * share + self.hand_m
-        return {"own": own, "workers": self.made_ms / k, "cpus": self.cpu_step()}
-
-    def cpu_step(self) -> float:
-        """The step the CPU sets: the workers' CPU for a batch and the training
-        process's own a step, over the CPUs the job can have (its CPUs are the workers'
-        while it waits, so they count per step, not as taken for good)."""
-        return (self.cpu_ms + self.own_cpu_ms) / max(self.room, 1e-2)
-
-    def loading_cpu_bound(self) -> bool:
-        """No worker count keeps up: the CPU a step needs past the step itself."""
-        return self.cpu_step() > self.rest_ms + self.hand_m
-
-    def workers_cpus(self, step: float) -> float:
-        """The CPUs the workers have on average with the step at `step` ms."""
-        return max(self.room - self.own_cpu_ms / max(step, 1e-9), 1e-2)
-
-    def step(self, k: int) -> float:
-        return max(self.bounds(k).values())
-
-    def choose(self, now: int, most: int, step_now: float) -> int:
-        """`most` workers where they are within 5% of the best count up to it, else the
-        fewest that are (sharing the CPUs with the training process can make a larger
-        count slower); a loop with workers changes only for a gain of 5% or more."""
-        counts = range(max(1, now), most + 1)
-        best = min(self.step(k) for k in counts)
-        good = [k for k in counts if self.step(k) <= KNEE * best]
-        workers = most if most in good else min(good)
-        return now if now and step_now < MIN_GAIN * self.step(workers) else workers
-
-
-def _why(loop: Loop, m: _Model, wait_ms: float, step_now: float, hand_w: float) -> str:
+def _why(loop: Loop, m: Model, wait_ms: float, step_now: float, hand_w: float) -> str:
     """The arithmetic of a loop's advice, in words."""
     k0 = loop.workers_now
     made = (

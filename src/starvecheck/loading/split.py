@@ -26,6 +26,7 @@ DataLoader's own bookkeeping; with pin_memory, pinning) to the end of the wait.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starvecheck.core.schema.loading import LoadStage
@@ -143,25 +144,32 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def held(out: list[float], asked: float, received: float, b: Batch, nxt: Batch) -> list[float]:
-    """The wait's hand-over, part of it given back to the worker's next batch: a worker
-    sends a finished batch from a thread of its own, which needs the interpreter's lock
-    that the worker's main thread holds while it computes its next batch (a Python
-    transform, a collate that copies). Over the hand-over [collate ended, received),
-    the time the worker spent on its next batch's fetch on a CPU is that fetch's
-    (transform), on its collate that collate's; the rest (its fetch off a CPU: a read
-    releases the lock) stays the hand-over's. `out` is exposed()'s split of the wait
-    for `b`; `nxt` the same worker's next batch."""
+def held(
+    out: list[float], asked: float, received: float, b: Batch, busy: Sequence[Batch]
+) -> list[float]:
+    """The wait's hand-over, part of it given back to the workers' work that held it:
+    a worker sends a finished batch from a thread of its own, and the training process
+    takes its shared memory from another, both needing the interpreter's lock that the
+    worker's main thread holds while it computes (a Python transform, a collate that
+    copies); and every worker's batches cross one queue, so a busy worker's batch holds
+    back those behind it. Over the hand-over [collate ended, received), the time the
+    workers spent on `busy` batches' fetches on a CPU is those fetches' (transform), on
+    their collates the collates'; the rest (fetches off a CPU: a read releases the lock)
+    stays the hand-over's. `out` is exposed()'s split of the wait for `b`; `busy` the
+    batches the workers made meanwhile (its own worker's next first), up to the
+    hand-over itself."""
     start = max(asked, min(received, b.done if not math.isnan(b.done) else asked))
-    if received <= start:
+    if received <= start or not busy:
         return out
-    fetch_wall = nxt.collate - nxt.free
-    in_fetch = _overlap(start, received, nxt.free, nxt.collate) * cpu_share(
-        nxt.fetch_cpu, fetch_wall
-    )
-    in_collate = _overlap(start, received, nxt.collate, nxt.done) * cpu_share(
-        nxt.collate_cpu, nxt.done - nxt.collate
-    )
+    in_fetch = in_collate = 0.0
+    for nxt in busy:
+        fetch_wall = nxt.collate - nxt.free
+        in_fetch += _overlap(start, received, nxt.free, nxt.collate) * cpu_share(
+            nxt.fetch_cpu, fetch_wall
+        )
+        in_collate += _overlap(start, received, nxt.collate, nxt.done) * cpu_share(
+            nxt.collate_cpu, nxt.done - nxt.collate
+        )
     moved = min(out[_HANDOVER], in_fetch + in_collate)
     if moved <= 0:
         return out

@@ -21,6 +21,7 @@ the last batch's times on itself (`Stamped.here`), which the tap reads after eac
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -37,9 +38,8 @@ clock = time.perf_counter
 
 def table(workers: int) -> Any:
     """A zeroed table for `workers` workers, in shared memory (torch is loaded: the
-    caller holds a DataLoader)."""
-    import torch
-
+    caller holds a DataLoader; never imported here)."""
+    torch = sys.modules["torch"]
     return torch.zeros(max(1, workers), RING + 1, FIELDS, dtype=torch.float64).share_memory_()
 
 
@@ -197,9 +197,7 @@ class Stamped:
         pid = os.getpid()
         if self._worker is not None and self._pid == pid:
             return self._worker
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
+        info = sys.modules["torch.utils.data"].get_worker_info()  # loaded: it calls us
         if info is None:
             return None
         self._pid = pid

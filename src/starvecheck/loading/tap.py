@@ -329,13 +329,16 @@ class Tap:
         self.pending[w] = _Pending(step, asked, received, b)
 
     def _settle(self, w: int, nxt: arith.Batch | None) -> None:
-        """Worker `w`'s previous batch, split now that its next is known (or not)."""
+        """Worker `w`'s previous batch, split now that its next is known (or not): the
+        workers' batches made while it was handed over (its worker's next, the others'
+        latest) are what held its hand-over back, where they computed."""
         p = self.pending.pop(w, None)
         if p is None:
             return
         out = arith.exposed(p.asked, p.received, p.batch)
-        if nxt is not None:
-            out = arith.held(out, p.asked, p.received, p.batch, nxt)
+        busy = [nxt] if nxt is not None else []
+        busy += [q.batch for v, q in self.pending.items() if v != w]
+        out = arith.held(out, p.asked, p.received, p.batch, busy)
         self.sink.put(p.step, out, arith.busy(p.batch, out[_HANDOVER]), arith.solo(p.batch))
 
     def finish(self) -> None:

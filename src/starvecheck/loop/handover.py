@@ -22,7 +22,11 @@ from typing import Any
 BATCHES = 10  # timed batches, after WARMUP
 WARMUP = 2
 LIMIT_S = 10.0  # the whole measurement gives up past this (a worker that never starts)
-MIN_BYTES = 1 << 20  # below this the hand-over is too small to matter: not measured
+# Measured for batches of any size: a batch's trip through the DataLoader's queues (the
+# queue, the pickle, the next index sent) costs about a millisecond on each side here
+# whatever its size, 5-10% of a 20 ms step, which a forecast that leaves it out
+# promises (benchmarks/stage_split.py: +13-16% before it was counted).
+MIN_BYTES = 0
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,8 @@ WAITING = 0.05  # a loop that waits less than this share of its steps: not measu
 
 
 def worth_measuring(nbytes: int, waits: Sequence[float], computes: Sequence[float]) -> bool:
-    """Whether the worker model could need the hand-over's cost: batches of a MiB or
-    more, torch loaded, and a loop that waits for data."""
+    """Whether the worker model could need the hand-over's cost: torch loaded, and a
+    loop that waits for data."""
     if nbytes < MIN_BYTES or "torch" not in sys.modules:
         return False
     total = sum(waits[1:]) + sum(computes[1:])
