@@ -212,3 +212,14 @@ def test_spawned_workers_are_split_too():
     r = w.result()
     assert value(r.figures, quantity=SPLIT_STEPS) == len(w.times.waits) - 1
     assert r.parameters.get("start_method") == "spawn"
+
+
+def test_stages_false_leaves_the_dataloader_alone():
+    loader = DataLoader(Sleepy(8), batch_size=2)
+    own = loader.collate_fn
+    w = starvecheck.watch(loader, show=False, stages=False)
+    for _ in w:
+        assert loader.collate_fn is own
+    assert not select(w.result().figures, quantity=EXPOSED_SHARE)
+    with pytest.raises(TypeError, match="stages must be True or False"):
+        starvecheck.watch(loader, stages="yes")

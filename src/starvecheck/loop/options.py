@@ -20,7 +20,10 @@ class WatchOptions:
     data would buy (starvecheck.watch only); gpu_events: CUDA events on the device
     clock (None: where CUDA is in use); prometheus: serve the figures for Prometheus
     on this port plus LOCAL_RANK (None: STARVECHECK_PROMETHEUS_PORT where set; 0: any
-    free port), on prometheus_addr (default 127.0.0.1; loop/exporter.py)."""
+    free port), on prometheus_addr (default 127.0.0.1; loop/exporter.py); stages: split
+    each step's wait by stage of loading where the loop iterates a torch DataLoader
+    (loading/: its collate_fn and worker_init_fn wrapped while iter() makes the
+    workers); False leaves the DataLoader untouched."""
 
     sync: bool = False
     every: int | None = None
@@ -32,6 +35,7 @@ class WatchOptions:
     gpu_events: bool | None = None
     prometheus: int | None = None
     prometheus_addr: str | None = None
+    stages: bool = True
 
     def __post_init__(self) -> None:
         every, timeout = self.every, self.barrier_timeout
@@ -44,5 +48,7 @@ class WatchOptions:
         object.__setattr__(self, "barrier_timeout", float(timeout))
         check_file(self.file)
         check_port(self.prometheus)
+        if not isinstance(self.stages, bool):
+            raise TypeError(f"stages must be True or False, not {self.stages!r}")
         if self.prometheus_addr is not None and not isinstance(self.prometheus_addr, str):
             raise TypeError(f"prometheus_addr must be an address, not {self.prometheus_addr!r}")

@@ -140,6 +140,8 @@ class TrainerSteps:
         fetcher keeps `ahead` batches ahead of the step."""
         from starvecheck.loop.splits import tap_for
 
+        if self._taps == [None]:  # stages=False
+            return
         tap = tap_for(loader, self.times.split, self.clock)
         if tap is not None:
             tap.hold(ahead)

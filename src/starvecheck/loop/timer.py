@@ -109,7 +109,8 @@ class Watch(TrainerSteps, Generic[T]):
         self._began_cpu = self._began_pcpu = 0.0
         self._gap: float | None = None
         self._handover: dict[int, Handover | None] = {}  # measured once per batch size
-        self._taps: list[Tap | None] | None = None  # the stage split's tap, once made
+        # the stage split's tap, once made; [None]: not asked for (stages=False)
+        self._taps: list[Tap | None] | None = None if o.stages else [None]
         self._gap_cpu = 0.0
         self._gap_pcpu = 0.0
         # Prometheus (loop/exporter.py): None unless asked for, here or in the environment.
