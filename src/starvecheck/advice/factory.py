@@ -67,6 +67,7 @@ from starvecheck.advice.factory_bounds import (
     too_busy,
     training_gain,
 )
+from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.explained import Unexplained
@@ -274,7 +275,8 @@ def _evidence(choice: Choice, effective: float) -> str:
         text += (
             f"; {describe(choice.best)} over current, round by round: {choice.against.describe()}"
         )
-    return text + f" (medians over the rounds, this machine, {effective:g} effective CPUs)"
+    text += f" (medians over the rounds, this machine, {effective:g} effective CPUs)"
+    return text + configuration_said(choice.current.get, "with your settings")
 
 
 def _config(loader: StageResult) -> Finding | None:

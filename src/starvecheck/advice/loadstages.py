@@ -22,7 +22,7 @@ A stage whose fix no setting reaches gets no predicted figure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from starvecheck.core.metric import Metric, select, value
@@ -215,3 +215,16 @@ def handover_fix(
         "the hand-over's share of the wait, were it free; at most (no setting reaches it alone)",
     )
     return said, gain, {}
+
+
+def configuration_said(get: Callable[..., float | None], who: str) -> str:
+    """A `loader --factory` configuration's batches' wait by stage, in words (`get`
+    reads one of its figures by quantity and labels: advice/configurations.Point.get);
+    "" where it was not split."""
+    shares = {s: get(EXPOSED_SHARE, load_stage=s.value) for s in LoadStage}
+    said = {s: v for s, v in shares.items() if v is not None and v >= SAID_SHARE}
+    if not said:
+        return ""
+    parts = ", ".join(f"{s.value} {v:.0%}" for s, v in sorted(said.items(), key=lambda x: -x[1]))
+    top = max(said, key=lambda s: said[s])
+    return f"; {who}: each batch's wait is {parts} ({top.value}: {MEANING[top]})"

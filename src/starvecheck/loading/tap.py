@@ -195,12 +195,15 @@ class Tap:
     # ahead receives the pass's batch k + ahead in its k-th wait (its first wait, the
     # first ahead + 1), and batch j comes from worker j mod num_workers.
 
-    def hold(self, ahead: int) -> None:
-        """Set the wrappers on the DataLoader until `release()`: every iterator the
-        trainer makes from now on carries them."""
+    def hold(self, ahead: int | None) -> None:
+        """Set the wrappers on the DataLoader until `release()`: every iterator made
+        from it from now on carries them. `ahead`: a trainer's fetcher keeps that many
+        batches ahead (waits matched by order); None: each batch is matched by the
+        iterator's own record, `before()` given the iterator (`loader --factory`, which
+        iterates its own DataLoader)."""
         loader = self.loader
         self.held = (loader.collate_fn, loader.worker_init_fn)
-        self.ahead_fetched, self.by_order = ahead, True
+        self.ahead_fetched, self.by_order = ahead or 0, ahead is not None
         try:
             if self.workers:
                 self.shared = stamps.table(self.workers)
@@ -227,7 +230,8 @@ class Tap:
         self.finish()
         self.began = self.made = now
         self.index, self.seen, self.sent = 0, set(), deque()
-        self.ahead = 2 * self.workers  # the DataLoader's default prefetch_factor
+        prefetch = getattr(self.loader, "prefetch_factor", None)
+        self.ahead = (prefetch if isinstance(prefetch, int) else 2) * self.workers
         if not self.persistent:
             self.counts = [0] * max(1, self.workers)
         self.skip = self.ahead_fetched

@@ -19,6 +19,7 @@ from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import SAMPLES_PER_S, VS_CURRENT
 from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKER, WORKERS
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
+from starvecheck.core.schema.loading import EXPOSED_SHARE, SOLO_MS, LoadStage
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -144,13 +145,57 @@ def _mib(m: Metric | None) -> str:
     return f"{m.value / MIB:,.0f}"
 
 
+SHOWN_SHARE = 0.02  # a stage under this share of every configuration's wait: no column
+STAGE_NOTE = (
+    "each batch's wait (the factory's loop asks for the next batch at once: a batch's "
+    "whole time) split over the stages of loading, as a share of it: read, the dataset's "
+    "fetch off a CPU; transform, on one; collate; handover, a worker's batch reaching the "
+    "training process; startup, workers starting (an epoch's restart inside the windows); "
+    "made alone: a batch's fetch and collate with a CPU of their own (what num_workers=0 "
+    "spends on it)"
+)
+
+
+def _stage_table(metrics: Sequence[Metric]) -> Section | None:
+    """One row a configuration: each stage's share of its batches' wait, for the stages
+    that take SHOWN_SHARE of some configuration's."""
+    shares = select(metrics, quantity=EXPOSED_SHARE, layout=LAYOUT)
+    if not shares:
+        return None
+    stages = [
+        s
+        for s in LoadStage
+        if any(
+            m.labels.get("load_stage") == s.value and (m.value or 0) >= SHOWN_SHARE for m in shares
+        )
+    ]
+    keys = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
+    rows, seen = [], set()
+    for m in shares:
+        config = tuple(m.labels.get(k) for k in keys)
+        if config in seen:
+            continue
+        seen.add(config)
+        mine = select(metrics, layout=LAYOUT, **{k: m.labels[k] for k in keys if k in m.labels})
+        cells = []
+        for s in stages:
+            x = one(mine, quantity=EXPOSED_SHARE, load_stage=s.value)
+            cells.append("" if x is None or x.value is None else f"{x.value:.0%}")
+        rows.append((*_setting(m.labels), *cells, _n(one(mine, quantity=SOLO_MS), ".1f")))
+    headers = ("workers", "prefetch", "persist", *(s.value for s in stages), "made alone ms")
+    title = "where each batch's wait goes"
+    return Section(headers, rows, [STAGE_NOTE], range(0, len(headers)), title)
+
+
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
     rows, costs, rest, notes = split(stage, metrics)
     if not rows:
         return [], rest
     title = f"your pipeline: {stage.parameters.read(FactoryParameters).factory}"
     shown = taken(metrics, rest)
-    return [
+    out = [
         Section(HEADERS, rows, [], range(0, len(HEADERS) - 1), title, shown),
         Section(COST_HEADERS, costs, notes, range(0, len(COST_HEADERS)), "what it costs"),
-    ], rest
+    ]
+    stages = _stage_table(shown)
+    return out + ([stages] if stages is not None else []), rest

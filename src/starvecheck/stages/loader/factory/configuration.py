@@ -52,10 +52,12 @@ from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_secon
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.deaths import watch
 from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.loader.factory import procs
 from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline, one_line
 from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
 from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, worker_error
+from starvecheck.stages.loader.factory.procs import worker_pids
 from starvecheck.stages.loader.factory.run import (
     OVERRUN,
     Budget,
@@ -64,33 +66,10 @@ from starvecheck.stages.loader.factory.run import (
     stable,
     whole_window,
 )
+from starvecheck.stages.loader.factory.stagesplit import Split
 
 # Budget, Memory, Run and stable: importable from here, where callers have found them.
 __all__ = ["Budget", "Memory", "Run", "measure", "stable"]
-
-
-def _memory(pid: int | None = None) -> Memory:
-    import psutil
-
-    try:
-        info = psutil.Process(pid).memory_full_info()
-    except (psutil.Error, OSError):
-        return Memory(None, None)
-    return Memory(float(getattr(info, "uss", 0)) or None, float(getattr(info, "pss", 0)) or None)
-
-
-def _cpu(pid: int | None = None) -> float | None:
-    import psutil
-
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except (psutil.Error, OSError):
-        return None
-    return float(t.user + t.system)
-
-
-def _worker_pids(it: Any) -> list[int]:
-    return [w.pid for w in getattr(it, "_workers", ()) if w.pid is not None]
 
 
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
@@ -104,6 +83,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
         built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
     reading = _Reading(run, pipeline, budget, device, time.perf_counter())
+    reading.split = Split(built.inner)  # each batch's wait by stage (stagesplit.py)
     epochs = 0
     try:
         while not run.stopped:
@@ -122,6 +102,8 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
         # Persistent workers outlive each epoch's iterator: stopped here, on every way out.
         stop_workers(getattr(built.inner, "_iterator", None))
         built.stop()
+        reading.split.release()
+    run.split = reading.split.run
     if run.restarts_s:
         run.restart_s = statistics.median(run.restarts_s)
     run.epochs = epochs
@@ -168,6 +150,8 @@ class _Reading:
         self.cpu_read = 0.0  # when the processes' CPU was last read
         self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
+        self.split: Split  # set by measure()
+        self.built: Built  # this configuration's loader, set each epoch
         self.window_own = 0.0  # the digest's time in this window (`_own`)
 
     def spent(self, now: float) -> bool:
@@ -183,7 +167,7 @@ class _Reading:
         if self.machine0 is None:
             self.machine0, self.ours0 = machine_times(), ours_cpu()
         for pid in pids:
-            cpu = _cpu(pid)
+            cpu = procs.cpu(pid)
             if cpu is not None:
                 if first or pid not in self.cpu0:
                     self.cpu0.setdefault(pid, cpu)
@@ -194,16 +178,19 @@ class _Reading:
             if runq is not None:
                 self.runq0.setdefault(pid, runq)
                 self.runq1[pid] = runq
-            mem = _memory(pid) if memory else Memory(None, None)
+            mem = procs.memory(pid) if memory else Memory(None, None)
             if mem.uss is not None:
                 self.mem0.setdefault(pid, mem)
                 self.mem1[pid] = mem
 
     def epoch(self, built: Built, warmup: int, first: bool) -> None:
         keep = self.run.config.workers > 0 and self.run.config.persistent_workers
+        self.built = built
+        self.split.epoch()
         try:
             self._epoch(built, warmup, first)
         finally:
+            self.split.epoch_over()
             if not keep:
                 built.stop()  # a DataLoader inside the user's object: its workers, now
 
@@ -219,7 +206,7 @@ class _Reading:
         ):
             self.repeats.new_epoch()
             count_workers(built.iterator(it), run.worker_batches)
-            batch = _next(it, self.pipeline, 0)
+            batch = self._next(it, 0)
             self.empty = batch is None
             if batch is None and first:
                 raise UsageError(
@@ -239,14 +226,14 @@ class _Reading:
                 self._seen(batch)
             while batch is not None and not self.windowing and self.warmed < warmup:
                 check_signals()  # the warm-up: the batches that fill the prefetch queue
-                batch = _next(it, self.pipeline, index)
+                batch = self._next(it, index)
                 index += 1
                 self.warmed += batch is not None
                 if batch is not None:
                     self._seen(batch)
             if batch is None:
                 return  # an epoch no longer than the warm-up: the next one is measured
-            pids: list[int | None] = [None, *_worker_pids(built.iterator(it))]
+            pids: list[int | None] = [None, *worker_pids(built.iterator(it))]
             if not self.windowing:
                 # Memory read (slow: smaps), then what the workers buffered meanwhile
                 # drained, then the CPU read (fast) and the clock: nothing buffered
@@ -263,12 +250,13 @@ class _Reading:
                 self.window_start = began
                 self.started_windows = began
                 self.windowing = True
+                self.split.windows_begin()
             # Later epochs: the window goes on across the epoch's end, its restart (new
             # workers, their first batches) in it, as a training loop pays it.
             while not run.stopped:
                 check_signals()
                 asked = clock()
-                batch = _next(it, self.pipeline, index)
+                batch = self._next(it, index)
                 got = clock()
                 if batch is None:
                     break
@@ -279,6 +267,14 @@ class _Reading:
             self._sample(pids, False)
             self.read_s += self.paused - began
             del batch
+
+    def _next(self, it: Any, index: int) -> Any:
+        """The next batch through the stage split's tap (None at the epoch's end)."""
+        asked = self.split.before(self.built.iterator(it))
+        batch = _next(it, self.pipeline, index)
+        if batch is not None:
+            self.split.after(asked)
+        return batch
 
     def _counted(self, pids: list[int | None]) -> None:
         """After a batch counted: the window closed where it is whole, the processes read,
@@ -299,7 +295,7 @@ class _Reading:
 
     def _memory(self, pids: list[int | None]) -> None:
         for pid in pids:
-            mem = _memory(pid)
+            mem = procs.memory(pid)
             if mem.uss is not None:
                 self.mem0.setdefault(pid, mem)
                 self.mem1[pid] = mem
@@ -312,7 +308,7 @@ class _Reading:
         config = self.run.config
         while self.drained < config.workers * (config.prefetch_factor or 2) + 1:
             check_signals()
-            batch = _next(it, self.pipeline, index)
+            batch = self._next(it, index)
             if batch is None:
                 return None, index
             index += 1

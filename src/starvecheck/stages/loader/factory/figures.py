@@ -20,6 +20,14 @@ from starvecheck.core.schema.common import (
     WORKER_BATCHES,
 )
 from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKERS
+from starvecheck.core.schema.loading import (
+    BUSY_MS,
+    EXPOSED_SHARE,
+    SOLO_MS,
+    STARTUP_S,
+    STARTUP_UNPICKLE_S,
+)
+from starvecheck.loading.split import STAGES
 from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.timing import percentile
@@ -66,7 +74,37 @@ def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:
     elif run.restart_s is not None:
         out += single("epoch_start_s", round(run.restart_s, 4), "s", quantity=EPOCH_START_S)
     out += many("copy_ms", [x * 1e3 for x in run.copy_s], "ms", quantity="copy_ms")
+    out += _split_metrics(base, lab, run)
     return out + _sample_metrics(base, lab, run)
+
+
+def _split_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:
+    """Each batch's wait by stage of loading over the windows (stagesplit.py): each
+    stage's share of the wait and its busy ms a batch; a batch made alone; each epoch's
+    worker start-up."""
+    split = run.split
+    if split is None or not split.batches:
+        return []
+    out = []
+    wait = sum(split.exposed)
+    for stage, exposed, busy in zip(STAGES, split.exposed, split.busy, strict=True):
+        share = round(exposed / wait, 4) if wait > 0 else 0.0
+        q = lab | {"quantity": EXPOSED_SHARE, "load_stage": stage.value}
+        out.append(Metric.single(f"{base}.{EXPOSED_SHARE}.{stage}", share, "fraction", q))
+        q = lab | {"quantity": BUSY_MS, "load_stage": stage.value}
+        ms = round(busy / split.batches * 1e3, 4)
+        out.append(Metric.single(f"{base}.{BUSY_MS}.{stage}", ms, "ms", q))
+    solo = round(split.solo / split.batches * 1e3, 4)
+    out.append(Metric.single(f"{base}.{SOLO_MS}", solo, "ms", lab | {"quantity": SOLO_MS}))
+    if split.startups:
+        slowest = [round(u.slowest_s, 4) for u in split.startups]
+        q = lab | {"quantity": STARTUP_S}
+        out.append(Metric.repeated(f"{base}.{STARTUP_S}", slowest, "s", q))
+        unpickle = [round(u.unpickle_s, 4) for u in split.startups if u.unpickle_s is not None]
+        if unpickle:
+            q = lab | {"quantity": STARTUP_UNPICKLE_S}
+            out.append(Metric.repeated(f"{base}.{STARTUP_UNPICKLE_S}", unpickle, "s", q))
+    return out
 
 
 def _sample_metrics(base: str, lab: dict[str, Any], run: Run) -> list[Metric]:

@@ -87,6 +87,10 @@ def merge(slices: list[Run]) -> Run:
     out.others_cpus = statistics.median(others) if others else None
     out.others_each = [r.others_cpus for r in slices]
     out.partial = any(r.partial for r in slices)
+    splits = [r.split for r in slices if r.split is not None]
+    out.split = splits[0] if splits else None
+    for more in splits[1:]:
+        out.split = out.split.merged(more)
     longest = max(slices, key=lambda r: r.samples)
     out.main_memory, out.worker_memory = longest.main_memory, longest.worker_memory
     restarts = out.restarts_s or [r.restart_s for r in slices if r.restart_s is not None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from starvecheck.stages.loader.factory.loaders import Config
 
@@ -62,6 +63,7 @@ class Run:
     digest_s: float = 0.0  # the digest's own time in the windows (fingerprints.py)
     worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
     partial: bool = False  # its only window was cut short (fewer than least_batches)
+    split: Any = None  # each batch's wait by stage of loading (stagesplit.RunSplit)
 
     @property
     def median_samples_per_s(self) -> float | None:
