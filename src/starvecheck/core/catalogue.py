@@ -174,6 +174,11 @@ LOADER_OWN_DEMAND = Kind(
     (CRIT, WARN, INFO, OK),
     "Your pipeline … up with the GPU (…x its demand)",
 )
+LOADER_START_METHOD = Kind(
+    "loader.start-method",
+    (WARN, INFO),
+    "Under forkserver, Python 3.14's default on Linux, your pipeline loads …x as fast",
+)
 LOADER_REPEATS = Kind(
     "loader.repeats",
     (CRIT, WARN),

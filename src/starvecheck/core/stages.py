@@ -107,7 +107,7 @@ TABLE: tuple[StageEntry, ...] = (
     StageEntry(
         "factory",
         "stages.loader.factory.stage",
-        ("advice.factory",),
+        ("advice.factory", "advice.startmethod"),
         "advice.factory",
         ("render.factory",),
         reported_as="loader",

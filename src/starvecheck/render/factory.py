@@ -17,7 +17,7 @@ from typing import Any
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import SAMPLES_PER_S, VS_CURRENT
-from starvecheck.core.schema.factory import LAYOUT, MAIN, WORKER, WORKERS
+from starvecheck.core.schema.factory import LAYOUT, MAIN, ROLE_START, WORKER, WORKERS
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 from starvecheck.core.schema.loading import EXPOSED_SHARE, SOLO_MS, LoadStage
 from starvecheck.render.section import Section, taken
@@ -104,6 +104,8 @@ def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
         against = f"{ratio.value:.2f}x"
     role = m.labels.get("role")
     mark = "current" if m.labels.get("current") and role not in ("base", "again") else ""
+    if role == ROLE_START:  # the count beside, under the other start method
+        mark = f"under {m.labels.get('start_method')}"
     return (
         *_setting(m.labels),
         _n(m, ",.0f"),

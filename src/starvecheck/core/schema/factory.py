@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from starvecheck.core.parameters import Parameters as Base
-from starvecheck.core.parameters import flag, items, records, text, whole
+from starvecheck.core.parameters import flag, items, number, records, text, whole
 from starvecheck.core.schema.record import Record
 
 LAYOUT = "own"  # the layout label of the user's own pipeline's figures
@@ -16,6 +16,7 @@ LAYOUT = "own"  # the layout label of the user's own pipeline's figures
 ROLE_WORKERS = "workers"  # a num_workers of the sweep
 ROLE_CURRENT = "current"  # the pipeline as the user made it
 SWEPT = (ROLE_WORKERS, ROLE_CURRENT)  # the roles whose counts make the sweep
+ROLE_START = "start"  # the recommended count under the other start method
 
 # process: where a cost was counted
 MAIN = "main"  # the training process
@@ -52,6 +53,10 @@ class Parameters(Base):
     shm_free_bytes = whole()
     shards = whole()  # the dataset's own count of shards (num_shards, n_shards), if it has one
     start_method = text()  # how workers start (fork, spawn, forkserver)
+    dataset_pickle_bytes = whole()  # the dataset pickled, as a forkserver or spawn worker gets it
+    dataset_pickle_s = number()  # ... and the seconds pickling it took here
+    dataset_pickle_error = text()  # why it could not be pickled, where it could not
+    other_start_method = text()  # the start method the `start` configuration was read under
     idle_worker_uss_bytes = whole()  # a worker that has read nothing: its private memory
     current = text()  # the current configuration, described
     reread = items()

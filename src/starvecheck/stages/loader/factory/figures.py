@@ -34,7 +34,7 @@ from starvecheck.stages.timing import percentile
 
 
 def labels_of(role: str, config: Config, current: bool) -> dict[str, Any]:
-    return {
+    labels: dict[str, Any] = {
         "layout": LAYOUT,
         "role": role,
         "current": current,
@@ -43,6 +43,9 @@ def labels_of(role: str, config: Config, current: bool) -> dict[str, Any]:
         "persistent_workers": config.persistent_workers,
         "pin_memory": config.pin_memory,
     }
+    if config.context is not None:  # the `start` configuration: another start method
+        labels["start_method"] = config.context
+    return labels
 
 
 def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:

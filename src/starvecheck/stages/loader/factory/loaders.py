@@ -24,6 +24,9 @@ class Config:
     prefetch_factor: int | None = None  # None: torch's default (2) where workers > 0
     persistent_workers: bool = False
     pin_memory: bool = False
+    # How the workers start where it is not the pipeline's own: "fork", "forkserver" or
+    # "spawn" (the `start` configuration, read beside the count); None: the pipeline's.
+    context: str | None = None
 
     def kwargs(self) -> dict[str, Any]:
         out: dict[str, Any] = {"num_workers": self.workers, "pin_memory": self.pin_memory}
@@ -31,6 +34,8 @@ class Config:
             out["persistent_workers"] = self.persistent_workers
             if self.prefetch_factor is not None:
                 out["prefetch_factor"] = self.prefetch_factor
+            if self.context is not None:
+                out["multiprocessing_context"] = self.context
         return out
 
     def describe(self) -> str:
@@ -41,6 +46,8 @@ class Config:
             parts.append("persistent_workers=True")
         if self.pin_memory:
             parts.append("pin_memory=True")
+        if self.workers and self.context is not None:
+            parts.append(f"multiprocessing_context={self.context!r}")
         return ", ".join(parts)
 
 
@@ -89,12 +96,10 @@ def make_loader(pipeline: Pipeline, config: Config) -> Built:
     with importing():
         from torch.utils.data import DataLoader
 
-    kwargs = {
-        k: v
-        for k, v in pipeline.settings.items()
-        if k
-        not in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
-    }
+    mine = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
+    if config.context is not None:
+        mine += ("multiprocessing_context",)
+    kwargs = {k: v for k, v in pipeline.settings.items() if k not in mine}
     if not config.workers:
         # DataLoader refuses a multiprocessing_context without workers; the main
         # process loads the batches itself, so it has nothing to start (a caveat says).

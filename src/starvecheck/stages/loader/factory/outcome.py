@@ -55,6 +55,14 @@ class Planned(Protocol):
     def idle_worker_uss_bytes(self) -> int | None: ...
     @property
     def step_ms(self) -> float | None: ...
+    @property
+    def pickle_bytes(self) -> int | None: ...
+    @property
+    def pickle_s(self) -> float | None: ...
+    @property
+    def pickle_error(self) -> str | None: ...
+    @property
+    def other_method(self) -> str | None: ...
 
 
 DISTURBED = (
@@ -186,6 +194,10 @@ def result(
         "shards": _shards(pipeline, plan.factory_timeout_s),
         "start_method": start_method(pipeline.settings.get("multiprocessing_context")),
         "idle_worker_uss_bytes": plan.idle_worker_uss_bytes,
+        "dataset_pickle_bytes": plan.pickle_bytes,
+        "dataset_pickle_s": plan.pickle_s,
+        "dataset_pickle_error": plan.pickle_error,
+        "other_start_method": plan.other_method,
         "step_ms": plan.step_ms,
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,

@@ -26,7 +26,7 @@ from starvecheck.core.criteria import cpu_work, paired_knee
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import SWEPT
+from starvecheck.core.schema.factory import ROLE_START, SWEPT
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
@@ -46,6 +46,7 @@ from starvecheck.stages.loader.factory.load import (
 from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.outcome import result
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
+from starvecheck.stages.loader.factory.startmethod import other_method, pickled
 from starvecheck.stages.options import FactoryOptions
 
 if TYPE_CHECKING:
@@ -77,6 +78,12 @@ class Plan:
     torch_threads: int | None = None  # torch's intra-op threads in this process
     idle_worker_uss_bytes: int | None = None  # a worker that has read nothing (idle.py)
     current_fits: bool = True  # False: its workers do not fit the machine's limits (fits.py)
+    # The dataset as a forkserver or spawn worker receives it (startmethod.py), and the
+    # start method the recommended count is read under beside its own (None: not read).
+    pickle_bytes: int | None = None
+    pickle_s: float | None = None
+    pickle_error: str | None = None
+    other_method: str | None = None
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -112,7 +119,7 @@ def sweep(
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
     second = not pipeline.fixed and not plan.quick
-    total = (len(first) + (4 if second else 0)) * rounds
+    total = (len(first) + (5 if second else 0)) * rounds
     done = [0]
     # An IterableDataset may keep state from its last reader (Streaming's shared memory
     # is laid out for the worker count it first met): one from the factory for each
@@ -226,6 +233,8 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
         second.append(("persistent", replace(base, persistent_workers=True)))
     if plan.cuda:
         second.append(("pin", replace(base, pin_memory=not base.pin_memory)))
+    if plan.other_method is not None:  # the count under the other start method
+        second.append((ROLE_START, replace(base, context=plan.other_method)))
     if now != base and plan.current_fits:
         second.append(("again", now))
     return second
@@ -289,6 +298,7 @@ def run_factory(
             plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
             idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
             plan = replace(plan, idle_worker_uss_bytes=idle)
+            plan = _start_methods(pipeline, plan)
         reread: list[str] = []
         runs = sweep(pipeline, plan, progress, strays=strays, reread=reread)
         out = result(pipeline, plan, runs, reread)
@@ -299,6 +309,25 @@ def run_factory(
         strays.stop()
         strays.say(warn)
     return out
+
+
+def _start_methods(pipeline: Pipeline, plan: Plan) -> Plan:
+    """The dataset's pickle (what a forkserver or spawn worker receives), and, in the
+    full run, the other start method to read the recommended count under: only where
+    the dataset pickles (else the pipeline cannot start there: said by judging)."""
+    if pipeline.fixed:
+        return plan
+    with user_code():  # the dataset's own __reduce__ runs
+        got = pickled(pipeline.dataset)
+    other = other_method(pipeline.settings.get("multiprocessing_context"))
+    readable = got.nbytes is not None and not plan.quick
+    return replace(
+        plan,
+        pickle_bytes=got.nbytes,
+        pickle_s=round(got.seconds, 4),
+        pickle_error=got.error,
+        other_method=other if readable else None,
+    )
 
 
 THREADS_LEFT = (
