@@ -104,7 +104,13 @@ def test_configurations_are_read_in_rounds_each_in_another_order(pipes: Path) ->
 
     def measure_one(pl: Any, config: Config, budget: Budget, device: Any) -> Run:
         order.append(config.workers)
-        r = Run(config, window_s=1.0, window_samples=100 * (config.workers + 1))
+        # 1 and 2 workers too close to tell apart in two rounds: every round is read
+        n = (
+            100 * (config.workers + 1)
+            if config.workers < 2
+            else (190, 210, 200)[order.count(2) % 3]
+        )
+        r = Run(config, window_s=1.0, window_samples=n)
         r.samples = r.window_samples
         return r
 
@@ -116,11 +122,12 @@ def test_configurations_are_read_in_rounds_each_in_another_order(pipes: Path) ->
     first = order[:9]
     assert [first[0:3], first[3:6], first[6:9]] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
     rates = {r.config.workers: r.samples_per_s for role, r in runs if role == "workers"}
-    assert rates[2] == [300.0, 300.0, 300.0]  # one figure a round, in round order
+    assert rates[2] == [210.0, 200.0, 190.0]  # one figure a round, in round order
     # The variants at the count chosen (2) are read beside it, in rounds of their own,
     # and the current configuration (num_workers=0) again beside them.
     assert [role for role, _ in runs[3:]] == ["base", "prefetch", "persistent", "again"]
-    assert runs[-1][1].config.workers == 0 and runs[-1][1].samples_per_s == [100.0] * 3
+    # (their figures settle which variants join in two rounds: no third is read)
+    assert runs[-1][1].config.workers == 0 and runs[-1][1].samples_per_s == [100.0] * 2
 
 
 def test_quick_reads_the_counts_only_and_says_the_full_run_judges_the_rest(pipes: Path) -> None:

@@ -67,6 +67,7 @@ from starvecheck.advice.factory_bounds import (
     too_busy,
     training_gain,
 )
+from starvecheck.advice.factory_unread import withheld
 from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
@@ -293,6 +294,8 @@ def _config(loader: StageResult) -> Finding | None:
     effective = float(params.cpus)
     current, chosen, against = choice.current, choice.chosen, choice.against
     evidence = _evidence(choice, effective)
+    if (cut := withheld(loader, choice.changes, (current.workers, chosen.workers))) is not None:
+        return cut  # never a pass, nor a change, on figures not steady state
     if not choice.changes:
         if choice.best is current or against is None:
             title = (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-from starvecheck.core.paired import compare
+from starvecheck.core.paired import MARGIN, compare
 
 # The knee of a throughput curve: the fewest workers that reach this share of the best.
 KNEE_SHARE = 0.95
@@ -85,6 +85,39 @@ def paired_knee(
 # A fewer count is as good only where the interval of its ratio, round by round, has its
 # low end at least this (and its median at least KNEE_SHARE).
 KNEE_LOW = 0.90
+
+
+def knee_settled(rates: Mapping[int, Sequence[float]], share: float = KNEE_SHARE) -> bool:
+    """Whether more rounds could change what `paired_knee` says of these counts: each
+    count is, against the best, either clearly slower (its interval's high end under
+    1 - MARGIN) or as good (its median ratio at least `share` and its interval's low
+    end at least KNEE_LOW); a count between the two is not settled. Read in rounds,
+    a sweep stops once it is (loader --factory)."""
+    read = {w: v for w, v in rates.items() if v}
+    if len(read) < 2:
+        return bool(read)
+    best = max(read, key=lambda w: statistics.median(read[w]))
+    for w, v in read.items():
+        if w == best:
+            continue
+        c = compare(v, read[best])
+        if c is None or c.rounds < 2:
+            return False
+        if not (c.high < 1.0 - MARGIN or (c.ratio >= share and c.low >= KNEE_LOW)):
+            return False
+    return True
+
+
+def variants_settled(variants: Sequence[Sequence[float]], base: Sequence[float]) -> bool:
+    """Whether more rounds could change which variants beat `base` beyond the margin:
+    each one's interval over it lies wholly on one side of 1 + MARGIN."""
+    for v in variants:
+        c = compare(v, base)
+        if c is None or c.rounds < 2:
+            return False
+        if c.low < 1.0 + MARGIN <= c.high:
+            return False
+    return True
 
 
 def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:

@@ -331,6 +331,9 @@ class Tap:
         )
         self._settle(w, b)
         self.pending[w] = _Pending(step, asked, received, b)
+        made = getattr(self.sink, "made", None)
+        if made is not None:  # when each batch was made, by whom (loader --factory's rate)
+            made(w, b.done, b.done - (b.free if ready is None else max(b.free, ready)))
 
     def _settle(self, w: int, nxt: arith.Batch | None) -> None:
         """Worker `w`'s previous batch, split now that its next is known (or not): the
@@ -376,6 +379,9 @@ class Tap:
         fetch_cpu = max(h.cpu - asked_cpu + waited, h.pcpu - asked_pcpu, 0.0)
         out = arith.in_process(asked, received, h.collate, h.done, fetch_cpu, self.pinned)
         self.sink.put(step, out, list(out), sum(out))
+        made = getattr(self.sink, "made", None)
+        if made is not None:
+            made(-1, h.done, h.done - asked)
 
     def startup(self) -> Startup | None:
         """This pass's worker start-up, from the workers' headers: None where no worker

@@ -49,6 +49,7 @@ class Parameters(Base):
     configurations = records(Configuration)
     torch_threads = whole()  # torch's intra-op threads in the measuring process
     rounds = whole()  # each configuration read this many times, in interleaved rounds
+    budget_s = number()  # --budget: seconds a configuration, over its rounds
     memory_limit_bytes = whole()
     shm_free_bytes = whole()
     shards = whole()  # the dataset's own count of shards (num_shards, n_shards), if it has one

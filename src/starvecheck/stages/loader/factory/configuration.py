@@ -66,6 +66,7 @@ from starvecheck.stages.loader.factory.run import (
     stable,
     whole_window,
 )
+from starvecheck.stages.loader.factory.slowread import MadeReading
 from starvecheck.stages.loader.factory.stagesplit import Split
 
 # Budget, Memory, Run and stable: importable from here, where callers have found them.
@@ -118,7 +119,7 @@ CPU_EVERY_S = 0.1
 MAX_EPOCHS = 1000
 
 
-class _Reading:
+class _Reading(MadeReading):
     """The windows of one configuration across its epochs, and the processes' CPU and
     memory, read after each window (workers exit at the end of an epoch: their last
     reading stands)."""
@@ -151,6 +152,7 @@ class _Reading:
         self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
         self.split: Split  # set by measure()
+        self.slow = False  # read by when its batches were made (made.py), not windows
         self.built: Built  # this configuration's loader, set each epoch
         self.window_own = 0.0  # the digest's time in this window (`_own`)
 
@@ -216,10 +218,14 @@ class _Reading:
                 )
             if first:
                 run.first_batch_s = clock() - t0
+                self.slow = self._too_slow()
             elif batch is not None:
                 run.restarts_s.append(clock() - t0)
                 if self.windowing:  # in the window, its restart too, as a loop pays it
                     self._batch(batch, clock() - t0)
+            if self.slow and batch is not None:  # read by when its batches were made
+                self._made(it, batch, built)
+                return
             index = 1
             if batch is not None and not self.windowing:
                 self.warmed += 1
@@ -340,8 +346,7 @@ class _Reading:
 
     def _seen(self, batch: Any) -> None:
         """A warm-up batch: its samples are in the epoch, not counted."""
-        n, _ = batch_figures(batch, self.pipeline.settings.get("batch_size"))
-        self.repeats.add(batch, n, count=False)
+        self.repeats.add(batch, self._samples_of(batch), count=False)
 
     def _own(self) -> float:
         """starvecheck's own time in this window that is not the pipeline's: the
@@ -364,7 +369,9 @@ class _Reading:
 
     def finish(self) -> None:
         run = self.run
-        if self.window_batches and not run.samples_per_s:  # all of it shorter than a window
+        if self.slow:
+            self._made_rate()
+        elif self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
             run.partial = True
         run.seconds = self.read_s

@@ -189,7 +189,11 @@ def result(
         "memory_limit_bytes": plan.memory_limit_bytes,
         "shm_free_bytes": plan.shm_free_bytes,
         "budget_s": plan.budget_s,
-        "rounds": plan.rounds or ROUNDS[plan.quick],
+        # the rounds read: as many as planned, fewer where a set's rounds so far already
+        # decided what judging makes of it (rounds.read_rounds)
+        "rounds": max((len(r.samples_per_s) for _, r in runs), default=0)
+        or plan.rounds
+        or ROUNDS[plan.quick],
         "torch_threads": plan.torch_threads,
         "shards": _shards(pipeline, plan.factory_timeout_s),
         "start_method": start_method(pipeline.settings.get("multiprocessing_context")),

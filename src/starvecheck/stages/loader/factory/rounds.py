@@ -30,18 +30,28 @@ def rotated(items: list[Any], by: int) -> list[Any]:
     return items[k:] + items[:k]
 
 
+Settled = Callable[[list[tuple[str, Run]]], bool]
+
+
 def read_rounds(
     todo: list[tuple[str, Config]],
     rounds: int,
     read_one: Callable[[Config], Run],
     progress: Callable[[str], None],
+    settled: Settled | None = None,
+    least: int = 2,
 ) -> list[tuple[str, Run]]:
-    """(role, run) for each of `todo`, each read `rounds` times, in turn."""
+    """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
+    after `least` rounds or more, `settled` says the rounds so far decide what judging
+    will make of them (more rounds could not change it: their intervals say so)."""
     slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
     for r in range(rounds):
         for _, config in rotated(todo, r):
             progress(f"round {r + 1} of {rounds}: {config.describe()}")
             slices[config].append(read_one(config))
+        done = [(role, merge(slices[c])) for role, c in todo] if settled else []
+        if settled is not None and least <= r + 1 < rounds and settled(done):
+            break
     return [(role, merge(slices[c])) for role, c in todo]
 
 

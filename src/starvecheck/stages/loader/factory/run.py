@@ -64,6 +64,7 @@ class Run:
     worker_batches: dict[int, int] = field(default_factory=dict)  # worker id -> batches
     partial: bool = False  # its only window was cut short (fewer than least_batches)
     split: Any = None  # each batch's wait by stage of loading (stagesplit.RunSplit)
+    made: bool = False  # its figures are from when its batches were made (made.py)
 
     @property
     def median_samples_per_s(self) -> float | None:
@@ -90,6 +91,9 @@ class Budget:
     seconds: float  # per configuration (per slice, in rounds), windows included
     batch_timeout_s: float
     until_stable: bool = True  # stop once the windows agree; False: read all `seconds`
+    # A slow configuration (made.py): batches a worker made past the last one's first,
+    # before its rate is read.
+    intervals: int = 2
 
 
 def stable(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from starvecheck.core.criteria import cpu_work, paired_knee
+from starvecheck.core.criteria import cpu_work, knee_settled, paired_knee, variants_settled
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
@@ -115,7 +115,9 @@ def sweep(
     rounds, and its figures are the second reading's; what the first said is appended
     to `reread`."""
     rounds = 1 if pipeline.fixed else plan.rounds or ROUNDS[plan.quick]
-    budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, until_stable=False)
+    # A slow configuration's rate from one batch a worker past the last one's first
+    # (made.py): the rounds give its spread, and read on until they settle it.
+    budget = Budget(plan.budget_s / rounds, plan.batch_timeout_s, False, intervals=1)
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
     second = not pipeline.fixed and not plan.quick
@@ -146,18 +148,43 @@ def sweep(
     def said(what: str) -> None:
         progress(what, done[0], total)
 
-    runs = read_rounds(first, rounds, read_one, said)
+    least = LEAST_ROUNDS[plan.quick]
+    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
         if reread is not None:
             reread += disturbed
         total += len(first) * rounds
-        runs = read_rounds(first, rounds, read_one, said)
+        runs = read_rounds(first, rounds, read_one, said, _counts_settled, least)
     if second:  # --quick: the counts only (QUICK_COUNTS)
         now = current_config(pipeline)
-        runs += read_rounds(_second_set(runs, plan, now), rounds, read_one, said)
+        second_set = _second_set(runs, plan, now)
+        runs += read_rounds(second_set, rounds, read_one, said, _variants_settled, least)
     progress("measured", total, total)
     return runs
+
+
+# Rounds read at least before a set may stop, once more rounds could not change what
+# judging makes of it (criteria.knee_settled, variants_settled): full, quick.
+LEAST_ROUNDS = {False: 2, True: 2}
+
+
+def _counts_settled(runs: list[tuple[str, Run]]) -> bool:
+    """The worker counts read so far decide the count (criteria.knee_settled)."""
+    return knee_settled({r.config.workers: r.samples_per_s for role, r in runs if role in SWEPT})
+
+
+def _variants_settled(runs: list[tuple[str, Run]]) -> bool:
+    """Each variant's ratio to the count beside it, and the count's to the current
+    settings read again, lies on one side of the margin (criteria.variants_settled)."""
+    base = next((r for role, r in runs if role == "base"), None)
+    if base is None:
+        return True
+    others = [r.samples_per_s for role, r in runs if role not in ("base", "again")]
+    again = next((r for role, r in runs if role == "again"), None)
+    if again is not None:
+        others.append(again.samples_per_s)
+    return variants_settled(others, base.samples_per_s)
 
 
 def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:

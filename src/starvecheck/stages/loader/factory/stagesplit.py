@@ -19,6 +19,7 @@ from typing import Any
 
 from starvecheck.loading.split import STAGES
 from starvecheck.loading.tap import Startup, Tap
+from starvecheck.stages.loader.factory.made import Made
 
 
 @dataclass
@@ -33,6 +34,10 @@ class RunSplit:
     batches: int = 0
     startups: list[Startup] = field(default_factory=list)
     counting_from: int | None = None  # the first batch (a running count) in a window
+    when: Made = field(default_factory=Made)  # when each batch was made (made.py)
+
+    def made(self, worker: int, done: float, work_s: float) -> None:
+        self.when.add(worker, done, work_s)
 
     def put(self, step: int, exposed: list[float], busy: list[float], solo: float) -> None:
         if self.counting_from is None or step < self.counting_from:
