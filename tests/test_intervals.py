@@ -50,3 +50,48 @@ def test_property_the_interval_holds_the_share(hits, n):
     hits = min(hits, n)
     a, b = wilson(hits, n)
     assert 0.0 <= a <= hits / n <= b <= 1.0
+
+
+def test_independent_samples_are_worth_about_all_of_them():
+    import random
+
+    from starvecheck.core.intervals import effective_samples
+
+    rng = random.Random(7)
+    hits = [rng.random() < 0.3 for _ in range(2000)]
+    assert 0.85 * 2000 <= effective_samples(hits) <= 2000
+
+
+def test_a_wait_that_comes_in_runs_is_worth_its_runs():
+    from starvecheck.core.intervals import effective_samples, wilson_effective
+
+    # six samples of one 300 ms wait, fourteen of the step, ten times: 200 samples
+    runs = ([True] * 6 + [False] * 14) * 10
+    eff = effective_samples(runs)
+    assert 15 <= eff <= 40  # about the 20 runs, never the 200 samples
+    low, high = wilson_effective(60, 200, eff)
+    wide_low, wide_high = wilson(60, 200)
+    assert low < wide_low and high > wide_high  # wider than Wilson on every sample
+    assert low < 0.3 < high
+
+
+def test_a_run_that_never_changes_and_alternating_samples_are_bounded():
+    from starvecheck.core.intervals import effective_samples
+
+    assert effective_samples([False] * 50) == 50  # nothing seen waiting: Wilson's at 0
+    assert effective_samples([True] * 50) == 1  # one wait as long as the window
+    assert effective_samples([True, False] * 25) == 50  # never more than the samples
+    assert effective_samples([]) == 0 and effective_samples([True]) == 1
+
+
+@given(st.lists(st.booleans(), max_size=400))
+def test_property_the_effective_count_is_between_one_and_the_samples(hits):
+    from starvecheck.core.intervals import effective_samples, wilson_effective
+
+    eff = effective_samples(hits)
+    assert (len(hits) == 0 and eff == 0) or 1 <= eff <= len(hits)
+    low, high = wilson_effective(sum(hits), len(hits), eff)
+    share = sum(hits) / len(hits) if hits else 0.0
+    assert 0 <= low <= high <= 1
+    if hits:
+        assert low <= share <= high

@@ -8,7 +8,8 @@ loop's own share over any window.
 MODE: data (num_workers=0, CPU work in __getitem__ slower than the step), compute
 (a step far longer than loading), cpu (2 workers burning CPU, each batch longer than
 the step), io (2 workers blocked in sleep, as on slow storage), handover (2 workers
-sending 32 MiB of numpy arrays a batch, pickled through the pipe), steady (a 10 ms
+sending 32 MiB of numpy arrays a batch, pickled through the pipe), bursty (num_workers=0,
+every 10th sample a 0.4 s read, a 40 ms step: the wait in runs), steady (a 10 ms
 step, two light workers: attach's overhead), slow-rank (under torchrun with
 gloo: rank 1 loads 4x slower; every step all-reduces), thread (data's loop run in a
 thread named `train` while the main thread waits in join(), as Ray Train runs
@@ -62,6 +63,19 @@ class Arrays(Dataset):
         return np.ones(1 << 20, dtype=np.float32)  # 4 MiB
 
 
+class Bursty(Dataset):
+    """Every 10th sample a 0.4 s read (sleep), the others at once: the loop's wait comes
+    as runs of one long wait, half the time in all with a 40 ms step."""
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i % 10 == 0:
+            time.sleep(0.4)
+        return torch.zeros(8)
+
+
 def keep(batch: list) -> list:
     return batch
 
@@ -86,6 +100,8 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
         return DataLoader(Work(cpu_s=0.0002), batch_size=8, num_workers=2), 0.010
     if mode == "epochs":  # 8 batches of 8 at 15 ms a sample: about 1 s an epoch
         return DataLoader(Work(cpu_s=0.015, n=64), batch_size=8, num_workers=1), 0.010
+    if mode == "bursty":  # every 10th sample a 0.4 s read: the wait comes in long runs
+        return DataLoader(Bursty(), batch_size=1, num_workers=0), 0.040
     if mode == "slow-rank":
         cpu = 0.002 if rank == 1 else 0.0005
         return DataLoader(Work(cpu_s=cpu), batch_size=8, num_workers=0), 0.010

@@ -32,19 +32,20 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
+from starvecheck.advice.attachwait import Wait, needed, wait_of
+from starvecheck.advice.attachwait import ci as share_ci
+from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core import catalogue
-from starvecheck.core.intervals import percent, samples_needed, side, wilson
+from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.schema import attach as vocab
 from starvecheck.core.schema.attach import Loading, Main, Parameters, Rank
-from starvecheck.core.schema.common import OTHERS_CPUS, OTHERS_CPUS_EACH_S, SAMPLES
+from starvecheck.core.schema.common import OTHERS_CPUS, OTHERS_CPUS_EACH_S
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -62,7 +63,7 @@ def rules(results: Results) -> list[Finding]:
         return []
     out: list[Finding] = []
     ranks = _ranks(r)
-    read = {pid: w for pid in ranks if (w := _wait(r, pid)) is not None}
+    read = {pid: w for pid in ranks if (w := wait_of(r, pid)) is not None}
     waits = {pid: w.share for pid, w in read.items() if w.severity is not None}
     unjudged = [pid for pid, w in read.items() if w.severity is None]
     if waits:
@@ -82,70 +83,6 @@ def rules(results: Results) -> list[Finding]:
     return out
 
 
-@dataclass(frozen=True)
-class Wait:
-    """A rank's sampled wait for data: its share of `n` samples, the 95% Wilson
-    interval, and the verdict the interval allows (None: it allows none, `why`)."""
-
-    share: float
-    n: int
-    low: float
-    high: float
-    severity: Severity | None
-    why: str = ""
-
-    def text(self) -> str:
-        return f"{self.share:.0%} ({percent(self.low, self.high)}, {self.n} samples)"
-
-
-def _wait(r: StageResult, pid: int) -> Wait | None:
-    """The verdict on a rank's wait, given only where the evidence allows one: a
-    verdict (OK, warning, critical) only where the interval lies wholly on one side of
-    each threshold it is judged by (advice/profile.severity: 5%, 20%); none from no
-    samples, from a job stopped in the window (its samples then repeat its last
-    stack), or where neither a DataLoader nor a fetch between steps was found."""
-    n = value(_of(r, pid), quantity=SAMPLES)
-    if n is None:
-        return None
-    n = int(n)
-    share = value(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA) or 0.0
-    low, high = wilson(share * n, n)
-
-    def none(why: str) -> Wait:
-        return Wait(share, n, low, high, None, why)
-
-    stopped = _rank(r, pid).stopped_s
-    if isinstance(stopped, (int, float)) and stopped >= 0.5:
-        return none(f"it was stopped (State T) for about {stopped:.0f} s of the window")
-    if n == 0:
-        return none("no samples of its training loop were kept")
-    if _rank(r, pid).loop_found is False:
-        return none(
-            "no thread's samples show a training loop (a DataLoader, forward, backward, "
-            "an optimizer)"
-        )
-    if _rank(r, pid).loop_found and _rank(r, pid).data_path is None:
-        return none(
-            "its data path could not be identified: no DataLoader, and nothing its loop "
-            "calls between steps reads or is named for data"
-        )
-    below, above = side(low, high, INPUT_BOUND), side(low, high, HIGHLY_INPUT_BOUND)
-    if below == -1:
-        return Wait(share, n, low, high, Severity.OK)
-    if below == 1:
-        sev = Severity.CRITICAL if above == 1 else Severity.WARNING
-        return Wait(share, n, low, high, sev)
-    need = samples_needed(share, INPUT_BOUND)
-    return none(f"too few samples ({n}) to judge: about {need} needed at a {share:.0%} share")
-
-
-def _ci(r: StageResult, pid: int, share: float) -> str:
-    """`68% (63-73%, 400 samples)`: a rank's share with its interval."""
-    n = int(value(_of(r, pid), quantity=SAMPLES) or 0)
-    low, high = wilson(share * n, n)
-    return f"{share:.0%} ({percent(low, high)}, {n} samples)"
-
-
 def _params(r: StageResult) -> Parameters:
     return r.parameters.read(Parameters)
 
@@ -161,7 +98,7 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
     seconds = float(_params(r).seconds or 0.0)
     fix = ""
     if w.why.startswith("too few samples") and w.n and seconds:
-        need = samples_needed(w.share, INPUT_BOUND)
+        need = needed(w.share, w.n, w.effective if w.effective is not None else w.n)
         if need < 1_000_000:
             fix = f"Run with --duration {min(3600, math.ceil(need / (w.n / seconds) * 1.2))}."
     elif w.why.startswith("its data path"):
@@ -217,12 +154,15 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     other = _params(r).other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
+    evidence += configuration_said(
+        lambda q, **k: value(_of(r, pid), quantity=q, **k), "by stage", "its wait is"
+    )
     gpus = _gpus(r)
     if gpus:
         evidence += f"; {gpus}"
     if len(waits) > 1:
         evidence += "; every rank's wait: " + ", ".join(
-            f"{_who(r, p)} {_ci(r, p, share)}" for p, share in sorted(waits.items())
+            f"{_who(r, p)} {share_ci(r, p, share)}" for p, share in sorted(waits.items())
         )
     ci = percent(w.low, w.high)
     if sev is Severity.OK:
@@ -405,7 +345,7 @@ def _straggler(r: StageResult, waits: dict[int, float], read: dict[int, Wait]) -
         Severity.WARNING,
         f"{_who(r, pid)} is the straggler: it waits for data {waits[pid]:.0%} of the time, "
         f"the other ranks {rest:.0%} (median)",
-        ", ".join(f"{_who(r, p)}: {_ci(r, p, w)}" for p, w in sorted(waits.items())),
+        ", ".join(f"{_who(r, p)}: {share_ci(r, p, w)}" for p, w in sorted(waits.items())),
         "The other ranks wait for it at every collective: fix its loading first "
         "(attach.loader-bound), or look at what differs on it (its shard, its storage, "
         "its CPUs).",

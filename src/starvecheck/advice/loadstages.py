@@ -217,7 +217,9 @@ def handover_fix(
     return said, gain, {}
 
 
-def configuration_said(get: Callable[..., float | None], who: str) -> str:
+def configuration_said(
+    get: Callable[..., float | None], who: str, what: str = "each batch's wait is"
+) -> str:
     """A `loader --factory` configuration's batches' wait by stage, in words (`get`
     reads one of its figures by quantity and labels: advice/configurations.Point.get);
     "" where it was not split."""
@@ -227,4 +229,4 @@ def configuration_said(get: Callable[..., float | None], who: str) -> str:
         return ""
     parts = ", ".join(f"{s.value} {v:.0%}" for s, v in sorted(said.items(), key=lambda x: -x[1]))
     top = max(said, key=lambda s: said[s])
-    return f"; {who}: each batch's wait is {parts} ({top.value}: {MEANING[top]})"
+    return f"; {who}: {what} {parts} ({top.value}: {MEANING[top]})"

@@ -8,7 +8,9 @@ normal approximation (p +- z*sqrt(p(1-p)/n)) collapses to a zero-width interval.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 
 Z95 = 1.959963984540054  # the two-sided 95% point of the normal distribution
 
@@ -66,3 +68,49 @@ def samples_needed(share: float, threshold: float, z: float = Z95, most: int = 1
 def percent(low: float, high: float) -> str:
     """An interval as people read it: `63-73%`."""
     return f"{low * 100:.0f}-{high * 100:.0f}%"
+
+
+def effective_samples(hits: Sequence[bool]) -> float:
+    """How many independent draws a time-ordered run of yes/no samples is worth, for
+    the share of yes: n (1 - r) / (1 + r), r the lag-1 autocorrelation of a two-state
+    chain (r = 1 - P(no to yes) - P(yes to no)). A wait sampled at 20 a second comes
+    as runs of one long wait: a 300 ms wait is six samples of one event, not six draws
+    (attach's 10 s window once said 17% (11-26%) of a rank whose own clock said 28%).
+    Independent samples (r about 0) are worth n, as Wilson's interval counts them; a
+    negative r (yes and no alternating) is never counted as more than n. A run that
+    never changed (all yes, or all no) has no chain to read: worth n where it is all
+    no (nothing seen to wait on; the share's interval at 0 stays Wilson's), one draw
+    where it is all yes (one wait as long as the window)."""
+    n = len(hits)
+    if n < 2:
+        return float(n)
+    ones = sum(1 for h in hits if h)
+    if ones == 0:
+        return float(n)
+    if ones == n:
+        return 1.0
+    up = down = from_no = from_yes = 0
+    for a, b in itertools.pairwise(hits):
+        if a:
+            from_yes += 1
+            down += not b
+        else:
+            from_no += 1
+            up += bool(b)
+    p_up = up / from_no if from_no else 0.0
+    p_down = down / from_yes if from_yes else 0.0
+    r = 1.0 - p_up - p_down
+    if r <= 0:
+        return float(n)
+    return max(1.0, min(float(n), n * (1 - r) / (1 + r)))
+
+
+def wilson_effective(
+    hits: float, n: float, effective: float, z: float = Z95
+) -> tuple[float, float]:
+    """The Wilson interval of a share of `hits` in `n` samples worth `effective`
+    independent draws (effective_samples): the share kept, the evidence scaled."""
+    if n <= 0:
+        return wilson(0.0, 0.0, z)
+    e = max(1.0, min(float(effective), float(n)))
+    return wilson(hits / n * e, e, z)

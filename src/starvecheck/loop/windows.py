@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core.intervals import wilson
-from starvecheck.core.metric import value
+from starvecheck.core.metric import one, value
 from starvecheck.core.model import GainKind, Report
 from starvecheck.core.schema.attach import MAIN_SHARE, Main
 from starvecheck.core.schema.attach import Parameters as AttachParameters
@@ -83,7 +83,13 @@ class Windows:
                 rank.samples += int(n)
                 rank.windows += 1
                 rank.share = share
-                rank.low, rank.high = wilson(share * n, n)
+                # the interval the window's stage counted (from the samples in order)
+                d = one(m, quantity=MAIN_SHARE, kind=Main.DATA)
+                low, high = (d.labels.get("low95"), d.labels.get("high95")) if d else (None, None)
+                if isinstance(low, int | float) and isinstance(high, int | float):
+                    rank.low, rank.high = float(low), float(high)
+                else:
+                    rank.low, rank.high = wilson(share * n, n)
                 rank.recommended = rank.speedup = None
                 read[pid] = share
             if fix is not None and read:  # judged on the rank that waits most (advice/attach)

@@ -16,12 +16,14 @@ from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.attach import MAIN_LOADING_SHARE, MAIN_SHARE, WORKER_SHARE
+from starvecheck.core.schema.loading import EXPOSED_SHARE
 from starvecheck.render.section import Section, taken
 
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 _WHO = {
     MAIN_SHARE: "training loop",
     MAIN_LOADING_SHARE: "  inside its data fetch",
+    EXPOSED_SHARE: "  its wait, by stage",
     WORKER_SHARE: "DataLoader workers",
 }
 NOTE = (
@@ -30,8 +32,12 @@ NOTE = (
     "whose samples are in the DataLoader and the step (named in the JSON's ranks), "
     "the main thread where none is; inside its data fetch: its wait (the DataLoader's "
     "iteration, or its own fetch such as a get_batch), by what it did there (of all "
-    "its samples). Each share with its 95% Wilson interval and the samples it was "
-    "counted from. CPU, memory and reads from /proc are listed below."
+    "its samples); its wait, by stage: the stages of loading (docs/watch.md) as a share "
+    "of the samples it waited for data in (* where its samples waiting on the queue for "
+    "a worker are split by what the workers did over the window). Each share with its "
+    "95% interval, counted from the samples in the order taken (one long wait sampled "
+    "many times is worth fewer independent samples), and the samples it was counted "
+    "from. CPU, memory and reads from /proc are listed below."
 )
 
 
@@ -45,7 +51,10 @@ def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric
             used.add(id(m))
             rank = m.labels.get("rank")
             process = f"PID {m.labels.get('pid')}" + (f" rank {rank}" if rank is not None else "")
-            rows.append((process, who, str(m.labels.get("kind")), _share(m)))
+            doing = m.labels.get("kind", m.labels.get("load_stage"))
+            if m.labels.get("from_workers"):
+                doing = f"{doing} *"
+            rows.append((process, who, str(doing), _share(m)))
     rows.sort(key=lambda r: (r[0], list(_WHO.values()).index(r[1])))
     rest = [m for m in metrics if id(m) not in used]
     return rows, rest, [NOTE] if rows else []

@@ -134,7 +134,7 @@ class FactoryOptions:
     step_ms: float | None = None  # the GPU's step, to judge against
 
     stage: ClassVar[str] = "factory"
-    BUDGET_S: ClassVar[dict[bool, float]] = {False: 12.5, True: 3.0}
+    BUDGET_S: ClassVar[dict[bool, float]] = {False: 10.0, True: 3.0}
 
 
 @dataclass(frozen=True)

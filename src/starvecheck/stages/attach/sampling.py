@@ -67,7 +67,12 @@ class RankSampler:
 
 def _merge(into: spy.Stacks, more: spy.Stacks) -> None:
     for key, samples in more.by_thread.items():
-        into.by_thread.setdefault(key, []).extend(samples)
+        before = into.by_thread.setdefault(key, [])
+        if key in more.order and (key in into.order or not before):
+            into.order.setdefault(key, []).extend(len(before) + i for i in more.order[key])
+        else:  # one of them gave no order: the thread has none
+            into.order.pop(key, None)
+        before.extend(samples)
     for key, name in more.thread_names.items():
         into.thread_names.setdefault(key, name)
     for pid, command in more.commands.items():

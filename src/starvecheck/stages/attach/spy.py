@@ -8,11 +8,17 @@ samples (its `Errors`), and the counts say how many were kept. `--idle` keeps th
 that are not on a CPU: a main thread blocked on the DataLoader's queue is the answer.
 `--subprocesses` follows the DataLoader workers; `--threads` names each thread.
 
-The raw output, one line per distinct stack with its count:
+py-spy writes speedscope's JSON: a table of frames, and for each thread
+(`Process 123 Thread 456 "MainThread"`; without --subprocesses, `Thread 456 "..."`) its
+samples in the order they were taken, each a list of indices into the table, root
+first. The order is what a share's interval needs: samples of one long wait are not
+independent draws (core/intervals.effective_samples). It is parsed here, bounded
+(bytes, profiles, samples, frames): it comes from another program. py-spy's raw output,
+one line per distinct stack with its count, no order,
 
     process 123:"python train.py";thread (123): MainThread;<module> (train.py:9);... 41
 
-is parsed here, bounded (lines, frames, bytes): it comes from another program.
+is still read where that is what the file holds.
 """
 
 from __future__ import annotations
@@ -28,70 +34,23 @@ import stat
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from starvecheck.core.units import parse_uint
-from starvecheck.stages.attach.classify import Frame, parse_frame
+from starvecheck.stages.attach.spyout import MAX_LINES, Stacks, parse_raw, parse_speedscope
+
+# The output's parsers and record: importable from here, where callers have found them.
+__all__ = ["Recorder", "Stacks", "parse_raw", "parse_speedscope"]
 
 if TYPE_CHECKING:
     from starvecheck.scratch.directory import Scratch
 
 RATE_CEILING = 200  # never more, whatever is asked
-MAX_LINES = 200_000
-MAX_FRAMES = 512
 MAX_BYTES = 64 << 20
 END_GRACE_S = 15.0  # past its duration, for py-spy to write its samples and end
 STOP_S = 5.0  # once asked to end (SIGINT), before its process group is killed
 REAP_S = 2.0  # once killed, to be reaped
-
-
-@dataclass
-class Stacks:
-    """Samples by (process, thread): each distinct stack with its count."""
-
-    by_thread: dict[tuple[int, int], list[tuple[list[Frame], int]]] = field(default_factory=dict)
-    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
-    commands: dict[int, str] = field(default_factory=dict)
-    samples: int = 0  # what py-spy kept
-    errors: int = 0  # samples py-spy dropped (a stack caught mid-change)
-
-    def count(self, key: tuple[int, int]) -> int:
-        return sum(n for _, n in self.by_thread.get(key, ()))
-
-
-def parse_raw(text: str, pid: int | None = None) -> Stacks:
-    """py-spy's raw output, as above; lines that do not parse are skipped. Without
-    --subprocesses py-spy names no process (`thread (123): MainThread;...`): `pid`,
-    the process it sampled, is theirs."""
-    out = Stacks()
-    for line in text.splitlines()[:MAX_LINES]:
-        stack, _, count = line.rpartition(" ")
-        samples = parse_uint(count)
-        if not stack or samples is None:
-            continue
-        parts = stack.split(";", MAX_FRAMES + 8)
-        # --subprocesses: a child's line names its parents first, itself last.
-        at = 0
-        while at < min(len(parts), 8) and parts[at].startswith("process "):
-            at += 1
-        if at == 0 and pid is not None and parts[0].startswith("thread ("):
-            parts, at = [f"process {pid}:", *parts], 1
-        if at == 0 or at >= len(parts) or not parts[at].startswith("thread ("):
-            continue
-        pid_text, _, command = parts[at - 1][len("process ") :].partition(":")
-        tid_text, _, name = parts[at][len("thread (") :].partition(")")
-        pid_read, tid_read = parse_uint(pid_text), parse_uint(tid_text)
-        if pid_read is None or tid_read is None:  # a command line may forge "thread (²)"
-            continue
-        key = (pid_read, tid_read)
-        out.commands.setdefault(key[0], command.strip('"')[:300])
-        out.thread_names.setdefault(key, name.lstrip(": ").strip()[:100])
-        frames = [parse_frame(p) for p in parts[at + 1 : at + 1 + MAX_FRAMES]]
-        out.by_thread.setdefault(key, []).append((frames, samples))
-        out.samples += samples
-    return out
 
 
 class NotAllowed(Exception):
@@ -139,11 +98,12 @@ class Recorder:
         self.cpu_s: float | None = None  # py-spy's CPU seconds, once it has ended
         self._scratch = scratch
         name = f"spy-{pid}-{secrets.token_hex(3)}"
-        self.out, self._stdout, self._stderr = (f"{name}.{x}" for x in ("raw", "out", "err"))
+        self.out, self._stdout, self._stderr = (f"{name}.{x}" for x in ("json", "out", "err"))
         os.close(scratch.new_file(self.out))  # recorded before py-spy writes it
         cmd = [binary, "record", "--pid", str(pid), "--nonblocking", "--idle", "--threads",
                "--full-filenames", *(["--subprocesses"] if subprocesses else []),
-               "--rate", str(self.rate), "--duration", str(self.seconds), "--format", "raw",
+               "--rate", str(self.rate), "--duration", str(self.seconds),
+               "--format", "speedscope",
                "--output", os.path.join(scratch.path, self.out)]  # fmt: skip
         env = {**os.environ, "RUST_BACKTRACE": "0"}
         env.pop("RUST_LOG", None)
@@ -247,7 +207,7 @@ class Recorder:
                 raise RuntimeError(f"py-spy did not end within {STOP_S:.0f} s of being asked to")
             if self.proc.returncode != 0:
                 raise RuntimeError(error_line(err, self.proc.returncode))
-        stacks = parse_raw(text, None if self.subprocesses else self.pid)
+        stacks = parse_speedscope(text, None if self.subprocesses else self.pid)
         progress = parse_progress(self.printed())
         stacks.errors = progress.errors or 0
         return stacks

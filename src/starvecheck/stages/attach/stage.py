@@ -21,42 +21,35 @@ and process; judging is advice/attach.py's.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from starvecheck.core.intervals import wilson
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.attach import (
     GPU_UTILIZATION,
-    MAIN_LOADING_SHARE,
-    MAIN_SHARE,
-    WORKER_SHARE,
     WORKER_USS_GROWTH,
     WORKERS_BLOCKED_SHARE,
     WORKERS_CPUS,
     WORKERS_FOUND,
     WORKERS_RUNQ_CPUS,
     Gpu,
-    Loading,
-    Main,
     Rank,
 )
-from starvecheck.core.schema.common import OTHERS_CPUS_EACH_S, SAMPLES
+from starvecheck.core.schema.common import OTHERS_CPUS_EACH_S
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.attach import budget, classify, costs, fate, ids, sampling, source, spy
+from starvecheck.stages.attach import budget, costs, fate, ids, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
+from starvecheck.stages.attach.shares import read_stacks
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
-from starvecheck.stages.attach.threads import loop_thread
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
 
 if TYPE_CHECKING:
-    from starvecheck.stages.attach.spy import Stacks
+    pass
 
 QUICK_S = 5.0
 
@@ -73,90 +66,6 @@ def _metric(name: str, value: float | None, unit: str, **labels: object) -> list
     if value is None:
         return []
     return [Metric.single(f"attach.{name}", round(float(value), 4), unit, labels)]
-
-
-def _shares(
-    counts: Counter[Main] | Counter[Loading], total: int, name: str, quantity: str, **lab: object
-) -> list[Metric]:
-    """Each kind's share of `total` samples, with its 95% Wilson interval (labels
-    `low95`, `high95`) and the samples it was counted from (`samples`)."""
-    out: list[Metric] = []
-    for kind, n in sorted(counts.items()):
-        low, high = wilson(n, total)
-        ci = {"low95": round(low, 4), "high95": round(high, 4), "samples": total}
-        out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
-                       **ci, **lab)  # fmt: skip
-    return out
-
-
-def read_stacks(
-    rank: Process, stacks: Stacks, src: classify.Source
-) -> tuple[list[Metric], list[int], str, Rank]:
-    """The shares of one rank's training loop, its loading, its workers and their
-    feeder threads, from its samples; the workers seen; the loop's `other` frames;
-    what the loop was read from (`thread`, `loop_found`, `data_path`)."""
-    lab = {"rank": rank.rank, "pid": rank.pid}
-    key, found = loop_thread(stacks, rank.pid)
-    main = stacks.by_thread.get(key, []) if key is not None else []
-    total = sum(n for _, n in main)
-    out: list[Metric] = _metric("main.samples", total, "samples", quantity=SAMPLES, **lab)
-    kinds: Counter[Main] = Counter()
-    loading: Counter[Loading] = Counter()
-    others: Counter[str] = Counter()
-    fetches: Counter[str] = Counter()
-    # a DataLoader seen anywhere in the rank's stacks (its workers, its pin-memory
-    # thread), not only where the loop was caught waiting on it
-    has_loader = any(
-        classify.in_dataloader(f) for samples in stacks.by_thread.values() for f, _ in samples
-    )
-    loop = None if has_loader else classify.loop_frame(main)
-    fetch = classify.fetches(main, loop) if loop is not None else set()
-    for frames, n in main:
-        kind = classify.main_kind(frames, src)
-        at = classify.callee_of(frames, loop) if fetch and loop is not None else None
-        if at is not None and (frames[at].function, frames[at].file) in fetch:
-            kind = Main.DATA  # the loop's own fetch, whatever torch it calls to stack a batch
-            fetches[frames[at].short()] += n
-            loading[classify.loading_kind(frames[at:], src)] += n
-        elif kind == Main.DATA:
-            loading[classify.loading_kind(classify.loading_frames(frames), src)] += n
-        elif kind == Main.OTHER:
-            others[classify.named(frames)] += n
-        kinds[kind] += n
-    if total and (has_loader or fetch):
-        kinds[Main.DATA] += 0  # the wait's share stands with its interval, none sampled too
-    if total:
-        out += _shares(kinds, total, "main", MAIN_SHARE, **lab)
-        out += _shares(loading, total, "main.loading", MAIN_LOADING_SHARE, **lab)
-    worker_kinds: Counter[Loading] = Counter()
-    workers: set[int] = set()
-    feeding = feeders = 0
-    for (pid, _tid), samples in stacks.by_thread.items():
-        if pid == rank.pid:
-            continue
-        for frames, n in samples:
-            after = classify.worker_frames(frames)
-            if after is not None:
-                workers.add(pid)
-                worker_kinds[classify.loading_kind(after, src)] += n
-            busy = classify.feeder_busy(frames)
-            if busy is not None:
-                feeders += n
-                feeding += n if busy else 0
-    wtotal = sum(worker_kinds.values())
-    if wtotal:
-        out += _shares(worker_kinds, wtotal, "workers", WORKER_SHARE, **lab)
-    if feeders:
-        busy = feeding / feeders
-        out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)
-    top = "; ".join(f"{what} {n / total:.0%}" for what, n in others.most_common(3)) if total else ""
-    if has_loader:
-        path: str | None = "DataLoader"
-    else:
-        path = ", ".join(f for f, _ in fetches.most_common(2)) or None
-    thread = stacks.thread_names.get(key, "") if key is not None else None
-    read = Rank(rank.pid, thread=thread, loop_found=found, data_path=path)
-    return out, sorted(workers), top, read
 
 
 def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:

@@ -1,0 +1,118 @@
+"""A rank's sampled wait for data, judged only where its evidence allows (attach): its
+share of the loop's samples, the 95% interval the stage counted from the samples in the
+order taken (runs of one long wait are not independent draws), the verdict the
+interval allows and, where it allows none, the samples that would decide it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
+from starvecheck.core.intervals import percent, samples_needed, side, wilson
+from starvecheck.core.metric import Metric, one, select, value
+from starvecheck.core.model import Severity, StageResult
+from starvecheck.core.schema import attach as vocab
+from starvecheck.core.schema.attach import Main, Parameters, Rank
+from starvecheck.core.schema.common import SAMPLES
+
+
+def _of(r: StageResult, pid: int) -> Sequence[Metric]:
+    return select(r.metrics, pid=pid)
+
+
+def _rank(r: StageResult, pid: int) -> Rank:
+    """The rank `pid` as the parameters record it (an empty record where they do not)."""
+    return next((x for x in r.parameters.read(Parameters).ranks if x.pid == pid), Rank(pid))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A rank's sampled wait for data: its share of `n` samples, the 95% Wilson
+    interval, and the verdict the interval allows (None: it allows none, `why`)."""
+
+    share: float
+    n: int
+    low: float
+    high: float
+    severity: Severity | None
+    why: str = ""
+    effective: float | None = None  # what the samples are worth as independent draws
+
+    def text(self) -> str:
+        worth = ""
+        if self.effective is not None and self.effective < 0.9 * self.n:
+            worth = f", worth {self.effective:,.0f} independent: the wait comes in runs"
+        return f"{self.share:.0%} ({percent(self.low, self.high)}, {self.n} samples{worth})"
+
+
+def wait_of(r: StageResult, pid: int) -> Wait | None:
+    """The verdict on a rank's wait, given only where the evidence allows one: a
+    verdict (OK, warning, critical) only where the interval lies wholly on one side of
+    each threshold it is judged by (advice/profile.severity: 5%, 20%); none from no
+    samples, from a job stopped in the window (its samples then repeat its last
+    stack), or where neither a DataLoader nor a fetch between steps was found."""
+    n = value(_of(r, pid), quantity=SAMPLES)
+    if n is None:
+        return None
+    n = int(n)
+    share = value(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA) or 0.0
+    low, high, eff = interval(r, pid, share, n)
+
+    def none(why: str) -> Wait:
+        return Wait(share, n, low, high, None, why, eff)
+
+    stopped = _rank(r, pid).stopped_s
+    if isinstance(stopped, (int, float)) and stopped >= 0.5:
+        return none(f"it was stopped (State T) for about {stopped:.0f} s of the window")
+    if n == 0:
+        return none("no samples of its training loop were kept")
+    if _rank(r, pid).loop_found is False:
+        return none(
+            "no thread's samples show a training loop (a DataLoader, forward, backward, "
+            "an optimizer)"
+        )
+    if _rank(r, pid).loop_found and _rank(r, pid).data_path is None:
+        return none(
+            "its data path could not be identified: no DataLoader, and nothing its loop "
+            "calls between steps reads or is named for data"
+        )
+    below, above = side(low, high, INPUT_BOUND), side(low, high, HIGHLY_INPUT_BOUND)
+    if below == -1:
+        return Wait(share, n, low, high, Severity.OK, effective=eff)
+    if below == 1:
+        sev = Severity.CRITICAL if above == 1 else Severity.WARNING
+        return Wait(share, n, low, high, sev, effective=eff)
+    need = needed(share, n, eff)
+    return none(f"too few samples ({n}) to judge: about {need} needed at a {share:.0%} share")
+
+
+def ci(r: StageResult, pid: int, share: float) -> str:
+    """`68% (63-73%, 400 samples)`: a rank's share with its interval."""
+    n = int(value(_of(r, pid), quantity=SAMPLES) or 0)
+    low, high, _ = interval(r, pid, share, n)
+    return f"{share:.0%} ({percent(low, high)}, {n} samples)"
+
+
+def interval(r: StageResult, pid: int, share: float, n: int) -> tuple[float, float, float]:
+    """(low, high, samples worth) of a rank's data-wait share: as the stage counted it,
+    from the samples in the order taken (core/intervals.effective_samples; the share
+    metric's `low95`, `high95`, `samples_effective`); from Wilson's on every sample
+    where a report of another version has none."""
+    m = one(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA)
+    labels = m.labels if m is not None else {}
+    low, high, eff = labels.get("low95"), labels.get("high95"), labels.get("samples_effective")
+    if all(isinstance(x, int | float) for x in (low, high, eff)):
+        return float(low), float(high), float(eff)  # type: ignore[arg-type]
+    low, high = wilson(share * n, n)
+    return low, high, float(n)
+
+
+def needed(share: float, n: int, effective: float) -> int:
+    """Samples that would decide a `share` against INPUT_BOUND, as many again for each
+    sample short of an independent draw (the wait's runs stay as long at any count)."""
+    need = samples_needed(share, INPUT_BOUND)
+    if need >= 1_000_000 or effective <= 0 or not n:
+        return need
+    return math.ceil(need * n / max(effective, 1.0))
