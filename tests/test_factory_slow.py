@@ -99,5 +99,11 @@ def test_a_configuration_cut_short_is_could_not_tell_never_a_pass(tmp_path: Path
     assert r.exit_code == 0, r.output
     stage = json.loads(r.stdout)["stages"][0]
     (f,) = [f for f in stage["findings"] if f["id"] == "loader.own-config"]
+    # Never a pass nor a count: cut short, it could not tell (and says what --budget
+    # reads it whole); where other work kept the CPUs busy (this lane under xdist), the
+    # machine was too busy to tell, which takes precedence.
+    assert "fix" not in f and f["severity"] != "ok"
+    if f["title"].startswith("This machine is too busy to tell"):
+        return
     assert f["severity"] == "warning" and f["title"].startswith("Could not tell")
     assert "--budget" in f["recommendation"]

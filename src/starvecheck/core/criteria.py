@@ -18,6 +18,11 @@ from starvecheck.core.paired import MARGIN, compare
 # The knee of a throughput curve: the fewest workers that reach this share of the best.
 KNEE_SHARE = 0.95
 
+# A count read once at under this share of the best read beside it is settled as
+# slower: more rounds could not lift it to KNEE_SHARE (a round's spread on a busy
+# machine here is under 1.3x), so loader --factory reads it no more.
+FAR_BELOW = 0.6
+
 # GPU idle shares (starve) within this of the best are as good: the fewest such
 # workers are enough. Workers past the CPUs count as a help only when they cut the
 # idle share by more than this.
@@ -101,11 +106,24 @@ def knee_settled(rates: Mapping[int, Sequence[float]], share: float = KNEE_SHARE
         if w == best:
             continue
         c = compare(v, read[best])
+        if c is not None and c.rounds == 1 < len(read[best]) and c.ratio < FAR_BELOW:
+            continue  # read once, far below a best read again: settled (far_below)
         if c is None or c.rounds < 2:
             return False
         if not (c.high < 1.0 - MARGIN or (c.ratio >= share and c.low >= KNEE_LOW)):
             return False
     return True
+
+
+def far_below(rates: Mapping[int, Sequence[float]], keep: int | None = None) -> set[int]:
+    """The counts whose one round read so far lies under FAR_BELOW of the best count's
+    in that round: settled as slower, read no more (not `keep`, the configuration the
+    others' gain is read against)."""
+    firsts = {w: v[0] for w, v in rates.items() if v}
+    if not firsts:
+        return set()
+    top = max(firsts.values())
+    return {w for w, v in firsts.items() if w != keep and v < FAR_BELOW * top}
 
 
 def variants_settled(variants: Sequence[Sequence[float]], base: Sequence[float]) -> bool:

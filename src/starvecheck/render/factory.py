@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from starvecheck.core.criteria import FAR_BELOW
 from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import SAMPLES_PER_S, VS_CURRENT
@@ -81,7 +82,9 @@ def split(
         f"every configuration read once a round, {rounds or 'several'} rounds, each round "
         "in another order; samples/s: the median over the rounds (each round's figure over "
         "its own windows, epoch restarts included); spread: the largest figure over the "
-        "smallest; vs current: the ratio to your settings round by round (the median; "
+        "smallest (blank: a count read in the first round only, under "
+        f"{FAR_BELOW:.0%} of the best there, read no more); vs current: the ratio to your "
+        "settings round by round (the median; "
         "its 90% interval in the JSON and the finding); beside: the count and your "
         "settings read again in the rounds of the count's variants, which compare with "
         "them. Per sample: CPU ms, user+system "

@@ -36,30 +36,44 @@ def fit_run(
     current: Config,
     batch_timeout_s: float,
     warn: Callable[[str], None],
-) -> tuple[tuple[int, ...], bool]:
+    spare: int | None = None,
+) -> tuple[tuple[int, ...], bool, bool]:
     """(the counts swept that fit the open-file limit, the cgroup's pids limit and
-    /dev/shm's free space, whether the current configuration's count does); what does
-    not fit, said in one warning. None fitting: one line and exit 2."""
+    /dev/shm's free space, whether the current configuration's count does, whether
+    `spare` does: a count --quick may add once its first round asks for it); what does
+    not fit among `counts`, said in one warning (never the spare's). None fitting: one
+    line and exit 2."""
+    read: list[int] = []
+
+    def nbytes() -> int:  # one batch read, at most once
+        if not read:
+            read.append(batch_bytes(pipeline, batch_timeout_s))
+        return read[0]
+
+    def fitted(wanted: tuple[int, ...]) -> tuple[preflight.Fit, str]:
+        files = preflight.fit_open_files(wanted)
+        tasks = preflight.fit_tasks(files.workers, preflight.tasks_free())
+        fit = preflight.Fit(tasks.workers, None)
+        free = preflight.shm_free()
+        if free is not None:
+            prefetch = current.prefetch_factor or 2
+            fit = preflight.fit_shm(fit.workers, 0, prefetch, free)  # the margin alone, first
+            if any(fit.workers) and fit.workers == tasks.workers:
+                fit = preflight.fit_shm(fit.workers, nbytes(), prefetch, free)
+        return fit, "; ".join(w for w in (files.warning, tasks.warning, fit.warning) if w)
+
     wanted = tuple(sorted({*counts, current.workers}))
-    files = preflight.fit_open_files(wanted)
-    tasks = preflight.fit_tasks(files.workers, preflight.tasks_free())
-    fit = preflight.Fit(tasks.workers, None)
-    free = preflight.shm_free()
-    if free is not None:
-        prefetch = current.prefetch_factor or 2
-        fit = preflight.fit_shm(fit.workers, 0, prefetch, free)  # the margin alone, first
-        if any(fit.workers) and fit.workers == tasks.workers:
-            fit = preflight.fit_shm(
-                fit.workers, batch_bytes(pipeline, batch_timeout_s), prefetch, free
-            )
-    said = "; ".join(w for w in (files.warning, tasks.warning, fit.warning) if w)
+    fit, said = fitted(tuple(sorted({*wanted, spare})) if spare is not None else wanted)
+    spare_fits = spare is not None and spare in fit.workers
+    if spare is not None and not spare_fits:
+        fit, said = fitted(wanted)
     kept = tuple(w for w in counts if w in fit.workers)
     fits_now = current.workers in fit.workers
     if not kept and not fits_now:
         raise UsageError(said or "no worker count fits")
     if said:
         warn(said)
-    return kept, fits_now
+    return kept, fits_now, spare_fits
 
 
 def batch_bytes(pipeline: Pipeline, limit_s: float) -> int:

@@ -31,6 +31,10 @@ def rotated(items: list[Any], by: int) -> list[Any]:
 
 
 Settled = Callable[[list[tuple[str, Run]]], bool]
+# What the first round asks to read beside the rest (--quick's next worker count).
+Grow = Callable[[list[tuple[str, Run]]], list[tuple[str, Config]]]
+# What the first round settled already: configurations read no more.
+Decided = Callable[[list[tuple[str, Run]]], set[Config]]
 
 
 def read_rounds(
@@ -40,15 +44,32 @@ def read_rounds(
     progress: Callable[[str], None],
     settled: Settled | None = None,
     least: int = 2,
+    grow: Grow | None = None,
+    decided: Decided | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
     after `least` rounds or more, `settled` says the rounds so far decide what judging
-    will make of them (more rounds could not change it: their intervals say so)."""
+    will make of them (more rounds could not change it: their intervals say so).
+    `grow`, asked once the first round is read, may add configurations: each is read
+    at once, as the first round's last, and in every round after. `decided`, asked
+    then too, names configurations the first round settled: read no more (their one
+    figure pairs with the others' first)."""
+    todo = list(todo)
     slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
+    done_with: set[Config] = set()
     for r in range(rounds):
-        for _, config in rotated(todo, r):
+        for _, config in rotated([t for t in todo if t[1] not in done_with], r):
             progress(f"round {r + 1} of {rounds}: {config.describe()}")
             slices[config].append(read_one(config))
+        if grow is not None and r == 0:
+            for role, config in grow([(role, merge(slices[c])) for role, c in todo]):
+                if config in slices:
+                    continue
+                progress(f"round 1 of {rounds}: {config.describe()}")
+                slices[config] = [read_one(config)]
+                todo.append((role, config))
+        if decided is not None and r == 0:
+            done_with = decided([(role, merge(slices[c])) for role, c in todo])
         done = [(role, merge(slices[c])) for role, c in todo] if settled else []
         if settled is not None and least <= r + 1 < rounds and settled(done):
             break

@@ -22,7 +22,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from starvecheck.core.criteria import cpu_work, knee_settled, paired_knee, variants_settled
+from starvecheck.core.criteria import (
+    cpu_work,
+    knee_settled,
+    paired_knee,
+    variants_settled,
+)
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
@@ -46,6 +51,7 @@ from starvecheck.stages.loader.factory.load import (
 from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.outcome import result
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
+from starvecheck.stages.loader.factory.spare import Tally, decides, grows, spare_count
 from starvecheck.stages.loader.factory.startmethod import other_method, pickled
 from starvecheck.stages.options import FactoryOptions
 
@@ -84,6 +90,9 @@ class Plan:
     pickle_s: float | None = None
     pickle_error: str | None = None
     other_method: str | None = None
+    # --quick's spare count (spare.py), checked against the machine's limits: read
+    # where the first round asks for it; None: none fits, or not --quick.
+    spare: int | None = None
 
 
 def default_workers(effective_cpus: int, quick: bool) -> tuple[int, ...]:
@@ -121,8 +130,11 @@ def sweep(
     device = "cuda" if plan.cuda else None
     first = _first_set(pipeline, plan)
     second = not pipeline.fixed and not plan.quick
-    total = (len(first) + (5 if second else 0)) * rounds
-    done = [0]
+    tally = Tally((len(first) + (5 if second else 0)) * rounds)
+    now = current_config(pipeline)
+    grow = grows(plan.spare, rounds, tally)
+    decided = decides(now, rounds, tally)
+
     # An IterableDataset may keep state from its last reader (Streaming's shared memory
     # is laid out for the worker count it first met): one from the factory for each
     # configuration, kept for its every round.
@@ -142,25 +154,25 @@ def sweep(
         finally:
             if config.workers and strays is not None:  # the main process's, at the end
                 strays.stop(since)
-        done[0] += 1
+        tally.done += 1
         return run
 
     def said(what: str) -> None:
-        progress(what, done[0], total)
+        progress(what, tally.done, tally.total)
 
     least = LEAST_ROUNDS[plan.quick]
-    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least)
+    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least, grow, decided)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
         if reread is not None:
             reread += disturbed
-        total += len(first) * rounds
+        first = [(role, r.config) for role, r in runs]  # the spare too, where it was read
+        tally.total += len(first) * rounds
         runs = read_rounds(first, rounds, read_one, said, _counts_settled, least)
     if second:  # --quick: the counts only (QUICK_COUNTS)
-        now = current_config(pipeline)
         second_set = _second_set(runs, plan, now)
         runs += read_rounds(second_set, rounds, read_one, said, _variants_settled, least)
-    progress("measured", total, total)
+    progress("measured", tally.total, tally.total)
     return runs
 
 
@@ -267,6 +279,11 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
     return second
 
 
+def quick_sweep(plan: Plan) -> bool:
+    """--quick's own sweep (no --workers): the one that may add a spare count."""
+    return plan.quick and plan.workers is None
+
+
 def _median_rate(run: Run) -> float:
     return statistics.median(run.samples_per_s) if run.samples_per_s else 0.0
 
@@ -319,10 +336,18 @@ def run_factory(
         if any(counts) or pipeline.current_workers:
             check_spawnable(pipeline)
             now = current_config(pipeline)
+            spare = spare_count(plan.effective_cpus, counts) if quick_sweep(plan) else None
             with user_code():  # one batch read at num_workers=0 for its bytes
-                kept, fits = fit_run(pipeline, counts, now, plan.batch_timeout_s, warn)
+                kept, fits, spared = fit_run(
+                    pipeline, counts, now, plan.batch_timeout_s, warn, spare
+                )
             dropped = kept != tuple(counts)
-            plan = replace(plan, workers=kept if dropped else plan.workers, current_fits=fits)
+            plan = replace(
+                plan,
+                workers=kept if dropped else plan.workers,
+                current_fits=fits,
+                spare=spare if spared and not dropped else None,
+            )
             idle = idle_worker_uss(pipeline.settings.get("multiprocessing_context"))
             plan = replace(plan, idle_worker_uss_bytes=idle)
             plan = _start_methods(pipeline, plan)
