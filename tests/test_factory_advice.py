@@ -236,6 +236,20 @@ def test_copy_on_read_from_growth_per_worker() -> None:
     assert "loader.copy-on-read" not in judge(stage(flat, Config(0)))
 
 
+def test_a_workers_own_batches_in_flight_are_no_copy_on_read() -> None:
+    # 64 MiB batches at prefetch 2: a worker holds the one it makes and two in flight,
+    # 192 MiB of its own; growing 183 MiB while reading is those batches, not the dataset.
+    def judged(grew_mib: float) -> Any:
+        runs = sweep(
+            {0: 400, 2: 1000}, worker_cpu_ms=1.8, growth=grew_mib * MIB,
+            worker_uss=(10 + grew_mib) * MIB, batch_bytes=64 * MIB,
+        )  # fmt: skip
+        return judge(stage(runs, Config(0)))
+
+    assert "loader.copy-on-read" not in judged(183)
+    assert "loader.copy-on-read" in judged(192 + 80)  # 80 MiB past its batches
+
+
 def test_large_batches_crossing_processes() -> None:
     # 19 MiB batches, 6 ms of the training process per batch, workers slower than none.
     runs = sweep(

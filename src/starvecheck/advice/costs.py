@@ -88,14 +88,23 @@ def copy_on_read(
     if not figures:
         return []
     _, growth, held, end, p = max(figures, key=lambda t: (t[0], t[4].workers))
-    grew = growth is not None and growth >= COPY_ON_READ_BYTES
-    holds = held is not None and held >= COPY_ON_READ_BYTES
+    # A worker holds the batch it makes and those it has made in flight: its own, and
+    # no copy of the dataset (64 MB batches at prefetch 2 are 192 MB of them).
+    in_hand = _in_hand(p)
+    grew = growth is not None and growth - in_hand >= COPY_ON_READ_BYTES
+    holds = held is not None and held - in_hand >= COPY_ON_READ_BYTES
     if not (grew or holds):
         return []
     if grew and not holds and _own_growth(found, growth or 0.0):
         return []
     assert end is not None
     return [_copy_finding(loader, p, growth, held, end, chosen)]
+
+
+def _in_hand(p: Point) -> float:
+    """The bytes of the batches a worker may hold: the one it makes and its
+    prefetch_factor in flight."""
+    return (int(p.labels.get("prefetch_factor") or 2) + 1) * (p.get("batch_bytes") or 0.0)
 
 
 def _own_growth(found: list[Point], growth: float) -> bool:
