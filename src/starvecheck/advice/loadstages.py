@@ -53,6 +53,12 @@ MEANING = {
 # The stages more workers reach: the workers' own work.
 WORKERS_REACH = (LoadStage.READ, LoadStage.TRANSFORM, LoadStage.COLLATE)
 SAID_SHARE = 0.02  # a stage under this share of the wait is left out of the sentence
+# Batches under this many bytes are too small for the hand-over's own work (pickling,
+# shared memory: about a millisecond a batch each side here) to hold a step back: where
+# their hand-over still shows, the training process was waiting for a CPU to take
+# them (3 processes spinning on 2 CPUs gave a 64-byte batch 40% of the wait), which
+# num_workers=0 does not cure (it ran 1.4x slower there). The worker advice speaks.
+HANDOVER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -170,14 +176,15 @@ def handover_fix(
     compute_ms: float | None,
     workers: int | None,
 ) -> tuple[str, Gain, dict[str, int]] | None:
-    """The hand-over holds the step back: more workers do not shorten it. Where making
+    """The hand-over holds the step back: more workers do not shorten it (batches of
+    HANDOVER_BYTES or more; smaller ones: None, the worker advice speaks). Where making
     a batch alone (its fetch and collate with a CPU of their own, measured in the
     workers) and the step's compute take less than the step now, num_workers=0 hands
     nothing over: that, with its predicted figure; else fewer bytes a batch, with no
     figure (no setting reaches it: the share is an upper bound)."""
-    if w.top is not LoadStage.HANDOVER:
+    if w.top is not LoadStage.HANDOVER or not batch_bytes or batch_bytes < HANDOVER_BYTES:
         return None
-    size = f" of {batch_bytes / 1e6:,.1f} MB" if batch_bytes else ""
+    size = f" of {batch_bytes / 1e6:,.1f} MB"
     said = (
         f"Each batch{size} takes {w.exposed_ms.get(LoadStage.HANDOVER, 0.0):,.1f} ms a step to "
         "reach the training process after its worker finished it (the queue, shared memory, "

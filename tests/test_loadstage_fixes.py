@@ -1,0 +1,57 @@
+"""The stage split's own fixes (advice/loadstages.py): persistent_workers for a
+start-up each pass, num_workers=0 for a hand-over of large batches where a batch made
+alone fits the step, and nothing for a hand-over too small to be the bytes' work."""
+
+from __future__ import annotations
+
+import pytest
+
+from starvecheck.advice.loadstages import HANDOVER_BYTES, Waits, handover_fix, startup_fix
+from starvecheck.core.model import GainKind
+from starvecheck.core.schema.loading import LoadStage
+
+
+def waits(top: LoadStage, share: float = 0.8, **kw: float | None) -> Waits:
+    rest = LoadStage.READ if top is not LoadStage.READ else LoadStage.TRANSFORM
+    return Waits(
+        exposed_ms={top: 40.0 * share, rest: 40.0 * (1 - share)},
+        share={top: share, rest: 1 - share},
+        busy_ms={},
+        steps=100,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_large_hand_over_whose_batch_made_alone_fits_the_step_is_num_workers_0():
+    w = waits(LoadStage.HANDOVER, solo_ms=8.0)
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 5.0, 2) or ("", None, {})
+    assert fix == {"num_workers": 0} and "64.0 MB" in said
+    assert gain is not None and gain.kind is GainKind.THROUGHPUT
+    assert gain.value == pytest.approx(45.0 / 13.0, abs=0.01)
+
+
+def test_a_large_hand_over_that_in_process_loading_would_not_beat_gets_no_figure():
+    w = waits(LoadStage.HANDOVER, solo_ms=40.0)  # 40 + 5 ms is no shorter than 45
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 5.0, 2) or ("", None, {})
+    assert fix == {} and "fewer bytes" in said
+    assert gain is not None and gain.kind is GainKind.STEP_SHARE and gain.value == 0.8
+
+
+def test_a_small_batchs_hand_over_is_the_workers_advice_not_num_workers_0():
+    # 64 bytes cannot take 40% of a step to pass: the training process waited for a CPU.
+    w = waits(LoadStage.HANDOVER, solo_ms=8.0)
+    assert handover_fix(w, 64.0, 45.0, 5.0, 2) is None
+    assert handover_fix(w, HANDOVER_BYTES - 1, 45.0, 5.0, 2) is None
+    assert handover_fix(w, None, 45.0, 5.0, 2) is None  # bytes unknown: no figure either
+    assert handover_fix(waits(LoadStage.READ), 64e6, 45.0, 5.0, 2) is None
+
+
+def test_start_up_each_pass_is_persistent_workers_with_what_the_later_passes_saw():
+    w = waits(LoadStage.STARTUP, startup_s=3.5, unpickle_s=3.2, restart_ms=30.0)
+    said, gain, fix = startup_fix(w, 40.0, 2, "forkserver") or ("", None, {})
+    assert fix == {"persistent_workers": True} and "3.20 s" in said and "fork start" in said
+    assert gain is not None and gain.value == pytest.approx(4.0)  # 40 ms to 10 ms
+    # Nothing measured past the first pass: the share, an upper bound, no speed-up.
+    _, gain, _ = startup_fix(waits(LoadStage.STARTUP), 40.0, 2, "fork") or ("", None, {})
+    assert gain is not None and gain.kind is GainKind.STEP_SHARE
+    assert startup_fix(waits(LoadStage.COLLATE), 40.0, 2, "fork") is None
