@@ -191,6 +191,25 @@ def test_a_loading_gain_is_loading_throughput_and_a_training_gain_needs_the_step
     g = stepped["loader.own-config"]
     assert g.gain.value == pytest.approx(1.4)
     assert "1.40x the steps a second" in g.title and "2.50x as many samples" in g.title
+    # batch_size=None (each item a batch, or a batch_sampler): the samples a batch
+    # measured (32 here) make the step's, as a batch size would.
+    params = dict(result.parameters) | {"step_ms": 200.0, "batch_size": None}
+    unsized = judge(type(result)("factory", parameters=params, metrics=result.metrics))
+    assert unsized["loader.own-config"].gain.value == pytest.approx(1.4)
+
+
+def test_loading_faster_in_the_training_process_that_trains_slower_is_no_change() -> None:
+    # Two workers hand over big batches: num_workers=0 loads 1.3x as fast, but there the
+    # 32-sample load (24.6 ms) and a 200 ms step add up, where the workers' 32 ms hid
+    # behind it: 0.89x the steps a second. Keep the settings.
+    runs = _sweep({0: 1300.0, 1: 600.0, 2: 1000.0}, worker_cpu_ms=1.8)
+    result = stage(runs, Config(2))
+    assert judge(result)["loader.own-config"].fix == {"num_workers": 0}  # loading alone
+    params = dict(result.parameters) | {"step_ms": 200.0}
+    f = judge(type(result)("factory", parameters=params, metrics=result.metrics))
+    g = f["loader.own-config"]
+    assert g.severity.value == "ok" and "0.89x the steps a second" in g.title
+    assert g.fix.get("num_workers") == 2 and g.gain is None
 
 
 # --- the command, end to end ----------------------------------------------------------

@@ -64,8 +64,10 @@ from starvecheck.advice.factory_bounds import (
     disturbed,
     disturbed_caveat,
     no_figure,
+    no_training_gain,
     too_busy,
     training_gain,
+    with_step,
 )
 from starvecheck.advice.factory_unread import withheld
 from starvecheck.advice.loadstages import configuration_said
@@ -331,18 +333,9 @@ def _config(loader: StageResult) -> Finding | None:
         f"{describe(chosen)} loads {gain:.2f}x as many samples a second as your current settings"
     )
     step = training_gain(current, chosen, params.step_ms, params.batch_size)
-    if step is not None:
-        title += f"; with your {float(params.step_ms):g} ms step, {step:.2f}x the steps a second"
-        basis += (
-            f"; in training {step:.2f}x the steps a second, the {float(params.step_ms):g} ms step "
-            "(--step-ms) staying as it is"
-        )
-        gain = step
-    else:
-        basis += (
-            "; loading only, not a training speed-up: the step outside loading stays "
-            "(--step-ms gives the training figure)"
-        )
+    if step is not None and step < 1 + MARGIN:  # loads faster, trains no faster
+        return no_training_gain(title, step, float(params.step_ms), evidence, fix_of(current))
+    title, basis, gain = with_step(title, basis, gain, step, params.step_ms)
     # Severity by the interval's low end: a short run, less certain, warns no sooner.
     severity = Severity.WARNING if against.low >= WARN_GAIN and gain >= WARN_GAIN else Severity.INFO
     return Finding(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # quantity: samples and bytes moved
 SAMPLES_PER_S = "samples_per_s"  # io, loader, factory, starve, profile
+BATCHES_PER_S = "batches_per_s"  # factory: batches, one figure a round
 MB_PER_S = "mb_per_s"  # io, loader
 FIRST_BATCH_S = "first_batch_s"  # loader, factory: from the iterator made to its first batch
 EPOCH_START_S = "epoch_start_s"  # factory: the same, for each pass after the first

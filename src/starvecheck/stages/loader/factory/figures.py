@@ -13,6 +13,7 @@ from typing import Any
 from starvecheck.core.metric import Metric
 from starvecheck.core.schema.common import (
     BATCH_BYTES,
+    BATCHES_PER_S,
     EPOCH_START_S,
     FIRST_BATCH_S,
     OTHERS_CPUS,
@@ -61,7 +62,7 @@ def metrics_of(role: str, run: Run, current: bool) -> list[Metric]:
         return [] if value is None else [Metric.single(f"{base}.{name}", value, unit, lab | labels)]
 
     out = many("samples_per_s", run.samples_per_s, "samples/s", quantity=SAMPLES_PER_S)
-    out += many("batches_per_s", run.batches_per_s, "batches/s", quantity="batches_per_s")
+    out += many(BATCHES_PER_S, run.batches_per_s, "batches/s", quantity=BATCHES_PER_S)
     out += single("first_batch_s", round(run.first_batch_s, 4), "s", quantity=FIRST_BATCH_S)
     for p in (50, 99) if run.waits_ms else ():
         wait = round(percentile(sorted(run.waits_ms), p), 4)
