@@ -184,6 +184,7 @@ import json as _j
 _own = os.environ["OWN_CLOCK"]
 _W = {"waited": 0.0, "steps": 0, "train_waited": 0.0, "train_total": 0.0, "t0": time.perf_counter()}
 _waits = open(_own + ".waits", "a", buffering=1)  # each wait, wall-clock start and end
+_steps = open(_own + ".steps", "a", buffering=1)  # each training step's wait, seconds
 def _own_write():
     _s = {"waited": _W["waited"], "total": time.perf_counter() - _W["t0"], "steps": _W["steps"],
           "train_waited": _W["train_waited"], "train_total": _W["train_total"]}
@@ -216,6 +217,8 @@ def _own_timed(loader, kind):
             _W["train_waited"] += b - a
             _W["train_total"] += b - a
             _W["steps"] += 1
+            _steps.write(f"{b - a + started:.6f}\\n")  # a pass's start in its first
+            started = 0.0
         prev = b
         yield x
     if kind == "train" and os.environ.get("WATCH_REPORT"):
@@ -227,7 +230,7 @@ def _own_watch(loader):
     if not os.environ.get("WATCH_REPORT"):
         return loader
     import starvecheck
-    return starvecheck.watch(loader, show=False)
+    return starvecheck.watch(loader, show=False, stages=os.environ.get("WATCH_STAGES") != "0")
 """
 
 IMAGENET_EDITS = [

@@ -13,13 +13,20 @@ dominates the wait. For each:
      a second over the same passes (worker start-up included where passes restart);
   3. with --trainer the same pipeline is trained by a real lightning.Trainer with
      LightningCallback (three epochs: its first epoch's workers are made before any
-     hook), and the stage the callback names is read.
+     hook), and the stage the callback names is read;
+  4. with --factory, `starvecheck loader --factory stages.py:NAME --step-ms STEP` (the
+     full run) reads the same pipeline: the stage its table gives the largest share of
+     your settings' wait, the change its finding names and the training figure it
+     predicts for the step; that change is applied in the loop as in 2, in its own
+     interleaved rounds.
 
-    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--only NAME ...]
+    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--factory]
+        [--only NAME ...]
 
 --busy runs a process that keeps one CPU busy throughout (the figures beside other
 work). Targets (exit 1 when missed): the named stage is the scenario's; the applied fix
-within 15% of its prediction and never slower (0.97x or more). Prints a Markdown table.
+within 15% of its prediction and never slower (0.97x or more); loader --factory's full
+run in 120 s or less. Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -169,6 +176,67 @@ def trainer_stage(s: Scenario) -> str:
     return max(shares, key=lambda k: shares[k]) if shares else "none"
 
 
+def factory_reads(s: Scenario) -> tuple[str, dict[str, Any], float | None, float]:
+    """(the stage loader --factory gives the largest share of the current settings'
+    wait, the fix it names, its predicted training figure, the run's seconds)."""
+    spec = f"{HERE / 'pipelines' / 'stages.py'}:{s.name}"
+    cmd = [sys.executable, "-m", "starvecheck", "loader", "--factory", spec,
+           "--step-ms", f"{s.step_ms:g}", "--json", "-"]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "NO_COLOR": "1"}
+    began = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    took = time.perf_counter() - began
+    if out.returncode not in (0, 1):
+        raise SystemExit(f"loader --factory failed on {s.name}: {out.stderr.strip()[-300:]}")
+    stage = json.loads(out.stdout)["stages"][0]
+    shares = {
+        m["labels"]["load_stage"]: m["value"]
+        for m in stage["metrics"]
+        if m["labels"].get("quantity") == EXPOSED_SHARE and m["labels"].get("current")
+        and m["labels"].get("role") in ("current", "workers")
+    }  # fmt: skip
+    top = max(shares, key=lambda k: shares[k]) if shares else "none"
+    f = next(f for f in stage["findings"] if f["id"] == "loader.own-config")
+    current = {k: v for k, v in pipelines_settings(s).items() if k in f.get("fix", {})}
+    fix = {k: v for k, v in f.get("fix", {}).items() if current.get(k) != v}
+    gain = f.get("gain") or {}
+    return top, fix, gain.get("value") if fix else None, took
+
+
+def pipelines_settings(s: Scenario) -> dict[str, Any]:
+    """The scenario's DataLoader settings as made (num_workers, persistent_workers)."""
+    loader = getattr(pipelines, s.name)()
+    return {"num_workers": loader.num_workers, "persistent_workers": loader.persistent_workers}
+
+
+def factory_rounds(
+    s: Scenario, fix: dict[str, Any], rounds: int
+) -> tuple[list[float], list[float]]:
+    """Seconds a step, the loop as made and with the factory's fix, in interleaved rounds."""
+    make = getattr(pipelines, s.name)
+    before, after = [], []
+    for r in range(rounds):
+        for fixed in (False, True) if r % 2 == 0 else (True, False):
+            (after if fixed else before).append(loop(make(**(fix if fixed else {})), s, False)[0])
+    return before, after
+
+
+def factory_row(s: Scenario, rounds: int) -> tuple[str, bool]:
+    top, fix, predicted, took = factory_reads(s)
+    before, after = factory_rounds(s, fix, rounds) if fix else ([1.0], [1.0])
+    b, a = statistics.median(before), statistics.median(after)
+    ratio = b / a
+    error = None if predicted is None else predicted / ratio - 1
+    ok = top == s.stage and bool(fix) and ratio >= 0.97
+    ok = ok and error is not None and abs(error) <= TOLERANCE and took <= 120
+    row = (
+        f"| {s.name} | {top} | `{fix}` | {'none' if predicted is None else f'{predicted:.2f}x'} "
+        f"| {ratio:.2f}x ({b * 1e3:.1f} -> {a * 1e3:.1f} ms) | "
+        f"{'-' if error is None else f'{error:+.0%}'} | {took:.0f} s | {'yes' if ok else 'NO'} |"
+    )
+    return row, ok
+
+
 def burn() -> None:
     while True:
         pass
@@ -179,16 +247,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--trainer", action="store_true")
+    parser.add_argument("--factory", action="store_true")
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     burner = None
     if args.busy:
         burner = multiprocessing.get_context("fork").Process(target=burn, daemon=True)
         burner.start()
-    rows, failed = [], 0
+    rows, failed, factory = [], 0, []
     try:
         for s in SCENARIOS:
             if args.only and s.name not in args.only:
+                continue
+            if args.factory:
+                row, ok = factory_row(s, args.rounds)
+                factory.append(row)
+                failed += not ok
+                print(row, flush=True)
                 continue
             top, finding, predicted, before, after = rounds_of(s, args.rounds)
             fix = dict(finding.fix or {}) if finding is not None else {}
@@ -212,6 +287,11 @@ def main() -> int:
         if burner is not None:
             burner.terminate()
     print(f"\nload: {'one CPU burner' if args.busy else 'quiet'}; rounds {args.rounds}")
+    if args.factory:
+        print("| scenario | factory names | fix | predicted | measured | error | run | ok |")
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(factory))
+        return 1 if failed else 0
     print("| scenario | watch names | callback names | fix | predicted | measured | error | ok |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
