@@ -85,9 +85,17 @@ def test_the_worth_of_a_known_series_by_hand():
     w = worth([1, 1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0])
     assert w.samples == 12 and w.runs == 2
     assert w.effective == pytest.approx(5 / 12 * 7 / 12 / 0.0625)
-    # two runs: the t distribution's point for one degree of freedom, in proportion
-    short = 1 - w.effective / 12
-    assert w.z == pytest.approx(Z95 + (12.706 - Z95) * short)
+    # runs of yes 2.5 long where a coin's would be 1/(1 - 5/12) = 1.71: clustered
+    # 1 - 1.71/2.5, and the t distribution's point for one degree of freedom that far
+    assert w.clustered == pytest.approx(1 - 1 / (7 / 12 * 2.5))
+    assert w.z == pytest.approx(Z95 + (12.706 - Z95) * w.clustered)
+
+
+def test_a_few_lone_yes_keep_wilsons_multiplier():
+    # one sample of 248 waiting: two runs, but no run of yes longer than a coin's
+    x = [False] * 10 + [True] + [False] * 237
+    w = worth(x)
+    assert w.runs == 2 and w.clustered == 0 and w.z == Z95
 
 
 def test_t95_against_its_table():

@@ -80,22 +80,26 @@ def percent(low: float, high: float) -> str:
 @dataclass(frozen=True)
 class Worth:
     """What time-ordered samples are worth for a share (`worth`): `effective`
-    independent draws, read from `runs` runs of `samples` samples."""
+    independent draws, read from `runs` runs of `samples` samples; `clustered`, from 0
+    to 1, how far longer their runs of yes are than independent samples would make
+    them (0: as a coin's, 1/(1-p) long on average; 1: far longer)."""
 
     samples: int
     effective: float
     runs: int
+    clustered: float = 0.0
 
     @property
     def z(self) -> float:
-        """The interval's multiplier: the normal's 95% point where the samples are
-        worth all they count (Wilson's, which knows its variance from the share), the
-        t distribution's on the runs where they are worth fewer (the variance was read
-        off the runs themselves; two runs say little of it), in proportion between."""
-        if self.samples <= 0 or self.runs < 2:
+        """The interval's multiplier: the normal's 95% point where the samples look
+        independent (Wilson's, which knows its variance from the share), the t
+        distribution's on the runs where their runs of yes are long (the variance was
+        read off the runs themselves, and two runs say little of it), in proportion
+        between (`clustered`). A few lone yes are not long runs: their interval stays
+        Wilson's, however few runs they make."""
+        if self.runs < 2 or self.clustered <= 0:
             return Z95
-        short = 1.0 - min(1.0, self.effective / self.samples)
-        return Z95 + (t95(self.runs - 1) - Z95) * short
+        return Z95 + (t95(self.runs - 1) - Z95) * min(1.0, self.clustered)
 
 
 def worth(*series: Sequence[float]) -> Worth:
@@ -118,7 +122,9 @@ def worth(*series: Sequence[float]) -> Worth:
     narrowest given), never under one. A share of 0 (nothing seen) is worth every
     sample, Wilson's interval at 0; a series all yes is one draw (one wait as long as
     the window), each of several series one; a single run (no second stretch to
-    compare it with) one. Several `series` (processes sampled apart) pool their runs."""
+    compare it with) one; samples all counted the same part (a weight) every sample,
+    nothing in them varies. Several `series` (processes sampled apart) pool their
+    runs."""
     n = sum(len(s) for s in series)
     if n < 2:
         return Worth(n, float(n), n)
@@ -129,14 +135,19 @@ def worth(*series: Sequence[float]) -> Worth:
     if p <= 0:
         return Worth(n, float(n), k)
     if p >= 1:
-        return Worth(n, float(max(1, min(n, k))), k)
+        return Worth(n, float(max(1, min(n, k))), k, 1.0)
+    # the runs of yes: how much longer than a coin's (1/(1-p) on average)
+    yes_runs = sum(1 for y, _ in runs if y > 0)
+    clustered = max(0.0, min(1.0, 1.0 - 1.0 / ((1 - p) * (total / yes_runs))))
+    if len({_weight(v) for s in series for v in s}) == 1:
+        return Worth(n, float(n), k)  # every sample the same part: nothing varies
     if k < 2:
-        return Worth(n, 1.0, k)
+        return Worth(n, 1.0, k, clustered)
     spread = sum((y - p * c) ** 2 for y, c in runs)
     if spread <= 0:
-        return Worth(n, float(n), k)
+        return Worth(n, float(n), k, clustered)
     variance = k / (k - 1) * spread / (n * n)
-    return Worth(n, max(1.0, min(float(n), p * (1 - p) / variance)), k)
+    return Worth(n, max(1.0, min(float(n), p * (1 - p) / variance)), k, clustered)
 
 
 def effective_samples(*series: Sequence[float]) -> float:
