@@ -20,6 +20,9 @@
   loading's CPU is the share of its samples not in readers, and the hand-over a worker
   would add is not measured (taken as none: for large batches the gain is an upper
   bound, and the finding says so).
+- `attach.load-stage`: the stage of loading that most of the judged rank's wait is
+  (advice/attachstages.py), with its fix, where the wait is input-bound and the split's
+  intervals decide it.
 - `attach.straggler`: several ranks, one waiting for data 10 points more than the
   median of the others, beyond the samples' noise (its interval's low end above the
   others' high ends): the others wait for it at every collective.
@@ -34,9 +37,9 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.advice import attachstages
 from starvecheck.advice.attachwait import Wait, needed, wait_of
 from starvecheck.advice.attachwait import ci as share_ci
-from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core import catalogue
@@ -69,6 +72,8 @@ def rules(results: Results) -> list[Finding]:
     if waits:
         pid = max(waits, key=lambda p: waits[p])
         out.append(_data_wait(r, pid, waits, read[pid]))
+        stage = attachstages.finding(_of(r, pid), _who(r, pid), waits[pid], read[pid].severity)
+        out += [stage] if stage is not None else []
         if read[pid].severity is not Severity.OK and not _rank(r, pid).ended:
             bound = _bound(r, pid, waits[pid])
             if bound is not None:
@@ -154,9 +159,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     other = _params(r).other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
-    evidence += configuration_said(
-        lambda q, **k: value(_of(r, pid), quantity=q, **k), "by stage", "its wait is"
-    )
+    evidence += attachstages.sentence(attachstages.read(_of(r, pid)))
     gpus = _gpus(r)
     if gpus:
         evidence += f"; {gpus}"

@@ -213,17 +213,26 @@ def _wait(
     sampler: sampling.Sampling | None = None,
 ) -> None:
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
-    15 s past the duration to write its samples); py-spy's cost checked, and workers
-    started since sampled, at each tick (sampling.py)."""
-    t0 = time.perf_counter()
+    15 s past the duration to write its samples); workers started since sampled at each
+    second, and py-spy's cost checked when it is due (sampling.py), between them too."""
+    t0 = last = time.perf_counter()
     deadline = t0 + plan.seconds + (spy.END_GRACE_S if recorders else 0.0)
+    found: dict[int, list[int]] = {}
     while time.perf_counter() < deadline:
         check_signals()
         elapsed = time.perf_counter() - t0
         ctx.progress(f"sampling for {plan.seconds:.0f} s", int(elapsed), int(plan.seconds))
         if elapsed >= plan.seconds and all(r.done() for r in recorders.values()):
             break
-        time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
+        step = min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1
+        if sampler is not None:  # py-spy's cost read when it is due, not a second late
+            step = min(step, max(0.05, sampler.next_in()))
+        time.sleep(step)
+        if time.perf_counter() - last < 0.95 and elapsed + step < plan.seconds:
+            if sampler is not None:
+                sampler.tick(found)
+            continue
+        last = time.perf_counter()
         # workers started since (a new epoch's)
         found = descendants_of([r.pid for r in plan.job.ranks])
         for owner, kids in found.items():
