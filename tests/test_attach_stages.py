@@ -263,3 +263,87 @@ def test_property_any_kinds_give_shares_inside_their_intervals(waits, workers, o
         assert 0 <= lab["low95"] <= m.value <= lab["high95"] <= 1
     assert sum(m.value for m in got) <= 1 + 1e-3
     assert one(got, quantity="nonesuch") is None
+
+
+# --- the finding -----------------------------------------------------------------------
+
+
+def judged(threads: dict) -> dict[str, object]:
+    from starvecheck.advice.attach import rules
+    from starvecheck.advice.results import Results
+    from starvecheck.core.model import StageResult
+
+    proc = Process(PID, "python train.py")
+    metrics, workers, _, info = read_stacks(
+        proc, parse_speedscope(speedscope(threads)), lambda file, line: None
+    )
+    params = {
+        "pid": PID,
+        "ranks": [{**info.to_dict(), "workers": workers}],
+        "seconds": 10.0,
+        "other_frames": {},
+        "effective_cpus": 2,
+    }
+    r = StageResult("attach", params, tuple(metrics))
+    return {f.id: f for f in rules(Results({"attach": r}))}
+
+
+def test_the_stage_the_evidence_decides_is_named_with_its_fix():
+    rng = random.Random(3)
+    loop = [WAIT if rng.random() < 0.5 else STEP for _ in range(400)]
+    worker = [W_READ] * 300 + [W_COLLATE] * 100
+    rng.shuffle(worker)
+    found = judged({(PID, PID, "MainThread"): loop, (201, 201, "pt_data_worker"): worker})
+    f = found["attach.load-stage"]
+    assert "most of its wait for data is read (75% of it" in f.title
+    assert "threads inside the dataset" in f.recommendation
+    assert "not lined up" in f.evidence and "read 75%*" in f.evidence
+    assert f.gain is not None and f.gain.value is None  # a worker count's gain is elsewhere
+    assert "by stage" in found["attach.data-wait"].evidence
+
+
+def test_workers_starting_every_pass_name_persistent_workers():
+    spawned = [
+        ("<module>", "<string>"),
+        ("spawn_main", f"{MP}spawn.py"),
+        ("_main", f"{MP}spawn.py"),
+    ]
+    loop = [WAIT, WAIT, STEP, STEP] * 100
+    # each of five passes: 30 samples starting (a spawned worker unpickling), 6 reading
+    a_pass = [spawned] * 30 + [W_READ] * 6 + [W_IDLE] * 4
+    found = judged(
+        {
+            (PID, PID, "MainThread"): loop,
+            (201, 201, "pt_data_worker"): a_pass * 5,
+            (202, 202, "pt_data_worker"): a_pass[5:] * 5,
+        }
+    )
+    f = found["attach.load-stage"]
+    assert "is startup" in f.title and f.fix == {"persistent_workers": True}
+    assert "persistent_workers=True" in f.recommendation
+    assert f.gain is not None and 0 < (f.gain.value or 0) <= 0.5  # at most the wait's half
+
+
+def test_no_stage_named_where_the_evidence_cannot_tell_or_the_data_keeps_up():
+    single = ("_SingleProcessDataLoaderIter._next_data", DLP)
+    read = [LOOP, NEXT, single, FETCH, ("TarFile.next", "tarfile.py")]
+    decode = [LOOP, NEXT, single, FETCH, ("Image.open", "PIL/Image.py")]
+    # read and decode about even, in long runs: neither interval clear of the other
+    loop = ([read] * 20 + [decode] * 18 + [STEP] * 40) * 5
+    assert "attach.load-stage" not in judged({(PID, PID, "MainThread"): loop})
+    # a loop that hardly waits: no finding on what its wait is made of
+    loop = [read] + [STEP] * 399
+    found = judged({(PID, PID, "MainThread"): loop})
+    assert found["attach.data-wait"].severity.value == "ok"
+    assert "attach.load-stage" not in found
+
+
+def test_a_wait_in_a_few_long_runs_gives_no_verdict_and_names_a_longer_window():
+    # two waits of 1 and 1.5 s in 10 s at 20/s: 25%, which 200 independent samples would
+    # put above 5% at once; two runs say little of the job
+    loop = [STEP] * 60 + [WAIT] * 20 + [STEP] * 60 + [WAIT] * 30 + [STEP] * 30
+    f = judged({(PID, PID, "MainThread"): loop})["attach.data-wait"]
+    assert f.severity.value == "info" and "too few samples (200)" in f.title
+    assert "the wait comes in runs" in f.evidence
+    seconds = int(f.recommendation.split("--duration ")[1].split(".")[0])
+    assert seconds > 10 and "a higher --rate would not" in f.recommendation

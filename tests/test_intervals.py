@@ -156,7 +156,9 @@ def test_the_edges_of_a_series():
     assert effective_samples([False] * 50) == 50  # nothing seen waiting: Wilson's at 0
     assert effective_samples([True] * 50) == 1  # one wait as long as the window
     assert effective_samples([True] * 5, [True] * 5, [True] * 5) == 3  # each series one
-    assert effective_samples([True] * 5 + [False] * 45) == 1  # one run: nothing to compare
+    # one run, at the start: one wait seen, in a window of ten of its length
+    assert effective_samples([True] * 5 + [False] * 45) == 10
+    assert effective_samples([True] + [False] * 399) == 400  # a lone sample: a coin's
     assert effective_samples([True, False] * 25) == 50  # never more than the samples
     assert effective_samples([]) == 0 and effective_samples([True]) == 1
     # a sample counted in part (a weight), and garbage weights read as none
@@ -205,3 +207,17 @@ def test_property_garbage_series_give_a_worth_and_an_interval_inside_0_1(series)
     assert 0 <= low <= high <= 1
     if n:
         assert low <= hits / n <= high
+
+
+def test_the_window_that_would_decide():
+    from starvecheck.core.intervals import Worth, seconds_to_decide
+
+    # 8 independent samples a second of a 12% share: Wilson's count that decides 5%,
+    # found on a grid a fifth of a doubling fine
+    need = samples_needed(0.12, 0.05)
+    t = seconds_to_decide(0.12, Worth(8, 8.0, 8), 1.0, 0.05)
+    assert t is not None and need / 8 <= t <= need / 8 * 2**0.2 + 1
+    assert seconds_to_decide(0.05, Worth(8, 8.0, 8), 1.0, 0.05) is None  # at the line
+    # the same samples worth a tenth as much, in a few long runs: a far longer window
+    runs = seconds_to_decide(0.12, Worth(80, 8.0, 3, 0.9), 10.0, 0.05)
+    assert runs is not None and runs > 10 * t

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice import attachstages
-from starvecheck.advice.attachwait import Wait, needed, wait_of
+from starvecheck.advice.attachwait import Wait, wait_of
 from starvecheck.advice.attachwait import ci as share_ci
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
@@ -103,9 +103,13 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
     seconds = float(_params(r).seconds or 0.0)
     fix = ""
     if w.why.startswith("too few samples") and w.n and seconds:
-        need = needed(w.share, w.n, w.effective if w.effective is not None else w.n)
-        if need < 1_000_000:
-            fix = f"Run with --duration {min(3600, math.ceil(need / (w.n / seconds) * 1.2))}."
+        if w.decide_s is not None:
+            fix = f"Run with --duration {min(3600, math.ceil(w.decide_s * 1.2))}."
+            if w.effective is not None and w.effective < 0.9 * w.n:
+                fix += (
+                    " Its wait comes in runs of samples: a longer window sees more of them; "
+                    "a higher --rate would not."
+                )
     elif w.why.startswith("its data path"):
         fix = (
             "Read it with `watch` (starvecheck.watch around the loop), which times the "

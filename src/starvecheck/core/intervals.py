@@ -121,10 +121,11 @@ def worth(*series: Sequence[float]) -> Worth:
     worth a few. Never more than the samples (Wilson's interval on all of them is the
     narrowest given), never under one. A share of 0 (nothing seen) is worth every
     sample, Wilson's interval at 0; a series all yes is one draw (one wait as long as
-    the window), each of several series one; a single run (no second stretch to
-    compare it with) one; samples all counted the same part (a weight) every sample,
-    nothing in them varies. Several `series` (processes sampled apart) pool their
-    runs."""
+    the window), each of several series one; a single run (a series that starts with
+    its only wait: no second stretch to compare it with) one event in a window of 1/p
+    runs of its length (a lone sample of 400, 400; a wait of 5 samples of 400, 80);
+    samples all counted the same part (a weight) every sample, nothing in them varies.
+    Several `series` (processes sampled apart) pool their runs."""
     n = sum(len(s) for s in series)
     if n < 2:
         return Worth(n, float(n), n)
@@ -141,8 +142,8 @@ def worth(*series: Sequence[float]) -> Worth:
     clustered = max(0.0, min(1.0, 1.0 - 1.0 / ((1 - p) * (total / yes_runs))))
     if len({_weight(v) for s in series for v in s}) == 1:
         return Worth(n, float(n), k)  # every sample the same part: nothing varies
-    if k < 2:
-        return Worth(n, 1.0, k, clustered)
+    if k < 2:  # one run: one event seen, the window 1/p runs of its length
+        return Worth(n, max(1.0, min(float(n), 1.0 / p)), k, clustered)
     spread = sum((y - p * c) ** 2 for y, c in runs)
     if spread <= 0:
         return Worth(n, float(n), k, clustered)
@@ -213,3 +214,26 @@ def interval(hits: float, n: float, w: Worth) -> tuple[float, float]:
     """The 95% interval of a share of `hits` in `n` samples worth `w` (`worth`):
     Wilson's at what they are worth, with its multiplier (`Worth.z`)."""
     return wilson_effective(hits, n, w.effective, w.z)
+
+
+def seconds_to_decide(
+    share: float, w: Worth, seconds: float, threshold: float, most: float = 3600.0
+) -> float | None:
+    """The shortest window, in seconds, at which a share like `share` would lie wholly
+    on one side of `threshold`: its samples (`w`, over `seconds`) coming as fast, worth
+    as much a second, their runs as many a second (as the window grows the runs grow
+    with it, and the multiplier moves back toward the normal's). Tried on a grid of a
+    fifth of a doubling; None where no window up to `most` decides (a share at the
+    threshold never does)."""
+    if share == threshold or seconds <= 0 or w.samples <= 0 or w.effective <= 0:
+        return None
+    t = seconds
+    while t <= most:
+        k = t / seconds
+        longer = Worth(max(1, round(w.samples * k)), w.effective * k,
+                       max(1, round(w.runs * k)), w.clustered)  # fmt: skip
+        low, high = interval(share * longer.samples, longer.samples, longer)
+        if side(low, high, threshold) is not None:
+            return t
+        t *= 2**0.2
+    return None

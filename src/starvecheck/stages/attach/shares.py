@@ -65,6 +65,7 @@ def _shares(
             "samples": total,
             "samples_effective": round(w.effective, 1),
             "runs": w.runs,
+            "clustered": round(w.clustered, 3),
         }
         out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
                        **ci, **lab)  # fmt: skip
