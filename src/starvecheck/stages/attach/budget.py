@@ -49,7 +49,7 @@ RAISE_MARGIN = 0.8
 # A reading of each py-spy's CPU is taken as up to this short (a thread's time not yet
 # counted; where schedstat's nanoseconds cannot be read, /proc/PID/stat's 10 ms ticks can
 # be shorter still: a rate raised too far is lowered by the check after it)
-CPU_SLACK_S = 0.002
+CPU_SLACK_S = 0.0005
 
 
 def budget_cpus(effective_cpus: int | float | None, idle_cpus: float | None = None) -> float:

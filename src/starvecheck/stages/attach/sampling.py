@@ -232,10 +232,10 @@ class Sampling:
         return max(0.0, self._at0 + self._over() - now)
 
     def _over(self) -> float:
-        """Seconds py-spy's CPU is read over before it is judged: a second, or three
+        """Seconds py-spy's CPU is read over before it is judged: a second, or two
         samples' worth at a low rate (one sample a second read over one second is 0 or
-        1 samples' cost)."""
-        return max(CHECK_AFTER_S, 3.0 / self.rate)
+        1 samples' cost; its CPU is read in nanoseconds, so two are enough to judge)."""
+        return max(CHECK_AFTER_S, 2.0 / self.rate)
 
     def _cpu(self) -> float:
         return sum(r.cpu_now() or 0.0 for s in self.samplers.values() for r in s.all())
