@@ -347,3 +347,23 @@ def test_a_wait_in_a_few_long_runs_gives_no_verdict_and_names_a_longer_window():
     assert "the wait comes in runs" in f.evidence
     seconds = int(f.recommendation.split("--duration ")[1].split(".")[0])
     assert seconds > 10 and "a higher --rate would not" in f.recommendation
+
+
+def test_the_table_shows_the_split_marked_and_what_runs_made_the_samples_worth():
+    from starvecheck.render.attach import split
+
+    rng = random.Random(3)
+    loop = [WAIT if rng.random() < 0.5 else STEP for _ in range(400)]
+    worker = [W_READ] * 300 + [W_COLLATE] * 100
+    metrics, *_ = read_stacks(
+        Process(PID, "python train.py"),
+        parse_speedscope(speedscope({(PID, PID, "MainThread"): loop, (201, 201, "w"): worker})),
+        lambda file, line: None,
+    )
+    rows, _, notes = split(metrics)
+    by_stage = {r[2]: r[3] for r in rows if r[1].strip() == "its wait, by stage"}
+    assert set(by_stage) == {"read *", "collate *"}
+    assert by_stage["read *"].startswith("75.0% (")
+    workers = {r[2]: r[3] for r in rows if r[1] == "DataLoader workers"}
+    assert "worth" in workers["read"]  # one worker's reads in runs: worth fewer
+    assert "not at the same moments" in notes[0]

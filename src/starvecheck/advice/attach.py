@@ -2,7 +2,8 @@
 
 - `attach.data-wait`: the share of the training loop's samples waiting for data (inside
   the DataLoader's iteration, or in the fetch it calls between steps where it has no
-  DataLoader), with its 95% Wilson interval, at the thresholds every command uses
+  DataLoader), with its 95% interval (counted from its samples' runs, advice/attachwait.py),
+  at the thresholds every command uses
   (advice/profile.severity: above 5% input-bound, above 20% highly); the rank that waits
   most where several were read. A verdict only where the interval lies wholly on one
   side of each threshold: too few samples, a job stopped in the window, no loop or no

@@ -28,8 +28,9 @@ def _rank(r: StageResult, pid: int) -> Rank:
 
 @dataclass(frozen=True)
 class Wait:
-    """A rank's sampled wait for data: its share of `n` samples, the 95% Wilson
-    interval, and the verdict the interval allows (None: it allows none, `why`)."""
+    """A rank's sampled wait for data: its share of `n` samples, its 95% interval, and
+    the verdict the interval allows (None: it allows none, `why`, and the window that
+    would decide it, `decide_s`)."""
 
     share: float
     n: int

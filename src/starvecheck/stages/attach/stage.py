@@ -10,8 +10,11 @@ touching it.
      thread runs it) waiting for data (the DataLoader, or its own fetch such as a
      `get_batch`), in the step, copying, waiting on the GPU or the other ranks; each
      DataLoader worker's (the subprocesses whose stack runs `_worker_loop`) reading,
-     decoding, tokenizing, collating, handing batches over or idle. Each share
-     carries its 95% Wilson interval; judging gives a verdict only where it allows.
+     decoding, tokenizing, collating, handing batches over, starting or idle; the
+     loop's wait split by stage of loading (waitsplit.py). Each share carries its 95%
+     interval, from its samples in the order taken (core/intervals.worth: one long
+     wait sampled many times is worth its runs); judging gives a verdict only where
+     it allows.
 
 Where the stacks cannot be read (py-spy missing, ptrace refused) the /proc part runs
 and a caveat says what was not seen. The result carries every figure, labelled by rank
