@@ -101,6 +101,44 @@ def test_a_refit_is_lower_or_none(rate: int, used: float, cpus: float) -> None:
     assert got is None or 1 <= got < rate
 
 
+def test_py_spy_far_under_its_budget_is_restarted_faster_where_that_gives_more() -> None:
+    # 2 py-spys at 5/s took 0.01 CPU seconds over 1 s: with CPU_SLACK_S each counted
+    # against them, 2.2 mCPU s a sample; 80% of 0.64 CPUs allows 232/s, at most the 50 asked.
+    assert budget.raise_rate(5, 50, 0.01, 1.0, 2, 0.64, 8.5, 10.0) == 50
+    assert budget.raise_rate(50, 50, 0.01, 1.0, 2, 0.64, 8.5, 10.0) is None  # as asked
+    # 0.3 s left: restarting would give fewer samples than staying
+    assert budget.raise_rate(5, 50, 0.01, 1.0, 2, 0.64, 0.5, 10.0) is None
+    # 32/s to 50/s over the 8.5 s left, against 32/s over 10 s: not worth a restart
+    assert budget.raise_rate(32, 50, 0.002, 1.0, 2, 0.64, 8.5, 10.0) is None
+    # at 2/s it took 0.018 CPU s in a second, 90% of 0.02 CPUs: no room
+    assert budget.raise_rate(2, 50, 0.018, 1.0, 1, 0.02, 8.5, 10.0) is None
+    # 1 py-spy at 1/s on 2 CPUs took 0.004 CPU s in 2 s (2 ms a sample, 128 threads
+    # of which one Python's): 80% of 0.02 over 2.25 ms a sample, 7/s, fits, and gives
+    # more in --quick's 2.7 s left
+    assert budget.raise_rate(1, 50, 0.004, 2.0, 1, 0.02, 2.7, 5.0) == 7
+
+
+@given(
+    st.integers(-3, 300),
+    st.integers(-3, 300),
+    st.floats(allow_nan=True),
+    st.floats(allow_nan=True),
+    st.integers(-2, 20),
+    st.floats(allow_nan=True),
+    st.floats(allow_nan=True),
+    st.floats(allow_nan=True),
+)
+def test_a_raise_is_higher_within_what_was_asked_and_the_budget_or_none(
+    rate: int, asked: int, used: float, span: float, procs: int, cpus: float, left: float,
+    window: float,
+) -> None:  # fmt: skip
+    got = budget.raise_rate(rate, asked, used, span, procs, cpus, left, window)
+    assert got is None or rate < got <= asked
+    if got is not None:
+        cost = (max(0.0, used) + budget.CPU_SLACK_S * max(1, procs)) / (span * rate)
+        assert got * cost <= cpus * budget.RAISE_MARGIN * (1 + 1e-9)
+
+
 def test_too_few_samples_name_the_duration_that_gives_enough() -> None:
     assert budget.duration_for(2) == 25
     assert budget.samples_expected(2, 25) >= budget.MIN_SAMPLES
@@ -438,8 +476,8 @@ def test_at_the_lowest_rate_and_still_over_budget_sampling_stops_when_the_budget
 ) -> None:
     from starvecheck.stages.attach import sampling
 
-    # 150 threads on 2 CPUs: 1/s, which half the estimate says fits; measured (over 3 s,
-    # 3 samples at 1/s, from 0.5 s), it does not: 0.05 CPUs. At 4 s it has taken 0.2 CPU
+    # 150 threads on 2 CPUs: 1/s, which half the estimate says fits; measured (over 2 s,
+    # 2 samples at 1/s, from 0.5 s), it does not: 0.05 CPUs. At 4 s it has taken 0.2 CPU
     # seconds, the whole window's budget: it stops there.
     monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 150)
     s = sampling.Sampling({10: []}, 10.0, 50, "py-spy", object(), 2)  # type: ignore[arg-type]
@@ -454,3 +492,49 @@ def test_at_the_lowest_rate_and_still_over_budget_sampling_stops_when_the_budget
     assert FakeRecorder.started[0].ended and s.sample_s == 4.0
     cost = s.cost()
     assert cost.measured and cost.per_sample_cpu_s == pytest.approx(0.05)
+
+
+def test_a_py_spy_far_under_its_estimate_is_restarted_faster_once_and_checked_again(
+    fake_spies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starvecheck.stages.attach import sampling
+
+    # 500 threads each, 64 CPUs: 0.64 CPUs of budget, 0.2 CPU s a sample estimated:
+    # 3/s. Measured, 0.001 CPUs each (their threads were not Python's): 50/s fits.
+    monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 500)
+    s = sampling.Sampling({10: [11]}, 10.0, 50, "py-spy", object(), 64)  # type: ignore[arg-type]
+    assert s.rate == 3
+    first = list(FakeRecorder.started)
+    CPUS_PER_RECORDER[0] = 0.001
+    for t in (0.3, 1.3):
+        CLOCK[0] = t
+        s.tick({10: [11]})
+    assert s.raised and not s.refit and s.rate == 50
+    assert all(r.ended for r in first) and {r.rate for r in s.samplers[10].all()} == {50}
+    # checked again over the next second: within the budget, kept; never raised twice
+    for t in (1.6, 2.6, 4.0):
+        CLOCK[0] = t
+        s.tick({10: [11]})
+    assert s.rate == 50 and len(FakeRecorder.started) == 4
+    cost = s.cost()
+    assert cost.raised and cost.first_rate == 3 and cost.rate == 50 and cost.lowered is None
+
+
+def test_a_raised_rate_over_its_budget_after_all_is_lowered(
+    fake_spies: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starvecheck.stages.attach import sampling
+
+    monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 500)
+    s = sampling.Sampling({10: [11]}, 10.0, 50, "py-spy", object(), 64)  # type: ignore[arg-type]
+    CPUS_PER_RECORDER[0] = 0.001
+    for t in (0.3, 1.3):
+        CLOCK[0] = t
+        s.tick({10: [11]})
+    assert s.rate == 50
+    CPUS_PER_RECORDER[0] = 0.8  # 1.6 CPUs for the two at 50/s: 0.64 allow 20/s
+    for t in (1.6, 2.6, 4.0):
+        CLOCK[0] = t
+        s.tick({10: [11]})
+    assert s.refit and s.rate == 20 and len(FakeRecorder.started) == 6
+    assert "at 50/s" in (s.cost().lowered or "")

@@ -9,7 +9,9 @@ MODE: data (num_workers=0, CPU work in __getitem__ slower than the step), comput
 (a step far longer than loading), cpu (2 workers burning CPU, each batch longer than
 the step), io (2 workers blocked in sleep, as on slow storage), handover (2 workers
 sending 32 MiB of numpy arrays a batch, pickled through the pipe), bursty (num_workers=0,
-every 10th sample a 0.4 s read, a 40 ms step: the wait in runs), steady (a 10 ms
+every 10th sample a 0.4 s read, a 40 ms step: the wait in runs), bursts (num_workers=0,
+a 300-800 ms read every 3-9 samples, an 80 ms step: runs of different lengths;
+WAIT_LOG=PATH logs each wait's wall-clock start and end), steady (a 10 ms
 step, two light workers: attach's overhead), slow-rank (under torchrun with
 gloo: rank 1 loads 4x slower; every step all-reduces), thread (data's loop run in a
 thread named `train` while the main thread waits in join(), as Ray Train runs
@@ -22,6 +24,7 @@ processes (forks of it, as many as a heavy job has: benchmarks/attach_overhead.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -76,6 +79,28 @@ class Bursty(Dataset):
         return torch.zeros(8)
 
 
+class Bursts(Dataset):
+    """A wait of 300-800 ms every 3 to 9 samples (both drawn, seeded), the others at
+    once: with an 80 ms step about half the time waiting, in runs of different lengths
+    (benchmarks/attach_intervals.py)."""
+
+    def __init__(self) -> None:
+        import random
+
+        self.rng = random.Random(57)
+        self.next = self.rng.randint(3, 9)
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.next -= 1
+        if self.next <= 0:
+            time.sleep(self.rng.uniform(0.3, 0.8))
+            self.next = self.rng.randint(3, 9)
+        return torch.zeros(8)
+
+
 def keep(batch: list) -> list:
     return batch
 
@@ -102,6 +127,8 @@ def loader(mode: str, rank: int) -> tuple[DataLoader, float]:
         return DataLoader(Work(cpu_s=0.015, n=64), batch_size=8, num_workers=1), 0.010
     if mode == "bursty":  # every 10th sample a 0.4 s read: the wait comes in long runs
         return DataLoader(Bursty(), batch_size=1, num_workers=0), 0.040
+    if mode == "bursts":  # 300-800 ms every 3-9 samples: long runs of different lengths
+        return DataLoader(Bursts(), batch_size=1, num_workers=0), 0.080
     if mode == "slow-rank":
         cpu = 0.002 if rank == 1 else 0.0005
         return DataLoader(Work(cpu_s=cpu), batch_size=8, num_workers=0), 0.010
@@ -164,8 +191,17 @@ def main() -> None:
 
 
 def run(mode: str, dl: DataLoader, step_s: float, path: str, seconds: float) -> None:
+    # WAIT_LOG: each wait's start and end (wall clock, time.time()), a line each, so that
+    # a reader takes the loop's own share over any seconds (benchmarks/attach_intervals.py)
+    named = os.environ.get("WAIT_LOG")
+    with open(named, "a", buffering=1) if named else contextlib.nullcontext() as log:
+        _steps(mode, dl, step_s, path, seconds, log)
+
+
+def _steps(mode: str, dl: DataLoader, step_s: float, path: str, seconds: float, log) -> None:
     waited = total = 0.0
     steps = 0
+    wall = time.time() - time.perf_counter()
     start = time.perf_counter()
     it = iter(dl)
     next(it)  # workers started: the loop's clock starts here
@@ -189,6 +225,8 @@ def run(mode: str, dl: DataLoader, step_s: float, path: str, seconds: float) -> 
         total = now - t
         steps += 1
         write_state(path, waited, total, steps)
+        if log is not None:
+            log.write(f"{wall + a:.6f} {wall + b:.6f}\n")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 - `attach.data-wait`: the share of the training loop's samples waiting for data (inside
   the DataLoader's iteration, or in the fetch it calls between steps where it has no
-  DataLoader), with its 95% Wilson interval, at the thresholds every command uses
+  DataLoader), with its 95% interval (counted from its samples' runs, advice/attachwait.py),
+  at the thresholds every command uses
   (advice/profile.severity: above 5% input-bound, above 20% highly); the rank that waits
   most where several were read. A verdict only where the interval lies wholly on one
   side of each threshold: too few samples, a job stopped in the window, no loop or no
@@ -20,6 +21,9 @@
   loading's CPU is the share of its samples not in readers, and the hand-over a worker
   would add is not measured (taken as none: for large batches the gain is an upper
   bound, and the finding says so).
+- `attach.load-stage`: the stage of loading that most of the judged rank's wait is
+  (advice/attachstages.py), with its fix, where the wait is input-bound and the split's
+  intervals decide it.
 - `attach.straggler`: several ranks, one waiting for data 10 points more than the
   median of the others, beyond the samples' noise (its interval's low end above the
   others' high ends): the others wait for it at every collective.
@@ -34,9 +38,9 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.advice.attachwait import Wait, needed, wait_of
+from starvecheck.advice import attachstages
+from starvecheck.advice.attachwait import Wait, wait_of
 from starvecheck.advice.attachwait import ci as share_ci
-from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core import catalogue
@@ -69,6 +73,8 @@ def rules(results: Results) -> list[Finding]:
     if waits:
         pid = max(waits, key=lambda p: waits[p])
         out.append(_data_wait(r, pid, waits, read[pid]))
+        stage = attachstages.finding(_of(r, pid), _who(r, pid), waits[pid], read[pid].severity)
+        out += [stage] if stage is not None else []
         if read[pid].severity is not Severity.OK and not _rank(r, pid).ended:
             bound = _bound(r, pid, waits[pid])
             if bound is not None:
@@ -98,9 +104,13 @@ def _no_verdict(r: StageResult, pid: int, w: Wait, headline: bool) -> Finding:
     seconds = float(_params(r).seconds or 0.0)
     fix = ""
     if w.why.startswith("too few samples") and w.n and seconds:
-        need = needed(w.share, w.n, w.effective if w.effective is not None else w.n)
-        if need < 1_000_000:
-            fix = f"Run with --duration {min(3600, math.ceil(need / (w.n / seconds) * 1.2))}."
+        if w.decide_s is not None:
+            fix = f"Run with --duration {min(3600, math.ceil(w.decide_s * 1.2))}."
+            if w.effective is not None and w.effective < 0.9 * w.n:
+                fix += (
+                    " Its wait comes in runs of samples: a longer window sees more of them; "
+                    "a higher --rate would not."
+                )
     elif w.why.startswith("its data path"):
         fix = (
             "Read it with `watch` (starvecheck.watch around the loop), which times the "
@@ -154,9 +164,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     other = _params(r).other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
-    evidence += configuration_said(
-        lambda q, **k: value(_of(r, pid), quantity=q, **k), "by stage", "its wait is"
-    )
+    evidence += attachstages.sentence(attachstages.read(_of(r, pid)))
     gpus = _gpus(r)
     if gpus:
         evidence += f"; {gpus}"

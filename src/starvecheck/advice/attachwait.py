@@ -5,12 +5,11 @@ interval allows and, where it allows none, the samples that would decide it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
-from starvecheck.core.intervals import percent, samples_needed, side, wilson
+from starvecheck.core.intervals import Worth, percent, seconds_to_decide, side, wilson
 from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Severity, StageResult
 from starvecheck.core.schema import attach as vocab
@@ -29,8 +28,9 @@ def _rank(r: StageResult, pid: int) -> Rank:
 
 @dataclass(frozen=True)
 class Wait:
-    """A rank's sampled wait for data: its share of `n` samples, the 95% Wilson
-    interval, and the verdict the interval allows (None: it allows none, `why`)."""
+    """A rank's sampled wait for data: its share of `n` samples, its 95% interval, and
+    the verdict the interval allows (None: it allows none, `why`, and the window that
+    would decide it, `decide_s`)."""
 
     share: float
     n: int
@@ -39,6 +39,7 @@ class Wait:
     severity: Severity | None
     why: str = ""
     effective: float | None = None  # what the samples are worth as independent draws
+    decide_s: float | None = None  # the window that would decide it, where none did
 
     def text(self) -> str:
         worth = ""
@@ -58,10 +59,11 @@ def wait_of(r: StageResult, pid: int) -> Wait | None:
         return None
     n = int(n)
     share = value(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA) or 0.0
-    low, high, eff = interval(r, pid, share, n)
+    low, high, worth = interval(r, pid, share, n)
+    eff = worth.effective
 
     def none(why: str) -> Wait:
-        return Wait(share, n, low, high, None, why, eff)
+        return Wait(share, n, low, high, None, why, eff, _to_decide(r, share, worth))
 
     stopped = _rank(r, pid).stopped_s
     if isinstance(stopped, (int, float)) and stopped >= 0.5:
@@ -84,8 +86,9 @@ def wait_of(r: StageResult, pid: int) -> Wait | None:
     if below == 1:
         sev = Severity.CRITICAL if above == 1 else Severity.WARNING
         return Wait(share, n, low, high, sev, effective=eff)
-    need = needed(share, n, eff)
-    return none(f"too few samples ({n}) to judge: about {need} needed at a {share:.0%} share")
+    wait = none("")
+    need = "" if wait.decide_s is None else f"about {wait.decide_s * n / seconds(r):,.0f} "
+    return none(f"too few samples ({n}) to judge: {need or 'more '}needed at a {share:.0%} share")
 
 
 def ci(r: StageResult, pid: int, share: float) -> str:
@@ -95,24 +98,36 @@ def ci(r: StageResult, pid: int, share: float) -> str:
     return f"{share:.0%} ({percent(low, high)}, {n} samples)"
 
 
-def interval(r: StageResult, pid: int, share: float, n: int) -> tuple[float, float, float]:
-    """(low, high, samples worth) of a rank's data-wait share: as the stage counted it,
-    from the samples in the order taken (core/intervals.effective_samples; the share
-    metric's `low95`, `high95`, `samples_effective`); from Wilson's on every sample
-    where a report of another version has none."""
+def _num(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def interval(r: StageResult, pid: int, share: float, n: int) -> tuple[float, float, Worth]:
+    """(low, high, what the samples are worth) of a rank's data-wait share: as the stage
+    counted it, from the samples in the order taken (core/intervals.worth; the share
+    metric's `low95`, `high95`, `samples_effective`, `runs`, `clustered`); from
+    Wilson's on every sample where a report of another version has none."""
     m = one(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA)
-    labels = m.labels if m is not None else {}
-    low, high, eff = labels.get("low95"), labels.get("high95"), labels.get("samples_effective")
-    if all(isinstance(x, int | float) for x in (low, high, eff)):
-        return float(low), float(high), float(eff)  # type: ignore[arg-type]
+    lab = m.labels if m is not None else {}
+    low, high, eff = (
+        _num(lab.get("low95")),
+        _num(lab.get("high95")),
+        _num(lab.get("samples_effective")),
+    )
+    if low is not None and high is not None and eff is not None:
+        runs, clustered = _num(lab.get("runs")), _num(lab.get("clustered"))
+        return low, high, Worth(n, eff, int(runs if runs is not None else n), clustered or 0.0)
     low, high = wilson(share * n, n)
-    return low, high, float(n)
+    return low, high, Worth(n, float(n), n)
 
 
-def needed(share: float, n: int, effective: float) -> int:
-    """Samples that would decide a `share` against INPUT_BOUND, as many again for each
-    sample short of an independent draw (the wait's runs stay as long at any count)."""
-    need = samples_needed(share, INPUT_BOUND)
-    if need >= 1_000_000 or effective <= 0 or not n:
-        return need
-    return math.ceil(need * n / max(effective, 1.0))
+def seconds(r: StageResult) -> float:
+    """The window the rank was read over (the parameters' `seconds`), 1 where unknown."""
+    s = r.parameters.read(Parameters).seconds
+    return float(s) if isinstance(s, int | float) and s > 0 else 1.0
+
+
+def _to_decide(r: StageResult, share: float, worth: Worth) -> float | None:
+    """The window that would decide the share against INPUT_BOUND (the samples, their
+    worth and their runs coming as in this one); None where none up to an hour does."""
+    return seconds_to_decide(share, worth, seconds(r), INPUT_BOUND)

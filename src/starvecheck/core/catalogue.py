@@ -348,6 +348,11 @@ ATTACH_LOADER_BOUND = Kind(
     (WARN, INFO),
     "What bounds the DataLoader workers: CPU, I/O or the hand-over, and what to change",
 )
+ATTACH_LOAD_STAGE = Kind(
+    "attach.load-stage",
+    (WARN,),
+    "…: most of its wait for data is … (… of it): that stage, and its fix",
+)
 ATTACH_NO_VERDICT = Kind(
     "attach.no-verdict", (INFO,), "What attach could not read of the job, and so does not judge"
 )

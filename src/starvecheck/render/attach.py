@@ -1,11 +1,13 @@
 """`attach PID`: where each process's sampled time went, one row per activity.
 
 The JSON keeps one metric per share (`attach.main.data`, `attach.main.loading.decode`,
-`attach.workers.read`, ...), labelled with `rank`, `pid`, `quantity` (`main_share`:
-of the main thread's samples; `main_loading_share`: the main thread's time inside the
-DataLoader, by what it did there; `worker_share`: of every worker's samples) and `kind`,
-and each share's 95% Wilson interval (`low95`, `high95`) and the samples it was counted
-from (`samples`).
+`attach.workers.read`, `attach.main.wait.read`, ...), labelled with `rank`, `pid`,
+`quantity` (`main_share`: of the main thread's samples; `main_loading_share`: the main
+thread's time inside the DataLoader, by what it did there; `worker_share`: of every
+worker's samples; `exposed_share`: of the samples it waited for data in, by stage of
+loading, `load_stage`) and `kind`, and each share's 95% interval (`low95`, `high95`),
+the samples it was counted from (`samples`) and what they are worth as independent
+draws (`samples_effective`: fewer where what they saw came in runs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starvecheck.core.schema.loading import EXPOSED_SHARE
 from starvecheck.render.section import Section, taken
 
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
+WORTH_SAID = 0.9  # samples worth less than this share of their count: said
 _WHO = {
     MAIN_SHARE: "training loop",
     MAIN_LOADING_SHARE: "  inside its data fetch",
@@ -34,10 +37,11 @@ NOTE = (
     "iteration, or its own fetch such as a get_batch), by what it did there (of all "
     "its samples); its wait, by stage: the stages of loading (docs/watch.md) as a share "
     "of the samples it waited for data in (* where its samples waiting on the queue for "
-    "a worker are split by what the workers did over the window). Each share with its "
-    "95% interval, counted from the samples in the order taken (one long wait sampled "
-    "many times is worth fewer independent samples), and the samples it was counted "
-    "from. CPU, memory and reads from /proc are listed below."
+    "a worker are split by what the workers did over the window, not at the same "
+    "moments). Each share with its 95% interval, counted from the samples in the order "
+    "taken, and the samples it was counted from ('worth N' where one long wait sampled "
+    "many times made them worth N independent samples). CPU, memory and reads from "
+    "/proc are listed below."
 )
 
 
@@ -61,13 +65,18 @@ def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric
 
 
 def _share(m: Metric) -> str:
-    """`68.0% (63-73%, 400)`: the share, its 95% interval and its samples."""
+    """`68.0% (63-73%, 400)`: the share, its 95% interval and its samples (`400 worth
+    60` where they are worth fewer independent draws)."""
     low, high, n = m.labels.get("low95"), m.labels.get("high95"), m.labels.get("samples")
     if m.value is None:
         return ""
     if not isinstance(low, float | int) or not isinstance(high, float | int):
         return f"{m.value:.1%}"  # a report from before intervals were kept
-    return f"{m.value:.1%} ({percent(float(low), float(high))}, {n})"
+    worth = m.labels.get("samples_effective")
+    said = ""
+    if isinstance(worth, float | int) and isinstance(n, int | float) and worth < WORTH_SAID * n:
+        said = f" worth {worth:,.0f}"
+    return f"{m.value:.1%} ({percent(float(low), float(high))}, {n}{said})"
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:

@@ -9,6 +9,7 @@ from enum import StrEnum
 
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import mapping, number, records, text
+from starvecheck.core.schema.loading import LoadStage
 from starvecheck.core.schema.record import Record
 
 
@@ -32,6 +33,10 @@ class Loading(StrEnum):
     TOKENIZE = "tokenize"
     COLLATE = "collate"
     HANDOVER = "handover"
+    # workers starting: made, the dataset unpickled in a spawned one, worker_init_fn;
+    # the stage of loading's own word (core/schema/loading.py)
+    STARTUP = LoadStage.STARTUP.value
+    PIN = LoadStage.PIN.value  # pinning a batch (the loop's own, at num_workers=0)
     IDLE = "idle"
     OTHER = "other"
 

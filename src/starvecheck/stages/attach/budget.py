@@ -25,7 +25,7 @@ import math
 
 from starvecheck.core.units import parse_uint
 from starvecheck.probe.cpu import parse_status_field
-from starvecheck.probe.load import parse_pid_stat
+from starvecheck.probe.load import parse_pid_stat, parse_schedstat
 from starvecheck.probe.sysroot import SysRoot
 
 BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
@@ -41,6 +41,15 @@ COST_PER_THREAD_S = 200e-6  # py-spy CPU per thread per sample (measured 130-190
 MIN_SAMPLES = 50  # samples of the loop for a share within about +-14 points (95%)
 MAX_WORKERS = 8  # DataLoader workers sampled per rank; the rest counted, not sampled
 REFIT_OVER = 1.25  # py-spy measured over budget by more than this: restarted slower
+# py-spy measured well under its budget: restarted faster where the samples it would give
+# in the time left are at least RAISE_OVER x what the rate it runs at gives, at a rate
+# that keeps RAISE_MARGIN of the budget (its cost was read over a second or so).
+RAISE_OVER = 1.5
+RAISE_MARGIN = 0.8
+# A reading of each py-spy's CPU is taken as up to this short (a thread's time not yet
+# counted; where schedstat's nanoseconds cannot be read, /proc/PID/stat's 10 ms ticks can
+# be shorter still: a rate raised too far is lowered by the check after it)
+CPU_SLACK_S = 0.0005
 
 
 def budget_cpus(effective_cpus: int | float | None, idle_cpus: float | None = None) -> float:
@@ -132,6 +141,41 @@ def refit_rate(rate: int, used_cpus: float, budget: float) -> int | None:
     return fit if fit < rate else None
 
 
+def raise_rate(
+    rate: int,
+    requested: int,
+    used_cpu_s: float,
+    span_s: float,
+    processes: int,
+    budget: float,
+    left_s: float,
+    window_s: float,
+    start_s: float = 0.3,
+) -> int | None:
+    """A higher rate where py-spy's cost, measured, was well under the estimate it was
+    chosen by (the threads counted are every thread of the processes, but py-spy reads
+    stacks of Python threads: CUDA's, NCCL's and OpenMP's threads cost it about 17 us a
+    sample, a Python thread 110-190 us): `used_cpu_s` CPU seconds over `span_s` at
+    `rate`, every py-spy together (`processes` of them, each reading up to CPU_SLACK_S
+    short, counted against it). The rate that fits RAISE_MARGIN of the budget, at most
+    `requested`; None where it is not higher, or where restarting (dropping what was
+    sampled, `start_s` of start-up again) would not give RAISE_OVER x the samples of
+    staying: `rate` over the `window_s` sampled against the new one over the `left_s`
+    left."""
+    figures = (used_cpu_s, span_s, budget, left_s, window_s)
+    if rate < 1 or rate >= requested or not all(math.isfinite(x) for x in figures):
+        return None
+    if span_s <= 0 or budget <= 0:
+        return None
+    per_sample = (max(0.0, used_cpu_s) + CPU_SLACK_S * max(1, processes)) / (span_s * rate)
+    fit = min(requested, _whole(budget * RAISE_MARGIN / per_sample))
+    if fit <= rate:
+        return None
+    stay = rate * max(0.0, window_s - start_s)
+    move = fit * max(0.0, left_s - start_s)
+    return fit if move >= RAISE_OVER * stay else None
+
+
 def _whole(x: float) -> int:
     """The whole part, where 9.999999 from a division of figures that make 10 is 10."""
     return int(x + 1e-9)
@@ -157,8 +201,20 @@ def threads_of(pid: int, root: SysRoot | None = None) -> int | None:
 
 
 def cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
-    """The process's user + system CPU seconds so far (/proc/PID/stat)."""
-    text = (root or SysRoot.from_environ()).read(f"/proc/{pid}/stat").value
+    """The process's CPU seconds so far: its threads' time on a CPU in nanoseconds
+    (/proc/PID/task/*/schedstat), where readable, else user + system in clock ticks
+    (/proc/PID/stat: a second's reading of py-spy at a few samples a second is one or
+    two ticks, too coarse to tell its cost)."""
+    root = root or SysRoot.from_environ()
+    total, seen = 0.0, False
+    for tid in root.listdir(f"/proc/{pid}/task")[:256]:
+        text = root.read(f"/proc/{pid}/task/{tid}/schedstat").value
+        got = parse_schedstat(text) if text else None
+        if got is not None:
+            total, seen = total + got[0], True
+    if seen:
+        return total
+    text = root.read(f"/proc/{pid}/stat").value
     return parse_pid_stat(text) if text else None
 
 

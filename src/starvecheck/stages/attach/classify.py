@@ -31,17 +31,27 @@ the function named.
 A worker (its frames after the DataLoader's `_worker_loop`), and the main thread's own
 loading at num_workers=0 (its frames inside the DataLoader):
 
+  startup     workers starting: in the training process, a pass's iterator made (which
+              starts them; spawn pickles the dataset for each) or the last pass's
+              workers joined; in a worker, before `_worker_loop` (a spawned worker
+              unpickling the dataset) or in it before its first index (seeds,
+              worker_init_fn, the fetcher made)
   idle        waiting: a worker for the next index (the index queue's `get`), the main
-              thread for a worker's batch (polling the result queue)
+              thread for a worker's batch (polling the result queue) or for the
+              pin-memory thread's
   handover    handing the batch over: pickling, sending or receiving its bytes, shared
-              memory (a worker's queue feeder thread does the sending: `feeder`)
+              memory (a worker's queue feeder thread does the sending: `feeder`; with
+              pin_memory, the pin-memory thread receives)
+  pin         pinning the batch (the loop's own at num_workers=0; the pin-memory
+              thread's otherwise, `pin_thread_kind`)
   collate     the collate function (torch's default_collate, transformers' collators)
   tokenize    tokenizers, transformers' tokenization
   decode      decoding and transforming: PIL, cv2, torchvision, torchaudio, soundfile,
               librosa, scipy.signal, torch functional ops
-  read        reading: tarfile, WebDataset's tar readers and gopen, Streaming, Arrow and
-              datasets, numpy's load, h5py, zipfile, fsspec; a user line with `open(`,
-              `.read(`, `np.load(`
+  read        reading, or waiting off a CPU: tarfile, WebDataset's tar readers and gopen,
+              Streaming, Arrow and datasets, numpy's load, h5py, zipfile, fsspec; a
+              user line with `open(`, `.read(`, `np.load(`, `sleep(`, `urlopen(`,
+              `.recv(`, `.acquire(`
   other       anything else, named by its innermost frames
 """
 
@@ -89,7 +99,10 @@ def _in(frame: Frame, *paths: str) -> bool:
 DATALOADER = "torch/utils/data/dataloader.py"
 WORKER_LOOP = "torch/utils/data/_utils/worker.py"
 _LOADERS = ("webdataset/", "streaming/base/", "datasets/iterable_dataset.py")
-_ITERATING = {"__next__", "_next_data", "_get_data", "_try_get_data", "__iter__", "_next_index"}
+# The DataLoader's iteration, and the end of a pass's workers (a non-persistent
+# iterator's, when the next pass replaces it: the loop waits for them to be joined)
+_ITERATING = {"__next__", "_next_data", "_get_data", "_try_get_data", "__iter__", "_next_index",
+              "_shutdown_workers"}  # fmt: skip
 
 
 def _data(frame: Frame) -> bool:
@@ -153,8 +166,8 @@ def loading_frames(frames: Sequence[Frame]) -> list[Frame]:
     """The main thread's frames inside the DataLoader's iteration (its own loading at
     num_workers=0, or receiving a batch from a worker)."""
     for i, f in enumerate(frames):
-        if _data(f):
-            return list(frames[i + 1 :])
+        if _data(f):  # the pass's workers ended is itself start-up: kept
+            return list(frames[i + (f.name != "_shutdown_workers") :])
     return []
 
 
@@ -202,7 +215,11 @@ _READ = (
     "numpy/core/memmap.py",
     "numpy/_core/memmap.py",
 )
-_READ_LINE = re.compile(r"\bopen\(|\.read\(|\.read_bytes\(|np\.load\(|numpy\.load\(|\.readline")
+# A user's line that reads or waits off a CPU: a file, the network, a sleep, a lock
+_READ_LINE = re.compile(
+    r"\bopen\(|\.read\(|\.read_bytes\(|np\.load\(|numpy\.load\(|\.readline|\bsleep\(|"
+    r"urlopen\(|requests\.get\(|\.recv\(|\.acquire\("
+)
 _QUEUE = "multiprocessing/queues.py"
 
 
@@ -211,12 +228,18 @@ def loading_kind(frames: Sequence[Frame], source: Source | None = None) -> Loadi
     the DataLoader: a Loading (core/schema/attach.py)."""
     if not frames:
         return Loading.IDLE
+    if any(_starting(f) for f in frames):
+        return Loading.STARTUP  # a pass's workers made (spawn pickles the dataset) or ended
     if _in(frames[0], _QUEUE) and frames[0].name == "get":
         return Loading.IDLE  # the index queue: nothing asked of it
     if any(_moving(f) for f in frames):
         return Loading.HANDOVER
     if frames and _in(frames[-1], "multiprocessing/connection.py", "selectors.py", _QUEUE):
         return Loading.IDLE  # polling a queue: waiting, with nothing to move yet
+    if _on_queue(frames):
+        return Loading.IDLE  # the pin-memory thread's queue: waiting for it
+    if any(_in(f, _PIN) and f.name == "pin_memory" for f in frames):
+        return Loading.PIN  # at num_workers=0, pin_memory=True: the loop pins its batch
     for kind, paths in (
         (Loading.COLLATE, _COLLATE),
         (Loading.TOKENIZE, _TOKENIZE),
@@ -231,6 +254,67 @@ def loading_kind(frames: Sequence[Frame], source: Source | None = None) -> Loadi
     if line is not None and _READ_LINE.search(line):
         return Loading.READ
     return Loading.OTHER
+
+
+_PIN = "torch/utils/data/_utils/pin_memory.py"
+_FETCH = "torch/utils/data/_utils/fetch.py"
+
+
+def _starting(f: Frame) -> bool:
+    """A frame of a pass's workers being made or ended, in the training process: the
+    iterator made (`_get_iterator`, which starts them: spawn and forkserver pickle the
+    dataset for each there), or the last pass's workers joined (`_shutdown_workers`).
+    Not any process a dataset starts: only under the DataLoader's own frames."""
+    return _in(f, DATALOADER) and (
+        f.name in ("_get_iterator", "_shutdown_workers")
+        or (f.name == "__init__" and "MultiProcessing" in f.function)
+    )
+
+
+def _on_queue(frames: Sequence[Frame]) -> bool:
+    """The loop's thread, past the DataLoader's own frames, in a `queue.Queue`'s get:
+    the pin-memory thread's queue (pin_memory=True), waiting for it."""
+    rest = [f for f in frames if not _in(f, DATALOADER)]
+    return (
+        bool(rest)
+        and rest[0].name == "get"
+        and _in(rest[0], "queue.py")
+        and not _in(rest[0], _QUEUE)
+    )
+
+
+def worker_kind(frames: Sequence[Frame], source: Source | None = None) -> Loading | None:
+    """A sample of a DataLoader worker's process: what its main thread does (a
+    Loading), None for its other threads (the queue's feeder, a dataset's own).
+    STARTUP while it starts: before `_worker_loop` (a spawned or forkserver worker
+    unpickling the dataset), or in `_worker_loop` before it takes its first index (its
+    seeds, worker_init_fn, the fetcher made; an IterableDataset's `__iter__`): any
+    callee of `_worker_loop` but the fetch and its queues."""
+    after = worker_frames(frames)
+    if after is None:
+        starting = any(_in(f, "multiprocessing/spawn.py", "multiprocessing/forkserver.py")
+                       or (_in(f, "multiprocessing/process.py") and f.name == "_bootstrap")
+                       for f in frames)  # fmt: skip
+        return Loading.STARTUP if starting else None
+    if after and not (
+        _in(after[0], _FETCH, _QUEUE, "multiprocessing/connection.py", "torch/_utils.py")
+        or after[0].name == "is_alive"
+    ):
+        return Loading.STARTUP
+    return loading_kind(after, source)
+
+
+def pin_thread_kind(frames: Sequence[Frame]) -> Loading | None:
+    """A sample of the pin-memory thread (pin_memory=True): PIN while it pins a batch,
+    HANDOVER while it receives one from a worker (unpickling, shared memory), IDLE
+    while it waits for one; None for any other thread."""
+    for i, f in enumerate(frames):
+        if _in(f, _PIN) and f.name == "_pin_memory_loop":
+            rest = frames[i + 1 :]
+            if any(_in(g, _PIN) and g.name == "pin_memory" for g in rest):
+                return Loading.PIN
+            return Loading.HANDOVER if any(_moving(g) for g in rest) else Loading.IDLE
+    return None
 
 
 def named(frames: Sequence[Frame], depth: int = 2) -> str:

@@ -69,6 +69,9 @@ def read(
     answer."""
     cost = sampler.cost()
     out = _metric("sampler.rate", cost.rate, "samples/s", quantity="sampler_rate")
+    if cost.first_rate and cost.first_rate != cost.rate:  # restarted, slower or faster
+        out += _metric("sampler.rate_first", cost.first_rate, "samples/s",
+                       quantity="sampler_rate_first")  # fmt: skip
     out += _metric("sampler.cpu", cost.spy_cpus, "CPUs", quantity="sampler_cpus")
     out += _metric("sampler.cpu_s", cost.spy_cpu_s, "s", quantity="sampler_cpu_seconds")
     out += _metric("sampler.budget", cost.budget_cpus, "CPUs", quantity="sampler_budget_cpus")
@@ -114,7 +117,7 @@ def _samples(cost: Cost, seconds: float) -> list[Caveat]:
                 f"Python stacks {what}: with {cost.threads:,} threads py-spy {how} "
                 f"{cost.per_sample_cpu_s:.3f} CPU seconds a sample, more than attach's "
                 f"budget ({cost.budget_cpus:.2f} CPUs: {budget.BUDGET_SHARE:.0%} of the "
-                f"machine's, or half the CPUs it left idle) allows at 1/s over "
+                f"machine's, or a quarter of the CPUs it left idle) allows at 1/s over "
                 f"{seconds:g} s; {more}",
             )
         ]

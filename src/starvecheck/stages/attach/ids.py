@@ -23,17 +23,26 @@ if TYPE_CHECKING:
 def renumber(stacks: Stacks, maps: dict[int, dict[int, int]]) -> Stacks:
     """`stacks` with each thread id replaced through `maps` (process -> innermost id ->
     ours); threads not in the map keep their id. Samples of two keys that meet are
-    put together."""
+    put together, the first's in order before the second's (a thread with no order
+    where either had none)."""
     if not any(maps.values()):
         return stacks
     by_thread: dict[tuple[int, int], list] = {}
     names: dict[tuple[int, int], str] = {}
+    order: dict[tuple[int, int], list[int]] = {}
+    unordered: set[tuple[int, int]] = set()
     for key, samples in stacks.by_thread.items():
         ours = process.id_map(maps.get(key[0], {}), key)
-        by_thread.setdefault(ours, []).extend(samples)
+        before = by_thread.setdefault(ours, [])
+        if key in stacks.order and ours not in unordered:
+            order.setdefault(ours, []).extend(len(before) + i for i in stacks.order[key])
+        else:
+            unordered.add(ours)
+            order.pop(ours, None)
+        before.extend(samples)
         if key in stacks.thread_names:
             names.setdefault(ours, stacks.thread_names[key])
-    stacks.by_thread, stacks.thread_names = by_thread, names
+    stacks.by_thread, stacks.thread_names, stacks.order = by_thread, names, order
     return stacks
 
 

@@ -5,7 +5,11 @@ workers found from /proc (at most budget.MAX_WORKERS; workers that start later, 
 epoch's, are added while there is room), all at one rate chosen from the threads they
 hold. About a second in, py-spy's own CPU is read from /proc: where it takes more than
 the budget, every py-spy is restarted once at the rate that fits (the samples of that
-first second are dropped, so that every sample counts at one rate). What was dropped,
+first second are dropped, so that every sample counts at one rate); where it takes far
+less (the threads counted were not all Python's: a CUDA job's driver, NCCL and OpenMP
+threads cost py-spy little), every py-spy is restarted once at the higher rate that
+fits, where that gives more samples in the time left (budget.raise_rate), and checked
+again. What was dropped,
 not taken, not sampled, and what attach's sampling took, is in `cost()`.
 """
 
@@ -98,6 +102,8 @@ class Cost:
     steady_cpus: float | None  # py-spy's CPUs past its start-up, where read over 1 s or more
     over_budget: bool  # py-spy took more than the budget all the same (the lowest rate)
     refit: bool  # restarted at a lower rate after measuring itself
+    first_rate: int = 0  # the rate it started at (another where restarted)
+    raised: bool = False  # restarted at a higher rate after measuring itself
 
     @property
     def spy_cpus(self) -> float:
@@ -154,6 +160,8 @@ class Sampling:
         self._readings: list[tuple[float, float]] = []  # (time, their CPU) past start-up
         self.first_rate = self.rate
         self.used_first: float | None = None  # py-spy's CPUs over its first second, if over
+        self.raised = False  # restarted at a higher rate: it cost less than estimated
+        self.refit_from = self.rate  # the rate it was measured over budget at
         if self.sample_s >= 1.0:
             try:
                 for r in ranks:
@@ -188,11 +196,12 @@ class Sampling:
 
     def tick(self, descendants: dict[int, list[int]]) -> None:
         """Once a second: py-spy's CPU over its first second checked against the budget
-        (restarted once, slower, where over); workers started since sampled too."""
+        (restarted once, slower, where over; faster, where well under: `_check`);
+        workers started since sampled too."""
         now = time.monotonic()
         if now - self._since >= START_S and not self.done():  # while they all still run
             self._readings.append((now, self._cpu()))
-        if self._cpu0 is None and now - self._t0 >= START_S:
+        if self._cpu0 is None and now - self._since >= START_S:
             self._cpu0, self._at0 = self._cpu(), now
         elif self._cpu0 is not None and not self._checked and now - self._at0 >= self._over():
             self._check()
@@ -212,23 +221,47 @@ class Sampling:
                 for w in budget.workers_of(rank, new, self._named.get(rank, False)):
                     self._add(s, w, left)
 
+    def next_in(self) -> float:
+        """Seconds until py-spy's cost is next due to be read (its first reading past its
+        start-up, then its check); a second once it has been checked."""
+        now = time.monotonic()
+        if self._checked or not self.samplers:
+            return 1.0
+        if self._cpu0 is None:
+            return max(0.0, self._since + START_S - now)
+        return max(0.0, self._at0 + self._over() - now)
+
     def _over(self) -> float:
-        """Seconds py-spy's CPU is read over before it is judged: a second, or three
+        """Seconds py-spy's CPU is read over before it is judged: a second, or two
         samples' worth at a low rate (one sample a second read over one second is 0 or
-        1 samples' cost)."""
-        return max(CHECK_AFTER_S, 3.0 / self.rate)
+        1 samples' cost; its CPU is read in nanoseconds, so two are enough to judge)."""
+        return max(CHECK_AFTER_S, 2.0 / self.rate)
 
     def _cpu(self) -> float:
         return sum(r.cpu_now() or 0.0 for s in self.samplers.values() for r in s.all())
 
     def _check(self) -> None:
         """Once: py-spy's CPU over the last second against the budget; where over,
-        every py-spy ended (its samples dropped) and started again at the rate that fits."""
+        every py-spy ended (its samples dropped) and started again at the rate that fits;
+        where well under (the threads counted were not all Python's), started again once
+        at a higher rate where that gives more samples in the time left, and checked
+        again (lowered where the higher rate is over after all)."""
         self._checked = True
         now = time.monotonic()
-        used = (self._cpu() - (self._cpu0 or 0.0)) / max(1e-3, now - self._at0)
+        span = max(1e-3, now - self._at0)
+        used = (self._cpu() - (self._cpu0 or 0.0)) / span
         self.per_sample_cpu_s, self.measured = used / self.rate, True
         rate = budget.refit_rate(self.rate, used, self.budget)
+        faster = None
+        if rate is None and not self.raised and not self.refit:
+            left = self.sample_s - (now - self._t0)
+            faster = budget.raise_rate(self.rate, self.requested, used * span, span,
+                                       len(self._live()), self.budget, left, self.sample_s,
+                                       START_S)  # fmt: skip
+        if faster is not None:
+            self._restart(faster)
+            self.raised, self._checked, self._cpu0 = True, False, None
+            return
         if rate is None:
             if self.rate == 1 and used > self.budget * budget.REFIT_OVER:
                 # The lowest rate, still over: stop once the window's budget is spent
@@ -236,7 +269,16 @@ class Sampling:
                 left = self.budget * self.seconds - self._cpu()
                 self._stop_at = now + max(0.0, left / used)
             return
-        self.refit, self.rate = True, rate
+        self.refit, self.used_first, self.refit_from = True, used, self.rate
+        self._restart(rate)
+
+    def _live(self) -> list[spy.Recorder]:
+        return [r for s in self.samplers.values() for r in s.all() if not r.done()]
+
+    def _restart(self, rate: int) -> None:
+        """Every py-spy ended (its samples dropped) and started again at `rate` for the
+        rest of the window."""
+        self.rate = rate
         self._since, self._readings = time.monotonic(), []
         left = max(1.0, self.sample_s - (time.monotonic() - self._t0))
         for rank, s in list(self.samplers.items()):
@@ -249,7 +291,6 @@ class Sampling:
             for r in s.all():
                 r.kill()
                 self._retired.append(r)
-        self.used_first = used
 
     def steady_cpus(self) -> float | None:
         """py-spy's CPUs past its start-up (reading the target's symbols): its cost at
@@ -272,14 +313,19 @@ class Sampling:
         spent = sum(r.cpu_now() or 0.0 for r in self.recorders())
         lowered = None
         if self.rate < self.requested:
-            why = (
-                f"py-spy took {self.used_first or 0:.2f} CPUs at {self.first_rate}/s"
-                if self.refit
-                else f"{self.threads:,} threads to sample"
-            )
+            if self.refit:
+                why = f"py-spy took {self.used_first or 0:.2f} CPUs at {self.refit_from}/s"
+            elif self.raised:
+                why = (
+                    f"{self.threads:,} threads to sample (py-spy, measured at "
+                    f"{self.first_rate}/s, was restarted at {self.rate}/s)"
+                )
+            else:
+                why = f"{self.threads:,} threads to sample"
             lowered = (
                 f"{why}; attach keeps its sampling within {self.budget:.2f} CPUs "
-                f"({budget.BUDGET_SHARE:.0%} of the machine's, or half the CPUs it left idle)"
+                f"({budget.BUDGET_SHARE:.0%} of the machine's, or a quarter of the CPUs it "
+                f"left idle, up to {budget.IDLE_CAP:.0%})"
             )
         steady = self.steady_cpus()
         took = steady if steady is not None else (spent / self.seconds if self.seconds else 0.0)
@@ -298,4 +344,6 @@ class Sampling:
             steady,
             over,
             self.refit,
+            self.first_rate,
+            self.raised,
         )

@@ -1,7 +1,9 @@
 """A rank's sampled stacks read into shares (attach): its training loop's thread by what
 it is doing (`Main`), its loading while it waits (`Loading`), its workers' and their
-feeder threads'; each share with its 95% interval, counted from the samples in the
-order py-spy took them where it gave it (core/intervals.effective_samples)."""
+feeder threads', and its wait by stage of loading (waitsplit.py); each share with its
+95% interval, counted from the samples in the order py-spy took them where it gave it
+(core/intervals.worth: samples of one long wait are worth its runs, not their count).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from starvecheck.core.intervals import effective_samples, wilson_effective
+from starvecheck.core.intervals import Worth, interval, worth
 from starvecheck.core.metric import Metric
 from starvecheck.core.schema.attach import (
     MAIN_LOADING_SHARE,
@@ -20,13 +22,14 @@ from starvecheck.core.schema.attach import (
     Rank,
 )
 from starvecheck.core.schema.common import SAMPLES
-from starvecheck.core.schema.loading import EXPOSED_SHARE, LoadStage
-from starvecheck.stages.attach import classify
+from starvecheck.stages.attach import classify, waitsplit
 from starvecheck.stages.attach.target import Process
 from starvecheck.stages.attach.threads import loop_thread
 
 if TYPE_CHECKING:
     from starvecheck.stages.attach.spy import Stacks
+
+Key = tuple[int, int]
 
 
 def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
@@ -40,24 +43,29 @@ def _shares(
     total: int,
     name: str,
     quantity: str,
-    sequence: Sequence[object] | None = None,
+    series: Sequence[Sequence[object]] | None = None,
     **lab: object,
 ) -> list[Metric]:
     """Each kind's share of `total` samples, with its 95% interval (labels `low95`,
-    `high95`), the samples it was counted from (`samples`) and what they are worth as
-    independent draws (`samples_effective`: from the kinds in the order sampled, where
-    py-spy gave it, core/intervals.effective_samples; else all of them, Wilson's)."""
+    `high95`), the samples it was counted from (`samples`), what they are worth as
+    independent draws and the runs that was read from (`samples_effective`, `runs`:
+    from each thread's kinds in the order sampled, `series`, where py-spy gave it,
+    core/intervals.worth; else every sample a draw, Wilson's)."""
     out: list[Metric] = []
+    ordered = series is not None and sum(len(x) for x in series) == total
     for kind, n in sorted(counts.items()):
-        eff = float(total)
-        if sequence is not None and len(sequence) == total:
-            eff = effective_samples([k == kind for k in sequence])
-        low, high = wilson_effective(n, total, eff)
+        if ordered and series is not None:
+            w = worth(*[[k == kind for k in x] for x in series])
+        else:
+            w = Worth(total, float(total), total)
+        low, high = interval(n, total, w)
         ci = {
             "low95": round(low, 4),
             "high95": round(high, 4),
             "samples": total,
-            "samples_effective": round(eff, 1),
+            "samples_effective": round(w.effective, 1),
+            "runs": w.runs,
+            "clustered": round(w.clustered, 3),
         }
         out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
                        **ci, **lab)  # fmt: skip
@@ -107,20 +115,22 @@ def read_stacks(
         loading_of.append(loaded)
     if total and (has_loader or fetch):
         kinds[Main.DATA] += 0  # the wait's share stands with its interval, none sampled too
+    order = stacks.order.get(key) if key is not None else None
+    if order is not None and len(order) != total:
+        order = None  # not the samples counted: read as unordered
     if total:
-        order = stacks.order.get(key) if key is not None else None
-        seq = [kind_of[i] for i in order] if order else None
-        loads = [loading_of[i] for i in order] if order else None
+        seq = [[kind_of[i] for i in order]] if order else None
+        loads = [[loading_of[i] for i in order]] if order else None
         out += _shares(kinds, total, "main", MAIN_SHARE, seq, **lab)
         out += _shares(loading, total, "main.loading", MAIN_LOADING_SHARE, loads, **lab)
-    worker_kinds, workers, feeding, feeders = _workers(rank, stacks, src)
+    worker_kinds, workers, feeding, feeders, each = _workers(rank, stacks, src)
     wtotal = sum(worker_kinds.values())
     if wtotal:
-        out += _shares(worker_kinds, wtotal, "workers", WORKER_SHARE, **lab)
-    if total and kinds[Main.DATA]:
-        order = stacks.order.get(key) if key is not None else None
-        waits = [loading_of[i] for i in order if kind_of[i] == Main.DATA] if order else None
-        out += stage_split(loading, worker_kinds, waits, lab)
+        out += _shares(worker_kinds, wtotal, "workers", WORKER_SHARE, each, **lab)
+    if total and kinds[Main.DATA] and key is not None:
+        waits, pinning = _waits(stacks, key, kind_of, loading_of, order)
+        ordered = (order is not None, each is not None)
+        out += waitsplit.split(waits, pinning, each or _unordered(worker_kinds), ordered, lab)
     if feeders:
         busy = feeding / feeders
         out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)
@@ -136,83 +146,68 @@ def read_stacks(
 
 def _workers(
     rank: Process, stacks: Stacks, src: classify.Source
-) -> tuple[Counter[Loading], set[int], int, int]:
-    """The workers' samples by what they did, the workers seen, and of their feeder
-    threads' samples, the busy ones and all."""
+) -> tuple[Counter[Loading], set[int], int, int, list[list[Loading]] | None]:
+    """The workers' samples by what they did, the workers seen, of their feeder
+    threads' samples the busy ones and all, and each worker's kinds in the order
+    sampled (None where any worker's samples have no order)."""
     kinds: Counter[Loading] = Counter()
     workers: set[int] = set()
     feeding = feeders = 0
-    for (pid, _tid), samples in stacks.by_thread.items():
-        if pid == rank.pid:
+    each: list[list[Loading]] | None = []
+    for key, samples in stacks.by_thread.items():
+        if key[0] == rank.pid:
             continue
+        kind_of: list[Loading | None] = []
         for frames, n in samples:
-            after = classify.worker_frames(frames)
-            if after is not None:
-                workers.add(pid)
-                kinds[classify.loading_kind(after, src)] += n
+            kind = classify.worker_kind(frames, src)
+            kind_of.append(kind)
+            if kind is not None:
+                workers.add(key[0])
+                kinds[kind] += n
             busy = classify.feeder_busy(frames)
             if busy is not None:
                 feeders += n
                 feeding += n if busy else 0
-    return kinds, workers, feeding, feeders
+        if not any(k is not None for k in kind_of):
+            continue  # not a worker's main thread (its feeder, a thread of its own)
+        order = stacks.order.get(key)
+        if each is not None and order is not None and len(order) == sum(n for _, n in samples):
+            each.append([k for i in order if (k := kind_of[i]) is not None])
+        else:
+            each = None
+    return kinds, workers, feeding, feeders, each
 
 
-# What the loop thread was doing while it waited (a Loading kind) as a stage of loading
-# (core/schema/loading.py); IDLE, waiting on the queue for a worker, is the workers'.
-_STAGE_OF = {
-    Loading.READ: LoadStage.READ,
-    Loading.DECODE: LoadStage.TRANSFORM,
-    Loading.TOKENIZE: LoadStage.TRANSFORM,
-    Loading.OTHER: LoadStage.TRANSFORM,  # the dataset's own code, not named for a read
-    Loading.COLLATE: LoadStage.COLLATE,
-    Loading.HANDOVER: LoadStage.HANDOVER,
-}
+def _waits(
+    stacks: Stacks,
+    key: Key,
+    kind_of: Sequence[Main],
+    loading_of: Sequence[Loading | None],
+    order: Sequence[int] | None,
+) -> tuple[list[Loading], list[Loading | None] | None]:
+    """The loop thread's samples waiting for data, by what it did in each (in the
+    order taken where it is known), and what the rank's pin-memory thread did at each
+    of them, where its samples line up with the loop's: one py-spy samples every thread
+    of the process at each tick, so a thread sampled as often as the loop's, in order,
+    was sampled at the same ticks."""
+    if order is None:
+        waits = [x for i, x in enumerate(loading_of) if kind_of[i] == Main.DATA and x is not None]
+        counts = [n for i, (_, n) in enumerate(stacks.by_thread[key]) if kind_of[i] == Main.DATA]
+        return [w for w, n in zip(waits, counts, strict=False) for _ in range(n)], None
+    waits = [x for i in order if kind_of[i] == Main.DATA and (x := loading_of[i]) is not None]
+    for other, samples in stacks.by_thread.items():
+        if other[0] != key[0] or other == key:
+            continue
+        pins = [classify.pin_thread_kind(frames) for frames, _ in samples]
+        turn = stacks.order.get(other)
+        if not any(pins) or turn is None or len(turn) != len(order):
+            continue
+        at_tick = [pins[j] for j in turn]
+        pinning = [at_tick[t] for t, i in enumerate(order) if kind_of[i] == Main.DATA]
+        return waits, pinning
+    return waits, None
 
 
-def stage_split(
-    loading: Counter[Loading],
-    workers: Counter[Loading],
-    waits: Sequence[Loading | None] | None,
-    lab: dict[str, object],
-) -> list[Metric]:
-    """The loop's wait split over the stages of loading, as watch splits its own
-    (`exposed_share`, labelled `load_stage`, of the loop's samples waiting for data):
-    what the loop thread was doing in each (loading its own batch at num_workers=0,
-    taking one over from a worker); its samples waiting on the queue for a worker are
-    split by what the workers did over the window (their samples are not aligned with
-    the loop's: each stage's share of the workers' busy samples stands for it, an
-    assumption the metric carries: `from_workers`). Intervals as the loop's own
-    shares', from the samples in the order taken where py-spy gave it."""
-    waited = sum(loading.values())
-    if not waited:
-        return []
-    direct: Counter[LoadStage] = Counter()
-    for kind, n in loading.items():
-        if kind in _STAGE_OF:
-            direct[_STAGE_OF[kind]] += n
-    queued = waited - sum(direct.values())  # on the queue, for a worker
-    busy = {k: n for k, n in workers.items() if k in _STAGE_OF}
-    spread = sum(busy.values())
-    shares: dict[LoadStage, float] = {s: n / waited for s, n in direct.items()}
-    for kind, n in busy.items():
-        if queued and spread:
-            stage = _STAGE_OF[kind]
-            shares[stage] = shares.get(stage, 0.0) + queued / waited * n / spread
-    if queued and not spread:  # the workers sampled doing nothing: the hand-over's
-        shares[LoadStage.HANDOVER] = shares.get(LoadStage.HANDOVER, 0.0) + queued / waited
-    out: list[Metric] = []
-    for stage, share in sorted(shares.items()):
-        eff = float(waited)
-        if waits is not None and len(waits) == waited:
-            eff = effective_samples([_STAGE_OF.get(w) == stage if w else False for w in waits])
-        low, high = wilson_effective(share * waited, waited, eff)
-        ci = {
-            "low95": round(low, 4),
-            "high95": round(high, 4),
-            "samples": waited,
-            "samples_effective": round(eff, 1),
-            "from_workers": bool(queued and spread),
-        }
-        out += _metric(f"main.wait.{stage}", share, "share", quantity=EXPOSED_SHARE,
-                       load_stage=stage.value, **ci, **lab)  # fmt: skip
-    return out
+def _unordered(kinds: Counter[Loading]) -> list[list[Loading]]:
+    """The workers' samples as one series with no order (Wilson's, where counted)."""
+    return [[k for k, n in kinds.items() for _ in range(n)]]

@@ -10,8 +10,11 @@ touching it.
      thread runs it) waiting for data (the DataLoader, or its own fetch such as a
      `get_batch`), in the step, copying, waiting on the GPU or the other ranks; each
      DataLoader worker's (the subprocesses whose stack runs `_worker_loop`) reading,
-     decoding, tokenizing, collating, handing batches over or idle. Each share
-     carries its 95% Wilson interval; judging gives a verdict only where it allows.
+     decoding, tokenizing, collating, handing batches over, starting or idle; the
+     loop's wait split by stage of loading (waitsplit.py). Each share carries its 95%
+     interval, from its samples in the order taken (core/intervals.worth: one long
+     wait sampled many times is worth its runs); judging gives a verdict only where
+     it allows.
 
 Where the stacks cannot be read (py-spy missing, ptrace refused) the /proc part runs
 and a caveat says what was not seen. The result carries every figure, labelled by rank
@@ -213,17 +216,26 @@ def _wait(
     sampler: sampling.Sampling | None = None,
 ) -> None:
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
-    15 s past the duration to write its samples); py-spy's cost checked, and workers
-    started since sampled, at each tick (sampling.py)."""
-    t0 = time.perf_counter()
+    15 s past the duration to write its samples); workers started since sampled at each
+    second, and py-spy's cost checked when it is due (sampling.py), between them too."""
+    t0 = last = time.perf_counter()
     deadline = t0 + plan.seconds + (spy.END_GRACE_S if recorders else 0.0)
+    found: dict[int, list[int]] = {}
     while time.perf_counter() < deadline:
         check_signals()
         elapsed = time.perf_counter() - t0
         ctx.progress(f"sampling for {plan.seconds:.0f} s", int(elapsed), int(plan.seconds))
         if elapsed >= plan.seconds and all(r.done() for r in recorders.values()):
             break
-        time.sleep(min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1)
+        step = min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1
+        if sampler is not None:  # py-spy's cost read when it is due, not a second late
+            step = min(step, max(0.05, sampler.next_in()))
+        time.sleep(step)
+        if time.perf_counter() - last < 0.95 and elapsed + step < plan.seconds:
+            if sampler is not None:
+                sampler.tick(found)
+            continue
+        last = time.perf_counter()
         # workers started since (a new epoch's)
         found = descendants_of([r.pid for r in plan.job.ranks])
         for owner, kids in found.items():
