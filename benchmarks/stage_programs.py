@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "loops"))
 from loopstate import read_state, stop_tree  # noqa: E402
-from real_programs import IMAGENET_OWN, IMAGENET_EDITS, make_images  # noqa: E402
+from real_programs import IMAGENET_EDITS, IMAGENET_OWN, make_images  # noqa: E402
 
 IMAGES = (3200, 2400, 160)  # long side, short side, training images: decode-bound at -j 1
 WAIT_TOLERANCE = 0.05
