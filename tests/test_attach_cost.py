@@ -118,6 +118,8 @@ def test_py_spy_far_under_its_budget_is_restarted_faster_where_that_gives_more()
     assert budget.raise_rate(1, 50, 0.004, 2.0, 1, 0.02, 2.7, 5.0) == 7
 
 
+@example(209, 210, 0.0, 8.6e305, 0, 1.0, 0.0, 0.0)  # the cost a sample underflows to 0
+@example(1, 2, 0.0, 1.0, 0, 1.12e305, 0.0, 0.0)  # the room overflows to infinity
 @given(
     st.integers(-3, 300),
     st.integers(-3, 300),

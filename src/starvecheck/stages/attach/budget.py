@@ -168,7 +168,12 @@ def raise_rate(
     if span_s <= 0 or budget <= 0:
         return None
     per_sample = (max(0.0, used_cpu_s) + CPU_SLACK_S * max(1, processes)) / (span_s * rate)
-    fit = min(requested, _whole(budget * RAISE_MARGIN / per_sample))
+    if not per_sample > 0:  # a span so long the cost a sample underflows: no figure
+        return None
+    room = budget * RAISE_MARGIN / per_sample
+    if not math.isfinite(room):
+        return None
+    fit = min(requested, _whole(room))
     if fit <= rate:
         return None
     stay = rate * max(0.0, window_s - start_s)
