@@ -19,8 +19,12 @@ from starvecheck.core.context import Context
 # The fast lane runs in parallel on a busy machine: a property test's example may wait
 # for a CPU far past hypothesis's 200 ms deadline (0.24 ms alone, 432 ms once there).
 # What the properties check never depends on time.
+# STARVECHECK_HYPOTHESIS=deep draws 20x the examples, to shake out a property by hand.
 settings.register_profile("starvecheck", deadline=None)
-settings.load_profile("starvecheck")
+settings.register_profile("deep", deadline=None, max_examples=2000)
+settings.load_profile(
+    "deep" if os.environ.get("STARVECHECK_HYPOTHESIS") == "deep" else "starvecheck"
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SRC = Path(__file__).resolve().parents[1] / "src"
