@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from starvecheck.loop import exporter as exporter_module
+from starvecheck.loop import httpd
 from starvecheck.loop.exporter import Exporter, wanted
 from starvecheck.loop.families import Advice, Tally, families
 from starvecheck.loop.identity import job_name, labels, physical_gpu
@@ -22,6 +23,13 @@ from starvecheck.loop.times import LoopTimes
 from starvecheck.loop.trainers.hooks import Hooked
 
 LABELS = {"job": "j", "Hostname": "h", "rank": "1", "local_rank": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_pages(monkeypatch):
+    """These tests read the figures a few steps apart, faster than the page is cached
+    for; the cache has its own test (test_exporter_guest.py)."""
+    monkeypatch.setattr(httpd, "PAGE_TTL_S", 0.0)
 
 
 def scrape(port: int) -> dict[str, dict]:

@@ -69,8 +69,15 @@ def _serving(c: Context, port: int, addr: str) -> Any:
     from starvecheck.loop.windows import Windows
 
     collector = Windows(c.environ)
+    warned: set[str] = set()
+
+    def warn(message: str) -> None:  # the first of the server's troubles, one line
+        if not warned:
+            warned.add(message)
+            _say(c, f"starvecheck: warning: {message}")
+
     try:
-        server = serve(collector, port, addr)
+        server = serve(collector, port, addr, warn)
     except OSError as e:
         raise UsageError(f"--prometheus {port}: cannot serve on {addr}:{port} ({e})") from None
     _say(

@@ -3,8 +3,10 @@ loop's figures served for Prometheus to scrape while it runs (docs/fleet.md).
 
 Every rank serves its own figures on PORT + LOCAL_RANK (so the ranks of one node under
 torchrun take one port each with no code changed); Prometheus scrapes each and
-aggregates, and no rank gathers. The server is prometheus_client's, on a registry of
-its own (never the process's default one, which the user's code may fill), bound to
+aggregates, and no rank gathers. The page is prometheus_client's exposition of a
+registry of its own (never the process's default one, which the user's code may fill);
+the server is loop/httpd.py's, a guest in the training process (one thread, a bounded
+number of connections with a timeout each, closed in forked children), bound to
 127.0.0.1 unless `prometheus_addr=` or STARVECHECK_PROMETHEUS_ADDR says otherwise
 (0.0.0.0 for a scrape from another host or a pod's IP). prometheus_client is imported
 only here, when an exporter is asked for.
@@ -25,16 +27,15 @@ import atexit
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.loop.families import Advice, Tally, families
-from starvecheck.loop.identity import gpu_labels, labels
+from starvecheck.loop.httpd import Server
+from starvecheck.loop.identity import gpu_labels, labels, with_namespace
 from starvecheck.loop.output import never_raising
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from prometheus_client.metrics_core import Metric as PromMetric
     from prometheus_client.registry import Collector
 from starvecheck.loop.times import LoopTimes
@@ -99,16 +100,16 @@ def start(
     return None
 
 
-def serve(collector: Collector, port: int, addr: str) -> WSGIServer:
-    """prometheus_client's HTTP server for `collector` alone, on a registry of its own
-    (never the process's default one); its thread dies with the process. OSError where
-    the port is taken or the address is not this host's."""
-    from prometheus_client import CollectorRegistry, start_http_server
+def serve(collector: Collector, port: int, addr: str, warn: Callable[[str], None]) -> Server:
+    """A scrape server for `collector` alone, on a registry of its own (never the
+    process's default one): one thread, a bounded number of connections, each with a
+    timeout, the page cached (loop/httpd.py). OSError where the port is taken or the
+    address is not this host's."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _ = start_http_server(port, addr=addr, registry=registry)
-    return server
+    return Server(lambda: generate_latest(registry), port, addr, warn)
 
 
 class Exporter:
@@ -121,15 +122,21 @@ class Exporter:
         self.advice = Advice()
         self._advised_at = -1e9
         self._labels: dict[str, str] | None = None
+        self._namespace_read = False
         self._lock = threading.Lock()
-        self._server: WSGIServer | None = None
+        self._server: Server | None = None
         self.port: int | None = None  # the port bound
         self.closed = False
 
     def serve(self, port: int, addr: str) -> None:
-        self._server = serve(self, port, addr)
+        self._server = serve(self, port, addr, self._warn)
         self.port = self._server.server_port
         atexit.register(self.close)
+
+    def _warn(self, message: str) -> None:
+        """One warning line for the server's trouble (the first only)."""
+        with never_raising(self.warned, WHAT):
+            raise RuntimeError(message)
 
     def follow(self, times: LoopTimes, warned: set[str]) -> None:
         """Count `times` from now on: the last loop's steps not yet counted first."""
@@ -149,8 +156,9 @@ class Exporter:
         with self._lock:
             if self.times is not None:
                 self.tally.pass_starts.append(len(self.times.waits))
-            if self._labels is None:
-                self._labels = labels(os.environ, rank=rank) | gpu_labels(os.environ)
+            if self._labels is None:  # the namespace file is read at the first scrape
+                self._labels = labels(os.environ, rank=rank, namespace_file=None)
+                self._labels |= gpu_labels(os.environ)
 
     def collect(self) -> Iterator[PromMetric]:
         """The families (prometheus_client's collector interface): nothing before the
@@ -159,6 +167,9 @@ class Exporter:
         with never_raising(self.warned, WHAT), self._lock:
             if self._labels is None or self.times is None or self.closed:
                 return iter(())
+            if not self._namespace_read:
+                self._namespace_read = True
+                self._labels = with_namespace(self._labels, os.environ)
             self.tally.update(self.times)
             now = time.monotonic()
             if now - self._advised_at >= ADVICE_EVERY_S:
@@ -184,5 +195,4 @@ class Exporter:
         server, self._server = self._server, None
         if server is not None:
             with never_raising(self.warned, WHAT):
-                server.shutdown()
-                server.server_close()
+                server.close()

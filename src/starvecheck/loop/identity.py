@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 # The Kubernetes service account's namespace, mounted in every pod that has one.
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+NAMESPACE_BYTES = 253  # a namespace is at most 63; what is read of the file, at most
 # The training job's name: ours first, then what the launchers set.
 JOB_VARS = ("STARVECHECK_JOB", "SLURM_JOB_NAME", "JOB_NAME", "TORCHELASTIC_RUN_ID")
 
@@ -39,10 +41,11 @@ def labels(
     rank: int | None = None,
     hostname: str | None = None,
     argv0: str | None = None,
-    namespace_file: Path = SA_NAMESPACE,
+    namespace_file: Path | None = SA_NAMESPACE,
 ) -> dict[str, str]:
     """The loop's labels from the environment (a pure function of its arguments and
-    one small file): `rank` is torch.distributed's where a group is there, else RANK."""
+    one small file, not read where `namespace_file` is None): `rank` is
+    torch.distributed's where a group is there, else RANK. Every value valid UTF-8."""
     out = {
         "job": job_name(environ, sys.argv[0] if argv0 is None else argv0),
         "Hostname": hostname or socket.gethostname(),
@@ -52,20 +55,50 @@ def labels(
     pod = environ.get("POD_NAME") or environ.get("HOSTNAME")
     if "KUBERNETES_SERVICE_HOST" in environ and pod:  # in a pod: its name is the host's
         out["pod"] = pod
-        ns = environ.get("POD_NAMESPACE") or _read(namespace_file)
+        ns = environ.get("POD_NAMESPACE") or (namespace_file and _read(namespace_file))
         if ns:
             out["namespace"] = ns
     for var, label in (("SLURM_JOB_ID", "slurm_job_id"), ("SLURM_STEP_ID", "slurm_step_id")):
         if environ.get(var):
             out[label] = environ[var]
-    return out
+    return {k: utf8(v) for k, v in out.items()}
+
+
+def with_namespace(
+    found: dict[str, str], environ: Mapping[str, str], namespace_file: Path | None = None
+) -> dict[str, str]:
+    """`found` (read with namespace_file=None) with the pod's namespace from its file
+    (SA_NAMESPACE unless given), where it is in a pod and the environment did not say:
+    the exporter reads it in its own thread, off the loop's path."""
+    if "pod" not in found or "namespace" in found or environ.get("POD_NAMESPACE"):
+        return found
+    ns = _read(namespace_file or SA_NAMESPACE)
+    return found | {"namespace": ns} if ns else found
 
 
 def _read(path: Path) -> str | None:
+    """A small file's text, read as a guest: a regular file only (a FIFO, a device or a
+    socket there is left alone, never waited on: opened non-blocking), at most
+    NAMESPACE_BYTES, bytes that are not UTF-8 replaced. None where there is none."""
     try:
-        return path.read_text()[:253].strip() or None  # a namespace is at most 63
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, NAMESPACE_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return utf8(data.decode("utf-8", "replace")).strip() or None
+
+
+def utf8(text: str) -> str:
+    """`text` as valid UTF-8: the environment's undecodable bytes (Python keeps them as
+    surrogates) replaced, so that a page carrying it can be encoded."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def physical_gpu(index: int, visible: str | None) -> str:

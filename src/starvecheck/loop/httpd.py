@@ -1,0 +1,291 @@
+"""The scrape server: a guest in the training process (docs/fleet.md, "What the
+exporter promises the job").
+
+`watch(..., prometheus=PORT)` puts a listening socket in the training process, where
+any local user (and, on 0.0.0.0, anyone on the network) can talk to it. A server that
+gives every connection a thread (prometheus_client's `start_http_server` does) lets
+idle connections use up the job's pids limit, and the next epoch's DataLoader workers
+cannot start. This one never grows:
+
+- one thread, whatever the number of clients: a selector over the listening socket and
+  at most MAX_CLIENTS connections; one more closes the oldest;
+- every connection has CLIENT_TIMEOUT_S to send its request and read the answer, a
+  request at most REQUEST_LIMIT bytes; past either it is closed;
+- the page is rendered at most every PAGE_TTL_S and served from that copy, so that many
+  scrapers cost the loop's lock no more than one;
+- nothing it meets is printed as a traceback or raised anywhere: a malformed or reset
+  request is closed in silence, a page that cannot be rendered is a 500 and one warning
+  line (said once);
+- the listening socket and its connections are closed in every process forked from
+  this one (DataLoader workers, the user's helpers: `os.register_at_fork`), so the port
+  is free once `close()` ran or the process ended, whatever the children do; sockets
+  are not inherited across exec (Python's default).
+
+HTTP/1.0 and 1.1 GET and HEAD of `/metrics` (or `/`), answered once, the connection then
+closed; the text format (version 0.0.4) whatever `Accept` says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import selectors
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MAX_CLIENTS = 8
+CLIENT_TIMEOUT_S = 5.0
+REQUEST_LIMIT = 8192
+PAGE_TTL_S = 1.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
+_IDLE_S = 1.0  # the selector's longest wait when no client has a deadline
+
+_LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+def _forget_all_in_child() -> None:
+    """In a child just forked: close this process's copies of every server's sockets
+    (only the descriptors: the server's thread is not in the child)."""
+    for server in list(_LIVE):
+        server._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_all_in_child)
+
+
+@dataclass
+class _Client:
+    sock: socket.socket
+    deadline: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: memoryview | None = None
+    draining: bool = False  # answered: what more it sends is read and dropped
+
+
+class Server:
+    """Serves `render()`'s page on (addr, port) from a thread of its own; `port` is the
+    port bound (0 asks for any free one). OSError where it cannot bind."""
+
+    def __init__(
+        self, render: Callable[[], bytes], port: int, addr: str, warn: Callable[[str], None]
+    ) -> None:
+        self._render = render
+        self._warn = warn
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        self._sock = socket.create_server((addr, port), family=family, backlog=16)
+        self._sock.setblocking(False)
+        self.server_port: int = self._sock.getsockname()[1]
+        self._pid = os.getpid()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._clients: dict[int, _Client] = {}
+        self._page: tuple[float, bytes, int] | None = None  # (made at, body, status)
+        self._stop = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
+        _LIVE.add(self)
+        self._thread = threading.Thread(
+            target=self._run, name=f"starvecheck-exporter:{self.server_port}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def clients(self) -> int:
+        """Connections open now (at most MAX_CLIENTS)."""
+        return len(self._clients)
+
+    # --- the thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for key, events in self._selector.select(self._timeout()):
+                    if key.data == "wake":
+                        _drain(self._wake_r)
+                    elif key.data is None:
+                        self._accept()
+                    else:
+                        self._serve(key.data, events)
+                self._expire(time.monotonic())
+        except Exception as e:  # never a traceback in the job's log
+            if not self._stop.is_set():
+                self._warn(f"the scrape server stopped ({type(e).__name__}: {e})")
+        finally:
+            for client in list(self._clients.values()):
+                self._drop(client)
+
+    def _timeout(self) -> float:
+        if not self._clients:
+            return _IDLE_S
+        first = min(c.deadline for c in self._clients.values())
+        return min(_IDLE_S, max(0.0, first - time.monotonic()))
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, or a connection reset on arrival
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return  # the backlog waits; a client expiring frees one
+                continue
+            conn.setblocking(False)
+            if len(self._clients) >= MAX_CLIENTS:
+                self._drop(min(self._clients.values(), key=lambda c: c.deadline))
+            client = _Client(conn, time.monotonic() + CLIENT_TIMEOUT_S)
+            self._clients[conn.fileno()] = client
+            self._selector.register(conn, selectors.EVENT_READ, client)
+
+    def _serve(self, client: _Client, events: int) -> None:
+        try:
+            if client.draining:
+                if not client.sock.recv(65536):
+                    self._drop(client)
+            elif client.outbox is None and events & selectors.EVENT_READ:
+                data = client.sock.recv(4096)
+                if not data:
+                    self._drop(client)
+                    return
+                client.inbox += data
+                head = _head(client.inbox)
+                if head is None:
+                    if len(client.inbox) > REQUEST_LIMIT:
+                        self._answer(client, 431, b"request too large\n", head_only=False)
+                    return
+                self._respond(client, head)
+            elif client.outbox is not None and events & selectors.EVENT_WRITE:
+                sent = client.sock.send(client.outbox)
+                client.outbox = client.outbox[sent:]
+                if not client.outbox:  # answered: a lingering close, so that what the
+                    # client sent past its request is read, not answered with a reset
+                    client.sock.shutdown(socket.SHUT_WR)
+                    client.draining = True
+                    self._selector.modify(client.sock, selectors.EVENT_READ, client)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # reset, broken pipe: the client is gone
+            self._drop(client)
+
+    def _respond(self, client: _Client, head: bytes) -> None:
+        parts = head.split(b"\n", 1)[0].split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            self._answer(client, 400, b"bad request\n", head_only=False)
+            return
+        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        if method not in (b"GET", b"HEAD"):
+            self._answer(client, 405, b"GET or HEAD\n", head_only=False)
+        elif target not in (b"/metrics", b"/"):
+            self._answer(client, 404, b"try /metrics\n", head_only=method == b"HEAD")
+        else:
+            status, body = self._current_page()
+            self._answer(client, status, body, head_only=method == b"HEAD")
+
+    def _current_page(self) -> tuple[int, bytes]:
+        now = time.monotonic()
+        if self._page is None or now - self._page[0] >= PAGE_TTL_S:
+            try:
+                self._page = (now, self._render(), 200)
+            except Exception as e:
+                self._warn(f"a scrape could not read the figures ({type(e).__name__}: {e})")
+                self._page = (now, b"the figures could not be read\n", 500)
+        return self._page[2], self._page[1]
+
+    def _answer(self, client: _Client, status: int, body: bytes, head_only: bool) -> None:
+        reason = REASONS[status]
+        kind = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            + ("Allow: GET, HEAD\r\n" if status == 405 else "")
+            + "\r\n"
+        ).encode("ascii")
+        client.outbox = memoryview(head if head_only else head + body)
+        client.inbox.clear()
+        self._selector.modify(client.sock, selectors.EVENT_WRITE, client)
+
+    def _expire(self, now: float) -> None:
+        for client in [c for c in self._clients.values() if c.deadline <= now]:
+            self._drop(client)
+
+    def _drop(self, client: _Client) -> None:
+        fd = client.sock.fileno()
+        self._clients.pop(fd, None)
+        try:
+            if fd >= 0:
+                self._selector.unregister(client.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        client.sock.close()
+
+    # --- from other threads, and forks -----------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving and release the port (idempotent; from any thread)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if os.getpid() != self._pid:  # a forked child: its copies went at the fork
+            return
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * _IDLE_S)
+        for closing in (self._sock.close, self._selector.close):
+            closing()
+        for fd in (self._wake_r, self._wake_w):
+            _close_fd(fd)
+        _LIVE.discard(self)
+
+    def _forget_in_child(self) -> None:
+        self._closed = True
+        self._stop.set()
+        for client in list(self._clients.values()):
+            client.sock.close()
+        self._clients.clear()
+        self._sock.close()
+        with contextlib.suppress(Exception):
+            self._selector.close()
+        for fd in (self._wake_r, self._wake_w):
+            _close_fd(fd)
+
+
+def _head(inbox: bytearray) -> bytes | None:
+    """The request's head, once it has come whole (HTTP's CRLF, or bare LF)."""
+    for end in (b"\r\n\r\n", b"\n\n"):
+        at = inbox.find(end)
+        if at >= 0:
+            return bytes(inbox[:at])
+    return None
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except OSError:
+        pass
+
+
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
