@@ -76,3 +76,39 @@ def test_a_reading_is_bounded_by_the_cpus_it_is_of(monkeypatch):
     assert load.at_most_cpus(3.0, frozenset({0, 3})) == 2
     monkeypatch.setattr(load.os, "cpu_count", lambda: None)  # unknown: nothing to bound by
     assert load.cpus_read(None) == 0 and load.at_most_cpus(9.5, None) == 9.5
+
+
+GRANDCHILD = """
+import os, time
+pid = os.fork()
+if pid == 0:  # the grandchild: 0.5 s of CPU, then alive a while, then gone
+    t = time.process_time()
+    while time.process_time() - t < 0.5:
+        pass
+    time.sleep(1.0)
+    os._exit(0)
+os.waitpid(pid, 0)  # reaped by the child, not by the test: its time is the child's now
+time.sleep(30)
+"""
+
+
+def test_our_cpu_keeps_a_grandchild_reaped_by_its_parent():
+    """A forkserver's workers are the fork server's children: when one exited, its CPU
+    left the count of ours, and `loader --factory` read 47.8 of 2 CPUs as others'."""
+    import subprocess
+    import sys
+    import time
+
+    from starvecheck.probe.load import ours_cpu
+
+    child = subprocess.Popen([sys.executable, "-c", GRANDCHILD])
+    try:
+        time.sleep(0.9)
+        alive = ours_cpu()
+        time.sleep(1.2)
+        gone = ours_cpu()
+        assert alive is not None and gone is not None
+        assert gone >= alive - 0.05, (alive, gone)
+    finally:
+        child.kill()
+        child.wait(5)

@@ -171,7 +171,8 @@ def at_most_cpus(value: float, cpus: Collection[int] | None) -> float:
 
 def ours_cpu() -> float | None:
     """CPU seconds of this process and every process it started: its own threads, the
-    children it has reaped (cutime, cstime), and those still alive; None where they
+    children it has reaped (cutime, cstime), and those still alive with the children
+    each of them reaped (a forkserver's workers); None where they
     cannot be read. Over an interval, with the machine's busy time, it tells what the
     rest of the machine used."""
     try:
@@ -185,7 +186,9 @@ def ours_cpu() -> float | None:
                 c = child.cpu_times()
             except psutil.Error:
                 continue  # gone in between: reaped, its time in children_*
-            total += c.user + c.system
+            # and the children it reaped: a forkserver's workers are its children, not
+            # ours, and their time moves into its children_* when they exit
+            total += c.user + c.system + c.children_user + c.children_system
         return total
     except Exception:
         return None

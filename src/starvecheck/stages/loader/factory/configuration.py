@@ -403,6 +403,7 @@ class _Reading(MadeReading):
             and self.ours0 is not None
             and ours is not None
             and self.started_windows
+            and ours >= self.ours0  # a process of ours gone unreaped by one counted: unknown
         ):
             span = max(self.clock() - self.started_windows, 1e-9)
             busy = end.busy - self.machine0.busy
