@@ -10,8 +10,8 @@ gone before the first window is attach's usual one line and exit status.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from pathlib import Path
 from typing import Any
 
 from starvecheck.advice.report import build_report
@@ -20,7 +20,9 @@ from starvecheck.core.context import Context
 from starvecheck.core.metric import value
 from starvecheck.core.model import Report
 from starvecheck.core.schema.attach import MAIN_SHARE, Main
-from starvecheck.core.status import StarvecheckError, UsageError
+from starvecheck.core.status import StarvecheckError, Unavailable, UsageError
+from starvecheck.probe import process
+from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import AttachOptions
 
 
@@ -43,6 +45,8 @@ def windows(
 ) -> int:
     """Windows until the job ends; the last one's report emitted."""
     collector = _serving(c, port, addr) if port is not None else None
+    root = SysRoot.from_environ({})
+    job = process.identity(root, options.pid)  # read before the first window: the job
     report: Report | None = None
     n = 0
     while True:
@@ -52,16 +56,41 @@ def windows(
         except StarvecheckError:
             if report is None:  # nothing read yet: attach's own line and status
                 raise
-            break  # the job ended between windows
+            _moved(c, options.pid, job, process.identity(root, options.pid), n)
+            break  # the job ended between windows (or exec'd into what attach cannot read)
+        now = process.identity(root, options.pid)
+        why = _moved(c, options.pid, job, now, n)
+        if why is not None:  # the window read another process: never reported as the job
+            if report is None:
+                raise Unavailable(
+                    f"attach: PID {options.pid} is no longer the process attach began with: "
+                    f"{why}; nothing of it was reported"
+                )
+            break
         report = build_report("attach", machine, [result], c)
         n += 1
         if collector is not None:
             collector.add(report)
         _say(c, f"starvecheck: attach window {n}: {_line(report)}")
-        if not Path(f"/proc/{options.pid}").exists():
-            break
+        if now is None:
+            break  # the job ended during the window
         time.sleep(max(0.0, every - (time.monotonic() - began)))
     return emit(report, out, c)
+
+
+def _moved(
+    c: Context, pid: int, job: process.Identity | None, now: process.Identity | None, n: int
+) -> str | None:
+    """Why the process under `pid` is not the job attach began with (its PID reused, or
+    an exec), said in one line once windows were reported; None where it is the job."""
+    why = process.changed(job, now) if job is not None and now is not None else None
+    if why is not None and n:
+        _say(
+            c,
+            f"starvecheck: attach: PID {pid} is no longer the job attach watched: {why}; "
+            f"the watch ends with window {n}, the last of the job",
+        )
+    return why
 
 
 def _serving(c: Context, port: int, addr: str) -> Any:
@@ -100,5 +129,8 @@ def _line(report: Report) -> str:
 
 
 def _say(c: Context, line: str) -> None:
-    c.stderr.write(line + "\n")
-    c.stderr.flush()
+    """A line on stderr; dropped where it cannot be written (stderr closed, its reader
+    gone): the report is written all the same."""
+    with contextlib.suppress(OSError, ValueError):
+        c.stderr.write(line + "\n")
+        c.stderr.flush()
