@@ -223,3 +223,29 @@ def test_stages_false_leaves_the_dataloader_alone():
     assert not select(w.result().figures, quantity=EXPOSED_SHARE)
     with pytest.raises(TypeError, match="stages must be True or False"):
         starvecheck.watch(loader, stages="yes")
+
+
+@pytest.mark.slow
+def test_a_trainers_workers_started_every_pass_are_start_up_not_read():
+    """A trainer makes each pass's iterator itself, after the pass began: a new worker's
+    first fetch waits for its first index, sent once iter() has started every worker
+    (seconds under forkserver). Counted from the worker's readiness, that wait read as
+    the fetch's, and Lightning's callback named read where start-up held the loop back."""
+    from starvecheck.loop.trainers.hooks import Hooked
+
+    loader = DataLoader(Heavy(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+    hooked = Hooked(show=False)
+    hooked._workers(2)
+    hooked._loader(loader, ahead=0)
+    for _ in range(3):
+        hooked.watch.begin_pass()
+        for _batch in loader:  # the trainer's own iterator, made after the pass began
+            hooked.watch.begin_step()
+            spin(0.002)
+            hooked.watch.end_step()
+    hooked._ended()
+    r = hooked.watch.result()
+    s = shares(r)
+    assert top(r) is LoadStage.STARTUP, s
+    assert s[LoadStage.STARTUP] > 3 * s[LoadStage.READ], s
+    assert "_get_iterator" not in vars(loader)  # the DataLoader as it was

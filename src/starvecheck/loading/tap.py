@@ -212,17 +212,35 @@ class Tap:
             loader.collate_fn = self.stamped
             if self.workers:
                 loader.worker_init_fn = stamps.Started(self.held[1], self.shared)
+                self._stamp_iterators(loader)
         except Exception as e:  # a DataLoader that will not take them: not split
             self.release()
             self.broken = f"{type(e).__name__}: {e}"
             return
         self.live = True
 
+    def _stamp_iterators(self, loader: Any) -> None:
+        """When each iterator made from `loader` is ready (its `_get_iterator` returned):
+        only then does a new worker get its first indices (under forkserver and spawn,
+        seconds after the first worker is ready), so a first batch's fetch begins no
+        earlier (`made`); until then the worker's wait is start-up, not the fetch's."""
+        made = loader._get_iterator
+        tap = self
+
+        def stamped_iterator(*args: Any, **kwargs: Any) -> Any:
+            it = made(*args, **kwargs)
+            tap.made = stamps.clock()
+            return it
+
+        loader.__dict__["_get_iterator"] = stamped_iterator
+
     def release(self) -> None:
         """The DataLoader's own collate_fn and worker_init_fn back (training ended)."""
         if self.held is not None:
             self._put_back(*self.held)
             self.held = None
+            with contextlib.suppress(Exception):
+                vars(self.loader).pop("_get_iterator", None)  # the class's again
 
     def new_pass(self, now: float) -> None:
         """A trainer's pass begins (its iterator is made next): new workers unless

@@ -208,7 +208,7 @@ class _Reading(MadeReading):
         ):
             self.repeats.new_epoch()
             count_workers(built.iterator(it), run.worker_batches)
-            batch = self._next(it, 0)
+            batch = self._next(it, 0, since=t0)  # its wait: the epoch's start-up with it
             self.empty = batch is None
             if batch is None and first:
                 raise UsageError(
@@ -274,9 +274,12 @@ class _Reading(MadeReading):
             self.read_s += self.paused - began
             del batch
 
-    def _next(self, it: Any, index: int) -> Any:
-        """The next batch through the stage split's tap (None at the epoch's end)."""
+    def _next(self, it: Any, index: int, since: float | None = None) -> Any:
+        """The next batch through the stage split's tap (None at the epoch's end); its
+        wait counted from `since` where given (an epoch's first: from before iter())."""
         asked = self.split.before(self.built.iterator(it))
+        if since is not None:
+            asked = (since, *asked[1:])
         batch = _next(it, self.pipeline, index)
         if batch is not None:
             self.split.after(asked)
