@@ -250,6 +250,9 @@ def main() -> int:
     parser.add_argument("--factory", action="store_true")
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
+    # The work a batch, sized once before any load: every process of the run (the loop,
+    # its workers, loader --factory, Lightning's) does the same rounds.
+    os.environ[pipelines.ROUND_ENV] = repr(pipelines.round_s())
     burner = None
     if args.busy:
         burner = multiprocessing.get_context("fork").Process(target=burn, daemon=True)

@@ -16,6 +16,7 @@ DataLoader settings a fix changes.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any
@@ -27,16 +28,31 @@ WORDS = [f"w{i}" for i in range(2000)]
 VOCAB = {w: i for i, w in enumerate(WORDS)}
 _TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(200))
 _ROUND_S: list[float] = []
+ROUND_ENV = "STAGES_ROUND_S"
+
+
+def round_s() -> float:
+    """One round's CPU seconds: STAGES_ROUND_S where the benchmark sized it (so that the
+    loop, its workers and `loader --factory` in another process do the same work a
+    batch), else sized here once, after a warm-up (a cold first round runs slower)."""
+    if not _ROUND_S:
+        given = os.environ.get(ROUND_ENV, "")
+        if given:
+            _ROUND_S.append(float(given))
+        else:
+            for _ in range(100):
+                _tokenize()
+            start = time.thread_time()
+            for _ in range(400):
+                _tokenize()
+            _ROUND_S.append(max((time.thread_time() - start) / 400, 1e-6))
+    return _ROUND_S[0]
 
 
 def python_work(ms: float) -> None:
-    """About `ms` of pure-Python CPU work (a word-level tokenizer), sized once here."""
-    if not _ROUND_S:
-        start = time.thread_time()
-        for _ in range(200):
-            _tokenize()
-        _ROUND_S.append(max((time.thread_time() - start) / 200, 1e-6))
-    for _ in range(max(1, round(ms / 1e3 / _ROUND_S[0]))):
+    """About `ms` of pure-Python CPU work (a word-level tokenizer): a fixed number of
+    rounds, the same in every process of one benchmark run (round_s)."""
+    for _ in range(max(1, round(ms / 1e3 / round_s()))):
         _tokenize()
 
 
