@@ -275,11 +275,9 @@ class _Reading(MadeReading):
             del batch
 
     def _next(self, it: Any, index: int, since: float | None = None) -> Any:
-        """The next batch through the stage split's tap (None at the epoch's end); its
-        wait counted from `since` where given (an epoch's first: from before iter())."""
+        """The next batch via the split's tap (None at the end), waited from `since`."""
         asked = self.split.before(self.built.iterator(it))
-        if since is not None:
-            asked = (since, *asked[1:])
+        asked = asked if since is None else (since, *asked[1:])
         batch = _next(it, self.pipeline, index)
         if batch is not None:
             self.split.after(asked)
@@ -400,17 +398,12 @@ class _Reading(MadeReading):
         if None in self.seen0:
             run.main_span_s = self.seen1[None] - self.seen0[None]
         end, ours = machine_times(), ours_cpu()
-        if (
-            self.machine0 is not None
-            and end is not None
-            and self.ours0 is not None
-            and ours is not None
-            and self.started_windows
-            and ours >= self.ours0  # a process of ours gone unreaped by one counted: unknown
-        ):
+        mine = None if ours is None or self.ours0 is None else ours - self.ours0
+        known = self.machine0 is not None and end is not None and self.started_windows
+        if known and mine is not None and mine >= 0:  # < 0: one of ours gone uncounted
             span = max(self.clock() - self.started_windows, 1e-9)
             busy = end.busy - self.machine0.busy
-            run.others_cpus = max(0.0, (busy - (ours - self.ours0)) / span)
+            run.others_cpus = max(0.0, (busy - mine) / span)
         if None in self.mem0:
             run.main_memory = (self.mem0[None], self.mem1[None])
         run.worker_memory = [(self.mem0[p], self.mem1[p]) for p in self.mem0 if p is not None]
