@@ -23,6 +23,7 @@ import pytest
 from starvecheck.loop import httpd, identity
 from starvecheck.loop.httpd import MAX_CLIENTS, Server
 from starvecheck.loop.timer import Watch
+from tests.pidscgroup import pids_cgroup, remove
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -284,23 +285,11 @@ TRAINING = textwrap.dedent(
 )
 
 
-def _pids_cgroup(tmp_path: Path) -> Path | None:
-    base = Path("/sys/fs/cgroup/pids")
-    if not (base / "cgroup.procs").exists() or not os.access(base, os.W_OK):
-        return None
-    cg = base / f"starvecheck-exporter-{os.getpid()}-{tmp_path.name}"
-    try:
-        cg.mkdir()
-    except OSError:
-        return None
-    return cg
-
-
 @pytest.mark.slow
 def test_idle_connections_do_not_use_up_a_pids_limit_and_the_next_epoch_starts(tmp_path):
     """Under a pids limit, 34 idle connections to prometheus_client's server kept the
     next epoch's workers from starting and the job died."""
-    cg = _pids_cgroup(tmp_path)
+    cg = pids_cgroup(tmp_path)
     if cg is None:
         pytest.skip("no writable pids cgroup here")
     job = subprocess.Popen(
@@ -328,13 +317,7 @@ def test_idle_connections_do_not_use_up_a_pids_limit_and_the_next_epoch_starts(t
         if job.poll() is None:
             job.kill()
             job.wait(10)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove(cg)
 
 
 def test_a_scrape_of_the_attach_exporter_is_served_too(tmp_path):

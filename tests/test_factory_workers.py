@@ -21,6 +21,7 @@ from starvecheck.stages.loader.factory import configuration as pipeline
 from starvecheck.stages.loader.factory import load as factory
 from starvecheck.stages.loader.factory import stage as ownloader
 from tests.conftest import alive, children
+from tests.pidscgroup import pids_cgroup, remove
 
 FACTORY = textwrap.dedent(
     """
@@ -386,28 +387,13 @@ def test_processes_the_users_workers_started_are_stopped(
                 os.kill(p, signal.SIGKILL)
 
 
-def _pids_cgroup(tmp_path: Path, limit: int) -> Path | None:
-    """A child pids cgroup (v1) limited to `limit` tasks, where this process may make
-    one (root, a writable hierarchy); None elsewhere."""
-    base = Path("/sys/fs/cgroup/pids")
-    if not (base / "cgroup.procs").exists() or not os.access(base, os.W_OK):
-        return None
-    cg = base / f"starvecheck-test-{os.getpid()}-{tmp_path.name}"
-    try:
-        cg.mkdir()
-        (cg / "pids.max").write_text(str(limit))
-    except OSError:
-        return None
-    return cg
-
-
 @pytest.mark.slow
 def test_a_pids_limit_leaves_out_the_counts_that_cannot_start(
     factory_file: Path, tmp_path: Path
 ) -> None:
     """Under a 12-task pids limit: worker tracebacks ("can't start new thread") and a
     run lost to "exited unexpectedly"."""
-    cg = _pids_cgroup(tmp_path, 12)
+    cg = pids_cgroup(tmp_path, 12)
     if cg is None:
         pytest.skip("no writable pids cgroup here")
     try:
@@ -418,13 +404,7 @@ def test_a_pids_limit_leaves_out_the_counts_that_cannot_start(
             preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())),
         )  # fmt: skip
     finally:
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove(cg)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.stderr.splitlines() == [
         "starvecheck: warning: the cgroup's pids limit (pids.max) lets 10 more processes and "
