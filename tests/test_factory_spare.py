@@ -19,6 +19,7 @@ from starvecheck.stages.loader.factory.rounds import read_rounds
 from starvecheck.stages.loader.factory.spare import spare_count, wanted
 from starvecheck.stages.loader.factory.stage import default_workers
 from tests.conftest import run as run_cli
+from tests.test_factory_slow import SLEEPY  # 50 ms a sample, 8 a batch
 
 
 def _run(workers: int, rate: float, cpu_s: float | None = 0.1, alive_s: float = 10.0) -> Run:
@@ -75,26 +76,6 @@ def test_rounds_grow_after_the_first_and_leave_what_it_decided():
     assert read.count(1) == 1 and read.count(0) == read.count(2) == read.count(4) == 3
     assert [r.config.workers for _, r in runs] == [0, 1, 2, 4]
     assert [len(r.samples_per_s) for _, r in runs] == [3, 1, 3, 3]
-
-
-SLEEPY = """
-import time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-
-class Sleepy(Dataset):
-    def __len__(self):
-        return 4000
-
-    def __getitem__(self, i):
-        time.sleep(0.05)
-        return torch.zeros(4)
-
-
-def make():
-    return DataLoader(Sleepy(), batch_size=8)
-"""
 
 
 @pytest.mark.slow
