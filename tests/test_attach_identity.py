@@ -1,4 +1,4 @@
-"""`attach --every` watches one job, not one number (issue 58; probe/process.identity,
+"""`attach --every` watches one job, not one number (issue 58; probe/life.py,
 cli/windows.py): the job's start time, program, PID namespace and program image are
 read before the first window and checked after each; a PID reused by another process,
 or an exec, ends the watch in one line, and no window of it is reported. Window lines
@@ -18,29 +18,30 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.probe import process
-from starvecheck.probe.process import Identity
+from starvecheck.cli.windows import _replaced
+from starvecheck.probe.life import Life, read_life
 from starvecheck.probe.sysroot import SysRoot
 from tests.loops.loopstate import stop_tree
 
 LOOP = Path(__file__).parent / "loops" / "attach_loop.py"
-JOB = Identity(1000, "/usr/bin/python3.11", "pid:[4026531836]", "aa")
+CMD = "python train.py"
+JOB = Life("S", 1000, "/usr/bin/python3.11", CMD, "pid:[4026531836]", "aa")
 
 
 @pytest.mark.parametrize(
     ("now", "said"),
     [
         (JOB, None),
-        (Identity(1001, JOB.exe, JOB.pidns, JOB.image), "its start time is not the job's"),
-        (Identity(1000, JOB.exe, "pid:[4026532000]", JOB.image), "another PID namespace"),
-        (Identity(1000, "/usr/bin/sleep", JOB.pidns, "bb"), "runs another program now"),
-        (Identity(1000, JOB.exe, JOB.pidns, "bb"), "it called exec"),
-        (Identity(None, None, None, None), None),  # nothing readable: nothing compared
-        (Identity(1000, JOB.exe, None, None), None),
+        (Life("S", 1001, JOB.exe, CMD, JOB.pidns, JOB.image), "its start time is not the job's"),
+        (Life("S", 1000, JOB.exe, CMD, "pid:[4026532000]", JOB.image), "another PID namespace"),
+        (Life("S", 1000, "/usr/bin/sleep", CMD, JOB.pidns, "bb"), "runs another program now"),
+        (Life("S", 1000, JOB.exe, CMD, JOB.pidns, "bb"), "it called exec"),
+        (Life("S", None, None, None, None, None), None),  # nothing readable: nothing compared
+        (Life("S", 1000, JOB.exe, CMD, None, None), None),
     ],
 )
 def test_what_tells_another_process_under_the_pid(now, said):
-    why = process.changed(JOB, now)
+    why = _replaced(JOB, now)
     assert (why is None) if said is None else (said in why)
 
 
@@ -50,21 +51,22 @@ def test_an_upgraded_binary_is_the_same_program(tmp_path):
     proc.mkdir(parents=True)
     (proc / "stat").write_text("7 (python) S 1 7 7 0 -1 0 0 0 0 0 5 3 0 0 20 0 1 0 4242 0 0\n")
     (proc / "exe").symlink_to("/usr/bin/python3.11 (deleted)")
-    got = process.identity(SysRoot(root), 7)
-    assert got == Identity(4242, "/usr/bin/python3.11", None, None)
+    got = read_life(7, SysRoot(root))
+    assert got == Life("S", 4242, "/usr/bin/python3.11", None, None, None)
     (proc / "stat").write_text("7 (python) Z 1 7 7 0 -1 0 0 0 0 0 5 3 0 0 20 0 1 0 4242 0 0\n")
-    assert process.identity(SysRoot(root), 7) is None  # a zombie: the job ended
-    assert process.identity(SysRoot(root), 8) is None
+    got = read_life(7, SysRoot(root))
+    assert got is not None and got.ended  # a zombie: the job ended
+    assert read_life(8, SysRoot(root)) is None
 
 
 def test_this_process_reads_the_same_twice_and_a_child_differs():
-    me = process.identity(SysRoot.from_environ({}), os.getpid())
+    me = read_life(os.getpid(), SysRoot.from_environ({}))
     assert me is not None and me.start is not None and me.image is not None
-    assert process.changed(me, process.identity(SysRoot.from_environ({}), os.getpid())) is None
+    assert _replaced(me, read_life(os.getpid(), SysRoot.from_environ({}))) is None
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
         time.sleep(0.2)
-        other = process.identity(SysRoot.from_environ({}), child.pid)
+        other = read_life(child.pid, SysRoot.from_environ({}))
         assert other is not None and other.image != me.image
     finally:
         child.kill()

@@ -21,8 +21,8 @@ from starvecheck.core.metric import value
 from starvecheck.core.model import Report
 from starvecheck.core.schema.attach import MAIN_SHARE, Main
 from starvecheck.core.status import StarvecheckError, Unavailable, UsageError
-from starvecheck.probe import process
-from starvecheck.probe.sysroot import SysRoot
+from starvecheck.probe.life import Life, read_life
+from starvecheck.probe.process import shorten
 from starvecheck.stages.options import AttachOptions
 
 
@@ -45,8 +45,7 @@ def windows(
 ) -> int:
     """Windows until the job ends; the last one's report emitted."""
     collector = _serving(c, port, addr) if port is not None else None
-    root = SysRoot.from_environ({})
-    job = process.identity(root, options.pid)  # read before the first window: the job
+    job = read_life(options.pid)  # read before the first window: the job
     report: Report | None = None
     n = 0
     while True:
@@ -56,9 +55,9 @@ def windows(
         except StarvecheckError:
             if report is None:  # nothing read yet: attach's own line and status
                 raise
-            _moved(c, options.pid, job, process.identity(root, options.pid), n)
+            _moved(c, options.pid, job, read_life(options.pid), n)
             break  # the job ended between windows (or exec'd into what attach cannot read)
-        now = process.identity(root, options.pid)
+        now = read_life(options.pid)
         why = _moved(c, options.pid, job, now, n)
         if why is not None:  # the window read another process: never reported as the job
             if report is None:
@@ -72,18 +71,16 @@ def windows(
         if collector is not None:
             collector.add(report)
         _say(c, f"starvecheck: attach window {n}: {_line(report)}")
-        if now is None:
+        if now is None or now.ended:
             break  # the job ended during the window
         time.sleep(max(0.0, every - (time.monotonic() - began)))
     return emit(report, out, c)
 
 
-def _moved(
-    c: Context, pid: int, job: process.Identity | None, now: process.Identity | None, n: int
-) -> str | None:
+def _moved(c: Context, pid: int, job: Life | None, now: Life | None, n: int) -> str | None:
     """Why the process under `pid` is not the job attach began with (its PID reused, or
     an exec), said in one line once windows were reported; None where it is the job."""
-    why = process.changed(job, now) if job is not None and now is not None else None
+    why = _replaced(job, now) if job is not None and now is not None and not now.ended else None
     if why is not None and n:
         _say(
             c,
@@ -91,6 +88,20 @@ def _moved(
             f"the watch ends with window {n}, the last of the job",
         )
     return why
+
+
+def _replaced(job: Life, now: Life) -> str | None:
+    """probe/life's verdict on `now` against `job`, in words."""
+    how = job.replaced_by(now)
+    if how == "PID reused":
+        if job.pidns is not None and now.pidns is not None and job.pidns != now.pidns:
+            return "another process has its PID now (in another PID namespace)"
+        return "another process has its PID now (its start time is not the job's)"
+    if how == "exec'd" and job.exe != now.exe:
+        return f"it runs another program now ({shorten([now.exe or ''])}: it called exec)"
+    if how is not None:  # the same binary again, or another command line
+        return "it called exec (a new program image under the same PID)"
+    return None
 
 
 def _serving(c: Context, port: int, addr: str) -> Any:

@@ -14,7 +14,6 @@ last is the id the process sees itself as). py-spy names threads by that innermo
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 
@@ -26,7 +25,6 @@ CAP_SYS_PTRACE = 19
 MAX_VALUE = 4096  # characters kept of an environment variable (8 GPU UUIDs fit)
 MAX_TASKS = 20_000  # threads read of one process; a torch job has hundreds
 MAX_GROUPS = 65_536  # the kernel's NGROUPS_MAX
-AUXV_BYTES = 4096  # /proc/PID/auxv: a few hundred bytes on x86-64 and arm64
 
 
 @dataclass(frozen=True)
@@ -176,62 +174,6 @@ def _base(pid: int | str, tid: int | None = None) -> str:
 def stat(root: SysRoot, pid: int | str, tid: int | None = None) -> Stat | None:
     text = _text(root, _base(pid, tid) + "/stat")
     return parse_stat(text) if text else None
-
-
-@dataclass(frozen=True)
-class Identity:
-    """What makes a process the one it was, beside its PID: its start time (ticks after
-    boot), the program it runs (/proc/PID/exe, without " (deleted)": an upgraded binary
-    is the same program), its PID namespace, and its program image (the auxiliary
-    vector the kernel gave it at exec, whose addresses ASLR draws afresh at each exec:
-    an exec of the same binary shows there). None where it could not be read."""
-
-    start: int | None
-    exe: str | None
-    pidns: str | None
-    image: str | None = None  # /proc/PID/auxv's digest: a new one at each exec (ASLR)
-
-
-def identity(root: SysRoot, pid: int) -> Identity | None:
-    """`pid`'s identity now; None where no live process has that PID (gone, a zombie)."""
-    st = stat(root, pid)
-    if st is None or st.state in ("Z", "X"):
-        return None
-    exe = _link(root, f"/proc/{pid}/exe")
-    if exe is not None and exe.endswith(" (deleted)"):
-        exe = exe[: -len(" (deleted)")]
-    auxv = _bytes(root, f"/proc/{pid}/auxv", AUXV_BYTES)
-    image = hashlib.blake2b(auxv, digest_size=16).hexdigest() if auxv else None
-    return Identity(st.start, exe, _link(root, f"/proc/{pid}/ns/pid"), image)
-
-
-def changed(first: Identity, now: Identity) -> str | None:
-    """Why the process now under the PID is not `first`, in words; None where nothing
-    read says so (a figure that could not be read either time is not compared)."""
-    if first.start is not None and now.start is not None and first.start != now.start:
-        return "another process has its PID now (its start time is not the job's)"
-    if first.pidns is not None and now.pidns is not None and first.pidns != now.pidns:
-        return "another process has its PID now (in another PID namespace)"
-    if first.exe is not None and now.exe is not None and first.exe != now.exe:
-        return f"it runs another program now ({shorten([now.exe])}: it called exec)"
-    if first.image is not None and now.image is not None and first.image != now.image:
-        return "it called exec (a new program image under the same PID)"
-    return None
-
-
-def _bytes(root: SysRoot, path: str, limit: int) -> bytes | None:
-    try:
-        with open(root.path(path), "rb") as f:
-            return f.read(limit)
-    except (OSError, ValueError):
-        return None
-
-
-def _link(root: SysRoot, path: str) -> str | None:
-    try:
-        return os.readlink(root.path(path))
-    except (OSError, ValueError):
-        return None
 
 
 def status(root: SysRoot, pid: int | str, tid: int | None = None) -> Status | None:
