@@ -55,13 +55,13 @@ def labels(
     pod = environ.get("POD_NAME") or environ.get("HOSTNAME")
     if "KUBERNETES_SERVICE_HOST" in environ and pod:  # in a pod: its name is the host's
         out["pod"] = pod
-        ns = environ.get("POD_NAMESPACE") or (namespace_file and _read(namespace_file))
-        if ns:
-            out["namespace"] = ns
+        if environ.get("POD_NAMESPACE"):
+            out["namespace"] = environ["POD_NAMESPACE"]
     for var, label in (("SLURM_JOB_ID", "slurm_job_id"), ("SLURM_STEP_ID", "slurm_step_id")):
         if environ.get(var):
             out[label] = environ[var]
-    return {k: utf8(v) for k, v in out.items()}
+    found = {k: utf8(v) for k, v in out.items()}
+    return found if namespace_file is None else with_namespace(found, environ, namespace_file)
 
 
 def with_namespace(
