@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from starvecheck.loop.timer import Watch
 
+from starvecheck.core import clocks as _clocks  # noqa: F401  # the real clocks, bound first
 from starvecheck.core.version import __version__
 
 __all__ = ["__version__", "watch"]
@@ -31,6 +32,7 @@ def entry() -> int:
 
     try:
         from starvecheck.cli import main
+        from starvecheck.core import streams
         from starvecheck.stages.loader.factory import ending
     except KeyboardInterrupt:
         sys.stderr.write("starvecheck: error: interrupted\n")
@@ -38,4 +40,5 @@ def entry() -> int:
     # Where the user's code ran in this process (`loader --factory`), the process ends
     # there once the report is written: nothing the pipeline left can hold it.
     ending.enable()
+    streams.for_good()  # and a report on stdout stays whole to the end (core/streams.py)
     return ending.finish(main())

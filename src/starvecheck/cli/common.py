@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from starvecheck.core import outputs
+from starvecheck.core import outputs, streams
 from starvecheck.core.context import Context
 from starvecheck.core.model import Report, Severity, StageResult, at_or_above
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
@@ -263,7 +263,7 @@ def emit(report: Report, out: Outputs, c: Context) -> int:
         if e.filename is not None:
             raise
         # stdout itself: a full disk (`> /dev/full`), a closed or revoked terminal.
-        _abandon(c.stdout)
+        _abandon(streams.report(c.stdout))
         raise UsageError(f"cannot write to standard output: {e.strerror}") from e
 
 
@@ -283,21 +283,22 @@ def _emit(report: Report, out: Outputs, c: Context) -> int:
     from starvecheck.render import json as json_export
     from starvecheck.render import markdown as markdown_export
 
+    stdout = streams.report(c.stdout)  # the real stdout, where the user's code moved fd 1
     for path, serialize in (
         (out.json, json_export.serialize),
         (out.markdown, markdown_export.serialize),
     ):
         if path == "-":
-            c.stdout.write(serialize(report))
-            c.stdout.flush()
+            stdout.write(serialize(report))
+            stdout.flush()
         elif path is not None:
             option = "--json" if path == out.json else "--markdown"
             outputs.write(option, path, out.file(path), serialize(report).encode("utf-8"))
     if out.terminal:
         from starvecheck.render.terminal import as_text
 
-        c.stdout.write(as_text(report, c.console()))
-        c.stdout.flush()
+        stdout.write(as_text(report, c.console(stdout)))
+        stdout.flush()
     return exit_status(report, out.fail_on)
 
 

@@ -18,6 +18,7 @@ import typer
 
 from starvecheck.cli.common import app, error
 from starvecheck.core import stages as stages_table
+from starvecheck.core import streams
 from starvecheck.core.context import Context
 from starvecheck.core.signals import Terminated, forget_received, received, signals_raise
 from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
@@ -48,7 +49,10 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
         # Signals raise from here on, not only while a stage measures: one that ends
         # the process between stages would leave DataLoader workers it never stopped.
         with signals_raise(), redirect_stdout(c.stdout), redirect_stderr(c.stderr):
-            rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
+            try:
+                rv = app(args=words, prog_name="starvecheck", standalone_mode=False, obj=c)
+            finally:
+                streams.put_back()  # fd 1 moved for the user's code: back (a test's process)
     except typer.TyperException as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `starvecheck`: the help, as is
             c.stderr.write(e.format_message().rstrip() + "\n")

@@ -11,11 +11,11 @@ gone before the first window is attach's usual one line and exit status.
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from starvecheck.advice.report import build_report
 from starvecheck.cli.common import Outputs, emit, measure_one
+from starvecheck.core import clocks
 from starvecheck.core.context import Context
 from starvecheck.core.metric import value
 from starvecheck.core.model import Report
@@ -49,7 +49,7 @@ def windows(
     report: Report | None = None
     n = 0
     while True:
-        began = time.monotonic()
+        began = clocks.monotonic()
         try:
             result = measure_one(options, c, out, machine).result
         except StarvecheckError:
@@ -73,7 +73,7 @@ def windows(
         _say(c, f"starvecheck: attach window {n}: {_line(report)}")
         if now is None or now.ended:
             break  # the job ended during the window
-        time.sleep(max(0.0, every - (time.monotonic() - began)))
+        clocks.sleep(max(0.0, every - (clocks.monotonic() - began)))
     return emit(report, out, c)
 
 

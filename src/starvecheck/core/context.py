@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
+from starvecheck.core import clocks
+
 
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    # The real clock (core/clocks.py): a pipeline's frozen datetime does not date it.
+    return datetime.fromtimestamp(clocks.time(), timezone.utc).replace(microsecond=0).isoformat()
 
 
 @dataclass
@@ -27,7 +29,7 @@ class Context:
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     stdout_isatty: bool | None = None
     width: int | None = None  # None: the terminal's
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] = clocks.perf_counter
     now: Callable[[], str] = _utc_now
     debug: bool = False
 

@@ -34,6 +34,7 @@ import select
 import stat
 import sys
 
+from starvecheck.core import streams
 from starvecheck.core.signals import signals_held
 from starvecheck.core.status import UsageError
 
@@ -178,7 +179,12 @@ def _check_special(option: str, shown: str, fd: int) -> None:
 
 def _through_link(option: str, shown: str, path: str, data: bytes) -> None:
     """A symbolic link: followed only to a non-regular file, or to our own stdout or
-    stderr (/dev/stdout is a link to /proc/self/fd/1)."""
+    stderr (/dev/stdout is a link to /proc/self/fd/1). Once the user's code moved fd 1
+    to stderr (core/streams.py), a name of fd 1 is the real stdout, kept aside."""
+    if streams.names_stdout(path):
+        streams.flush()
+        _write_all(streams.stdout_fd(), data)
+        return
     try:
         fd = os.open(path, _EXISTING)
     except FileNotFoundError:
@@ -189,7 +195,7 @@ def _through_link(option: str, shown: str, path: str, data: bytes) -> None:
         st = os.fstat(fd)
         own = _own_stream(st)
         if own is not None:
-            sys.stdout.flush() if own == 1 else sys.stderr.flush()
+            sys.stderr.flush() if own == 2 else (sys.stdout.flush(), streams.flush())
             _write_all(own, data)  # at the stream's own offset, as a shell's >> would
             return
         if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
@@ -229,8 +235,9 @@ def refusal(path: str) -> str | None:
 
 
 def _own_stream(st: os.stat_result) -> int | None:
-    """1 or 2 where `st` is the file our stdout or stderr already writes to."""
-    for fd in (1, 2):
+    """The descriptor of our stdout (core/streams.stdout_fd) or stderr (2) where `st` is
+    the file it already writes to."""
+    for fd in (streams.stdout_fd(), 2):
         with contextlib.suppress(OSError):
             own = os.fstat(fd)
             if (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(own.st_mode):

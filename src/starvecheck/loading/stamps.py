@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Any
 
+from starvecheck.core import clocks
+
 RING = 1024  # batch records a worker keeps; the tap reads each within a few steps
 FIELDS = 8
 # A worker's header row (its block's row 0)
@@ -33,7 +35,7 @@ H_PID, H_BORN, H_INIT, H_READY, H_CPU, H_RUNQ = range(6)
 # A batch record (rows 1..RING): its sequence number + 1 (0: empty), written last
 R_SEQ, R_FREE, R_COLLATE, R_DONE, R_FETCH_CPU, R_FETCH_RUNQ, R_COLLATE_CPU = range(7)
 
-clock = time.perf_counter
+clock = clocks.perf_counter
 
 
 def table(workers: int) -> Any:
@@ -62,7 +64,7 @@ class Sched:
                 return int(run) / 1e9, int(wait) / 1e9
             except (OSError, ValueError):
                 self.fd = None
-        return time.thread_time(), 0.0
+        return clocks.thread_time(), 0.0
 
 
 def born() -> float:
@@ -72,7 +74,7 @@ def born() -> float:
         with open("/proc/self/stat", "rb") as f:
             stat = f.read(4096)
         ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        age = clocks.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
         return clock() - age
     except (OSError, ValueError, IndexError, AttributeError):
         return float("nan")
@@ -163,8 +165,8 @@ class Stamped:
 
     def __call__(self, data: Any) -> Any:
         c0 = clock()
-        t0 = time.thread_time()
-        p0 = time.process_time() if self._worker is None else 0.0
+        t0 = clocks.thread_time()
+        p0 = clocks.process_time() if self._worker is None else 0.0
         q0 = self.here.runq_now() if self._worker is None else 0.0
         out = self.collate(data)
         c1 = clock()
@@ -179,11 +181,11 @@ class Stamped:
         if w is None:  # the training process (num_workers=0)
             h = self.here
             h.collate, h.done, h.cpu, h.pcpu, h.runq = c0, c1, t0, p0, q0
-            h.collate_cpu = time.thread_time() - t0
+            h.collate_cpu = clocks.thread_time() - t0
             h.seq += 1
             return
         cpu, runq = w.sched.read()
-        collate_cpu = time.thread_time() - t0
+        collate_cpu = clocks.thread_time() - t0
         at, b = (1 + w.seq % RING) * FIELDS, w.block
         b[at + R_SEQ] = 0.0  # being written
         b[at + R_FREE], b[at + R_COLLATE], b[at + R_DONE] = w.free, c0, c1

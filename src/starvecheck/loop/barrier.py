@@ -18,10 +18,10 @@ without a barrier.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -59,11 +59,11 @@ class Barrier:
             return
         import torch.distributed as dist
 
-        started = time.monotonic()
+        started = clocks.monotonic()
         try:
             dist.barrier(group=self.group)
         except Exception as e:
-            self.give_up(f"at step {step} after {time.monotonic() - started:.1f} s", e)
+            self.give_up(f"at step {step} after {clocks.monotonic() - started:.1f} s", e)
 
     def give_up(self, where: str, e: BaseException) -> None:
         why = " ".join(str(e).split())

@@ -7,8 +7,9 @@ process and its workers, and the training process's own (the worker model's boun
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
+
+from starvecheck.core import clocks
 
 WORKER_SAMPLE = 16  # steps between two readings of the workers' CPU time
 # Seconds between two readings of the machine's CPU: never per step (a /proc/stat read
@@ -91,22 +92,22 @@ class MachineCpu:
 
         self.pids = [os.getpid(), *(workers or [])]
         self.cpus = allowed_cpus()  # others read on the CPUs this process may use
-        self.next_at = time.perf_counter() + MACHINE_EACH_S
+        self.next_at = clocks.perf_counter() + MACHINE_EACH_S
         self.last: tuple[float, Any, float] | None = None
         self.read(None, None)
 
     def due(self) -> bool:
-        return time.perf_counter() >= self.next_at
+        return clocks.perf_counter() >= self.next_at
 
     def read(self, others: list[float] | None, process: list[float] | None) -> None:
         """Append the seconds since the last reading: others' CPUs to `others`, this
         process's to `process`."""
         from starvecheck.probe.load import at_most_cpus, between, sample
 
-        now = time.perf_counter()
+        now = clocks.perf_counter()
         self.next_at = now + MACHINE_EACH_S
         try:
-            s, mine = sample(self.pids, runq=False, cpus=self.cpus), time.process_time()
+            s, mine = sample(self.pids, runq=False, cpus=self.cpus), clocks.process_time()
         except Exception:
             self.last = None
             return

@@ -26,10 +26,10 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.core import clocks
 from starvecheck.loop.families import Advice, Tally, families
 from starvecheck.loop.httpd import Server
 from starvecheck.loop.identity import gpu_labels, labels, with_namespace
@@ -171,7 +171,7 @@ class Exporter:
                 self._namespace_read = True
                 self._labels = with_namespace(self._labels, os.environ)
             self.tally.update(self.times)
-            now = time.monotonic()
+            now = clocks.monotonic()
             if now - self._advised_at >= ADVICE_EVERY_S:
                 self._advised_at = now
                 self.advice = self._advise()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from starvecheck.core import clocks
 
 BATCHES = 10  # timed batches, after WARMUP
 WARMUP = 2
@@ -113,7 +114,7 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
     except ImportError:
         return None
     threads = torch.get_num_threads()
-    clock = time.perf_counter
+    clock = clocks.perf_counter
     try:
         n = WARMUP + BATCHES
         local = _Batches(nbytes, n)
@@ -121,9 +122,9 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
         made, used = [], []
         for i in range(n):
             torch.set_num_threads(1)  # making a batch as a worker does: one thread
-            t0 = time.thread_time()
+            t0 = clocks.thread_time()
             x = local[i]
-            made.append(time.thread_time() - t0)
+            made.append(clocks.thread_time() - t0)
             torch.set_num_threads(threads)  # using it as the training process does
             t1 = clock()
             _read(x, into)
@@ -134,7 +135,7 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
         # keeps up): what the training process spends is then its own.
         ahead = 2 * statistics.median(made) + 0.002
         loader = DataLoader(local, batch_size=None, num_workers=1, prefetch_factor=2)
-        started = time.monotonic()
+        started = clocks.monotonic()
         it = iter(loader)
         try:
             pids = [p.pid for p in getattr(it, "_workers", ())]
@@ -143,12 +144,12 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
             worker = psutil.Process(pids[0])
             received, cpu0, cpu1 = [], 0.0, 0.0
             for i in range(n):
-                if time.monotonic() - started > limit_s:
+                if clocks.monotonic() - started > limit_s:
                     return None
                 if i == WARMUP:
                     t = worker.cpu_times()
                     cpu0 = t.user + t.system
-                time.sleep(ahead)
+                clocks.sleep(ahead)
                 t0 = clock()
                 x = next(it)
                 _read(x, into)

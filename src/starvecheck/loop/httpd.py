@@ -33,10 +33,11 @@ import os
 import selectors
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from starvecheck.core import clocks
 
 MAX_CLIENTS = 8
 CLIENT_TIMEOUT_S = 5.0
@@ -123,7 +124,7 @@ class Server:
                         self._accept()
                     else:
                         self._serve(key.data, events)
-                self._expire(time.monotonic())
+                self._expire(clocks.monotonic())
         except Exception as e:  # never a traceback in the job's log
             if not self._stop.is_set():
                 self._warn(f"the scrape server stopped ({type(e).__name__}: {e})")
@@ -135,7 +136,7 @@ class Server:
         if not self._clients:
             return _IDLE_S
         first = min(c.deadline for c in self._clients.values())
-        return min(_IDLE_S, max(0.0, first - time.monotonic()))
+        return min(_IDLE_S, max(0.0, first - clocks.monotonic()))
 
     def _accept(self) -> None:
         while True:
@@ -150,7 +151,7 @@ class Server:
             conn.setblocking(False)
             if len(self._clients) >= MAX_CLIENTS:
                 self._drop(min(self._clients.values(), key=lambda c: c.deadline))
-            client = _Client(conn, time.monotonic() + CLIENT_TIMEOUT_S)
+            client = _Client(conn, clocks.monotonic() + CLIENT_TIMEOUT_S)
             self._clients[conn.fileno()] = client
             self._selector.register(conn, selectors.EVENT_READ, client)
 
@@ -199,7 +200,7 @@ class Server:
             self._answer(client, status, body, head_only=method == b"HEAD")
 
     def _current_page(self) -> tuple[int, bytes]:
-        now = time.monotonic()
+        now = clocks.monotonic()
         if self._page is None or now - self._page[0] >= PAGE_TTL_S:
             try:
                 self._page = (now, self._render(), 200)

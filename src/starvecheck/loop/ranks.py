@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.common import DATA_WAIT_SHARE
@@ -124,7 +124,7 @@ class Peers:
         got: dict[int, RankTimes] = {self.rank: own}
         if self.store is None:
             return Gathered(got, self.world, unreachable=self.why or "no store")
-        deadline = time.monotonic() + (WAIT_END_S if own.final else WAIT_EVERY_S)
+        deadline = clocks.monotonic() + (WAIT_END_S if own.final else WAIT_EVERY_S)
         want = set(range(self.world)) - {self.rank}
         try:
             while True:
@@ -133,9 +133,9 @@ class Peers:
                         got[r] = RankTimes.decode(self.store.get(self._key(r)))
                 ready = {r for r in want if r in got and _caught_up(got[r], own)}
                 want -= ready
-                if not want or time.monotonic() >= deadline:
+                if not want or clocks.monotonic() >= deadline:
                     break
-                time.sleep(POLL_S)
+                clocks.sleep(POLL_S)
         except Exception as e:
             return Gathered(got, self.world, unreachable=f"the store could not be read ({e})")
         if own.final:  # read for good: the store (rank 0's memory, or the agent's) lets go

@@ -39,10 +39,10 @@ def tap_for(iterable: Any, split: StageSplit, clock: Any) -> Tap | None:
     """The stage split's side in the training process (loading/tap.py) for a loop over
     `iterable`: where it is a torch DataLoader and the loop runs on perf_counter's clock
     (the workers'); None otherwise. Writes how the workers start into `split`."""
-    import time
+    from starvecheck.core import clocks
 
     tap = Tap.of(iterable, split)
-    if tap is None or clock is not time.perf_counter:
+    if tap is None or clock is not clocks.perf_counter:
         return None
     split.start_method, split.persistent, split.pinned = tap.method, tap.persistent, tap.pinned
     return tap

@@ -9,9 +9,10 @@ GPU events (loop/gpuclock.py) are recorded here as the `for` loop records them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from starvecheck.core import clocks
 
 if TYPE_CHECKING:
     from starvecheck.loading.tap import Tap
@@ -56,11 +57,11 @@ class TrainerSteps:
         if self._gap is None:  # no begin_pass(): the pass begins with this step, no wait
             self.begin_pass()
         t = self.times
-        now, now_cpu = self.clock(), time.thread_time()
+        now, now_cpu = self.clock(), clocks.thread_time()
         gap = now if self._gap is None else self._gap
         t.waits.append(now - gap)
         t.wait_cpu.append(now_cpu - self._gap_cpu)
-        t.wait_process_cpu.append(time.process_time() - self._gap_pcpu)
+        t.wait_process_cpu.append(clocks.process_time() - self._gap_pcpu)
         t.wait_runq.append(0.0)
         tap = self._held()
         if tap is not None:  # the wait split by stage (loading/tap.py)
@@ -70,11 +71,11 @@ class TrainerSteps:
             barrier.wait(len(t.waits))
             if barrier:
                 arrived, now = now, self.clock()
-                now_cpu = time.thread_time()
+                now_cpu = clocks.thread_time()
                 t.rank_waits.append(now - arrived)
             else:
                 self._rank_barrier()  # the note of why
-        self._began, self._began_cpu, self._began_pcpu = now, now_cpu, time.process_time()
+        self._began, self._began_cpu, self._began_pcpu = now, now_cpu, clocks.process_time()
         self._gap = None
         self._events().arrived()
 
@@ -84,20 +85,20 @@ class TrainerSteps:
             return
         self._sync()()  # queued GPU work is the step's
         t = self.times
-        now, now_cpu = self.clock(), time.thread_time()
+        now, now_cpu = self.clock(), clocks.thread_time()
         t.computes.append(now - self._began)
         t.compute_cpu.append(now_cpu - self._began_cpu)
-        t.compute_process_cpu.append(time.process_time() - self._began_pcpu)
+        t.compute_process_cpu.append(clocks.process_time() - self._began_pcpu)
         self._began = None
         self._events().asked()
         if self.every and len(t.computes) % self.every == 0:
             self._checkpoint()
-            now, now_cpu = self.clock(), time.thread_time()  # printing is ours
+            now, now_cpu = self.clock(), clocks.thread_time()  # printing is ours
         machine = self._machine_cpu()
         if machine is not None and machine.due():  # about once a second
             machine.read(t.others_cpus, t.process_cpus)
-            now, now_cpu = self.clock(), time.thread_time()  # reading /proc is ours
-        self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, time.process_time()
+            now, now_cpu = self.clock(), clocks.thread_time()  # reading /proc is ours
+        self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, clocks.process_time()
 
     def _machine_cpu(self) -> MachineCpu | None:
         """The machine's sampler where the trainer loads in its own process: its
@@ -114,8 +115,8 @@ class TrainerSteps:
         """Work that is not waiting for data ended just now between two steps
         (logging, evaluation, a checkpoint): the data wait starts counting here."""
         if self._began is None:
-            self._gap, self._gap_cpu = self.clock(), time.thread_time()
-            self._gap_pcpu = time.process_time()
+            self._gap, self._gap_cpu = self.clock(), clocks.thread_time()
+            self._gap_pcpu = clocks.process_time()
 
     def begin_pass(self) -> None:
         """A pass begins now (a trainer's epoch): its first step's wait counts from here."""
@@ -126,8 +127,8 @@ class TrainerSteps:
             if self.exporter is not None:  # loop/exporter.py
                 self.exporter.new_pass(self.peers.rank if self.peers else None)
             self._events().new_pass()
-            self._gap, self._gap_cpu = self.clock(), time.thread_time()
-            self._gap_pcpu = time.process_time()
+            self._gap, self._gap_cpu = self.clock(), clocks.thread_time()
+            self._gap_pcpu = clocks.process_time()
             tap = self._held()
             if tap is not None:
                 self._passed(tap)

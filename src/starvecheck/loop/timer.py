@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import Barrier
@@ -80,7 +80,7 @@ class Watch(TrainerSteps, Generic[T]):
         self,
         iterable: Iterable[T],
         *,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = clocks.perf_counter,
         device: Device | None = None,
         **options: Any,
     ) -> None:
@@ -131,7 +131,7 @@ class Watch(TrainerSteps, Generic[T]):
         barrier = self._rank_barrier()
         gpu, replay = self._events(), self._replay
         gpu.new_pass()
-        clock, cpu, pcpu, perf = self.clock, time.thread_time, time.process_time, time.perf_counter
+        clock, (cpu, pcpu, perf) = self.clock, clocks.steps()  # the real builtins themselves
         runq = Runqueue()
         queued = runq.read
         t = self.times

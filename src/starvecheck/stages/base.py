@@ -21,11 +21,11 @@ Stages register in `stages/registry.py`; commands and doctor reach them only the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
+from starvecheck.core import clocks
 from starvecheck.core.model import StageResult
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S
 
@@ -181,7 +181,7 @@ def timed(stage: Stage[OptionsT, PlanT], plan: PlanT, ctx: RunContext) -> Measur
     """The stage measured, and how long it took: the one place a result's `duration_s`
     is set (the wall time of its measuring, planning apart), for its command and for
     doctor alike."""
-    start = time.perf_counter()
+    start = clocks.perf_counter()
     out = stage.measure_all(plan, ctx)
-    took = round(time.perf_counter() - start, 3)
+    took = round(clocks.perf_counter() - start, 3)
     return replace(out, result=replace(out.result, duration_s=took))

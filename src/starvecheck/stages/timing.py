@@ -7,10 +7,10 @@ and the spread decides whether the figure is stable enough to act on.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat
 
 # pyperf warns at a standard deviation of 10% of the mean; we use the median,
@@ -33,7 +33,7 @@ def repeat(
     *,
     runs: int,
     warmups: int = 1,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = clocks.perf_counter,
 ) -> Timed:
     """Run `fn` `warmups` times unmeasured, then `runs` times measured by `clock`."""
     if runs < 1 or warmups < 0:

@@ -8,9 +8,9 @@ anywhere; a process that exits meanwhile keeps its last reading.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 
+from starvecheck.core import clocks
 from starvecheck.probe import process
 from starvecheck.probe.cgroup import cpu_stat_dir, parse_flat_keyed
 from starvecheck.probe.life import Life, read_life
@@ -49,7 +49,7 @@ def snapshot(pid: int, uss: bool = False, runq: bool = True) -> Snapshot | None:
     stat = process.stat(root, pid)
     if stat is None:
         return None
-    s = Snapshot(time.perf_counter(), stat.cpu_s)
+    s = Snapshot(clocks.perf_counter(), stat.cpu_s)
     main = process.stat(root, pid, pid)
     s.thread_cpu_s = main.cpu_s if main is not None else None
     s.runq_s = runq_seconds(pid, root) if runq else None
@@ -119,7 +119,7 @@ class Watch:
         self.machine0 = _machine(self.cpus)
         self.cgroup0 = _cpu_stat(cgroup_dir)
         self.shm0 = shm_used()
-        self.t0 = time.perf_counter()
+        self.t0 = clocks.perf_counter()
         self._began = False  # processes added from here on started inside the window
         self.lives: dict[int, Life | None] = {o: read_life(o) for o in owned}
         self.fates: dict[int, Fate] = {o: Fate() for o in owned}
@@ -143,7 +143,7 @@ class Watch:
         now = _machine(self.cpus)
         if now is None or self.machine0 is None:
             return None
-        return now - self.machine0, time.perf_counter() - self.t0, cpus_read(self.cpus) or 1
+        return now - self.machine0, clocks.perf_counter() - self.t0, cpus_read(self.cpus) or 1
 
     def add(self, pid: int, owner: int) -> None:
         if pid in self.series:
@@ -176,7 +176,7 @@ class Watch:
                 self._job_since += max(0.0, s.cpu_s - before.cpu_s)
             series.last = s
         self.alive.append(alive)
-        now = time.perf_counter()
+        now = clocks.perf_counter()
         for owner, fate in self.fates.items():
             follow(fate, self.lives.get(owner), read_life(owner), now - self._last_tick,
                    now - self.t0)  # fmt: skip
@@ -186,7 +186,7 @@ class Watch:
     def _others_tick(self) -> None:
         """Another second's CPUs of the other processes, where a second has passed
         since the last (ticks come faster while py-spy finishes)."""
-        now = time.perf_counter()
+        now = clocks.perf_counter()
         if now - self._mark.at < EACH_S:
             return
         busy, mine = _machine(self.cpus), ours_cpu()
@@ -205,7 +205,7 @@ class Watch:
             s = snapshot(pid, uss=True, runq=self.owner.get(pid) != pid)
             if s is not None:
                 series.last = s
-        seconds = max(1e-9, time.perf_counter() - self.t0)
+        seconds = max(1e-9, clocks.perf_counter() - self.t0)
         machine1, cgroup1 = _machine(self.cpus), _cpu_stat(self.cgroup_dir)
         ours = sum(s.delta("cpu_s") or 0.0 for s in self.series.values())
         others = None

@@ -15,10 +15,10 @@ not taken, not sampled, and what attach's sampling took, is in `cost()`.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from starvecheck.core import clocks
 from starvecheck.stages.attach import budget, spy
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class Sampling:
         self._stop_at: float | None = None
         self.refit = False  # restarted at a lower rate after measuring itself
         self._checked = False
-        self._t0 = self._at0 = time.monotonic()
+        self._t0 = self._at0 = clocks.monotonic()
         self._cpu0: float | None = None
         self._since = self._t0  # when the py-spys running now started
         self._readings: list[tuple[float, float]] = []  # (time, their CPU) past start-up
@@ -198,7 +198,7 @@ class Sampling:
         """Once a second: py-spy's CPU over its first second checked against the budget
         (restarted once, slower, where over; faster, where well under: `_check`);
         workers started since sampled too."""
-        now = time.monotonic()
+        now = clocks.monotonic()
         if now - self._since >= START_S and not self.done():  # while they all still run
             self._readings.append((now, self._cpu()))
         if self._cpu0 is None and now - self._since >= START_S:
@@ -211,7 +211,7 @@ class Sampling:
             for rank in self.samplers.values():
                 rank.window_s = self.sample_s
             self.stop()
-        left = self.sample_s - (time.monotonic() - self._t0)
+        left = self.sample_s - (clocks.monotonic() - self._t0)
         for rank, kids in descendants.items():
             s = self.samplers.get(rank)
             judged = self._judged.setdefault(rank, set())
@@ -224,7 +224,7 @@ class Sampling:
     def next_in(self) -> float:
         """Seconds until py-spy's cost is next due to be read (its first reading past its
         start-up, then its check); a second once it has been checked."""
-        now = time.monotonic()
+        now = clocks.monotonic()
         if self._checked or not self.samplers:
             return 1.0
         if self._cpu0 is None:
@@ -247,7 +247,7 @@ class Sampling:
         at a higher rate where that gives more samples in the time left, and checked
         again (lowered where the higher rate is over after all)."""
         self._checked = True
-        now = time.monotonic()
+        now = clocks.monotonic()
         span = max(1e-3, now - self._at0)
         used = (self._cpu() - (self._cpu0 or 0.0)) / span
         self.per_sample_cpu_s, self.measured = used / self.rate, True
@@ -279,8 +279,8 @@ class Sampling:
         """Every py-spy ended (its samples dropped) and started again at `rate` for the
         rest of the window."""
         self.rate = rate
-        self._since, self._readings = time.monotonic(), []
-        left = max(1.0, self.sample_s - (time.monotonic() - self._t0))
+        self._since, self._readings = clocks.monotonic(), []
+        left = max(1.0, self.sample_s - (clocks.monotonic() - self._t0))
         for rank, s in list(self.samplers.items()):
             workers = [w for w, r in s.workers.items() if not r.done()]
             # The new ones first, then the old ended: never a moment without a py-spy

@@ -33,11 +33,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from starvecheck.core import clocks
 from starvecheck.stages.attach.spyout import MAX_LINES, Stacks, parse_raw, parse_speedscope
 
 # The output's parsers and record: importable from here, where callers have found them.
@@ -111,7 +111,7 @@ class Recorder:
         err = scratch.new_file(self._stderr)
         parent = os.getpid()
         try:
-            self.started = time.monotonic()
+            self.started = clocks.monotonic()
             self.proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -140,7 +140,7 @@ class Recorder:
 
     @property
     def ran_s(self) -> float:
-        return (self.ended or time.monotonic()) - self.started
+        return (self.ended or clocks.monotonic()) - self.started
 
     def stop(self) -> None:
         """End py-spy and its group: SIGINT first (it writes what it sampled), SIGKILL
@@ -159,9 +159,9 @@ class Recorder:
             return
         self.killed = True
         self._signal(signal.SIGKILL)
-        deadline = time.monotonic() + REAP_S
-        while not self._reap() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        deadline = clocks.monotonic() + REAP_S
+        while not self._reap() and clocks.monotonic() < deadline:
+            clocks.sleep(0.01)
 
     def _signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -181,13 +181,13 @@ class Recorder:
             pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
         except ChildProcessError:  # reaped elsewhere
             self.proc.returncode = -1
-            self.ended = time.monotonic()
+            self.ended = clocks.monotonic()
             return True
         if pid == 0:  # cannot be: it was seen ended
             return False
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         self.cpu_s = usage.ru_utime + usage.ru_stime
-        self.ended = time.monotonic()
+        self.ended = clocks.monotonic()
         return True
 
     def printed(self) -> str:
@@ -222,9 +222,9 @@ def stop_all(recorders: list[Recorder]) -> None:
     try:
         for r in recorders:
             r.interrupt()
-        deadline = time.monotonic() + STOP_S
-        while not all(r.done() for r in recorders) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        deadline = clocks.monotonic() + STOP_S
+        while not all(r.done() for r in recorders) and clocks.monotonic() < deadline:
+            clocks.sleep(0.02)
     finally:
         with signals_held():
             for r in recorders:

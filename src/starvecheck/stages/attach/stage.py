@@ -23,10 +23,10 @@ and process; judging is advice/attach.py's.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.attach import (
@@ -218,24 +218,24 @@ def _wait(
     """Read /proc once a second while py-spy samples, until both are done (py-spy gets
     15 s past the duration to write its samples); workers started since sampled at each
     second, and py-spy's cost checked when it is due (sampling.py), between them too."""
-    t0 = last = time.perf_counter()
+    t0 = last = clocks.perf_counter()
     deadline = t0 + plan.seconds + (spy.END_GRACE_S if recorders else 0.0)
     found: dict[int, list[int]] = {}
-    while time.perf_counter() < deadline:
+    while clocks.perf_counter() < deadline:
         check_signals()
-        elapsed = time.perf_counter() - t0
+        elapsed = clocks.perf_counter() - t0
         ctx.progress(f"sampling for {plan.seconds:.0f} s", int(elapsed), int(plan.seconds))
         if elapsed >= plan.seconds and all(r.done() for r in recorders.values()):
             break
         step = min(1.0, plan.seconds - elapsed) if elapsed < plan.seconds else 0.1
         if sampler is not None:  # py-spy's cost read when it is due, not a second late
             step = min(step, max(0.05, sampler.next_in()))
-        time.sleep(step)
-        if time.perf_counter() - last < 0.95 and elapsed + step < plan.seconds:
+        clocks.sleep(step)
+        if clocks.perf_counter() - last < 0.95 and elapsed + step < plan.seconds:
             if sampler is not None:
                 sampler.tick(found)
             continue
-        last = time.perf_counter()
+        last = clocks.perf_counter()
         # workers started since (a new epoch's)
         found = descendants_of([r.pid for r in plan.job.ranks])
         for owner, kids in found.items():
@@ -344,7 +344,7 @@ def _idle_before(watch: Watch, effective_cpus: float) -> float | None:
     """The CPUs the machine (the job's allowed CPUs) left idle over IDLE_READ_S before
     py-spy starts: what attach's sampling may use without taking CPU from the job
     (budget.py); None where /proc/stat cannot say."""
-    time.sleep(max(0.0, IDLE_READ_S - (time.perf_counter() - watch.t0)))
+    clocks.sleep(max(0.0, IDLE_READ_S - (clocks.perf_counter() - watch.t0)))
     got = watch.busy_since_start()
     if got is None:
         return None

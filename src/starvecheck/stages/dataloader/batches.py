@@ -34,9 +34,9 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import signals_held
 from starvecheck.core.status import BatchTimeout
 from starvecheck.stages.dataloader.workers import stop_workers
@@ -117,7 +117,7 @@ class Batches:
     # --- the context -----------------------------------------------------------------
 
     def __enter__(self) -> Batches:
-        self._started = time.monotonic()
+        self._started = clocks.monotonic()
         self._watching = self.limit_s > 0 and self._install()
         try:
             if self._watching and not self.workers:
@@ -168,7 +168,7 @@ class Batches:
                 return next(self._it)
             limit = self.limit_s
             if first:  # iter() forked the workers: part of the first batch's time
-                limit = max(0.01, self.limit_s - (time.monotonic() - self._started))
+                limit = max(0.01, self.limit_s - (clocks.monotonic() - self._started))
             return self._watched(next, self._it, limit, first)
         except RuntimeError as e:
             # The DataLoader's own timeout= (a user's loader, or outside the main

@@ -21,9 +21,9 @@ import contextlib
 import os
 import re
 import signal
-import time
 from collections.abc import Callable
 
+from starvecheck.core import clocks
 from starvecheck.probe.cgroup import oom_kills
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.dataloader.workers import prctl, running
@@ -138,9 +138,9 @@ class Strays:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         self.stopped |= alive
-        deadline = time.monotonic() + 2.0
+        deadline = clocks.monotonic() + 2.0
         waiting = set(new)
-        while waiting and time.monotonic() < deadline:
+        while waiting and clocks.monotonic() < deadline:
             for pid in list(waiting):
                 try:
                     done, _ = os.waitpid(pid, os.WNOHANG)
@@ -149,7 +149,7 @@ class Strays:
                 if done:
                     waiting.discard(pid)
             if waiting:
-                time.sleep(0.01)
+                clocks.sleep(0.01)
 
     def say(self, warn: Callable[[str], None]) -> None:
         if not self.stopped:

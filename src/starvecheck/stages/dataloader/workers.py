@@ -88,7 +88,8 @@ def _kill_stuck(it: Any) -> None:
     (stable since torch 1.x): where they are missing, or its pids are still watched,
     the work is left to `_shutdown_workers` at its own pace."""
     import contextlib
-    import time
+
+    from starvecheck.core import clocks
 
     with importing():
         from torch.utils.data import _utils
@@ -111,9 +112,9 @@ def _kill_stuck(it: Any) -> None:
     if getattr(it, "_worker_pids_set", True):
         return
     workers = list(getattr(it, "_workers", ()))
-    deadline = time.monotonic() + STUCK_GRACE_S
+    deadline = clocks.monotonic() + STUCK_GRACE_S
     for w in workers:
-        w.join(timeout=max(0.0, deadline - time.monotonic()))
+        w.join(timeout=max(0.0, deadline - clocks.monotonic()))
     for w in workers:
         if w.is_alive():
             w.kill()
@@ -162,10 +163,10 @@ WATCH_S = 0.5
 
 
 def _watch(parent: int) -> None:
-    import time
+    from starvecheck.core import clocks
 
     while running(parent):
-        time.sleep(WATCH_S)
+        clocks.sleep(WATCH_S)
     os._exit(1)
 
 

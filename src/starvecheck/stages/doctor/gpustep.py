@@ -13,9 +13,9 @@ what was measured, and the step time is scaled to the workload's batch size
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Metric
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable
@@ -102,7 +102,7 @@ def _time_steps(
     times = []
     for i in range(warmup + steps):
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clocks.perf_counter()
         with precision():
             loss = model(input_ids=ids, labels=ids).loss  # type: ignore[operator]
         loss.backward()
@@ -110,5 +110,5 @@ def _time_steps(
         optimizer.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
         torch.cuda.synchronize()
         if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1000)
+            times.append((clocks.perf_counter() - t0) * 1000)
     return times

@@ -15,11 +15,11 @@ needs each link's capacity at the recommended setting.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core import stages as stages_table
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.doctor import Context as DoctorContext
@@ -108,7 +108,7 @@ def run(
     """Every selected stage against the workload; the stages' results and doctor's own."""
     from starvecheck.core.signals import signals_raise
 
-    start = time.perf_counter()
+    start = clocks.perf_counter()
     caveats: list[str] = []
     with signals_raise():
         w, gpu_basis, step_caveat = resolve_step(w, quick, ctx.progress)
@@ -148,7 +148,7 @@ def run(
         stage="doctor",
         parameters={"stages": list(stages), "quick": quick},
         caveats=tuple(caveats),
-        duration_s=round(time.perf_counter() - start, 3),
+        duration_s=round(clocks.perf_counter() - start, 3),
     )
     ordered = (*(results[s] for s in STAGES if s in results), own)
     return Outcome(w, ordered, DoctorContext(gpu_basis, unavailable))

@@ -9,10 +9,10 @@ change for different reasons.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals, importing, signals_held
 from starvecheck.core.status import Unavailable
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
@@ -85,7 +85,7 @@ def run_epoch(
     with importing():
         import torch
 
-    clock = time.perf_counter
+    clock = clocks.perf_counter
     dataset = None
     try:
         with signals_held():  # the dataset exists only once it can be released

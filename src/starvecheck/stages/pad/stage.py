@@ -12,13 +12,13 @@ out over several shuffles, so their figures carry a median and a spread.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat, Metric, value
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.pad import ATTENTION_UNMASKED_VS_IDEAL, IDEAL, LENGTH
@@ -256,7 +256,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     )
     shuffles = plan.shuffles(int(lengths.size))
     layouts: dict[str, Layout] = {}
-    laid_out = time.perf_counter()
+    laid_out = clocks.perf_counter()
     for i, name in enumerate(STRATEGIES):
         seeds = [plan.seed + k for k in range(shuffles if name in SHUFFLED else 1)]
         figs = []
@@ -266,7 +266,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
             figs.append(packing.figures(lay, lengths))
         metrics += _metric_figures(name, figs, ideal)
         progress("laying out batches", i + 1, len(STRATEGIES))
-    layout_s = time.perf_counter() - laid_out
+    layout_s = clocks.perf_counter() - laid_out
 
     unmasked = [
         f"{n} {_x(value(metrics, quantity=ATTENTION_UNMASKED_VS_IDEAL, strategy=n))}"

@@ -7,10 +7,10 @@ NUMA nodes. Nothing here imports torch.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from starvecheck.core import clocks
 from starvecheck.core.units import size_name as size_name
 from starvecheck.probe.gpu import theoretical_gbps  # one table for env and pcie
 from starvecheck.stages.options import PcieOptions
@@ -90,7 +90,7 @@ def spin(n: int) -> int:
 def calibrate(
     target_s: float,
     work: Callable[[int], object] = spin,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = clocks.perf_counter,
     start: int = 1000,
     tries: int = 8,
     tolerance: float = 0.1,

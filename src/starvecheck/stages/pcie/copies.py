@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals
 from starvecheck.stages.pcie.bandwidth import Overlap, calibrate, gbps, spin
 
@@ -60,14 +60,14 @@ def time_copy(
     for i in range(warmup + runs):
         check_signals()
         sync()
-        t0 = time.perf_counter()
+        t0 = clocks.perf_counter()
         if start is not None:
             start.record()
         copy()
         if stop is not None:
             stop.record()
         sync()
-        t1 = time.perf_counter()
+        t1 = clocks.perf_counter()
         if i < warmup:
             continue
         wall.append(gbps(nbytes, t1 - t0))
@@ -173,10 +173,10 @@ def overlap(
     def once(fn: Callable[[], object]) -> float:
         check_signals()
         sync()
-        t0 = time.perf_counter()
+        t0 = clocks.perf_counter()
         fn()
         sync()
-        return time.perf_counter() - t0
+        return clocks.perf_counter() - t0
 
     def copy() -> None:
         b.device.copy_(src, non_blocking=non_blocking)
@@ -214,15 +214,15 @@ def under_load(torch: Any, size: int, device: Any, seconds: float, watch: Any) -
     torch.cuda.synchronize()
     copies = 0
     with watch:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds or copies < 2:
+        t0 = clocks.perf_counter()
+        while clocks.perf_counter() - t0 < seconds or copies < 2:
             check_signals()
             b.device.copy_(b.pinned, non_blocking=True)
             copies += 1
             if copies % 4 == 0:
                 torch.cuda.synchronize()
         torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
+        elapsed = clocks.perf_counter() - t0
     b.drop()
     release(torch)
     return gbps(size * copies, elapsed)

@@ -15,9 +15,9 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import time
 from collections.abc import Callable, Iterable, Sequence
 
+from starvecheck.core import clocks
 from starvecheck.stages.pcie.bandwidth import gbps
 
 CUDA_MEMCPY_HOST_TO_DEVICE = 1  # cudaMemcpyKind
@@ -149,12 +149,12 @@ def reference_h2d(
         elapsed_ms = ctypes.c_float()
         for i in range(warmup + runs):
             rt.check(lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-            t0 = time.perf_counter()
+            t0 = clocks.perf_counter()
             rt.check(lib.cudaEventRecord(start, None), "cudaEventRecord")
             rt.check(lib.cudaMemcpy(dev, host, size, CUDA_MEMCPY_HOST_TO_DEVICE), "cudaMemcpy")
             rt.check(lib.cudaEventRecord(stop, None), "cudaEventRecord")
             rt.check(lib.cudaEventSynchronize(stop), "cudaEventSynchronize")
-            t1 = time.perf_counter()
+            t1 = clocks.perf_counter()
             rt.check(
                 lib.cudaEventElapsedTime(ctypes.byref(elapsed_ms), start, stop),
                 "cudaEventElapsedTime",

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from starvecheck.core import clocks
 
 # NVML counts throughput in KB/s; nvidia-smi and the NVML headers mean 1024 bytes.
 NVML_KB = 1024
@@ -56,7 +57,7 @@ class LinkWatch:
         handle: Any,
         interval_s: float = 0.005,
         throughput: bool = True,
-        clock: Callable[[], float] = time.perf_counter,
+        clock: Callable[[], float] = clocks.perf_counter,
     ) -> None:
         self.nvml, self.handle = nvml, handle
         self.interval_s = interval_s

@@ -18,10 +18,10 @@ the figures: this is what one scenario does, and what it hands back (Steps).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals, importing, signals_held
 from starvecheck.stages.dataloader.batches import DEFAULT_TIMEOUT_S, Batches
 from starvecheck.stages.dataloader.workers import prepare_workers, worker_init
@@ -149,7 +149,7 @@ def run_scenario(
 
     cuda = plan.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    clock = time.perf_counter
+    clock = clocks.perf_counter
     phases: dict[str, list[float]] = {p: [] for p in PHASES}
     resident: float | None = None
     dataset = None

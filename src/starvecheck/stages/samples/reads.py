@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from starvecheck.core import clocks
 
 READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 
@@ -77,7 +78,7 @@ class ReadError(Exception):
 def read_files(ops: FileOps, buf: bytearray, stop: threading.Event, lat: list[int]) -> int:
     total = 0
     view = [buf]
-    clock = time.perf_counter_ns
+    clock = clocks.perf_counter_ns
     for name in ops.names:
         if stop.is_set():
             break
@@ -101,7 +102,7 @@ def read_files(ops: FileOps, buf: bytearray, stop: threading.Event, lat: list[in
 def read_ranges(ops: RangeOps, buf: bytearray, stop: threading.Event, lat: list[int]) -> int:
     total = 0
     fds: dict[int, int] = {}  # each reader opens its own descriptors: readahead state is
-    clock = time.perf_counter_ns  # per open file, and shared ones would mix the streams
+    clock = clocks.perf_counter_ns  # per open file, and shared ones would mix the streams
     mv = memoryview(buf)
     try:
         for index, offset, length in ops.ranges:
@@ -138,7 +139,7 @@ def timed_run(
     threads: int,
     buffer_size: int,
     contiguous: bool,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Callable[[], float] = clocks.perf_counter,
 ) -> RunResult:
     """Read every op once with `threads` readers; wall time from the first read to the
     last. One thread runs in the calling thread (no hand-off, as fio's psync job)."""

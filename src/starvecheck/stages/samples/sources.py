@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat
 from starvecheck.core.status import UsageError
 from starvecheck.scratch.directory import Scratch, write_all
@@ -56,7 +56,7 @@ class Slowed:
         return len(self.inner)
 
     def __getitem__(self, i: int) -> Any:
-        time.sleep(self.delay_ms / 1000)
+        clocks.sleep(self.delay_ms / 1000)
         return self.inner[i]
 
     def close(self) -> None:

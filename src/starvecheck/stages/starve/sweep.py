@@ -10,12 +10,12 @@ Apart from the stage (stage.py), which makes figures of these points.
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.criteria import least_idle
 from starvecheck.core.metric import Metric
 from starvecheck.core.schema.common import SAMPLES_PER_S
@@ -34,9 +34,9 @@ def _no_progress(what: str, done: int, total: int) -> None:
 def burn_cpu(ms: float) -> None:
     """Busy-loop until this thread has used `ms` of CPU time. CPU time, not wall
     time: a worker that shares its core with another needs twice the wall time."""
-    end = time.thread_time() + ms / 1000
+    end = clocks.thread_time() + ms / 1000
     x = 0
-    while time.thread_time() < end:
+    while clocks.thread_time() < end:
         for _ in range(100):
             x += 1
 
@@ -73,7 +73,7 @@ class _Samples:
             out[: len(ids)] = torch.tensor(ids[:512], dtype=torch.long)
             return out
         if self.sleep:
-            time.sleep(self.sample_ms / 1000)
+            clocks.sleep(self.sample_ms / 1000)
         else:
             burn_cpu(self.sample_ms)
         return torch.full((64,), float(i))
@@ -136,7 +136,7 @@ def measure_point(
         import torch
 
     point = Point(workers)
-    clock = time.perf_counter
+    clock = clocks.perf_counter
     with warnings.catch_warnings():
         # torch warns when workers exceed the CPUs; going past them is the point here.
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
@@ -163,7 +163,7 @@ def measure_point(
                 t0 = clock()
                 next(it)
                 t1 = clock()
-                time.sleep(plan.step_ms / 1000)  # the GPU step: the host CPU is free meanwhile
+                clocks.sleep(plan.step_ms / 1000)  # the GPU step: the host CPU is free meanwhile
                 t2 = clock()
                 if step >= warmup:
                     point.waits_ms.append((t1 - t0) * 1000)
@@ -182,9 +182,9 @@ def calibrate_tokenizer_ms(tokenizer: Any, texts: Sequence[str], n: int = 64) ->
     """Median CPU ms per sample of real tokenization, measured in this process."""
     costs = []
     for i in range(min(n, len(texts))):
-        t0 = time.thread_time()
+        t0 = clocks.thread_time()
         tokenizer(texts[i], truncation=True, max_length=512)
-        costs.append((time.thread_time() - t0) * 1000)
+        costs.append((clocks.thread_time() - t0) * 1000)
     return statistics.median(costs)
 
 

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from starvecheck.core import clocks
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import STDIN, open_input, read_all
 
@@ -164,10 +164,10 @@ class Deadline:
 
     def __init__(self, seconds: float | None = None) -> None:
         self.seconds = seconds
-        self.at = time.monotonic() + seconds if seconds else math.inf
+        self.at = clocks.monotonic() + seconds if seconds else math.inf
 
     def check(self, doing: str) -> None:
-        if time.monotonic() > self.at:
+        if clocks.monotonic() > self.at:
             raise TooSlow(
                 f"--trace: {doing} ran past the time limit of {self.seconds:g} s; raise it "
                 "with --max-trace-seconds, 0 for none"

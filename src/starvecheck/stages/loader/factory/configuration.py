@@ -41,10 +41,10 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.fingerprints import Repeats
@@ -83,7 +83,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     with _starting(pipeline, config), user_code():  # a __len__ that raises now, say
         built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
-    reading = _Reading(run, pipeline, budget, device, time.perf_counter())
+    reading = _Reading(run, pipeline, budget, device, clocks.perf_counter())
     reading.split = Split(built.inner)  # each batch's wait by stage (stagesplit.py)
     epochs = 0
     try:
@@ -92,7 +92,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             reading.epoch(built, warmup, first=epochs == 1)
             if run.stopped:
                 break
-            if reading.spent(time.perf_counter()):
+            if reading.spent(clocks.perf_counter()):
                 run.stopped = "budget"
             elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0 and reading.empty):
                 run.stopped = "epochs"  # epochs that deliver nothing after the first
@@ -127,7 +127,7 @@ class _Reading(MadeReading):
     def __init__(self, run: Run, pipeline: Pipeline, budget: Budget, device: Any, t0: float):
         self.run, self.pipeline, self.budget, self.device = run, pipeline, budget, device
         self.started = t0
-        self.clock = time.perf_counter
+        self.clock = clocks.perf_counter
         self.cpu0: dict[int | None, float] = {}  # pid (None: this process) -> at the start
         self.cpu1: dict[int | None, float] = {}  # -> latest
         self.runq0: dict[int | None, float] = {}
@@ -437,10 +437,10 @@ def _starting(pipeline: Pipeline, config: Config) -> Iterator[None]:
 
 def _restart(built: Built, budget: Budget, what: str) -> float | None:
     """A second iter() on a persistent-workers DataLoader: its first batch."""
-    started = time.perf_counter()
+    started = clocks.perf_counter()
     with Batches(built.loader, budget.batch_timeout_s, "loader", what, keep=True) as it:
         try:
             next(it)
         except StopIteration:
             return None
-        return time.perf_counter() - started
+        return clocks.perf_counter() - started

@@ -38,9 +38,10 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
+
+from starvecheck.core import clocks
 
 # The most the exit handlers (the pipeline's and multiprocessing's) may take, and
 # then multiprocessing's own cleanup again, each.
@@ -202,8 +203,8 @@ def _bounded(work: Callable[[], Any], stop: threading.Event, name: str) -> bool:
             done.set()
 
     threading.Thread(target=run, name=name, daemon=True).start()
-    deadline = time.monotonic() + EXIT_S
-    while not done.is_set() and not stop.is_set() and time.monotonic() < deadline:
+    deadline = clocks.monotonic() + EXIT_S
+    while not done.is_set() and not stop.is_set() and clocks.monotonic() < deadline:
         done.wait(0.05)
     return done.is_set()
 
@@ -242,6 +243,9 @@ def _say(kind: str, line: str) -> None:
 
 
 def _flush() -> None:
+    from starvecheck.core import streams
+
+    streams.flush()  # the report's stdout, where the user's code moved fd 1
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             if stream is not None:

@@ -38,10 +38,10 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import in_main_thread, received
 from starvecheck.core.status import UsageError
 from starvecheck.stages.loader.factory.ending import arm
@@ -103,7 +103,7 @@ class _Guard:
                 changed.append(signal.Signals(s).name)
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         if timer[0] > 0:  # ours was running: armed again with the time it had left
-            left = max(0.001, timer[0] - (time.monotonic() - t0))
+            left = max(0.001, timer[0] - (clocks.monotonic() - t0))
             if remaining <= 0 or abs(remaining - left) > 0.05:
                 signal.setitimer(signal.ITIMER_REAL, left, timer[1])
                 changed.append("ITIMER_REAL")
@@ -225,7 +225,7 @@ def user_code() -> Iterator[None]:
     guard = _current[0]
     handlers = {s: signal.getsignal(s) for s in HANDLED}
     timer = signal.getitimer(signal.ITIMER_REAL)
-    t0 = time.monotonic()
+    t0 = clocks.monotonic()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
         yield

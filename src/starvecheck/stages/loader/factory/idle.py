@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
-import time
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import importing
 from starvecheck.stages.dataloader.workers import stop_workers, worker_init
 
@@ -59,7 +59,7 @@ def idle_worker_uss(context: Any) -> int | None:
     try:
         it = iter(loader)
         next(it)
-        time.sleep(SETTLE_S)
+        clocks.sleep(SETTLE_S)
         pids = [w.pid for w in getattr(it, "_workers", ()) if w.pid is not None]
         if not pids:
             return None

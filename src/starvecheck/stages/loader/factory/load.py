@@ -6,8 +6,8 @@ user's current configuration, which every other configuration is measured agains
 
 The user's code is untrusted input (docs/architecture.md, principle 7): importing it and calling
 FUNC may raise, print to stdout, or never return. Each of those ends in one line and
-exit 2 (`UsageError`): the import and the call run with stdout sent to stderr (so
-`--json -` stays one JSON document), under a time limit, and any exception becomes
+exit 2 (`UsageError`): the import, the call and the rest of the run have fd 1 on stderr
+(core/streams.py: `--json -` stays one JSON document), under a time limit, and any exception becomes
 "loader --factory SPEC: <what> raised <Type>: <message>" (the traceback only with
 --debug, which the command line's error path handles).
 """
@@ -24,11 +24,11 @@ import operator
 import os
 import re
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.core import clocks, streams
 from starvecheck.core.signals import importing
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.factory import FactorySpec, check_source
@@ -82,23 +82,6 @@ def one_line(e: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-@contextlib.contextmanager
-def stdout_to_stderr() -> Iterator[None]:
-    """The user's prints go to stderr, Python's and the C library's alike (fd 1 pointed
-    at fd 2), so a report on stdout (`--json -`) stays whole."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _module_name(path: str) -> str:
@@ -177,7 +160,7 @@ def load(
     spec: FactorySpec, batch_size: int | None, limit_s: float = DEFAULT_FACTORY_TIMEOUT_S
 ) -> Pipeline:
     """Import the module, call FUNC, and read what it returned."""
-    started = time.perf_counter()
+    started = clocks.perf_counter()
     where = f"loader --factory {spec.text}"
     # torch first, with signals held (signals.importing): the module's own `import
     # torch` then finds it loaded, so neither a signal nor the time limit's SIGALRM
@@ -185,35 +168,36 @@ def load(
     with importing():
         import torch  # noqa: F401
 
+    # From here to the run's end the user's prints (this process's, its threads', the
+    # workers') go to stderr, so a report on stdout (`--json -`) stays whole.
+    streams.move()
+
     def run() -> Any:
-        with stdout_to_stderr():
-            try:
-                module = _import(spec)
-            except UsageError:
-                raise
-            except SyntaxError as e:
-                raise UsageError(
-                    f"{where}: importing it raised SyntaxError: {e.msg} (line {e.lineno})"
-                ) from e
-            except (Exception, SystemExit) as e:  # not Ctrl-C, SIGTERM or the time limit
-                raise UsageError(f"{where}: importing it raised {one_line(e)}") from e
-            func = getattr(module, spec.func, None)
-            if func is None:
-                raise UsageError(f"{where}: the module has no {spec.func!r}")
-            if not callable(func):
-                raise UsageError(
-                    f"{where}: {spec.func!r} is a {type(func).__name__}, not a function"
-                )
-            try:
-                return func()
-            except UsageError:
-                raise
-            except (Exception, SystemExit) as e:
-                raise UsageError(f"{where}: {spec.func}() raised {one_line(e)}") from e
+        try:
+            module = _import(spec)
+        except UsageError:
+            raise
+        except SyntaxError as e:
+            raise UsageError(
+                f"{where}: importing it raised SyntaxError: {e.msg} (line {e.lineno})"
+            ) from e
+        except (Exception, SystemExit) as e:  # not Ctrl-C, SIGTERM or the time limit
+            raise UsageError(f"{where}: importing it raised {one_line(e)}") from e
+        func = getattr(module, spec.func, None)
+        if func is None:
+            raise UsageError(f"{where}: the module has no {spec.func!r}")
+        if not callable(func):
+            raise UsageError(f"{where}: {spec.func!r} is a {type(func).__name__}, not a function")
+        try:
+            return func()
+        except UsageError:
+            raise
+        except (Exception, SystemExit) as e:
+            raise UsageError(f"{where}: {spec.func}() raised {one_line(e)}") from e
 
     made = call_limited(run, limit_s, f"{where}: importing it and calling {spec.func}()")
     pipeline = from_object(spec, made, batch_size)
-    pipeline.factory_s = time.perf_counter() - started
+    pipeline.factory_s = clocks.perf_counter() - started
     return pipeline
 
 

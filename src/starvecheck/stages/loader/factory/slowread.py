@@ -4,10 +4,10 @@ batches were made instead of in windows."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals
 from starvecheck.stages.loader.factory.made import too_slow
 from starvecheck.stages.loader.factory.owndata import batch_figures
@@ -27,7 +27,7 @@ class MadeReading:
     pipeline: Pipeline
     budget: Budget
     split: Split
-    clock: Callable[[], float] = time.perf_counter
+    clock: Callable[[], float] = clocks.perf_counter
     memory_read: bool
     started_windows: float
     paused: float

@@ -13,10 +13,10 @@ time a batch takes, not a step's leftover, is the wait it splits.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.loading.split import STAGES
 from starvecheck.loading.tap import Startup, Tap
 from starvecheck.stages.loader.factory.made import Made
@@ -71,7 +71,7 @@ class Split:
     def epoch(self) -> None:
         """An epoch begins (its iterator is made next)."""
         if self.tap is not None:
-            self.tap.new_pass(time.perf_counter())
+            self.tap.new_pass(clocks.perf_counter())
 
     def windows_begin(self) -> None:
         self.run.counting_from = self.fetched
@@ -79,11 +79,11 @@ class Split:
     def before(self, iterator: Any) -> tuple[float, float, float]:
         if self.tap is not None:
             self.tap.before(iterator)
-        return time.perf_counter(), time.thread_time(), time.process_time()
+        return clocks.perf_counter(), clocks.thread_time(), clocks.process_time()
 
     def after(self, asked: tuple[float, float, float]) -> None:
         if self.tap is not None:
-            self.tap.after(self.fetched, asked[0], time.perf_counter(), asked[1], asked[2])
+            self.tap.after(self.fetched, asked[0], clocks.perf_counter(), asked[1], asked[2])
         self.fetched += 1
 
     def epoch_over(self) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.stages.loader.factory.idle import start_method
 
 PICKLE_LIMIT_S = 20.0  # a dataset still pickling after this long: its size is not known
@@ -41,11 +41,11 @@ class _Counter:
 
     def __init__(self, limit_s: float, cap: int) -> None:
         self.n, self.cap = 0, cap
-        self.deadline = time.monotonic() + limit_s
+        self.deadline = clocks.monotonic() + limit_s
 
     def write(self, data: bytes) -> int:
         self.n += len(data)
-        if self.n > self.cap or time.monotonic() > self.deadline:
+        if self.n > self.cap or clocks.monotonic() > self.deadline:
             raise _Stop
         return len(data)
 
@@ -54,18 +54,18 @@ def pickled(dataset: Any, limit_s: float = PICKLE_LIMIT_S, cap: int = PICKLE_CAP
     """The dataset pickled into a counter, as multiprocessing sends it to a worker
     (protocol 5); the user's code runs (its __reduce__, __getstate__): the caller holds
     the user-code guard."""
-    started = time.perf_counter()
+    started = clocks.perf_counter()
     counter = _Counter(limit_s, cap)
     try:
         pickle.dump(dataset, counter, protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[arg-type]
     except _Stop:
-        seconds = time.perf_counter() - started
+        seconds = clocks.perf_counter() - started
         past = "its size limit" if counter.n > cap else f"{limit_s:g} s"
         return Pickled(None, seconds, f"still pickling past {past} ({counter.n:,} bytes so far)")
     except Exception as e:  # what the user's dataset raises: said, never raised
         why = " ".join(f"{type(e).__name__}: {e}".split())
-        return Pickled(None, time.perf_counter() - started, why[:300])
-    return Pickled(counter.n, time.perf_counter() - started)
+        return Pickled(None, clocks.perf_counter() - started, why[:300])
+    return Pickled(counter.n, clocks.perf_counter() - started)
 
 
 def other_method(context: Any) -> str | None:
