@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -90,8 +91,10 @@ def training_gain(
 ) -> float | None:
     """The steps a second `chosen` gives over `current` in a loop whose step (outside
     loading) takes `step_ms`: at num_workers=0 the process loads a batch, then runs its
-    step (they add up); with workers they overlap, and the slower sets the pace. None
-    without a step or a batch size."""
+    step (they add up); with workers they overlap, and the slower sets the pace, where
+    the training process's own part of each batch (taking it from the workers: its CPU
+    and its wait for a CPU the workers hold, as measured) comes before the step, on the
+    step's path. None without a step or a batch size."""
     try:
         step_s = float(step_ms) / 1e3  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -104,7 +107,7 @@ def training_gain(
 
     def per_step(p: Point) -> float:
         load = batch / p.rate
-        return load + step_s if p.workers == 0 else max(load, step_s)
+        return load + step_s if p.workers == 0 else max(load, step_s + batch * _main_s(p))
 
     return round(per_step(current) / per_step(chosen), 2)
 
@@ -146,6 +149,17 @@ def no_training_gain(
         ),
         fix=keep,
     )
+
+
+def _main_s(p: Point) -> float:
+    """Seconds a sample of the training process's own time with workers: its CPU and
+    its run-queue wait (0 where not measured)."""
+    own = sum(
+        x
+        for q in ("cpu_ms_per_sample", "runq_ms_per_sample")
+        if (x := p.get(q, process=MAIN)) is not None and math.isfinite(x) and x > 0
+    )
+    return own / 1e3
 
 
 def _batch(current: Point, batch_size: object) -> float | None:
