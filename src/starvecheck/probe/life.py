@@ -9,6 +9,8 @@ process that ended are of the seconds before.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 
 from starvecheck.probe import process
@@ -76,7 +78,10 @@ def _image(root: SysRoot, pid: int) -> str | None:
     """A digest of the auxiliary vector the kernel gave the process at exec (its
     addresses drawn afresh by ASLR at each exec); None where it cannot be read."""
     try:
-        with open(root.path(f"/proc/{pid}/auxv"), "rb") as f:
+        fd = os.open(root.path(f"/proc/{pid}/auxv"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fake machine's FIFO: not waited on
+                return None
             auxv = f.read(AUXV_BYTES)
     except (OSError, ValueError):
         return None

@@ -8,6 +8,7 @@ tests/fixtures/sysroots/; people can use it to check a copy of another machine.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,10 +48,15 @@ class SysRoot:
             return False
 
     def read(self, path: str) -> Fact[str]:
-        """The text of a file, or unknown with the reason (missing, unreadable, binary)."""
+        """The text of a file, or unknown with the reason (missing, unreadable, not a
+        regular file: a FIFO or a device planted in a fake machine's tree is never read,
+        nor waited on; /proc's and /sys's files are regular)."""
         full = self.path(path)
         try:
-            with open(full, "rb") as f:
+            fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return Fact.unknown(f"{path} is not a regular file")
                 data = _read_capped(f)
         except FileNotFoundError:
             return Fact.unknown(f"{path} does not exist")
