@@ -149,14 +149,16 @@ def output_file(option: str, value: str) -> None:
     /dev/full) is one line then."""
     if value == "":
         raise UsageError(f"{option} needs a path, or '-' for stdout")
-    with contextlib.suppress(OSError):  # what cannot be looked at, refusal words
-        if stat.S_ISREG(os.stat(value).st_mode):
-            kind = fstype(os.path.realpath(value))
-            if kind in PSEUDO_FS:
-                raise UsageError(
-                    f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
-                )
-    if (why := outputs.refusal(value)) is not None:
+    why = outputs.refusal(value)
+    if why in (None, outputs.NOT_WRITABLE):  # a link or an owner refused comes first
+        with contextlib.suppress(OSError):  # what cannot be looked at, refusal words
+            if stat.S_ISREG(os.stat(value).st_mode):
+                kind = fstype(os.path.realpath(value))
+                if kind in PSEUDO_FS:
+                    raise UsageError(
+                        f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
+                    )
+    if why is not None:
         raise UsageError(f"{option} {value}: {why}")
 
 

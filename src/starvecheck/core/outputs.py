@@ -51,6 +51,7 @@ from starvecheck.core.status import UsageError
 IDLE_S = 60.0
 NAME_MAX = 255  # bytes of one name, on Linux's every filesystem at most
 PATH_MAX = 4096  # bytes of a path the kernel takes, its final NUL included
+NOT_WRITABLE = "not writable"
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _EXISTING = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _HELD = os.O_PATH | os.O_CLOEXEC
@@ -194,12 +195,11 @@ def _allowed(where: walk.Place, st: os.stat_result) -> None:
     d = os.fstat(where.dir_fd)
     shared = d.st_mode & stat.S_ISVTX and d.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if shared and st.st_uid not in (os.geteuid(), d.st_uid):
+        whose = f"of another user (uid {st.st_uid}) in a shared sticky directory"
         if stat.S_ISREG(mode):
-            raise _No(f"an existing file of another user (uid {st.st_uid}) in a shared "
-                      "sticky directory: starvecheck does not replace it; give a new name")  # fmt: skip
+            raise _No(f"an existing file {whose}: starvecheck does not replace it; give a new name")
         kind = _KINDS.get(stat.S_IFMT(mode), "file")
-        raise _No(f"a {kind} of another user (uid {st.st_uid}) in a shared sticky "
-                  "directory: starvecheck sends it no report; give a new name")  # fmt: skip
+        raise _No(f"a {kind} {whose}: starvecheck sends it no report; give a new name")
 
 
 def _permitted(where: walk.Place, st: os.stat_result | None) -> None:
@@ -211,9 +211,9 @@ def _permitted(where: walk.Place, st: os.stat_result | None) -> None:
         if len(raw) > limit:
             raise _No(f"a name of {len(raw)} bytes: a file name here is at most {limit} bytes")
         if not permitted(where.dir_fd, ".", os.W_OK | os.X_OK):
-            raise _No("not writable")
+            raise _No(NOT_WRITABLE)
     elif not permitted(where.dir_fd, where.name, os.W_OK):
-        raise _No("not writable")
+        raise _No(NOT_WRITABLE)
 
 
 def _name_max(dir_fd: int) -> int:
