@@ -11,6 +11,7 @@ test's own TMPDIR (conftest.own_tmpdir: mode 1777, as /tmp)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -310,3 +311,32 @@ def test_a_directory_without_search_permission_is_refused_before_the_run(
     assert p.returncode == 2 and p.stdout == "", (p.stdout[:200], p.stderr)
     assert p.stderr.count("\n") == 1
     assert f"not writable: directory {d} cannot be searched (no x permission)" in p.stderr
+
+
+def test_the_walk_leaves_no_descriptor_open(own_tmpdir: Path) -> None:
+    """Every way a walk ends (core/walk.py): found, through links of each kind, or
+    stopped by a loop, a missing directory, a file on the way, a link of another user."""
+    from starvecheck.core import walk
+
+    (own_tmpdir / "real").mkdir()
+    (own_tmpdir / "rel").symlink_to("real")
+    (own_tmpdir / "abs").symlink_to(own_tmpdir / "real")
+    (own_tmpdir / "loop").symlink_to("loop")
+    (own_tmpdir / "file").write_text("")
+    paths = ["rel/r.json", "abs/r.json", "rel", "loop/r.json", "no/r.json", "file/r.json",
+             "/dev/stdout", "/proc/self/fd/1", "/proc/self/cwd/r.json", "../x", "/"]  # fmt: skip
+    if os.geteuid() == 0:
+        x = _sticky(own_tmpdir) / "x"
+        x.symlink_to("../real")
+        _theirs(x)
+        paths.append("shared/x/r.json")
+    before = sorted(os.listdir("/proc/self/fd"))
+    cwd = os.getcwd()
+    os.chdir(own_tmpdir)
+    try:
+        for path in paths * 3:
+            with contextlib.suppress(OSError, walk.Foreign, walk.Dangling):
+                walk.place(path).close()
+    finally:
+        os.chdir(cwd)
+    assert sorted(os.listdir("/proc/self/fd")) == before

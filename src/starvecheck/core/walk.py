@@ -66,12 +66,12 @@ class Place:
         self.close()
 
 
-def place(path: str, follow_last: bool = True) -> Place:
-    """The Place of `path`'s last name (module docstring), to be closed. With
-    `follow_last`, a link named last is followed as those on the way are, to the name
-    its text ends with; that name need not exist. Raises Foreign, Dangling, or OSError
-    naming the component (its `filename`) where the walk stopped."""
-    return _walk(path, follow_last)
+def place(path: str) -> Place:
+    """The Place of `path`'s last name (module docstring), to be closed. A link named
+    last is followed as those on the way are, to the name its text ends with; that
+    name need not exist. Raises Foreign, Dangling, or OSError naming the component (its
+    `filename`) where the walk stopped."""
+    return _walk(path)
 
 
 def _names(text: str) -> list[str]:
@@ -90,7 +90,7 @@ def _proc_dev() -> int | None:
         return None
 
 
-def _walk(path: str, follow_last: bool) -> Place:
+def _walk(path: str) -> Place:
     absolute = path.startswith("/")
     at = os.open("/" if absolute else ".", _START)
     shown = "/" if absolute else ""
@@ -120,7 +120,7 @@ def _walk(path: str, follow_last: bool) -> Place:
                     os.close(at)
                     at, fd, shown = fd, -1, where
                     continue
-                if not stat.S_ISLNK(st.st_mode) or (last and not follow_last):
+                if not stat.S_ISLNK(st.st_mode):
                     if not last:
                         raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), where)
                     return Place(at, name, shown, through)
