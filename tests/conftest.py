@@ -253,3 +253,19 @@ def machine_alone(monkeypatch):
 
     monkeypatch.setattr(cpu, "MACHINE_EACH_S", 1e9)
     monkeypatch.setattr(load, "load_average", lambda root=None: None)
+
+
+def deny_access(monkeypatch: pytest.MonkeyPatch, denied: Callable[[str], bool]) -> None:
+    """The writer's access(2) (core/outputs.py, `permitted`) says no for every path
+    `denied` names: a directory closed to us, as root, who may write anywhere. The
+    writer asks relative to a directory it holds; the path is that directory's (from
+    /proc/self/fd) joined with the name."""
+    from starvecheck.core import outputs
+
+    real = outputs.permitted
+
+    def permitted(dir_fd: int, name: str, mode: int) -> bool:
+        path = os.path.normpath(os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), name))
+        return not denied(path) and real(dir_fd, name, mode)
+
+    monkeypatch.setattr(outputs, "permitted", permitted)

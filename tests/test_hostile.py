@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, one_line, run
+from tests.conftest import FIXTURES, deny_access, one_line, run
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
 SC = [sys.executable, "-m", "starvecheck"]
@@ -209,9 +209,7 @@ def test_an_existing_writable_file_in_a_closed_directory_is_written(
 
     target = tmp_path / "report.json"
     target.write_text("")
-    real = os.access
-    closed = str(tmp_path)
-    monkeypatch.setattr(os, "access", lambda p, m: str(p) != closed and real(p, m))
+    deny_access(monkeypatch, lambda p: p == str(tmp_path))
     assert Outputs.check(str(target), None, FailOn.never).json == str(target)
     with pytest.raises(Exception, match="not writable"):
         Outputs.check(str(tmp_path / "new.json"), None, FailOn.never)

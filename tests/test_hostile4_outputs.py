@@ -531,7 +531,12 @@ def sweep_dir() -> Path:
     [pytest.param(n, marks=pytest.mark.slow) if CASES[n] in PLOTS else n for n in CASES],
 )
 def test_output(name: str, sweep_dir: Path) -> None:
-    plan = CASES[name](sweep_dir)
+    play(name, CASES[name](sweep_dir), sweep_dir)
+
+
+def play(name: str, plan: Plan, sweep_dir: Path) -> None:
+    """Run one case's command and check all the module docstring says (also for
+    tests/test_hostile5_outputs.py)."""
     argv = plan.argv
     if plan.as_nobody:
         if why := nobody_cannot_run_starvecheck():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, one_line, run
+from tests.conftest import FIXTURES, deny_access, one_line, run
 
 TRACE = FIXTURES / "traces" / "gpu.json.gz"
 needs_plot = pytest.mark.skipif(
@@ -66,10 +66,7 @@ def test_a_read_only_path_is_refused_before_measuring(
     closed.mkdir()
     (closed / "old.out").write_text("")
     if os.geteuid() == 0:  # root writes anywhere: the kernel's answer, as access(2) gives it
-        real = os.access
-        monkeypatch.setattr(
-            os, "access", lambda p, m: not str(p).startswith(str(closed)) and real(p, m)
-        )
+        deny_access(monkeypatch, lambda p: p.startswith(str(closed)))
     else:
         (closed / "old.out").chmod(0o444)
         closed.chmod(0o555)

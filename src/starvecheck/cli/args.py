@@ -4,6 +4,7 @@ text)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Sequence
@@ -138,39 +139,27 @@ def plot_path(value: str | None) -> str | None:
 
 
 def output_file(option: str, value: str) -> None:
-    """Refuse, before anything is measured, a path that cannot take a report: a
-    directory, a file of a kernel interface (/proc/version: the write fails, after the
-    run), a missing directory, no permission. A file that exists is written in place
-    (/dev/null, a CI step summary, a pipe): its own permission decides; a new one needs
-    a writable directory. What only the write can tell (a full disk, /dev/full) is
-    one line then."""
+    """Refuse, before anything is measured, a path that cannot take a report: the
+    writer's own checks, without writing (core/outputs.py, `refusal`: a link of another
+    user, another user's file in a sticky directory, a directory, a missing or closed
+    directory, no permission, a name too long), and a file of a kernel interface
+    (/proc/version: the write would fail, after the run). A file that exists is written
+    in place (/dev/null, a CI step summary, a pipe): its own permission decides; a new
+    one needs a directory that takes it. What only the write can tell (a full disk,
+    /dev/full) is one line then."""
     if value == "":
         raise UsageError(f"{option} needs a path, or '-' for stdout")
-    if (why := outputs.refusal(value)) is not None:
+    why = outputs.refusal(value)
+    if why in (None, outputs.NOT_WRITABLE):  # a link or an owner refused comes first
+        with contextlib.suppress(OSError):  # what cannot be looked at, refusal words
+            if stat.S_ISREG(os.stat(value).st_mode):
+                kind = fstype(os.path.realpath(value))
+                if kind in PSEUDO_FS:
+                    raise UsageError(
+                        f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
+                    )
+    if why is not None:
         raise UsageError(f"{option} {value}: {why}")
-    try:
-        st = os.stat(value)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise UsageError(f"{option} {value}: {_reason(e)}") from None
-    target = Path(value)
-    if st is not None:
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{option} {value}: is a directory")
-        kind = fstype(os.path.realpath(value)) if stat.S_ISREG(st.st_mode) else None
-        if kind in PSEUDO_FS:
-            raise UsageError(
-                f"{option} {value}: a file of a kernel interface ({kind}), not one to write"
-            )
-        if not os.access(value, os.W_OK):
-            raise UsageError(f"{option} {value}: not writable")
-        return
-    parent = target.parent  # Path("r.json").parent is Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {value}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"{option} {value}: not writable")
 
 
 def _same_file(a: str, b: str) -> bool:
