@@ -42,6 +42,10 @@ MAX_CLIENTS = 8
 CLIENT_TIMEOUT_S = 5.0
 REQUEST_LIMIT = 8192
 PAGE_TTL_S = 1.0
+# Connections the kernel holds until the thread accepts them. The thread shares the GIL
+# with the loop, so a burst of connections outruns it; a short queue then drops their
+# SYNs and every client, a scrape too, waits out TCP's retransmission (1 s, 3 s, ...).
+BACKLOG = 128
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REASONS = {
     200: "OK",
@@ -85,7 +89,7 @@ class Server:
         self._render = render
         self._warn = warn
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self._sock = socket.create_server((addr, port), family=family, backlog=16)
+        self._sock = socket.create_server((addr, port), family=family, backlog=BACKLOG)
         self._sock.setblocking(False)
         self.server_port: int = self._sock.getsockname()[1]
         self._pid = os.getpid()
