@@ -13,6 +13,8 @@ cannot start. This one never grows:
   request at most REQUEST_LIMIT bytes; past either it is closed;
 - the page is rendered at most every PAGE_TTL_S and served from that copy, so that many
   scrapers cost the loop's lock no more than one;
+- out of descriptors (the job at its limit), it stops accepting for ACCEPT_PAUSE_S at a
+  time, never spinning on a listening socket it cannot accept from;
 - nothing it meets is printed as a traceback or raised anywhere: a malformed or reset
   request is closed in silence, a page that cannot be rendered is a 500 and one warning
   line (said once);
@@ -56,6 +58,9 @@ REASONS = {
     500: "Internal Server Error",
 }
 _IDLE_S = 1.0  # the selector's longest wait when no client has a deadline
+# Out of descriptors, the listening socket stays readable and accept() keeps failing:
+# it is left out of the selector this long, not polled in a loop.
+ACCEPT_PAUSE_S = 0.1
 
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
 
@@ -101,6 +106,7 @@ class Server:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._clients: dict[int, _Client] = {}
         self._page: tuple[float, bytes, int] | None = None  # (made at, body, status)
+        self._accept_at: float | None = None  # accepting paused until then (descriptors)
         self._stop = threading.Event()
         self._closed = False
         self._lock = threading.Lock()
@@ -127,7 +133,11 @@ class Server:
                         self._accept()
                     else:
                         self._serve(key.data, events)
-                self._expire(time.monotonic())
+                now = time.monotonic()
+                self._expire(now)
+                if self._accept_at is not None and now >= self._accept_at:
+                    self._accept_at = None
+                    self._selector.register(self._sock, selectors.EVENT_READ, None)
         except Exception as e:  # never a traceback in the job's log
             if not self._stop.is_set():
                 self._warn(f"the scrape server stopped ({type(e).__name__}: {e})")
@@ -136,10 +146,12 @@ class Server:
                 self._drop(client)
 
     def _timeout(self) -> float:
-        if not self._clients:
+        deadlines = [c.deadline for c in self._clients.values()]
+        if self._accept_at is not None:
+            deadlines.append(self._accept_at)
+        if not deadlines:
             return _IDLE_S
-        first = min(c.deadline for c in self._clients.values())
-        return min(_IDLE_S, max(0.0, first - time.monotonic()))
+        return min(_IDLE_S, max(0.0, min(deadlines) - time.monotonic()))
 
     def _accept(self) -> None:
         while True:
@@ -149,7 +161,10 @@ class Server:
                 return
             except OSError as e:  # out of descriptors, or a connection reset on arrival
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return  # the backlog waits; a client expiring frees one
+                    # the backlog waits; a client expiring frees one
+                    self._selector.unregister(self._sock)
+                    self._accept_at = time.monotonic() + ACCEPT_PAUSE_S
+                    return
                 continue
             conn.setblocking(False)
             if len(self._clients) >= MAX_CLIENTS:
