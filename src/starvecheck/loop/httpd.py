@@ -23,8 +23,9 @@ cannot start. This one never grows:
   is free once `close()` ran or the process ended, whatever the children do; sockets
   are not inherited across exec (Python's default).
 
-HTTP/1.0 and 1.1 GET and HEAD of `/metrics` (or `/`), answered once, the connection then
-closed; the text format (version 0.0.4) whatever `Accept` says.
+HTTP/1.0 and 1.1 GET and HEAD of `/metrics` (or `/`; a target in absolute form too),
+answered once, the connection then closed; the text format (version 0.0.4) whatever
+`Accept` says.
 """
 
 from __future__ import annotations
@@ -185,11 +186,10 @@ class Server:
                     return
                 client.inbox += data
                 head = _head(client.inbox)
-                if head is None:
-                    if len(client.inbox) > REQUEST_LIMIT:
-                        self._answer(client, 431, b"request too large\n", head_only=False)
-                    return
-                self._respond(client, head)
+                if len(head if head is not None else client.inbox) > REQUEST_LIMIT:
+                    self._answer(client, 431, b"request too large\n", head_only=False)
+                elif head is not None:
+                    self._respond(client, head)
             elif client.outbox is not None and events & selectors.EVENT_WRITE:
                 sent = client.sock.send(client.outbox)
                 client.outbox = client.outbox[sent:]
@@ -208,7 +208,7 @@ class Server:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             self._answer(client, 400, b"bad request\n", head_only=False)
             return
-        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        method, target = parts[0], _path(parts[1])
         if method not in (b"GET", b"HEAD"):
             self._answer(client, 405, b"GET or HEAD\n", head_only=False)
         elif target not in (b"/metrics", b"/"):
@@ -295,6 +295,17 @@ def _head(inbox: bytearray) -> bytes | None:
         if at >= 0:
             return bytes(inbox[:at])
     return None
+
+
+def _path(target: bytes) -> bytes:
+    """The path a request's target names, its query left out: the origin form's
+    (`/metrics?x`), or the absolute form's past its authority (`http://host:9500/metrics`,
+    which RFC 9112 3.2.2 has a server accept)."""
+    if target[:8].lower().startswith((b"http://", b"https://")):
+        rest = target.split(b"://", 1)[1]
+        at = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        target = rest[at:] if rest[at:].startswith(b"/") else b"/" + rest[at:]
+    return target.split(b"?", 1)[0]
 
 
 def _drain(fd: int) -> None:
