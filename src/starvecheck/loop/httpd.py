@@ -7,12 +7,15 @@ gives every connection a thread (prometheus_client's `start_http_server` does) l
 idle connections use up the job's pids limit, and the next epoch's DataLoader workers
 cannot start. This one never grows:
 
-- one thread, whatever the number of clients: a selector over the listening socket and
-  at most MAX_CLIENTS connections; one more closes the oldest;
+- two threads, whatever the number of clients: one a selector over the listening socket
+  and at most MAX_CLIENTS connections (one more closes the oldest that has not sent a
+  whole request, else the oldest), the other rendering the page;
 - every connection has CLIENT_TIMEOUT_S to send its request and read the answer, a
   request at most REQUEST_LIMIT bytes; past either it is closed;
 - the page is rendered at most every PAGE_TTL_S and served from that copy, so that many
-  scrapers cost the loop's lock no more than one;
+  scrapers cost the loop's lock no more than one; it is rendered off the selector's
+  thread, so that a page slow to make (a machine swapping, a lock held) holds back no
+  other client: those asking for it wait for it until their time is up;
 - out of descriptors (the job at its limit), it stops accepting for ACCEPT_PAUSE_S at a
   time, never spinning on a listening socket it cannot accept from;
 - nothing it meets is printed as a traceback or raised anywhere: a malformed or reset
@@ -82,12 +85,22 @@ class _Client:
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None
+    waiting: bool = False  # for the page being rendered (out of the selector meanwhile)
+    head_only: bool = False
     draining: bool = False  # answered: what more it sends is read and dropped
+
+    def rank(self) -> tuple[int, float]:
+        """Which to close first for a new connection: those that have not sent a whole
+        request, then those answered, then those waiting for or reading an answer; the
+        oldest first in each."""
+        busy = 0 if not (self.waiting or self.outbox is not None) else 2
+        return (1 if self.draining else busy, self.deadline)
 
 
 class Server:
-    """Serves `render()`'s page on (addr, port) from a thread of its own; `port` is the
-    port bound (0 asks for any free one). OSError where it cannot bind."""
+    """Serves `render()`'s page on (addr, port) from two threads of its own (one for
+    the connections, one rendering); `port` is the port bound (0 asks for any free
+    one). OSError where it cannot bind."""
 
     def __init__(
         self, render: Callable[[], bytes], port: int, addr: str, warn: Callable[[str], None]
@@ -108,14 +121,18 @@ class Server:
         self._clients: dict[int, _Client] = {}
         self._page: tuple[float, bytes, int] | None = None  # (made at, body, status)
         self._accept_at: float | None = None  # accepting paused until then (descriptors)
+        self._asked = threading.Event()  # the selector's thread asks for a page
+        self._rendering = False  # asked, and not yet handed over
+        self._fresh: tuple[float, bytes, int] | None = None  # rendered, not yet handed over
         self._stop = threading.Event()
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # close(), and the render thread's wake-up write
         _LIVE.add(self)
-        self._thread = threading.Thread(
-            target=self._run, name=f"starvecheck-exporter:{self.server_port}", daemon=True
-        )
+        name = f"starvecheck-exporter:{self.server_port}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._renderer = threading.Thread(target=self._renders, name=f"{name}:page", daemon=True)
         self._thread.start()
+        self._renderer.start()
 
     @property
     def clients(self) -> int:
@@ -134,6 +151,7 @@ class Server:
                         self._accept()
                     else:
                         self._serve(key.data, events)
+                self._hand_over()
                 now = time.monotonic()
                 self._expire(now)
                 if self._accept_at is not None and now >= self._accept_at:
@@ -169,7 +187,7 @@ class Server:
                 continue
             conn.setblocking(False)
             if len(self._clients) >= MAX_CLIENTS:
-                self._drop(min(self._clients.values(), key=lambda c: c.deadline))
+                self._drop(min(self._clients.values(), key=_Client.rank))
             client = _Client(conn, time.monotonic() + CLIENT_TIMEOUT_S)
             self._clients[conn.fileno()] = client
             self._selector.register(conn, selectors.EVENT_READ, client)
@@ -213,19 +231,47 @@ class Server:
             self._answer(client, 405, b"GET or HEAD\n", head_only=False)
         elif target not in (b"/metrics", b"/"):
             self._answer(client, 404, b"try /metrics\n", head_only=method == b"HEAD")
-        else:
-            status, body = self._current_page()
-            self._answer(client, status, body, head_only=method == b"HEAD")
+        elif self._page is not None and time.monotonic() - self._page[0] < PAGE_TTL_S:
+            self._answer(client, self._page[2], self._page[1], head_only=method == b"HEAD")
+        else:  # it waits, out of the selector, for the page the render thread makes
+            client.waiting, client.head_only = True, method == b"HEAD"
+            self._selector.unregister(client.sock)
+            if not self._rendering:
+                self._rendering = True
+                self._asked.set()
 
-    def _current_page(self) -> tuple[int, bytes]:
-        now = time.monotonic()
-        if self._page is None or now - self._page[0] >= PAGE_TTL_S:
+    def _hand_over(self) -> None:
+        """The page the render thread made, to every client waiting for it."""
+        page, self._fresh = self._fresh, None
+        if page is None:
+            return
+        self._page, self._rendering = page, False
+        for client in [c for c in self._clients.values() if c.waiting]:
+            client.waiting = False
+            self._answer(client, page[2], page[1], client.head_only)
+
+    # --- the render thread ----------------------------------------------------------
+
+    def _renders(self) -> None:
+        """Render the page each time the selector's thread asks, and wake it."""
+        while True:
+            self._asked.wait()
+            if self._stop.is_set():
+                return
+            self._asked.clear()
+            made = time.monotonic()
             try:
-                self._page = (now, self._render(), 200)
+                page = (made, self._render(), 200)
             except Exception as e:
-                self._warn(f"a scrape could not read the figures ({type(e).__name__}: {e})")
-                self._page = (now, b"the figures could not be read\n", 500)
-        return self._page[2], self._page[1]
+                with contextlib.suppress(Exception):
+                    self._warn(f"a scrape could not read the figures ({type(e).__name__}: {e})")
+                page = (made, b"the figures could not be read\n", 500)
+            self._fresh = page
+            with self._lock:  # close() closes the pipe under it: never a stale descriptor
+                if self._stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"p")
 
     def _answer(self, client: _Client, status: int, body: bytes, head_only: bool) -> None:
         reason = REASONS[status]
@@ -238,7 +284,10 @@ class Server:
         ).encode("ascii")
         client.outbox = memoryview(head if head_only else head + body)
         client.inbox.clear()
-        self._selector.modify(client.sock, selectors.EVENT_WRITE, client)
+        try:
+            self._selector.modify(client.sock, selectors.EVENT_WRITE, client)
+        except KeyError:  # it waited for the page, out of the selector
+            self._selector.register(client.sock, selectors.EVENT_WRITE, client)
 
     def _expire(self, now: float) -> None:
         for client in [c for c in self._clients.values() if c.deadline <= now]:
@@ -265,14 +314,17 @@ class Server:
         if os.getpid() != self._pid:  # a forked child: its copies went at the fork
             return
         self._stop.set()
+        self._asked.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * _IDLE_S)
-        for closing in (self._sock.close, self._selector.close):
-            closing()
-        for fd in (self._wake_r, self._wake_w):
-            _close_fd(fd)
+        for thread in (self._thread, self._renderer):  # a render under way ends on its own
+            if thread is not threading.current_thread():
+                thread.join(timeout=2 * _IDLE_S if thread is self._thread else _IDLE_S)
+        with self._lock:
+            for closing in (self._sock.close, self._selector.close):
+                closing()
+            for fd in (self._wake_r, self._wake_w):
+                _close_fd(fd)
         _LIVE.discard(self)
 
     def _forget_in_child(self) -> None:
