@@ -62,6 +62,7 @@ REASONS = {
     500: "Internal Server Error",
 }
 _IDLE_S = 1.0  # the selector's longest wait when no client has a deadline
+ACCEPTS = MAX_CLIENTS // 2  # connections accepted a turn of the selector, at most
 # Out of descriptors, the listening socket stays readable and accept() keeps failing:
 # it is left out of the selector this long, not polled in a loop.
 ACCEPT_PAUSE_S = 0.1
@@ -144,13 +145,16 @@ class Server:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                arrived = False
                 for key, events in self._selector.select(self._timeout()):
                     if key.data == "wake":
                         _drain(self._wake_r)
                     elif key.data is None:
-                        self._accept()
+                        arrived = True
                     else:
                         self._serve(key.data, events)
+                if arrived:  # after the requests that came: they are not closed for room
+                    self._accept()
                 self._hand_over()
                 now = time.monotonic()
                 self._expire(now)
@@ -173,7 +177,10 @@ class Server:
         return min(_IDLE_S, max(0.0, min(deadlines) - time.monotonic()))
 
     def _accept(self) -> None:
-        while True:
+        """At most ACCEPTS connections from the backlog: the requests of those accepted
+        are read before more are, so that a flood of connections closes its own to make
+        room, not a scrape whose request has come."""
+        for _ in range(ACCEPTS):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
