@@ -285,6 +285,18 @@ TRAINING = textwrap.dedent(
 )
 
 
+def settled(cg: Path, within_s: float = 10.0) -> int:
+    """The cgroup's task count once the same for half a second."""
+    count, deadline = int((cg / "pids.current").read_text()), time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = int((cg / "pids.current").read_text())
+        if now == count:
+            break
+        count = now
+    return count
+
+
 @pytest.mark.slow
 def test_idle_connections_do_not_use_up_a_pids_limit_and_the_next_epoch_starts(tmp_path):
     """Under a pids limit, 34 idle connections to prometheus_client's server kept the
@@ -301,11 +313,11 @@ def test_idle_connections_do_not_use_up_a_pids_limit_and_the_next_epoch_starts(t
     try:
         assert job.stdout is not None and job.stdin is not None
         port = int(job.stdout.readline())
-        in_use = int((cg / "pids.current").read_text())
+        in_use = settled(cg)  # the last epoch's queue feeder threads gone
         (cg / "pids.max").write_text(str(in_use + 16))  # room for 2 workers and their threads
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(34)]
         time.sleep(0.5)
-        assert int((cg / "pids.current").read_text()) == in_use
+        assert int((cg / "pids.current").read_text()) <= in_use
         job.stdin.write("go\n")
         job.stdin.flush()
         out, err = job.communicate(timeout=120)

@@ -5,7 +5,7 @@ Every rank serves its own figures on PORT + LOCAL_RANK (so the ranks of one node
 torchrun take one port each with no code changed); Prometheus scrapes each and
 aggregates, and no rank gathers. The page is prometheus_client's exposition of a
 registry of its own (never the process's default one, which the user's code may fill);
-the server is loop/httpd.py's, a guest in the training process (one thread, a bounded
+the server is loop/httpd.py's, a guest in the training process (two threads, a bounded
 number of connections with a timeout each, closed in forked children), bound to
 127.0.0.1 unless `prometheus_addr=` or STARVECHECK_PROMETHEUS_ADDR says otherwise
 (0.0.0.0 for a scrape from another host or a pod's IP). prometheus_client is imported
@@ -24,6 +24,7 @@ exits (atexit) or at `close()`.
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -102,9 +103,9 @@ def start(
 
 def serve(collector: Collector, port: int, addr: str, warn: Callable[[str], None]) -> Server:
     """A scrape server for `collector` alone, on a registry of its own (never the
-    process's default one): one thread, a bounded number of connections, each with a
-    timeout, the page cached (loop/httpd.py). OSError where the port is taken or the
-    address is not this host's."""
+    process's default one): two threads, a bounded number of connections, each with a
+    timeout, the page cached and rendered off the connections' thread (loop/httpd.py).
+    OSError where the port is taken or the address is not this host's."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
@@ -162,30 +163,37 @@ class Exporter:
 
     def collect(self) -> Iterator[PromMetric]:
         """The families (prometheus_client's collector interface): nothing before the
-        first pass, and nothing, with a warning, where reading them fails."""
+        first pass, and nothing, with a warning, where reading them fails. The lock the
+        loop takes at a pass's start and a new watch is held only to count the steps
+        since the last scrape and copy the totals: reading the namespace file, judging
+        the recommendation and making the families are done on the copy, so that a
+        scrape however slow never holds the loop back."""
         out: list[Any] = []
-        with never_raising(self.warned, WHAT), self._lock:
-            if self._labels is None or self.times is None or self.closed:
-                return iter(())
-            if not self._namespace_read:
-                self._namespace_read = True
-                self._labels = with_namespace(self._labels, os.environ)
-            self.tally.update(self.times)
-            now = clocks.monotonic()
-            if now - self._advised_at >= ADVICE_EVERY_S:
-                self._advised_at = now
-                self.advice = self._advise()
-            out = list(families(self.tally, self._labels, self.advice))
+        with never_raising(self.warned, WHAT):
+            with self._lock:
+                if self._labels is None or self.times is None or self.closed:
+                    return iter(())
+                read_namespace, self._namespace_read = not self._namespace_read, True
+                self.tally.update(self.times)
+                tally, times, found = copy.deepcopy(self.tally), self.times, self._labels
+                now = clocks.monotonic()
+                advise = now - self._advised_at >= ADVICE_EVERY_S
+                if advise:
+                    self._advised_at = now
+            if read_namespace:
+                found = self._labels = with_namespace(found, os.environ)
+            if advise:
+                self.advice = self._advise(times)
+            out = list(families(tally, found, self.advice))
         return iter(out)
 
-    def _advise(self) -> Advice:
+    def _advise(self, times: LoopTimes) -> Advice:
         from starvecheck.loop.live import advice
 
-        assert self.times is not None
         try:
-            return advice(self.times)
+            return advice(times)
         except Exception:  # the figures go out without the recommendation
-            return Advice(num_workers=self.times.num_workers)
+            return Advice(num_workers=times.num_workers)
 
     def close(self) -> None:
         """Stop serving (idempotent); a later pass of a watch that fed it is warned of."""

@@ -7,12 +7,19 @@ gives every connection a thread (prometheus_client's `start_http_server` does) l
 idle connections use up the job's pids limit, and the next epoch's DataLoader workers
 cannot start. This one never grows:
 
-- one thread, whatever the number of clients: a selector over the listening socket and
-  at most MAX_CLIENTS connections; one more closes the oldest;
+- two threads, whatever the number of clients: one a selector over the listening socket
+  and at most MAX_CLIENTS connections (one more closes the oldest that has not sent a
+  whole request, else the oldest), the other rendering the page;
 - every connection has CLIENT_TIMEOUT_S to send its request and read the answer, a
   request at most REQUEST_LIMIT bytes; past either it is closed;
 - the page is rendered at most every PAGE_TTL_S and served from that copy, so that many
-  scrapers cost the loop's lock no more than one;
+  scrapers cost the loop's lock no more than one; it is rendered off the selector's
+  thread, so that a page slow to make (a machine swapping, a lock held) holds back no
+  other client: those asking for it wait for it until their time is up;
+- the connections' thread uses at most CPU_SHARE of a CPU (and so of the loop's GIL)
+  over time: past it, it rests, and clients wait (within their time);
+- out of descriptors (the job at its limit), it stops accepting for ACCEPT_PAUSE_S at a
+  time, never spinning on a listening socket it cannot accept from;
 - nothing it meets is printed as a traceback or raised anywhere: a malformed or reset
   request is closed in silence, a page that cannot be rendered is a 500 and one warning
   line (said once);
@@ -21,8 +28,9 @@ cannot start. This one never grows:
   is free once `close()` ran or the process ended, whatever the children do; sockets
   are not inherited across exec (Python's default).
 
-HTTP/1.0 and 1.1 GET and HEAD of `/metrics` (or `/`), answered once, the connection then
-closed; the text format (version 0.0.4) whatever `Accept` says.
+HTTP/1.0 and 1.1 GET and HEAD of `/metrics` (or `/`; a target in absolute form too),
+answered once, the connection then closed; the text format (version 0.0.4) whatever
+`Accept` says.
 """
 
 from __future__ import annotations
@@ -43,6 +51,10 @@ MAX_CLIENTS = 8
 CLIENT_TIMEOUT_S = 5.0
 REQUEST_LIMIT = 8192
 PAGE_TTL_S = 1.0
+# Connections the kernel holds until the thread accepts them. The thread shares the GIL
+# with the loop, so a burst of connections outruns it; a short queue then drops their
+# SYNs and every client, a scrape too, waits out TCP's retransmission (1 s, 3 s, ...).
+BACKLOG = 128
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REASONS = {
     200: "OK",
@@ -53,6 +65,16 @@ REASONS = {
     500: "Internal Server Error",
 }
 _IDLE_S = 1.0  # the selector's longest wait when no client has a deadline
+ACCEPTS = MAX_CLIENTS // 2  # connections accepted a turn of the selector, at most
+# The connections' thread takes the GIL from the loop for every request it handles: it
+# spends at most CPU_SHARE of a CPU over time (CPU_BURST_S at once), and rests past it.
+# A scrape costs it about 0.1 ms of CPU; scrapers back to back, 1,000 a second, had
+# it take 15% of a Python loop's steps.
+CPU_SHARE = 0.01
+CPU_BURST_S = 0.005
+# Out of descriptors, the listening socket stays readable and accept() keeps failing:
+# it is left out of the selector this long, not polled in a loop.
+ACCEPT_PAUSE_S = 0.1
 
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
 
@@ -73,12 +95,22 @@ class _Client:
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None
+    waiting: bool = False  # for the page being rendered (out of the selector meanwhile)
+    head_only: bool = False
     draining: bool = False  # answered: what more it sends is read and dropped
+
+    def rank(self) -> tuple[int, float]:
+        """Which to close first for a new connection: those that have not sent a whole
+        request, then those answered, then those waiting for or reading an answer; the
+        oldest first in each."""
+        busy = 0 if not (self.waiting or self.outbox is not None) else 2
+        return (1 if self.draining else busy, self.deadline)
 
 
 class Server:
-    """Serves `render()`'s page on (addr, port) from a thread of its own; `port` is the
-    port bound (0 asks for any free one). OSError where it cannot bind."""
+    """Serves `render()`'s page on (addr, port) from two threads of its own (one for
+    the connections, one rendering); `port` is the port bound (0 asks for any free
+    one). OSError where it cannot bind."""
 
     def __init__(
         self, render: Callable[[], bytes], port: int, addr: str, warn: Callable[[str], None]
@@ -86,7 +118,7 @@ class Server:
         self._render = render
         self._warn = warn
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        self._sock = socket.create_server((addr, port), family=family, backlog=16)
+        self._sock = socket.create_server((addr, port), family=family, backlog=BACKLOG)
         self._sock.setblocking(False)
         self.server_port: int = self._sock.getsockname()[1]
         self._pid = os.getpid()
@@ -98,14 +130,19 @@ class Server:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._clients: dict[int, _Client] = {}
         self._page: tuple[float, bytes, int] | None = None  # (made at, body, status)
+        self._accept_at: float | None = None  # accepting paused until then (descriptors)
+        self._asked = threading.Event()  # the selector's thread asks for a page
+        self._rendering = False  # asked, and not yet handed over
+        self._fresh: tuple[float, bytes, int] | None = None  # rendered, not yet handed over
         self._stop = threading.Event()
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # close(), and the render thread's wake-up write
         _LIVE.add(self)
-        self._thread = threading.Thread(
-            target=self._run, name=f"starvecheck-exporter:{self.server_port}", daemon=True
-        )
+        name = f"starvecheck-exporter:{self.server_port}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._renderer = threading.Thread(target=self._renders, name=f"{name}:page", daemon=True)
         self._thread.start()
+        self._renderer.start()
 
     @property
     def clients(self) -> int:
@@ -115,16 +152,30 @@ class Server:
     # --- the thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        credit, counted = CPU_BURST_S, (clocks.monotonic(), clocks.thread_time())
         try:
             while not self._stop.is_set():
+                arrived = False
                 for key, events in self._selector.select(self._timeout()):
                     if key.data == "wake":
                         _drain(self._wake_r)
                     elif key.data is None:
-                        self._accept()
+                        arrived = True
                     else:
                         self._serve(key.data, events)
-                self._expire(clocks.monotonic())
+                if arrived:  # after the requests that came: they are not closed for room
+                    self._accept()
+                self._hand_over()
+                now = clocks.monotonic()
+                self._expire(now)
+                if self._accept_at is not None and now >= self._accept_at:
+                    self._accept_at = None
+                    self._selector.register(self._sock, selectors.EVENT_READ, None)
+                cpu = clocks.thread_time()
+                credit += (now - counted[0]) * CPU_SHARE - (cpu - counted[1])
+                credit, counted = min(credit, CPU_BURST_S), (now, cpu)
+                if credit < 0:  # spent past its share: rests (close() wakes it)
+                    self._stop.wait(-credit / CPU_SHARE)
         except Exception as e:  # never a traceback in the job's log
             if not self._stop.is_set():
                 self._warn(f"the scrape server stopped ({type(e).__name__}: {e})")
@@ -133,24 +184,32 @@ class Server:
                 self._drop(client)
 
     def _timeout(self) -> float:
-        if not self._clients:
+        deadlines = [c.deadline for c in self._clients.values()]
+        if self._accept_at is not None:
+            deadlines.append(self._accept_at)
+        if not deadlines:
             return _IDLE_S
-        first = min(c.deadline for c in self._clients.values())
-        return min(_IDLE_S, max(0.0, first - clocks.monotonic()))
+        return min(_IDLE_S, max(0.0, min(deadlines) - clocks.monotonic()))
 
     def _accept(self) -> None:
-        while True:
+        """At most ACCEPTS connections from the backlog: the requests of those accepted
+        are read before more are, so that a flood of connections closes its own to make
+        room, not a scrape whose request has come."""
+        for _ in range(ACCEPTS):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # out of descriptors, or a connection reset on arrival
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return  # the backlog waits; a client expiring frees one
+                    # the backlog waits; a client expiring frees one
+                    self._selector.unregister(self._sock)
+                    self._accept_at = clocks.monotonic() + ACCEPT_PAUSE_S
+                    return
                 continue
             conn.setblocking(False)
             if len(self._clients) >= MAX_CLIENTS:
-                self._drop(min(self._clients.values(), key=lambda c: c.deadline))
+                self._drop(min(self._clients.values(), key=_Client.rank))
             client = _Client(conn, clocks.monotonic() + CLIENT_TIMEOUT_S)
             self._clients[conn.fileno()] = client
             self._selector.register(conn, selectors.EVENT_READ, client)
@@ -167,11 +226,10 @@ class Server:
                     return
                 client.inbox += data
                 head = _head(client.inbox)
-                if head is None:
-                    if len(client.inbox) > REQUEST_LIMIT:
-                        self._answer(client, 431, b"request too large\n", head_only=False)
-                    return
-                self._respond(client, head)
+                if len(head if head is not None else client.inbox) > REQUEST_LIMIT:
+                    self._answer(client, 431, b"request too large\n", head_only=False)
+                elif head is not None:
+                    self._respond(client, head)
             elif client.outbox is not None and events & selectors.EVENT_WRITE:
                 sent = client.sock.send(client.outbox)
                 client.outbox = client.outbox[sent:]
@@ -190,24 +248,52 @@ class Server:
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
             self._answer(client, 400, b"bad request\n", head_only=False)
             return
-        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        method, target = parts[0], _path(parts[1])
         if method not in (b"GET", b"HEAD"):
             self._answer(client, 405, b"GET or HEAD\n", head_only=False)
         elif target not in (b"/metrics", b"/"):
             self._answer(client, 404, b"try /metrics\n", head_only=method == b"HEAD")
-        else:
-            status, body = self._current_page()
-            self._answer(client, status, body, head_only=method == b"HEAD")
+        elif self._page is not None and clocks.monotonic() - self._page[0] < PAGE_TTL_S:
+            self._answer(client, self._page[2], self._page[1], head_only=method == b"HEAD")
+        else:  # it waits, out of the selector, for the page the render thread makes
+            client.waiting, client.head_only = True, method == b"HEAD"
+            self._selector.unregister(client.sock)
+            if not self._rendering:
+                self._rendering = True
+                self._asked.set()
 
-    def _current_page(self) -> tuple[int, bytes]:
-        now = clocks.monotonic()
-        if self._page is None or now - self._page[0] >= PAGE_TTL_S:
+    def _hand_over(self) -> None:
+        """The page the render thread made, to every client waiting for it."""
+        page, self._fresh = self._fresh, None
+        if page is None:
+            return
+        self._page, self._rendering = page, False
+        for client in [c for c in self._clients.values() if c.waiting]:
+            client.waiting = False
+            self._answer(client, page[2], page[1], client.head_only)
+
+    # --- the render thread ----------------------------------------------------------
+
+    def _renders(self) -> None:
+        """Render the page each time the selector's thread asks, and wake it."""
+        while True:
+            self._asked.wait()
+            if self._stop.is_set():
+                return
+            self._asked.clear()
+            made = clocks.monotonic()
             try:
-                self._page = (now, self._render(), 200)
+                page = (made, self._render(), 200)
             except Exception as e:
-                self._warn(f"a scrape could not read the figures ({type(e).__name__}: {e})")
-                self._page = (now, b"the figures could not be read\n", 500)
-        return self._page[2], self._page[1]
+                with contextlib.suppress(Exception):
+                    self._warn(f"a scrape could not read the figures ({type(e).__name__}: {e})")
+                page = (made, b"the figures could not be read\n", 500)
+            self._fresh = page
+            with self._lock:  # close() closes the pipe under it: never a stale descriptor
+                if self._stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"p")
 
     def _answer(self, client: _Client, status: int, body: bytes, head_only: bool) -> None:
         reason = REASONS[status]
@@ -220,7 +306,10 @@ class Server:
         ).encode("ascii")
         client.outbox = memoryview(head if head_only else head + body)
         client.inbox.clear()
-        self._selector.modify(client.sock, selectors.EVENT_WRITE, client)
+        try:
+            self._selector.modify(client.sock, selectors.EVENT_WRITE, client)
+        except KeyError:  # it waited for the page, out of the selector
+            self._selector.register(client.sock, selectors.EVENT_WRITE, client)
 
     def _expire(self, now: float) -> None:
         for client in [c for c in self._clients.values() if c.deadline <= now]:
@@ -247,14 +336,17 @@ class Server:
         if os.getpid() != self._pid:  # a forked child: its copies went at the fork
             return
         self._stop.set()
+        self._asked.set()
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * _IDLE_S)
-        for closing in (self._sock.close, self._selector.close):
-            closing()
-        for fd in (self._wake_r, self._wake_w):
-            _close_fd(fd)
+        for thread in (self._thread, self._renderer):  # a render under way ends on its own
+            if thread is not threading.current_thread():
+                thread.join(timeout=2 * _IDLE_S if thread is self._thread else _IDLE_S)
+        with self._lock:
+            for closing in (self._sock.close, self._selector.close):
+                closing()
+            for fd in (self._wake_r, self._wake_w):
+                _close_fd(fd)
         _LIVE.discard(self)
 
     def _forget_in_child(self) -> None:
@@ -277,6 +369,17 @@ def _head(inbox: bytearray) -> bytes | None:
         if at >= 0:
             return bytes(inbox[:at])
     return None
+
+
+def _path(target: bytes) -> bytes:
+    """The path a request's target names, its query left out: the origin form's
+    (`/metrics?x`), or the absolute form's past its authority (`http://host:9500/metrics`,
+    which RFC 9112 3.2.2 has a server accept)."""
+    if target[:8].lower().startswith((b"http://", b"https://")):
+        rest = target.split(b"://", 1)[1]
+        at = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+        target = rest[at:] if rest[at:].startswith(b"/") else b"/" + rest[at:]
+    return target.split(b"?", 1)[0]
 
 
 def _drain(fd: int) -> None:

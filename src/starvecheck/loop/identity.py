@@ -79,7 +79,8 @@ def with_namespace(
 def _read(path: Path) -> str | None:
     """A small file's text, read as a guest: a regular file only (a FIFO, a device or a
     socket there is left alone, never waited on: opened non-blocking), at most
-    NAMESPACE_BYTES, bytes that are not UTF-8 replaced. None where there is none."""
+    NAMESPACE_BYTES, bytes that are not UTF-8 replaced, control characters left out (a
+    file of zeros, a sparse one, names no namespace). None where there is none."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
@@ -92,7 +93,8 @@ def _read(path: Path) -> str | None:
         return None
     finally:
         os.close(fd)
-    return utf8(data.decode("utf-8", "replace")).strip() or None
+    text = "".join(c for c in data.decode("utf-8", "replace") if c.isprintable())
+    return text.strip() or None
 
 
 def utf8(text: str) -> str:
