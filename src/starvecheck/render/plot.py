@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def _pyplot() -> Any:
     """matplotlib's pyplot on Agg (files, no display), imported with signals held."""
-    with importing():
+    with importing("matplotlib"):
         import matplotlib
 
         matplotlib.use("Agg")
@@ -200,7 +200,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
     """One heatmap per strategy: a typical batch, rows by positions, real tokens (two
     shades, so packed samples show their boundaries) against padding."""
     plt = _pyplot()
-    with importing():
+    with importing("matplotlib"):
         from matplotlib.colors import ListedColormap
         from matplotlib.patches import Patch
 

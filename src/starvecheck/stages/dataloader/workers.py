@@ -90,7 +90,7 @@ def _kill_stuck(it: Any) -> None:
     import contextlib
     import time
 
-    with importing():
+    with importing("torch"):
         from torch.utils.data import _utils
 
     # Not after torch's shutdown ran (a second call, its queues closed): kill only.
