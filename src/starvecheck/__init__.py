@@ -37,9 +37,12 @@ def entry() -> int:
         sys.stderr.write("starvecheck: error: interrupted\n")
         return 130
     except (MemoryError, ImportError, OSError) as e:  # under too small a ulimit -v
-        from starvecheck.core.surroundings import limit_cause
+        try:
+            from starvecheck.core.surroundings import limit_cause
 
-        why = limit_cause(e)
+            why = limit_cause(e)
+        except MemoryError:  # not even that small module: said without it
+            why = "out of memory as it started: raise the address-space limit (ulimit -v)"
         if why is None:
             raise
         sys.stderr.write(f"starvecheck: error: {why}\n")
