@@ -101,11 +101,12 @@ def blas_threads(environ: dict[str, str] | None = None) -> int:
     return max(1, min(cpus, OPENBLAS_MAX_THREADS))
 
 
-def need_mib(library: str, environ: dict[str, str] | None = None) -> int:
-    """What loading `library` maps here, in MiB (0 for a library not in NEED_MIB)."""
+def need_mib(library: str, threads: int) -> int:
+    """What loading `library` maps, in MiB, where OpenBLAS starts `threads` threads (0
+    for a library not in NEED_MIB)."""
     if library not in NEED_MIB:
         return 0
-    return NEED_MIB[library] + THREAD_MIB * max(0, blas_threads(environ) - 2)
+    return NEED_MIB[library] + THREAD_MIB * max(0, threads - 2)
 
 
 def _shown(limit: int) -> str:
@@ -113,25 +114,39 @@ def _shown(limit: int) -> str:
     return f"ulimit -v {limit >> 10}: {limit / (1 << 20):,.0f} MiB"
 
 
-def check(library: str) -> None:
-    """Refuse, before `library` is imported, what would end the process as it loads:
-    a removed working directory (for what loads torch) and an address-space limit
-    below NEED_MIB. Nothing where the library is loaded already or not installed."""
-    if library in sys.modules or find_spec(library) is None:
-        return
-    if library in LOADS_TORCH and "torch" not in sys.modules and cwd_removed():
-        raise UsageError(
+def refusal(
+    library: str, *, torch_loaded: bool, cwd_gone: bool, limit: int | None, threads: int
+) -> str | None:
+    """Why `library` cannot be loaded in a process so placed, in one line; None where
+    it can. A pure function of the facts, which `check` reads."""
+    if library in LOADS_TORCH and not torch_loaded and cwd_gone:
+        return (
             f"{REMOVED}: torch cannot load from there (its oneMKL reads the directory as it "
             "starts); cd to an existing directory and rerun"
         )
-    limit = address_limit()
-    need = need_mib(library)
+    need = need_mib(library, threads)
     if limit is not None and limit < need << 20:
-        raise UsageError(
-            f"the address-space limit ({_shown(limit)}) is too small to load "
-            f"{library}, which maps about {need:,} MiB here: raise it or unset it "
-            "(ulimit -v unlimited)"
+        return (
+            f"the address-space limit ({_shown(limit)}) is too small to load {library}, "
+            f"which maps about {need:,} MiB here: raise it or unset it (ulimit -v unlimited)"
         )
+    return None
+
+
+def check(library: str) -> None:
+    """Refuse, before `library` is imported, what would end the process as it loads
+    (`refusal`). Nothing where it is loaded already or not installed."""
+    if library in sys.modules or find_spec(library) is None:
+        return
+    why = refusal(
+        library,
+        torch_loaded="torch" in sys.modules,
+        cwd_gone=cwd_removed(),
+        limit=address_limit(),
+        threads=blas_threads(),
+    )
+    if why is not None:
+        raise UsageError(why)
 
 
 # What an exception says when it is memory that could not be mapped: a shared
