@@ -160,10 +160,19 @@ UNHELD = {
 
 
 def _heavy_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
-    """(qualified function, line, held) of each import of a heavy library."""
+    """(qualified function, line, held) of each import of a heavy library; held: inside
+    `with importing(LIBRARY)`, LIBRARY the library imported (surroundings.check reads
+    what that library needs before it loads)."""
     found = []
 
-    def walk(node: ast.AST, where: list[str], held: bool) -> None:
+    def named(item: ast.withitem) -> str | None:
+        call = item.context_expr
+        if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "importing":
+            arg = call.args[0] if call.args else None
+            return arg.value if isinstance(arg, ast.Constant) else "?"
+        return None
+
+    def walk(node: ast.AST, where: list[str], held: str | None) -> None:
         for child in ast.iter_child_nodes(node):
             inner, hold = where, held
             if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
@@ -171,20 +180,17 @@ def _heavy_imports(tree: ast.AST) -> list[tuple[str, int, bool]]:
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 inner = [*where, child.name]
             if isinstance(child, ast.With):
-                hold = held or any(
-                    isinstance(i.context_expr, ast.Call)
-                    and getattr(i.context_expr.func, "id", None) == "importing"
-                    for i in child.items
-                )
+                hold = held or next((n for n in map(named, child.items) if n), None)
             if isinstance(child, ast.Import | ast.ImportFrom):
                 names = [a.name for a in child.names] if isinstance(child, ast.Import) else []
                 if isinstance(child, ast.ImportFrom) and child.level == 0:
                     names = [child.module or ""]
-                if any(n.split(".")[0] in HEAVY for n in names):
-                    found.append((".".join(where), child.lineno, hold))
+                tops = {n.split(".")[0] for n in names} & set(HEAVY)
+                if tops:
+                    found.append((".".join(where), child.lineno, hold in tops))
             walk(child, inner, hold)
 
-    walk(tree, [], False)
+    walk(tree, [], None)
     return found
 
 
@@ -193,9 +199,18 @@ def test_an_import_for_the_type_checker_alone_is_no_import():
     assert _heavy_imports(ast.parse(code)) == [("", 3, False)]
 
 
+def test_importing_names_the_library_it_holds_for():
+    """`with importing("torch")` around `import torch` holds; around another library's
+    import it does not (the checks before the import would be the wrong library's)."""
+    held = 'with importing("torch"):\n    import torch\n'
+    wrong = 'with importing("torch"):\n    import pyarrow\n'
+    code = held + wrong
+    assert _heavy_imports(ast.parse(code)) == [("", 2, True), ("", 4, False)]
+
+
 def test_every_heavy_import_of_the_command_line_holds_signals():
     """Each import of torch, transformers, streaming, matplotlib or pyarrow that a
-    command runs is inside `with signals.importing()`, but where a DataLoader alone
+    command runs is inside `with signals.importing(LIBRARY)`, but where a DataLoader alone
     runs it (UNHELD). loop/ runs in the user's own process, on the user's handlers,
     and imports torch only where the user's loop has it loaded: not checked."""
     root = SRC / "starvecheck"
@@ -210,7 +225,7 @@ def test_every_heavy_import_of_the_command_line_holds_signals():
                 unheld_seen.add(key)
             elif not held:
                 bare.append(f"{rel}:{line} ({where or 'module level'})")
-    assert not bare, "heavy imports outside `with importing()`:\n" + "\n".join(bare)
+    assert not bare, "heavy imports outside `with importing(LIBRARY)`:\n" + "\n".join(bare)
     assert unheld_seen == set(UNHELD), f"no longer there: {set(UNHELD) - unheld_seen}"
 
 

@@ -158,3 +158,54 @@ def test_garbage_workload_through_the_cli_is_one_line_or_a_run(tmp_path, data):
         assert r.stderr.startswith("starvecheck: error: --workload ") and r.stderr.count("\n") == 1
     else:
         assert r.json["command"] == "doctor"
+
+
+DEEP = {
+    "arrays": "a = " + "[" * 2000 + "]" * 2000 + "\n",
+    "inline tables": "a = " + "{b = " * 2000 + "1" + "}" * 2000 + "\n",
+    # tomllib walks a dotted key once per part for each part: 100,000 parts took hours.
+    "a dotted key": "batch_size." + "a." * 100_000 + "b = 1\n",
+    "a table header": "[batch_size." + "a." * 100_000 + "b]\n",
+}
+
+
+@pytest.mark.parametrize("kind", DEEP)
+def test_a_deeply_nested_file_is_one_line_before_it_is_parsed(tmp_path, kind):
+    import time
+
+    f = tmp_path / "deep.toml"
+    f.write_text(DEEP[kind])
+    start = time.monotonic()
+    r = run("doctor", "--only", "pad", "--step-ms", "100", "--workload", str(f))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr == (
+        f"starvecheck: error: --workload {f}: nested deeper than 32 levels (arrays, tables, "
+        "the parts of a dotted key): a workload file's keys are flat\n"
+    )
+    assert time.monotonic() - start < 10
+
+
+def test_depth_counts_nesting_outside_strings_and_comments():
+    from starvecheck.inputs.workload import depth
+
+    assert depth('batch_size = 16\nfield = ["a", "b"]\nstep_ms = 12.5\n') == 1
+    assert depth("a.b.c = 1") == 2 and depth("[a.b]\nc = 1") == 2
+    assert depth("x = [[1], [2]]") == 2 and depth("x = {a = {b = 1}}") == 2
+    brackets = "[[[[" * 20
+    for quiet in (
+        f'dataset = "{brackets}"',
+        f"dataset = '{brackets}'",
+        f'dataset = """\n{brackets}\n"""',
+        f"dataset = '''\n{brackets}\n'''",
+        f'dataset = "\\"{brackets}"',  # an escaped quote does not end the string
+        f'dataset = """a""{brackets}"""',  # nor do two quotes in a tripled one
+        f"# {brackets}\nbatch_size = 1",
+    ):
+        assert depth(quiet) == 0, quiet
+
+
+def test_brackets_in_a_valid_files_strings_are_read(tmp_path):
+    f = tmp_path / "w.toml"
+    path = "/data/" + "[x]." * 40 + "jsonl"
+    f.write_text(f'# a comment: {"[" * 64}\ndataset = "{path}"\nfield = ["text"]\n')
+    assert read_file(str(f)) == {"dataset": path, "field": ("text",)}

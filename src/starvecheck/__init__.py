@@ -27,7 +27,8 @@ def watch(iterable: Any, **options: Any) -> Watch[Any]:
 
 def entry() -> int:
     """The console script. Importing the CLI (typer, rich) takes ~0.2 s; a Ctrl-C in
-    that time is one line and exit 130, as it is once `cli.main` runs."""
+    that time is one line and exit 130, as it is once `cli.main` runs, and memory that
+    cannot be had under `ulimit -v` is one line and exit 2 (core/surroundings.py)."""
     import sys
 
     try:
@@ -37,6 +38,17 @@ def entry() -> int:
     except KeyboardInterrupt:
         sys.stderr.write("starvecheck: error: interrupted\n")
         return 130
+    except (MemoryError, ImportError, OSError) as e:  # under too small a ulimit -v
+        try:
+            from starvecheck.core.surroundings import limit_cause
+
+            why = limit_cause(e)
+        except MemoryError:  # not even that small module: said without it
+            why = "out of memory as it started: raise the address-space limit (ulimit -v)"
+        if why is None:
+            raise
+        sys.stderr.write(f"starvecheck: error: {why}\n")
+        return 2
     # Where the user's code ran in this process (`loader --factory`), the process ends
     # there once the report is written: nothing the pipeline left can hold it.
     ending.enable()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from starvecheck.core import outputs
+from starvecheck.core import outputs, surroundings
 from starvecheck.core import stages as stages_table
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import parse_size, parse_uint
@@ -35,13 +35,10 @@ def data_path(path: str | None, existing: bool, command: str = "io") -> str:
     """PATH as an absolute, checked directory (or file, with --existing)."""
     shown = path if path is not None else "."
     if path is None:
-        try:
-            path = os.getcwd()
-        except FileNotFoundError:
-            raise UsageError(
-                "the working directory no longer exists (removed after the shell entered "
-                f"it): give {command} a PATH"
-            ) from None
+        if surroundings.cwd_removed():
+            raise UsageError(f"{surroundings.REMOVED}: give {command} a PATH")
+        path = os.getcwd()
+    surroundings.check_relative(path, path)
     try:
         os.stat(path)  # what os.path.exists hides: a link loop, a name too long, no access
     except OSError as e:
@@ -149,6 +146,7 @@ def output_file(option: str, value: str) -> None:
     /dev/full) is one line then."""
     if value == "":
         raise UsageError(f"{option} needs a path, or '-' for stdout")
+    surroundings.check_relative(f"{option} {value}", value)
     why = outputs.refusal(value)
     if why in (None, outputs.NOT_WRITABLE):  # a link or an owner refused comes first
         with contextlib.suppress(OSError):  # what cannot be looked at, refusal words
@@ -164,8 +162,11 @@ def output_file(option: str, value: str) -> None:
 
 def _same_file(a: str, b: str) -> bool:
     """One file under two names: ./F, a symlink (realpath), a hard link (samefile)."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+    except OSError:  # relative, in a working directory removed: refused where it is read
+        return False
     try:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist yet
@@ -200,6 +201,7 @@ def output_dir(option: str, value: str) -> str:
     exist), refused if it is a file or not writable."""
     if value == "":
         raise UsageError(f"{option} needs a directory")
+    surroundings.check_relative(f"{option} {value}", value)
     target = Path(value)
     if target.exists() and not target.is_dir():
         raise UsageError(f"{option} {value}: not a directory")
@@ -236,6 +238,7 @@ def factory_spec(text: str | None) -> FactorySpec | None:
     if text is None:
         return None
     spec = parse_spec(text)
+    surroundings.check_relative(f"--factory {text}", spec.path)
     # FILE.py from here, whatever directory the user's code moves to (a later import of
     # it, for an IterableDataset, comes after FUNC ran).
     return replace(spec, path=os.path.abspath(spec.path)) if spec.path else spec

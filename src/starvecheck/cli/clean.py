@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from starvecheck.cli.common import app, context_of
+from starvecheck.core import surroundings
 from starvecheck.core.status import UsageError
 from starvecheck.core.text import printable
 
@@ -40,6 +41,7 @@ def clean(
     from starvecheck.scratch import leftovers, reclaim
 
     c = context_of(ctx)
+    surroundings.check_relative(path, path)
     target = os.path.realpath(path)
     if not os.path.isdir(target):
         raise UsageError(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from starvecheck.core import outputs, streams
+from starvecheck.core import outputs, streams, surroundings
 from starvecheck.core.context import Context
 from starvecheck.core.model import Report, Severity, StageResult, at_or_above
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
@@ -198,9 +198,10 @@ class Outputs:
 
         if json_path == "-" and markdown_path == "-":
             raise UsageError("--json - and --markdown - cannot both write to stdout")
-        args.distinct_files(
-            [("--json", json_path), ("--markdown", markdown_path), ("--plot", plot)], inputs
-        )
+        written = [("--json", json_path), ("--markdown", markdown_path), ("--plot", plot)]
+        for option, value in written:
+            surroundings.check_relative(f"{option} {value}", value)
+        args.distinct_files(written, inputs)
         for option, value in (("--json", json_path), ("--markdown", markdown_path)):
             if value is not None and value != "-":
                 args.output_file(option, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from starvecheck.cli.common import (
     progress_bar,
     warning,
 )
+from starvecheck.core import surroundings
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.workload import bounds as workload_bounds
@@ -40,6 +42,10 @@ if TYPE_CHECKING:
     from starvecheck.inputs.workload import Workload
     from starvecheck.probe.machine import Machine
     from starvecheck.stages.doctor.measure import Outcome
+
+# The stages that load torch (a DataLoader; CUDA). Without --step-ms doctor loads it too,
+# to look for a CUDA device to time the step on.
+TORCH_STAGES = {"loader", "starve", "pcie"}
 
 
 @app.command()
@@ -201,6 +207,9 @@ def doctor(
         dataset, fields, tokenizer, factory,
     )  # fmt: skip
     out = _outputs(w, workload_file, stages, json_path, markdown_path, fail_on, plot)
+    if w.step_ms is None or set(stages) & TORCH_STAGES:
+        # Before PATH is looked at: what would end the process as torch loads.
+        surroundings.check("torch")
     rank = doctor_ranks.from_environ(c.environ)
     machine, results, outcome = _measure(c, out, w, stages, path, rank, batch_timeout, quick)
     report, shown = _judged(c, machine, results, outcome, rank)
@@ -316,7 +325,7 @@ def _measure(
             environ=c.environ,
             progress=progress,
             warn=lambda msg: warning(c, msg),
-            path=target or str(Path.cwd()),
+            path=target or (None if surroundings.cwd_removed() else os.getcwd()),
             slow_ms=doctor_ranks.slow_ms(c.environ, rank.rank if rank else 0),
         )
         if batch_timeout is not None:

@@ -26,6 +26,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.cli.modes import Mode, fence
+from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
 
@@ -199,6 +200,8 @@ def loader(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
+    # Before PATH or FILE is looked at: what would end the process as torch loads.
+    surroundings.check("torch")
     spec = args.factory_spec(factory)
     fence(ctx, FACTORY if spec is not None else GENERATED)
     inputs = [("--factory", spec.path if spec else None)]

@@ -18,7 +18,7 @@ import typer
 
 from starvecheck.cli.common import app, error
 from starvecheck.core import stages as stages_table
-from starvecheck.core import streams
+from starvecheck.core import streams, surroundings
 from starvecheck.core.context import Context
 from starvecheck.core.signals import Terminated, forget_received, received, signals_raise
 from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
@@ -71,6 +71,11 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
             traceback.print_exc(file=c.stderr)
         if (signum := received()) is not None:
             return _signalled(c, signum)  # the signal stopped the workers too: not news
+        if (why := surroundings.limit_cause(e)) is not None:
+            # A stage's own words for memory it could not have ("the training loop
+            # failed: ... can't allocate memory"): the limit is the cause to name.
+            error(c, why)
+            return ExitStatus.USAGE
         error(c, str(e))
         return e.status
     except BrokenPipeError:
@@ -86,6 +91,10 @@ def main(argv: Sequence[str] | None = None, context: Context | None = None) -> i
             # Preflight (stages/dataloader/preflight.py) leaves a margin; a run that still
             # runs out: one line.
             error(c, f"too many open files ({e.strerror}): raise the limit (ulimit -n 1024)")
+            return ExitStatus.USAGE
+        if (why := surroundings.limit_cause(e)) is not None:
+            # Memory that could not be mapped under `ulimit -v`: the limit is the cause.
+            error(c, why)
             return ExitStatus.USAGE
         if debug:
             error(c, f"internal error: {type(e).__name__}: {e}")

@@ -24,6 +24,7 @@ from starvecheck.cli.common import (
     emit,
     measure_one,
 )
+from starvecheck.core import surroundings
 from starvecheck.core.context import Context
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.probe.sysroot import SysRoot
@@ -141,6 +142,7 @@ def pad(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
+    surroundings.check("numpy")  # pad counts in numpy: too small a ulimit -v ends its import
     inputs = [("--dataset", dataset), ("--lengths", lengths)]
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
     options = _options(

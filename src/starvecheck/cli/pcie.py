@@ -21,6 +21,7 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
+from starvecheck.core import surroundings
 from starvecheck.core.model import StageResult
 from starvecheck.stages.options import PcieOptions, by_quick, size_list
 
@@ -64,6 +65,7 @@ def pcie(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
+    surroundings.check("torch")  # what would end the process as torch loads
     out = Outputs.check(json_path, markdown_path, fail_on)
     options = PcieOptions(
         sizes=args.copy_sizes(sizes) if sizes is not None else None, runs=runs, quick=quick

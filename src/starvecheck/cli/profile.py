@@ -28,6 +28,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.cli.modes import Mode, fence
+from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
 
@@ -168,6 +169,9 @@ def profile(
         return emit(build_report("profile", None, [result], c), out, c)
     from starvecheck.probe.machine import collect
 
+    # Before PATH is looked at: what would end the process as the model's libraries load.
+    for library in ("torch", "transformers"):
+        surroundings.check(library)
     options = _loop_options(
         path, workers, steps, model_size, device, cold, trace_dir, tokenizer, quick
     )

@@ -69,7 +69,7 @@ def slow_ms(environ: Mapping[str, str], rank: int) -> float:
 
 def gather(report: Report, rank: Rank, environ: Mapping[str, str]) -> list[dict[str, Any]] | None:
     """Every rank's report on rank 0 (None on the others), through gloo."""
-    with importing():
+    with importing("torch"):
         import torch.distributed as dist
 
     payload = {

@@ -26,6 +26,7 @@ from starvecheck.cli.common import (
     finite,
     measure_one,
 )
+from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import StarveOptions, by_quick
 
@@ -98,6 +99,7 @@ def starve(
     from starvecheck.probe.machine import collect
 
     c = context_of(ctx)
+    surroundings.check("torch")  # what would end the process as torch loads
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot)
     plot_path = args.plot_path(plot)
     machine = collect(SysRoot(Path("/")), environ=c.environ)

@@ -182,10 +182,12 @@ def signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def importing() -> Iterator[None]:
+def importing(library: str) -> Iterator[None]:
     """Around the import of a library whose import runs C++ code: torch, and what imports
-    it (transformers, streaming), matplotlib, pyarrow. Signals are held until the import
-    is done, then the first is raised at the next line of Python.
+    it (transformers, streaming), matplotlib, pyarrow; `library` names the one imported.
+    First what would end the process as it loads (a removed working directory, too
+    small an address-space limit) is one line (core/surroundings.check). Signals are
+    held until the import is done, then the first is raised at the next line of Python.
 
     Why: while torch initialises its C++ extension, pybind11 calls back into Python
     (importlib's locks); a handler that raises there (ours, in `signals_raise`) throws a
@@ -195,5 +197,8 @@ def importing() -> Iterator[None]:
     (tests/test_signals_import.py hits it every time). Held, the signal waits the rest
     of the import (a second or so), never longer.
     """
+    from starvecheck.core import surroundings
+
+    surroundings.check(library)
     with signals_held():
         yield

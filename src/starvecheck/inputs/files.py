@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from starvecheck.core import surroundings
 from starvecheck.core.status import UsageError
 from starvecheck.core.units import format_bytes
 
@@ -76,6 +77,7 @@ def _anonymous_pipe(path: str) -> bool:
 def check(path: str, where: str, pipes: bool = True) -> bool:
     """Whether `path` is a pipe to read as a stream (True; only with `pipes`) or a
     regular file (False). Anything else is one UsageError, before anything opens it."""
+    surroundings.check_relative(where, path)
     try:
         st = os.stat(path)
     except FileNotFoundError:

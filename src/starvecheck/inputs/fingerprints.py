@@ -237,7 +237,7 @@ def _reads(width: int, item: int) -> tuple[int, int, int]:
 
 
 def _torch_int(size: int) -> Any:
-    with importing():  # torch is there already: the batch holds its tensors
+    with importing("torch"):  # torch is there already: the batch holds its tensors
         import torch
 
     return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]

@@ -122,7 +122,7 @@ def _parquet(
             "it is read as written: gunzip it first"
         )
     try:
-        with importing():
+        with importing("pyarrow"):
             import pyarrow.parquet as pq  # an optional extra: starvecheck[parquet]
     except ImportError:
         raise UsageError(

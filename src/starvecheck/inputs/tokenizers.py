@@ -35,12 +35,12 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
-        with importing():
+        with importing("transformers"):
             from transformers import AutoTokenizer
     except ImportError as e:
         raise UsageError("--tokenizer needs transformers: pip install 'starvecheck[text]'") from e
     if os.path.isfile(name):  # a lone tokenizer.json, as `tokenizer.save("...")` writes it
-        with importing():
+        with importing("transformers"):
             from transformers import PreTrainedTokenizerFast
 
         try:

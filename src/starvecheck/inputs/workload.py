@@ -33,6 +33,11 @@ ASSUMED_STEP_MS = 400.0
 MAX_SAMPLE_SIZE = 1 << 30
 # A workload file holds a dozen keys: a few hundred bytes. More than this is not one.
 MAX_FILE_BYTES = 1 << 20
+# The deepest a workload file is read (arrays, inline tables, the parts of a dotted
+# key): its keys are flat and `field` is a list, two levels. tomllib recurses once per
+# level (a few hundred is a RecursionError) and walks a dotted key once per part for
+# each part (100,000 parts take hours), so a deeper file is refused before it is parsed.
+MAX_DEPTH = 32
 
 # key: (kind, low, high). kind: int, float, size, choice, text, texts, factory.
 _RULES: dict[str, tuple[str, object, object]] = {
@@ -187,15 +192,24 @@ def read_file(path: str) -> dict[str, Value]:
         except ImportError as e:
             raise UsageError("--workload needs Python 3.11 or the tomli package") from e
     where = f"--workload {path}"
+    deep = UsageError(
+        f"{where}: nested deeper than {MAX_DEPTH} levels (arrays, tables, the parts of a "
+        "dotted key): a workload file's keys are flat"
+    )
     try:
         with open_input(path, where, MAX_FILE_BYTES, gunzip=False) as f:
-            data = tomllib.loads(read_all(f).decode("utf-8"))
+            text = read_all(f).decode("utf-8")
+        if depth(text) > MAX_DEPTH:
+            raise deep
+        data = tomllib.loads(text)
     except OSError as e:
         raise UsageError(f"{where}: cannot read it: {e.strerror or e}") from e
     except UnicodeDecodeError as e:
         raise UsageError(f"{where}: not UTF-8 text") from e
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{where}: not valid TOML: {' '.join(str(e).split())}") from e
+    except RecursionError:  # what depth() missed: still one line
+        raise deep from None
     out: dict[str, Value] = {}
     for raw_key, value in data.items():
         key = ALIASES.get(raw_key, raw_key)
@@ -206,6 +220,56 @@ def read_file(path: str) -> dict[str, Value]:
             raise UsageError(f"{where}: {raw_key} repeats {key}")
         out[key] = check(key, value, where)
     return out
+
+
+def depth(text: str) -> int:
+    """How deep the TOML in `text` nests, found without parsing it: the brackets and
+    braces open outside strings and comments, plus the dots of the key being read (a
+    float's one dot counts too, harmlessly)."""
+    deepest = level = dots = 0
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "\"'":
+            i = _string_end(text, i)
+            continue
+        if ch == "#":  # a comment, to the end of its line
+            i = n if (end := text.find("\n", i)) < 0 else end
+            continue
+        if ch in "[{":
+            level, dots = level + 1, 0
+        elif ch in "]}":
+            level = max(0, level - 1)
+        elif ch == ".":
+            dots += 1
+        elif ch in "=,\n":
+            dots = 0
+        deepest = max(deepest, level + dots)
+        i += 1
+    return deepest
+
+
+def _string_end(text: str, i: int) -> int:
+    """Where the TOML string that starts at text[i] ends (the index after it): basic
+    ("...", with backslash escapes) or literal ('...'), on one line or, tripled, on
+    several; one not closed ends the text."""
+    quote, n = text[i], len(text)
+    multi = text.startswith(quote * 3, i)
+    j = i + (3 if multi else 1)
+    while j < n:
+        ch = text[j]
+        if ch == "\\" and quote == '"':
+            j += 2
+        elif multi and text.startswith(quote * 3, j):
+            j += 3
+            while j < n and text[j] == quote:  # up to two more quotes are the string's
+                j += 1
+            return j
+        elif not multi and (ch == quote or ch == "\n"):
+            return j + 1
+        else:
+            j += 1
+    return n
 
 
 def resolve(from_file: Mapping[str, Value], from_options: Mapping[str, Value]) -> Workload:

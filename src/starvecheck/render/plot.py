@@ -23,12 +23,24 @@ if TYPE_CHECKING:
 
 
 def _pyplot() -> Any:
-    """matplotlib's pyplot on Agg (files, no display), imported with signals held."""
-    with importing():
-        import matplotlib
+    """matplotlib's pyplot on Agg (files, no display), imported with signals held.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    Where its configuration directory cannot be made (HOME a file, or read-only),
+    matplotlib makes a temporary one, removed at exit, and says so in two warnings on
+    stderr at import: for one PNG that is no news, so its warnings are held back then."""
+    import logging
+
+    log = logging.getLogger("matplotlib")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with importing("matplotlib"):
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+    finally:
+        log.setLevel(level)
     return plt
 
 
@@ -200,7 +212,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
     """One heatmap per strategy: a typical batch, rows by positions, real tokens (two
     shades, so packed samples show their boundaries) against padding."""
     plt = _pyplot()
-    with importing():
+    with importing("matplotlib"):
         from matplotlib.colors import ListedColormap
         from matplotlib.patches import Patch
 

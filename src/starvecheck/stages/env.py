@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from starvecheck.core import surroundings
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
 from starvecheck.core.status import UsageError
@@ -61,6 +62,8 @@ class EnvStage(BaseStage[EnvOptions, Plan]):
     def plan(self, options: EnvOptions, ctx: RunContext) -> Plan:
         root = options.root or SysRoot.from_environ(dict(ctx.environ))
         path = options.path
+        if root.real:
+            surroundings.check_relative(path, path)
         # The path is looked up on the machine described: a fake one has its own files.
         if path is not None and not root.exists(resolve_data_path(root, path)):
             where = "" if root.real else f" in {ENV_VAR}={root.root}"

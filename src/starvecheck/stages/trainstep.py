@@ -31,11 +31,11 @@ MODEL_SIZES = {
 def build_model(size: str, device: str, seed: int = 0) -> tuple[Any, Any]:
     """A GPT-2 of MODEL_SIZES[size], randomly initialised (seeded), in train mode on
     `device`, and its AdamW optimizer."""
-    with importing():
+    with importing("torch"):
         import torch
 
     try:
-        with importing():
+        with importing("transformers"):
             import transformers.utils.import_utils as transformers_imports
 
         # A text model needs no torchvision, but transformers imports it whenever it is
@@ -43,7 +43,7 @@ def build_model(size: str, device: str, seed: int = 0) -> tuple[Any, Any]:
         # mosaicml-streaming's pin on a CPU-only torch). Tell transformers it is absent.
         if hasattr(transformers_imports, "_torchvision_available"):
             transformers_imports._torchvision_available = False
-        with importing(), _no_compile_cache_left():
+        with importing("transformers"), _no_compile_cache_left():
             from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError as e:
         raise UsageError(

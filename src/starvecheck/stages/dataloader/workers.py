@@ -91,7 +91,7 @@ def _kill_stuck(it: Any) -> None:
 
     from starvecheck.core import clocks
 
-    with importing():
+    with importing("torch"):
         from torch.utils.data import _utils
 
     # Not after torch's shutdown ran (a second call, its queues closed): kill only.

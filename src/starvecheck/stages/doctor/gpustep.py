@@ -33,7 +33,7 @@ class Measured:
 
 
 def measure(batch_size: int, context: int, quick: bool) -> Measured:
-    with importing():
+    with importing("torch"):
         import torch
 
     from starvecheck.stages.trainstep import MODEL_SIZES, build_model
@@ -90,7 +90,7 @@ def _time_steps(
 ) -> list[float]:
     import contextlib
 
-    with importing():
+    with importing("torch"):
         import torch
 
     def precision() -> contextlib.AbstractContextManager[object]:

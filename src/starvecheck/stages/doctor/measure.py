@@ -86,7 +86,7 @@ def resolve_step(w: Workload, quick: bool, progress: Progress) -> tuple[Workload
 
 
 def cuda_present() -> bool:
-    with importing():
+    with importing("torch"):
         import torch
 
     return bool(torch.cuda.is_available())

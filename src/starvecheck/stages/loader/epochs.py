@@ -82,7 +82,7 @@ def run_epoch(
     """One epoch (or `limit` batches) through a fresh DataLoader, each batch within
     `batch_timeout_s` (stages/dataloader/batches.py; 0: no limit). Workers are shut down and the
     dataset released on every way out, Ctrl-C and a stuck worker included."""
-    with importing():
+    with importing("torch"):
         import torch
 
     clock = clocks.perf_counter

@@ -159,7 +159,7 @@ def _run(
     """LoaderStage.measure's work."""
     import multiprocessing
 
-    with importing():
+    with importing("torch"):
         import torch
 
     from starvecheck.stages.dataloader import preflight

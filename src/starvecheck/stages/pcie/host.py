@@ -44,7 +44,7 @@ class Plan:
 def cuda_unavailable() -> str | None:
     """None when a CUDA device can be used, else why not, in one line."""
     try:
-        with importing():
+        with importing("torch"):
             import torch
     except ImportError as e:
         return f"torch is not installed ({e})"

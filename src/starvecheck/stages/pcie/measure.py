@@ -54,7 +54,7 @@ class Measurement:
         self.done += 1
 
     def run(self) -> None:
-        with importing():
+        with importing("torch"):
             import torch
 
         self.torch = torch

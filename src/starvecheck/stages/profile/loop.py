@@ -143,7 +143,7 @@ def run_scenario(
     """Warm-up, eviction (with --cold), profiled steps, each batch within
     `batch_timeout_s` (0: no limit); workers shut down and the dataset released on
     every way out."""
-    with importing():
+    with importing("torch"):
         import torch
         from torch.profiler import ProfilerActivity, record_function, schedule
 
@@ -210,7 +210,7 @@ def run_scenario(
 def _dataloader(dataset: Any, source: Any, plan: Plan, workers: int) -> Any:
     """A fresh DataLoader over `dataset` as the scenario reads it (pinned memory on
     CUDA, seeded shuffling, no persistent workers), its workers prepared."""
-    with importing():
+    with importing("torch"):
         import torch
 
     if workers:

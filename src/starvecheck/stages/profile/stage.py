@@ -77,7 +77,7 @@ def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]
 
 
 def resolve_device(requested: str) -> str:
-    with importing():
+    with importing("torch"):
         import torch
 
     available = torch.cuda.is_available()

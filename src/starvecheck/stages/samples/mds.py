@@ -62,7 +62,7 @@ def load_streaming() -> Streaming:
         raise StreamingUnavailable(INSTALL_HINT)
     added = _hollow_packages(next(iter(spec.submodule_search_locations)))
     try:
-        with importing():
+        with importing("streaming"):
             from streaming.base import constant
             from streaming.base.dataset import StreamingDataset
             from streaming.base.format.mds.writer import MDSWriter

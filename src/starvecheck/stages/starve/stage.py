@@ -135,7 +135,7 @@ def run(
             )
             extra = {"capacity_workers": w, "capacity_runs": plan.capacity_runs}
     metrics = summarize(plan, d_ms, points)
-    with importing():
+    with importing("torch"):
         import torch
 
     params = {

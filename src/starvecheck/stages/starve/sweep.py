@@ -132,7 +132,7 @@ def measure_point(
 ) -> Point:
     """One worker count: the first batch, warm-up steps, then the measured steps, each
     batch within `batch_timeout_s` plus its simulated work (0: no limit)."""
-    with importing():
+    with importing("torch"):
         import torch
 
     point = Point(workers)

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from starvecheck.core import clocks
+from starvecheck.core import clocks, surroundings
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import STDIN, open_input, read_all
 
@@ -187,6 +187,7 @@ def expand(paths: Sequence[str | os.PathLike[str]]) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     for p in paths:
         name = os.fspath(p)
+        surroundings.check_relative(f"--trace {name}", name)
         if name == STDIN:
             out.append((name, False))
         elif os.path.isdir(name):

@@ -202,7 +202,11 @@ def _bounded(work: Callable[[], Any], stop: threading.Event, name: str) -> bool:
         finally:
             done.set()
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError:  # "can't start new thread" (ulimit -v, -u): here, as Python would
+        run()
+        return True
     deadline = clocks.monotonic() + EXIT_S
     while not done.is_set() and not stop.is_set() and clocks.monotonic() < deadline:
         done.wait(0.05)

@@ -43,7 +43,7 @@ def idle_worker_uss(context: Any) -> int | None:
     its USS once it has delivered. None where it cannot be read."""
     import psutil
 
-    with importing():
+    with importing("torch"):
         from torch.utils.data import DataLoader
 
     loader = DataLoader(

@@ -165,7 +165,7 @@ def load(
     # torch first, with signals held (signals.importing): the module's own `import
     # torch` then finds it loaded, so neither a signal nor the time limit's SIGALRM
     # raises inside torch's C++ start-up.
-    with importing():
+    with importing("torch"):
         import torch  # noqa: F401
 
     # From here to the run's end the user's prints (this process's, its threads', the
@@ -203,7 +203,7 @@ def load(
 
 def from_object(spec: FactorySpec, made: Any, batch_size: int | None) -> Pipeline:
     """A Pipeline from what FUNC returned, or one line saying it is none of the three."""
-    with importing():
+    with importing("torch"):
         from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     where = f"loader --factory {spec.text}"
@@ -275,7 +275,7 @@ def _inner_loader(made: Any) -> tuple[Any, Callable[[Any], Any]] | None:
     another DataLoader in its place), where `made` holds one: in a list of stages
     (`pipeline`, as WebDataset's DataPipeline and WebLoader keep it) or as an attribute.
     One level deep: the user's object is not searched further."""
-    with importing():
+    with importing("torch"):
         from torch.utils.data import DataLoader
 
     fields = getattr(made, "__dict__", None)
@@ -323,7 +323,7 @@ def loader_settings(dl: Any) -> dict[str, Any]:
         out["prefetch_factor"] = int(dl.prefetch_factor)
     if getattr(dl, "in_order", True) is False:
         out["in_order"] = False
-    with importing():
+    with importing("torch"):
         from torch.utils.data import IterableDataset
 
     if not isinstance(dl.dataset, IterableDataset):

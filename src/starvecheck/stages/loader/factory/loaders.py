@@ -93,7 +93,7 @@ def make_loader(pipeline: Pipeline, config: Config) -> Built:
     user's fixed iterable as it is."""
     if pipeline.fixed:
         return Built(pipeline.outer, None)
-    with importing():
+    with importing("torch"):
         from torch.utils.data import DataLoader
 
     mine = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "timeout")
@@ -127,7 +127,7 @@ def _held_loader() -> type:
     """A DataLoader that keeps its current iterator (`held`): inside the user's object
     its iterator is out of reach, and its workers are read and stopped through it."""
     if not _HELD:
-        with importing():
+        with importing("torch"):
             from torch.utils.data import DataLoader
 
         class HeldLoader(DataLoader):  # type: ignore[misc]

@@ -319,7 +319,7 @@ def run_factory(
     pipeline left running stopped.
     The caller turns signals into exceptions (signals_raise): workers are stopped on
     every way out."""
-    with importing():
+    with importing("torch"):
         import torch
 
     strays = Strays()
