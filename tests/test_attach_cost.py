@@ -415,7 +415,7 @@ def fake_spies(monkeypatch: pytest.MonkeyPatch) -> None:
     CLOCK[0], CPUS_PER_RECORDER[0] = 0.0, 0.0
     FakeRecorder.started = []
     monkeypatch.setattr(sampling.spy, "Recorder", FakeRecorder)
-    monkeypatch.setattr(sampling.time, "monotonic", lambda: CLOCK[0])
+    monkeypatch.setattr(sampling.clocks, "monotonic", lambda: CLOCK[0])
     monkeypatch.setattr(sampling.budget, "threads_of", lambda pid, root=None: 1)
     monkeypatch.setattr(sampling.budget, "workers_of", lambda rank, kids, named=False: kids)
     monkeypatch.setattr(sampling.budget, "is_named_worker", lambda pid, root=None: True)
