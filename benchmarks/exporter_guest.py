@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,8 @@ TARGET = 0.97
 HELPER = textwrap.dedent(
     """
     import json, selectors, socket, sys, time
-    role, port, n, reopen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+    role, n, reopen = sys.argv[1], int(sys.argv[3]), sys.argv[4] == "1"
+    port = 0  # each "go PORT" names the server
     GET = b"GET /metrics HTTP/1.1\\r\\nHost: bench\\r\\n\\r\\n"
 
     def told(timeout):  # a line on stdin, or None
@@ -85,8 +87,16 @@ HELPER = textwrap.dedent(
         else:
             out["cut or not 200"] += 1
 
+    def go():  # "go PORT": the port of this round's server; None: stop for good
+        global port
+        word = told(None)
+        if not word or not word.startswith("go "):
+            return False
+        port = int(word.split()[1])
+        return True
+
     def scraper():
-        while told(None) == "go":
+        while go():
             out = {"ok": 0, "refused": 0, "reset": 0, "timed out": 0, "closed unanswered": 0,
                    "cut or not 200": 0, "ms": []}
             while told(0) is None:
@@ -94,7 +104,7 @@ HELPER = textwrap.dedent(
             print(json.dumps(out), flush=True)
 
     def idle():
-        while told(None) == "go":
+        while go():
             sel = selectors.DefaultSelector()
             out = {"opened": 0, "failed": 0, "held_s": [], "open at end": 0}
 
@@ -128,6 +138,24 @@ HELPER = textwrap.dedent(
             print(json.dumps(out), flush=True)
 
     scraper() if role == "scraper" else idle()
+    """
+)
+
+
+# The decoy: the same server (loop/httpd.py) with a page of the exporter's size, in a
+# process of its own on the helpers' CPUs. Calm rounds send the helpers to it, hostile
+# rounds to the exporter: the machine carries the same hostile traffic either way, and
+# the ratio is what it costs the loop to be its target (on a 2-CPU VM, traffic on one
+# CPU alone moved a loop on the other by -12% to +15% a round).
+DECOY = textwrap.dedent(
+    """
+    import sys, threading
+    from starvecheck.loop.httpd import Server
+    page = b"# decoy\\n" + b"x 1\\n" * (int(sys.argv[1]) // 4)
+    server = Server(lambda: page, 0, "127.0.0.1", lambda message: None)
+    print(server.server_port, flush=True)
+    sys.stdin.readline()
+    server.close()
     """
 )
 
@@ -192,7 +220,7 @@ class Helpers:
         roles = [("idle", idle)] * (1 if idle else 0) + [("scraper", 0)] * scrapers
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", HELPER, role, str(port), str(k), "1" if reopen else "0"],
+                [sys.executable, "-c", HELPER, role, "0", str(k), "1" if reopen else "0"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -209,7 +237,7 @@ class Helpers:
             p.stdin.flush()
 
     def stop(self) -> None:
-        self.tell("stop")
+        self.tell("stop")  # ends the round; "go PORT" starts the next
         for p in self.procs:
             assert p.stdout is not None
             self.said.append(json.loads(p.stdout.readline()))
@@ -224,6 +252,34 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{statistics.median(values):{fmt}} ({min(values):{fmt}} .. {max(values):{fmt}})"
 
 
+def page_bytes(port: int) -> int:
+    """The exporter's page, in bytes (one scrape)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: bench\r\n\r\n")
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return len(got.partition(b"\r\n\r\n")[2])
+
+
+def start_decoy(size: int, cpus: set[int]) -> tuple[subprocess.Popen[str], int]:
+    """The decoy server (DECOY) on the helpers' CPUs: (its process, its port)."""
+
+    def pinned() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DECOY, str(size)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=pinned,
+    )
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -234,6 +290,11 @@ def main() -> int:
     p.add_argument("--scrapers", type=int, default=3)
     p.add_argument("--reopen", action="store_true", help="re-open each idle one closed")
     p.add_argument("--no-pin", action="store_true", help="leave CPU affinity alone")
+    p.add_argument(
+        "--no-decoy",
+        action="store_true",
+        help="calm rounds without the helpers (the machine quiet), not against the decoy",
+    )
     a = p.parse_args()
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -246,25 +307,37 @@ def main() -> int:
     if w.exporter is None or w.exporter.port is None:
         print("the exporter did not start (prometheus_client?)", file=sys.stderr)
         return 2
-    helpers = Helpers.start(w.exporter.port, a.idle, a.scrapers, a.reopen, helper_cpus)
+    target = w.exporter.port
+    helpers = Helpers.start(target, a.idle, a.scrapers, a.reopen, helper_cpus)
+    decoy = None
     calm: list[Round] = []
     hostile: list[Round] = []
     try:
         run_round(w, n, 1.0)  # warm-up: imports, the first page, the first judging
-        helpers.tell("go")
+        if not a.no_decoy:
+            decoy = start_decoy(page_bytes(target), helper_cpus)
+        helpers.tell(f"go {target}")
         run_round(w, n, 1.0)
         helpers.stop()
         helpers.said.clear()
         for r in range(a.rounds):
             for kind in ("calm", "hostile") if r % 2 == 0 else ("hostile", "calm"):
-                if kind == "calm":
+                if kind == "calm" and decoy is None:
                     calm.append(run_round(w, n, a.round_s))
+                elif kind == "calm":
+                    helpers.tell(f"go {decoy[1]}")
+                    calm.append(run_round(w, n, a.round_s))
+                    helpers.stop()
+                    del helpers.said[-len(helpers.procs) :]  # the decoy's answers
                 else:
-                    helpers.tell("go")
+                    helpers.tell(f"go {target}")
                     hostile.append(run_round(w, n, a.round_s))
                     helpers.stop()
     finally:
         helpers.close()
+        if decoy is not None:
+            decoy[0].kill()
+            decoy[0].wait()
         w.exporter.close()
 
     ratios = [h.steps_s / c.steps_s for c, h in zip(calm, hostile, strict=True)]
@@ -274,6 +347,11 @@ def main() -> int:
         f"loop on CPU {sorted(loop_cpus)}, helpers on {sorted(helper_cpus)}"
         if helper_cpus
         else "CPU affinity left alone"
+    )
+    pinned += (
+        "; calm rounds: the helpers quiet"
+        if decoy is None
+        else "; calm rounds: the same helpers against a decoy server (its own process)"
     )
     print(
         f"exporter_guest: a {a.step_ms:g} ms pure-Python step watched with prometheus=0, "

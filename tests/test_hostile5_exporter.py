@@ -1040,8 +1040,8 @@ def test_the_process_around_the_server_is_not_harmed(case):
         got = json.loads(line)
         share = 2 * (WINDOW_S * httpd.CPU_SHARE + httpd.CPU_BURST_S)
         assert got["steps"] > 100 and got["server_cpu_s"] < share, got
-        if case == "scrapers":
-            assert sum(answered) >= 10, answered
+        if case == "scrapers":  # served, at the pace the server keeps (ANSWERS_PER_S)
+            assert sum(answered) >= 0.6 * httpd.ANSWERS_PER_S * WINDOW_S, answered
         job.stdin.write("end\n")
         job.stdin.flush()
         _, err = job.communicate(timeout=30)
