@@ -6,6 +6,7 @@ and a real pids limit is not used up by connections."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import socket
@@ -146,7 +147,7 @@ def test_scrapers_at_once_share_one_rendering_of_the_page():
         # One rendering a PAGE_TTL_S at most, however many ask: the ten are answered at
         # the server's pace (ANSWERS_PER_S), over about two seconds.
         assert 1 <= len(made) <= 3, made
-        assert all(b - a >= httpd.PAGE_TTL_S for a, b in zip(made, made[1:])), made
+        assert all(b - a >= httpd.PAGE_TTL_S for a, b in itertools.pairwise(made)), made
     finally:
         server.close()
 
