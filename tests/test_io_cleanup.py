@@ -161,9 +161,9 @@ def child() -> Iterator[Callable[..., subprocess.Popen]]:
     """Start `starvecheck io` in a child process; kill it if the test leaves it running."""
     procs: list[subprocess.Popen] = []
 
-    def start(directory: Path, *extra: str, runs: int = 3) -> subprocess.Popen:
+    def start(directory: Path, *extra: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "starvecheck", "io", "--samples", str(SAMPLES)]
-        cmd += ["--runs", str(runs), *extra, "--json", "-", str(directory)]
+        cmd += ["--runs", "3", *extra, "--json", "-", str(directory)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("STARVECHECK_DEBUG", None)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
@@ -256,10 +256,7 @@ def test_sighup_during_measurement_leaves_nothing_behind(
     plant_mine(data)
     before = snapshot(data)
 
-    # Six runs: the measurement reads for seconds after `reach` sees it start, so a test
-    # process starved by the slow lane's other tests still signals it mid-read (with
-    # three, both cases once saw the run end, its report written, before the signal).
-    proc = child(data, *(["--threads", threads] if threads else []), runs=6)
+    proc = child(data, *(["--threads", threads] if threads else []))
     reach("read", proc, data)
     if threads:  # the signal lands while reader threads run (main + 2 workers)
         wait_for(proc, "reader threads", lambda: len(os.listdir(f"/proc/{proc.pid}/task")) >= 3)
