@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from starvecheck.core.context import Context
 from starvecheck.probe.life import Life, read_life
 from starvecheck.probe.sysroot import SysRoot
 from tests.loops.loopstate import stop_tree
+from tests.test_attach_identity import _started
 
 PID = 4242
 STAT = "4242 (python) S 1 4242 4242 0 -1 0 0 0 0 0 5 3 0 0 20 0 1 0 {start} 0 0\n"
@@ -207,10 +207,7 @@ def test_a_job_that_ends_between_windows_ends_the_watch_with_its_report(
     loop = subprocess.Popen([sys.executable, str(LOOP), "data", str(state)], start_new_session=True)
     side = None
     try:
-        deadline = time.time() + 90
-        while not state.exists():
-            assert loop.poll() is None and time.time() < deadline, "the loop never started"
-            time.sleep(0.1)
+        _started(state, loop)
         last = tmp_path / "last.json"
         cmd = [sys.executable, "-m", "starvecheck", "attach", str(loop.pid), "--every", "6",
                "--duration", "2", "--json", str(last)]  # fmt: skip
