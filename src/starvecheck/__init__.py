@@ -29,15 +29,33 @@ def entry() -> int:
     """The console script. Importing the CLI (typer, rich) takes ~0.2 s; a Ctrl-C in
     that time is one line and exit 130, as it is once `cli.main` runs, and memory that
     cannot be had under `ulimit -v` is one line and exit 2 (core/surroundings.py)."""
+    import signal
     import sys
 
+    # A Ctrl-C that lands in a finalizer or a gc callback while the CLI imports is
+    # printed as "Exception ignored" and lost, and the run would go on: it is counted
+    # here and ends the run all the same.
+    got: list[int] = []
+    hook = sys.unraisablehook
+
+    def interrupted(signum: int, frame: object) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    def swallowed(info: sys.UnraisableHookArgs) -> None:
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            hook(info)
+
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, interrupted)
+        sys.unraisablehook = swallowed
     try:
         from starvecheck.cli import main
         from starvecheck.core import streams
         from starvecheck.stages.loader.factory import ending
     except KeyboardInterrupt:
-        sys.stderr.write("starvecheck: error: interrupted\n")
-        return 130
+        got.append(signal.SIGINT)
     except (MemoryError, ImportError, OSError) as e:  # under too small a ulimit -v
         try:
             from starvecheck.core.surroundings import limit_cause
@@ -49,6 +67,13 @@ def entry() -> int:
             raise
         sys.stderr.write(f"starvecheck: error: {why}\n")
         return 2
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            sys.unraisablehook = hook
+    if got:
+        sys.stderr.write("starvecheck: error: interrupted\n")
+        return 130
     # Where the user's code ran in this process (`loader --factory`), the process ends
     # there once the report is written: nothing the pipeline left can hold it.
     ending.enable()
