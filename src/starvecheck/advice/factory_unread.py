@@ -42,6 +42,10 @@ def unread(loader: StageResult) -> Finding | None:
         return None
     budget, rounds = p.budget_s, p.rounds or 1
     needed = max((_needed(c, rounds) for c in short), default=0.0)
+    if budget is not None:
+        # Cut short within `budget`: whatever its batches' pace says (a pace read past
+        # each slice's start-up), less cannot read it whole. Twice it, at least.
+        needed = max(needed, 2 * budget)
     now = f" (now {budget:g} s a configuration)" if budget is not None else ""
     said = ", ".join(c.config or f"num_workers={c.workers}" for c in short)
     return Finding(

@@ -155,6 +155,13 @@ class _Reading(MadeReading):
         self.slow = False  # read by when its batches were made (made.py), not windows
         self.built: Built  # this configuration's loader, set each epoch
         self.window_own = 0.0  # the digest's time in this window (`_own`)
+        # Epochs that restarted their workers inside the windows, read whole (`_whole`):
+        # (from the last batch before the restart, to the epoch's last, samples, batches)
+        self.whole_epochs: list[tuple[float, float, int, int]] = []
+        self.mark: tuple[float, int, int] | None = None  # this epoch's, where it is one
+        self.last_got = 0.0  # when the last batch counted arrived
+        self.restarted = 0.0  # when this epoch's first batch arrived, where it is marked
+        self.pending: str | None = None  # a stop put off to the epoch's end
 
     def spent(self, now: float) -> bool:
         """The budget is spent: its seconds are, and a whole window was read (or, for a
@@ -222,7 +229,9 @@ class _Reading(MadeReading):
             elif batch is not None:
                 run.restarts_s.append(clock() - t0)
                 if self.windowing:  # in the window, its restart too, as a loop pays it
+                    self.mark = (self.last_got, run.samples, run.batches)
                     self._batch(batch, clock() - t0)
+                    self.last_got = self.restarted = clock()
             if self.slow and batch is not None:  # read by when its batches were made
                 self._made(it, batch, built)
                 return
@@ -268,7 +277,15 @@ class _Reading(MadeReading):
                     break
                 index += 1
                 self._batch(batch, got - asked)
+                self.last_got = got
                 self._counted(pids)
+            if batch is None and self.mark is not None:  # an epoch read whole, restart in
+                at, samples, batches = self.mark
+                self.whole_epochs.append(
+                    (at, self.last_got, run.samples - samples, run.batches - batches)
+                )
+                run.stopped = run.stopped or self.pending
+            self.mark, self.pending = None, None
             self.paused = clock()
             self._sample(pids, False)
             self.read_s += self.paused - began
@@ -287,18 +304,32 @@ class _Reading(MadeReading):
         """After a batch counted: the window closed where it is whole, the processes read,
         and the reading stopped where stable or out of budget."""
         run, now = self.run, self.clock()
+        stop = None
         if whole_window(self.window_batches, now - self.window_start - self._own(), run.config):
             self._window(now)
             self._sample(pids, False)
             self.cpu_read = now
             if self.budget.until_stable and stable(run.samples_per_s):
-                run.stopped = "stable"
+                stop = "stable"
         elif now - self.cpu_read >= CPU_EVERY_S:
             # Workers exit at an epoch's end: their last (cheap) reading stands.
             self._sample(pids, False, memory=False)
             self.cpu_read = now
         if self.spent(now):
-            run.stopped = run.stopped or "budget"
+            stop = stop or "budget"
+        # An epoch that restarted inside the windows is read to its end, so that a
+        # restart is never counted with part of its epoch: for as long again as the
+        # budget after its first batch (a short epoch; a long one's restart is a small
+        # part of its windows), within OVERRUN times the budget.
+        whole = (
+            self.mark is not None
+            and now - self.restarted < self.budget.seconds
+            and now - self.started < self.budget.seconds * OVERRUN
+        )
+        if stop is not None and whole:
+            self.pending = self.pending or stop
+        elif stop is not None:
+            run.stopped = run.stopped or stop
 
     def _memory(self, pids: list[int | None]) -> None:
         for pid in pids:
@@ -368,6 +399,23 @@ class _Reading(MadeReading):
         self.run.window_batches += self.window_batches
         self.window_start, self.window_samples, self.window_batches = now, 0, 0
 
+    def _whole(self) -> None:
+        """Where epochs restarted their workers inside the windows and were read whole,
+        the figure is theirs: each from the last batch before its restart to its own
+        last, its samples over that time (a window that closes a few batches after a
+        restart counts the restart with part of its epoch: 10 samples/s where a loop
+        got 19, epochs of 16 batches after a 3 s start-up)."""
+        run = self.run
+        epochs = [e for e in self.whole_epochs if e[1] > e[0] and e[2]]
+        if not epochs or self.slow:
+            return
+        run.samples_per_s = [n / (t1 - t0) for t0, t1, n, _ in epochs]
+        run.batches_per_s = [b / (t1 - t0) for t0, t1, _, b in epochs]
+        run.window_s = sum(t1 - t0 for t0, t1, _, _ in epochs)
+        run.window_samples = sum(n for _, _, n, _ in epochs)
+        run.window_batches = sum(b for _, _, _, b in epochs)
+        run.partial = False
+
     def finish(self) -> None:
         run = self.run
         if self.slow:
@@ -375,6 +423,7 @@ class _Reading(MadeReading):
         elif self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
             run.partial = True
+        self._whole()
         run.seconds = self.read_s
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import Configuration
+from starvecheck.core.schema.factory import ROLE_WORKERS, Configuration
 from starvecheck.core.status import UsageError
 from starvecheck.stages.loader.factory.figures import metrics_of
 from starvecheck.stages.loader.factory.guard import user_code
@@ -105,6 +105,14 @@ NOT_READ = (
 )
 
 
+COUNTS_KEPT = (
+    "The worker counts were read with persistent_workers=True: worker start-up held "
+    "the largest share of your settings' wait (new workers every epoch), so the counts "
+    "are compared as they feed the loop once their workers are kept; your settings "
+    "were read as they are, beside them"
+)
+
+
 DIGEST_SKIPPED = (
     "Fields of the batches the sample digest could not read were left out of the "
     "right-data checks (samples repeated within an epoch): {}. The pipeline read them; "
@@ -146,6 +154,12 @@ def result(
     skipped = _digest_skipped(runs)
     if skipped:
         caveats.append(Caveat("loader.digest-skipped", DIGEST_SKIPPED.format(skipped)))
+    now = current_config(pipeline)
+    if not now.persistent_workers and any(
+        role == ROLE_WORKERS and run.config.workers and run.config.persistent_workers
+        for role, run in runs
+    ):
+        caveats.append(Caveat("loader.counts-kept", COUNTS_KEPT))
     unread = [_unread(run) for _, run in runs if not run.samples_per_s]
     if unread:
         caveats.append(Caveat("loader.not-read", NOT_READ.format("; ".join(unread))))
@@ -157,7 +171,6 @@ def result(
     if context is not None and any(not run.config.workers for _, run in runs):
         caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
     configs = []
-    now = current_config(pipeline)
     for role, run in runs:
         metrics += metrics_of(role, run, run.config == now)
         configs.append(

@@ -46,6 +46,7 @@ def read_rounds(
     least: int = 2,
     grow: Grow | None = None,
     decided: Decided | None = None,
+    given: dict[Config, Run] | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
     after `least` rounds or more, `settled` says the rounds so far decide what judging
@@ -53,12 +54,17 @@ def read_rounds(
     `grow`, asked once the first round is read, may add configurations: each is read
     at once, as the first round's last, and in every round after. `decided`, asked
     then too, names configurations the first round settled: read no more (their one
-    figure pairs with the others' first)."""
+    figure pairs with the others' first). `given`: configurations read already, as
+    their first round's reading (read ahead of the round to decide what it reads)."""
     todo = list(todo)
+    given = dict(given or {})
     slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
     done_with: set[Config] = set()
     for r in range(rounds):
         for _, config in rotated([t for t in todo if t[1] not in done_with], r):
+            if r == 0 and config in given:
+                slices[config].append(given.pop(config))
+                continue
             progress(f"round {r + 1} of {rounds}: {config.describe()}")
             slices[config].append(read_one(config))
         if grow is not None and r == 0:

@@ -32,7 +32,9 @@ from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.factory import ROLE_START, SWEPT
+from starvecheck.core.schema.loading import LoadStage
 from starvecheck.core.signals import importing, signals_raise
+from starvecheck.loading.split import INDEX
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
 from starvecheck.stages.dataloader.deaths import Strays
@@ -160,8 +162,20 @@ def sweep(
     def said(what: str) -> None:
         progress(what, tally.done, tally.total)
 
+    # Where the current settings start their workers every epoch, they are read first;
+    # where start-up holds most of their wait, the counts are read with the workers
+    # kept (persistent_workers=True, start-up's fix), so that the count chosen is the
+    # one that feeds the loop once they are kept, not the one that starts fastest.
+    given: dict[Config, Run] = {}
+    if restarting(now, pipeline, plan):
+        said(f"round 1 of {rounds}: {now.describe()}")
+        given[now] = read_one(now)
+        if startup_bound(given[now]):
+            kept = _first_set(pipeline, plan, persistent=True)
+            tally.total += (len(kept) - len(first)) * rounds
+            first = kept
     least = LEAST_ROUNDS[plan.quick]
-    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least, grow, decided)
+    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least, grow, decided, given)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
         if reread is not None:
@@ -231,19 +245,38 @@ def run_cost(r: Run) -> Cost:
     return Cost(None if cpu is None else cpu * 1e3 / n, blocked)
 
 
-def _first_set(pipeline: Pipeline, plan: Plan) -> list[tuple[str, Config]]:
-    """The worker counts swept, the rest as the current configuration has it, and the
-    current configuration where its count is not swept."""
+def restarting(now: Config, pipeline: Pipeline, plan: Plan) -> bool:
+    """The current settings start their workers again every epoch, and are read."""
+    fixed = pipeline.fixed or not plan.current_fits
+    return not fixed and now.workers > 0 and not now.persistent_workers
+
+
+def startup_bound(run: Run) -> bool:
+    """Start-up (every epoch's new workers, inside the windows) holds the largest share
+    of this reading's wait for its batches (stagesplit.py)."""
+    split = run.split
+    if split is None or not split.batches or not any(split.exposed):
+        return False
+    exposed = list(split.exposed)
+    at = INDEX[LoadStage.STARTUP]
+    return exposed[at] > 0 and exposed[at] == max(exposed)
+
+
+def _first_set(
+    pipeline: Pipeline, plan: Plan, persistent: bool = False
+) -> list[tuple[str, Config]]:
+    """The worker counts swept, the rest as the current configuration has it (with
+    `persistent`, the workers kept across epochs), and the current configuration where
+    its count is not swept."""
     now = current_config(pipeline)
     if pipeline.fixed:
         return [("current", now)]
     counts = (
         default_workers(plan.effective_cpus, plan.quick) if plan.workers is None else plan.workers
     )
+    keep = now.persistent_workers or persistent
     swept = [
-        Config(
-            w, now.prefetch_factor if w else None, now.persistent_workers and w > 0, now.pin_memory
-        )
+        Config(w, now.prefetch_factor if w else None, keep and w > 0, now.pin_memory)
         for w in counts
     ]
     first = [("workers", c) for c in swept]
