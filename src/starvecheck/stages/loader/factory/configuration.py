@@ -33,15 +33,14 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
                   workers, unless persistent), measured where the budget reads past one
                   epoch (with persistent_workers, a second iter() if it does not); the
                   windows run on across epochs, restarts included, as a training loop
-                  pays them
+                  pays them; where workers start every epoch, the figure is an epoch's
+                  (epochs.py): its batches' pace with the restarts out, plus a restart
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
-from collections.abc import Iterator
 from typing import Any
 
 from starvecheck.core import clocks
@@ -53,10 +52,11 @@ from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.deaths import watch
 from starvecheck.stages.dataloader.workers import stop_workers
 from starvecheck.stages.loader.factory import procs
+from starvecheck.stages.loader.factory.epochs import length, per_epoch, restart, starting
 from starvecheck.stages.loader.factory.guard import next_batch, user_code
-from starvecheck.stages.loader.factory.load import Pipeline, one_line
+from starvecheck.stages.loader.factory.load import Pipeline
 from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
-from starvecheck.stages.loader.factory.owndata import batch_figures, to_device, worker_error
+from starvecheck.stages.loader.factory.owndata import batch_figures, to_device
 from starvecheck.stages.loader.factory.procs import worker_pids
 from starvecheck.stages.loader.factory.run import (
     OVERRUN,
@@ -80,7 +80,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
     later epoch's first batch with its restart (also recorded apart, `restart_s`)."""
     run = Run(config)
     watch()  # the OOM kills so far: a worker's death is named by their rise
-    with _starting(pipeline, config), user_code():  # a __len__ that raises now, say
+    with starting(pipeline, config), user_code():  # a __len__ that raises now, say
         built = built_for(pipeline, config)
     warmup = 1 + config.workers * (config.prefetch_factor or 2) if config.workers else 1
     reading = _Reading(run, pipeline, budget, device, clocks.perf_counter())
@@ -97,8 +97,8 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             elif epochs >= MAX_EPOCHS or (epochs >= 3 and run.batches == 0 and reading.empty):
                 run.stopped = "epochs"  # epochs that deliver nothing after the first
         if config.workers and config.persistent_workers and not run.restarts_s:
-            with _starting(pipeline, config), user_code():
-                run.restart_s = _restart(built, budget, pipeline.describe())
+            with starting(pipeline, config), user_code():
+                run.restart_s = restart(built, budget, pipeline.describe())
     finally:
         # Persistent workers outlive each epoch's iterator: stopped here, on every way out.
         stop_workers(getattr(built.inner, "_iterator", None))
@@ -114,6 +114,11 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
 
 # The processes' CPU is read at least this often within a window.
 CPU_EVERY_S = 0.1
+# Their memory (USS and PSS: the kernel walks each process's pages, 20-50 ms for three
+# processes of 200 MB) at most this often at a window's close, and at each epoch's end:
+# read at every close it took 11% of the training process's time with 2 workers on 2
+# CPUs, which the workers' figures lost.
+MEMORY_EVERY_S = 1.0
 
 # Epochs read at most for one configuration (a dataset of a few batches).
 MAX_EPOCHS = 1000
@@ -149,19 +154,18 @@ class _Reading(MadeReading):
         self.empty = False  # the last epoch delivered no batch
         self.memory_read = False  # after the warm-up, before the drain
         self.cpu_read = 0.0  # when the processes' CPU was last read
+        self.memory_at = 0.0  # and their memory, at a window's close
         self.drained = 0  # batches read since, uncounted, across epochs
         self.repeats = Repeats()
         self.split: Split  # set by measure()
         self.slow = False  # read by when its batches were made (made.py), not windows
         self.built: Built  # this configuration's loader, set each epoch
         self.window_own = 0.0  # the digest's time in this window (`_own`)
-        # Epochs that restarted their workers inside the windows, read whole (`_whole`):
-        # (from the last batch before the restart, to the epoch's last, samples, batches)
-        self.whole_epochs: list[tuple[float, float, int, int]] = []
-        self.mark: tuple[float, int, int] | None = None  # this epoch's, where it is one
+        # Each restart inside the windows: from the last batch counted before it to the
+        # epoch's first batch (workers stopped, started, their first batch); `_per_epoch`.
+        self.gaps: list[float] = []
         self.last_got = 0.0  # when the last batch counted arrived
-        self.restarted = 0.0  # when this epoch's first batch arrived, where it is marked
-        self.pending: str | None = None  # a stop put off to the epoch's end
+        self.epoch_batches: int | None = None  # an epoch's batches, where one ended
 
     def spent(self, now: float) -> bool:
         """The budget is spent: its seconds are, and a whole window was read (or, for a
@@ -210,7 +214,7 @@ class _Reading(MadeReading):
         keep = run.config.workers > 0 and run.config.persistent_workers
         limit, workers = self.budget.batch_timeout_s, run.config.workers
         with (
-            _starting(self.pipeline, run.config),
+            starting(self.pipeline, run.config),
             Batches(built.loader, limit, "loader", what, keep=keep, workers=workers) as it,
         ):
             self.repeats.new_epoch()
@@ -227,11 +231,7 @@ class _Reading(MadeReading):
                 run.first_batch_s = clock() - t0
                 self.slow = self._too_slow()
             elif batch is not None:
-                run.restarts_s.append(clock() - t0)
-                if self.windowing:  # in the window, its restart too, as a loop pays it
-                    self.mark = (self.last_got, run.samples, run.batches)
-                    self._batch(batch, clock() - t0)
-                    self.last_got = self.restarted = clock()
+                self._restarted(batch, t0)
             if self.slow and batch is not None:  # read by when its batches were made
                 self._made(it, batch, built)
                 return
@@ -279,17 +279,24 @@ class _Reading(MadeReading):
                 self._batch(batch, got - asked)
                 self.last_got = got
                 self._counted(pids)
-            if batch is None and self.mark is not None:  # an epoch read whole, restart in
-                at, samples, batches = self.mark
-                self.whole_epochs.append(
-                    (at, self.last_got, run.samples - samples, run.batches - batches)
-                )
-                run.stopped = run.stopped or self.pending
-            self.mark, self.pending = None, None
+            if batch is None:
+                self.epoch_batches = index
             self.paused = clock()
-            self._sample(pids, False)
+            memory = self.paused - self.memory_at >= MEMORY_EVERY_S
+            self._sample(pids, False, memory=memory)
+            self.memory_at = self.paused if memory else self.memory_at
             self.read_s += self.paused - began
             del batch
+
+    def _restarted(self, batch: Any, t0: float) -> None:
+        """A later epoch's first batch, `t0` its iter(): its restart recorded, and in the
+        window where one is open, as a loop pays it (epochs.py)."""
+        now = self.clock()
+        self.run.restarts_s.append(now - t0)
+        if self.windowing:
+            self._batch(batch, now - t0)
+            self.gaps.append(now - self.last_got)
+            self.last_got = now
 
     def _next(self, it: Any, index: int, since: float | None = None) -> Any:
         """The next batch via the split's tap (None at the end), waited from `since`."""
@@ -304,32 +311,20 @@ class _Reading(MadeReading):
         """After a batch counted: the window closed where it is whole, the processes read,
         and the reading stopped where stable or out of budget."""
         run, now = self.run, self.clock()
-        stop = None
         if whole_window(self.window_batches, now - self.window_start - self._own(), run.config):
             self._window(now)
-            self._sample(pids, False)
+            memory = now - self.memory_at >= MEMORY_EVERY_S
+            self._sample(pids, False, memory=memory)
             self.cpu_read = now
+            self.memory_at = now if memory else self.memory_at
             if self.budget.until_stable and stable(run.samples_per_s):
-                stop = "stable"
+                run.stopped = "stable"
         elif now - self.cpu_read >= CPU_EVERY_S:
             # Workers exit at an epoch's end: their last (cheap) reading stands.
             self._sample(pids, False, memory=False)
             self.cpu_read = now
         if self.spent(now):
-            stop = stop or "budget"
-        # An epoch that restarted inside the windows is read to its end, so that a
-        # restart is never counted with part of its epoch: for as long again as the
-        # budget after its first batch (a short epoch; a long one's restart is a small
-        # part of its windows), within OVERRUN times the budget.
-        whole = (
-            self.mark is not None
-            and now - self.restarted < self.budget.seconds
-            and now - self.started < self.budget.seconds * OVERRUN
-        )
-        if stop is not None and whole:
-            self.pending = self.pending or stop
-        elif stop is not None:
-            run.stopped = run.stopped or stop
+            run.stopped = run.stopped or "budget"
 
     def _memory(self, pids: list[int | None]) -> None:
         for pid in pids:
@@ -399,23 +394,6 @@ class _Reading(MadeReading):
         self.run.window_batches += self.window_batches
         self.window_start, self.window_samples, self.window_batches = now, 0, 0
 
-    def _whole(self) -> None:
-        """Where epochs restarted their workers inside the windows and were read whole,
-        the figure is theirs: each from the last batch before its restart to its own
-        last, its samples over that time (a window that closes a few batches after a
-        restart counts the restart with part of its epoch: 10 samples/s where a loop
-        got 19, epochs of 16 batches after a 3 s start-up)."""
-        run = self.run
-        epochs = [e for e in self.whole_epochs if e[1] > e[0] and e[2]]
-        if not epochs or self.slow:
-            return
-        run.samples_per_s = [n / (t1 - t0) for t0, t1, n, _ in epochs]
-        run.batches_per_s = [b / (t1 - t0) for t0, t1, _, b in epochs]
-        run.window_s = sum(t1 - t0 for t0, t1, _, _ in epochs)
-        run.window_samples = sum(n for _, _, n, _ in epochs)
-        run.window_batches = sum(b for _, _, _, b in epochs)
-        run.partial = False
-
     def finish(self) -> None:
         run = self.run
         if self.slow:
@@ -423,7 +401,8 @@ class _Reading(MadeReading):
         elif self.window_batches and not run.samples_per_s:  # all of it shorter than a window
             self._window(self.paused)
             run.partial = True
-        self._whole()
+        if not self.slow:
+            per_epoch(run, self.gaps, self.epoch_batches or length(self.built))
         run.seconds = self.read_s
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats
@@ -461,35 +440,3 @@ class _Reading(MadeReading):
 def _next(it: Any, pipeline: Pipeline, index: int) -> Any:
     """The next batch; None at the end of the epoch (guard.next_batch)."""
     return next_batch(it, f"loader --factory {pipeline.spec.text}", index)
-
-
-@contextlib.contextmanager
-def _starting(pipeline: Pipeline, config: Config) -> Iterator[None]:
-    """An error starting the workers (iter(loader): a dataset that cannot be pickled
-    for a spawn or forkserver context, a worker_init_fn that raises) is one line."""
-    try:
-        yield
-    except UsageError:
-        raise
-    except (Exception, SystemExit) as e:
-        text = one_line(e)
-        if "pickle" in text.lower():
-            context = pipeline.settings.get("multiprocessing_context")
-            how = f" ({getattr(context, '_name', context)})" if context else ""
-            why = f"the dataset cannot be sent to worker processes{how}: {text}"
-        else:
-            why = worker_error(e)
-        raise UsageError(
-            f"loader --factory {pipeline.spec.text}: {config.describe()}: {why}"
-        ) from e
-
-
-def _restart(built: Built, budget: Budget, what: str) -> float | None:
-    """A second iter() on a persistent-workers DataLoader: its first batch."""
-    started = clocks.perf_counter()
-    with Batches(built.loader, budget.batch_timeout_s, "loader", what, keep=True) as it:
-        try:
-            next(it)
-        except StopIteration:
-            return None
-        return clocks.perf_counter() - started

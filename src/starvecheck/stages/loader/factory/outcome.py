@@ -19,7 +19,7 @@ from starvecheck.stages.loader.factory.figures import metrics_of
 from starvecheck.stages.loader.factory.guard import user_code
 from starvecheck.stages.loader.factory.idle import start_method
 from starvecheck.stages.loader.factory.load import Pipeline, call_limited, one_line
-from starvecheck.stages.loader.factory.loaders import current_config
+from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.rounds import ROUNDS
 from starvecheck.stages.loader.factory.run import Run
 
@@ -138,6 +138,15 @@ def _unread(run: Run) -> str:
     )
 
 
+def _counts_kept(now: Config, runs: Sequence[tuple[str, Run]]) -> bool:
+    """The counts were read with their workers kept where the current settings' are not
+    (stage.py: their wait was start-up)."""
+    return not now.persistent_workers and any(
+        role == ROLE_WORKERS and run.config.workers and run.config.persistent_workers
+        for role, run in runs
+    )
+
+
 def result(
     pipeline: Pipeline,
     plan: Planned,
@@ -155,10 +164,7 @@ def result(
     if skipped:
         caveats.append(Caveat("loader.digest-skipped", DIGEST_SKIPPED.format(skipped)))
     now = current_config(pipeline)
-    if not now.persistent_workers and any(
-        role == ROLE_WORKERS and run.config.workers and run.config.persistent_workers
-        for role, run in runs
-    ):
+    if _counts_kept(now, runs):
         caveats.append(Caveat("loader.counts-kept", COUNTS_KEPT))
     unread = [_unread(run) for _, run in runs if not run.samples_per_s]
     if unread:

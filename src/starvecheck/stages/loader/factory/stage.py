@@ -4,7 +4,9 @@ Configurations, in this order, each measured by stages/loader/factory/configurat
   1. the current one: the user's DataLoader as returned (num_workers, prefetch_factor,
      persistent_workers, pin_memory), or num_workers=0 for a bare Dataset;
   2. num_workers swept (--workers, or 0, 1, 2, 4, ... as `loader` sweeps), the rest
-     as the current configuration has it;
+     as the current configuration has it; where that one starts its workers every
+     epoch, it is read first, and where start-up holds the largest share of its wait
+     the counts are read with persistent_workers=True (start-up's fix: epochs.py);
   3. at the knee of that sweep (criteria.knee: the fewest workers within 5% of the best
      at or below the effective CPUs, the rule the recommendation uses, here only to
      decide where to measure more): prefetch_factor 4
@@ -32,15 +34,14 @@ from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
 from starvecheck.core.schema.factory import ROLE_START, SWEPT
-from starvecheck.core.schema.loading import LoadStage
 from starvecheck.core.signals import importing, signals_raise
-from starvecheck.loading.split import INDEX
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
 from starvecheck.stages.dataloader.deaths import Strays
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
 from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
 from starvecheck.stages.loader.factory.ending import describe, left_threads
+from starvecheck.stages.loader.factory.epochs import restarting, startup_bound
 from starvecheck.stages.loader.factory.figures import metrics_of
 from starvecheck.stages.loader.factory.fits import check_files, check_spawnable, fit_run
 from starvecheck.stages.loader.factory.guard import guarding, recorded, user_code
@@ -162,18 +163,11 @@ def sweep(
     def said(what: str) -> None:
         progress(what, tally.done, tally.total)
 
-    # Where the current settings start their workers every epoch, they are read first;
-    # where start-up holds most of their wait, the counts are read with the workers
-    # kept (persistent_workers=True, start-up's fix), so that the count chosen is the
-    # one that feeds the loop once they are kept, not the one that starts fastest.
     given: dict[Config, Run] = {}
-    if restarting(now, pipeline, plan):
+    if restarting(now, pipeline.fixed or not plan.current_fits):
         said(f"round 1 of {rounds}: {now.describe()}")
         given[now] = read_one(now)
-        if startup_bound(given[now]):
-            kept = _first_set(pipeline, plan, persistent=True)
-            tally.total += (len(kept) - len(first)) * rounds
-            first = kept
+        first = _kept_if_starting(given[now], first, pipeline, plan, tally, rounds)
     least = LEAST_ROUNDS[plan.quick]
     runs = read_rounds(first, rounds, read_one, said, _counts_settled, least, grow, decided, given)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
@@ -245,21 +239,21 @@ def run_cost(r: Run) -> Cost:
     return Cost(None if cpu is None else cpu * 1e3 / n, blocked)
 
 
-def restarting(now: Config, pipeline: Pipeline, plan: Plan) -> bool:
-    """The current settings start their workers again every epoch, and are read."""
-    fixed = pipeline.fixed or not plan.current_fits
-    return not fixed and now.workers > 0 and not now.persistent_workers
-
-
-def startup_bound(run: Run) -> bool:
-    """Start-up (every epoch's new workers, inside the windows) holds the largest share
-    of this reading's wait for its batches (stagesplit.py)."""
-    split = run.split
-    if split is None or not split.batches or not any(split.exposed):
-        return False
-    exposed = list(split.exposed)
-    at = INDEX[LoadStage.STARTUP]
-    return exposed[at] > 0 and exposed[at] == max(exposed)
+def _kept_if_starting(
+    now: Run,
+    first: list[tuple[str, Config]],
+    pipeline: Pipeline,
+    plan: Plan,
+    tally: Tally,
+    rounds: int,
+) -> list[tuple[str, Config]]:
+    """Where start-up holds most of the current settings' wait (read first), the counts
+    read with their workers kept: the count chosen feeds the loop once they are kept."""
+    if not startup_bound(now):
+        return first
+    kept = _first_set(pipeline, plan, persistent=True)
+    tally.total += (len(kept) - len(first)) * rounds
+    return kept
 
 
 def _first_set(
