@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from starvecheck.advice.factory_unread import unread
 from starvecheck.core.schema.loading import LoadStage
 from starvecheck.inputs.factory import parse_spec
@@ -138,7 +140,7 @@ def make():
 """
 
 
-def test_epochs_that_restart_inside_the_windows_are_read_whole(tmp_path: Path) -> None:
+def test_epochs_that_restart_inside_the_windows_are_read_as_whole_epochs(tmp_path: Path) -> None:
     from starvecheck.stages.loader.factory import configuration
     from starvecheck.stages.loader.factory.load import load
     from starvecheck.stages.loader.factory.loaders import current_config
@@ -153,3 +155,26 @@ def test_epochs_that_restart_inside_the_windows_are_read_whole(tmp_path: Path) -
     assert max(run.samples_per_s) <= 80.0, run.samples_per_s
     assert min(run.samples_per_s) >= 0.75 * 80.0 * 0.4 / (0.4 + 0.1), run.samples_per_s
     assert not run.partial
+
+
+def test_an_epochs_figure_is_its_batches_pace_plus_one_restart() -> None:
+    from starvecheck.stages.loader.factory.epochs import per_epoch
+
+    # No restart read (a forkserver reading cut by its budget in its first epoch): the
+    # first epoch's 1.5 s start-up stands for it. 20 batches of 4 in 1 s: 50 ms each.
+    run = Run(Config(2, 2), window_s=1.0, window_batches=20, window_samples=80)
+    run.first_batch_s, run.samples_per_s = 1.5, [80.0]
+    per_epoch(run, [], 32)
+    assert run.samples_per_s == [pytest.approx(4 * 32 / (1.5 + 31 * 0.05))]
+    assert run.window_samples / run.window_s == pytest.approx(run.samples_per_s[0], rel=0.01)
+    # A restart of 0.5 s read inside the windows: taken out of the pace, put back once.
+    run = Run(Config(2, 2), window_s=1.5, window_batches=21, window_samples=84)
+    run.first_batch_s = 9.0  # not used: a restart was read
+    per_epoch(run, [0.5], 32)
+    assert run.samples_per_s == [pytest.approx(4 * 32 / (0.5 + 31 * 0.05))]
+    # Workers kept, or an epoch of unknown length: the windows' figure stands.
+    for config, epoch in ((Config(2, 2, True), 32), (Config(2, 2), None)):
+        run = Run(config, samples_per_s=[80.0], window_s=1.0, window_batches=20)
+        run.window_samples = 80
+        per_epoch(run, [], epoch)
+        assert run.samples_per_s == [80.0]
