@@ -36,7 +36,6 @@ Reads metrics by labels, never by names.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -69,6 +68,7 @@ from starvecheck.advice.factory_bounds import (
     training_gain,
     with_step,
 )
+from starvecheck.advice.factory_extra import extra_setting
 from starvecheck.advice.factory_unread import withheld
 from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
@@ -84,14 +84,9 @@ from starvecheck.core.schema.factory import Parameters as FactoryParameters
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-# A setting second to the worker count (prefetch_factor, persistent_workers) joins the
-# line only where its interval is above 1 + this.
-EXTRA_MARGIN = 0.10
-# persistent_workers: recommended when a later epoch starts this much sooner, and this
-# share of an epoch (the bar of every setting second to the count: a saving at the
-# edge of it joins one run's line and not the next one's).
-EPOCH_START_SAVED_S = 0.05
-EPOCH_SHARE = EXTRA_MARGIN
+# A best change whose interval reaches this high, but not above 1 + MARGIN at its low,
+# is undecided: a gain worth making is inside it (twice the margin).
+UNDECIDED = 1.0 + 2 * MARGIN
 # The change is worth a warning from this gain on.
 WARN_GAIN = 1.5
 
@@ -176,7 +171,7 @@ def choose(loader: StageResult) -> Choice | None:
         k = max(fitting, key=lambda w: sweep[w].rate) if fitting else 0
         notes.append(f"lowered to {k}: {cap_why}")
     best = sweep[k]
-    extra = _extra_setting(found, best, params.samples_in_dataset, params.start_method)
+    extra = extra_setting(found, best, params.samples_in_dataset, params.start_method)
     if extra is not None:
         best, note = extra
         notes.append(note)
@@ -282,6 +277,24 @@ def _evidence(choice: Choice, effective: float) -> str:
     return text + configuration_said(choice.current.get, "with your settings")
 
 
+def _undecided(best: Point, against: Comparison, evidence: str) -> Finding:
+    """The best change's interval holds both no gain and one worth making: not a pass
+    (principle 11), and not a change either; more rounds decide it."""
+    return Finding(
+        catalogue.LOADER_OWN_CONFIG,
+        Severity.INFO,
+        f"Could not tell whether {describe(best)} helps: {against.describe()} your "
+        "settings, an interval from no gain to one worth making",
+        evidence=evidence,
+        recommendation=(
+            f"Read it again without --quick, or with a larger --budget: a change is "
+            f"recommended where its interval is above {1 + MARGIN:.2f}x, settings kept where "
+            f"it is below {UNDECIDED:.2f}x, and more rounds narrow it."
+        ),
+        stage="loader",
+    )
+
+
 def _config(loader: StageResult) -> Finding | None:
     if loader.parameters.read(FactoryParameters).read_as_is:
         return _as_is(loader)
@@ -305,6 +318,8 @@ def _config(loader: StageResult) -> Finding | None:
                 f"({current.rate:,.0f} samples/s)"
             )
             recommendation = "Keep them. Why: " + "; ".join(choice.notes) + "."
+        elif against.high >= UNDECIDED:
+            return _undecided(choice.best, against, evidence)
         else:
             title = (
                 "No change clears the noise: the best measured, "
@@ -370,73 +385,3 @@ def _as_is(loader: StageResult) -> Finding | None:
             "the Dataset (or the DataLoader) your loader reads from."
         ),
     )
-
-
-def _extra_setting(
-    found: list[Point], base: Point, dataset_samples: int | None = None, how: str | None = None
-) -> tuple[Point, str] | None:
-    """prefetch_factor, persistent_workers or pin_memory toggled (with CUDA: every batch
-    copied to the device) at the chosen count, read beside the count itself (`base`):
-    where its samples/s clear EXTRA_MARGIN over the count's, round by round; persistent
-    workers also where every later epoch starts sooner (_sooner). Held to a higher bar
-    than the count, so it joins the line run after run or not at all; never slower."""
-    if not base.workers:
-        return None
-    beside = next((p for p in found if p.role == "base" and p.workers == base.workers), None)
-    if beside is None:
-        return None
-    best: tuple[Point, str, float] | None = None
-    for p in found:
-        if p.workers != base.workers or p.role not in ("prefetch", "persistent", "pin"):
-            continue
-        c = compare(p.rates, beside.rates)
-        if c is None or c.below(0.0):
-            continue  # slower than the count alone: never part of the line
-        note = ""
-        if c.clears(EXTRA_MARGIN):
-            what = {
-                "prefetch": f"prefetch_factor={p.labels.get('prefetch_factor')}",
-                "persistent": "persistent_workers=True",
-                "pin": f"pin_memory={bool(p.labels.get('pin_memory'))}",
-            }[p.role]
-            note = f"{what} measured {c.describe()} the samples/s of the count alone" + (
-                ", each batch copied to the device as the loop does" if p.role == "pin" else ""
-            )
-        elif p.role == "persistent" and c.high >= 1.0:
-            note = _sooner(p, beside, c, dataset_samples, how)
-        if note and (best is None or c.ratio > best[2]):
-            best = (p, note, c.ratio)
-    return None if best is None else (best[0], best[1])
-
-
-def _sooner(
-    p: Point, beside: Point, c: Comparison, dataset_samples: int | None, how: str | None = None
-) -> str:
-    """Why persistent workers join: each later epoch starts sooner, by enough of it
-    (`how`: their start method), beyond the epochs' spread (_starts): a saving at the
-    edge of the bar, which other work moves, does not join one run's line and not the next's."""
-    before, after = _starts(beside), _starts(p)
-    if before is None or after is None or not dataset_samples or beside.rate <= 0:
-        return ""
-    saved, surely = before[0] - after[0], before[1] - after[2]
-    epoch = dataset_samples / beside.rate
-    if surely < max(EPOCH_START_SAVED_S, EPOCH_SHARE * epoch):
-        return ""
-    return (
-        f"persistent_workers=True starts each later epoch in {after[0]:.2f} s instead of "
-        f"{before[0]:.2f} s (its workers are not started again"
-        + (f" under {how}" if how else "")
-        + f"): {saved:.2f} s saved an epoch ({surely:.2f} s beyond the epochs' spread), "
-        f"{saved / epoch:.0%} of an epoch of {epoch:.2f} s, at the same samples/s "
-        f"({c.describe()})"
-    )
-
-
-def _starts(p: Point) -> tuple[float, float, float] | None:
-    """Later epochs' starts: the median, less and plus their median absolute deviation
-    (unlike the extremes, it does not widen as more epochs are read)."""
-    m = one(p.metrics, quantity=words.EPOCH_START_S)
-    if m is None or m.value is None:
-        return None
-    mad = statistics.median(abs(v - m.value) for v in m.values or (m.value,))
-    return m.value, m.value - mad, m.value + mad

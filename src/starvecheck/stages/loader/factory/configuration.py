@@ -165,6 +165,7 @@ class _Reading(MadeReading):
         # epoch's first batch (workers stopped, started, their first batch); `_per_epoch`.
         self.gaps: list[float] = []
         self.last_got = 0.0  # when the last batch counted arrived
+        self.between, self.ours_s = 0.0, 0.0  # our reading at an epoch's end; in windows
         self.epoch_batches: int | None = None  # an epoch's batches, where one ended
 
     def spent(self, now: float) -> bool:
@@ -281,12 +282,17 @@ class _Reading(MadeReading):
                 self._counted(pids)
             if batch is None:
                 self.epoch_batches = index
-            self.paused = clock()
-            memory = self.paused - self.memory_at >= MEMORY_EVERY_S
-            self._sample(pids, False, memory=memory)
-            self.memory_at = self.paused if memory else self.memory_at
+            self._ended(pids)
             self.read_s += self.paused - began
             del batch
+
+    def _ended(self, pids: list[int | None]) -> None:
+        """The epoch over: the processes read, that time out of the next gap (ours)."""
+        self.paused = self.clock()
+        memory = self.paused - self.memory_at >= MEMORY_EVERY_S
+        self._sample(pids, False, memory=memory)
+        self.memory_at = self.paused if memory else self.memory_at
+        self.between = self.clock() - self.paused
 
     def _restarted(self, batch: Any, t0: float) -> None:
         """A later epoch's first batch, `t0` its iter(): its restart recorded, and in the
@@ -295,7 +301,8 @@ class _Reading(MadeReading):
         self.run.restarts_s.append(now - t0)
         if self.windowing:
             self._batch(batch, now - t0)
-            self.gaps.append(now - self.last_got)
+            self.gaps.append(max(0.0, now - self.last_got - self.between))
+            self.ours_s += min(self.between, now - self.last_got)
             self.last_got = now
 
     def _next(self, it: Any, index: int, since: float | None = None) -> Any:
@@ -402,7 +409,7 @@ class _Reading(MadeReading):
             self._window(self.paused)
             run.partial = True
         if not self.slow:
-            per_epoch(run, self.gaps, self.epoch_batches or length(self.built))
+            per_epoch(run, self.gaps, self.epoch_batches or length(self.built), self.ours_s)
         run.seconds = self.read_s
         run.fingerprinted = self.repeats.read
         run.repeats = self.repeats.repeats

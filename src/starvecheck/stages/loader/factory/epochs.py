@@ -37,14 +37,15 @@ if TYPE_CHECKING:
     from starvecheck.stages.loader.factory.run import Budget, Run
 
 
-def per_epoch(run: Run, gaps: list[float], epoch: int | None) -> None:
+def per_epoch(run: Run, gaps: list[float], epoch: int | None, ours_s: float = 0.0) -> None:
     """Put an epoch's figure in `run` where its workers start every epoch: `gaps`, each
     restart read inside the windows; `epoch`, the batches of an epoch (None: unknown,
-    the windows' figure stands)."""
+    the windows' figure stands); `ours_s`, starvecheck's own reading at the epochs'
+    ends inside the windows (their processes' CPU and memory), in neither."""
     config = run.config
     if not config.workers or config.persistent_workers or not run.window_batches:
         return
-    steady_s = run.window_s - sum(gaps)
+    steady_s = run.window_s - sum(gaps) - ours_s
     steady = run.window_batches - len(gaps)
     if not epoch or steady <= 0 or steady_s <= 0:
         return
