@@ -7,6 +7,7 @@ for is more than the one it was cut short in."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,51 @@ def test_an_epochs_figure_is_its_batches_pace_plus_one_restart() -> None:
         run.window_samples = 80
         per_epoch(run, [], epoch)
         assert run.samples_per_s == [80.0]
+
+
+STARTS_SLOWLY = """
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Carries(Dataset):
+    # 32 MB carried (a table read in __init__): every forkserver worker unpickles it
+    def __init__(self):
+        self.table = bytes(32 << 20)
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.zeros(4)
+
+
+def start(worker_id):
+    time.sleep(0.5)  # and a slow start of its own, every epoch
+
+
+def make():
+    return DataLoader(Carries(), batch_size=4, num_workers=2, worker_init_fn=start,
+                      multiprocessing_context="forkserver")
+"""
+
+
+@pytest.mark.slow
+def test_the_command_names_persistent_workers_for_start_up_bound_settings(tmp_path: Path):
+    from tests.conftest import run as run_cli
+
+    (tmp_path / "starts.py").write_text(STARTS_SLOWLY)
+    r = run_cli(
+        "loader", "--factory", f"{tmp_path / 'starts.py'}:make", "--quick",
+        "--workers", "0,2", "--step-ms", "10", "--json", "-",
+    )  # fmt: skip
+    assert r.exit_code in (0, 1), r.output
+    stage = json.loads(r.stdout)["stages"][0]
+    assert any("persistent_workers=True" in c for c in stage["caveats"]), stage["caveats"]
+    (f,) = [f for f in stage["findings"] if f["id"] == "loader.own-config"]
+    if f["title"].startswith("This machine is too busy to tell"):
+        return  # other work in this lane: no count, its load said
+    assert f["fix"].get("persistent_workers") is True, f
+    assert f["fix"]["num_workers"] == 2
+    roles = [(c["role"], c["config"]) for c in stage["parameters"]["configurations"]]
+    assert roles[0] == ("current", "num_workers=2, prefetch_factor=2")
