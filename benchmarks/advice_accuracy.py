@@ -439,8 +439,9 @@ def factory_scenario(repeats: int, batches: int = 160) -> Outcome:
         report = json.loads(out.stdout)
         found = [f for st in report["stages"] for f in st["findings"]]
         finding = next(f for f in found if f["id"] == "loader.own-config")
-        predictions.append(finding["gain"]["value"] if finding["gain"] else 1.0)
-        fixes.append(finding["fix"])
+        predictions.append(finding["gain"]["value"] if finding.get("gain") else 1.0)
+        # "Could not tell" names no line: the example's own settings (num_workers=0).
+        fixes.append(finding.get("fix") or {"num_workers": 0})
     # The line the runs recommend (the most of them; a quick run that finds no change
     # clearing its noise is less certain, not contrary), and the gain those runs
     # predicted for it: the prediction is judged for the line that is applied.
