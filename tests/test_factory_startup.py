@@ -227,3 +227,28 @@ def test_the_command_names_persistent_workers_for_start_up_bound_settings(tmp_pa
     assert f["fix"]["num_workers"] == 2
     roles = [(c["role"], c["config"]) for c in stage["parameters"]["configurations"]]
     assert roles[0] == ("current", "num_workers=2, prefetch_factor=2")
+
+
+def test_rounds_read_on_while_the_count_called_enough_may_or_may_not_gain() -> None:
+    from starvecheck.core.criteria import knee_settled
+    from starvecheck.stages.loader.factory.settled import counts_settled
+
+    # Collate under a CPU burner: 4 workers read fastest but past the 2 CPUs for CPU
+    # work; 2 is the count called enough, and 1.10x (1.00x, 1.09x, 1.09x) over the
+    # current settings: neither above 1.05x nor short of 1.10x.
+    rates = {
+        0: [300.0, 345.0, 330.0],
+        1: [280.0, 285.0, 282.0],
+        2: [330.0, 345.0, 360.0],
+        4: [440.0, 442.0, 445.0],
+    }
+    runs = [
+        ("workers", Run(Config(w, 2 if w else None), samples_per_s=v)) for w, v in rates.items()
+    ]
+    assert knee_settled(rates)  # every count settled against the best
+    assert not counts_settled(runs, now=Config(0), cpus=2)
+    assert counts_settled(runs)  # no current settings to gain on: the count settles it
+    runs[0][1].samples_per_s = [250.0, 262.0, 255.0]  # 1.32x: clears, no more rounds
+    rates[0] = runs[0][1].samples_per_s
+    assert knee_settled(rates)
+    assert counts_settled(runs, now=Config(0), cpus=2)

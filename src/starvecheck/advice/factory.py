@@ -84,9 +84,6 @@ from starvecheck.core.schema.factory import Parameters as FactoryParameters
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-# A best change whose interval reaches this high, but not above 1 + MARGIN at its low,
-# is undecided: a gain worth making is inside it (twice the margin).
-UNDECIDED = 1.0 + 2 * MARGIN
 # The change is worth a warning from this gain on.
 WARN_GAIN = 1.5
 
@@ -289,7 +286,7 @@ def _undecided(best: Point, against: Comparison, evidence: str) -> Finding:
         recommendation=(
             f"Read it again without --quick, or with a larger --budget: a change is "
             f"recommended where its interval is above {1 + MARGIN:.2f}x, settings kept where "
-            f"it is below {UNDECIDED:.2f}x, and more rounds narrow it."
+            f"it is below {1 + 2 * MARGIN:.2f}x, and more rounds narrow it."
         ),
         stage="loader",
     )
@@ -318,7 +315,7 @@ def _config(loader: StageResult) -> Finding | None:
                 f"({current.rate:,.0f} samples/s)"
             )
             recommendation = "Keep them. Why: " + "; ".join(choice.notes) + "."
-        elif against.high >= UNDECIDED:
+        elif against.undecided():
             return _undecided(choice.best, against, evidence)
         else:
             title = (

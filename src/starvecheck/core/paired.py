@@ -45,6 +45,12 @@ class Comparison:
         """A is faster than B beyond the noise and the margin."""
         return self.low >= 1.0 + margin
 
+    def undecided(self, margin: float = MARGIN) -> bool:
+        """Not clear of the margin, yet a gain worth making (twice it) is inside the
+        interval: more rounds may tell (loader --factory reads on; judging says it
+        could not tell, never a pass)."""
+        return not self.clears(margin) and self.high >= 1.0 + 2 * margin
+
     def below(self, margin: float = MARGIN) -> bool:
         """A is slower than B beyond the noise and the margin."""
         return self.high <= 1.0 - margin

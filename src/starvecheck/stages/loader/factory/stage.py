@@ -19,16 +19,13 @@ The result carries every figure, labelled; judging is advice/'s.
 
 from __future__ import annotations
 
-import statistics
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from starvecheck.core.criteria import (
     cpu_work,
-    knee_settled,
-    paired_knee,
-    variants_settled,
 )
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
@@ -54,6 +51,11 @@ from starvecheck.stages.loader.factory.load import (
 from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.outcome import result
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
+from starvecheck.stages.loader.factory.settled import (
+    counts_settled,
+    knee_run,
+    variants_settled_runs,
+)
 from starvecheck.stages.loader.factory.spare import Tally, decides, grows, spare_count
 from starvecheck.stages.loader.factory.startmethod import other_method, pickled
 from starvecheck.stages.options import FactoryOptions
@@ -169,17 +171,18 @@ def sweep(
         given[now] = read_one(now)
         first = _kept_if_starting(given[now], first, pipeline, plan, tally, rounds)
     least = LEAST_ROUNDS[plan.quick]
-    runs = read_rounds(first, rounds, read_one, said, _counts_settled, least, grow, decided, given)
+    settled = functools.partial(counts_settled, now=now, cpus=plan.effective_cpus)
+    runs = read_rounds(first, rounds, read_one, said, settled, least, grow, decided, given)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
         if reread is not None:
             reread += disturbed
         first = [(role, r.config) for role, r in runs]  # the spare too, where it was read
         tally.total += len(first) * rounds
-        runs = read_rounds(first, rounds, read_one, said, _counts_settled, least)
+        runs = read_rounds(first, rounds, read_one, said, settled, least)
     if second:  # --quick: the counts only (QUICK_COUNTS)
         second_set = _second_set(runs, plan, now)
-        runs += read_rounds(second_set, rounds, read_one, said, _variants_settled, least)
+        runs += read_rounds(second_set, rounds, read_one, said, variants_settled_runs, least)
     progress("measured", tally.total, tally.total)
     return runs
 
@@ -187,24 +190,6 @@ def sweep(
 # Rounds read at least before a set may stop, once more rounds could not change what
 # judging makes of it (criteria.knee_settled, variants_settled): full, quick.
 LEAST_ROUNDS = {False: 2, True: 2}
-
-
-def _counts_settled(runs: list[tuple[str, Run]]) -> bool:
-    """The worker counts read so far decide the count (criteria.knee_settled)."""
-    return knee_settled({r.config.workers: r.samples_per_s for role, r in runs if role in SWEPT})
-
-
-def _variants_settled(runs: list[tuple[str, Run]]) -> bool:
-    """Each variant's ratio to the count beside it, and the count's to the current
-    settings read again, lies on one side of the margin (criteria.variants_settled)."""
-    base = next((r for role, r in runs if role == "base"), None)
-    if base is None:
-        return True
-    others = [r.samples_per_s for role, r in runs if role not in ("base", "again")]
-    again = next((r for role, r in runs if role == "again"), None)
-    if again is not None:
-        others.append(again.samples_per_s)
-    return variants_settled(others, base.samples_per_s)
 
 
 def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
@@ -283,14 +268,8 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
     again beside its variants, and the current configuration read again in the same
     rounds (`again`), so that a variant's gain over it is read side by side, never
     chained through another set's rounds; nothing at num_workers=0."""
-    swept = [r for role, r in runs if role == "workers"]
-    if not swept:
-        return []
-    rates = {r.config.workers: r.samples_per_s for r in swept}
-    at_best = max(swept, key=_median_rate)
-    worked = cpu_work(at_best.worker_cpu_s, at_best.worker_runq_s, at_best.worker_alive_s)
-    best = paired_knee(rates, plan.effective_cpus if worked is not False else max(rates))
-    base = next((r.config for r in swept if r.config.workers == best), None)
+    knee = knee_run(runs, plan.effective_cpus)
+    base = knee.config if knee is not None else None
     if base is None or not base.workers:
         return []
     more = 4 if (base.prefetch_factor or 2) != 4 else 8
@@ -309,10 +288,6 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
 def quick_sweep(plan: Plan) -> bool:
     """--quick's own sweep (no --workers): the one that may add a spare count."""
     return plan.quick and plan.workers is None
-
-
-def _median_rate(run: Run) -> float:
-    return statistics.median(run.samples_per_s) if run.samples_per_s else 0.0
 
 
 def plan_of(options: FactoryOptions, ctx: RunContext) -> Plan:
