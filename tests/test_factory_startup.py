@@ -252,3 +252,13 @@ def test_rounds_read_on_while_the_count_called_enough_may_or_may_not_gain() -> N
     rates[0] = runs[0][1].samples_per_s
     assert knee_settled(rates)
     assert counts_settled(runs, now=Config(0), cpus=2)
+
+
+def test_a_median_under_the_margin_is_no_change_however_wide_its_interval() -> None:
+    from starvecheck.core.paired import Comparison
+
+    assert Comparison(1.10, 0.92, 1.31, 3).undecided()
+    assert not Comparison(0.53, 0.25, 1.34, 3).undecided()  # slower by its median
+    assert not Comparison(1.04, 0.90, 1.30, 3).undecided()  # under 1.05x by its median
+    assert not Comparison(1.06, 1.03, 1.09, 3).undecided()  # nothing worth making inside
+    assert not Comparison(1.30, 1.10, 1.50, 3).undecided()  # clears: a change

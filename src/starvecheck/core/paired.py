@@ -46,10 +46,13 @@ class Comparison:
         return self.low >= 1.0 + margin
 
     def undecided(self, margin: float = MARGIN) -> bool:
-        """Not clear of the margin, yet a gain worth making (twice it) is inside the
-        interval: more rounds may tell (loader --factory reads on; judging says it
-        could not tell, never a pass)."""
-        return not self.clears(margin) and self.high >= 1.0 + 2 * margin
+        """A gain past the margin by the median, not clear of it by the interval, and
+        one worth making (twice the margin) inside it: more rounds may tell (loader
+        --factory reads on; judging says it could not tell, never a pass). A median
+        under the margin is no change, whatever the interval's reach."""
+        return (
+            not self.clears(margin) and self.ratio >= 1.0 + margin and self.high >= 1.0 + 2 * margin
+        )
 
     def below(self, margin: float = MARGIN) -> bool:
         """A is slower than B beyond the noise and the margin."""
