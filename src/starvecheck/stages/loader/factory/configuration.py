@@ -114,10 +114,9 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
 
 # The processes' CPU is read at least this often within a window.
 CPU_EVERY_S = 0.1
-# Their memory (USS and PSS: the kernel walks each process's pages, 20-50 ms for three
-# processes of 200 MB) at most this often at a window's close, and at each epoch's end:
-# read at every close it took 11% of the training process's time with 2 workers on 2
-# CPUs, which the workers' figures lost.
+# Their memory (USS and PSS: a walk of each process's pages, 20-50 ms for three of 200
+# MB) at most this often, at a window's close and an epoch's end: read at every close it
+# took 11% of the training process's time with 2 workers on 2 CPUs, which they lost.
 MEMORY_EVERY_S = 1.0
 
 # Epochs read at most for one configuration (a dataset of a few batches).
@@ -162,7 +161,7 @@ class _Reading(MadeReading):
         self.built: Built  # this configuration's loader, set each epoch
         self.window_own = 0.0  # the digest's time in this window (`_own`)
         # Each restart inside the windows: from the last batch counted before it to the
-        # epoch's first batch (workers stopped, started, their first batch); `_per_epoch`.
+        # epoch's first batch (workers stopped, started, their first batch): epochs.py.
         self.gaps: list[float] = []
         self.last_got = 0.0  # when the last batch counted arrived
         self.between, self.ours_s = 0.0, 0.0  # our reading at an epoch's end; in windows
@@ -289,10 +288,14 @@ class _Reading(MadeReading):
     def _ended(self, pids: list[int | None]) -> None:
         """The epoch over: the processes read, that time out of the next gap (ours)."""
         self.paused = self.clock()
-        memory = self.paused - self.memory_at >= MEMORY_EVERY_S
-        self._sample(pids, False, memory=memory)
-        self.memory_at = self.paused if memory else self.memory_at
+        self._read(pids, self.paused)
         self.between = self.clock() - self.paused
+
+    def _read(self, pids: list[int | None], now: float) -> None:
+        """The processes read: their CPU, and their memory at most once a second."""
+        memory = now - self.memory_at >= MEMORY_EVERY_S
+        self._sample(pids, False, memory=memory)
+        self.memory_at = now if memory else self.memory_at
 
     def _restarted(self, batch: Any, t0: float) -> None:
         """A later epoch's first batch, `t0` its iter(): its restart recorded, and in the
@@ -320,10 +323,8 @@ class _Reading(MadeReading):
         run, now = self.run, self.clock()
         if whole_window(self.window_batches, now - self.window_start - self._own(), run.config):
             self._window(now)
-            memory = now - self.memory_at >= MEMORY_EVERY_S
-            self._sample(pids, False, memory=memory)
+            self._read(pids, now)
             self.cpu_read = now
-            self.memory_at = now if memory else self.memory_at
             if self.budget.until_stable and stable(run.samples_per_s):
                 run.stopped = "stable"
         elif now - self.cpu_read >= CPU_EVERY_S:
