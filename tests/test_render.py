@@ -73,6 +73,17 @@ def test_the_stored_report_is_written_back_byte_for_byte(name, tmp_path):
     assert json_export.serialize(Report.from_dict(json.loads(text))) == text
 
 
+def test_the_byte_check_sees_a_field_lost_and_a_float_printed_anew(tmp_path):
+    text = stored_text("pad-default", tmp_path)
+    data = json.loads(text)
+    data["stages"][0]["a_field_no_reader_knows"] = 1
+    lost = json.dumps(data, indent=2) + "\n"
+    assert json_export.serialize(Report.from_dict(json.loads(lost))) != lost
+    reprinted = text.replace('"duration_s": 0.05', '"duration_s": 0.050')
+    assert reprinted != text
+    assert json_export.serialize(Report.from_dict(json.loads(reprinted))) != reprinted
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_terminal_rendering(name, tmp_path):
     check(GOLDEN / f"{name}.txt", terminal_text(stored_report(name, tmp_path)))
