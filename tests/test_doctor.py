@@ -1,28 +1,21 @@
 """`starvecheck doctor` end to end: the report, the chain and weakest link, options and
-the workload file, usage errors, Ctrl-C, and its rendering against a stored report."""
+the workload file, usage errors, Ctrl-C (its stored reports are rendered with every
+golden in tests/test_render.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from starvecheck.core.context import Context
-from starvecheck.core.model import Report
 from starvecheck.core.units import size_name
-from starvecheck.render import markdown
-from starvecheck.render.terminal import render
 from tests.conftest import run, tiny_tokenizer
 
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
 LINKS = ["storage", "loader", "pcie", "gpu"]
 
 
@@ -292,36 +285,9 @@ def test_interrupt_leaves_the_directory_as_it_was(tmp_path, marker):
 
 # --- rendering against a stored report -----------------------------------------------
 
-
-STORED = ["doctor-quick", "doctor-nodes"]  # a --quick run; a torchrun with a slowed rank
-
-
-def _stored(name: str) -> Report:
-    return Report.from_dict(json.loads((GOLDEN / f"{name}.json").read_text()))
-
-
-def _check(path: Path, text: str) -> None:
-    if UPDATE:
-        path.write_text(text)
-    assert text == path.read_text(), f"{path.name} differs; UPDATE_GOLDEN=1 if intended"
-
-
-@pytest.mark.parametrize("name", STORED)
-def test_terminal_rendering_golden(name):
-    out = io.StringIO()
-    render(_stored(name), Context(stdout=out, stdout_isatty=False, width=100, environ={}).console())
-    _check(GOLDEN / f"{name}.txt", "\n".join(x.rstrip() for x in out.getvalue().split("\n")))
-
-
-@pytest.mark.parametrize("name", STORED)
-def test_markdown_rendering_golden(name):
-    _check(GOLDEN / f"{name}.md", markdown.serialize(_stored(name)))
-
-
-@pytest.mark.parametrize("name", STORED)
-def test_stored_report_round_trips(name):
-    data = json.loads((GOLDEN / f"{name}.json").read_text())
-    assert Report.from_dict(data).to_dict() == data
+# doctor's goldens (doctor-quick: a --quick run; doctor-nodes: a torchrun with a slowed
+# rank) are read back, written again and rendered byte for byte with every other golden
+# in tests/test_render.py.
 
 
 # --- the pcie stage: through its interface (a stand-in: no CUDA here), and the real one --
