@@ -97,6 +97,10 @@ def test_a_fewer_count_is_as_good_only_where_the_rounds_show_it():
     # A tie on a busy machine whose median happens to favour 1: not settled by the
     # median's luck, but towards the more workers, as the run above settles it.
     assert paired_knee({1: [1250.0, 1040.0, 700.0], 2: [1000.0, 1000.0, 1000.0]}, 2) == 2
+    # More workers whose median is well under the best's are not named for a wide
+    # interval: 1 worker read 0.73x of none, rounds from 0.45x to 1.2x (a busy machine).
+    wide = {0: [3583.0, 3000.0, 4100.0], 1: [2621.0, 3600.0, 1850.0]}
+    assert paired_knee(wide, 2) == 0
     # More workers clearly slower (oversubscribed) are never the count settled on.
     over = {1: [700.0, 710.0, 690.0], 2: [1000.0, 990.0, 1010.0], 4: [800.0, 790.0, 810.0]}
     assert paired_knee(over, 4) == 2

@@ -64,9 +64,12 @@ def paired_knee(
     rates: Mapping[int, Sequence[float]], effective_cpus: float, share: float = KNEE_SHARE
 ) -> int | None:
     """`knee` over figures read in interleaved rounds, at or below the effective CPUs:
-    the most workers not clearly slower than the best count (the highest median), then
-    the fewest as good as that count, round by round: a median ratio of at least
-    `share` and a 90% interval whose low end is at least KNEE_LOW (core/paired.py).
+    the most workers not clearly slower than the best count (the highest median) and
+    with a median ratio to it of at least `share`, then the fewest as good as that
+    count, round by round: a median ratio of at least `share` and a 90% interval whose
+    low end is at least KNEE_LOW (core/paired.py). A count whose median is more than
+    `share` under the best's is never named, however wide its rounds (MDS shards read
+    0.73x at one worker on a busy machine and 1 was named).
     A fewer count is taken only on evidence: where the rounds disagree (a busy machine,
     few rounds) counts that may tie are settled towards the more workers, the same way
     run after run, and a short run and a long one name the same count."""
@@ -74,7 +77,12 @@ def paired_knee(
     if not eligible:
         return None
     best = max(eligible, key=lambda w: statistics.median(eligible[w]))
-    top = max(w for w, v in eligible.items() if w == best or not _worse(v, eligible[best], share))
+    top = max(
+        w
+        for w, v in eligible.items()
+        if w == best
+        or (not _worse(v, eligible[best], share) and _median_ratio(v, eligible[best]) >= share)
+    )
     return min(
         w
         for w, v in eligible.items()
