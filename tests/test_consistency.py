@@ -164,18 +164,7 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
 JUDGED_AS = {"watch": {"trace"}, "factory": {"loader"}}
 # What the checks find in a stored run today, each a defect of its rules to fix (then
 # its line goes: the test below fails while a listed problem is no longer there).
-KNOWN: dict[str, set[str]] = {
-    # attach.data-wait is critical with its gain "not estimated" (attach.loader-bound
-    # carries the figure): the rule "every critical finding has a gain" fails on it.
-    "attach-one-rank": {"attach.data-wait is critical without a gain"},
-    "attach-ranks": {"attach.data-wait is critical without a gain"},
-    # loader's mds layout read slower at 1 worker than at 0 on a busy 2-CPU machine, and
-    # loader.workers still recommends num_workers=1 for it.
-    "loader-quick": {
-        "loader.workers recommends {'num_workers': 1, 'layout': 'mds'} predicting a slower "
-        "step (0.73x)"
-    },
-}
+KNOWN: dict[str, set[str]] = {}
 
 
 def speaking(stages: set[str], machine: Machine | None) -> set[str]:

@@ -178,8 +178,21 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
         return Finding(catalogue.ATTACH_DATA_WAIT, sev, title, evidence)
     kind = "highly input-bound" if sev is Severity.CRITICAL else "input-bound"
     title = f"{_who(r, pid)} waits for data {share:.0%} ({ci}) of the time: {kind}"
+    # What loading that kept up would give back: the wait's share of the loop's time,
+    # taken at its interval's low end (the samples show at least that much waiting).
+    gain = Gain(
+        GainKind.STEP_SHARE,
+        round(w.low, 4),
+        "the loop's time waiting for data, its 95% interval's low end; at most what "
+        "loading that keeps up gives back",
+    )
     return Finding(
-        catalogue.ATTACH_DATA_WAIT, sev, title, evidence, "See attach.loader-bound for why."
+        catalogue.ATTACH_DATA_WAIT,
+        sev,
+        title,
+        evidence,
+        "See attach.loader-bound for why.",
+        gain=gain,
     )
 
 
