@@ -145,6 +145,24 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     ),
     "io-ext4": ({"io"}, {"io.cold-cache-gap", "io.few-readers", "io.small-files"}),
     "pad-default": ({"pad"}, {"pad.waste"}),
+    # pcie on the CUDA stand-in (tests/test_pcie_golden.py): every figure, none from
+    # NVML, and none at all (no GPU: nothing to judge).
+    "pcie-full": (
+        {"pcie"},
+        {
+            "pcie.link-below-max",
+            "pcie.low-efficiency",
+            "pcie.pageable-d2h",
+            "pcie.overlap",
+            "pcie.numa-remote",
+            "pcie.reference",
+        },
+    ),
+    "pcie-no-nvml": (
+        {"pcie"},
+        {"pcie.pageable-d2h", "pcie.overlap", "pcie.numa-remote", "pcie.reference"},
+    ),
+    "pcie-no-gpu": (set(), set()),
 }
 
 
