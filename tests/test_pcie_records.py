@@ -160,3 +160,22 @@ def test_the_stored_verdicts_read_as_the_record():
     assert v.verdict(Memory.PAGEABLE, Mode.BLOCKING) == "SEQUENTIAL"
     assert v.peak(Row.UNDER_LOAD) == 31.5
     assert v.to_verdicts() == stored
+
+
+def test_a_result_carries_its_figures_as_a_record_read_once():
+    import pickle
+    from dataclasses import replace
+
+    from starvecheck.core.model import Judged
+
+    result = Report.from_dict(json.loads((GOLDEN / "pcie-full.json").read_text())).stages[0]
+    figures = result.records(PcieFigures)
+    assert result.records(PcieFigures) is figures == PcieFigures.from_metrics(result.metrics)
+    assert replace(result, metrics=()).records(PcieFigures) == PcieFigures()  # read again
+    assert replace(result) == result and "_records" not in repr(result)
+    assert pickle.loads(pickle.dumps(result)).records(PcieFigures) == figures
+    verdicts = result.judged.read(PcieVerdicts)
+    assert result.judged.read(PcieVerdicts) is verdicts
+    judged = Judged.of(verdicts)
+    assert judged.read(PcieVerdicts) is verdicts and judged.verdicts == verdicts.to_verdicts()
+    assert Judged().read(PcieVerdicts) == PcieVerdicts()

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from starvecheck.core.metric import LabelValue, Metric
 
 
+def value_of(figure: Figure | None) -> float | None:
+    """A figure's value; None where it is missing or not in the run."""
+    return None if figure is None else figure.value
+
+
 def _number(x: object) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -24,6 +29,10 @@ class Figure:
     max: float | None = None
     stdev: float | None = None
     reason: str | None = None  # why `value` is None
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
 
     @classmethod
     def single(cls, value: float) -> Figure:
