@@ -107,3 +107,20 @@ def test_the_stored_reports_hold_every_kind_of_figure(monkeypatch):
     assert no_nvml.metric("h2d.pinned.1MiB").value
     cpu = stored("pcie-no-gpu", monkeypatch)[0].stages[0]
     assert cpu.metrics and all(m.value is None for m in cpu.metrics)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_judging_the_stored_figures_again_gives_the_stored_report(name, monkeypatch):
+    """The findings, the checklist and the judgement (overlap verdicts, link peaks) are
+    what judging makes of the figures, fresh: the same as stored, byte for byte."""
+    from dataclasses import replace
+
+    from starvecheck.advice.report import build_report
+    from starvecheck.core.context import Context
+    from starvecheck.core.model import Judged
+
+    report, text = stored(name, monkeypatch)
+    stage = replace(report.stages[0], findings=(), judged=Judged())
+    again = build_report("pcie", report.machine, [stage], Context(environ={}))
+    again = replace(again, created_at=report.created_at, tool_version=report.tool_version)
+    assert json_export.serialize(again) == text
