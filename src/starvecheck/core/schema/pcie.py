@@ -17,7 +17,6 @@ from enum import StrEnum
 from starvecheck.core.metric import Labels, LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, mapping, text, whole
-from starvecheck.core.schema.common import CLOCK_WALL, GBPS, SOURCE_CUDART, SOURCE_TORCH
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.units import parse_size, size_name
 
@@ -53,13 +52,13 @@ class Mode(StrEnum):
 
 
 class Clock(StrEnum):
-    WALL = CLOCK_WALL  # around torch.cuda.synchronize(): what a training loop waits for
+    WALL = "wall"  # around torch.cuda.synchronize(): what a training loop waits for
     EVENTS = "events"  # CUDA events: the device's part alone
 
 
 class Source(StrEnum):
-    TORCH = SOURCE_TORCH
-    CUDART = SOURCE_CUDART  # the CUDA runtime's cudaMemcpy, the reference
+    TORCH = "torch"
+    CUDART = "cudart"  # the CUDA runtime's cudaMemcpy, the reference
 
 
 class Row(StrEnum):
@@ -70,6 +69,7 @@ class Row(StrEnum):
     MAX = "max"
 
 
+GBPS = "gbps"  # the quantity of a bandwidth (capacity reads pinned H2D's)
 FRESH = "fresh"  # the `variant` of a D2H copy into a fresh pageable buffer
 GROUP_LINK, GROUP_NUMA = "link", "numa"
 OVERLAP = "overlap"
