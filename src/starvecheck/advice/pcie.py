@@ -72,7 +72,7 @@ def complete(result: StageResult) -> StageResult:
     overlaps = {
         (mem, mode): verdict(value_of(f.overlap(mem, mode).ratio)) for mem, mode in OVERLAP_ROWS
     }
-    peaks = {}
+    peaks: dict[Row, float | None] = {}
     for row in Row:
         gen, width = f.link.row(row)
         peaks[row] = link_peak(_whole(value_of(gen)), _whole(value_of(width)))

@@ -143,7 +143,7 @@ def _sweep_table(
         cudart = ", CUDA runtime" if c.source is Source.CUDART else ""
         return f"{c.memory}{cudart}" + (", fresh buffer" if c.fresh else "")
 
-    rows = [
+    rows: list[tuple[str, ...]] = [
         (
             c.direction.value.upper(),
             memory(c),
@@ -191,7 +191,7 @@ def _overlap_table(
     if (why := _collapsed(group)) is not None:
         notes.append(f"overlap: {why}")
         return
-    rows = []
+    rows: list[tuple[str, ...]] = []
     unknown: dict[str, list[str]] = {}
     for mem in (Memory.PAGEABLE, Memory.PINNED):
         for mode in (Mode.BLOCKING, Mode.NON_BLOCKING):
@@ -272,7 +272,7 @@ def _link_table(
 def _numa_table(numa: Numa, params: Parameters, tables: list[Table], notes: list[str]) -> None:
     if numa == Numa():
         return
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for where, m, node, whose in (
         ("local", numa.local, params.numa_local_node, "the GPU"),
         ("remote", numa.remote, params.numa_remote_node, "another"),

@@ -9,9 +9,8 @@ The metrics' names and the judgement's keys are spelled here alone."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from starvecheck.core.metric import Labels, LabelValue, Metric
@@ -272,7 +271,7 @@ class PcieFigures:
 
 def _kind(c: Copy) -> Copy:
     """The copy without its figures: what kind of copy it is."""
-    return dataclasses.replace(c, wall=None, events=None)
+    return replace(c, wall=None, events=None)
 
 
 class _Reader:
@@ -344,10 +343,11 @@ class _Reader:
             and last.events is None
             and _kind(last) == made
         ):
-            self.copies[-1] = dataclasses.replace(last, events=figure)
+            self.copies[-1] = replace(last, events=figure)
         else:
-            which = "events" if clock is Clock.EVENTS else "wall"
-            self.copies.append(dataclasses.replace(made, **{which: figure}))
+            events = clock is Clock.EVENTS
+            made = replace(made, events=figure) if events else replace(made, wall=figure)
+            self.copies.append(made)
         return True
 
     def _overlap(self, labels: Labels, quantity: str, figure: Figure) -> bool:
@@ -359,7 +359,8 @@ class _Reader:
         if part not in ("ratio", *OVERLAP_PARTS):
             return False
         was = self.overlaps.get(key, Overlap(*key))
-        self.overlaps[key] = dataclasses.replace(was, **{part: figure})
+        held = {p: getattr(was, p) for p in ("ratio", *OVERLAP_PARTS)} | {part: figure}
+        self.overlaps[key] = Overlap(*key, held["ratio"], *(held[p] for p in OVERLAP_PARTS))
         self.other_seen = True
         return True
 
@@ -424,11 +425,10 @@ def schema1_labels(name: str) -> dict[str, LabelValue]:
     parts, one = parts[1:] if cudart else parts, Figure(None)
     try:
         if parts[0] in set(Direction) and parts[1] in set(Memory):
-            clock = "events" if parts[-1] == Clock.EVENTS.value else "wall"
+            wall, timed = (None, one) if parts[-1] == Clock.EVENTS.value else (one, None)
+            kind = Direction(parts[0]), Memory(parts[1]), parse_size(parts[2]) or 0
             source = Source.CUDART if cudart else Source.TORCH
-            copy = Copy(Direction(parts[0]), Memory(parts[1]), parse_size(parts[2]) or 0,
-                        source=source, fresh=FRESH in parts[3:])  # fmt: skip
-            made = PcieFigures(copies=(dataclasses.replace(copy, **{clock: one}),))
+            made = PcieFigures(copies=(Copy(*kind, wall, timed, source, FRESH in parts[3:]),))
         elif parts[0] == OVERLAP:
             part = {(parts[3:] or ["ratio"])[0]: one}
             made = PcieFigures(overlaps=(Overlap(Memory(parts[1]), Mode(parts[2]), **part),))

@@ -135,8 +135,8 @@ class Measurement:
             for key, _, _ in SWEPT:
                 t = timings.get(key)
                 if t is None:
-                    why = Figure.missing(pinned_error or "not measured")
-                    self.copies.append(replace(kinds[key], wall=why))
+                    gone = Figure.missing(pinned_error or "not measured")
+                    self.copies.append(replace(kinds[key], wall=gone))
                     continue
                 wall, events = Figure.repeated(t.wall_gbps), Figure.repeated(t.event_gbps)
                 self.copies.append(replace(kinds[key], wall=wall, events=events))
