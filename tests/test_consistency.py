@@ -158,6 +158,24 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "watch-cpu-bound": ({"watch"}, {"profile.data-bound"}),
     "attach-one-rank": ({"attach"}, {"attach.data-wait", "attach.load-stage"}),
     "attach-ranks": ({"attach"}, {"attach.data-wait", "attach.straggler"}),
+    # pcie on the CUDA stand-in (tests/test_pcie_golden.py): every figure, none from
+    # NVML, and none at all (no GPU: nothing to judge).
+    "pcie-full": (
+        {"pcie"},
+        {
+            "pcie.link-below-max",
+            "pcie.low-efficiency",
+            "pcie.pageable-d2h",
+            "pcie.overlap",
+            "pcie.numa-remote",
+            "pcie.reference",
+        },
+    ),
+    "pcie-no-nvml": (
+        {"pcie"},
+        {"pcie.pageable-d2h", "pcie.overlap", "pcie.numa-remote", "pcie.reference"},
+    ),
+    "pcie-no-gpu": (set(), set()),
 }
 # The stage a stage's findings carry where it is judged by another's rules: a watched
 # loop by a step breakdown's (advice/trace.py), loader --factory's under loader's name.

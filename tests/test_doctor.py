@@ -299,8 +299,8 @@ def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
     the plans doctor hands it."""
     from starvecheck.core.metric import Metric
     from starvecheck.core.model import StageResult
+    from starvecheck.core.schema.pcie import schema1_labelled as labelled
     from starvecheck.stages.pcie import stage as pcie
-    from starvecheck.stages.pcie.names import labelled
 
     calls: list = []
     known = {256 << 10: 9.0, 1 << 20: 12.0, 16 << 20: 20.0, 256 << 20: 24.0}

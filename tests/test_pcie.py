@@ -17,6 +17,7 @@ from starvecheck.advice import pcie as advice
 from starvecheck.core.criteria import overlap_verdict
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Judged, Report, Severity, StageResult
+from starvecheck.core.schema.pcie import schema1_labelled as labelled
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.core.units import parse_size
 from starvecheck.probe.machine import collect
@@ -24,7 +25,6 @@ from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import cudart, linkwatch
 from starvecheck.stages.pcie import stage as stage
-from starvecheck.stages.pcie.names import labelled
 from tests.conftest import SYSROOTS, run, sysroot_env
 
 

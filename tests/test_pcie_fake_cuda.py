@@ -191,7 +191,10 @@ def test_a_fake_sysroot_is_reported_not_measured(fake):
 
 
 def test_metric_names_put_the_size_before_the_variant():
-    from starvecheck.stages.pcie.measure import metric_name
+    from starvecheck.core.schema.pcie import Clock, Copy, Direction, Memory, Source
 
-    assert metric_name("h2d.pinned", "1MiB") == "h2d.pinned.1MiB"
-    assert metric_name("d2h.pageable.fresh", "256MiB") == "d2h.pageable.256MiB.fresh"
+    assert Copy(Direction.H2D, Memory.PINNED, MiB).name() == "h2d.pinned.1MiB"
+    fresh = Copy(Direction.D2H, Memory.PAGEABLE, 256 * MiB, fresh=True)
+    assert fresh.name() == "d2h.pageable.256MiB.fresh"
+    ref = Copy(Direction.H2D, Memory.PINNED, MiB, source=Source.CUDART)
+    assert ref.name(Clock.EVENTS) == "reference.h2d.pinned.1MiB.events"

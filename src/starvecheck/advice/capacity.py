@@ -33,16 +33,14 @@ from typing import TYPE_CHECKING
 from starvecheck.core.figures import loader_curve
 from starvecheck.core.model import Link, StageResult
 from starvecheck.core.schema.common import (
-    CLOCK_WALL,
     EFFICIENCY,
-    GBPS,
     PATTERN_RANDOM,
     RECOMMENDED_NUM_WORKERS,
     SAMPLES_PER_S,
-    SOURCE_TORCH,
 )
 from starvecheck.core.schema.io import Parameters as IoParameters
 from starvecheck.core.schema.loader import StarveParameters
+from starvecheck.core.schema.pcie import Direction, Memory, PcieFigures
 from starvecheck.core.strategies import LABELS, STRATEGIES
 from starvecheck.core.units import size_name
 
@@ -207,13 +205,12 @@ def nearest_size(sizes: Sequence[int], nbytes: float) -> int | None:
 
 
 def pcie(result: StageResult, wire_bytes_per_sample: int, batch: int, demand: float | None) -> Link:
-    rates = {
-        int(m.labels["size"]): m.value
-        for m in result.select(
-            quantity=GBPS, direction="h2d", memory="pinned", clock=CLOCK_WALL, source=SOURCE_TORCH
-        )
-        if m.value is not None and "variant" not in m.labels
-    }
+    figures, h2d, pinned = result.records(PcieFigures), Direction.H2D, Memory.PINNED
+    rates: dict[int, float] = {}
+    for s in figures.sizes(h2d, pinned):  # torch's, by the wall clock
+        copy = figures.copy(h2d, pinned, s)
+        if copy is not None and copy.wall is not None and copy.wall.value is not None:
+            rates[s] = copy.wall.value
     size = nearest_size(list(rates), wire_bytes_per_sample * batch)
     if size is None:
         return missing("pcie", demand, "pcie measured no pinned host-to-device bandwidth")

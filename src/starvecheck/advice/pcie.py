@@ -1,10 +1,10 @@
 """Judging a `pcie` run: is the link as fast as the hardware allows, and is the CPU
 free while batches cross it?
 
-Reads metrics by their labels (direction, memory, size, clock, source, mode, ...),
-so a stored report is judged as a fresh one and a renamed figure is judged the same.
-A finding needs its figures measured: with a metric missing (no GPU, no NVML) the
-finding is not made at all.
+Reads the figures as their record (core/schema/pcie.PcieFigures, through
+`StageResult.records`): a stored report is judged as a fresh one, and a renamed figure
+the same. A finding needs its figures measured: with a figure missing (no GPU, no
+NVML) the finding is not made at all.
 
 Thresholds:
   link below max       generation or width under load below what GPU and slot support
@@ -19,16 +19,25 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starvecheck.core import catalogue
 from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdict
-from starvecheck.core.metric import Labels
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
-from starvecheck.core.schema.common import CLOCK_WALL, GBPS, SOURCE_CUDART, SOURCE_TORCH
-from starvecheck.core.schema.pcie import Parameters
+from starvecheck.core.schema.figure import value_of
+from starvecheck.core.schema.pcie import (
+    OVERLAP_ROWS,
+    Direction,
+    Link,
+    Memory,
+    Mode,
+    Numa,
+    Parameters,
+    PcieFigures,
+    PcieVerdicts,
+    Row,
+)
 from starvecheck.core.units import size_name
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 
@@ -45,41 +54,8 @@ REFERENCE_GAP = 0.9
 HEALTHY_EFFICIENCY = 0.8
 
 
-def key(labels: Labels) -> str:
-    """A figure's key in the table below, made from its labels (`h2d.pinned.256MiB`,
-    `overlap.pinned.blocking.both_ms`, `link.efficiency`, ...)."""
-    q = str(labels.get("quantity", ""))
-    group = labels.get("group")
-    if group == "link":
-        return f"link.{q}"
-    if group == "numa":
-        if q == "remote_penalty":
-            return "numa.remote_penalty"
-        return f"numa.{labels['direction']}.{labels['memory']}.{labels['node']}"
-    if q == "gbps":
-        prefix = "reference." if labels.get("source") == SOURCE_CUDART else ""
-        base = f"{prefix}{labels['direction']}.{labels['memory']}.{size_name(int(labels['size']))}"
-        base += ".fresh" if labels.get("variant") == "fresh" else ""
-        return base + (".events" if labels.get("clock") == "events" else "")
-    if q.startswith("overlap"):
-        part = q[len("overlap") :].lstrip("_")
-        return f"overlap.{labels['memory']}.{labels['mode']}" + (f".{part}" if part else "")
-    return q
-
-
-def _values(result: StageResult) -> dict[str, float]:
-    return {key(m.labels): m.value for m in result.metrics if m.value is not None}
-
-
-def _sizes(result: StageResult, direction: str, memory: str) -> list[int]:
-    """Sizes with a wall-clock torch figure for this direction and memory."""
-    return [
-        int(m.labels["size"])
-        for m in result.select(
-            quantity=GBPS, direction=direction, memory=memory, clock=CLOCK_WALL, source=SOURCE_TORCH
-        )
-        if m.value is not None and "variant" not in m.labels and "group" not in m.labels
-    ]
+def _whole(x: float | None) -> int | None:
+    return int(x) if x else None
 
 
 def rules(results: Results) -> list[Finding]:
@@ -87,52 +63,40 @@ def rules(results: Results) -> list[Finding]:
     return [] if r is None else list(advise(r))
 
 
-# The overlap table's rows and the link table's, as render/pcie shows them.
-OVERLAP_ROWS = tuple(
-    (mem, mode) for mem in ("pageable", "pinned") for mode in ("blocking", "non_blocking")
-)
-LINK_ROWS = {
-    "idle": ("link.gen_idle", "link.width_idle"),
-    "under_load": ("link.gen_under_load", "link.width_under_load"),
-    "max": ("link.gen_max", "link.width_max"),
-}
-
-
 def complete(result: StageResult) -> StageResult:
     """The result as the report carries it: with what its tables show beside the
-    figures (`judged.verdicts`): the verdict of each overlap ratio
-    (`overlap_verdict.<memory>.<mode>`, UNKNOWN where not measured) and the
-    theoretical peak of the link as read idle, under load and at its maximum
-    (`link_peak_gbps.<row>`, GB/s per direction, probe.gpu's table; None unknown)."""
-    v = _values(result)
-    judged: dict[str, Any] = {
-        f"overlap_verdict.{mem}.{mode}": verdict(v.get(f"overlap.{mem}.{mode}"))
-        for mem, mode in OVERLAP_ROWS
+    figures (`judged`, a PcieVerdicts): the verdict of each overlap ratio (UNKNOWN
+    where not measured) and the theoretical peak of the link as read idle, under load
+    and at its maximum (GB/s per direction, probe.gpu's table; None unknown)."""
+    f = result.records(PcieFigures)
+    overlaps = {
+        (mem, mode): verdict(value_of(f.overlap(mem, mode).ratio)) for mem, mode in OVERLAP_ROWS
     }
-    for row, (gen, width) in LINK_ROWS.items():
-        g, w = v.get(gen), v.get(width)
-        judged[f"link_peak_gbps.{row}"] = link_peak(int(g) if g else None, int(w) if w else None)
-    return replace(result, judged=Judged(verdicts=judged))
+    peaks: dict[Row, float | None] = {}
+    for row in Row:
+        gen, width = f.link.row(row)
+        peaks[row] = link_peak(_whole(value_of(gen)), _whole(value_of(width)))
+    return replace(result, judged=Judged.of(PcieVerdicts(overlaps, peaks)))
 
 
 def advise(result: StageResult) -> tuple[Finding, ...]:
-    v, params = _values(result), result.parameters.read(Parameters)
+    f, params = result.records(PcieFigures), result.parameters.read(Parameters)
     found = [
-        link_below_max(v),
-        low_efficiency(v),
-        pageable_d2h(v, result),
-        overlap(v),
-        numa_penalty(v, params),
-        reference_gap(v, params),
+        link_below_max(f.link),
+        low_efficiency(f.link),
+        pageable_d2h(f),
+        overlap(f),
+        numa_penalty(f.numa, params),
+        reference_gap(value_of(f.reference_ratio), params),
     ]
-    return tuple(f for f in found if f is not None)
+    return tuple(x for x in found if x is not None)
 
 
-def link_below_max(v: Mapping[str, float]) -> Finding | None:
-    keys = ("link.gen_under_load", "link.width_under_load", "link.gen_max", "link.width_max")
-    if not all(k in v for k in keys):
+def link_below_max(link: Link) -> Finding | None:
+    read = [value_of(x) for x in (*link.row(Row.UNDER_LOAD), *link.row(Row.MAX))]
+    if any(x is None for x in read):
         return None
-    gen, width, gen_max, width_max = (int(v[k]) for k in keys)
+    gen, width, gen_max, width_max = (int(x or 0) for x in read)
     now = f"gen{gen} x{width}"
     best = f"gen{gen_max} x{width_max}"
     if gen >= gen_max and width >= width_max:
@@ -163,11 +127,12 @@ def link_below_max(v: Mapping[str, float]) -> Finding | None:
     )
 
 
-def low_efficiency(v: Mapping[str, float]) -> Finding | None:
-    if "link.efficiency" not in v or "link.theoretical_gbps" not in v:
+def low_efficiency(link: Link) -> Finding | None:
+    eff, peak = value_of(link.efficiency), value_of(link.theoretical_gbps)
+    if eff is None or peak is None:
         return None
-    eff, peak = v["link.efficiency"], v["link.theoretical_gbps"]
-    measured = v.get("link.h2d_under_load", eff * peak)
+    under_load = value_of(link.h2d_under_load)
+    measured = eff * peak if under_load is None else under_load
     if eff >= LOW_EFFICIENCY:
         return Finding(
             catalogue.PCIE_LOW_EFFICIENCY,
@@ -194,19 +159,23 @@ def low_efficiency(v: Mapping[str, float]) -> Finding | None:
     )
 
 
-def _largest(result: StageResult, direction: str) -> str | None:
-    """The largest size measured both pinned and pageable, as its name (`1GiB`)."""
-    both = set(_sizes(result, direction, "pinned")) & set(_sizes(result, direction, "pageable"))
-    return size_name(max(both)) if both else None
+def _wall(f: PcieFigures, memory: Memory, size: int, fresh: bool = False) -> float | None:
+    """torch's D2H copy of this memory and size by the wall clock (GB/s)."""
+    copy = f.copy(Direction.D2H, memory, size, fresh)
+    return None if copy is None else value_of(copy.wall)
 
 
-def pageable_d2h(v: Mapping[str, float], result: StageResult) -> Finding | None:
-    size = _largest(result, "d2h")
-    if size is None:
+def pageable_d2h(f: PcieFigures) -> Finding | None:
+    """At the largest size measured both pinned and pageable."""
+    both = set(f.sizes(Direction.D2H, Memory.PINNED)) & set(f.sizes(Direction.D2H, Memory.PAGEABLE))
+    if not both:
         return None
-    pinned = v[f"d2h.pinned.{size}"]
-    fresh = v.get(f"d2h.pageable.{size}.fresh")
-    pageable = min(v[f"d2h.pageable.{size}"], fresh if fresh is not None else float("inf"))
+    largest = max(both)
+    size = size_name(largest)
+    pinned = _wall(f, Memory.PINNED, largest) or 0.0
+    plain = _wall(f, Memory.PAGEABLE, largest) or 0.0
+    fresh = _wall(f, Memory.PAGEABLE, largest, fresh=True)
+    pageable = min(plain, fresh if fresh is not None else float("inf"))
     share = pageable / pinned if pinned > 0 else 1.0
     if share >= PAGEABLE_D2H_COLLAPSE:
         return Finding(
@@ -219,8 +188,7 @@ def pageable_d2h(v: Mapping[str, float], result: StageResult) -> Finding | None:
         catalogue.PCIE_PAGEABLE_D2H,
         Severity.WARNING,
         f"device-to-host copies into pageable memory collapse to {pageable:.1f} GB/s at {size}",
-        evidence=f"{size}: pinned {pinned:.1f} GB/s, pageable {v[f'd2h.pageable.{size}']:.1f} "
-        "GB/s"
+        evidence=f"{size}: pinned {pinned:.1f} GB/s, pageable {plain:.1f} GB/s"
         + (f", into a fresh buffer as .to('cpu') does {fresh:.1f} GB/s" if fresh else "")
         + f" ({share:.0%} of pinned)",
         recommendation="Copy checkpoints, activations and optimizer state offloaded to the host "
@@ -236,16 +204,11 @@ def pageable_d2h(v: Mapping[str, float], result: StageResult) -> Finding | None:
     )
 
 
-def overlap(v: Mapping[str, float]) -> Finding | None:
-    keys = {
-        (mem, mode): f"overlap.{mem}.{mode}"
-        for mem in ("pinned", "pageable")
-        for mode in ("blocking", "non_blocking")
-    }
-    if keys[("pinned", "non_blocking")] not in v:
+def overlap(f: PcieFigures) -> Finding | None:
+    ratios = {(mem, mode): value_of(f.overlap(mem, mode).ratio) for mem in Memory for mode in Mode}
+    best = ratios[(Memory.PINNED, Mode.NON_BLOCKING)]
+    if best is None:
         return None
-    ratios = {k: v.get(name) for k, name in keys.items()}
-    best = ratios[("pinned", "non_blocking")]
     table = ", ".join(
         f"{mem} {mode} {verdict(r)}" + (f" {r:.0%}" if r is not None else "")
         for (mem, mode), r in ratios.items()
@@ -255,7 +218,7 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
         "nothing that synchronizes (.item(), .cpu(), print of a tensor) before the step "
         "needs the batch"
     )
-    others = [r for k, r in ratios.items() if k != ("pinned", "non_blocking")]
+    others = [r for k, r in ratios.items() if k != (Memory.PINNED, Mode.NON_BLOCKING)]
     if (
         best is not None
         and best >= PARALLEL_AT
@@ -282,7 +245,7 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
             evidence=table,
             recommendation=f"Use {line}; a pageable or blocking copy holds the Python thread "
             "for the whole transfer.",
-            gain=_overlap_gain(v),
+            gain=_overlap_gain(f),
             stage="pcie",
         )
     if best is not None and best > SEQUENTIAL_AT:
@@ -300,14 +263,14 @@ def overlap(v: Mapping[str, float]) -> Finding | None:
         recommendation=f"Use {line}. If pinned non_blocking still waits, the CPU side is the "
         "limit: another thread holding the GIL, or CPUs shared with DataLoader workers "
         "(`starvecheck env`: effective CPUs, throttling).",
-        gain=_overlap_gain(v),
+        gain=_overlap_gain(f),
         stage="pcie",
     )
 
 
-def _overlap_gain(v: Mapping[str, float]) -> Gain | None:
-    slow = v.get("overlap.pageable.blocking.both_ms")
-    fast = v.get("overlap.pinned.non_blocking.both_ms")
+def _overlap_gain(f: PcieFigures) -> Gain | None:
+    slow = value_of(f.overlap(Memory.PAGEABLE, Mode.BLOCKING).both_ms)
+    fast = value_of(f.overlap(Memory.PINNED, Mode.NON_BLOCKING).both_ms)
     if slow is None or fast is None or slow <= 0 or fast >= slow:
         return None
     return Gain(
@@ -317,10 +280,10 @@ def _overlap_gain(v: Mapping[str, float]) -> Gain | None:
     )
 
 
-def numa_penalty(v: Mapping[str, float], params: Parameters) -> Finding | None:
-    if "numa.remote_penalty" not in v:
+def numa_penalty(numa: Numa, params: Parameters) -> Finding | None:
+    penalty = value_of(numa.remote_penalty)
+    if penalty is None:
         return None
-    penalty = v["numa.remote_penalty"]
     local, remote = params.numa_local_node, params.numa_remote_node
     if penalty < NUMA_PENALTY:
         return Finding(
@@ -329,7 +292,7 @@ def numa_penalty(v: Mapping[str, float], params: Parameters) -> Finding | None:
             f"a copying thread on NUMA node {remote} loses {penalty:.0%} against node {local}",
             stage="pcie",
         )
-    lg, rg = v.get("numa.h2d.pinned.local"), v.get("numa.h2d.pinned.remote")
+    lg, rg = value_of(numa.local), value_of(numa.remote)
     return Finding(
         catalogue.PCIE_NUMA_REMOTE,
         Severity.WARNING,
@@ -351,10 +314,9 @@ def numa_penalty(v: Mapping[str, float], params: Parameters) -> Finding | None:
     )
 
 
-def reference_gap(v: Mapping[str, float], params: Parameters) -> Finding | None:
-    if "reference_ratio" not in v:
+def reference_gap(ratio: float | None, params: Parameters) -> Finding | None:
+    if ratio is None:
         return None
-    ratio = v["reference_ratio"]
     size = params.reference_size or "256MiB"
     if ratio >= REFERENCE_GAP:
         return Finding(

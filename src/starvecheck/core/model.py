@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import cast
 
 from starvecheck.core import stages as stages_table
 from starvecheck.core.jsonvalue import JsonDict, JsonObject
+from starvecheck.core.judged import Judged
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.schema.common import JUDGED
 from starvecheck.core.schema.nodes import Node
+from starvecheck.core.schema.record import F, FromMetrics
 from starvecheck.core.schema.steps import Straggler
 
 SCHEMA_VERSION = 3
@@ -169,35 +172,6 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Judged:
-    """What judging read off one stage's figures, once per report (the stage table's
-    `complete`, advice/): the figures it derives (a recommended num_workers, each
-    configuration's ratio to the current one), the capacity at the count it
-    recommends, caveats on reading the figures, the verdicts a table shows beside them
-    (pcie's overlap verdicts and link peaks), the straggler verdict across ranks, and
-    loader --factory's choice. Measured results are never written by judging: this is
-    where its verdict lands, and the JSON carries it as the stage's `judgement`."""
-
-    figures: tuple[Metric, ...] = ()
-    capacity: Metric | None = None
-    caveats: tuple[Caveat, ...] = ()
-    verdicts: Mapping[str, LabelValue | None] = field(default_factory=dict)
-    straggler: Straggler | None = None
-    choice: object = None  # advice/factory.Choice: judging's own, not in the JSON
-
-    def to_dict(self) -> JsonDict:
-        return {
-            "figures": [m.name for m in self.figures],
-            "capacity": self.capacity.to_dict() if self.capacity else None,
-            "caveats": [c.text for c in self.caveats],
-            "verdicts": dict(self.verdicts),
-        }
-
-    def __bool__(self) -> bool:
-        return bool(self.figures or self.capacity or self.caveats or self.verdicts)
-
-
-@dataclass(frozen=True)
 class StageResult:
     """What one stage measured, and (`judged`) what judging read off it. Stages leave
     `findings` empty: judging (advice.judge) runs once over every result of the run and
@@ -216,12 +190,23 @@ class StageResult:
     capacity: Metric | None = None
     duration_s: float | None = None
     judged: Judged = field(default_factory=Judged, compare=False, repr=False)
+    # Each record `records` read, by its type: read once (a result never changes).
+    _records: dict[type, FromMetrics] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         # Plain sentences are accepted and become caveats of their own kind.
         object.__setattr__(self, "caveats", tuple(caveat(c) for c in self.caveats))
         if not isinstance(self.parameters, Parameters):
             object.__setattr__(self, "parameters", Parameters(self.parameters))
+
+    def records(self, kind: type[F]) -> F:
+        """The measured figures as the stage's record (`records(PcieFigures)`), read
+        from `metrics`, the serialised form, alike for a fresh result and a stored one."""
+        if kind not in self._records:
+            self._records[kind] = kind.from_metrics(self.metrics)
+        return cast(F, self._records[kind])
 
     @property
     def figures(self) -> tuple[Metric, ...]:

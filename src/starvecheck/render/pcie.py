@@ -3,22 +3,36 @@ and the link (idle, under load, maximum), plus NUMA when measured.
 
 The JSON keeps one flat metric per figure (`h2d.pinned.256MiB`, `.events`,
 `overlap.pinned.non_blocking`, `link.gen_under_load`, ...); people compare sizes
-and memories side by side, so the terminal and Markdown pivot them. A table whose
-figures are all missing for one reason (no CUDA device) becomes one line. The
-overlap verdicts and the links' theoretical peaks are advice/pcie's, read from what
-judging stored beside the figures (`StageResult.judged.verdicts`); "-" where it did not.
+and memories side by side, so the terminal and Markdown pivot them. The figures are
+read as their record (core/schema/pcie.PcieFigures, `StageResult.records`), by field.
+A table whose figures are all missing for one reason (no CUDA device) becomes one
+line. The overlap verdicts and the links' theoretical peaks are advice/pcie's, read
+from what judging stored beside the figures (`PcieVerdicts`); "-" where it did not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from starvecheck.core.metric import LabelValue, Metric
+from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import SOURCE_CUDART
-from starvecheck.core.schema.pcie import Parameters
-from starvecheck.core.units import format_bytes, parse_size, size_name
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.pcie import (
+    Copy,
+    Direction,
+    Link,
+    Memory,
+    Mode,
+    Numa,
+    Overlap,
+    Parameters,
+    PcieFigures,
+    PcieVerdicts,
+    Row,
+    Source,
+)
+from starvecheck.core.units import format_bytes, size_name
 from starvecheck.render.section import Section, taken
 
 SWEEP_HEADERS = ("direction", "memory", "size", "GB/s", "min … max", "events GB/s", "n")
@@ -37,7 +51,7 @@ class Table:
     notes: list[str] = field(default_factory=list)  # printed under the table
 
 
-def _gbps(m: Metric | None) -> str:
+def _gbps(m: Figure | None) -> str:
     if m is None:
         return "-"
     if m.value is None:
@@ -45,81 +59,55 @@ def _gbps(m: Metric | None) -> str:
     return f"{m.value:,.2f}" if m.value < 100 else f"{m.value:,.0f}"
 
 
-def _range(m: Metric | None) -> str:
+def _range(m: Figure | None) -> str:
     if m is None or m.value is None or not m.values:
         return ""
     return f"{m.min:,.2f} … {m.max:,.2f}"
 
 
-def _collapsed(metrics: Sequence[Metric]) -> str | None:
-    """The one reason shared by every metric, when all are missing for it."""
-    reasons = {m.reason for m in metrics}
-    if metrics and all(m.value is None for m in metrics) and len(reasons) == 1:
+def _collapsed(figures: Sequence[Figure]) -> str | None:
+    """The one reason shared by every figure, when all are missing for it."""
+    reasons = {m.reason for m in figures}
+    if figures and all(m.value is None for m in figures) and len(reasons) == 1:
         return next(iter(reasons)) or "not measured"
     return None
 
 
-def _size_key(size: str) -> int:
-    return parse_size(size) or 0
+def _figures(*parts: Copy | Overlap | Link | Numa) -> list[Figure]:
+    """Every figure of these parts of a run, in the order the JSON lists them."""
+    return [x for p in parts for x in vars(p).values() if isinstance(x, Figure)]
+
+
+def _missing(metrics: Sequence[Metric]) -> list[str]:
+    """A note for each figure missing with a reason, by its name."""
+    return [f"{m.name}: {m.reason}" for m in metrics if m.value is None and m.reason]
 
 
 def split(
-    metrics: Sequence[Metric],
-    params: Parameters,
-    judged: Mapping[str, LabelValue | None] | None = None,
-) -> tuple[list[Table], list[Metric], list[str]]:
-    """(tables, other metrics, notes); nothing unless the metrics are a pcie run's.
-    `judged`: what judging read off them (advice/pcie.complete)."""
+    figures: PcieFigures, params: Parameters, verdicts: PcieVerdicts | None = None
+) -> tuple[list[Table], list[str]]:
+    """(tables, notes) of a pcie run's figures. `verdicts`: what judging read off
+    them (advice/pcie.complete)."""
     params = Parameters.of(params)
-    judged = judged or {}
-    sweep: dict[tuple[str, str, str, str], dict[str, Metric]] = {}
-    overlaps: dict[tuple[str, str], dict[str, Metric]] = {}
-    link: dict[str, Metric] = {}
-    numa: dict[str, Metric] = {}
-    groups: dict[str, list[Metric]] = {"sweep": [], "overlap": [], "link": [], "numa": []}
-    rest: list[Metric] = []
-    ratio: Metric | None = None
-    for m in metrics:
-        labels = m.labels
-        q, group = str(labels.get("quantity", "")), labels.get("group")
-        if q == "gbps" and group is None and "direction" in labels:
-            cudart = labels.get("source") == SOURCE_CUDART
-            memory = str(labels["memory"]) + (", CUDA runtime" if cudart else "")
-            if labels.get("variant") == "fresh":
-                memory += ", fresh buffer"
-            size = size_name(int(labels["size"]))
-            key = (str(labels["direction"]), memory, size, "ref" if cudart else "")
-            sweep.setdefault(key, {})[str(labels.get("clock", "wall"))] = m
-            groups["sweep"].append(m)
-        elif q.startswith("overlap") and "mode" in labels:
-            part = q[len("overlap") :].lstrip("_") or "ratio"
-            overlaps.setdefault((str(labels["memory"]), str(labels["mode"])), {})[part] = m
-            groups["overlap"].append(m)
-        elif q == "reference_ratio":
-            groups["sweep"].append(m)
-            ratio = m
-        elif group == "link":
-            link[f"link.{q}"] = m
-            groups["link"].append(m)
-        elif group == "numa":
-            where = "remote_penalty" if q == "remote_penalty" else f"h2d.pinned.{labels['node']}"
-            numa[f"numa.{where}"] = m
-            groups["numa"].append(m)
-        else:
-            rest.append(m)
-    if not any(groups.values()):
-        return [], list(metrics), []
+    verdicts = verdicts or PcieVerdicts()
+    ratio = figures.reference_ratio
+    groups = {  # the figures of each table (the reference ratio is shown under the sweep)
+        "sweep": [*_figures(*figures.copies), *([] if ratio is None else [ratio])],
+        "overlap": _figures(*figures.overlaps),
+        "link": _figures(figures.link),
+        "numa": _figures(figures.numa),
+    }
     tables: list[Table] = []
     notes: list[str] = []
     present = [g for g in groups.values() if g]
     whole = _collapsed([m for g in present for m in g])
     if whole is not None:  # no device: one line, not one per table
-        return [], rest, [whole, *_host_notes(params)]
+        return [], [whole, *_host_notes(params)]
     steps = (
-        lambda: _sweep_table(sweep, groups["sweep"], ratio, params, tables, notes),
-        lambda: _overlap_table(overlaps, groups["overlap"], judged, tables, notes),
-        lambda: _link_table(link, groups["link"], params, judged, tables, notes),
-        lambda: _numa_table(numa, params, tables, notes),
+        lambda: _sweep_table(figures, groups["sweep"], params, tables, notes),
+        lambda: _overlap_table(figures, groups["overlap"], verdicts, tables, notes),
+        lambda: _link_table(figures.link, groups["link"], params, verdicts, tables, notes),
+        lambda: _numa_table(figures.numa, params, tables, notes),
     )
     for step in steps:
         before_tables, before_notes = len(tables), len(notes)
@@ -128,13 +116,12 @@ def split(
             tables[-1].notes.extend(notes[before_notes:])
             del notes[before_notes:]
     notes += _host_notes(params)
-    return tables, rest, notes
+    return tables, notes
 
 
 def _sweep_table(
-    sweep: dict,
-    group: list[Metric],
-    ratio: Metric | None,
+    figures: PcieFigures,
+    group: list[Figure],
     params: Parameters,
     tables: list[Table],
     notes: list[str],
@@ -144,34 +131,35 @@ def _sweep_table(
     if (why := _collapsed(group)) is not None:
         notes.append(f"size sweep: {why}")
         return
-    order = {"h2d": 0, "d2h": 1}
+    order = {Direction.H2D: 0, Direction.D2H: 1}
     memories = {
         "pinned": 0,
         "pageable": 1,
         "pageable, fresh buffer": 2,
         "pinned, CUDA runtime": 3,
     }
-    rows = []
-    for (d, memory, size, _ref), cells in sorted(
-        sweep.items(),
-        key=lambda kv: (order[kv[0][0]], _size_key(kv[0][2]), memories.get(kv[0][1], 9)),
-    ):
-        wall = cells.get("wall")
-        rows.append(
-            (
-                d.upper(),
-                memory,
-                size,
-                _gbps(wall),
-                _range(wall),
-                _gbps(cells.get("events")),
-                str(wall.n) if wall is not None and wall.values else "",
-            )
+
+    def memory(c: Copy) -> str:
+        cudart = ", CUDA runtime" if c.source is Source.CUDART else ""
+        return f"{c.memory}{cudart}" + (", fresh buffer" if c.fresh else "")
+
+    rows: list[tuple[str, ...]] = [
+        (
+            c.direction.value.upper(),
+            memory(c),
+            size_name(c.size),
+            _gbps(c.wall),
+            _range(c.wall),
+            _gbps(c.events),
+            str(c.wall.n) if c.wall is not None and c.wall.values else "",
         )
+        for c in sorted(
+            figures.copies, key=lambda c: (order[c.direction], c.size, memories.get(memory(c), 9))
+        )
+    ]
     tables.append(Table("size sweep", SWEEP_HEADERS, rows, 3))
-    for m in group:
-        if m.value is None and m.reason and m is not ratio:
-            notes.append(f"{m.name}: {m.reason}")
+    notes += _missing([m for c in figures.copies for m in c.metrics()])
+    ratio = figures.reference_ratio
     if ratio is not None:
         size = params.reference_size or "256MiB"
         notes.append(
@@ -187,14 +175,14 @@ def _sweep_table(
     )
 
 
-def _ms(m: Metric | None) -> str:
+def _ms(m: Figure | None) -> str:
     return "-" if m is None or m.value is None else f"{m.value:,.2f}"
 
 
 def _overlap_table(
-    overlaps: dict,
-    group: list[Metric],
-    judged: Mapping[str, LabelValue | None],
+    figures: PcieFigures,
+    group: list[Figure],
+    verdicts: PcieVerdicts,
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -203,29 +191,31 @@ def _overlap_table(
     if (why := _collapsed(group)) is not None:
         notes.append(f"overlap: {why}")
         return
-    rows = []
+    rows: list[tuple[str, ...]] = []
     unknown: dict[str, list[str]] = {}
-    for mem in ("pageable", "pinned"):
-        for mode in ("blocking", "non_blocking"):
-            c = overlaps.get((mem, mode), {})
-            ratio = c.get("ratio")
-            cpu, copy = c.get("cpu_ms"), c.get("copy_ms")
+    for mem in (Memory.PAGEABLE, Memory.PINNED):
+        for mode in (Mode.BLOCKING, Mode.NON_BLOCKING):
+            o = figures.overlap(mem, mode)
+            cpu, copy, ratio = o.cpu_ms, o.copy_ms, o.ratio
             seq = (
                 f"{cpu.value + copy.value:,.2f}"
-                if cpu is not None and copy is not None and None not in (cpu.value, copy.value)
+                if cpu is not None
+                and copy is not None
+                and cpu.value is not None
+                and copy.value is not None
                 else "-"
             )
             value = ratio.value if ratio is not None else None
             rows.append(
                 (
-                    mem,
-                    mode,
+                    mem.value,
+                    mode.value,
                     _ms(copy),
                     _ms(cpu),
                     seq,
-                    _ms(c.get("both_ms")),
+                    _ms(o.both_ms),
                     "n/a" if value is None else f"{value:.0%}",
-                    str(judged.get(f"overlap_verdict.{mem}.{mode}", "-")),
+                    verdicts.verdict(mem, mode) or "-",
                 )
             )
             if ratio is not None and ratio.value is None and ratio.reason:
@@ -238,15 +228,15 @@ def _overlap_table(
     )
 
 
-def _num(m: Metric | None) -> str:
+def _num(m: Figure | None) -> str:
     return "?" if m is None or m.value is None else f"{m.value:g}"
 
 
 def _link_table(
-    link: dict[str, Metric],
-    group: list[Metric],
+    link: Link,
+    group: list[Figure],
     params: Parameters,
-    judged: Mapping[str, LabelValue | None],
+    verdicts: PcieVerdicts,
     tables: list[Table],
     notes: list[str],
 ) -> None:
@@ -256,26 +246,22 @@ def _link_table(
         notes.append(f"link under load: {why}")
         return
 
-    def peak(row: str) -> str:
-        p = judged.get(f"link_peak_gbps.{row}")
-        return "-" if p is None else f"{p:.1f}"
+    def row(name: str, row: Row, measured: str = "", efficiency: str = "") -> tuple[str, ...]:
+        gen, width = link.row(row)
+        p = verdicts.peak(row)
+        return (name, _num(gen), _num(width), "-" if p is None else f"{p:.1f}", measured,
+                efficiency)  # fmt: skip
 
-    eff = link.get("link.efficiency")
+    eff = link.efficiency
     rows = [
-        ("idle (at start)", _num(link.get("link.gen_idle")), _num(link.get("link.width_idle")),
-         peak("idle"), "", ""),
-        ("under load", _num(link.get("link.gen_under_load")),
-         _num(link.get("link.width_under_load")), peak("under_load"),
-         _gbps(link.get("link.h2d_under_load")),
-         "n/a" if eff is None or eff.value is None else f"{eff.value:.0%}"),
-        ("maximum", _num(link.get("link.gen_max")), _num(link.get("link.width_max")),
-         peak("max"), "", ""),
+        row("idle (at start)", Row.IDLE),
+        row("under load", Row.UNDER_LOAD, _gbps(link.h2d_under_load),
+            "n/a" if eff is None or eff.value is None else f"{eff.value:.0%}"),
+        row("maximum", Row.MAX),
     ]  # fmt: skip
     tables.append(Table("link", LINK_HEADERS, rows, 1))
-    for m in group:
-        if m.value is None and m.reason:
-            notes.append(f"{m.name}: {m.reason}")
-    rx, tx = link.get("link.nvml_rx_gbps"), link.get("link.nvml_tx_gbps")
+    notes += _missing(list(link.metrics()))
+    rx, tx = link.nvml_rx_gbps, link.nvml_tx_gbps
     if rx is not None and rx.value is not None:
         notes.append(
             f"NVML PCIe counters while loaded (median, 20 ms windows): RX {rx.value:.1f} GB/s, "
@@ -283,21 +269,20 @@ def _link_table(
         )
 
 
-def _numa_table(
-    numa: dict[str, Metric], params: Parameters, tables: list[Table], notes: list[str]
-) -> None:
-    if not numa:
+def _numa_table(numa: Numa, params: Parameters, tables: list[Table], notes: list[str]) -> None:
+    if numa == Numa():
         return
-    rows = []
-    for where in ("local", "remote"):
-        m = numa.get(f"numa.h2d.pinned.{where}")
-        node = params.numa_local_node if where == "local" else params.numa_remote_node
-        label = f"node {node} ({'the GPU' if where == 'local' else 'another'}'s)"
+    rows: list[tuple[str, ...]] = []
+    for where, m, node, whose in (
+        ("local", numa.local, params.numa_local_node, "the GPU"),
+        ("remote", numa.remote, params.numa_remote_node, "another"),
+    ):
+        label = f"node {node} ({whose}'s)"
         rows.append((label, _gbps(m), _range(m), str(m.n) if m and m.values else ""))
         if m is not None and m.value is None and m.reason:
             notes.append(f"NUMA {where}: {m.reason}")
     tables.append(Table("pinned H2D by NUMA node", NUMA_HEADERS, rows, 1))
-    pen = numa.get("numa.remote_penalty")
+    pen = numa.remote_penalty
     if pen is not None and pen.value is not None:
         notes.append(f"remote node penalty: {pen.value:.0%} of the local bandwidth")
 
@@ -332,7 +317,11 @@ def _or_unknown(count: int | None) -> str:
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    tables, rest, notes = split(metrics, stage.parameters.read(Parameters), stage.judged.verdicts)
+    rest = [m for m in metrics if not PcieFigures.holds(m)]
+    if len(rest) == len(metrics):  # not a pcie run's
+        return [], list(metrics)
+    figures, verdicts = stage.records(PcieFigures), stage.judged.read(PcieVerdicts)
+    tables, notes = split(figures, stage.parameters.read(Parameters), verdicts)
     shown = taken(metrics, rest)
     out = [
         # The tables share the figures they were made of: listed under the first.

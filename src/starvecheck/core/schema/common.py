@@ -34,13 +34,6 @@ SAMPLE_CPU_MS = "sample_cpu_ms"
 # quantity: what else the machine does while measuring (probe/load.py's reading)
 OTHERS_CPUS = "others_cpus"  # CPUs other processes took, on average
 OTHERS_CPUS_EACH_S = "others_cpus_each_s"  # ... second by second
-# quantity: a link's bandwidth (pcie; capacity reads the pinned host-to-device one)
-GBPS = "gbps"
 
-# source: who timed a pcie figure
-SOURCE_TORCH = "torch"
-SOURCE_CUDART = "cudart"
 # pattern: the order io reads in
 PATTERN_RANDOM = "random"
-# clock: what timed a figure
-CLOCK_WALL = "wall"

@@ -2,17 +2,45 @@
 (its field names are the JSON's keys: spelled once, as fields) and read back with
 `from_dict`, which takes what a stored report holds and never raises: a value of the
 wrong type (a report edited by hand) reads as the field's default, as parameters'
-accessors do (core/parameters.py)."""
+accessors do (core/parameters.py). And what a stage's figures as a record offer
+(`FromMetrics`, read by `StageResult.records`) and judging's verdicts as one
+(`FromVerdicts`, read by `Judged.read`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from starvecheck.core.metric import LabelValue, Metric
 
 R = TypeVar("R", bound="Record")
+F = TypeVar("F", bound="FromMetrics")
+V = TypeVar("V", bound="FromVerdicts")
+
+
+class FromMetrics(Protocol):
+    """A stage's figures as a record (core/schema/<stage>.py): the JSON's metrics are
+    its serialisation, read back by labels, never raising on a stored report."""
+
+    @classmethod
+    def from_metrics(cls: type[F], metrics: Iterable[Metric]) -> F: ...
+
+    def to_metrics(self) -> tuple[Metric, ...]: ...
+
+
+class FromVerdicts(Protocol):
+    """Judging's verdicts on a stage's figures as a record: the judgement's `verdicts`
+    mapping is its serialisation."""
+
+    @classmethod
+    def from_verdicts(cls: type[V], verdicts: Mapping[str, LabelValue | None]) -> V: ...
+
+    def to_verdicts(self) -> dict[str, LabelValue | None]: ...
+
 
 _SCALARS: dict[type, tuple[type, ...]] = {
     bool: (bool,),

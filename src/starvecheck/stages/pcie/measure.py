@@ -1,15 +1,28 @@
-"""The measuring half of `pcie` on a CUDA device: each step appends its metrics, or
-the same names missing with the reason, so one failed step never hides the others.
-Called only by stages/pcie.run once a device is known to be there."""
+"""The measuring half of `pcie` on a CUDA device: each step fills its part of the
+figures (core/schema/pcie.py's records), or the same figures missing with the reason,
+so one failed step never hides the others. Called only by stages/pcie.run once a
+device is known to be there."""
 
 from __future__ import annotations
 
 import contextlib
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.metric import Metric
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.pcie import (
+    Copy,
+    Direction,
+    Link,
+    Memory,
+    Mode,
+    Numa,
+    Overlap,
+    PcieFigures,
+    Source,
+)
 from starvecheck.core.signals import importing
 from starvecheck.stages.pcie import bandwidth as bw
 from starvecheck.stages.pcie import copies
@@ -21,15 +34,19 @@ if TYPE_CHECKING:
     from starvecheck.stages.pcie.host import HostFacts, Plan
 
 
-def metric_name(key: str, size: str) -> str:
-    """ "h2d.pinned", "1MiB" -> "h2d.pinned.1MiB"; "d2h.pageable.fresh" ->
-    "d2h.pageable.1MiB.fresh" (the size before the variant, as the JSON names it)."""
-    direction, memory, *variant = key.split(".")
-    return ".".join([direction, memory, size, *variant])
+# copies.sweep_size's keys: each copy of the sweep, and the D2H copy into a fresh buffer.
+SWEPT = (
+    ("h2d.pinned", Direction.H2D, Memory.PINNED),
+    ("h2d.pageable", Direction.H2D, Memory.PAGEABLE),
+    ("d2h.pinned", Direction.D2H, Memory.PINNED),
+    ("d2h.pageable", Direction.D2H, Memory.PAGEABLE),
+)
+FRESH_KEY = "d2h.pageable.fresh"
 
 
 class Measurement:
-    """One run's steps in order; `metrics`, `caveats` and `parameters` fill as they go."""
+    """One run's steps in order; the figures (`figures()`), `caveats` and `parameters`
+    fill as they go."""
 
     def __init__(
         self,
@@ -42,12 +59,26 @@ class Measurement:
     ) -> None:
         self.plan, self.machine, self.facts, self.sp = plan, machine, facts, sizes
         self.progress, self.warn = progress, warn
-        self.metrics: list[Metric] = []
+        self.copies: list[Copy] = []
+        self.ratio: Figure | None = None
+        self.overlaps: list[Overlap] = []
+        self.link_figures: dict[str, Figure] = {}  # by core/schema/pcie.Link's fields
+        self.numa_figures: dict[str, Figure] = {}  # by core/schema/pcie.Numa's fields
         self.caveats: list[str] = []
         self.parameters: dict[str, Any] = {}
         self.steps = len(sizes.sizes) + 4 + 1 + 1 + (2 if len(facts.nodes) > 1 else 0)
         self.done = 0
         self.unstable: list[str] = []
+
+    def figures(self) -> PcieFigures:
+        """What the steps measured, as the report carries it."""
+        return PcieFigures(
+            tuple(self.copies),
+            self.ratio,
+            tuple(self.overlaps),
+            Link(**self.link_figures),
+            Numa(**self.numa_figures),
+        )
 
     def _step(self, what: str) -> None:
         self.progress(what, self.done, self.steps)
@@ -86,11 +117,8 @@ class Measurement:
     # 1. the size sweep
     def sweep(self) -> None:
         for size, why in self.sp.skipped:
-            for d in ("h2d", "d2h"):
-                for mem in ("pinned", "pageable"):
-                    self.metrics.append(
-                        Metric.missing(f"{d}.{mem}.{size_name(size)}", "GB/s", f"skipped: {why}")
-                    )
+            for _, d, mem in SWEPT:
+                self.copies.append(Copy(d, mem, size, Figure.missing(f"skipped: {why}")))
         for size in self.sp.sizes:
             name = size_name(size)
             self._step(f"copies of {name}")
@@ -102,26 +130,23 @@ class Measurement:
             except copies.Failed as e:
                 timings, pinned_error = {}, str(e)
                 self.caveats.append(f"{name}: {e}")
-            for key in ("h2d.pinned", "h2d.pageable", "d2h.pinned", "d2h.pageable"):
+            kinds = {key: Copy(d, mem, size) for key, d, mem in SWEPT}
+            kinds[FRESH_KEY] = Copy(Direction.D2H, Memory.PAGEABLE, size, fresh=True)
+            for key, _, _ in SWEPT:
                 t = timings.get(key)
-                full = f"{key}.{name}"
                 if t is None:
-                    reason = pinned_error or "not measured"
-                    self.metrics.append(Metric.missing(full, "GB/s", reason))
+                    gone = Figure.missing(pinned_error or "not measured")
+                    self.copies.append(replace(kinds[key], wall=gone))
                     continue
-                self.metrics.append(Metric.repeated(full, t.wall_gbps, "GB/s"))
-                self.metrics.append(Metric.repeated(f"{full}.events", t.event_gbps, "GB/s"))
+                wall, events = Figure.repeated(t.wall_gbps), Figure.repeated(t.event_gbps)
+                self.copies.append(replace(kinds[key], wall=wall, events=events))
             for key, t in timings.items():
                 if t.wall_gbps and stability_warnings(t.wall_gbps):
                     spread = statistics.stdev(t.wall_gbps) / statistics.median(t.wall_gbps)
-                    self.unstable.append(f"{metric_name(key, name)} {spread:.0%}")
-            fresh = timings.get("d2h.pageable.fresh")
+                    self.unstable.append(f"{kinds[key].name()} {spread:.0%}")
+            fresh = timings.get(FRESH_KEY)
             if fresh is not None:
-                self.metrics.append(
-                    Metric.repeated(
-                        metric_name("d2h.pageable.fresh", name), fresh.wall_gbps, "GB/s"
-                    )
-                )
+                self.copies.append(replace(kinds[FRESH_KEY], wall=Figure.repeated(fresh.wall_gbps)))
 
     # 2. the CUDA runtime reference
     def reference(self, size: int | None) -> None:
@@ -129,56 +154,52 @@ class Measurement:
 
         self._step("CUDA runtime reference")
         if size is None:
-            self.metrics.append(Metric.missing("reference_ratio", "ratio", "no size measured"))
+            self.ratio = Figure.missing("no size measured")
             return
-        name = size_name(size)
         index = self.device.index or 0
+        made = Copy(Direction.H2D, Memory.PINNED, size, source=Source.CUDART)
         try:
             wall, events, path = cudart.reference_h2d(index, size, self.plan.warmup, self.plan.runs)
         except cudart.CudartUnavailable as e:
-            for suffix in ("", ".events"):
-                self.metrics.append(
-                    Metric.missing(f"reference.h2d.pinned.{name}{suffix}", "GB/s", str(e))
-                )
-            self.metrics.append(Metric.missing("reference_ratio", "ratio", str(e)))
+            self.copies.append(
+                replace(made, wall=Figure.missing(str(e)), events=Figure.missing(str(e)))
+            )
+            self.ratio = Figure.missing(str(e))
             return
         self.parameters["cudart"] = path
-        ref = Metric.repeated(f"reference.h2d.pinned.{name}", wall, "GB/s")
-        self.metrics += [
-            ref,
-            Metric.repeated(f"reference.h2d.pinned.{name}.events", events, "GB/s"),
-        ]
-        ours = next((m for m in self.metrics if m.name == f"h2d.pinned.{name}"), None)
+        ref = Figure.repeated(wall)
+        self.copies.append(replace(made, wall=ref, events=Figure.repeated(events)))
+        copy = PcieFigures(tuple(self.copies)).copy(Direction.H2D, Memory.PINNED, size)
+        ours = copy.wall if copy is not None else None
         if ours is None or ours.value is None or not ref.value:
             why = ours.reason if ours is not None and ours.reason else "no pinned H2D figure"
-            self.metrics.append(Metric.missing("reference_ratio", "ratio", why))
+            self.ratio = Figure.missing(why)
         else:
-            self.metrics.append(Metric.single("reference_ratio", ours.value / ref.value, "ratio"))
+            self.ratio = Figure.single(ours.value / ref.value)
 
     # 3. CPU work against the copy
     def overlap(self, size: int | None) -> None:
         if size is not None:
             self.parameters["overlap_size"] = size_name(size)
-        for mem in ("pageable", "pinned"):
-            for mode in ("blocking", "non_blocking"):
-                key = f"overlap.{mem}.{mode}"
+        for mem in (Memory.PAGEABLE, Memory.PINNED):
+            for mode in (Mode.BLOCKING, Mode.NON_BLOCKING):
                 self._step(f"overlap, {mem}, {mode}")
                 if size is None:
                     why = "host memory too short for 1 MiB buffers"
-                    self.metrics.append(Metric.missing(key, "fraction", why))
+                    self.overlaps.append(Overlap(mem, mode, Figure.missing(why)))
                     continue
                 try:
                     med, cpu_s, copy_s, both_s = copies.overlap(
                         self.torch,
                         size,
                         self.device,
-                        mem == "pinned",
-                        mode == "non_blocking",
+                        mem is Memory.PINNED,
+                        mode is Mode.NON_BLOCKING,
                         self.plan.warmup,
                         self.plan.runs,
                     )
                 except copies.Failed as e:
-                    self.metrics.append(Metric.missing(key, "fraction", str(e)))
+                    self.overlaps.append(Overlap(mem, mode, Figure.missing(str(e))))
                     continue
                 # The median of each round's own ratio: the rounds interleave the copy,
                 # the CPU work and both, so a round's three figures share its conditions.
@@ -191,34 +212,19 @@ class Measurement:
                     if r is not None
                 ]
                 ratio = statistics.median(rounds) if rounds else med.ratio
-                if ratio is None:
-                    self.metrics.append(
-                        Metric.missing(
-                            key,
-                            "fraction",
-                            "the copy and the CPU work differ too much in length to tell",
-                        )
-                    )
-                else:
-                    self.metrics.append(Metric.single(key, round(ratio, 4), "fraction"))
-                for part, values in (("cpu_ms", cpu_s), ("copy_ms", copy_s), ("both_ms", both_s)):
-                    self.metrics.append(
-                        Metric.repeated(f"{key}.{part}", [v * 1e3 for v in values], "ms")
-                    )
+                why = "the copy and the CPU work differ too much in length to tell"
+                ms = [Figure.repeated([v * 1e3 for v in s]) for s in (cpu_s, copy_s, both_s)]
+                figure = Figure.maybe(None if ratio is None else round(ratio, 4), why)
+                self.overlaps.append(Overlap(mem, mode, figure, *ms))
 
     # 4. the link under load
     def link(self, size: int | None, props: Any) -> None:
 
         self._step("the link under load")
-        names = (
-            ("link.gen_under_load", "gen"),
-            ("link.width_under_load", "lanes"),
-            ("link.efficiency", "fraction"),
-        )
 
         def missing(why: str) -> None:
-            for name, unit in names:
-                self.metrics.append(Metric.missing(name, unit, why))
+            for name in ("gen_under_load", "width_under_load", "efficiency"):
+                self.link_figures[name] = Figure.missing(why)
 
         if size is None:
             missing("host memory too short for 1 MiB buffers")
@@ -241,21 +247,19 @@ class Measurement:
         if load.errors:
             self.parameters["link_errors"] = load.errors
         why = "; ".join(f"{k}: {v}" for k, v in load.errors.items()) or "no sample"
-        self._single("link.gen_under_load", load.gen, "gen", why)
-        self._single("link.width_under_load", load.width, "lanes", why)
-        self._single("link.gen_max", gen_max, "gen", "NVML did not report it")
-        self._single("link.width_max", width_max, "lanes", "NVML did not report it")
         peak = bw.link_peak(load.gen, load.width)
-        self._single("link.theoretical_gbps", peak, "GB/s", "link under load unknown")
-        self._single(
-            "link.theoretical_gbps_max", bw.link_peak(gen_max, width_max), "GB/s", "max unknown"
-        )
-        self.metrics.append(Metric.single("link.h2d_under_load", measured, "GB/s"))
-        self._single(
-            "link.efficiency", bw.efficiency(measured, peak), "fraction", "link under load unknown"
-        )
-        self._single("link.nvml_rx_gbps", load.rx_gbps, "GB/s", why)
-        self._single("link.nvml_tx_gbps", load.tx_gbps, "GB/s", why)
+        self.link_figures |= {
+            "gen_under_load": Figure.maybe(load.gen, why),
+            "width_under_load": Figure.maybe(load.width, why),
+            "gen_max": Figure.maybe(gen_max, "NVML did not report it"),
+            "width_max": Figure.maybe(width_max, "NVML did not report it"),
+            "theoretical_gbps": Figure.maybe(peak, "link under load unknown"),
+            "theoretical_gbps_max": Figure.maybe(bw.link_peak(gen_max, width_max), "max unknown"),
+            "h2d_under_load": Figure.single(measured),
+            "efficiency": Figure.maybe(bw.efficiency(measured, peak), "link under load unknown"),
+            "nvml_rx_gbps": Figure.maybe(load.rx_gbps, why),
+            "nvml_tx_gbps": Figure.maybe(load.tx_gbps, why),
+        }
 
     def _load(
         self, pynvml: Any, size: int, props: Any, missing: Callable[[str], None]
@@ -280,8 +284,8 @@ class Measurement:
         self.parameters["gpu_numa_node"] = gpu.numa_node if gpu else None
         gen_max, width_max = max_link(pynvml, handle)
         if gpu is not None:
-            self._single("link.gen_idle", gpu.pcie.gen_current, "gen")
-            self._single("link.width_idle", gpu.pcie.width_current, "lanes")
+            self.link_figures["gen_idle"] = Figure.maybe(gpu.pcie.gen_current, "unknown")
+            self.link_figures["width_idle"] = Figure.maybe(gpu.pcie.width_current, "unknown")
         watch = LinkWatch(pynvml, handle)
         try:
             measured = copies.under_load(self.torch, size, self.device, self.plan.load_s, watch)
@@ -289,12 +293,6 @@ class Measurement:
             missing(str(e))
             return None
         return watch.result(), gen_max, width_max, measured
-
-    def _single(self, name: str, value: float | None, unit: str, why: str = "unknown") -> None:
-        if value is None:
-            self.metrics.append(Metric.missing(name, unit, why))
-        else:
-            self.metrics.append(Metric.single(name, value, unit))
 
     # 5. NUMA
     def numa(self, size: int | None) -> None:
@@ -312,30 +310,25 @@ class Measurement:
             local = self.machine.gpus[0].numa_node
             self.parameters["gpu_numa_node"] = local
         if local is None or local not in nodes:
-            for where in ("local", "remote"):
-                self.metrics.append(
-                    Metric.missing(
-                        f"numa.h2d.pinned.{where}", "GB/s", "the GPU's NUMA node is unknown"
-                    )
-                )
+            unknown = Figure.missing("the GPU's NUMA node is unknown")
+            self.numa_figures |= {"local": unknown, "remote": unknown}
             return
         remote = bw.other_node(nodes, local)
         self.parameters["numa_local_node"] = local
         self.parameters["numa_remote_node"] = remote
-        results: dict[str, Metric] = {}
+        results: dict[str, Figure] = {}
         for where, node in (("local", local), ("remote", remote)):
             self._step(f"pinned H2D from NUMA node {node}")
-            name = f"numa.h2d.pinned.{where}"
             if size is None or node is None:
-                results[where] = Metric.missing(name, "GB/s", "nothing to measure")
+                results[where] = Figure.missing("nothing to measure")
                 continue
             try:
                 values = copies.numa_h2d(
                     self.torch, size, self.device, nodes[node], self.plan.warmup, self.plan.runs
                 )
-                results[where] = Metric.repeated(name, values, "GB/s")
+                results[where] = Figure.repeated(values)
             except copies.Failed as e:
-                results[where] = Metric.missing(name, "GB/s", str(e))
-        self.metrics += list(results.values())
+                results[where] = Figure.missing(str(e))
         penalty = bw.remote_penalty(results["local"].value, results["remote"].value)
-        self._single("numa.remote_penalty", penalty, "fraction", "a figure is missing")
+        results["remote_penalty"] = Figure.maybe(penalty, "a figure is missing")
+        self.numa_figures |= results

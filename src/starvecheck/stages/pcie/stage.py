@@ -21,8 +21,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.pcie import (
+    Copy,
+    Direction,
+    Link,
+    Memory,
+    Mode,
+    Overlap,
+    PcieFigures,
+)
 from starvecheck.core.status import Unavailable
 from starvecheck.probe.machine import Machine
 from starvecheck.stages.base import BaseStage, Refusal, RunContext
@@ -36,7 +46,6 @@ from starvecheck.stages.pcie.host import (
     matching_gpu,
     size_plan,
 )
-from starvecheck.stages.pcie.names import DIRECTIONS, MEMORIES, MODES, labelled
 
 if TYPE_CHECKING:
     from starvecheck.inputs.workload import Workload
@@ -82,22 +91,23 @@ def _host_parameters(machine: Machine, facts: HostFacts, sp: bw.SizePlan) -> dic
     }
 
 
+def promised(sizes: tuple[int, ...], why: str) -> PcieFigures:
+    """Every figure the issue promises scripts, for this plan, missing with `why`: the
+    copies by direction, memory and size, the overlap ratios, the link under load and
+    its efficiency, then the reference ratio."""
+    missing = Figure.missing(why)
+    return PcieFigures(
+        copies=tuple(Copy(d, mem, s, missing) for d in Direction for mem in Memory for s in sizes),
+        reference_ratio=missing,
+        overlaps=tuple(Overlap(mem, mode, missing) for mem in Memory for mode in Mode),
+        link=Link(gen_under_load=missing, width_under_load=missing, efficiency=missing),
+        ratio_last=True,
+    )
+
+
 def stable_names(sizes: tuple[int, ...]) -> list[tuple[str, str]]:
     """(name, unit) of every figure the issue promises scripts, for this plan."""
-    names = [
-        (f"{d}.{mem}.{bw.size_name(s)}", "GB/s")
-        for d in DIRECTIONS
-        for mem in MEMORIES
-        for s in sizes
-    ]
-    names += [(f"overlap.{mem}.{mode}", "fraction") for mem in MEMORIES for mode in MODES]
-    names += [
-        ("link.gen_under_load", "gen"),
-        ("link.width_under_load", "lanes"),
-        ("link.efficiency", "fraction"),
-        ("reference_ratio", "ratio"),
-    ]
-    return names
+    return [(m.name, m.unit) for m in promised(sizes, "").to_metrics()]
 
 
 def cpu_side(
@@ -110,7 +120,7 @@ def cpu_side(
     facts = host_facts(machine)
     sp = size_plan(plan, facts)
     why = f"not measured: {reason}" if reason else "not measured: no CUDA device"
-    metrics = labelled([Metric.missing(name, unit, why) for name, unit in stable_names(plan.sizes)])
+    figures = promised(plan.sizes, why)
     caveats: list[Caveat | str] = [
         Caveat(
             "pcie.no-cuda",
@@ -132,7 +142,7 @@ def cpu_side(
     return StageResult(
         stage="pcie",
         parameters=params,
-        metrics=tuple(metrics),
+        metrics=figures.to_metrics(),
         caveats=tuple(caveats),
     )
 
@@ -165,7 +175,7 @@ def run(
     return StageResult(
         stage="pcie",
         parameters=params,
-        metrics=tuple(labelled(m.metrics)),
+        metrics=m.figures().to_metrics(),
         caveats=tuple(list(sp.notes) + m.caveats),
     )
 
