@@ -28,7 +28,13 @@ from starvecheck.cli.common import (
 from starvecheck.cli.modes import Mode, fence
 from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
+from starvecheck.stages.options import (
+    DEFAULT_WORKERS_TEXT,
+    FactoryOptions,
+    LoaderOptions,
+    by_quick,
+    size_text,
+)
 
 # Options that shape the data starvecheck generates: refused with --factory, with why.
 _OWN_DATA = {
@@ -40,7 +46,7 @@ _OWN_DATA = {
 _EITHER = {"workers", "batch_size", "batch_timeout", "plot"}
 # `loader --factory F:f`: the user's pipeline, which reads its own data.
 FACTORY = Mode(
-    frozenset({"factory", "factory_timeout", "step_ms", "budget", *_EITHER}),
+    frozenset({"factory", "factory_timeout_s", "step_ms", "budget_s", *_EITHER}),
     lambda given: (
         f"{_OWN_DATA.get(given[0], given[0])} does not apply with --factory: "
         "your pipeline reads its own data"
@@ -68,10 +74,7 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    workers: WorkersOpt(
-        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-        "effective CPUs, at least 4]."
-    ) = None,
+    workers: WorkersOpt(f"num_workers values to sweep [default: {DEFAULT_WORKERS_TEXT}].") = None,
     batch_size: Annotated[
         int | None,
         typer.Option(
@@ -95,7 +98,7 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    factory_timeout: Annotated[
+    factory_timeout_s: Annotated[
         float,
         typer.Option(
             "--factory-timeout",
@@ -115,15 +118,15 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    budget: Annotated[
+    budget_s: Annotated[
         float | None,
         typer.Option(
             "--budget",
             metavar="SECONDS",
             callback=finite(0.5, 3_600.0),
             help="With --factory: the seconds each configuration is read for, over its "
-            "rounds (every configuration is read in turn, round after round) [default: "
-            f"{FactoryOptions.BUDGET_S[False]:g}; {FactoryOptions.BUDGET_S[True]:g} with --quick].",
+            "rounds (every configuration is read in turn, round after round) "
+            f"[default: {by_quick(FactoryOptions.BUDGET_S)}].",
             show_default=False,
         ),
     ] = None,
@@ -217,8 +220,8 @@ def loader(
             batch_size=batch_size,
             workers=sweep,
             quick=quick,
-            factory_timeout_s=factory_timeout,
-            budget_s=budget,
+            factory_timeout_s=factory_timeout_s,
+            budget_s=budget_s,
             step_ms=step_ms,
         )
     else:

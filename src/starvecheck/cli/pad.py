@@ -70,7 +70,7 @@ def pad(
             show_default=False,
         ),
     ] = None,
-    data_format: Annotated[
+    format: Annotated[
         DataFormat,
         typer.Option("--format", case_sensitive=False, help="Dataset format (auto: by suffix)."),
     ] = DataFormat.auto,
@@ -146,7 +146,7 @@ def pad(
     inputs = [("--dataset", dataset), ("--lengths", lengths)]
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
     options = _options(
-        c, dataset, fields, data_format, tokenizer, lengths, context, batch_size, limit,
+        c, dataset, fields, format, tokenizer, lengths, context, batch_size, limit,
         current, seed, quick,
     )  # fmt: skip
     plot_path = args.plot_path(plot)
@@ -164,7 +164,7 @@ def _options(
     c: Context,
     dataset: str | None,
     fields: list[str] | None,
-    data_format: DataFormat,
+    format: DataFormat,
     tokenizer: str | None,
     lengths: str | None,
     context: int,
@@ -183,7 +183,7 @@ def _options(
         seed=seed,
         limit=limit,
         dataset=dataset,
-        format=None if data_format is DataFormat.auto else data_format.value,
+        format=None if format is DataFormat.auto else format.value,
         fields=args.fields(fields),
         tokenizer=tokenizer,
         lengths=lengths,

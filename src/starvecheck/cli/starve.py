@@ -28,7 +28,7 @@ from starvecheck.cli.common import (
 )
 from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import StarveOptions, by_quick
+from starvecheck.stages.options import DEFAULT_WORKERS_TEXT, StarveOptions, by_quick
 
 
 @app.command()
@@ -57,10 +57,7 @@ def starve(
             show_default=False,
         ),
     ] = None,
-    workers: WorkersOpt(
-        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-        "effective CPUs, at least 4]."
-    ) = None,
+    workers: WorkersOpt(f"num_workers values to sweep [default: {DEFAULT_WORKERS_TEXT}].") = None,
     steps: StepsOpt(
         f"Measured steps per point, after {StarveOptions.WARMUP_STEPS} warm-up steps "
         f"[default: {by_quick(StarveOptions.STEPS)}]."
