@@ -248,7 +248,8 @@ class TraceOptions:
 
 
 StageOptions = (
-    EnvOptions
+    AttachOptions
+    | EnvOptions
     | IoOptions
     | LoaderOptions
     | FactoryOptions
