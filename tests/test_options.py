@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,31 @@ def test_pcie_plans_once_and_reports_the_host_side_where_it_cannot_measure(monke
     assert r.exit_code == 3 and "pcie needs a CUDA device" in r.stderr
     assert '"stage": "pcie"' in r.stdout
     assert calls == [opts.PcieOptions(quick=True)]
+
+
+def _bounds(path: Path) -> Iterator[tuple[float, str]]:
+    """The numbers a command module writes out as a bound: `min=`, `max=` and the
+    arguments of `finite(...)`."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        named = isinstance(node.func, ast.Name) and node.func.id == "finite"
+        values = [
+            *(node.args if named else ()),
+            *(k.value for k in node.keywords if k.arg in ("min", "max")),
+        ]
+        for v in values:
+            if isinstance(v, ast.Constant) and isinstance(v.value, int | float):
+                yield v.value, f"{path.name}:{v.lineno}"
+
+
+def test_no_bound_is_written_out_twice(cli: Path = STAGES.parent / "cli"):
+    """A bound more than one option checks (a day of seconds, --runs' most) is declared
+    once, in stages/options.py or the workload's rules; 0 and 1 are no one's."""
+    seen: dict[float, list[str]] = {}
+    for path in sorted(cli.glob("*.py")):
+        for value, where in _bounds(path):
+            if value not in (0, 1):
+                seen.setdefault(value, []).append(where)
+    assert len(seen) > 5  # the scan sees the bounds
+    assert {v: w for v, w in seen.items() if len(w) > 1} == {}

@@ -22,7 +22,7 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
-from starvecheck.stages.options import AttachOptions, by_quick
+from starvecheck.stages.options import MOST_SECONDS, AttachOptions, by_quick
 
 
 @app.command()
@@ -59,7 +59,7 @@ def attach(
         float | None,
         typer.Option(
             "--every",
-            callback=finite(1.0, 86400.0),
+            callback=finite(1.0, MOST_SECONDS),
             metavar="SECONDS",
             help="Read a window every SECONDS until the job ends; the last is the report.",
             show_default=False,

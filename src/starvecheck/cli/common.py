@@ -22,7 +22,7 @@ from starvecheck.core.status import ExitStatus, Unavailable, UsageError
 from starvecheck.core.text import printable
 from starvecheck.core.version import __version__
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
-from starvecheck.stages.options import BATCH_TIMEOUT_S, number
+from starvecheck.stages.options import BATCH_TIMEOUT_S, MOST_SECONDS, number
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
@@ -131,7 +131,7 @@ BatchTimeoutOpt = Annotated[
     typer.Option(
         "--batch-timeout",
         metavar="SECONDS",
-        callback=finite(0.0, 86_400.0),
+        callback=finite(0.0, MOST_SECONDS),
         help="End in one line (exit 2) when the DataLoader delivers no batch for this "
         "long, worker start-up included: a stuck worker or dataset "
         f"[default: {number(BATCH_TIMEOUT_S)}; 0: no limit].",

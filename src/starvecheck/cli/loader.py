@@ -27,9 +27,14 @@ from starvecheck.cli.common import (
 )
 from starvecheck.cli.modes import Mode, fence
 from starvecheck.core import surroundings
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import (
     DEFAULT_WORKERS_TEXT,
+    MOST_BATCH,
+    MOST_RUNS,
+    MOST_SAMPLES,
+    MOST_SECONDS,
     FactoryOptions,
     LoaderOptions,
     by_quick,
@@ -80,7 +85,7 @@ def loader(
         typer.Option(
             "--batch-size",
             min=1,
-            max=100_000,
+            max=MOST_BATCH,
             help=f"Samples per batch [default: {LoaderOptions.BATCH_SIZE}; with --factory, "
             "the DataLoader's own].",
             show_default=False,
@@ -103,7 +108,7 @@ def loader(
         typer.Option(
             "--factory-timeout",
             metavar="SECONDS",
-            callback=finite(1.0, 86_400.0),
+            callback=finite(1.0, MOST_SECONDS),
             help="With --factory: the most that importing FILE and calling FUNC may take.",
         ),
     ] = FactoryOptions.factory_timeout_s,
@@ -112,7 +117,7 @@ def loader(
         typer.Option(
             "--step-ms",
             metavar="MS",
-            callback=finite(0.001, 600_000.0, above=True),
+            callback=finite(*workload_bounds("step_ms"), above=True),  # as doctor's
             help="With --factory: your GPU's time per training step, from your logs: the "
             "loader is judged against the samples/s it consumes (batch size / step).",
             show_default=False,
@@ -135,7 +140,7 @@ def loader(
         typer.Option(
             "--samples",
             min=1,
-            max=10_000_000,
+            max=MOST_SAMPLES,
             help="Samples to write and read per epoch "
             f"[default: {by_quick(LoaderOptions.SAMPLES[False])}]. "
             f"With --existing: files to read [default: {by_quick(LoaderOptions.SAMPLES[True])}].",
@@ -165,7 +170,7 @@ def loader(
         typer.Option(
             "--runs",
             min=1,
-            max=1000,
+            max=MOST_RUNS,
             help="Epochs per layout, cache state and worker count "
             f"[default: {LoaderOptions.runs}].",
             show_default=False,

@@ -27,6 +27,7 @@ from starvecheck.cli.common import (
 from starvecheck.core import surroundings
 from starvecheck.core.context import Context
 from starvecheck.core.strategies import STRATEGIES
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import PadOptions
 
@@ -90,15 +91,18 @@ def pad(
     context: Annotated[
         int,
         typer.Option(
-            "--context", min=1, max=10_000_000, help="Context length (max_length) in tokens."
+            "--context",
+            min=int(workload_bounds("context")[0]),  # as doctor's
+            max=int(workload_bounds("context")[1]),
+            help="Context length (max_length) in tokens.",
         ),
     ] = PadOptions.context,
     batch_size: Annotated[
         int,
         typer.Option(
             "--batch-size",
-            min=1,
-            max=1_000_000,
+            min=int(workload_bounds("batch_size")[0]),  # as doctor's
+            max=int(workload_bounds("batch_size")[1]),
             help="Samples per batch; rows of --context tokens per batch when packing.",
         ),
     ] = PadOptions.batch_size,

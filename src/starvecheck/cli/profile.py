@@ -30,7 +30,13 @@ from starvecheck.cli.common import (
 from starvecheck.cli.modes import Mode, fence
 from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
+from starvecheck.stages.options import (
+    MOST_SECONDS,
+    ProfileOptions,
+    TraceOptions,
+    by_quick,
+    size_text,
+)
 
 
 class Device(str, Enum):
@@ -138,7 +144,7 @@ def profile(
         typer.Option(
             "--max-trace-seconds",
             metavar="SECONDS",
-            callback=finite(0.0, 86_400.0),
+            callback=finite(0.0, MOST_SECONDS),
             help="With --trace: end in one line (exit 2) when reading and analysing the "
             f"traces takes longer [default: {TraceOptions.max_seconds:g}; 0: no limit].",
             show_default=False,

@@ -27,6 +27,12 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 # ends with its cause named instead of a job killed without a word.
 BATCH_TIMEOUT_S = 120.0
 
+# Bounds the commands check a value against, where more than one command takes it.
+MOST_SECONDS = 86_400.0  # a time limit or a period (--batch-timeout, --every, ...): a day
+MOST_SAMPLES = 10_000_000  # --samples (io, loader)
+MOST_RUNS = 1000  # --runs (io, loader, pcie)
+MOST_BATCH = 100_000  # a DataLoader's --batch-size (loader, starve)
+
 # The default sweep's top: twice the effective CPUs, at least this.
 SWEEP_TOP_AT_LEAST = 4
 # The default sweep as help states it.
@@ -159,7 +165,10 @@ class FactoryOptions:
     batch_size: int | None = None  # None: the pipeline's own
     workers: tuple[int, ...] | None = None  # None: the default sweep
     quick: bool = False
-    factory_timeout_s: float = 300.0  # importing the module and calling FUNC
+    # How long importing the module and calling FUNC may take together (a factory that
+    # downloads, or scans a huge directory, says so by taking long; one that never
+    # returns ends here). --batch-timeout bounds each batch separately.
+    factory_timeout_s: float = 300.0
     # Seconds each configuration is read for, over all its rounds; None: BUDGET_S[quick]
     budget_s: float | None = None
     step_ms: float | None = None  # the GPU's step, to judge against
@@ -239,7 +248,9 @@ class ProfileOptions:
 @dataclass(frozen=True)
 class TraceOptions:
     traces: tuple[str, ...]  # files or directories of torch.profiler traces
-    # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole.
+    # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole, so
+    # this bounds the memory a file costs (about as much again for its events). A real
+    # job's trace is hundreds of MB; --max-trace-bytes raises it.
     max_bytes: int | None = 4 << 30
     # The most seconds reading and analysing them may take (None: no limit).
     max_seconds: float | None = 600.0
