@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,8 @@ def test_a_process_named_in_bytes_that_are_not_ascii_is_alive():
         got = process.own_stat(p.pid)
         assert got is not None and got.state in "RS" and got.ppid == os.getpid()
         assert leftovers.start_ticks(p.pid) == got.start is not None
+        owner = {"host": socket.gethostname(), "pid": p.pid, "start_ticks": got.start}
+        assert leftovers.alive(owner) is True
     finally:
         p.kill()
         p.wait()
