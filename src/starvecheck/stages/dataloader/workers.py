@@ -172,11 +172,13 @@ def _watch(parent: int) -> None:
 
 def running(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed but not yet reaped, does not)."""
+    # Imported here: this module loads with every command (stages/base.py), /proc's
+    # reader only where a worker watches its parent (start-up time and memory).
     from starvecheck.probe.process import own_stat
 
-    stat = own_stat(pid)
-    if stat is not None:
-        return stat.state not in ("Z", "X")
+    read = own_stat(pid)
+    if read is not None:
+        return read.state not in ("Z", "X")
     try:  # gone, or its stat unreadable: ask the kernel
         os.kill(pid, 0)
     except ProcessLookupError:
