@@ -248,7 +248,8 @@ def _proc(root: Path, pid: int, comm: str, cmdline: str, ppid: int, exe: str = E
     d.mkdir(parents=True)
     (d / "comm").write_text(comm + "\n")
     (d / "cmdline").write_text(cmdline)
-    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1\n")
+    # A whole line, as the kernel writes it: the one parser (probe/process.py) reads it.
+    (d / "stat").write_text(f"{pid} ({comm}) S {ppid} 1 1 0 -1 0 0 0 0 0 3 1 0 0 20 0 1 0 55\n")
     (d / "exe").symlink_to(exe)
 
 

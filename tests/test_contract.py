@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core import catalogue
+from starvecheck.core import stages as stages_table
 from starvecheck.core.catalogue import CATALOGUE
 from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.render.sections import stage_sections
@@ -168,8 +169,21 @@ def test_judging_and_showing_stand_on_the_vocabulary(package, allowed):
     assert _escapes(package, (package, *allowed)) == []
 
 
-# Each stage: a module (a link without parts) or a folder of its parts.
-STAGES = ("env", "io", "starve", "loader", "pad", "pcie", "profile", "trace", "doctor", "attach")
+def _stage_parts() -> tuple[str, ...]:
+    """Each stage's own part of stages/, from the stage table: a module (a link without
+    parts) or a folder of its parts; a stage measured inside another's folder (factory in
+    loader/) belongs to that one, and a stage with no measuring module of its own
+    (doctor, which runs the others) to its name's folder where it has one."""
+    parts = {e.measure.split(".")[1] for e in stages_table.TABLE if e.measure}
+    named = {
+        e.name
+        for e in stages_table.TABLE
+        if (SRC / "stages" / e.name).is_dir() or (SRC / "stages" / f"{e.name}.py").is_file()
+    }
+    return tuple(sorted(parts | named))
+
+
+STAGES = _stage_parts()
 
 
 def _stage_of(module: str) -> str | None:
@@ -183,6 +197,7 @@ def _stage_of(module: str) -> str | None:
 def test_no_stage_imports_another_stage():
     """A stage reaches the others only through the registry (by name, at run time);
     what several need lives in the machinery they share, which imports none of them."""
+    assert {"env", "loader", "doctor", "attach"} <= set(STAGES)  # the table was read
     assert {_stage_of(m) for m in FULL_GRAPH} >= set(STAGES)  # the names are there
     offences = sorted(
         f"{m} imports {t}"
@@ -431,6 +446,7 @@ def _fresh(tmp_path: Path) -> Iterator[tuple[str, dict]]:
         "pcie": ("pcie", "--quick"),
         "profile": ("profile", "--quick", "--workers", "0", "--tokenizer", str(tok), str(tmp_path)),
     }
+    assert set(fresh) == {p.stem for p in LABELS.glob("*.json")}  # each stored report's
     for name, argv in fresh.items():
         r = run(*argv, "--json", "-")
         assert r.exit_code in (0, 1, 3), (name, r.stderr)
@@ -462,7 +478,8 @@ def test_every_metric_is_labelled_and_in_exactly_one_table():
             placed = [id(m) for s in sections for m in s.metrics] + [id(m) for m in rest]
             assert sorted(placed) == sorted(id(m) for m in stage.figures), (source, stage.stage)
             seen.add(stage.stage)
-    assert {"io", "loader", "starve", "pad", "pcie", "profile"} <= seen
+    stored = {p.stem for p in LABELS.glob("*.json")}  # the six measuring commands'
+    assert len(stored) >= 6 and stored | set(stages_table.doctor_chain()) <= seen
 
 
 @pytest.mark.slow
@@ -594,8 +611,9 @@ def test_a_kind_crosses_processes_as_itself():
 
 def test_every_finding_id_is_documented():
     ids = set(CATALOGUE)
-    stages = {"env", "io", "loader", "starve", "pad", "pcie", "profile", "doctor"}
-    assert {i.partition(".")[0] for i in ids} >= stages
+    # Every stage of the table gives findings, under the name it reports as; no id names
+    # a stage the table does not have.
+    assert {i.partition(".")[0] for i in ids} == {e.shown_as for e in stages_table.TABLE}
     docs = _docs()
     assert sorted(i for i in ids if not documented(i, docs)) == []
 
@@ -624,7 +642,7 @@ def test_every_command_and_option_is_documented():
 
     docs = _docs()
     group = typer.main.get_command(app)
-    assert len(group.commands) >= 9  # the scan sees the commands
+    assert len(group.commands) == len(stages_table.commands())  # the scan sees them all
     missing = []
     for name, command in group.commands.items():
         if not documented(f"starvecheck {name}", docs):

@@ -22,6 +22,7 @@ from starvecheck.cli.common import (
     measure_one,
     sysroot_of,
 )
+from starvecheck.stages.options import MOST_SECONDS, AttachOptions, by_quick
 
 
 @app.command()
@@ -31,13 +32,14 @@ def attach(
         int,
         typer.Argument(help="The training process (or its torchrun agent).", show_default=False),
     ],
-    duration: Annotated[
+    seconds: Annotated[
         float | None,
         typer.Option(
             "--duration",
-            callback=finite(1.0, 600.0),  # click's own range lets nan through
+            # click's own range lets nan through
+            callback=finite(AttachOptions.MIN_SECONDS, AttachOptions.MAX_SECONDS),
             metavar="SECONDS",
-            help="How long to sample [default: 10; 5 with --quick].",
+            help=f"How long to sample [default: {by_quick(AttachOptions.SECONDS)}].",
             show_default=False,
         ),
     ] = None,
@@ -46,18 +48,18 @@ def attach(
         typer.Option(
             "--rate",
             min=1,
-            max=200,
-            help="Stack samples a second per process (at most 200).",
+            max=AttachOptions.RATE_CEILING,
+            help=f"Stack samples a second per process (at most {AttachOptions.RATE_CEILING}).",
         ),
-    ] = 50,
+    ] = AttachOptions.rate,
     all_ranks: Annotated[
         bool, typer.Option("--all", help="Every rank on this node beside PID.")
-    ] = False,
+    ] = AttachOptions.all_ranks,
     every: Annotated[
         float | None,
         typer.Option(
             "--every",
-            callback=finite(1.0, 86400.0),
+            callback=finite(1.0, MOST_SECONDS),
             metavar="SECONDS",
             help="Read a window every SECONDS until the job ends; the last is the report.",
             show_default=False,
@@ -93,12 +95,11 @@ def attach(
     """
     from starvecheck.cli import windows
     from starvecheck.probe.machine import collect
-    from starvecheck.stages.options import AttachOptions
 
     c = context_of(ctx)
     out = Outputs.check(json_path, markdown_path, fail_on)
-    options = AttachOptions(pid, duration, rate, all_ranks, quick)
-    windows.check(every, prometheus, duration or (5.0 if quick else 10.0))
+    options = AttachOptions(pid, seconds, rate, all_ranks, quick)
+    windows.check(every, prometheus, options.window_s)
     machine = collect(sysroot_of(c), environ=c.environ)
     if every is not None:  # a sidecar: a window every SECONDS (cli/windows.py)
         return windows.windows(options, c, out, machine, every, prometheus, prometheus_addr)

@@ -22,6 +22,7 @@ from starvecheck.core.status import ExitStatus, Unavailable, UsageError
 from starvecheck.core.text import printable
 from starvecheck.core.version import __version__
 from starvecheck.probe.sysroot import ENV_VAR, SysRoot
+from starvecheck.stages.options import BATCH_TIMEOUT_S, MOST_SECONDS, number
 
 if TYPE_CHECKING:
     from starvecheck.probe.machine import Machine
@@ -124,16 +125,16 @@ def finite(low: float, high: float, above: bool = False) -> Callable[[float | No
 
 
 # --batch-timeout: where a command iterates a DataLoader (loader, starve, profile,
-# doctor). None: the default (stages/dataloader/batches.py), which the help states.
+# doctor). None: the default (stages/options.BATCH_TIMEOUT_S), which the help states.
 BatchTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--batch-timeout",
         metavar="SECONDS",
-        callback=finite(0.0, 86_400.0),
+        callback=finite(0.0, MOST_SECONDS),
         help="End in one line (exit 2) when the DataLoader delivers no batch for this "
-        "long, worker start-up included: a stuck worker or dataset [default: 120; 0: no "
-        "limit].",
+        "long, worker start-up included: a stuck worker or dataset "
+        f"[default: {number(BATCH_TIMEOUT_S)}; 0: no limit].",
         show_default=False,
     ),
 ]

@@ -33,13 +33,14 @@ from starvecheck.cli.common import (
 from starvecheck.core import surroundings
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.status import UsageError
+from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload
 from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.stages.base import RunContext, no_progress
+from starvecheck.stages.options import number, size_text
 
 if TYPE_CHECKING:
     from starvecheck.cli.ranks import Rank
     from starvecheck.core.context import Context
-    from starvecheck.inputs.workload import Workload
     from starvecheck.probe.machine import Machine
     from starvecheck.stages.doctor.measure import Outcome
 
@@ -61,14 +62,19 @@ def doctor(
     ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option("--batch-size", help="Samples per batch [default: 16].", show_default=False),
+        typer.Option(
+            "--batch-size",
+            help=f"Samples per batch [default: {Workload.batch_size}].",
+            show_default=False,
+        ),
     ] = None,
     sample_size: Annotated[
         str | None,
         typer.Option(
             "--sample-size",
             metavar="SIZE",
-            help="Bytes per sample on disk: 8K, 1MiB, ... [default: 8KiB].",
+            help="Bytes per sample on disk: 8K, 1MiB, ... "
+            f"[default: {size_text(Workload.sample_size)}].",
             show_default=False,
         ),
     ] = None,
@@ -77,16 +83,17 @@ def doctor(
         typer.Option(
             "--context",
             "--seq-len",
-            help="Context length (max_length) in tokens [default: 2048].",
+            help=f"Context length (max_length) in tokens [default: {Workload.context}].",
             show_default=False,
         ),
     ] = None,
-    cpu_ms: Annotated[
+    cpu_ms_per_sample: Annotated[
         float | None,
         typer.Option(
             "--cpu-ms-per-sample",
             callback=finite(*workload_bounds("cpu_ms_per_sample")),
-            help="CPU milliseconds of preprocessing per sample in a worker [default: 2].",
+            help="CPU milliseconds of preprocessing per sample in a worker "
+            f"[default: {number(Workload.cpu_ms_per_sample)}].",
             show_default=False,
         ),
     ] = None,
@@ -101,7 +108,7 @@ def doctor(
             "--step-ms",
             callback=finite(*workload_bounds("step_ms")),
             help="GPU milliseconds per training step [default: measured with GPT-2 on a "
-            "CUDA device; 400, assumed, without one].",
+            f"CUDA device; {number(ASSUMED_STEP_MS)}, assumed, without one].",
             show_default=False,
         ),
     ] = None,
@@ -110,7 +117,8 @@ def doctor(
         typer.Option(
             "--layout",
             metavar="shard|small_files",
-            help="How the data is stored: one shard file, or one file per sample [default: shard].",
+            help="How the data is stored: one shard file, or one file per sample "
+            f"[default: {Workload.layout}].",
             show_default=False,
         ),
     ] = None,
@@ -120,7 +128,7 @@ def doctor(
             "--current",
             metavar="STRATEGY",
             help="The batching strategy trained with today (as pad's --current) "
-            "[default: dynamic].",
+            f"[default: {Workload.current}].",
             show_default=False,
         ),
     ] = None,
@@ -143,7 +151,7 @@ def doctor(
             show_default=False,
         ),
     ] = None,
-    fields: Annotated[
+    field: Annotated[
         list[str] | None,
         typer.Option(
             "--field", metavar="NAME", help="Field of --dataset holding the sample (as pad's)."
@@ -203,8 +211,8 @@ def doctor(
     plot_path = args.plot_path(plot)
     stages = doctor_stage.select(only, skip)
     w = _workload(
-        workload_file, batch_size, sample_size, context, cpu_ms, step_ms, layout, current,
-        dataset, fields, tokenizer, factory,
+        workload_file, batch_size, sample_size, context, cpu_ms_per_sample, step_ms, layout,
+        current, dataset, field, tokenizer, factory,
     )  # fmt: skip
     out = _outputs(w, workload_file, stages, json_path, markdown_path, fail_on, plot)
     if w.step_ms is None or set(stages) & TORCH_STAGES:
@@ -227,12 +235,12 @@ def _workload(
     batch_size: int | None,
     sample_size: str | None,
     context: int | None,
-    cpu_ms: float | None,
+    cpu_ms_per_sample: float | None,
     step_ms: float | None,
     layout: str | None,
     current: str | None,
     dataset: str | None,
-    fields: list[str] | None,
+    field: list[str] | None,
     tokenizer: str | None,
     factory: str | None,
 ) -> Workload:
@@ -245,12 +253,12 @@ def _workload(
         ("batch_size", "--batch-size", batch_size),
         ("sample_size", "--sample-size", sample_size),
         ("context", "--context", context),
-        ("cpu_ms_per_sample", "--cpu-ms-per-sample", cpu_ms),
+        ("cpu_ms_per_sample", "--cpu-ms-per-sample", cpu_ms_per_sample),
         ("step_ms", "--step-ms", step_ms),
         ("layout", "--layout", layout),
         ("current", "--current", current),
         ("dataset", "--dataset", dataset),
-        ("field", "--field", fields or None),
+        ("field", "--field", field or None),
         ("tokenizer", "--tokenizer", tokenizer),
         ("factory", "--factory", factory),
     ):

@@ -22,7 +22,7 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import IoOptions, by_quick, size_text
+from starvecheck.stages.options import MOST_RUNS, MOST_SAMPLES, IoOptions, by_quick, size_text
 
 
 @app.command()
@@ -42,7 +42,7 @@ def io(
         typer.Option(
             "--samples",
             min=1,
-            max=10_000_000,
+            max=MOST_SAMPLES,
             help=f"Samples to write and read [default: {by_quick(IoOptions.SAMPLES[False])}]. "
             "With --existing: files (or byte ranges) to read "
             f"[default: {by_quick(IoOptions.SAMPLES[True])}].",
@@ -63,7 +63,7 @@ def io(
         typer.Option(
             "--runs",
             min=1,
-            max=1000,
+            max=MOST_RUNS,
             help="Measured runs per pattern, after a warm-up "
             f"[default: {by_quick(IoOptions.RUNS)}].",
             show_default=False,

@@ -27,8 +27,19 @@ from starvecheck.cli.common import (
 )
 from starvecheck.cli.modes import Mode, fence
 from starvecheck.core import surroundings
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import FactoryOptions, LoaderOptions, by_quick, size_text
+from starvecheck.stages.options import (
+    DEFAULT_WORKERS_TEXT,
+    MOST_BATCH,
+    MOST_RUNS,
+    MOST_SAMPLES,
+    MOST_SECONDS,
+    FactoryOptions,
+    LoaderOptions,
+    by_quick,
+    size_text,
+)
 
 # Options that shape the data starvecheck generates: refused with --factory, with why.
 _OWN_DATA = {
@@ -40,7 +51,7 @@ _OWN_DATA = {
 _EITHER = {"workers", "batch_size", "batch_timeout", "plot"}
 # `loader --factory F:f`: the user's pipeline, which reads its own data.
 FACTORY = Mode(
-    frozenset({"factory", "factory_timeout", "step_ms", "budget", *_EITHER}),
+    frozenset({"factory", "factory_timeout_s", "step_ms", "budget_s", *_EITHER}),
     lambda given: (
         f"{_OWN_DATA.get(given[0], given[0])} does not apply with --factory: "
         "your pipeline reads its own data"
@@ -68,16 +79,13 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    workers: WorkersOpt(
-        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-        "effective CPUs, at least 4]."
-    ) = None,
+    workers: WorkersOpt(f"num_workers values to sweep [default: {DEFAULT_WORKERS_TEXT}].") = None,
     batch_size: Annotated[
         int | None,
         typer.Option(
             "--batch-size",
             min=1,
-            max=100_000,
+            max=MOST_BATCH,
             help=f"Samples per batch [default: {LoaderOptions.BATCH_SIZE}; with --factory, "
             "the DataLoader's own].",
             show_default=False,
@@ -95,12 +103,12 @@ def loader(
             show_default=False,
         ),
     ] = None,
-    factory_timeout: Annotated[
+    factory_timeout_s: Annotated[
         float,
         typer.Option(
             "--factory-timeout",
             metavar="SECONDS",
-            callback=finite(1.0, 86_400.0),
+            callback=finite(1.0, MOST_SECONDS),
             help="With --factory: the most that importing FILE and calling FUNC may take.",
         ),
     ] = FactoryOptions.factory_timeout_s,
@@ -109,21 +117,21 @@ def loader(
         typer.Option(
             "--step-ms",
             metavar="MS",
-            callback=finite(0.001, 600_000.0, above=True),
+            callback=finite(*workload_bounds("step_ms"), above=True),  # as doctor's
             help="With --factory: your GPU's time per training step, from your logs: the "
             "loader is judged against the samples/s it consumes (batch size / step).",
             show_default=False,
         ),
     ] = None,
-    budget: Annotated[
+    budget_s: Annotated[
         float | None,
         typer.Option(
             "--budget",
             metavar="SECONDS",
             callback=finite(0.5, 3_600.0),
             help="With --factory: the seconds each configuration is read for, over its "
-            "rounds (every configuration is read in turn, round after round) [default: "
-            f"{FactoryOptions.BUDGET_S[False]:g}; {FactoryOptions.BUDGET_S[True]:g} with --quick].",
+            "rounds (every configuration is read in turn, round after round) "
+            f"[default: {by_quick(FactoryOptions.BUDGET_S)}].",
             show_default=False,
         ),
     ] = None,
@@ -132,7 +140,7 @@ def loader(
         typer.Option(
             "--samples",
             min=1,
-            max=10_000_000,
+            max=MOST_SAMPLES,
             help="Samples to write and read per epoch "
             f"[default: {by_quick(LoaderOptions.SAMPLES[False])}]. "
             f"With --existing: files to read [default: {by_quick(LoaderOptions.SAMPLES[True])}].",
@@ -162,7 +170,7 @@ def loader(
         typer.Option(
             "--runs",
             min=1,
-            max=1000,
+            max=MOST_RUNS,
             help="Epochs per layout, cache state and worker count "
             f"[default: {LoaderOptions.runs}].",
             show_default=False,
@@ -217,8 +225,8 @@ def loader(
             batch_size=batch_size,
             workers=sweep,
             quick=quick,
-            factory_timeout_s=factory_timeout,
-            budget_s=budget,
+            factory_timeout_s=factory_timeout_s,
+            budget_s=budget_s,
             step_ms=step_ms,
         )
     else:

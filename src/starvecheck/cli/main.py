@@ -24,15 +24,23 @@ from starvecheck.core.signals import Terminated, forget_received, received, sign
 from starvecheck.core.status import ExitStatus, StarvecheckError, signal_status
 from starvecheck.core.text import readable
 
-# Each module registers its command when imported; `starvecheck --help` lists them in
-# the stage table's order (core/stages.py): the machine, then the chain from storage to
-# the GPU step, doctor, the running job, then housekeeping.
-for _command in stages_table.commands():
-    stages_table.load(_command)
+
+def register() -> None:
+    """Every command the stage table names: each module registers its command when
+    imported (once; again, it is a lookup in sys.modules). `starvecheck --help` lists
+    them in the table's order (core/stages.py): the machine, then the chain from storage
+    to the GPU step, doctor, the running job, then housekeeping. Run at import, so `app`
+    is whole for whoever reads it, and by `main`, so a row is all a command needs."""
+    for name in stages_table.commands():
+        stages_table.load(name)
+
+
+register()
 
 
 def main(argv: Sequence[str] | None = None, context: Context | None = None) -> int:
     """Run the CLI; return the exit status instead of exiting (tests call this)."""
+    register()
     c = context or Context()
     # A C or Latin-1 locale: the report's "…" and "·" as ASCII, not an error at the end.
     for stream in (c.stdout, c.stderr):

@@ -27,6 +27,7 @@ from starvecheck.cli.common import (
 from starvecheck.core import surroundings
 from starvecheck.core.context import Context
 from starvecheck.core.strategies import STRATEGIES
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.options import PadOptions
 
@@ -70,7 +71,7 @@ def pad(
             show_default=False,
         ),
     ] = None,
-    data_format: Annotated[
+    format: Annotated[
         DataFormat,
         typer.Option("--format", case_sensitive=False, help="Dataset format (auto: by suffix)."),
     ] = DataFormat.auto,
@@ -90,15 +91,18 @@ def pad(
     context: Annotated[
         int,
         typer.Option(
-            "--context", min=1, max=10_000_000, help="Context length (max_length) in tokens."
+            "--context",
+            min=int(workload_bounds("context")[0]),  # as doctor's
+            max=int(workload_bounds("context")[1]),
+            help="Context length (max_length) in tokens.",
         ),
     ] = PadOptions.context,
     batch_size: Annotated[
         int,
         typer.Option(
             "--batch-size",
-            min=1,
-            max=1_000_000,
+            min=int(workload_bounds("batch_size")[0]),  # as doctor's
+            max=int(workload_bounds("batch_size")[1]),
             help="Samples per batch; rows of --context tokens per batch when packing.",
         ),
     ] = PadOptions.batch_size,
@@ -146,7 +150,7 @@ def pad(
     inputs = [("--dataset", dataset), ("--lengths", lengths)]
     out = Outputs.check(json_path, markdown_path, fail_on, plot=plot, inputs=inputs)
     options = _options(
-        c, dataset, fields, data_format, tokenizer, lengths, context, batch_size, limit,
+        c, dataset, fields, format, tokenizer, lengths, context, batch_size, limit,
         current, seed, quick,
     )  # fmt: skip
     plot_path = args.plot_path(plot)
@@ -164,7 +168,7 @@ def _options(
     c: Context,
     dataset: str | None,
     fields: list[str] | None,
-    data_format: DataFormat,
+    format: DataFormat,
     tokenizer: str | None,
     lengths: str | None,
     context: int,
@@ -183,7 +187,7 @@ def _options(
         seed=seed,
         limit=limit,
         dataset=dataset,
-        format=None if data_format is DataFormat.auto else data_format.value,
+        format=None if format is DataFormat.auto else format.value,
         fields=args.fields(fields),
         tokenizer=tokenizer,
         lengths=lengths,

@@ -23,7 +23,7 @@ from starvecheck.cli.common import (
 )
 from starvecheck.core import surroundings
 from starvecheck.core.model import StageResult
-from starvecheck.stages.options import PcieOptions, by_quick, size_list
+from starvecheck.stages.options import MOST_RUNS, PcieOptions, by_quick, size_list
 
 
 @app.command()
@@ -44,7 +44,7 @@ def pcie(
         typer.Option(
             "--runs",
             min=3,
-            max=1000,
+            max=MOST_RUNS,
             help="Measured copies per size, after warm-up "
             f"[default: {by_quick(PcieOptions.RUNS)}].",
             show_default=False,

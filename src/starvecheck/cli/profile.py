@@ -30,7 +30,13 @@ from starvecheck.cli.common import (
 from starvecheck.cli.modes import Mode, fence
 from starvecheck.core import surroundings
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import ProfileOptions, TraceOptions, by_quick, size_text
+from starvecheck.stages.options import (
+    MOST_SECONDS,
+    ProfileOptions,
+    TraceOptions,
+    by_quick,
+    size_text,
+)
 
 
 class Device(str, Enum):
@@ -46,7 +52,7 @@ class ModelSize(str, Enum):
     base = "base"
 
 
-_TRACE_ONLY = {"trace", "max_trace_bytes", "max_trace_seconds"}
+_TRACE_ONLY = {"trace", "max_bytes", "max_seconds"}
 # `profile --trace`: traces another run left; no loop runs, so none of its options apply.
 TRACES = Mode(
     frozenset(_TRACE_ONLY),
@@ -122,7 +128,7 @@ def profile(
             show_default=False,
         ),
     ] = None,
-    max_trace_bytes: Annotated[
+    max_bytes: Annotated[
         str | None,
         typer.Option(
             "--max-trace-bytes",
@@ -133,12 +139,12 @@ def profile(
             show_default=False,
         ),
     ] = None,
-    max_trace_seconds: Annotated[
+    max_seconds: Annotated[
         float | None,
         typer.Option(
             "--max-trace-seconds",
             metavar="SECONDS",
-            callback=finite(0.0, 86_400.0),
+            callback=finite(0.0, MOST_SECONDS),
             help="With --trace: end in one line (exit 2) when reading and analysing the "
             f"traces takes longer [default: {TraceOptions.max_seconds:g}; 0: no limit].",
             show_default=False,
@@ -163,7 +169,7 @@ def profile(
     )
     fence(ctx, TRACES if trace is not None else LOOP)
     if trace is not None:
-        options = _trace_options(trace, max_trace_bytes, max_trace_seconds)
+        options = _trace_options(trace, max_bytes, max_seconds)
         result = measure_one(options, c, out, None).result
         # The trace describes the machine it was recorded on, not this one.
         return emit(build_report("profile", None, [result], c), out, c)
@@ -181,16 +187,16 @@ def profile(
 
 
 def _trace_options(
-    trace: list[str], max_trace_bytes: str | None, max_trace_seconds: float | None
+    trace: list[str], max_bytes: str | None, max_seconds: float | None
 ) -> TraceOptions:
     """`profile --trace`'s options: the traces, --max-trace-bytes parsed (exit 2), and
     --max-trace-seconds (0: no limit)."""
     limit = (
         TraceOptions.max_bytes
-        if max_trace_bytes is None
-        else args.byte_limit("--max-trace-bytes", max_trace_bytes)
+        if max_bytes is None
+        else args.byte_limit("--max-trace-bytes", max_bytes)
     )
-    seconds = TraceOptions.max_seconds if max_trace_seconds is None else max_trace_seconds
+    seconds = TraceOptions.max_seconds if max_seconds is None else max_seconds
     return TraceOptions(tuple(trace), limit, seconds or None)
 
 

@@ -27,8 +27,9 @@ from starvecheck.cli.common import (
     measure_one,
 )
 from starvecheck.core import surroundings
+from starvecheck.inputs.workload import bounds as workload_bounds
 from starvecheck.probe.sysroot import SysRoot
-from starvecheck.stages.options import StarveOptions, by_quick
+from starvecheck.stages.options import DEFAULT_WORKERS_TEXT, MOST_BATCH, StarveOptions, by_quick
 
 
 @app.command()
@@ -38,14 +39,14 @@ def starve(
         float | None,
         typer.Option(
             "--sample-ms",
-            callback=finite(0.0, 10_000.0),
+            callback=finite(*workload_bounds("cpu_ms_per_sample")),  # as doctor's
             help="D: CPU milliseconds of work per sample in a worker "
             f"[default: {StarveOptions.ASSUMED_SAMPLE_MS:g}, an assumed figure: give yours].",
             show_default=False,
         ),
     ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", min=1, max=100_000, help="B: samples per batch.")
+        int, typer.Option("--batch-size", min=1, max=MOST_BATCH, help="B: samples per batch.")
     ] = StarveOptions.batch_size,
     step_ms: Annotated[
         float | None,
@@ -57,10 +58,7 @@ def starve(
             show_default=False,
         ),
     ] = None,
-    workers: WorkersOpt(
-        "num_workers values to sweep [default: 0, 1, 2, 4, ... up to twice the "
-        "effective CPUs, at least 4]."
-    ) = None,
+    workers: WorkersOpt(f"num_workers values to sweep [default: {DEFAULT_WORKERS_TEXT}].") = None,
     steps: StepsOpt(
         f"Measured steps per point, after {StarveOptions.WARMUP_STEPS} warm-up steps "
         f"[default: {by_quick(StarveOptions.STEPS)}]."

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 from starvecheck.core.jsonvalue import JsonDict, JsonObject
 from starvecheck.core.status import UsageError
@@ -84,6 +85,11 @@ class Workload:
     factory: FactorySpec | None = None
     # key -> "default", "option", "file", "measured" or "assumed"
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+
+    # The command whose options these are: doctor's defaults are declared here, as each
+    # other command's are in its options record (stages/options.py), and its help reads
+    # them (tests/test_options.py checks every command's).
+    stage: ClassVar[str] = "doctor"
 
     def source(self, key: str) -> str:
         return self.sources.get(key, "default")

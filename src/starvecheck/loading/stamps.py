@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from starvecheck.core import clocks
+from starvecheck.probe.process import own_stat
 
 RING = 1024  # batch records a worker keeps; the tap reads each within a few steps
 FIELDS = 8
@@ -70,13 +71,13 @@ class Sched:
 def born() -> float:
     """When this process started, on perf_counter's clock: /proc/self/stat's start time
     (clock ticks since boot) against CLOCK_BOOTTIME now; nan where it cannot be read."""
+    read = own_stat()
+    if read is None or read.start is None:
+        return float("nan")
     try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read(4096)
-        ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])
-        age = clocks.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        age = clocks.clock_gettime(time.CLOCK_BOOTTIME) - read.start / os.sysconf("SC_CLK_TCK")
         return clock() - age
-    except (OSError, ValueError, IndexError, AttributeError):
+    except (OSError, ValueError, AttributeError):
         return float("nan")
 
 

@@ -22,6 +22,7 @@ import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from starvecheck.probe import process
 from starvecheck.probe.process import parse_stat
 from starvecheck.probe.sysroot import SysRoot
 
@@ -234,10 +235,9 @@ def sample(
     cpu = queued = 0.0
     seen_cpu = seen_runq = False
     for pid in pids:
-        stat = _read(root, f"/proc/{pid}/stat")
-        t = parse_pid_stat(stat) if stat else None
-        if t is not None:
-            cpu += t
+        read = process.stat(root, pid)
+        if read is not None:
+            cpu += read.cpu_s
             seen_cpu = True
         waited = _runq(root, pid) if runq else None
         if waited is not None:

@@ -25,6 +25,8 @@ CAP_SYS_PTRACE = 19
 MAX_VALUE = 4096  # characters kept of an environment variable (8 GPU UUIDs fit)
 MAX_TASKS = 20_000  # threads read of one process; a torch job has hundreds
 MAX_GROUPS = 65_536  # the kernel's NGROUPS_MAX
+# A stat line is some 52 numbers after the name (at most 64 bytes): a few hundred bytes.
+STAT_MAX_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,10 @@ class Stat:
 
 
 def parse_stat(text: str) -> Stat | None:
-    """/proc/PID/stat. The name (field 2) may hold spaces and parentheses: fields are
-    counted after the last ')'."""
+    """/proc/PID/stat, the one parser of it. The name (field 2) may hold spaces,
+    parentheses, newlines and bytes that are not UTF-8 (a process names itself: prctl
+    PR_SET_NAME, or the executable's name): fields are counted after the last ')', which
+    the numbers after it never hold."""
     _, paren, rest = text.rpartition(")")
     fields = rest.split()
     if not paren or len(fields) < 13:
@@ -174,6 +178,25 @@ def _base(pid: int | str, tid: int | None = None) -> str:
 def stat(root: SysRoot, pid: int | str, tid: int | None = None) -> Stat | None:
     text = _text(root, _base(pid, tid) + "/stat")
     return parse_stat(text) if text else None
+
+
+def own_stat(pid: int | str = "self") -> Stat | None:
+    """This machine's /proc/PID/stat, read directly rather than through the fake-machine
+    root: for the processes starvecheck itself runs (this one's start time, a worker's
+    parent, the creator a scratch marker names), which live here whatever
+    STARVECHECK_SYSROOT points at. None where the process is gone or the file cannot be
+    read or parsed; never raises. `pid`: a number, or "self"."""
+    if not (pid == "self" or (type(pid) is int and pid > 0) or (type(pid) is str and is_uint(pid))):
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, STAT_MAX_BYTES)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return parse_stat(data.decode("utf-8", errors="replace"))
 
 
 def status(root: SysRoot, pid: int | str, tid: int | None = None) -> Status | None:

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.probe.process import own_stat
+
 MARKER = ".starvecheck-owner"
 PREFIX = "starvecheck-"
 MAX_MARKER_BYTES = 64 << 10  # a marker is a few lines; anything bigger is not ours
@@ -52,13 +54,9 @@ def _read(path: str) -> str | None:
 def start_ticks(pid: int | str = "self") -> int | None:
     """A process's start time, in clock ticks since boot (/proc/PID/stat field 22): with
     the pid, it names one process, even after the pid is reused."""
-    text = _read(f"/proc/{pid}/stat")
-    if text is None:
-        return None
-    try:  # the command name (field 2) may hold spaces and parentheses: split after it
-        return int(text[text.rindex(")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
+    # Its name may be anything (not ASCII, parentheses): never a sign the process is gone.
+    read = own_stat(pid)
+    return read.start if read is not None else None
 
 
 def boot_id() -> str | None:

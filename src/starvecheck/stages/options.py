@@ -20,12 +20,31 @@ if TYPE_CHECKING:
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
+# --batch-timeout, where a command iterates a DataLoader (loader, starve, profile,
+# doctor): far above any healthy batch of theirs (the slowest, a cold first batch behind
+# worker start-up and Streaming's set-up on network storage, takes seconds; starve adds
+# its simulated work on top), and well inside a CI job's own time limit, so that a hang
+# ends with its cause named instead of a job killed without a word.
+BATCH_TIMEOUT_S = 120.0
+
+# Bounds the commands check a value against, where more than one command takes it.
+MOST_SECONDS = 86_400.0  # a time limit or a period (--batch-timeout, --every, ...): a day
+MOST_SAMPLES = 10_000_000  # --samples (io, loader)
+MOST_RUNS = 1000  # --runs (io, loader, pcie)
+MOST_BATCH = 100_000  # a DataLoader's --batch-size (loader, starve)
+
+# The default sweep's top: twice the effective CPUs, at least this.
+SWEEP_TOP_AT_LEAST = 4
+# The default sweep as help states it.
+DEFAULT_WORKERS_TEXT = (
+    f"0, 1, 2, 4, ... up to twice the effective CPUs, at least {SWEEP_TOP_AT_LEAST}"
+)
+
 
 def default_workers(effective: int) -> tuple[int, ...]:
-    """num_workers to sweep when none are given: 0, 1, 2, 4, ... up to twice the
-    effective CPUs, at least 4."""
+    """num_workers to sweep when none are given (DEFAULT_WORKERS_TEXT)."""
     counts, w = [0, 1], 2
-    while w <= max(4, 2 * effective):
+    while w <= max(SWEEP_TOP_AT_LEAST, 2 * effective):
         counts.append(w)
         w *= 2
     return tuple(counts)
@@ -49,20 +68,38 @@ def size_list(sizes: tuple[int, ...]) -> str:
     return ",".join(size_text(s) for s in sizes)
 
 
-def by_quick(table: dict[bool, int]) -> str:
+def number(value: float) -> str:
+    """A default number as help states it: 5 -> '5', 10.0 -> '10', 0.5 -> '0.5'."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def by_quick(table: dict[bool, int] | dict[bool, float]) -> str:
     """A --quick-dependent default as help states it: '5; 3 with --quick'."""
-    return f"{table[False]}; {table[True]} with --quick"
+    return f"{number(table[False])}; {number(table[True])} with --quick"
 
 
 @dataclass(frozen=True)
 class AttachOptions:
     pid: int  # the training process, or a torchrun agent
-    seconds: float | None = None  # --duration; None: 10 s, or 5 with --quick
-    rate: int = 50  # samples a second (capped at stages/attach/spy.RATE_CEILING)
+    seconds: float | None = None  # --duration; None: SECONDS[quick]
+    rate: int = 50  # samples a second, at most RATE_CEILING
     all_ranks: bool = False  # --all: every rank beside PID on this node
     quick: bool = False
 
     stage: ClassVar[str] = "attach"
+    SECONDS: ClassVar[dict[bool, float]] = {False: 10.0, True: 5.0}
+    # --duration's bounds: the shortest window that samples anything, the longest a
+    # caveat may name (stages/attach/costs.py).
+    MIN_SECONDS: ClassVar[float] = 1.0
+    MAX_SECONDS: ClassVar[float] = 600.0
+    # Never more samples a second, whatever is asked (--rate's bound; py-spy's cost
+    # grows with it: docs/commands/attach.md, "What attach costs the job").
+    RATE_CEILING: ClassVar[int] = 200
+
+    @property
+    def window_s(self) -> float:
+        """The seconds one window samples: --duration, else SECONDS[quick]."""
+        return self.seconds or self.SECONDS[self.quick]
 
 
 @dataclass(frozen=True)
@@ -128,7 +165,10 @@ class FactoryOptions:
     batch_size: int | None = None  # None: the pipeline's own
     workers: tuple[int, ...] | None = None  # None: the default sweep
     quick: bool = False
-    factory_timeout_s: float = 300.0  # importing the module and calling FUNC
+    # How long importing the module and calling FUNC may take together (a factory that
+    # downloads, or scans a huge directory, says so by taking long; one that never
+    # returns ends here). --batch-timeout bounds each batch separately.
+    factory_timeout_s: float = 300.0
     # Seconds each configuration is read for, over all its rounds; None: BUDGET_S[quick]
     budget_s: float | None = None
     step_ms: float | None = None  # the GPU's step, to judge against
@@ -208,7 +248,9 @@ class ProfileOptions:
 @dataclass(frozen=True)
 class TraceOptions:
     traces: tuple[str, ...]  # files or directories of torch.profiler traces
-    # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole.
+    # The most JSON one file may hold, unpacked (None: no limit): it is decoded whole, so
+    # this bounds the memory a file costs (about as much again for its events). A real
+    # job's trace is hundreds of MB; --max-trace-bytes raises it.
     max_bytes: int | None = 4 << 30
     # The most seconds reading and analysing them may take (None: no limit).
     max_seconds: float | None = 600.0
@@ -217,7 +259,8 @@ class TraceOptions:
 
 
 StageOptions = (
-    EnvOptions
+    AttachOptions
+    | EnvOptions
     | IoOptions
     | LoaderOptions
     | FactoryOptions

@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 
 from starvecheck.core.units import parse_uint
+from starvecheck.probe import process
 from starvecheck.probe.cpu import parse_status_field
-from starvecheck.probe.load import parse_pid_stat, parse_schedstat
+from starvecheck.probe.load import parse_schedstat
 from starvecheck.probe.sysroot import SysRoot
 
 BUDGET_SHARE = 0.01  # of the machine's effective CPUs: attach's promise, "under 1%"
@@ -219,8 +220,8 @@ def cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
             total, seen = total + got[0], True
     if seen:
         return total
-    text = root.read(f"/proc/{pid}/stat").value
-    return parse_pid_stat(text) if text else None
+    read = process.stat(root, pid)
+    return read.cpu_s if read is not None else None
 
 
 SPAWN_MARKS = ("multiprocessing.spawn", "multiprocessing.forkserver")
@@ -265,10 +266,8 @@ def workers_of(
     found = []
     parents: set[int] = set()
     for pid in descendants:
-        stat = root.read(f"/proc/{pid}/stat").value or ""
-        fields = stat.rpartition(")")[2].split()
-        if len(fields) > 1 and (parent := parse_uint(fields[1])) is not None:
-            parents.add(parent)
+        if (stat := process.stat(root, pid)) is not None:
+            parents.add(stat.ppid)
     for pid in sorted(descendants, reverse=True):
         cmd = root.read(f"/proc/{pid}/cmdline").value
         exe = root.readlink(f"/proc/{pid}/exe").value

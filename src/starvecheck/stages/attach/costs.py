@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.status import UsageError
 from starvecheck.stages.attach import budget
+from starvecheck.stages.options import AttachOptions
 
 if TYPE_CHECKING:
     from starvecheck.scratch.directory import Scratch
     from starvecheck.stages.attach.sampling import Cost, RankSampler, Sampling
     from starvecheck.stages.attach.target import Process
 
-MAX_DURATION_S = 600.0  # --duration's ceiling (cli/attach.py)
+MAX_DURATION_S = AttachOptions.MAX_SECONDS  # --duration's ceiling
 NO_SCRATCH = (
     "Python stacks not sampled: no scratch directory for py-spy's files could be made in "
     "the temporary directory (set TMPDIR to a writable directory); the figures below are "

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from starvecheck.core import clocks
 from starvecheck.stages.attach.spyout import MAX_LINES, Stacks, parse_raw, parse_speedscope
+from starvecheck.stages.options import AttachOptions
 
 # The output's parsers and record: importable from here, where callers have found them.
 __all__ = ["Recorder", "Stacks", "parse_raw", "parse_speedscope"]
@@ -46,7 +47,7 @@ __all__ = ["Recorder", "Stacks", "parse_raw", "parse_speedscope"]
 if TYPE_CHECKING:
     from starvecheck.scratch.directory import Scratch
 
-RATE_CEILING = 200  # never more, whatever is asked
+RATE_CEILING = AttachOptions.RATE_CEILING  # never more, whatever is asked
 MAX_BYTES = 64 << 20
 END_GRACE_S = 15.0  # past its duration, for py-spy to write its samples and end
 STOP_S = 5.0  # once asked to end (SIGINT), before its process group is killed

@@ -54,8 +54,6 @@ from starvecheck.stages.options import AttachOptions
 if TYPE_CHECKING:
     pass
 
-QUICK_S = 5.0
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -126,8 +124,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
 
     def plan(self, options: AttachOptions, ctx: RunContext) -> Plan:
         job = find(options.pid, options.all_ranks)
-        seconds = options.seconds or (QUICK_S if options.quick else 10.0)
-        return Plan(job, seconds, options.rate, ctx.effective_cpus)
+        return Plan(job, options.window_s, options.rate, ctx.effective_cpus)
 
     def measure(self, plan: Plan, ctx: RunContext) -> StageResult:
         caveats: list[Caveat] = []

@@ -40,13 +40,11 @@ from starvecheck.core import clocks
 from starvecheck.core.signals import signals_held
 from starvecheck.core.status import BatchTimeout
 from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.options import BATCH_TIMEOUT_S
 
-# The limit `loader`, `starve`, `profile` and `doctor` apply (--batch-timeout): far
-# above any healthy batch of theirs (the slowest, a cold first batch behind worker
-# start-up and Streaming's set-up on network storage, takes seconds; starve adds its
-# simulated work on top), and well inside a CI job's own time limit, so that a hang
-# ends with its cause named instead of a job killed without a word.
-DEFAULT_TIMEOUT_S = 120.0
+# The limit `loader`, `starve`, `profile` and `doctor` apply (--batch-timeout; why this
+# one: stages/options.py, where it is declared).
+DEFAULT_TIMEOUT_S = BATCH_TIMEOUT_S
 # After the timer first fires, it fires again this often until its exception lands.
 RETRY_S = 1.0
 # What a user can do about a limit that was too short.

@@ -172,19 +172,20 @@ def _watch(parent: int) -> None:
 
 def running(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
+    # Imported here: this module loads with every command (stages/base.py), /proc's
+    # reader only where a worker watches its parent (start-up time and memory).
+    from starvecheck.probe.process import own_stat
+
+    read = own_stat(pid)
+    if read is not None:
+        return read.state not in ("Z", "X")
+    try:  # gone, or its stat unreadable: ask the kernel
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            pass
-        return True
+    except OSError:
+        pass
+    return True
 
 
 def worker_init(worker_id: int, parent: int | None = None) -> None:

@@ -28,11 +28,11 @@ import msgspec
 from starvecheck.core import clocks, surroundings
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import STDIN, open_input, read_all
+from starvecheck.stages.options import TraceOptions
 
-# The most JSON one trace file may hold, unpacked: it is decoded whole, so this bounds
-# the memory a file costs (about as much again for its events). A real job's trace is
-# hundreds of MB; profile --max-trace-bytes raises it.
-MAX_BYTES = 4 << 30
+# The most JSON one trace file may hold, unpacked (TraceOptions.max_bytes, where it is
+# declared).
+MAX_BYTES = TraceOptions.max_bytes
 # A JSON escape (kept), or a backslash that starts none (doubled).
 _BAD_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})?')
 _NUMBER = (int, float)

@@ -32,11 +32,10 @@ from starvecheck.core import clocks, streams
 from starvecheck.core.signals import importing
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.factory import FactorySpec, check_source
+from starvecheck.stages.options import FactoryOptions
 
-# How long importing the module and calling FUNC may take together (a factory that
-# downloads, or scans a huge directory, says so by taking long; one that never returns
-# ends here). --batch-timeout bounds each batch separately.
-DEFAULT_FACTORY_TIMEOUT_S = 300.0
+# How long importing the module and calling FUNC may take together (why: its option).
+DEFAULT_FACTORY_TIMEOUT_S = FactoryOptions.factory_timeout_s
 
 
 @dataclass
