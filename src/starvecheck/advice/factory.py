@@ -31,7 +31,7 @@ in interleaved rounds (each configuration read once a round, side by side).
 `complete` judges once (the result's `judged`): each configuration's ratio to the
 current one (`vs_current`, `_low`, `_high`), the capacity of the one recommended
 (doctor's loader link), the choice, and a caveat where other work moved the figures.
-Reads metrics by labels, never by names.
+Reads the stage's records (core/schema/factory.py) by attribute, never a label key.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`loader --factory`: one row per DataLoader configuration of the user's own pipeline.
 
 The JSON keeps one flat metric per figure (`own.w2.samples_per_s`,
-`own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...), labelled
-with layout `own`, the configuration (workers, prefetch_factor, persistent_workers,
-pin_memory), `role` (workers: the num_workers sweep; prefetch, persistent, pin: one
-setting changed at the sweep's knee; base and again: the knee and the user's
-configuration read again beside those; current: the user's configuration where the
-sweep does not include it) and `current`.
+`own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...); this reads
+them as their records (core/schema/factory.py: each configuration's `Measured`, its
+`Role` and `Settings`, judging's ratio to the current one as its `VsCurrent`).
 """
 
 from __future__ import annotations
