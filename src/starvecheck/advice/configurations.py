@@ -7,22 +7,17 @@ they cost.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from starvecheck.core.criteria import cpu_work
-from starvecheck.core.metric import Caveat, Metric, one, select
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
 from starvecheck.core.paired import spread
-from starvecheck.core.schema.common import OTHERS_CPUS, SAMPLES_PER_S
-from starvecheck.core.schema.factory import LAYOUT, WORKERS
+from starvecheck.core.schema.factory import FactoryFigures, Role
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
+from starvecheck.core.schema.factory_choice import Point
+from starvecheck.core.schema.figure import value_of
 
-KEYS = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
-# The roles of a configuration read again beside the count's variants, in their rounds:
-# the count itself (`base`) and the current settings (`again`); never the sweep's own.
-BESIDE = ("base", "again")
+__all__ = ["Point", "describe", "fix_of", "line", "moved_caveat", "points", "repeats_grow"]
 
 
 # Other processes keeping this many CPUs busy (median over the rounds), or one
@@ -34,66 +29,33 @@ MOVED = 1.25
 REPEATS_MARGIN = 0.02
 
 
-@dataclass(frozen=True)
-class Point:
-    labels: Mapping[str, Any]
-    rates: tuple[float, ...]  # samples/s, one figure a round, in round order
-    metrics: tuple[Metric, ...]
-    unique: bool = False  # rates count unique samples (repeats were found)
-
-    @property
-    def rate(self) -> float:
-        """The median over the rounds: the figure shown."""
-        return statistics.median(self.rates)
-
-    def get(self, quantity: str, **more: Any) -> float | None:
-        m = one(self.metrics, quantity=quantity, **more)
-        return None if m is None else m.value
-
-    @property
-    def workers(self) -> int:
-        return int(self.labels.get("workers", 0))
-
-    @property
-    def role(self) -> str:
-        return str(self.labels.get("role", ""))
-
-    def cpu_work(self) -> bool | None:
-        """Its workers' measured time: on a CPU or waiting for one (CPU work), or blocked."""
-        cpu = self.get("cpu_ms_per_sample", process=WORKERS)
-        runq = self.get("runq_ms_per_sample", process=WORKERS)
-        blocked = self.get("blocked_ms_per_sample", process=WORKERS)
-        if cpu is None or runq is None or blocked is None:
-            return None
-        return cpu_work(cpu, runq, cpu + runq + blocked)
-
-    def line(self, batch_size: Any) -> str:
-        """The DataLoader line, exactly the `fix`: every setting it names."""
-        fix = fix_of(self)
-        parts = [f"batch_size={batch_size}"] + [f"{k}={v}" for k, v in fix.items()]
-        return f"`DataLoader(dataset, {', '.join(parts)}, ...)`"
+def line(p: Point, batch_size: Any) -> str:
+    """The DataLoader line, exactly the `fix`: every setting it names."""
+    fix = fix_of(p)
+    parts = [f"batch_size={batch_size}"] + [f"{k}={v}" for k, v in fix.items()]
+    return f"`DataLoader(dataset, {', '.join(parts)}, ...)`"
 
 
 def points(loader: StageResult) -> list[Point]:
-    """Every configuration measured. Where workers repeat samples (repeats_grow), every
-    configuration's samples/s counts unique samples only: delivering the same sample
-    twice is no faster."""
+    """Every configuration measured (its record: `StageResult.records`). Where workers
+    repeat samples (repeats_grow), every configuration's samples/s counts unique
+    samples only: delivering the same sample twice is no faster."""
     out = []
-    for m in select(loader.metrics, quantity=SAMPLES_PER_S, layout=LAYOUT):
-        rates = m.values or ((m.value,) if m.value is not None else ())
-        if not rates:
-            continue
-        where = {k: m.labels[k] for k in KEYS if k in m.labels}
-        out.append(
-            Point(m.labels, tuple(rates), tuple(select(loader.metrics, layout=LAYOUT, **where)))
-        )
+    for c in loader.records(FactoryFigures).configurations:
+        rate = c.samples_per_s
+        rates = () if rate is None else rate.values or (() if rate.value is None else (rate.value,))
+        if rates:
+            out.append(Point(c, tuple(rates)))
     if loader.parameters.read(FactoryParameters).iterable and repeats_grow(out):
         out = [
-            Point(p.labels, tuple(r * (1.0 - (p.get("repeat_share") or 0.0)) for r in p.rates),
-                  p.metrics, unique=True)
+            Point(p.figures, tuple(r * (1.0 - (_repeats(p) or 0.0)) for r in p.rates), unique=True)
             for p in out
-        ]  # fmt: skip
+        ]
     return out
+
+
+def _repeats(p: Point) -> float | None:
+    return value_of(p.figures.repeat_share)
 
 
 def repeats_grow(found: list[Point]) -> list[tuple[Point, float]]:
@@ -107,15 +69,13 @@ def repeats_grow(found: list[Point]) -> list[tuple[Point, float]]:
     return [
         (p, s)
         for p in found
-        if (s := p.get("repeat_share")) is not None
-        and p.workers > fewest
-        and s - share > REPEATS_MARGIN
+        if (s := _repeats(p)) is not None and p.workers > fewest and s - share > REPEATS_MARGIN
     ]
 
 
 def base_repeats(found: list[Point]) -> tuple[int, float] | None:
     """(workers, repeat share) of the configuration with the fewest workers."""
-    shares = [(p.workers, s) for p in found if (s := p.get("repeat_share")) is not None]
+    shares = [(p.workers, s) for p in found if (s := _repeats(p)) is not None]
     return min(shares) if shares else None
 
 
@@ -128,22 +88,28 @@ def fix_of(p: Point) -> dict[str, Any]:
     run, prefetch_factor and persistent_workers where they differ from torch's
     defaults; pin_memory where it is on, or where it is off as the measured variant
     of a pinned loader."""
+    s = p.settings
     fix: dict[str, Any] = {"num_workers": p.workers}
     if p.workers:
-        if int(p.labels.get("prefetch_factor") or 2) != 2:
-            fix["prefetch_factor"] = int(p.labels.get("prefetch_factor") or 2)
-        if p.labels.get("persistent_workers"):
+        if (s.prefetch_factor or 2) != 2:
+            fix["prefetch_factor"] = s.prefetch_factor or 2
+        if s.persistent_workers:
             fix["persistent_workers"] = True
-    if p.labels.get("pin_memory"):
+    if s.pin_memory:
         fix["pin_memory"] = True
-    elif p.role == "pin":  # pinning measured slower than pageable memory here
+    elif p.role == Role.PIN:  # pinning measured slower than pageable memory here
         fix["pin_memory"] = False
     return fix
 
 
+def others_cpus(found: list[Point]) -> list[float]:
+    """The CPUs other processes kept busy, every round of every configuration."""
+    return [v for p in found if (o := p.figures.others_cpus) is not None for v in o.values]
+
+
 def moved_caveat(found: list[Point], loader: StageResult) -> Caveat | None:
     """One line where other work on the machine moved the figures, saying how much."""
-    others = [v for p in found for m in select(p.metrics, quantity=OTHERS_CPUS) for v in m.values]
+    others = others_cpus(found)
     busy = statistics.median(others) if others else None
     moves = [(p, s) for p in found if (s := spread(p.rates)) is not None]
     worst = max(moves, key=lambda kv: kv[1], default=None)

@@ -16,8 +16,9 @@ from starvecheck.advice.configurations import Point, describe
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
 from starvecheck.core.paired import spread
-from starvecheck.core.schema.factory import MAIN, SWEPT, WORKER, Configuration
+from starvecheck.core.schema.factory import SWEPT, Configuration, Role
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
+from starvecheck.core.schema.figure import value_of
 
 MIB = float(1 << 20)
 # A worker whose private memory grew this much while reading copies on read.
@@ -44,8 +45,8 @@ def memory_cap(p: Point, params: FactoryParameters) -> tuple[int | None, str]:
         return None, ""
     cap: int | None = None
     why = ""
-    worker = p.get("uss_bytes", process=WORKER)
-    main = p.get("uss_bytes", process=MAIN) or 0.0
+    worker = value_of(p.figures.uss_worker)
+    main = value_of(p.figures.uss_main) or 0.0
     limit = params.memory_limit_bytes
     if worker and limit:
         cap = max(0, math.floor((MEMORY_SHARE * limit - main) / worker))
@@ -53,9 +54,9 @@ def memory_cap(p: Point, params: FactoryParameters) -> tuple[int | None, str]:
             f"{cap} worker(s) of {worker / MIB:,.0f} MiB each fit in {MEMORY_SHARE:.0%} "
             f"of the {limit / MIB:,.0f} MiB memory limit"
         )
-    batch = p.get("batch_bytes")
+    batch = value_of(p.figures.batch_bytes)
     shm = params.shm_free_bytes
-    prefetch = int(p.labels.get("prefetch_factor") or 2)
+    prefetch = p.settings.prefetch_factor or 2
     if batch and shm:
         fits = _shm_fits(batch, prefetch, shm)
         if cap is None or fits < cap:
@@ -81,8 +82,8 @@ def copy_on_read(
     for p in found:
         if not p.workers:
             continue
-        growth = p.get("uss_growth_bytes", process=WORKER)
-        end = p.get("uss_bytes", process=WORKER)
+        growth = value_of(p.figures.uss_growth_worker)
+        end = value_of(p.figures.uss_worker)
         held = end - idle if end is not None and idle is not None else None
         figures.append((max(growth or 0.0, held or 0.0), growth, held, end, p))
     if not figures:
@@ -104,7 +105,7 @@ def copy_on_read(
 def _in_hand(p: Point) -> float:
     """The bytes of the batches a worker may hold: the one it makes and its
     prefetch_factor in flight."""
-    return (int(p.labels.get("prefetch_factor") or 2) + 1) * (p.get("batch_bytes") or 0.0)
+    return ((p.settings.prefetch_factor or 2) + 1) * (value_of(p.figures.batch_bytes) or 0.0)
 
 
 def _own_growth(found: list[Point], growth: float) -> bool:
@@ -112,7 +113,7 @@ def _own_growth(found: list[Point], growth: float) -> bool:
     the growth is the pipeline's own (a shuffle buffer, a cache it fills), not pages a
     fork shares and a worker copies."""
     zero = next((q for q in found if q.workers == 0 and q.role in SWEPT), None)
-    own = zero.get("uss_growth_bytes", process=MAIN) if zero is not None else None
+    own = value_of(zero.figures.uss_growth_main) if zero is not None else None
     return own is not None and own >= OWN_GROWTH_SHARE * growth
 
 
@@ -138,7 +139,7 @@ def _copy_finding(
         parts.append(f"it grew by {growth / MIB:,.0f} MiB{read}")
     own = max(held or 0.0, growth or 0.0)
     k = chosen.workers if chosen is not None and chosen.workers else p.workers
-    main = p.get("uss_bytes", process=MAIN) or 0.0
+    main = value_of(p.figures.uss_main) or 0.0
     total = main + k * end
     parts.append(
         f"at num_workers={k}{' (recommended)' if chosen is not None and chosen.workers else ''}"
@@ -194,7 +195,7 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
     /dev/shm free, for the fastest configuration measured: past it, a DataLoader dies
     with "Bus error" (Docker's default is 64 MB)."""
     shm = loader.parameters.read(FactoryParameters).shm_free_bytes
-    with_workers = [p for p in found if p.workers and p.get("batch_bytes")]
+    with_workers = [p for p in found if p.workers and value_of(p.figures.batch_bytes)]
     if not shm or not with_workers:
         return []
     fastest = max(with_workers, key=lambda p: p.rate)
@@ -207,8 +208,8 @@ def shm_forecast(loader: StageResult, found: list[Point], chosen: Point | None) 
         return []
     p = over[0]
     need = _in_flight(p)
-    batch = p.get("batch_bytes") or 0.0
-    prefetch = int(p.labels.get("prefetch_factor") or 2)
+    batch = value_of(p.figures.batch_bytes) or 0.0
+    prefetch = p.settings.prefetch_factor or 2
     fits = _shm_fits(batch, prefetch, shm) if batch else 0
     size = 1 << max(30, math.ceil(math.log2(max(need * 2, 1.0))))
     return [
@@ -238,7 +239,7 @@ def _shm_fits(batch: float, prefetch: int, shm: float) -> int:
 
 
 def _in_flight(p: Point) -> float:
-    return p.workers * int(p.labels.get("prefetch_factor") or 2) * (p.get("batch_bytes") or 0.0)
+    return p.workers * (p.settings.prefetch_factor or 2) * (value_of(p.figures.batch_bytes) or 0.0)
 
 
 def _samples_read(loader: StageResult, p: Point) -> int | None:
@@ -249,22 +250,21 @@ def _samples_read(loader: StageResult, p: Point) -> int | None:
 def _configuration(loader: StageResult, p: Point) -> Configuration | None:
     """`p`'s entry in the run's `configurations` (samples read, seconds)."""
     for c in loader.parameters.read(FactoryParameters).configurations:
-        if c.role == p.labels.get("role") and c.workers == p.workers:
+        if c.role == p.role and c.workers == p.workers:
             return c
     return None
 
 
 def batch_transfer(loader: StageResult, found: list[Point]) -> list[Finding]:
-    with_workers = [p for p in found if p.workers and p.labels.get("role") == "workers"]
-    zero = next((p for p in found if p.workers == 0 and p.labels.get("role") == "workers"), None)
+    with_workers = [p for p in found if p.workers and p.role == Role.WORKERS]
+    zero = next((p for p in found if p.workers == 0 and p.role == Role.WORKERS), None)
     if not with_workers:
         return []
     batch = statistics.median(
-        [b for p in with_workers if (b := p.get("batch_bytes")) is not None] or [0.0]
+        [b for p in with_workers if (b := value_of(p.figures.batch_bytes)) is not None] or [0.0]
     )
     per_sample = statistics.median(
-        [c for p in with_workers if (c := p.get("cpu_ms_per_sample", process=MAIN)) is not None]
-        or [0.0]
+        [c for p in with_workers if (c := value_of(p.figures.cpu_ms_main)) is not None] or [0.0]
     )
     size = loader.parameters.batch_size or 1
     receive_ms = per_sample * float(size)
@@ -307,8 +307,8 @@ def main_threads(loader: StageResult, found: list[Point]) -> Finding | None:
     zero = next((p for p in found if p.workers == 0 and p.role in SWEPT), None)
     if zero is None:
         return None
-    cpu = zero.get("cpu_ms_per_sample", process=MAIN)
-    cpus_busy = zero.get("cpus_busy", process=MAIN)
+    cpu = value_of(zero.figures.cpu_ms_main)
+    cpus_busy = value_of(zero.figures.cpus_busy_main)
     if cpu is None or cpus_busy is None or cpus_busy < THREADED_CPUS:
         return None
     threads = loader.parameters.read(FactoryParameters).torch_threads

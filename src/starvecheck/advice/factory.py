@@ -31,23 +31,20 @@ in interleaved rounds (each configuration read once a round, side by side).
 `complete` judges once (the result's `judged`): each configuration's ratio to the
 current one (`vs_current`, `_low`, `_high`), the capacity of the one recommended
 (doctor's loader link), the choice, and a caveat where other work moved the figures.
-Reads metrics by labels, never by names.
+Reads the stage's records (core/schema/factory.py) by attribute, never a label key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from starvecheck.advice import samples
 from starvecheck.advice.configurations import (
-    BESIDE,
-    KEYS,
-    LAYOUT,
     Point,
     describe,
     fix_of,
+    line,
     moved_caveat,
     points,
 )
@@ -73,13 +70,13 @@ from starvecheck.advice.factory_unread import withheld
 from starvecheck.advice.loadstages import configuration_said
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
-from starvecheck.core.explained import Unexplained
-from starvecheck.core.metric import Caveat, Metric, one
+from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison, chained, compare
-from starvecheck.core.schema import common as words
-from starvecheck.core.schema.factory import SWEPT
+from starvecheck.core.schema.factory import BESIDE, SWEPT, Role, VsCurrent
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
+from starvecheck.core.schema.factory_choice import Choice
+from starvecheck.core.stages import FACTORY
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -88,30 +85,10 @@ if TYPE_CHECKING:
 WARN_GAIN = 1.5
 
 
-@dataclass(frozen=True)
-class Choice:
-    current: Point
-    chosen: Point  # the configuration recommended; the current one where no change is
-    best: Point  # the best measured, whether or not it clears the margin
-    against: Comparison | None  # best over current, round by round
-    sweep: Mapping[int, Point]
-    notes: tuple[str, ...]
-    disturbed: tuple[Unexplained, ...] = ()  # ratios the counts cannot explain
-    busy: float | None = None  # other processes' CPUs, where too busy to tell
-
-    @property
-    def changes(self) -> bool:
-        return self.chosen is not self.current
-
-    @property
-    def gain(self) -> float | None:
-        return round(self.against.ratio, 2) if self.against is not None and self.changes else None
-
-
 def _current(found: list[Point]) -> Point | None:
     """The user's configuration as the first set read it (not its readings beside the
     variants: `base`, `again`)."""
-    return next((p for p in found if p.labels.get("current") and p.role not in BESIDE), None)
+    return next((p for p in found if p.current and p.role not in BESIDE), None)
 
 
 def _against_current(p: Point, current: Point, found: list[Point]) -> Comparison | None:
@@ -123,11 +100,11 @@ def _against_current(p: Point, current: Point, found: list[Point]) -> Comparison
         return Comparison(1.0, 1.0, 1.0, len(p.rates))
     if p.role in SWEPT:
         return compare(p.rates, current.rates)
-    again = next((q for q in found if q.role == "again"), None)
+    again = next((q for q in found if q.role == Role.AGAIN), None)
     if again is not None:
         return compare(p.rates, again.rates)
-    base = next((q for q in found if q.role == "base" and q.workers == p.workers), None)
-    same = next((q for q in found if q.role == "workers" and q.workers == p.workers), None)
+    base = next((q for q in found if q.role == Role.BASE and q.workers == p.workers), None)
+    same = next((q for q in found if q.role == Role.WORKERS and q.workers == p.workers), None)
     if base is None or same is None:
         return None
     first, then = compare(p.rates, base.rates), compare(same.rates, current.rates)
@@ -140,7 +117,7 @@ def choose(loader: StageResult) -> Choice | None:
     found = points(loader)
     params = loader.parameters.read(FactoryParameters)
     effective = float(params.cpus)
-    sweep = {p.workers: p for p in found if p.role == "workers"}
+    sweep = {p.workers: p for p in found if p.role == Role.WORKERS}
     current = _current(found)
     if not sweep or current is None:
         return None
@@ -190,21 +167,7 @@ def complete(loader: StageResult) -> StageResult:
         c = _against_current(p, current, found) if current is not None else None
         if c is None or p.role in BESIDE or (p is not current and p.workers in suspect):
             continue  # a ratio its counts cannot explain is never shown as a gain
-        where = {k: p.labels[k] for k in (*KEYS, "current") if k in p.labels}
-        name = "own.w{workers}{role}.".format(
-            workers=p.workers, role="" if p.role == "workers" else f".{p.role}"
-        )
-        for q, v in (
-            (words.VS_CURRENT, c.ratio),
-            (words.VS_CURRENT_LOW, c.low),
-            (words.VS_CURRENT_HIGH, c.high),
-        ):
-            if v is not None and v not in (0.0, float("inf")):
-                metrics.append(
-                    Metric.single(
-                        name + q, round(v, 3), "x", {"layout": LAYOUT, **where, "quantity": q}
-                    )
-                )
+        metrics += p.figures.ratio_metrics(VsCurrent(c.ratio, c.low, c.high))
     caveats: list[Caveat] = []
     said = disturbed_caveat(unexplained)
     if said is not None:
@@ -215,7 +178,7 @@ def complete(loader: StageResult) -> StageResult:
     choice = choose(loader)
     capacity = None
     if choice is not None:
-        at = one(choice.chosen.metrics, quantity=words.SAMPLES_PER_S)
+        at = choice.chosen.figures.rate_metric()
         capacity = replace(at, name=f"capacity ({at.name})") if at is not None else None
     # chosen once per report (choice_of reads it)
     judged = Judged(tuple(metrics), capacity, tuple(caveats), choice=choice)
@@ -226,7 +189,7 @@ def choice_of(loader: StageResult) -> Choice | None:
     """The configuration recommended, as `complete` chose it (once per report); chosen
     here for a result that was not completed."""
     made = loader.judged.choice
-    return made if isinstance(made, Choice) else choose(loader)
+    return made if made is not None else choose(loader)
 
 
 def chosen_of(choice: Choice | None) -> Point | None:
@@ -242,7 +205,7 @@ def basis(loader: StageResult) -> str:
 
 
 def rules(results: Results) -> list[Finding]:
-    loader = results.get("factory")
+    loader = results.get(FACTORY)
     if loader is None:
         return []
     found = points(loader)
@@ -264,14 +227,14 @@ def rules(results: Results) -> list[Finding]:
 def _evidence(choice: Choice, effective: float) -> str:
     rates = "; ".join(f"num_workers={w}: {p.rate:,.0f}" for w, p in sorted(choice.sweep.items()))
     text = f"current ({describe(choice.current)}): {choice.current.rate:,.0f} samples/s; {rates}"
-    if choice.best is not choice.current and choice.best.role != "workers":
+    if choice.best is not choice.current and choice.best.role != Role.WORKERS:
         text += f"; {describe(choice.best)}: {choice.best.rate:,.0f}"
     if choice.against is not None and choice.best is not choice.current:
         text += (
             f"; {describe(choice.best)} over current, round by round: {choice.against.describe()}"
         )
     text += f" (medians over the rounds, this machine, {effective:g} effective CPUs)"
-    return text + configuration_said(choice.current.get, "with your settings")
+    return text + configuration_said(choice.current.figures.share, "with your settings")
 
 
 def _undecided(best: Point, against: Comparison, evidence: str) -> Finding:
@@ -355,7 +318,7 @@ def _config(loader: StageResult) -> Finding | None:
         severity,
         title,
         evidence=evidence,
-        recommendation=f"Use {chosen.line(params.batch_size)} (the rest as you have "
+        recommendation=f"Use {line(chosen, params.batch_size)} (the rest as you have "
         "it). Why: " + "; ".join(choice.notes) + ".",
         gain=Gain(GainKind.THROUGHPUT, gain, basis),
         fix=fix_of(chosen),

@@ -16,14 +16,14 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from starvecheck.advice.configurations import Point, describe
+from starvecheck.advice.configurations import Point, describe, others_cpus
 from starvecheck.core import catalogue
 from starvecheck.core.explained import Cost, Unexplained, unexplained
-from starvecheck.core.metric import Caveat, select
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.schema.common import BATCHES_PER_S, OTHERS_CPUS, SAMPLES_PER_S
-from starvecheck.core.schema.factory import MAIN, SWEPT, WORKERS
+from starvecheck.core.schema.factory import SWEPT
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
+from starvecheck.core.schema.figure import value_of
 
 # Too busy to tell: other processes kept this share of the effective CPUs busy (the
 # median over the rounds) while workers doing CPU work were measured. Their figures then
@@ -55,14 +55,14 @@ def point_cost(p: Point) -> Cost:
     num_workers=0 the main process's, its blocked time its wall time a sample less
     its CPU and run-queue time."""
     if not p.workers:
-        cpu = p.get("cpu_ms_per_sample", process=MAIN)
-        runq = p.get("runq_ms_per_sample", process=MAIN)
+        cpu = value_of(p.figures.cpu_ms_main)
+        runq = value_of(p.figures.runq_ms_main)
         if cpu is None or runq is None or p.rate <= 0:
             return Cost(cpu, None)
         return Cost(cpu, max(0.0, 1e3 / p.rate - cpu - runq))
     return Cost(
-        p.get("cpu_ms_per_sample", process=WORKERS),
-        p.get("blocked_ms_per_sample", process=WORKERS),
+        value_of(p.figures.cpu_ms_workers),
+        value_of(p.figures.blocked_ms_workers),
     )
 
 
@@ -72,7 +72,7 @@ def too_busy(found: list[Point], cpus: float, worked: bool | None) -> float | No
     the machine could tell (workers blocked in I/O or sleep need no CPU to wait)."""
     if worked is False or cpus <= 0:
         return None
-    others = [v for p in found for m in select(p.metrics, quantity=OTHERS_CPUS) for v in m.values]
+    others = others_cpus(found)
     if not others:
         return None
     busy = statistics.median(others)
@@ -156,8 +156,8 @@ def _main_s(p: Point) -> float:
     its run-queue wait (0 where not measured)."""
     own = sum(
         x
-        for q in ("cpu_ms_per_sample", "runq_ms_per_sample")
-        if (x := p.get(q, process=MAIN)) is not None and math.isfinite(x) and x > 0
+        for f in (p.figures.cpu_ms_main, p.figures.runq_ms_main)
+        if (x := value_of(f)) is not None and math.isfinite(x) and x > 0
     )
     return own / 1e3
 
@@ -167,7 +167,8 @@ def _batch(current: Point, batch_size: object) -> float | None:
     batch_sampler) the samples a batch measured in the current configuration."""
     if isinstance(batch_size, int | float) and not isinstance(batch_size, bool):
         return float(batch_size) if batch_size > 0 else None
-    samples, batches = current.get(SAMPLES_PER_S), current.get(BATCHES_PER_S)
+    samples = value_of(current.figures.samples_per_s)
+    batches = value_of(current.figures.batches_per_s)
     return samples / batches if samples and batches else None
 
 

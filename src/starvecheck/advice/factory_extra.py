@@ -8,9 +8,8 @@ from __future__ import annotations
 import statistics
 
 from starvecheck.advice.configurations import Point
-from starvecheck.core.metric import one
 from starvecheck.core.paired import Comparison, compare
-from starvecheck.core.schema import common as words
+from starvecheck.core.schema.factory import VARIANTS, Role
 
 # A setting second to the worker count (prefetch_factor, persistent_workers) joins the
 # line only where its interval is above 1 + this.
@@ -32,12 +31,12 @@ def extra_setting(
     than the count, so it joins the line run after run or not at all; never slower."""
     if not base.workers:
         return None
-    beside = next((p for p in found if p.role == "base" and p.workers == base.workers), None)
+    beside = next((p for p in found if p.role == Role.BASE and p.workers == base.workers), None)
     if beside is None:
         return None
     best: tuple[Point, str, float] | None = None
     for p in found:
-        if p.workers != base.workers or p.role not in ("prefetch", "persistent", "pin"):
+        if p.workers != base.workers or p.role not in VARIANTS:
             continue
         c = compare(p.rates, beside.rates)
         if c is None or c.below(0.0):
@@ -45,14 +44,14 @@ def extra_setting(
         note = ""
         if c.clears(EXTRA_MARGIN):
             what = {
-                "prefetch": f"prefetch_factor={p.labels.get('prefetch_factor')}",
-                "persistent": "persistent_workers=True",
-                "pin": f"pin_memory={bool(p.labels.get('pin_memory'))}",
+                Role.PREFETCH: f"prefetch_factor={p.settings.prefetch_factor}",
+                Role.PERSISTENT: "persistent_workers=True",
+                Role.PIN: f"pin_memory={p.settings.pin_memory}",
             }[p.role]
             note = f"{what} measured {c.describe()} the samples/s of the count alone" + (
-                ", each batch copied to the device as the loop does" if p.role == "pin" else ""
+                ", each batch copied to the device as the loop does" if p.role == Role.PIN else ""
             )
-        elif p.role == "persistent" and c.high >= 1.0:
+        elif p.role == Role.PERSISTENT and c.high >= 1.0:
             note = _sooner(p, beside, c, dataset_samples, how)
         if note and (best is None or c.ratio > best[2]):
             best = (p, note, c.ratio)
@@ -85,7 +84,7 @@ def _sooner(
 def _starts(p: Point) -> tuple[float, float, float] | None:
     """Later epochs' starts: the median, less and plus their median absolute deviation
     (unlike the extremes, it does not widen as more epochs are read)."""
-    m = one(p.metrics, quantity=words.EPOCH_START_S)
+    m = p.figures.epoch_start_s
     if m is None or m.value is None:
         return None
     mad = statistics.median(abs(v - m.value) for v in m.values or (m.value,))

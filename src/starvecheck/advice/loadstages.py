@@ -225,12 +225,12 @@ def handover_fix(
 
 
 def configuration_said(
-    get: Callable[..., float | None], who: str, what: str = "each batch's wait is"
+    share: Callable[[LoadStage], float | None], who: str, what: str = "each batch's wait is"
 ) -> str:
-    """A `loader --factory` configuration's batches' wait by stage, in words (`get`
-    reads one of its figures by quantity and labels: advice/configurations.Point.get);
-    "" where it was not split."""
-    shares = {s: get(EXPOSED_SHARE, load_stage=s.value) for s in LoadStage}
+    """A `loader --factory` configuration's batches' wait by stage, in words (`share`:
+    a stage's share of it, core/schema/factory.Measured.share); "" where it was not
+    split."""
+    shares = {s: share(s) for s in LoadStage}
     said = {s: v for s, v in shares.items() if v is not None and v >= SAID_SHARE}
     if not said:
         return ""

@@ -15,7 +15,6 @@ from __future__ import annotations
 from starvecheck.advice.configurations import Point, base_repeats, describe, repeats_grow
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Severity, StageResult
-from starvecheck.core.schema.common import WORKER_BATCHES
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 
 # A worker that delivered less than this share of the busiest worker's batches, once
@@ -46,7 +45,7 @@ def _repeats(loader: StageResult, found: list[Point]) -> Finding | None:
     assert base is not None
     fewest, base_share = base
     p, share = max(grown, key=lambda t: t[1])
-    current = next((q for q, _ in grown if q.labels.get("current")), None)
+    current = next((q for q, _ in grown if q.current), None)
     raw = p.rate / max(1e-9, 1.0 - share)  # p's rates count unique samples
     evidence = (
         f"{describe(p)}: {share:.0%} of the samples it delivered had already come in the "
@@ -108,7 +107,5 @@ def _idle(loader: StageResult, found: list[Point]) -> Finding | None:
 
 
 def _worker_batches(p: Point) -> list[float]:
-    for m in p.metrics:
-        if m.labels.get("quantity") == WORKER_BATCHES and m.values:
-            return list(m.values)
-    return []
+    got = p.figures.worker_batches
+    return list(got.values) if got is not None else []

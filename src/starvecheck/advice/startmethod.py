@@ -18,19 +18,19 @@ from starvecheck.advice.configurations import Point, points
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.paired import MARGIN, compare
-from starvecheck.core.schema.factory import ROLE_START
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
-from starvecheck.core.schema.loading import STARTUP_S, STARTUP_UNPICKLE_S
+from starvecheck.core.schema.factory import Role
+from starvecheck.core.schema.figure import value_of
+from starvecheck.core.stages import FACTORY
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
 
-BESIDE = "base"  # the count the `start` configuration is read beside, in its rounds
 COSTLY = 0.10  # the other method this much slower (or faster): worth a warning
 
 
 def rules(results: Results) -> list[Finding]:
-    loader = results.get("factory")
+    loader = results.get(FACTORY)
     if loader is None:
         return []
     found = _unpicklable(loader) or _measured(loader)
@@ -63,14 +63,15 @@ def _unpicklable(loader: StageResult) -> Finding | None:
 
 def _measured(loader: StageResult) -> Finding | None:
     found = points(loader)
-    other = next((q for q in found if q.role == ROLE_START), None)
+    other = next((q for q in found if q.role == Role.START), None)
     if other is None:
         return None
-    own = next((q for q in found if q.role == BESIDE and q.workers == other.workers), None)
+    # the count the `start` configuration is read beside, in its rounds
+    own = next((q for q in found if q.role == Role.BASE and q.workers == other.workers), None)
     if own is None:
         return None
     p = loader.parameters.read(FactoryParameters)
-    method, mine = str(other.labels.get("start_method", "")), p.start_method or "fork"
+    method, mine = other.settings.start_method or "", p.start_method or "fork"
     c = compare(other.rates, own.rates)
     if c is None:
         return None
@@ -88,10 +89,10 @@ def _evidence(
         f"{other.rate:,.0f}; {method} over {mine}, round by round: {ratio}"
     )
     for q, name in ((own, mine), (other, method)):
-        startup = q.get(STARTUP_S)
+        startup = value_of(q.figures.startup_s)
         if startup is not None:
             text += f"; workers ready {startup:,.2f} s after each epoch began under {name}"
-            unpickle = q.get(STARTUP_UNPICKLE_S)
+            unpickle = value_of(q.figures.startup_unpickle_s)
             if unpickle is not None and name != "fork":
                 text += f" ({unpickle:,.2f} s of it each worker's own start and unpickling)"
     if p.dataset_pickle_bytes is not None:

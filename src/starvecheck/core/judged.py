@@ -9,6 +9,7 @@ from typing import cast
 
 from starvecheck.core.jsonvalue import JsonDict
 from starvecheck.core.metric import Caveat, LabelValue, Metric
+from starvecheck.core.schema.factory_choice import Choice
 from starvecheck.core.schema.record import FromVerdicts, V
 from starvecheck.core.schema.steps import Straggler
 
@@ -29,7 +30,7 @@ class Judged:
     # The verdicts as the JSON writes them; a stage's typed record of them: `read`.
     verdicts: Mapping[str, LabelValue | None] = field(default_factory=dict)
     straggler: Straggler | None = None
-    choice: object = None  # advice/factory.Choice: judging's own, not in the JSON
+    choice: Choice | None = None  # loader --factory's: judging's own, not in the JSON
     _read: dict[type, FromVerdicts] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 _PACKAGE = "starvecheck"
+FACTORY = "factory"  # `loader --factory`'s entry: its results are looked up by it
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ TABLE: tuple[StageEntry, ...] = (
     ),
     # `loader --factory`: the user's own pipeline.
     StageEntry(
-        "factory",
+        FACTORY,
         "stages.loader.factory.stage",
         ("advice.factory", "advice.startmethod"),
         "advice.factory",

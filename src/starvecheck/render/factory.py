@@ -1,26 +1,22 @@
 """`loader --factory`: one row per DataLoader configuration of the user's own pipeline.
 
 The JSON keeps one flat metric per figure (`own.w2.samples_per_s`,
-`own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...), labelled
-with layout `own`, the configuration (workers, prefetch_factor, persistent_workers,
-pin_memory), `role` (workers: the num_workers sweep; prefetch, persistent, pin: one
-setting changed at the sweep's knee; base and again: the knee and the user's
-configuration read again beside those; current: the user's configuration where the
-sweep does not include it) and `current`.
+`own.w2.cpu_ms_per_sample.workers`, `own.w2.persistent.epoch_start_s`, ...); this reads
+them as their records (core/schema/factory.py: each configuration's `Measured`, its
+`Role` and `Settings`, judging's ratio to the current one as its `VsCurrent`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from starvecheck.core.criteria import FAR_BELOW
-from starvecheck.core.metric import Metric, one, select
+from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import SAMPLES_PER_S, VS_CURRENT
-from starvecheck.core.schema.factory import LAYOUT, MAIN, ROLE_START, WORKER, WORKERS
+from starvecheck.core.schema.factory import BESIDE, FactoryFigures, Measured, Role, Settings
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
-from starvecheck.core.schema.loading import EXPOSED_SHARE, SOLO_MS, LoadStage
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loading import LoadStage
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -51,32 +47,20 @@ COST_HEADERS = (
 MIB = float(1 << 20)
 
 
-def _setting(labels: Mapping[str, Any]) -> tuple[str, str, str]:
-    workers = int(labels.get("workers", 0))
-    if not workers:
+def _setting(s: Settings) -> tuple[str, str, str]:
+    if not s.workers:
         return "0", "", ""
-    return (
-        str(workers),
-        str(labels.get("prefetch_factor")),
-        "yes" if labels.get("persistent_workers") else "",
-    )
+    return (str(s.workers), str(s.prefetch_factor), "yes" if s.persistent_workers else "")
 
 
 def split(
-    stage: StageResult, metrics: Sequence[Metric]
-) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[Metric], list[str]]:
-    """(rows, cost rows, every other metric, notes) for the configurations of a factory
-    run: one row per configuration in each table."""
-    rows: list[tuple[str, ...]] = []
-    costs: list[tuple[str, ...]] = []
-    used: set[int] = set()
-    for m in select(metrics, quantity=SAMPLES_PER_S, layout=LAYOUT):
-        keys = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
-        mine = select(metrics, layout=LAYOUT, **{k: m.labels[k] for k in keys if k in m.labels})
-        used.update(id(x) for x in mine)
-        rows.append(_row(m, mine))
-        costs.append(_cost(m, mine))
-    rest = [m for m in metrics if id(m) not in used]
+    stage: StageResult, figures: FactoryFigures
+) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]], list[str]]:
+    """(rows, cost rows, notes) for the configurations of a factory run (its figures,
+    judging's ratios with them): one row per configuration with a samples/s in each
+    table."""
+    rows = [_row(c) for c in figures.rated()]
+    costs = [_cost(c) for c in figures.rated()]
     rounds = stage.parameters.read(FactoryParameters).rounds
     notes = [
         f"every configuration read once a round, {rounds or 'several'} rounds, each round "
@@ -94,57 +78,50 @@ def split(
         "over workers, and each worker's growth over its longest round (every worker in "
         "the JSON)"
     ]
-    return rows, costs, rest, notes
+    return rows, costs, notes
 
 
-def _row(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
-    def get(quantity: str, **more: Any) -> Metric | None:
-        return one(mine, quantity=quantity, **more)
-
-    ratio = get(VS_CURRENT)
-    against = ""
-    if ratio is not None and ratio.value is not None:
-        against = f"{ratio.value:.2f}x"
-    role = m.labels.get("role")
-    mark = "current" if m.labels.get("current") and role not in ("base", "again") else ""
-    if role == ROLE_START:  # the count beside, under the other start method
-        mark = f"under {m.labels.get('start_method')}"
+def _row(c: Measured) -> tuple[str, ...]:
+    rate = c.samples_per_s
+    assert rate is not None
+    ratio = c.vs_current.ratio if c.vs_current is not None else None
+    against = f"{ratio:.2f}x" if ratio is not None else ""
+    mark = "current" if c.current and c.role not in BESIDE else ""
+    if c.role == Role.START:  # the count beside, under the other start method
+        mark = f"under {c.settings.start_method}"
     return (
-        *_setting(m.labels),
-        _n(m, ",.0f"),
-        f"{m.max / m.min:.2f}x" if m.n > 1 and m.min and m.max else "",
+        *_setting(c.settings),
+        _n(rate, ",.0f"),
+        f"{rate.max / rate.min:.2f}x" if rate.n > 1 and rate.min and rate.max else "",
         against,
-        _n(get("first_batch_s"), ".2f"),
-        _n(get("epoch_start_s"), ".2f"),
-        _n(get("batch_wait_ms", percentile=50), ".1f"),
-        "beside" if role in ("base", "again") else mark,
+        _n(c.first_batch_s, ".2f"),
+        _n(c.epoch_start_s, ".2f"),
+        _n(c.wait_p50_ms, ".1f"),
+        "beside" if c.role in BESIDE else mark,
     )
 
 
-def _cost(m: Metric, mine: Sequence[Metric]) -> tuple[str, ...]:
-    def get(quantity: str, **more: Any) -> Metric | None:
-        return one(mine, quantity=quantity, **more)
-
-    workers = int(m.labels.get("workers", 0))
+def _cost(c: Measured) -> tuple[str, ...]:
+    workers = c.workers
     return (
-        *_setting(m.labels),
-        _n(get("cpu_ms_per_sample", process=MAIN), ".2f"),
-        _n(get("cpu_ms_per_sample", process=WORKERS), ".2f") if workers else "",
-        _n(get("runq_ms_per_sample", process="workers" if workers else "main"), ".2f"),
-        _n(get("blocked_ms_per_sample", process=WORKERS), ".2f") if workers else "",
-        _mib(get("uss_bytes", process=MAIN)),
-        _mib(get("uss_bytes", process=WORKER)) if workers else "",
-        _mib(get("uss_growth_bytes", process=WORKER)) if workers else "",
+        *_setting(c.settings),
+        _n(c.cpu_ms_main, ".2f"),
+        _n(c.cpu_ms_workers, ".2f") if workers else "",
+        _n(c.runq_ms_workers if workers else c.runq_ms_main, ".2f"),
+        _n(c.blocked_ms_workers, ".2f") if workers else "",
+        _mib(c.uss_main),
+        _mib(c.uss_worker) if workers else "",
+        _mib(c.uss_growth_worker) if workers else "",
     )
 
 
-def _n(m: Metric | None, fmt: str) -> str:
+def _n(m: Figure | None, fmt: str) -> str:
     if m is None:
         return ""
     return "n/a" if m.value is None else format(m.value, fmt)
 
 
-def _mib(m: Metric | None) -> str:
+def _mib(m: Figure | None) -> str:
     if m is None or m.value is None:
         return ""
     return f"{m.value / MIB:,.0f}"
@@ -161,39 +138,27 @@ STAGE_NOTE = (
 )
 
 
-def _stage_table(metrics: Sequence[Metric]) -> Section | None:
+def _stage_table(rated: Sequence[Measured]) -> Section | None:
     """One row a configuration: each stage's share of its batches' wait, for the stages
     that take SHOWN_SHARE of some configuration's."""
-    shares = select(metrics, quantity=EXPOSED_SHARE, layout=LAYOUT)
-    if not shares:
+    split = [c for c in rated if any(s.exposed_share is not None for s in c.split)]
+    if not split:
         return None
-    stages = [
-        s
-        for s in LoadStage
-        if any(
-            m.labels.get("load_stage") == s.value and (m.value or 0) >= SHOWN_SHARE for m in shares
-        )
-    ]
-    keys = ("role", "workers", "prefetch_factor", "persistent_workers", "pin_memory")
-    rows, seen = [], set()
-    for m in shares:
-        config = tuple(m.labels.get(k) for k in keys)
-        if config in seen:
-            continue
-        seen.add(config)
-        mine = select(metrics, layout=LAYOUT, **{k: m.labels[k] for k in keys if k in m.labels})
-        cells = []
-        for s in stages:
-            x = one(mine, quantity=EXPOSED_SHARE, load_stage=s.value)
-            cells.append("" if x is None or x.value is None else f"{x.value:.0%}")
-        rows.append((*_setting(m.labels), *cells, _n(one(mine, quantity=SOLO_MS), ".1f")))
+    stages = [s for s in LoadStage if any((c.share(s) or 0) >= SHOWN_SHARE for c in split)]
+    rows = []
+    for c in split:
+        cells = [f"{x:.0%}" if (x := c.share(s)) is not None else "" for s in stages]
+        rows.append((*_setting(c.settings), *cells, _n(c.solo_ms, ".1f")))
     headers = ("workers", "prefetch", "persist", *(s.value for s in stages), "made alone ms")
     title = "where each batch's wait goes"
     return Section(headers, rows, [STAGE_NOTE], range(0, len(headers)), title)
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, costs, rest, notes = split(stage, metrics)
+    figures = FactoryFigures.from_metrics(metrics)  # judging's ratios with the figures
+    rated = figures.rated()
+    rest = [m for m in metrics if not FactoryFigures.holds(m, rated)]
+    rows, costs, notes = split(stage, figures)
     if not rows:
         return [], rest
     title = f"your pipeline: {stage.parameters.read(FactoryParameters).factory}"
@@ -202,5 +167,5 @@ def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Sectio
         Section(HEADERS, rows, [], range(0, len(HEADERS) - 1), title, shown),
         Section(COST_HEADERS, costs, notes, range(0, len(COST_HEADERS)), "what it costs"),
     ]
-    stages = _stage_table(shown)
+    stages = _stage_table(rated)
     return out + ([stages] if stages is not None else []), rest

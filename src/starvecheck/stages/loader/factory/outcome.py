@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import ROLE_WORKERS, Configuration
+from starvecheck.core.schema.factory import Configuration, FactoryFigures, Role
+from starvecheck.core.stages import FACTORY
 from starvecheck.core.status import UsageError
-from starvecheck.stages.loader.factory.figures import metrics_of
+from starvecheck.stages.loader.factory.figures import measured
 from starvecheck.stages.loader.factory.guard import user_code
 from starvecheck.stages.loader.factory.idle import start_method
 from starvecheck.stages.loader.factory.load import Pipeline, call_limited, one_line
@@ -142,7 +143,7 @@ def _counts_kept(now: Config, runs: Sequence[tuple[str, Run]]) -> bool:
     """The counts were read with their workers kept where the current settings' are not
     (stage.py: their wait was start-up)."""
     return not now.persistent_workers and any(
-        role == ROLE_WORKERS and run.config.workers and run.config.persistent_workers
+        role == Role.WORKERS and run.config.workers and run.config.persistent_workers
         for role, run in runs
     )
 
@@ -153,7 +154,6 @@ def result(
     runs: Sequence[tuple[str, Run]],
     reread: Sequence[str] = (),
 ) -> StageResult:
-    metrics: list[Metric] = []
     caveats: list[Caveat] = []
     if reread:
         caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
@@ -178,7 +178,6 @@ def result(
         caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
     configs = []
     for role, run in runs:
-        metrics += metrics_of(role, run, run.config == now)
         configs.append(
             Configuration(
                 role,
@@ -193,7 +192,7 @@ def result(
             ).to_dict()
         )
     parameters: dict[str, Any] = {
-        "source": "factory",
+        "source": FACTORY,
         "factory": plan.spec.text,
         "dataset": pipeline.describe(),
         "iterable": pipeline.iterable,
@@ -226,7 +225,9 @@ def result(
         "configurations": configs,
         "reread": list(reread),
     }
-    return StageResult("factory", parameters=parameters, metrics=metrics, caveats=caveats)
+    figures = FactoryFigures(tuple(measured(role, r, r.config == now) for role, r in runs))
+    metrics = figures.to_metrics()  # the figures, filled once
+    return StageResult(FACTORY, parameters=parameters, metrics=metrics, caveats=caveats)
 
 
 def _shards(pipeline: Pipeline, limit_s: float) -> int | None:

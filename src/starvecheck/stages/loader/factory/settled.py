@@ -10,7 +10,7 @@ import statistics
 
 from starvecheck.core.criteria import cpu_work, knee_settled, paired_knee, variants_settled
 from starvecheck.core.paired import compare
-from starvecheck.core.schema.factory import SWEPT
+from starvecheck.core.schema.factory import BESIDE, SWEPT, Role
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.run import Run
 
@@ -34,11 +34,11 @@ def counts_settled(
 def variants_settled_runs(runs: list[tuple[str, Run]]) -> bool:
     """Each variant's ratio to the count beside it, and the count's to the current
     settings read again, lies on one side of the margin (criteria.variants_settled)."""
-    base = next((r for role, r in runs if role == "base"), None)
+    base = next((r for role, r in runs if role == Role.BASE), None)
     if base is None:
         return True
-    others = [r.samples_per_s for role, r in runs if role not in ("base", "again")]
-    again = next((r for role, r in runs if role == "again"), None)
+    others = [r.samples_per_s for role, r in runs if role not in BESIDE]
+    again = next((r for role, r in runs if role == Role.AGAIN), None)
     if again is not None:
         others.append(again.samples_per_s)
     return variants_settled(others, base.samples_per_s)
@@ -47,7 +47,7 @@ def variants_settled_runs(runs: list[tuple[str, Run]]) -> bool:
 def knee_run(runs: list[tuple[str, Run]], cpus: float) -> Run | None:
     """The count the sweep calls enough (the fewest within 5% of the best, round by
     round; past the CPUs only for workers measured blocked, as advice/ judges)."""
-    swept = [r for role, r in runs if role == "workers"]
+    swept = [r for role, r in runs if role == Role.WORKERS]
     if not swept:
         return None
     rates = {r.config.workers: r.samples_per_s for r in swept}

@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from starvecheck.core.criteria import cpu_work, far_below
-from starvecheck.core.schema.factory import ROLE_WORKERS, SWEPT
+from starvecheck.core.schema.factory import SWEPT, Role
 from starvecheck.stages import options
 from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
@@ -76,12 +76,12 @@ def grows(spare: int | None, rounds: int, tally: Tally) -> Grow:
     """read_rounds' `grow`: the spare count where the first round asks for it."""
 
     def grow(runs: list[tuple[str, Run]]) -> list[tuple[str, Config]]:
-        swept = [r for role, r in runs if role == ROLE_WORKERS]
+        swept = [r for role, r in runs if role == Role.WORKERS]
         config = wanted(swept, spare) if spare is not None else None
         if config is None:
             return []
         tally.total += rounds
-        return [(ROLE_WORKERS, config)]
+        return [(Role.WORKERS, config)]
 
     return grow
 

@@ -30,8 +30,9 @@ from starvecheck.core.criteria import (
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import ROLE_START, SWEPT
+from starvecheck.core.schema.factory import SWEPT, Role
 from starvecheck.core.signals import importing, signals_raise
+from starvecheck.core.stages import FACTORY
 from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
 from starvecheck.stages.dataloader.deaths import Strays
@@ -249,7 +250,7 @@ def _first_set(
     its count is not swept."""
     now = current_config(pipeline)
     if pipeline.fixed:
-        return [("current", now)]
+        return [(Role.CURRENT, now)]
     counts = (
         default_workers(plan.effective_cpus, plan.quick) if plan.workers is None else plan.workers
     )
@@ -258,8 +259,8 @@ def _first_set(
         Config(w, now.prefetch_factor if w else None, keep and w > 0, now.pin_memory)
         for w in counts
     ]
-    first = [("workers", c) for c in swept]
-    return first if now in swept or not plan.current_fits else [("current", now), *first]
+    first: list[tuple[str, Config]] = [(Role.WORKERS, c) for c in swept]
+    return first if now in swept or not plan.current_fits else [(Role.CURRENT, now), *first]
 
 
 def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tuple[str, Config]]:
@@ -273,15 +274,18 @@ def _second_set(runs: list[tuple[str, Run]], plan: Plan, now: Config) -> list[tu
     if base is None or not base.workers:
         return []
     more = 4 if (base.prefetch_factor or 2) != 4 else 8
-    second = [("base", base), ("prefetch", replace(base, prefetch_factor=more))]
+    second: list[tuple[str, Config]] = [
+        (Role.BASE, base),
+        (Role.PREFETCH, replace(base, prefetch_factor=more)),
+    ]
     if not base.persistent_workers:
-        second.append(("persistent", replace(base, persistent_workers=True)))
+        second.append((Role.PERSISTENT, replace(base, persistent_workers=True)))
     if plan.cuda:
-        second.append(("pin", replace(base, pin_memory=not base.pin_memory)))
+        second.append((Role.PIN, replace(base, pin_memory=not base.pin_memory)))
     if plan.other_method is not None:  # the count under the other start method
-        second.append((ROLE_START, replace(base, context=plan.other_method)))
+        second.append((Role.START, replace(base, context=plan.other_method)))
     if now != base and plan.current_fits:
-        second.append(("again", now))
+        second.append((Role.AGAIN, now))
     return second
 
 
@@ -394,7 +398,7 @@ class FactoryStage(BaseStage[FactoryOptions, Plan]):
     """`loader --factory` in the registry (stages/base.Stage): the user's own pipeline,
     swept. Its result reports under `loader` (core/stages.py, `reported_as`)."""
 
-    name = "factory"
+    name = FACTORY
 
     def plan(self, options: FactoryOptions, ctx: RunContext) -> Plan:
         return plan_of(options, ctx)
