@@ -8,14 +8,13 @@ from starvecheck.core import outputs
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
-    RECOMMENDED_NUM_WORKERS,
     SAMPLES,
-    SAMPLES_PER_S,
 )
+from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.loader import Parameters as LoaderParameters
-from starvecheck.core.schema.loader import StarveParameters
 from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
 from starvecheck.core.schema.pad import Parameters as PadParameters
+from starvecheck.core.schema.samples import Cache, Layout
 from starvecheck.core.signals import importing
 
 if TYPE_CHECKING:
@@ -107,13 +106,12 @@ def loader_plot(result: StageResult, path: str) -> None:
     effective CPUs and each layout's recommended count marked."""
     plt = _pyplot()
 
-    from starvecheck.core.figures import loader_curve
-
-    series: dict[tuple[str, str], dict[int, float]] = {}
-    for m in result.select(quantity=SAMPLES_PER_S):
-        if m.value is not None and {"layout", "cache", "workers"} <= m.labels.keys():
-            key = (str(m.labels["layout"]), str(m.labels["cache"]))
-            series.setdefault(key, {})[int(m.labels["workers"])] = m.value
+    figures = result.records(LoaderFigures)
+    recommended = Recommended.from_metrics(result.figures).layouts
+    series: dict[tuple[Layout, Cache], dict[int, float]] = {}
+    for p in figures.points:
+        if p.rate is not None and p.rate.value is not None:
+            series.setdefault((p.layout, p.cache), {})[p.workers] = p.rate.value
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     colours: dict[str, str] = {}
     for (layout, temp), points in series.items():
@@ -122,18 +120,18 @@ def loader_plot(result: StageResult, path: str) -> None:
             xs,
             [points[x] for x in xs],
             marker="o",
-            linestyle="-" if temp == "cold" else "--",
+            linestyle="-" if temp is Cache.COLD else "--",
             color=colours.get(layout),
             label=f"{layout} ({temp})",
         )
         colours[layout] = line.get_color()
-        rec = result.one(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
+        rec = recommended.get(layout)
         # The cache state the recommendation was made in.
-        judged_in = (loader_curve(result, layout) or ("",))[0]
-        if rec is not None and rec.value in points and temp == judged_in:
+        judged_in = (figures.curve(layout) or ("",))[0]
+        if rec is not None and rec in points and temp == judged_in:
             ax.plot(
-                [rec.value],
-                [points[int(rec.value)]],
+                [rec],
+                [points[rec]],
                 marker="*",
                 markersize=14,
                 color=line.get_color(),

@@ -213,7 +213,7 @@ def summarize(
 ) -> tuple[list[Metric], list[Caveat]]:
     """Metrics and caveats from the raw runs. Cold figures of a layout that was not
     cold before its runs are withheld, with the reason."""
-    metrics, caveats, not_cold = judge_cache(
+    residency, caveats, not_cold = judge_cache(
         [layout.name for layout in layouts],
         m,
         fs_kind,
@@ -221,6 +221,7 @@ def summarize(
         unit="run",
         fix="use --drop-caches as root, or more --samples than the memory holds",
     )
+    metrics = [r.metric() for r in residency]
     unstable: list[str] = []
     for (layout, pattern, temp, threads), runs in m.runs.items():
         name = metric_name(layout, pattern, temp, threads)
