@@ -1,4 +1,5 @@
-"""loader's figures as records (core/schema/loader.py): the JSON's metrics are their
+"""loader's and io's figures as records (core/schema/loader.py, io.py): the JSON's
+metrics are their
 serialisation, so a stored report's metrics read and written again are the same
 metrics, byte for byte, and a record written and read back is the same record."""
 
@@ -12,6 +13,7 @@ import pytest
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Report
 from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.io import IoFigures, Pattern, Place, Quantity, Reads
 from starvecheck.core.schema.loader import (
     FirstBatch,
     LoaderFigures,
@@ -25,6 +27,7 @@ GOLDEN = Path(__file__).parent / "golden"
 # Each stored report holding a stage migrated here, and the record that reads it.
 STORED = {
     "loader": (LoaderFigures, ("loader-quick", "doctor-quick", "doctor-nodes")),
+    "io": (IoFigures, ("io-ext4", "doctor-quick")),
 }
 
 
@@ -90,3 +93,22 @@ def test_what_a_loader_record_cannot_read_it_leaves_out():
         ),
     ]
     assert LoaderFigures.from_metrics(odd) == LoaderFigures()
+
+
+def test_an_io_record_reads_back_as_written():
+    place = Place(Layout.FILES, Pattern.RANDOM, Cache.COLD, 4)
+    made = IoFigures(
+        (Residency.of(Layout.FILES, [0.02]),),
+        (
+            Reads(place, Figure.repeated([1.0, 2.0]), None, Figure.single(0.1)),
+            Reads(Place(Layout.SHARD, Pattern.SEQUENTIAL, Cache.WARM), Figure.missing("gone")),
+        ),
+    )
+    assert IoFigures.from_metrics(made.to_metrics()) == made
+    assert [m.name for m in made.to_metrics()][1:] == [
+        "files.random.cold.t4",
+        "files.random.cold.t4.p50_ms",
+        "shard.sequential.warm",
+    ]
+    reads = made.at(place)
+    assert reads is not None and reads.figure(Quantity.P50_MS) == Figure.single(0.1)

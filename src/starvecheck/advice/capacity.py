@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING
 from starvecheck.core.model import Link, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
-    PATTERN_RANDOM,
-    SAMPLES_PER_S,
 )
+from starvecheck.core.schema.io import IoFigures, Pattern, Place
 from starvecheck.core.schema.io import Parameters as IoParameters
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.pcie import Direction, Memory, PcieFigures
-from starvecheck.core.schema.samples import Layout, enum_of
+from starvecheck.core.schema.samples import Cache, Layout, enum_of
 from starvecheck.core.strategies import LABELS, STRATEGIES
 from starvecheck.core.units import size_name
 
@@ -57,14 +56,11 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
     threads = max(io.parameters.read(IoParameters).threads)
     withheld = None
-    for temp in ("cold", "warm"):
-        metric = io.one(
-            quantity=SAMPLES_PER_S,
-            layout=layout,
-            pattern=PATTERN_RANDOM,
-            cache=temp,
-            threads=threads,
-        )
+    known = enum_of(Layout, layout)
+    for temp in Cache:
+        place = None if known is None else Place(known, Pattern.RANDOM, temp, threads)
+        reads = None if place is None else io.records(IoFigures).at(place)
+        metric = None if reads is None else reads.samples_per_s
         if metric is None:
             continue
         if metric.value is None:
@@ -74,7 +70,7 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
             f"io {layout}.random.{temp}, {threads} reader(s): random order, as a "
             "shuffling loader reads"
         )
-        if temp == "warm":
+        if temp is Cache.WARM:
             basis += (
                 "; warm, from the page cache: the cold figure was withheld"
                 + (f" ({withheld})" if withheld else "")
