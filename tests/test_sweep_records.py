@@ -1,5 +1,5 @@
-"""loader's and io's figures as records (core/schema/loader.py, io.py): the JSON's
-metrics are their
+"""loader's, io's and starve's figures as records (core/schema/loader.py, io.py,
+starve.py): the JSON's metrics are their
 serialisation, so a stored report's metrics read and written again are the same
 metrics, byte for byte, and a record written and read back is the same record."""
 
@@ -22,12 +22,16 @@ from starvecheck.core.schema.loader import (
     Unmeasured,
 )
 from starvecheck.core.schema.samples import Cache, Layout, Residency
+from starvecheck.core.schema.starve import Point as StarvePoint
+from starvecheck.core.schema.starve import Quantity as StarveQuantity
+from starvecheck.core.schema.starve import StarveFigures, mean_of
 
 GOLDEN = Path(__file__).parent / "golden"
 # Each stored report holding a stage migrated here, and the record that reads it.
 STORED = {
     "loader": (LoaderFigures, ("loader-quick", "doctor-quick", "doctor-nodes")),
     "io": (IoFigures, ("io-ext4", "doctor-quick")),
+    "starve": (StarveFigures, ("starve-quick", "doctor-quick")),
 }
 
 
@@ -112,3 +116,17 @@ def test_an_io_record_reads_back_as_written():
     ]
     reads = made.at(place)
     assert reads is not None and reads.figure(Quantity.P50_MS) == Figure.single(0.1)
+
+
+def test_a_starve_record_reads_back_as_written():
+    made = StarveFigures(
+        Figure.single(1.0),
+        (
+            StarvePoint(0, wait_ms=mean_of([1.0, 2.0, 6.0]), idle_share=Figure.single(0.5)),
+            StarvePoint(2, idle_share=Figure.single(0.1), first_batch_s=Figure.missing("x")),
+        ),
+    )
+    assert StarveFigures.from_metrics(made.to_metrics()) == made
+    assert made.idle() == {0: 0.5, 2: 0.1}
+    assert made.value(StarveQuantity.WAIT_MS, 0) == 3.0  # the mean, not the median
+    assert made.value(StarveQuantity.WAIT_MS, 2) is None

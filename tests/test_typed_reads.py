@@ -26,15 +26,15 @@ NOT_MIGRATED = frozenset({
     "advice/capacity.py", "advice/configurations.py", "advice/costs.py", "advice/factory.py",
     "advice/factory_bounds.py", "advice/factory_extra.py",
     "advice/loadstages.py", "advice/pad.py", "advice/profile.py", "advice/samples.py",
-    "advice/startmethod.py", "advice/starve.py", "advice/stepworkers.py",
+    "advice/startmethod.py", "advice/stepworkers.py",
     "advice/stragglers.py", "advice/trace.py",
     "render/attach.py", "render/factory.py", "render/loadstages.py",
     "render/pad.py", "render/plot.py", "render/profile.py", "render/sweep.py",
     "render/trace.py",
 })  # fmt: skip
 MIGRATED = frozenset({
-    "advice/io.py", "advice/loader.py", "advice/pcie.py", "render/loader.py", "render/pcie.py",
-    "render/throughput.py",
+    "advice/io.py", "advice/loader.py", "advice/pcie.py", "advice/starve.py", "render/loader.py",
+    "render/pcie.py", "render/throughput.py",
 })  # fmt: skip
 
 Read = tuple[int, str]  # (line, what was read)

@@ -15,6 +15,7 @@ from starvecheck.core.schema.loader import Parameters as LoaderParameters
 from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
 from starvecheck.core.schema.pad import Parameters as PadParameters
 from starvecheck.core.schema.samples import Cache, Layout
+from starvecheck.core.schema.starve import Quantity, StarveFigures
 from starvecheck.core.signals import importing
 
 if TYPE_CHECKING:
@@ -64,16 +65,19 @@ def sweep_plot(result: StageResult, path: str) -> None:
 
     g = float(result.parameters.step_ms or 0.0)
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
-    models = {"predicted_wait_ms": "CPU-aware model", "sleep_model_wait_ms": "sleep model"}
-    for m in result.figures:
-        quantity, w = m.labels.get("quantity"), m.labels.get("workers")
-        if w is None or m.value is None:
-            continue
-        if quantity == "idle_share":
-            series["measured"][int(w)] = m.value
-        elif quantity in models:
-            share = m.value / (m.value + g) if m.value + g > 0 else 0.0
-            series[models[str(quantity)]][int(w)] = share
+    models = {
+        Quantity.PREDICTED_WAIT_MS: "CPU-aware model",
+        Quantity.SLEEP_MODEL_WAIT_MS: "sleep model",
+    }
+    for p in result.records(StarveFigures).points:
+        idle = p.value(Quantity.IDLE_SHARE)
+        if idle is not None:
+            series["measured"][p.workers] = idle
+        for quantity, label in models.items():
+            wait = p.value(quantity)
+            if wait is not None:
+                share = wait / (wait + g) if wait + g > 0 else 0.0
+                series[label][p.workers] = share
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, points in series.items():
         xs = sorted(points)
