@@ -413,7 +413,8 @@ def test_summarize_rates_samples_and_percentiles():
     m = io_stage.Measured()
     m.runs[("small_files", "random", "warm", 1)] = three_runs()
     m.runs[("small_files", "random", "warm", 4)] = [RunResult(0.5, 8_000_000, 200, [5 * MS])]
-    metrics, _ = io_stage.summarize([layout("small_files")], plan(), m)
+    figures, _ = io_stage.summarize([layout("small_files")], plan(), m)
+    metrics = figures.to_metrics()
     got = by_name(metrics)
     rate = got["small_files.random.warm"]
     assert rate.unit == "MB/s" and rate.values == (2.0, 8.0, 3.0) and rate.value == 3.0
@@ -438,8 +439,8 @@ def test_summarize_withholds_cold_figures_that_were_not_cold():
         m.runs[("small_files", "random", temp, 1)] = three_runs()
         m.runs[("shard", "random", temp, 1)] = three_runs()
     m.resident_cold = {"small_files": [0.0, 0.5, 0.01], "shard": [0.0, 0.04, 0.02]}
-    metrics, caveats = io_stage.summarize([layout("small_files"), layout("shard")], plan(), m)
-    got = by_name(metrics)
+    figures, caveats = io_stage.summarize([layout("small_files"), layout("shard")], plan(), m)
+    got = by_name(figures.to_metrics())
     for suffix in ("", ".samples_per_s", ".p50_ms", ".p90_ms", ".p99_ms"):
         withheld = got[f"small_files.random.cold{suffix}"]
         assert withheld.value is None
@@ -472,8 +473,8 @@ def test_summarize_unknown_residency_and_partly_warm_caveats():
     m.resident_cold = {"shard": [None, None, None]}
     m.resident_warm = {"shard": [0.6]}
     m.residency_errors = ["shard.bin: Operation not permitted"]
-    metrics, caveats = io_stage.summarize([layout("shard")], plan(), m)
-    got = by_name(metrics)
+    figures, caveats = io_stage.summarize([layout("shard")], plan(), m)
+    got = by_name(figures.to_metrics())
     assert "resident_before.shard" not in got
     assert got["shard.random.cold"].value is not None  # kept, with a caveat
     assert any("could not check" in c and "Operation not permitted" in c for c in caveats)

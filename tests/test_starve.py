@@ -85,7 +85,7 @@ def _metrics(points: list[Point], cpus: int = 2, d: float = 5.0) -> tuple[list[M
         workers=tuple(p.workers for p in points),
         effective_cpus=cpus,
     )
-    return summarize(plan, d, points), {**plan.parameters(), "sample_cpu_ms": d}
+    return list(summarize(plan, d, points).to_metrics()), {**plan.parameters(), "sample_cpu_ms": d}
 
 
 def test_summarize_names_and_values():

@@ -30,17 +30,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from starvecheck.core.figures import loader_curve
 from starvecheck.core.model import Link, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
-    PATTERN_RANDOM,
-    RECOMMENDED_NUM_WORKERS,
-    SAMPLES_PER_S,
 )
+from starvecheck.core.schema.io import IoFigures, Pattern, Place
 from starvecheck.core.schema.io import Parameters as IoParameters
-from starvecheck.core.schema.loader import StarveParameters
+from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.pcie import Direction, Memory, PcieFigures
+from starvecheck.core.schema.samples import Cache, Layout, enum_of
 from starvecheck.core.strategies import LABELS, STRATEGIES
 from starvecheck.core.units import size_name
 
@@ -58,14 +56,11 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
     """Cold random reads of the layout by the most readers io ran (warm if withheld)."""
     threads = max(io.parameters.read(IoParameters).threads)
     withheld = None
-    for temp in ("cold", "warm"):
-        metric = io.one(
-            quantity=SAMPLES_PER_S,
-            layout=layout,
-            pattern=PATTERN_RANDOM,
-            cache=temp,
-            threads=threads,
-        )
+    known = enum_of(Layout, layout)
+    for temp in Cache:
+        place = None if known is None else Place(known, Pattern.RANDOM, temp, threads)
+        reads = None if place is None else io.records(IoFigures).at(place)
+        metric = None if reads is None else reads.samples_per_s
         if metric is None:
             continue
         if metric.value is None:
@@ -75,7 +70,7 @@ def storage(io: StageResult, layout: str, demand: float | None) -> Link:
             f"io {layout}.random.{temp}, {threads} reader(s): random order, as a "
             "shuffling loader reads"
         )
-        if temp == "warm":
+        if temp is Cache.WARM:
             basis += (
                 "; warm, from the page cache: the cold figure was withheld"
                 + (f" ({withheld})" if withheld else "")
@@ -108,18 +103,25 @@ def link_workers(
         return None if choice is None else choice.chosen.workers
     counts = []
     if loader is not None:
-        k = loader.value(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
-        counts.append(None if k is None else int(k))
+        counts.append(_recommended(loader, layout))
     if starve is not None and starve.delivers is not None:
         counts.append(starve.parameters.read(StarveParameters).capacity_workers)
     known = [k for k in counts if k is not None]
     return max(known) if known and len(known) == len(counts) else None
 
 
+def _recommended(loader: StageResult, layout: str) -> int | None:
+    """loader's recommended num_workers for the layout (judging's), None where none."""
+    known = enum_of(Layout, layout)
+    figures = loader.figures  # judging's, or a stored schema-2 report's among the metrics
+    return None if known is None else Recommended.from_metrics(figures).layouts.get(known)
+
+
 def read_capacity(loader: StageResult, layout: str) -> tuple[float | None, str]:
     """The DataLoader's samples/s over the layout at its recommended num_workers."""
-    k = loader.value(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
-    found = loader_curve(loader, layout)
+    k = _recommended(loader, layout)
+    known = enum_of(Layout, layout)
+    found = None if known is None else loader.records(LoaderFigures).curve(known)
     if k is None or found is None:
         return None, f"loader recommended no num_workers for {layout}"
     temp, curve = found

@@ -1,8 +1,8 @@
 """Judging `io` results: small-files penalty, cold-cache gap, reader concurrency,
 and the storage under the data (network, rotational).
 
-Every check selects metrics by their labels (quantity, layout, pattern, cache,
-threads), so it works the same on a fresh run and on a stored report. Ratios compare
+Every check reads the run as its record (core/schema/io.IoFigures, read from the
+metrics by their labels), so it works the same on a fresh run and on a stored report. Ratios compare
 figures measured in the same run.
 """
 
@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.schema.io import Parameters
+from starvecheck.core.schema.io import IoFigures, Parameters, Pattern, Place, Quantity
+from starvecheck.core.schema.samples import Cache, Layout
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -40,20 +41,22 @@ SHARDING = (
 
 def _value(
     r: StageResult,
-    layout: str,
-    pattern: str,
-    cache: str,
-    quantity: str = "mb_per_s",
+    layout: Layout,
+    pattern: Pattern,
+    cache: Cache,
+    quantity: Quantity = Quantity.MB_PER_S,
     threads: int = 1,
 ) -> float | None:
     """A figure of one read pattern; None when missing or zero."""
-    v = r.value(quantity=quantity, layout=layout, pattern=pattern, cache=cache, threads=threads)
+    reads = r.records(IoFigures).at(Place(layout, pattern, cache, threads))
+    figure = None if reads is None else reads.figure(quantity)
+    v = None if figure is None else figure.value
     return v if v else None
 
 
-def _best(r: StageResult, layout: str, pattern: str) -> tuple[str, float] | None:
+def _best(r: StageResult, layout: Layout, pattern: Pattern) -> tuple[Cache, float] | None:
     """The cold MB/s of a pattern, else the warm one (said in the evidence)."""
-    for temp in ("cold", "warm"):
+    for temp in Cache:
         v = _value(r, layout, pattern, temp)
         if v is not None:
             return temp, v
@@ -68,7 +71,7 @@ def rules(results: Results) -> list[Finding]:
         return []
     parameters = r.parameters.read(Parameters)
     storage = asdict(results.machine.storage) if results.machine is not None else {}
-    layout = "files" if parameters.existing else "small_files"
+    layout = Layout.FILES if parameters.existing else Layout.SMALL_FILES
     checks = (
         _small_files_existing(r, parameters) if parameters.existing else _small_files_generated(r),
         _cold_gap(r),
@@ -82,15 +85,15 @@ def rules(results: Results) -> list[Finding]:
 def _small_files_generated(m: StageResult) -> Finding | None:
     # The same cache state for both layouts: cold where both are, else warm (one
     # layout's cold figures can be withheld while the other's are not).
-    for temp in ("cold", "warm"):
-        small_v = _value(m, "small_files", "random", temp)
-        seq_v = _value(m, "shard", "sequential", temp)
+    for temp in Cache:
+        small_v = _value(m, Layout.SMALL_FILES, Pattern.RANDOM, temp)
+        seq_v = _value(m, Layout.SHARD, Pattern.SEQUENTIAL, temp)
         if small_v and seq_v:
             break
     else:
         return None
     seq = (temp, seq_v)
-    rand_v = _value(m, "shard", "random", temp)
+    rand_v = _value(m, Layout.SHARD, Pattern.RANDOM, temp)
     rand = (temp, rand_v) if rand_v else None
     ratio = seq[1] / small_v
     rand_text = ""
@@ -98,7 +101,7 @@ def _small_files_generated(m: StageResult) -> Finding | None:
         rand_text = (
             f"; the shard read at shuffled offsets {rand[1]:,.0f} MB/s ({rand[1] / small_v:.1f}x)"
         )
-    warm_note = "" if temp == "cold" else " (warm cache: cold storage widens the gap)"
+    warm_note = "" if temp is Cache.COLD else " (warm cache: cold storage widens the gap)"
     evidence = (
         f"{temp}, 1 reader: one file per sample in shuffled order {small_v:,.0f} MB/s; "
         f"the same samples as one shard read sequentially {seq[1]:,.0f} MB/s "
@@ -135,12 +138,12 @@ def _small_files_generated(m: StageResult) -> Finding | None:
 
 def _small_files_existing(m: StageResult, params: Parameters) -> Finding | None:
     median = params.median_file_bytes
-    files = _best(m, "files", "random")
+    files = _best(m, Layout.FILES, Pattern.RANDOM)
     if median is None or files is None:
         return None
     temp, v = files
-    per_s = _value(m, "files", "random", temp, "samples_per_s")
-    p50 = _value(m, "files", "random", temp, "p50_ms")
+    per_s = _value(m, Layout.FILES, Pattern.RANDOM, temp, Quantity.SAMPLES_PER_S)
+    p50 = _value(m, Layout.FILES, Pattern.RANDOM, temp, Quantity.P50_MS)
     evidence = (
         f"{params.small_files_seen:,} files of at most 8 MiB, median "
         f"{median / 1024:,.0f} KiB; {temp}, 1 reader: {v:,.1f} MB/s"
@@ -173,14 +176,15 @@ def _small_files_existing(m: StageResult, params: Parameters) -> Finding | None:
 def _cold_gap(m: StageResult) -> Finding | None:
     gaps = []
     for layout, pattern in (
-        ("small_files", "random"),
-        ("shard", "random"),
-        ("shard", "sequential"),
-        ("files", "random"),
-        ("ranges", "random"),
+        (Layout.SMALL_FILES, Pattern.RANDOM),
+        (Layout.SHARD, Pattern.RANDOM),
+        (Layout.SHARD, Pattern.SEQUENTIAL),
+        (Layout.FILES, Pattern.RANDOM),
+        (Layout.RANGES, Pattern.RANDOM),
     ):
         base = f"{layout}.{pattern}"
-        cold, warm = _value(m, layout, pattern, "cold"), _value(m, layout, pattern, "warm")
+        cold = _value(m, layout, pattern, Cache.COLD)
+        warm = _value(m, layout, pattern, Cache.WARM)
         if cold and warm:
             gaps.append((warm / cold, base, cold, warm))
     if not gaps:
@@ -213,19 +217,19 @@ def _cold_gap(m: StageResult) -> Finding | None:
     )
 
 
-def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
+def _readers(m: StageResult, threads: list[int], layout: Layout) -> Finding | None:
     if len(threads) < 2 or threads[-1] < 2:
         return None
     n = threads[-1]
-    for temp in ("cold", "warm"):
-        one = _value(m, layout, "random", temp)
-        many = _value(m, layout, "random", temp, threads=n)
+    for temp in Cache:
+        one = _value(m, layout, Pattern.RANDOM, temp)
+        many = _value(m, layout, Pattern.RANDOM, temp, threads=n)
         if one and many:
             break
     else:
         return None
     scale = many / one
-    p50 = _value(m, layout, "random", temp, "p50_ms")
+    p50 = _value(m, layout, Pattern.RANDOM, temp, Quantity.P50_MS)
     evidence = (
         f"{layout}.random, {temp}: 1 reader {one:,.0f} MB/s, {n} readers {many:,.0f} MB/s "
         f"({scale:.1f}x)" + (f"; {p50:.2f} ms p50 per sample" if p50 else "")
@@ -257,9 +261,9 @@ def _readers(m: StageResult, threads: list[int], layout: str) -> Finding | None:
 
 
 def _cold_small(m: StageResult, params: Parameters) -> tuple[float, float] | None:
-    layout = "files" if params.existing else "small_files"
-    v = _value(m, layout, "random", "cold")
-    p50 = _value(m, layout, "random", "cold", "p50_ms")
+    layout = Layout.FILES if params.existing else Layout.SMALL_FILES
+    v = _value(m, layout, Pattern.RANDOM, Cache.COLD)
+    p50 = _value(m, layout, Pattern.RANDOM, Cache.COLD, Quantity.P50_MS)
     return (v, p50) if v and p50 else None
 
 

@@ -1,8 +1,8 @@
 """Judging a `loader` sweep: how many workers, what workers past the CPUs do, what
 worker start-up costs, and what one file per sample costs through a DataLoader.
 
-Reads metrics by their labels (quantity, layout, cache, workers), never by their
-names, so a stored report is judged as a fresh one. Every comparison is between
+Reads the sweep as its record (core/schema/loader.LoaderFigures), read from the
+metrics by their labels, so a stored report is judged as a fresh one. Every comparison is between
 figures of one layout in one cache state, from one run.
 """
 
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.advice.workers import Cpus, Throughput, recommend_workers
 from starvecheck.core import catalogue
-from starvecheck.core.figures import headline, loader_curves, loader_rounds
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.figures import headline
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
-from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLES_PER_S
-from starvecheck.core.schema.loader import Parameters
+from starvecheck.core.schema.loader import Curve, LoaderFigures, Parameters, Recommended
+from starvecheck.core.schema.samples import Cache, Layout
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -35,21 +35,21 @@ SMALL_FILES_CRITICAL = 4.0
 MDS_OVERHEAD_NOTE = 1.5
 
 LABEL = {
-    "small_files": "one file per sample",
-    "shard": "one shard (map-style, pread)",
-    "mds": "MDS shards (StreamingDataset)",
-    "files": "your files",
+    Layout.SMALL_FILES: "one file per sample",
+    Layout.SHARD: "one shard (map-style, pread)",
+    Layout.MDS: "MDS shards (StreamingDataset)",
+    Layout.FILES: "your files",
 }
 
 
 # How to store the data as the layout that measured fastest: the recommendation names
 # that layout, never one the same run measured slower.
 SHARD_RECIPE = {
-    "shard": "Pack the samples into large files once and read them by offset: one file of "
+    Layout.SHARD: "Pack the samples into large files once and read them by offset: one file of "
     "concatenated samples plus an index of (offset, length), and a map-style Dataset whose "
     "`__getitem__` does `os.pread(fd, length, offset)` (what starvecheck measured as one "
     "shard); WebDataset tar shards are the streaming form of the same idea.",
-    "mds": "Write the dataset as shards once and stream them: "
+    Layout.MDS: "Write the dataset as shards once and stream them: "
     "`with MDSWriter(out=DIR, columns={'image': 'jpeg', 'label': 'int'}) as w: "
     "w.write(sample)`, then `StreamingDataset(local=DIR, shuffle=True, "
     "batch_size=...)` in the DataLoader (MosaicML Streaming; WebDataset tar shards work "
@@ -70,14 +70,15 @@ def dataloader_line(parameters: Mapping[str, Any], workers: int) -> str:
     )
 
 
-def recommended(loader: StageResult) -> dict[str, int]:
+def recommended(loader: StageResult) -> dict[Layout, int]:
     """num_workers for each layout whose curve has a count at or below the effective
     CPUs (advice.workers: the fewest within 5% of the best, run by run: the counts were
     read in rounds)."""
     cpus = Cpus(loader.parameters.cpus)
     out = {}
-    for layout, (temp, curve) in loader_curves(loader).items():
-        rounds = loader_rounds(loader, layout, temp)
+    figures = loader.records(LoaderFigures)
+    for layout, (temp, curve) in figures.curves().items():
+        rounds = figures.rounds(layout, temp)
         advice = recommend_workers(Throughput(curve, rounds=rounds), cpus)
         if advice is not None:
             out[layout] = advice.workers
@@ -89,15 +90,12 @@ def complete(loader: StageResult) -> StageResult:
     of each layout and overall (the headline layout's), the capacity (the headline
     curve at that count), and a caveat for a layout with no count to recommend. Made
     here, when the run is judged; a stored report's are made again from its curves."""
-    metrics: list[Metric] = []
     caveats: list[Caveat] = []
-    judged, rec = loader_curves(loader), recommended(loader)
+    figures = loader.records(LoaderFigures)
+    judged, rec = figures.curves(), recommended(loader)
     cpus = loader.parameters.cpus
     for layout in judged:
         if layout in rec:
-            labels = {"quantity": RECOMMENDED_NUM_WORKERS, "layout": layout}
-            name = f"recommended_num_workers.{layout}"
-            metrics.append(Metric.single(name, rec[layout], "workers", labels))
             continue
         caveat = Caveat(
             "loader.no-recommendation",
@@ -106,16 +104,18 @@ def complete(loader: StageResult) -> StageResult:
         )
         if caveat not in caveats:
             caveats.append(caveat)
+    counts = {layout: rec[layout] for layout in judged if layout in rec}
     top = headline(rec)
     if top is None:
-        return replace(loader, judged=Judged(tuple(metrics), None, tuple(caveats)))
-    labels = {"quantity": RECOMMENDED_NUM_WORKERS}
-    metrics.append(Metric.single("recommended_num_workers", rec[top], "workers", labels))
+        made = Recommended(counts).to_metrics()
+        return replace(loader, judged=Judged(made, None, tuple(caveats)))
+    made = Recommended(counts, rec[top]).to_metrics()
     temp, _ = judged[top]
-    at = loader.one(quantity=SAMPLES_PER_S, layout=top, cache=temp, workers=rec[top])
+    point = figures.point(top, temp, rec[top])
+    at = None if point is None else point.rate_metric()
     assert at is not None
     capacity = replace(at, name=f"capacity ({at.name})")
-    return replace(loader, judged=Judged(tuple(metrics), capacity, tuple(caveats)))
+    return replace(loader, judged=Judged(made, capacity, tuple(caveats)))
 
 
 def rules(results: Results) -> list[Finding]:
@@ -124,7 +124,7 @@ def rules(results: Results) -> list[Finding]:
     if m is None:
         return []
     params = m.parameters.read(Parameters)
-    judged = loader_curves(m)
+    judged = m.records(LoaderFigures).curves()
     counts = recommended(m)
     top = headline(counts)
     if top is None:
@@ -147,7 +147,7 @@ def _curve_text(curve: Mapping[int, float]) -> str:
 
 
 def _workers(
-    layout: str, temp: str, curve: Mapping[int, float], rec: int, params: Parameters
+    layout: Layout, temp: Cache, curve: Mapping[int, float], rec: int, params: Parameters
 ) -> Finding | None:
     if len(curve) < 2:  # one worker count measured: nothing to compare it with
         return None
@@ -163,7 +163,7 @@ def _workers(
             f"num_workers=0 delivers as much as any worker count ({curve[0]:,.0f} samples/s)",
             evidence,
             stage="loader",
-            fix={"num_workers": 0, "layout": layout},
+            fix={"num_workers": 0, "layout": layout.value},
         )
     if not curve.get(0):  # 0 not in the sweep: nothing to compare with
         return None
@@ -180,12 +180,12 @@ def _workers(
             f"num_workers={rec} vs 0, {LABEL.get(layout, layout)}, {temp}, measured here",
         ),
         stage="loader",
-        fix={"num_workers": rec, "layout": layout},
+        fix={"num_workers": rec, "layout": layout.value},
     )
 
 
 def _above_cpus(
-    layout: str, temp: str, curve: Mapping[int, float], rec: int, cpus: int
+    layout: Layout, temp: Cache, curve: Mapping[int, float], rec: int, cpus: int
 ) -> Finding | None:
     over = [w for w in curve if w > cpus]
     if not over:
@@ -199,11 +199,11 @@ def _above_cpus(
     )
     if best_over > best_at * AS_GOOD:
         w_best = max(over, key=lambda w: curve[w])
-        if layout == "mds":
+        if layout is Layout.MDS:
             why = " (waiting in the dataset's own code: Streaming's reader polls for samples "
             why += "with short sleeps; or on storage)"
         else:
-            why = " (waiting on storage)" if temp == "cold" else ""
+            why = " (waiting on storage)" if temp is Cache.COLD else ""
         return Finding(
             catalogue.LOADER_WORKERS_ABOVE_CPUS,
             Severity.INFO,
@@ -233,12 +233,13 @@ def _above_cpus(
             else "no throughput; saves memory and worker start-up",
         ),
         stage="loader",
-        fix={"num_workers": rec, "layout": layout},
+        fix={"num_workers": rec, "layout": layout.value},
     )
 
 
-def _first_batch(m: StageResult, layout: str, rec: int, params: Parameters) -> Finding | None:
-    first = m.value(quantity=FIRST_BATCH_S, layout=layout, workers=rec)
+def _first_batch(m: StageResult, layout: Layout, rec: int, params: Parameters) -> Finding | None:
+    figure = m.records(LoaderFigures).first_batch(layout, rec)
+    first = None if figure is None else figure.value
     if first is None or rec == 0:
         return None
     evidence = (
@@ -265,14 +266,14 @@ def _first_batch(m: StageResult, layout: str, rec: int, params: Parameters) -> F
 
 
 def _small_files(
-    judged: Mapping[str, tuple[str, dict[int, float]]], recommended: Mapping[str, int]
+    judged: Mapping[Layout, Curve], recommended: Mapping[Layout, int]
 ) -> Finding | None:
-    if "small_files" not in recommended:
+    if Layout.SMALL_FILES not in recommended:
         return None
-    small_temp, small_curve = judged["small_files"]
-    small = small_curve[recommended["small_files"]]
+    small_temp, small_curve = judged[Layout.SMALL_FILES]
+    small = small_curve[recommended[Layout.SMALL_FILES]]
     shards = []
-    for name in ("shard", "mds"):
+    for name in (Layout.SHARD, Layout.MDS):
         # Compared in one cache state only: a warm shard against cold small files
         # would flatter the shard.
         if name in recommended and judged[name][0] == small_temp:
@@ -283,7 +284,7 @@ def _small_files(
     ratio = best / small
     evidence = (
         f"{small_temp} cache, each at its recommended num_workers: one file per sample "
-        f"{small:,.0f} samples/s (num_workers={recommended['small_files']}); "
+        f"{small:,.0f} samples/s (num_workers={recommended[Layout.SMALL_FILES]}); "
         + "; ".join(
             f"{LABEL[n]} {v:,.0f} (num_workers={recommended[n]})" for v, n in sorted(shards)
         )
@@ -308,23 +309,23 @@ def _small_files(
             f"{LABEL[name]} vs one file per sample, {small_temp}, measured here",
         ),
         stage="loader",
-        fix={"layout": name},
+        fix={"layout": name.value},
     )
 
 
 def _mds_overhead(
-    judged: Mapping[str, tuple[str, dict[int, float]]], recommended: Mapping[str, int]
+    judged: Mapping[Layout, Curve], recommended: Mapping[Layout, int]
 ) -> Finding | None:
     """StreamingDataset does more per sample than a read (it opens the shard file for
     every sample, and hands samples between threads that poll with short sleeps); on
     fast local storage that can cost more than the reads it organises."""
-    if "mds" not in recommended or "shard" not in recommended:
+    if Layout.MDS not in recommended or Layout.SHARD not in recommended:
         return None
-    temp, mds_curve = judged["mds"]
-    if judged["shard"][0] != temp:
+    temp, mds_curve = judged[Layout.MDS]
+    if judged[Layout.SHARD][0] != temp:
         return None
-    shard = judged["shard"][1][recommended["shard"]]
-    mds = mds_curve[recommended["mds"]]
+    shard = judged[Layout.SHARD][1][recommended[Layout.SHARD]]
+    mds = mds_curve[recommended[Layout.MDS]]
     if mds <= 0 or shard / mds < MDS_OVERHEAD_NOTE:
         return None
     best_w = max(mds_curve, key=lambda w: mds_curve[w])
@@ -333,8 +334,8 @@ def _mds_overhead(
         Severity.INFO,
         f"StreamingDataset delivers {shard / mds:.1f}x fewer samples/s than a plain shard here",
         f"{temp} cache, each at its recommended num_workers: one shard (map-style, pread) "
-        f"{shard:,.0f} samples/s (num_workers={recommended['shard']}); MDS shards "
-        f"(StreamingDataset) {mds:,.0f} (num_workers={recommended['mds']}); its best: "
+        f"{shard:,.0f} samples/s (num_workers={recommended[Layout.SHARD]}); MDS shards "
+        f"(StreamingDataset) {mds:,.0f} (num_workers={recommended[Layout.MDS]}); its best: "
         f"{mds_curve[best_w]:,.0f} with num_workers={best_w}",
         "StreamingDataset does more per sample than the read (it opens the shard file for "
         "each sample, and its threads poll for ready samples with short sleeps), so it needs "

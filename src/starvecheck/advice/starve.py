@@ -1,8 +1,8 @@
 """Judging a `starve` sweep: is the GPU starved at num_workers=0, how many workers
 this machine needs, whether any count is enough, and what workers past the CPUs do.
 
-Reads metrics by their labels (quantity and workers), so a stored report is judged
-as a fresh one.
+Reads the sweep as its record (core/schema/starve.StarveFigures, read from the
+metrics by their labels), so a stored report is judged as a fresh one.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.criteria import IDLE_AS_GOOD
-from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
-from starvecheck.core.schema.common import FIRST_BATCH_S, RECOMMENDED_NUM_WORKERS, SAMPLE_CPU_MS
+from starvecheck.core.schema.loader import Recommended
 from starvecheck.core.schema.loader import StarveParameters as Parameters
+from starvecheck.core.schema.starve import Quantity, StarveFigures
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -28,12 +28,11 @@ SLOW_FIRST_BATCH_S = 1.0
 
 
 def _idle(r: StageResult) -> dict[int, float]:
-    out = {
-        int(m.labels["workers"]): m.value
-        for m in r.select(quantity="idle_share")
-        if m.value is not None
-    }
-    return dict(sorted(out.items()))
+    return r.records(StarveFigures).idle()
+
+
+def _value(r: StageResult, quantity: Quantity, workers: int) -> float | None:
+    return r.records(StarveFigures).value(quantity, workers)
 
 
 def recommended(r: StageResult) -> int | None:
@@ -50,9 +49,7 @@ def complete(r: StageResult) -> StageResult:
     rec = recommended(r)
     if rec is None:
         return replace(r, judged=Judged())
-    labels = {"quantity": RECOMMENDED_NUM_WORKERS}
-    figure = Metric.single("recommended_num_workers", rec, "workers", labels)
-    return replace(r, judged=Judged((figure,)))
+    return replace(r, judged=Judged(Recommended(overall=rec).to_metrics()))
 
 
 def rules(results: Results) -> list[Finding]:
@@ -67,7 +64,8 @@ def rules(results: Results) -> list[Finding]:
     quota = results.machine.cpu.quota_cpus if results.machine is not None else None
     said = cpus_text(cpus, quota)
     d, b, g = params.sample_ms, params.batch_size, params.step_ms
-    d = r.value(quantity=SAMPLE_CPU_MS) or d
+    measured = r.records(StarveFigures).sample_cpu_ms
+    d = (measured.value if measured is not None else None) or d
     rec = recommended(r)
     findings = [
         _workers_zero(r, idle, rec),
@@ -118,7 +116,7 @@ def _dataloader_line(w: int) -> str:
 def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> Finding | None:
     if 0 not in idle or rec is None:
         return None
-    wait0 = r.value(quantity="wait_ms", workers=0)
+    wait0 = _value(r, Quantity.WAIT_MS, 0)
     w0, wr, r = idle[0], idle.get(int(rec), idle[0]), int(rec)
     evidence = (
         "num_workers=0: the GPU "
@@ -221,9 +219,9 @@ def _above_cpus(
         # Judged by the step, not the idle share: a throttled quota slows the training
         # process too, and a longer step reads as less idle without one more sample.
         gained = min(gained, 1 - step_over / step_at)
-    pred = r.value(quantity="predicted_wait_ms", workers=w_over)
-    naive = r.value(quantity="sleep_model_wait_ms", workers=w_over)
-    waited = r.value(quantity="wait_ms", workers=w_over)
+    pred = _value(r, Quantity.PREDICTED_WAIT_MS, w_over)
+    naive = _value(r, Quantity.SLEEP_MODEL_WAIT_MS, w_over)
+    waited = _value(r, Quantity.WAIT_MS, w_over)
     evidence = (
         f"num_workers={w_at}: {idle[w_at]:.0%} idle; num_workers={w_over}: {idle[w_over]:.0%} "
         f"idle, {waited:,.0f} ms wait per step (CPU-aware model {pred:,.0f} ms; a sleep-based "
@@ -259,8 +257,8 @@ def _above_cpus(
 
 
 def _step_ms(r: StageResult, workers: int) -> float | None:
-    wait = r.value(quantity="wait_ms", workers=workers)
-    compute = r.value(quantity="compute_ms", workers=workers)
+    wait = _value(r, Quantity.WAIT_MS, workers)
+    compute = _value(r, Quantity.COMPUTE_MS, workers)
     return wait + compute if wait is not None and compute is not None else None
 
 
@@ -268,7 +266,7 @@ def _first_batch(result: StageResult, rec: float | None) -> Finding | None:
     if not rec:
         return None
     r = int(rec)
-    first = result.value(quantity=FIRST_BATCH_S, workers=r)
+    first = _value(result, Quantity.FIRST_BATCH_S, r)
     if first is None or first < SLOW_FIRST_BATCH_S:
         return None
     return Finding(

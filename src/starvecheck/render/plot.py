@@ -8,14 +8,14 @@ from starvecheck.core import outputs
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.schema.common import (
     EFFICIENCY,
-    RECOMMENDED_NUM_WORKERS,
     SAMPLES,
-    SAMPLES_PER_S,
 )
+from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.loader import Parameters as LoaderParameters
-from starvecheck.core.schema.loader import StarveParameters
 from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
 from starvecheck.core.schema.pad import Parameters as PadParameters
+from starvecheck.core.schema.samples import Cache, Layout
+from starvecheck.core.schema.starve import Quantity, StarveFigures
 from starvecheck.core.signals import importing
 
 if TYPE_CHECKING:
@@ -65,16 +65,19 @@ def sweep_plot(result: StageResult, path: str) -> None:
 
     g = float(result.parameters.step_ms or 0.0)
     series: dict[str, dict[int, float]] = {"measured": {}, "CPU-aware model": {}, "sleep model": {}}
-    models = {"predicted_wait_ms": "CPU-aware model", "sleep_model_wait_ms": "sleep model"}
-    for m in result.figures:
-        quantity, w = m.labels.get("quantity"), m.labels.get("workers")
-        if w is None or m.value is None:
-            continue
-        if quantity == "idle_share":
-            series["measured"][int(w)] = m.value
-        elif quantity in models:
-            share = m.value / (m.value + g) if m.value + g > 0 else 0.0
-            series[models[str(quantity)]][int(w)] = share
+    models = {
+        Quantity.PREDICTED_WAIT_MS: "CPU-aware model",
+        Quantity.SLEEP_MODEL_WAIT_MS: "sleep model",
+    }
+    for p in result.records(StarveFigures).points:
+        idle = p.value(Quantity.IDLE_SHARE)
+        if idle is not None:
+            series["measured"][p.workers] = idle
+        for quantity, label in models.items():
+            wait = p.value(quantity)
+            if wait is not None:
+                share = wait / (wait + g) if wait + g > 0 else 0.0
+                series[label][p.workers] = share
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for label, points in series.items():
         xs = sorted(points)
@@ -107,13 +110,12 @@ def loader_plot(result: StageResult, path: str) -> None:
     effective CPUs and each layout's recommended count marked."""
     plt = _pyplot()
 
-    from starvecheck.core.figures import loader_curve
-
-    series: dict[tuple[str, str], dict[int, float]] = {}
-    for m in result.select(quantity=SAMPLES_PER_S):
-        if m.value is not None and {"layout", "cache", "workers"} <= m.labels.keys():
-            key = (str(m.labels["layout"]), str(m.labels["cache"]))
-            series.setdefault(key, {})[int(m.labels["workers"])] = m.value
+    figures = result.records(LoaderFigures)
+    recommended = Recommended.from_metrics(result.figures).layouts
+    series: dict[tuple[Layout, Cache], dict[int, float]] = {}
+    for p in figures.points:
+        if p.rate is not None and p.rate.value is not None:
+            series.setdefault((p.layout, p.cache), {})[p.workers] = p.rate.value
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     colours: dict[str, str] = {}
     for (layout, temp), points in series.items():
@@ -122,18 +124,18 @@ def loader_plot(result: StageResult, path: str) -> None:
             xs,
             [points[x] for x in xs],
             marker="o",
-            linestyle="-" if temp == "cold" else "--",
+            linestyle="-" if temp is Cache.COLD else "--",
             color=colours.get(layout),
             label=f"{layout} ({temp})",
         )
         colours[layout] = line.get_color()
-        rec = result.one(quantity=RECOMMENDED_NUM_WORKERS, layout=layout)
+        rec = recommended.get(layout)
         # The cache state the recommendation was made in.
-        judged_in = (loader_curve(result, layout) or ("",))[0]
-        if rec is not None and rec.value in points and temp == judged_in:
+        judged_in = (figures.curve(layout) or ("",))[0]
+        if rec is not None and rec in points and temp == judged_in:
             ax.plot(
-                [rec.value],
-                [points[int(rec.value)]],
+                [rec],
+                [points[rec]],
                 marker="*",
                 markersize=14,
                 color=line.get_color(),

@@ -3,7 +3,8 @@
 io reports a read pattern's throughput in MB/s (labels: quantity `mb_per_s`,
 layout, pattern, cache, threads) with companions under the same labels
 (`samples_per_s`, `p50_ms`, `p90_ms`, `p99_ms`; the JSON keeps them flat, one metric
-each). People read them better side by side.
+each). People read them better side by side; where each figure sits is its record's
+(core/schema/io.IoFigures.place).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import MB_PER_S
+from starvecheck.core.schema.io import IoFigures, Place, Quantity
 from starvecheck.render.section import Section, taken
 
-COMPANIONS = ("samples_per_s", "p50_ms", "p90_ms", "p99_ms")
+# A row's figures beside its MB/s, as the JSON's `quantity` names them.
+COMPANIONS = tuple(q.value for q in Quantity if q is not Quantity.MB_PER_S)
 HEADERS = (
     "pattern",
     "cache",
@@ -65,29 +67,26 @@ class Row:
         )
 
 
-def _where(m: Metric) -> tuple[object, ...]:
-    return (*(m.labels[k] for k in ("layout", "pattern", "cache")), m.labels.get("threads", 1))
-
-
 def split(metrics: Sequence[Metric]) -> tuple[list[Row], list[Metric]]:
     """(throughput rows, every other metric) of io's `metrics`, in the order it gave
     them (the stage table gives io's results alone to this module). A row is a read
-    pattern's MB/s (labels quantity mb_per_s, layout, pattern, cache, threads) with its
-    companions measured under the same labels."""
-    placed = [m for m in metrics if {"layout", "pattern", "cache"} <= set(m.labels)]
-    rates = [m for m in placed if m.labels.get("quantity") == MB_PER_S]
-    companions: dict[tuple[object, ...], dict[str, Metric]] = {}
-    for m in placed:
-        if m.labels.get("quantity") in COMPANIONS:
-            companions.setdefault(_where(m), {})[str(m.labels["quantity"])] = m
+    pattern's MB/s with its companions measured at the same place (where its record,
+    core/schema/io.IoFigures, puts them)."""
+    placed = [(m, at) for m in metrics if (at := IoFigures.place(m)) is not None]
+    companions: dict[Place, dict[str, Metric]] = {}
+    for m, (place, quantity) in placed:
+        if quantity is not Quantity.MB_PER_S:
+            companions.setdefault(place, {})[quantity.value] = m
     rows: list[Row] = []
     used: set[int] = set()
-    for m in rates:
-        comps = companions.get(_where(m), {})
+    for m, (place, quantity) in placed:
+        if quantity is not Quantity.MB_PER_S:
+            continue
+        comps = companions.get(place, {})
         used.add(id(m))
         used.update(id(c) for c in comps.values())
-        what = f"{m.labels['layout']}.{m.labels['pattern']}"
-        rows.append(Row(what, str(m.labels["cache"]), int(m.labels.get("threads", 1)), m, comps))
+        what = f"{place.layout.value}.{place.pattern.value}"
+        rows.append(Row(what, place.cache.value, place.threads, m, comps))
     rest = [m for m in metrics if id(m) not in used]
     return rows, rest
 

@@ -21,9 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.metric import Caveat, Metric, one, select
+from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import MB_PER_S, PATTERN_RANDOM, SAMPLES_PER_S
+from starvecheck.core.schema import samples
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.io import IoFigures, Pattern, Place, Quantity, Reads
+from starvecheck.core.schema.samples import Cache
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.probe.cpu import under_hypervisor
@@ -205,15 +208,15 @@ def _evict(layout: Layout, plan: Plan) -> None:
 
 
 def metric_name(layout: str, pattern: str, temp: str, threads: int) -> str:
-    return f"{layout}.{pattern}.{temp}" + (f".t{threads}" if threads > 1 else "")
+    return Place(samples.Layout(layout), Pattern(pattern), Cache(temp), threads).name
 
 
 def summarize(
     layouts: Sequence[Layout], plan: Plan, m: Measured, fs_kind: str | None = None
-) -> tuple[list[Metric], list[Caveat]]:
-    """Metrics and caveats from the raw runs. Cold figures of a layout that was not
+) -> tuple[IoFigures, list[Caveat]]:
+    """The figures and caveats from the raw runs. Cold figures of a layout that was not
     cold before its runs are withheld, with the reason."""
-    metrics, caveats, not_cold = judge_cache(
+    residency, caveats, not_cold = judge_cache(
         [layout.name for layout in layouts],
         m,
         fs_kind,
@@ -221,43 +224,24 @@ def summarize(
         unit="run",
         fix="use --drop-caches as root, or more --samples than the memory holds",
     )
+    reads: list[Reads] = []
     unstable: list[str] = []
     for (layout, pattern, temp, threads), runs in m.runs.items():
-        name = metric_name(layout, pattern, temp, threads)
-        where = {"layout": layout, "pattern": pattern, "cache": temp, "threads": threads}
-
-        def labels(quantity: str) -> dict[str, Any]:
-            return {"quantity": quantity, **where}  # noqa: B023 (used within the iteration)
-
-        if temp == "cold" and layout in not_cold:
-            reason = not_cold[layout]
-            metrics.append(Metric.missing(name, "MB/s", reason, labels("mb_per_s")))
-            metrics.append(
-                Metric.missing(
-                    f"{name}.samples_per_s", "samples/s", reason, labels("samples_per_s")
-                )
-            )
-            for p in ("p50", "p90", "p99"):
-                metrics.append(Metric.missing(f"{name}.{p}_ms", "ms", reason, labels(f"{p}_ms")))
+        place = Place(samples.Layout(layout), Pattern(pattern), Cache(temp), threads)
+        name = place.name
+        if temp == Cache.COLD and layout in not_cold:
+            gone = Figure.missing(not_cold[layout])
+            reads.append(Reads(place, gone, gone, gone, gone, gone))
             continue
         mbps = [r.bytes / r.seconds / MB for r in runs if r.seconds > 0]
-        metrics.append(Metric.repeated(name, mbps, "MB/s", labels("mb_per_s")))
-        metrics.append(
-            Metric.repeated(
-                f"{name}.samples_per_s",
-                [r.ops / r.seconds for r in runs if r.seconds > 0],
-                "samples/s",
-                labels("samples_per_s"),
-            )
-        )
+        rate = Figure.repeated(r.ops / r.seconds for r in runs if r.seconds > 0)
         lat = sorted(x for r in runs for x in r.latencies_ns)
-        for p in (50, 90, 99):
-            q = labels(f"p{p}_ms")
-            if lat:
-                metrics.append(Metric.single(f"{name}.p{p}_ms", percentile(lat, p) / 1e6, "ms", q))
-            else:
-                metrics.append(Metric.missing(f"{name}.p{p}_ms", "ms", "no reads completed", q))
-        if temp == "cold" and len(mbps) >= 3:
+        none = Figure.missing("no reads completed")
+        p50, p90, p99 = (
+            Figure.single(percentile(lat, p) / 1e6) if lat else none for p in (50, 90, 99)
+        )
+        reads.append(Reads(place, Figure.repeated(mbps), rate, p50, p90, p99))
+        if temp == Cache.COLD and len(mbps) >= 3:
             rest = statistics.median(mbps[1:])
             if mbps[0] * FIRST_COLD_SLOWER < rest:
                 caveats.append(first_cold_slower(name, mbps[0], rest))
@@ -274,7 +258,7 @@ def summarize(
                 "`starvecheck io --runs 3` or more"
             )
         )
-    return metrics, caveats
+    return IoFigures(tuple(residency), tuple(reads)), caveats
 
 
 def _generate_and_measure(
@@ -299,12 +283,13 @@ def _generate_and_measure(
     return layouts, measured, scratch.path
 
 
-def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
+def _cache_caveats(figures: IoFigures, plan: Plan) -> list[Caveat]:
     """What `cold` could not cover: a hypervisor's cache, and file metadata."""
     caveats: list[Caveat] = []
     cold_small = any(
-        x.value is not None and x.labels.get("layout") in ("small_files", "files")
-        for x in select(metrics, quantity=MB_PER_S, pattern=PATTERN_RANDOM, cache="cold", threads=1)
+        r.mb_per_s is not None and r.mb_per_s.value is not None
+        for layout in (samples.Layout.SMALL_FILES, samples.Layout.FILES)
+        if (r := figures.at(Place(layout, Pattern.RANDOM, Cache.COLD))) is not None
     )
     if plan.cold and under_hypervisor():
         caveats.append(
@@ -326,12 +311,13 @@ def _cache_caveats(metrics: Sequence[Metric], plan: Plan) -> list[Caveat]:
     return caveats
 
 
-def _capacity(metrics: Sequence[Metric], layouts: Sequence[Layout], plan: Plan) -> Metric | None:
+def _capacity(figures: IoFigures, layouts: Sequence[Layout], plan: Plan) -> Metric | None:
     """The user's own files (--existing): samples/s of the first layout at the most
     readers, cold where measured, else warm."""
-    where = {"layout": layouts[0].name, "pattern": PATTERN_RANDOM, "threads": max(plan.threads)}
+    layout = samples.Layout(layouts[0].name)
     for temp in plan.temperatures:
-        m = one(metrics, quantity=SAMPLES_PER_S, cache=temp, **where)
+        reads = figures.at(Place(layout, Pattern.RANDOM, Cache(temp), max(plan.threads)))
+        m = None if reads is None else reads.metric(Quantity.SAMPLES_PER_S)
         if m is not None and m.value:
             return replace(m, name=f"capacity ({m.name})")
     return None
@@ -421,15 +407,15 @@ class IoStage(BaseStage[IoOptions, OnDisk[Plan]]):
                             f"test data kept in {scratch_path} (--keep); remove it with rm -r",
                         )
                     )
-        metrics, more = summarize(layouts, p, measured, ctx.storage.get("kind"))
+        figures, more = summarize(layouts, p, measured, ctx.storage.get("kind"))
         caveats += more
-        caveats += _cache_caveats(metrics, p)
+        caveats += _cache_caveats(figures, p)
         return StageResult(
             stage="io",
             parameters=params,
-            metrics=tuple(metrics),
+            metrics=figures.to_metrics(),
             caveats=tuple(caveats),
-            capacity=_capacity(metrics, layouts, p) if plan.existing else None,
+            capacity=_capacity(figures, layouts, p) if plan.existing else None,
         )
 
 

@@ -8,7 +8,9 @@ nowhere else (tests/test_vocabulary.py); its finding ids are core/catalogue.py's
   record.py    Record: a nested record's dataclass, written and read by its fields
   attach.py    attach: its ranks, its GPUs, what its figures count
   factory.py   loader --factory: the `own` layout, the roles, each configuration read
-  loader.py    loader and starve: the sweep's parameters
-  io.py, pad.py, pcie.py   those stages' parameters
+  loader.py    loader and starve: the sweep's parameters; loader's figures as records
+  starve.py    starve's figures as records
+  samples.py   samples on disk (io, loader, profile): layouts, cache states, residency
+  io.py, pad.py, pcie.py   those stages' parameters (io's, pcie's figures as records)
   steps.py     a step breakdown (profile, profile --trace, watch): runs and ranks
 """

@@ -27,11 +27,14 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import FIRST_BATCH_S, MB_PER_S, SAMPLES_PER_S
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loader import FirstBatch, LoaderFigures, Point, Unmeasured
+from starvecheck.core.schema.samples import Cache, Layout
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.status import UsageError
 from starvecheck.probe.cpu import under_hypervisor
@@ -64,10 +67,10 @@ if TYPE_CHECKING:
 
 def summarize(
     names: Sequence[str], plan: Plan, m: Measured, fs_kind: str | None = None
-) -> tuple[list[Metric], list[str], dict[str, str]]:
-    """Metrics (named as the README promises), caveats, and the cache state each
+) -> tuple[LoaderFigures, list[Caveat], dict[str, str]]:
+    """The figures (as the README names them), caveats, and the cache state each
     layout's first_batch_s comes from."""
-    metrics, caveats, not_cold = judge_cache(
+    residency, caveats, not_cold = judge_cache(
         names,
         m,
         fs_kind,
@@ -78,60 +81,39 @@ def summarize(
     )
     unstable: list[str] = []
     first_cache: dict[str, str] = {}
+    points: list[Point] = []
+    first: list[FirstBatch] = []
     for name in names:
+        layout = Layout(name)
         for temp in plan.temperatures:
             for w in plan.workers:
                 epochs = m.epochs.get((name, temp, w), [])
-                base = f"{name}.{temp}.w{w}"
-                where = {"layout": name, "cache": temp, "workers": w}
-                rate_l = {"quantity": SAMPLES_PER_S, **where}
-                mbps_l = {"quantity": MB_PER_S, **where}
-                wait_l = {p: {"quantity": f"batch_wait_p{p}_ms", **where} for p in (50, 99)}
-                if temp == "cold" and name in not_cold:
-                    reason = not_cold[name]
-                    metrics += [
-                        Metric.missing(f"throughput.{base}", "samples/s", reason, rate_l),
-                        Metric.missing(f"mbps.{base}", "MB/s", reason, mbps_l),
-                        Metric.missing(f"batch_wait_ms.{base}.p50", "ms", reason, wait_l[50]),
-                        Metric.missing(f"batch_wait_ms.{base}.p99", "ms", reason, wait_l[99]),
-                    ]
+                where = (layout, Cache(temp), w)
+                if temp == Cache.COLD and name in not_cold:
+                    gone = Figure.missing(not_cold[name])
+                    points.append(Point(*where, gone, gone, gone, gone))
                     continue
                 rates = [e.steady_samples / e.seconds for e in epochs if e.seconds > 0]
-                metrics.append(Metric.repeated(f"throughput.{base}", rates, "samples/s", rate_l))
-                metrics.append(
-                    Metric.repeated(
-                        f"mbps.{base}",
-                        [e.steady_bytes / e.seconds / MB for e in epochs if e.seconds > 0],
-                        "MB/s",
-                        mbps_l,
-                    )
-                )
+                mbps = [e.steady_bytes / e.seconds / MB for e in epochs if e.seconds > 0]
                 waits = sorted(x * 1000 for e in epochs for x in e.waits_s)
-                for p in (50, 99):
-                    name_p = f"batch_wait_ms.{base}.p{p}"
-                    none = "one batch per epoch: no waits after it"
-                    metrics.append(
-                        Metric.single(name_p, round(percentile(waits, p), 4), "ms", wait_l[p])
-                        if waits
-                        else Metric.missing(name_p, "ms", none, wait_l[p])
-                    )
+                none = Figure.missing("one batch per epoch: no waits after it")
+                p50, p99 = (
+                    Figure.single(round(percentile(waits, p), 4)) if waits else none
+                    for p in (50, 99)
+                )
+                rate = Figure.repeated(rates)
+                points.append(Point(*where, rate, Figure.repeated(mbps), p50, p99))
                 if len(rates) >= 2 and statistics.median(rates) > 0:
                     spread = statistics.stdev(rates) / statistics.median(rates)
                     if spread >= UNSTABLE_SPREAD or outliers(rates):
-                        unstable.append(f"{base} {spread:.0%}")
+                        unstable.append(f"{name}.{temp}.w{w} {spread:.0%}")
         # Start-up is a property of the workers, not the cache: one figure per count,
         # from the cold epochs where they count, else the warm ones.
-        temp = "cold" if plan.cold and name not in not_cold else "warm"
-        first_cache[name] = temp
+        temp = Cache.COLD if plan.cold and name not in not_cold else Cache.WARM
+        first_cache[name] = temp.value
         for w in plan.workers:
-            metrics.append(
-                Metric.repeated(
-                    f"first_batch_s.{name}.w{w}",
-                    [round(e.first_batch_s, 5) for e in m.epochs.get((name, temp, w), [])],
-                    "s",
-                    {"quantity": FIRST_BATCH_S, "layout": name, "workers": w},
-                )
-            )
+            starts = [round(e.first_batch_s, 5) for e in m.epochs.get((name, temp, w), [])]
+            first.append(FirstBatch(layout, w, Figure.repeated(starts)))
     if unstable:
         caveats.append(timing_unstable(unstable, "epochs"))
     if plan.runs < 3:
@@ -141,7 +123,8 @@ def summarize(
                 "`starvecheck loader --runs 3` or more"
             )
         )
-    return metrics, caveats, first_cache
+    figures = LoaderFigures(tuple(residency), tuple(points), tuple(first))
+    return figures, caveats, first_cache
 
 
 # --- the stage ---------------------------------------------------------------------------
@@ -168,7 +151,7 @@ def _run(
     plan = preflight.fitted(plan, plan.batch_size * sample, plan.prefetch_factor, warn)
     params: dict[str, Any] = {"path": path, **plan.parameters()}
     caveats: list[str] = []
-    extra_metrics: list[Metric] = []
+    unmeasured: list[Unmeasured] = []
     cuda = torch.cuda.is_available()
     pin = cuda if plan.pin_memory is None else plan.pin_memory
     if pin and not cuda:
@@ -188,22 +171,15 @@ def _run(
         else:
             streaming, why = streaming_or_why(path) if plan.wants("mds") else (None, "")
             if streaming is None and plan.wants("mds"):
-                extra_metrics.append(
-                    Metric.missing(
-                        "throughput.mds",
-                        "samples/s",
-                        why,
-                        {"quantity": SAMPLES_PER_S, "layout": "mds"},
-                    )
-                )
+                unmeasured.append(Unmeasured(Layout.MDS, why))
             sources, measured, params["scratch"] = _generated(
                 path, plan, streaming, pin, progress, warn, batch_timeout_s
             )
     names = [s.name for s in sources]
-    metrics, more, first_cache = summarize(names, plan, measured, storage.get("kind"))
+    figures, more, first_cache = summarize(names, plan, measured, storage.get("kind"))
     caveats += more
     params["first_batch_cache"] = first_cache
-    metrics += extra_metrics
+    figures = replace(figures, unmeasured=tuple(unmeasured))
     if plan.cold and under_hypervisor():
         caveats.append(
             hypervisor_cache(
@@ -214,7 +190,7 @@ def _run(
     return StageResult(
         stage="loader",
         parameters=params,
-        metrics=tuple(metrics),
+        metrics=figures.to_metrics(),
         caveats=tuple(caveats),
     )
 

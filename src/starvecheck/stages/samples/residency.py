@@ -6,10 +6,11 @@ principle 1)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Protocol
 
 from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.schema import samples
+from starvecheck.core.schema.samples import Residency
 from starvecheck.stages.samples.layouts import Layout
 from starvecheck.stages.timing import not_cold as not_cold_caveat
 
@@ -41,19 +42,19 @@ def judge_cache(
     command: str,
     unit: str,
     fix: str,
-) -> tuple[list[Metric], list[Caveat], dict[str, str]]:
-    """What the residency checks say, for io and loader alike: `resident_before.<name>`
-    metrics, caveats, and the layouts whose cold figures must be withheld (with the
-    reason). `unit` is what one measurement is called ("run", "epoch"); `fix` what to
-    do where the cache could not be emptied."""
-    metrics: list[Metric] = []
+) -> tuple[list[Residency], list[Caveat], dict[str, str]]:
+    """What the residency checks say, for io and loader alike: each layout's
+    residency before its cold runs, caveats, and the layouts whose cold figures must
+    be withheld (with the reason). `unit` is what one measurement is called ("run",
+    "epoch"); `fix` what to do where the cache could not be emptied."""
+    metrics: list[Residency] = []
     caveats: list[Caveat] = []
     not_cold: dict[str, str] = {}
     for name in names:
         fractions = m.resident_cold.get(name, [])
         known = [f for f in fractions if f is not None]
         if known:
-            metrics.append(resident_metric(name, known))
+            metrics.append(Residency.of(samples.Layout(name), known))
             if max(known) > COLD_MAX_RESIDENT:
                 not_cold[name] = (
                     f"not cold: {max(known):.0%} of the data was still in the page cache "
@@ -100,8 +101,4 @@ def judge_cache(
 def resident_metric(layout: str, fractions: list[float]) -> Metric:
     """`resident_before.<layout>`: the largest fraction of the layout's data found in
     the page cache before a cold run (the figure that decides), every value kept."""
-    labels = {"quantity": "resident_before", "layout": layout}
-    m = Metric.repeated(
-        f"resident_before.{layout}", [round(f, 6) for f in fractions], "fraction", labels
-    )
-    return replace(m, value=m.max)
+    return Residency.of(samples.Layout(layout), fractions).metric()

@@ -15,14 +15,14 @@ the plan, the figures, and the stage.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import SAMPLE_CPU_MS
+from starvecheck.core.schema import starve as figures
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.starve import StarveFigures, mean_of
 from starvecheck.core.signals import importing
 from starvecheck.inputs.embedded import default_texts
 from starvecheck.inputs.tokenizers import load_tokenizer
@@ -49,43 +49,26 @@ def _no_progress(what: str, done: int, total: int) -> None:
     pass
 
 
-def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> list[Metric]:
-    """Metrics named as the README promises (wait_ms.w<N>, predicted_wait_ms.w<N>, ...),
-    each labelled with its quantity and worker count."""
-    metrics: list[Metric] = [
-        Metric.single("sample_cpu_ms", round(d_ms, 4), "ms", {"quantity": SAMPLE_CPU_MS})
-    ]
+def summarize(plan: Plan, d_ms: float, points: Sequence[Point]) -> StarveFigures:
+    """The figures, named as the README promises (wait_ms.w<N>, predicted_wait_ms.w<N>,
+    ...) where written: the sample's CPU time, and each worker count's."""
+    made: list[figures.Point] = []
     for p in points:
         w = p.workers
-
-        def at(quantity: str) -> dict[str, Any]:
-            return {"quantity": quantity, "workers": w}  # noqa: B023 (used at once)
-
         predicted = predicted_wait_ms(d_ms, plan.batch_size, plan.step_ms, w, plan.effective_cpus)
         naive = sleep_model_wait_ms(d_ms, plan.batch_size, plan.step_ms, w)
-        metrics += [
-            _mean_metric(f"wait_ms.w{w}", p.waits_ms, "ms", at("wait_ms")),
-            Metric.single(
-                f"predicted_wait_ms.w{w}", round(predicted, 3), "ms", at("predicted_wait_ms")
-            ),
-            Metric.single(
-                f"sleep_model_wait_ms.w{w}", round(naive, 3), "ms", at("sleep_model_wait_ms")
-            ),
-            _mean_metric(f"compute_ms.w{w}", p.computes_ms, "ms", at("compute_ms")),
-            Metric.single(f"idle_share.w{w}", round(p.idle_share, 4), "fraction", at("idle_share")),
-            Metric.single(
-                f"first_batch_s.w{w}", round(p.first_batch_s, 4), "s", at("first_batch_s")
-            ),
-        ]
-    return metrics
-
-
-def _mean_metric(name: str, values: Sequence[float], unit: str, labels: dict[str, Any]) -> Metric:
-    """Per-step figures headed by their mean, not their median: with W workers batches
-    arrive in bursts (a long wait, then W-1 short ones), so the median wait can be 0
-    while the GPU idles; the mean is what the idle share is made of."""
-    m = Metric.repeated(name, values, unit, labels)
-    return replace(m, value=statistics.fmean(values)) if values else m
+        made.append(
+            figures.Point(
+                w,
+                wait_ms=mean_of(p.waits_ms),
+                predicted_wait_ms=Figure.single(round(predicted, 3)),
+                sleep_model_wait_ms=Figure.single(round(naive, 3)),
+                compute_ms=mean_of(p.computes_ms),
+                idle_share=Figure.single(round(p.idle_share, 4)),
+                first_batch_s=Figure.single(round(p.first_batch_s, 4)),
+            )
+        )
+    return StarveFigures(Figure.single(round(d_ms, 4)), tuple(made))
 
 
 def run(
@@ -134,7 +117,7 @@ def run(
                 dataset, plan, w, plan.capacity_runs, progress, batch_timeout_s, d_ms
             )
             extra = {"capacity_workers": w, "capacity_runs": plan.capacity_runs}
-    metrics = summarize(plan, d_ms, points)
+    measured = summarize(plan, d_ms, points)
     with importing("torch"):
         import torch
 
@@ -147,7 +130,7 @@ def run(
     return StageResult(
         stage="starve",
         parameters=params,
-        metrics=tuple(metrics),
+        metrics=measured.to_metrics(),
         caveats=tuple(caveats),
         capacity=capacity,
     )
