@@ -350,6 +350,7 @@ def test_a_wait_in_a_few_long_runs_gives_no_verdict_and_names_a_longer_window():
 
 
 def test_the_table_shows_the_split_marked_and_what_runs_made_the_samples_worth():
+    from starvecheck.core.schema.attachfigures import AttachFigures
     from starvecheck.render.attach import split
 
     rng = random.Random(3)
@@ -360,7 +361,7 @@ def test_the_table_shows_the_split_marked_and_what_runs_made_the_samples_worth()
         parse_speedscope(speedscope({(PID, PID, "MainThread"): loop, (201, 201, "w"): worker})),
         lambda file, line: None,
     )
-    rows, _, notes = split(metrics)
+    rows, notes = split(AttachFigures.from_metrics(metrics))
     by_stage = {r[2]: r[3] for r in rows if r[1].strip() == "its wait, by stage"}
     assert set(by_stage) == {"read *", "collate *"}
     assert by_stage["read *"].startswith("75.0% (")

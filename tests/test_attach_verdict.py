@@ -159,10 +159,11 @@ def test_a_ranks_life_stopped_then_ended():
 
 
 def test_the_table_shows_each_share_with_its_interval_and_samples():
+    from starvecheck.core.schema.attachfigures import AttachFigures
     from starvecheck.render.attach import split
 
     r = stage(ray_style(300, 100))
-    rows, _, _ = split(r.metrics)
+    rows, _ = split(r.records(AttachFigures))
     assert ("PID 100", "training loop", "data", "75.0% (71-79%, 400)") in rows
 
 
