@@ -7,7 +7,9 @@ thread's time inside the DataLoader, by what it did there; `worker_share`: of ev
 worker's samples; `exposed_share`: of the samples it waited for data in, by stage of
 loading, `load_stage`) and `kind`, and each share's 95% interval (`low95`, `high95`),
 the samples it was counted from (`samples`) and what they are worth as independent
-draws (`samples_effective`: fewer where what they saw came in runs).
+draws (`samples_effective`: fewer where what they saw came in runs). They are read as
+attach's record (core/schema/attachfigures.AttachFigures, `StageResult.records`), by
+field.
 """
 
 from __future__ import annotations

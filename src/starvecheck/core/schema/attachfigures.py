@@ -11,7 +11,7 @@ figures of one quantity for one rank, the first is kept, as a read by label was.
 order is kept where the record can say it: a rank's shares in the order read, the
 ranks in the order their figures come (their sampling's, after the machine's, merged
 in), and whether the machine's figures came before the ranks'. The metrics' names
-are spelled here alone."""
+are spelled here alone (a share's in core/schema/attach.py)."""
 
 from __future__ import annotations
 
