@@ -73,11 +73,12 @@ def test_the_gpu_running_the_jobs_pid_is_read_each_second_and_nvml_shut_after():
     w.close()
     assert not fake.open
     caveats: list[Caveat] = []
-    metrics = _read_gpus(w, caveats)
-    (m,) = metrics
-    assert (m.value, m.min, m.max, m.labels["gpu"]) == (50.0, 40.0, 60.0, 1)
+    gpus = _read_gpus(w, caveats)
+    (g,) = gpus
+    u = g.utilization
+    assert (u.value, u.min, u.max, g.index) == (50.0, 40.0, 60.0, 1)
     assert [c.id for c in caveats] == ["attach.gpu-shared"] and "9" in caveats[0].text
-    r = StageResult("attach", {}, tuple(metrics))
+    r = StageResult("attach", {}, tuple(g.metric() for g in gpus))
     assert _gpus(r) == "busy by NVML, median each second (range): GPU 1 50% (40-60%)"
 
 
@@ -106,7 +107,7 @@ def test_a_cpu_job_gets_no_nvml_call_and_no_caveat():
     w = GpuWatch([100], nvml, lambda p: False, lambda p: None)
     assert not called and not w.gpus and not w.missing and "uses no GPU" in (w.reason or "")
     caveats: list[Caveat] = []
-    assert _read_gpus(w, caveats) == [] and caveats == []
+    assert _read_gpus(w, caveats) == () and caveats == []
 
 
 def test_nvml_that_cannot_be_opened_is_one_caveat_and_the_rest_runs():
@@ -118,7 +119,7 @@ def test_nvml_that_cannot_be_opened_is_one_caveat_and_the_rest_runs():
     w = GpuWatch([100], nvml, lambda p: True, lambda p: None)
     w.tick()
     caveats: list[Caveat] = []
-    assert _read_gpus(w, caveats) == []
+    assert _read_gpus(w, caveats) == ()
     assert [c.id for c in caveats] == ["attach.no-gpu"] and "Driver Not Loaded" in caveats[0].text
 
 
@@ -127,7 +128,7 @@ def test_a_query_that_fails_alone_leaves_that_gpu_unread():
     w = watch(fake)
     w.tick()
     assert [g.utilization for g in w.gpus] == [[], [20.0]]
-    assert [m.labels["gpu"] for m in _read_gpus(w, [])] == [1]
+    assert [g.index for g in _read_gpus(w, [])] == [1]
 
 
 def test_a_failing_device_list_closes_nvml_and_says_why():

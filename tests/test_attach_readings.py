@@ -63,7 +63,6 @@ def test_workers_are_counted_by_identity_across_an_epoch():
     import subprocess
     from types import SimpleNamespace
 
-    from starvecheck.core.metric import value
     from starvecheck.stages.attach.readings import Series, Snapshot, Watch
     from starvecheck.stages.attach.stage import read_procs
     from starvecheck.stages.attach.target import Process
@@ -94,7 +93,7 @@ def test_workers_are_counted_by_identity_across_an_epoch():
     watch = SimpleNamespace(series={1: series(200 * mib, 205 * mib, True),
                                     2: series(1 * mib, 71 * mib, False)})  # fmt: skip
     got = read_procs(Process(9, "python"), [1, 2], watch)  # type: ignore[arg-type]
-    assert value(got, quantity="worker_uss_growth") == 5 * mib
+    assert got.worker_uss_growth is not None and got.worker_uss_growth.value == 5 * mib
 
 
 def test_workers_of_two_epochs_are_read_per_second_of_the_window():
@@ -103,7 +102,6 @@ def test_workers_of_two_epochs_are_read_per_second_of_the_window():
     # life (15 s: 1.87, more than one worker at a time can use).
     from types import SimpleNamespace
 
-    from starvecheck.core.metric import value
     from starvecheck.stages.attach.readings import Series, Snapshot
     from starvecheck.stages.attach.stage import read_procs
     from starvecheck.stages.attach.target import Process
@@ -115,5 +113,6 @@ def test_workers_of_two_epochs_are_read_per_second_of_the_window():
     watch = SimpleNamespace(series={9: main, 1: series(0.0, 15.0, 15.0),
                                     2: series(17.0, 30.0, 13.0)})  # fmt: skip
     got = read_procs(Process(9, "python"), [1, 2], watch)  # type: ignore[arg-type]
-    assert value(got, quantity="workers_cpus") == pytest.approx(28.0 / 30.0, abs=1e-4)
-    assert value(got, quantity="main_cpus") == pytest.approx(0.6, abs=1e-4)
+    assert got.workers_cpus is not None and got.main_cpus is not None
+    assert got.workers_cpus.value == pytest.approx(28.0 / 30.0, abs=1e-4)
+    assert got.main_cpus.value == pytest.approx(0.6, abs=1e-4)

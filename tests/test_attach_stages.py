@@ -83,16 +83,15 @@ def speedscope(threads: dict[tuple[int, int, str], list[list[tuple[str, str]]]])
 
 def split_of(threads: dict) -> dict[str, tuple[float, float, float, bool]]:
     """{stage: (share, low, high, from_workers)} of the rank's wait, read by attach."""
-    metrics, *_ = read_stacks(
+    figures, *_ = read_stacks(
         Process(PID, "python train.py"),
         parse_speedscope(speedscope(threads)),
         lambda file, line: None,
     )
-    out = {}
-    for m in select(metrics, quantity=EXPOSED_SHARE):
-        lab = m.labels
-        out[str(lab["load_stage"])] = (m.value, lab["low95"], lab["high95"], lab["from_workers"])
-    return out
+    return {
+        p.stage.value: (p.value, p.interval.low, p.interval.high, p.from_workers)
+        for p in figures.wait
+    }
 
 
 # --- the rules -------------------------------------------------------------------------
@@ -256,13 +255,18 @@ def test_a_stage_in_long_runs_has_a_wider_interval_than_one_in_short_runs():
 )
 def test_property_any_kinds_give_shares_inside_their_intervals(waits, workers, ordered):
     pinning = [random.Random(len(waits)).choice([None, *Loading]) for _ in waits]
-    got = waitsplit.split(waits, pinning, workers, (ordered, ordered), {"rank": 0, "pid": 1})
-    for m in got:
-        lab = m.labels
-        assert LoadStage(lab["load_stage"])
-        assert 0 <= lab["low95"] <= m.value <= lab["high95"] <= 1
-    assert sum(m.value for m in got) <= 1 + 1e-3
-    assert one(got, quantity="nonesuch") is None
+    got = waitsplit.split(waits, pinning, workers, (ordered, ordered))
+    for p in got:
+        assert p.stage in LoadStage and p.value is not None
+        assert p.interval.low is not None and p.interval.high is not None
+        assert 0 <= p.interval.low <= p.value <= p.interval.high <= 1
+    assert sum(p.value or 0.0 for p in got) <= 1 + 1e-3
+    # written as the JSON carries it: each labelled by its stage and its interval
+    written = [p.metric({"rank": 0, "pid": 1}) for p in got]
+    assert [m.labels["load_stage"] for m in select(written, quantity=EXPOSED_SHARE)] == [
+        p.stage.value for p in got
+    ]
+    assert one(written, quantity="nonesuch") is None
 
 
 # --- the finding -----------------------------------------------------------------------
@@ -274,9 +278,10 @@ def judged(threads: dict) -> dict[str, object]:
     from starvecheck.core.model import StageResult
 
     proc = Process(PID, "python train.py")
-    metrics, workers, _, info = read_stacks(
+    figures, workers, _, info = read_stacks(
         proc, parse_speedscope(speedscope(threads)), lambda file, line: None
     )
+    metrics = list(figures.metrics())
     params = {
         "pid": PID,
         "ranks": [{**info.to_dict(), "workers": workers}],
@@ -350,17 +355,18 @@ def test_a_wait_in_a_few_long_runs_gives_no_verdict_and_names_a_longer_window():
 
 
 def test_the_table_shows_the_split_marked_and_what_runs_made_the_samples_worth():
+    from starvecheck.core.schema.attachfigures import AttachFigures
     from starvecheck.render.attach import split
 
     rng = random.Random(3)
     loop = [WAIT if rng.random() < 0.5 else STEP for _ in range(400)]
     worker = [W_READ] * 300 + [W_COLLATE] * 100
-    metrics, *_ = read_stacks(
+    figures, *_ = read_stacks(
         Process(PID, "python train.py"),
         parse_speedscope(speedscope({(PID, PID, "MainThread"): loop, (201, 201, "w"): worker})),
         lambda file, line: None,
     )
-    rows, _, notes = split(metrics)
+    rows, notes = split(AttachFigures(ranks=(figures,)))
     by_stage = {r[2]: r[3] for r in rows if r[1].strip() == "its wait, by stage"}
     assert set(by_stage) == {"read *", "collate *"}
     assert by_stage["read *"].startswith("75.0% (")

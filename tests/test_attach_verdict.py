@@ -32,7 +32,8 @@ def line(tid: int, name: str, frames: list[str], n: int, pid: int = PID) -> str:
 
 def stage(raw: str, **rank: object) -> StageResult:
     proc = Process(PID, "python train.py")
-    metrics, workers, top, info = read_stacks(proc, parse_raw(raw), lambda f, n: None)
+    figures, workers, top, info = read_stacks(proc, parse_raw(raw), lambda f, n: None)
+    metrics = list(figures.metrics())
     params = {
         "pid": PID,
         "ranks": [{**info.to_dict(), "workers": workers, **rank}],
@@ -159,10 +160,11 @@ def test_a_ranks_life_stopped_then_ended():
 
 
 def test_the_table_shows_each_share_with_its_interval_and_samples():
+    from starvecheck.core.schema.attachfigures import AttachFigures
     from starvecheck.render.attach import split
 
     r = stage(ray_style(300, 100))
-    rows, _, _ = split(r.metrics)
+    rows, _ = split(r.records(AttachFigures))
     assert ("PID 100", "training loop", "data", "75.0% (71-79%, 400)") in rows
 
 
@@ -185,9 +187,9 @@ def test_ranks_each_with_their_interval_and_one_without_a_verdict():
             line(pid, "MainThread", ["<module> (/job/t.py:9)", DL, GET], wait, pid=pid),
             line(pid, "MainThread", ["<module> (/job/t.py:9)", FWD], step, pid=pid),
         ])  # fmt: skip
-        metrics, workers, _, info = read_stacks(Process(pid, "t", rank), parse_raw(raw),
+        figures, workers, _, info = read_stacks(Process(pid, "t", rank), parse_raw(raw),
                                                 lambda f, n: None)  # fmt: skip
-        return metrics, {**info.to_dict(), "rank": rank, "workers": workers}
+        return list(figures.metrics()), {**info.to_dict(), "rank": rank, "workers": workers}
 
     (m0, p0), (m1, p1), (m2, p2) = (
         rank_of(1, 40, 360, 0),
@@ -208,9 +210,9 @@ def test_no_straggler_from_a_gap_the_samples_cannot_tell():
             line(pid, "MainThread", ["<module> (/job/t.py:9)", DL, GET], wait, pid=pid),
             line(pid, "MainThread", ["<module> (/job/t.py:9)", FWD], step, pid=pid),
         ])  # fmt: skip
-        metrics, workers, _, info = read_stacks(Process(pid, "t", pid), parse_raw(raw),
+        figures, workers, _, info = read_stacks(Process(pid, "t", pid), parse_raw(raw),
                                                 lambda f, n: None)  # fmt: skip
-        return metrics, {**info.to_dict(), "rank": pid, "workers": workers}
+        return list(figures.metrics()), {**info.to_dict(), "rank": pid, "workers": workers}
 
     def straggler(*ranks: tuple[list, dict]) -> bool:
         params = {"pid": 1, "ranks": [p for _, p in ranks], "seconds": 8.0,

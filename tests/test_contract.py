@@ -655,14 +655,19 @@ def test_every_command_and_option_is_documented():
 
 
 def test_every_metric_quantity_is_documented():
-    """Every quantity a metric is labelled with in the source ("quantity": "x")."""
-    import re
-
+    """Every quantity a metric is labelled with: in the source ("quantity": "x") and in
+    every stored report (tests/golden: every stage has one), where a stage's records
+    spell their quantities as enums and tables."""
     found: set[str] = set()
     for p in SRC.rglob("*.py"):
         text = p.read_text()
         found |= set(re.findall(r'"quantity":\s*"([a-z_0-9]+)"', text))
         found |= set(re.findall(r'quantity="([a-z_0-9]+)"', text))
+    for p in GOLDEN.glob("*.json"):
+        for stage in json.loads(p.read_text()).get("stages", []):
+            for m in stage.get("metrics", []):
+                q = m.get("labels", {}).get("quantity")
+                found |= {q} if isinstance(q, str) else set()
     assert len(found) > 30
     docs = _docs()
     assert sorted(q for q in found if not documented(q, docs, segment=True)) == []

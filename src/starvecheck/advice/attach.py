@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starvecheck.advice import attachstages
 from starvecheck.advice.attachwait import Wait, wait_of
@@ -45,11 +45,17 @@ from starvecheck.advice.stepworkers import LOADER_LINE, no_figure, offline
 from starvecheck.advice.workers import Cpus, Loop, WorkerAdvice, recommend_workers
 from starvecheck.core import catalogue
 from starvecheck.core.intervals import percent
-from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.schema import attach as vocab
-from starvecheck.core.schema.attach import Loading, Main, Parameters, Rank
-from starvecheck.core.schema.common import OTHERS_CPUS, OTHERS_CPUS_EACH_S
+from starvecheck.core.schema.attach import (
+    Loading,
+    Main,
+    Parameters,
+    Rank,
+    Share,
+    share_of,
+)
+from starvecheck.core.schema.attachfigures import AttachFigures, RankFigures
+from starvecheck.core.schema.figure import value_of
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -73,7 +79,8 @@ def rules(results: Results) -> list[Finding]:
     if waits:
         pid = max(waits, key=lambda p: waits[p])
         out.append(_data_wait(r, pid, waits, read[pid]))
-        stage = attachstages.finding(_of(r, pid), _who(r, pid), waits[pid], read[pid].severity)
+        split = _of(r, pid).wait
+        stage = attachstages.finding(split, _who(r, pid), waits[pid], read[pid].severity)
         out += [stage] if stage is not None else []
         if read[pid].severity is not Severity.OK and not _rank(r, pid).ended:
             bound = _bound(r, pid, waits[pid])
@@ -132,16 +139,26 @@ def _who(r: StageResult, pid: int) -> str:
     return f"PID {pid}" + (f" (rank {rank})" if rank is not None else "")
 
 
-def _of(r: StageResult, pid: int) -> Sequence[Metric]:
-    return select(r.metrics, pid=pid)
+def _figures(r: StageResult) -> AttachFigures:
+    return r.records(AttachFigures)
 
 
-def _breakdown(r: StageResult, pid: int, quantity: str, kinds: Sequence[str]) -> str:
-    parts = [
-        f"{k} {v:.0%}"
-        for k in kinds
-        if (v := value(_of(r, pid), quantity=quantity, kind=k)) is not None and v >= 0.005
-    ]
+def _of(r: StageResult, pid: int) -> RankFigures:
+    """The rank `pid`'s figures (core/schema/attachfigures.py)."""
+    return _figures(r).rank(pid)
+
+
+K = TypeVar("K", Main, Loading)
+
+
+def _share(shares: Sequence[Share[K]], kind: K) -> float | None:
+    """The share of this kind (None where none was sampled)."""
+    found = share_of(shares, kind)
+    return None if found is None else found.value
+
+
+def _breakdown(shares: Sequence[Share[K]], kinds: Sequence[K]) -> str:
+    parts = [f"{k} {v:.0%}" for k in kinds if (v := _share(shares, k)) is not None and v >= 0.005]
     return ", ".join(parts)
 
 
@@ -156,7 +173,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     where = "main thread" if thread in (None, "", "MainThread") else f"loop's thread '{thread}'"
     evidence = (
         f"{_who(r, pid)}: {w.n} samples of its {where} over {seconds:g} s: waits for data "
-        f"{w.text()}; " + _breakdown(r, pid, vocab.MAIN_SHARE, MAIN_KINDS)
+        f"{w.text()}; " + _breakdown(_of(r, pid).main, MAIN_KINDS)
     )
     path = _rank(r, pid).data_path
     if isinstance(path, str) and path != "DataLoader":
@@ -164,7 +181,7 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
     other = _params(r).other_frames.get(str(pid))
     if other:
         evidence += f" (other: {other})"
-    evidence += attachstages.sentence(attachstages.read(_of(r, pid)))
+    evidence += attachstages.sentence(attachstages.read(_of(r, pid).wait))
     gpus = _gpus(r)
     if gpus:
         evidence += f"; {gpus}"
@@ -199,20 +216,20 @@ def _data_wait(r: StageResult, pid: int, waits: dict[int, float], w: Wait) -> Fi
 def _gpus(r: StageResult) -> str:
     """The job's GPUs' utilization over the seconds read (NVML, once a second)."""
     parts = [
-        f"GPU {m.labels.get('gpu')} {m.value:.0f}% ({m.min:.0f}-{m.max:.0f}%)"
-        for m in select(r.metrics, quantity=vocab.GPU_UTILIZATION)
-        if m.value is not None and m.min is not None and m.max is not None
+        f"GPU {g.index} {u.value:.0f}% ({u.min:.0f}-{u.max:.0f}%)"
+        for g in _figures(r).gpus
+        if (u := g.utilization).value is not None and u.min is not None and u.max is not None
     ]
     return ("busy by NVML, median each second (range): " + ", ".join(parts)) if parts else ""
 
 
 def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     m = _of(r, pid)
-    workers = int(value(m, quantity=vocab.WORKERS_FOUND) or 0)
-    loading = _breakdown(r, pid, vocab.MAIN_LOADING_SHARE, LOAD_KINDS)
+    workers = int(value_of(m.workers_found) or 0)
+    loading = _breakdown(m.loading, LOAD_KINDS)
     cpus = float(r.parameters.effective_cpus or 1)
     if workers == 0:
-        reading = value(m, quantity=vocab.MAIN_LOADING_SHARE, kind=Loading.READ) or 0.0
+        reading = _share(m.loading, Loading.READ) or 0.0
         cpu_ms = max(0.0, share - reading) * 1e3
         machine = _machine(r, m, cpu_ms / 1e3)
         step_cpu = _step_cpu_ms(m, share, cpu_ms / 1e3)
@@ -223,10 +240,10 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
             "none); for large batches the gain is an upper bound."
         )
         return _advise(r, pid, loop, cpus, "loads in the training process", what, assumed)
-    wcpu = value(m, quantity=vocab.WORKERS_CPUS) or 0.0
-    runq = value(m, quantity=vocab.WORKERS_RUNQ_CPUS) or 0.0
-    blocked = value(m, quantity=vocab.WORKERS_BLOCKED_SHARE)
-    kinds = _breakdown(r, pid, vocab.WORKER_SHARE, LOAD_KINDS)
+    wcpu = value_of(m.workers_cpus) or 0.0
+    runq = value_of(m.workers_runq) or 0.0
+    blocked = value_of(m.workers_blocked)
+    kinds = _breakdown(m.workers, LOAD_KINDS)
     receive = _receive_cpu(m, share)
     busy = (wcpu + runq) / workers
     if receive >= BOUND_SHARE * share:
@@ -256,44 +273,45 @@ def _bound(r: StageResult, pid: int, share: float) -> Finding | None:
     return _advise(r, pid, loop, cpus, f"its workers are {link}", what, "")
 
 
-def _receive_cpu(m: Sequence[Metric], share: float) -> float:
+def _receive_cpu(m: RankFigures, share: float) -> float:
     """The main thread's CPU spent receiving batches, as a share of its time: its
     samples in the hand-over, but no more than the CPU it used beyond the rest of its
     loop. A thread caught in the hand-over while the workers it waits on get no CPU
     (an fd passed by a worker's thread that cannot run) is waiting, not working."""
-    sampled = value(m, quantity=vocab.MAIN_LOADING_SHARE, kind=Loading.HANDOVER) or 0.0
-    thread = value(m, quantity="main_thread_cpus")
+    sampled = _share(m.loading, Loading.HANDOVER) or 0.0
+    thread = value_of(m.main_thread_cpus)
     if thread is None:
         return sampled
     return min(sampled, max(0.0, thread - (1.0 - share)))
 
 
-def _step_cpu_ms(m: Sequence[Metric], share: float, in_wait: float) -> float:
+def _step_cpu_ms(m: RankFigures, share: float, in_wait: float) -> float:
     """The main thread's CPU outside its wait, per second: its CPU less what it spent
     inside the wait (`in_wait`: loading at num_workers=0, receiving batches with
     workers), at most the time outside the wait. (Taking the whole wait as CPU, as
     before, read a thread blocked in its wait as idle in its step: a CPU-bound step
     left every CPU free for workers.)"""
-    thread = value(m, quantity="main_thread_cpus") or 0.0
+    thread = value_of(m.main_thread_cpus) or 0.0
     return min(max(0.0, thread - in_wait), 1.0 - share) * 1e3
 
 
-def _machine(r: StageResult, m: Sequence[Metric], loading: float) -> dict[str, Any]:
+def _machine(r: StageResult, m: RankFigures, loading: float) -> dict[str, Any]:
     """The machine over the seconds read, for the worker model's bound: the other
     processes' CPUs each second (the whole window's figure where those are missing),
     the training process's own CPU less the loading it does itself (`loading`, CPUs),
     the machine's CPUs and load average."""
-    each = one(r.metrics, quantity=OTHERS_CPUS_EACH_S)
-    whole = value(r.metrics, quantity=OTHERS_CPUS)
+    machine = _figures(r).machine
+    each = machine.others_cpus_each_s
+    whole = value_of(machine.others_cpus)
     others = tuple(each.values) if each is not None and each.values else ()
     if not others and whole is not None:
         others = (whole,)
-    main = value(m, quantity="main_cpus")
+    main = value_of(m.main_cpus)
     return {
         "others_cpus_each": others,
         "process_cpus": None if main is None else max(0.0, main - loading),
-        "machine_cpus": value(r.metrics, quantity="machine_cpus"),
-        "load_average": value(r.metrics, quantity="load_average"),
+        "machine_cpus": value_of(machine.machine_cpus),
+        "load_average": value_of(machine.load_average),
     }
 
 
@@ -374,11 +392,12 @@ def _straggler(r: StageResult, waits: dict[int, float], read: dict[int, Wait]) -
 
 
 def _throttled(r: StageResult) -> Finding | None:
-    periods = value(r.metrics, quantity="nr_periods")
-    throttled = value(r.metrics, quantity="nr_throttled")
+    machine = _figures(r).machine
+    periods = value_of(machine.nr_periods)
+    throttled = value_of(machine.nr_throttled)
     if not periods or throttled is None or throttled / periods < THROTTLED_SHARE:
         return None
-    seconds = value(r.metrics, quantity="throttled_s") or 0.0
+    seconds = value_of(machine.throttled_s) or 0.0
     return Finding(
         catalogue.ATTACH_THROTTLED,
         Severity.WARNING,
@@ -391,7 +410,7 @@ def _throttled(r: StageResult) -> Finding | None:
 
 
 def _worker_memory(r: StageResult, ranks: list[int]) -> Finding | None:
-    grown = {p: g for p in ranks if (g := value(_of(r, p), quantity=vocab.WORKER_USS_GROWTH))}
+    grown = {p: g for p in ranks if (g := value_of(_of(r, p).worker_uss_growth))}
     if not grown or max(grown.values()) < WORKER_GROWTH_BYTES:
         return None
     pid = max(grown, key=lambda p: grown[p])

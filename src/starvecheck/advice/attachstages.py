@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from starvecheck.advice.loadstages import MEANING
 from starvecheck.core import catalogue
 from starvecheck.core.intervals import percent
-from starvecheck.core.metric import Metric, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
-from starvecheck.core.schema.loading import EXPOSED_SHARE, LoadStage
+from starvecheck.core.schema.attach import WaitPart
+from starvecheck.core.schema.loading import LoadStage
 
 SAID_SHARE = 0.02  # a stage under this share of the wait is left out of the sentence
 
@@ -49,18 +49,16 @@ class Part:
         return f"{self.share:.0%}{mark} ({percent(self.low, self.high)})"
 
 
-def read(metrics: Sequence[Metric]) -> dict[LoadStage, Part]:
-    """A rank's split (its metrics), by stage; {} where its wait was not split."""
+def read(wait: Sequence[WaitPart]) -> dict[LoadStage, Part]:
+    """A rank's split (its record's `wait`), by stage; {} where its wait was not split."""
     out: dict[LoadStage, Part] = {}
-    for m in select(metrics, quantity=EXPOSED_SHARE):
-        lab = m.labels
-        stage, low, high = lab.get("load_stage"), lab.get("low95"), lab.get("high95")
-        if m.value is None or stage not in LoadStage.__members__.values():
+    for p in wait:
+        low, high = p.interval.low, p.interval.high
+        if p.value is None:
             continue
-        if not isinstance(low, int | float) or not isinstance(high, int | float):
+        if low is None or high is None:
             low, high = 0.0, 1.0  # a report without intervals decides nothing
-        out[LoadStage(str(stage))] = Part(m.value, float(low), float(high),
-                                          lab.get("from_workers") is True)  # fmt: skip
+        out[p.stage] = Part(p.value, float(low), float(high), p.from_workers is True)
     return out
 
 
@@ -131,14 +129,14 @@ WORKERS_REACH = (LoadStage.READ, LoadStage.TRANSFORM, LoadStage.COLLATE)
 
 
 def finding(
-    metrics: Sequence[Metric], who: str, wait: float, severity: Severity | None
+    parts: Sequence[WaitPart], who: str, wait: float, severity: Severity | None
 ) -> Finding | None:
-    """`attach.load-stage` for a rank (its metrics, `who` in words, its wait's share
-    and the verdict on it): where the wait is input-bound and the split decides its
-    largest stage."""
+    """`attach.load-stage` for a rank (its wait's split, `who` in words, its wait's
+    share and the verdict on it): where the wait is input-bound and the split decides
+    its largest stage."""
     if severity not in (Severity.WARNING, Severity.CRITICAL):
         return None
-    split = read(metrics)
+    split = read(parts)
     top = decided(split)
     if top is None:
         return None

@@ -5,20 +5,24 @@ interval allows and, where it allows none, the samples that would decide it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starvecheck.advice.profile import HIGHLY_INPUT_BOUND, INPUT_BOUND
 from starvecheck.core.intervals import Worth, percent, seconds_to_decide, side, wilson
-from starvecheck.core.metric import Metric, one, select, value
 from starvecheck.core.model import Severity, StageResult
-from starvecheck.core.schema import attach as vocab
-from starvecheck.core.schema.attach import Main, Parameters, Rank
-from starvecheck.core.schema.common import SAMPLES
+from starvecheck.core.schema.attach import (
+    Main,
+    Parameters,
+    Rank,
+    share_of,
+)
+from starvecheck.core.schema.attachfigures import AttachFigures, RankFigures
+from starvecheck.core.schema.figure import value_of
 
 
-def _of(r: StageResult, pid: int) -> Sequence[Metric]:
-    return select(r.metrics, pid=pid)
+def _of(r: StageResult, pid: int) -> RankFigures:
+    """The rank `pid`'s figures (core/schema/attachfigures.py)."""
+    return r.records(AttachFigures).rank(pid)
 
 
 def _rank(r: StageResult, pid: int) -> Rank:
@@ -54,11 +58,13 @@ def wait_of(r: StageResult, pid: int) -> Wait | None:
     each threshold it is judged by (advice/profile.severity: 5%, 20%); none from no
     samples, from a job stopped in the window (its samples then repeat its last
     stack), or where neither a DataLoader nor a fetch between steps was found."""
-    n = value(_of(r, pid), quantity=SAMPLES)
-    if n is None:
+    figures = _of(r, pid)
+    samples = value_of(figures.samples)
+    if samples is None:
         return None
-    n = int(n)
-    share = value(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA) or 0.0
+    n = int(samples)
+    data = share_of(figures.main, Main.DATA)
+    share = (data.value if data is not None else None) or 0.0
     low, high, worth = interval(r, pid, share, n)
     eff = worth.effective
 
@@ -93,13 +99,9 @@ def wait_of(r: StageResult, pid: int) -> Wait | None:
 
 def ci(r: StageResult, pid: int, share: float) -> str:
     """`68% (63-73%, 400 samples)`: a rank's share with its interval."""
-    n = int(value(_of(r, pid), quantity=SAMPLES) or 0)
+    n = int(value_of(_of(r, pid).samples) or 0)
     low, high, _ = interval(r, pid, share, n)
     return f"{share:.0%} ({percent(low, high)}, {n} samples)"
-
-
-def _num(x: object) -> float | None:
-    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
 
 
 def interval(r: StageResult, pid: int, share: float, n: int) -> tuple[float, float, Worth]:
@@ -107,16 +109,14 @@ def interval(r: StageResult, pid: int, share: float, n: int) -> tuple[float, flo
     counted it, from the samples in the order taken (core/intervals.worth; the share
     metric's `low95`, `high95`, `samples_effective`, `runs`, `clustered`); from
     Wilson's on every sample where a report of another version has none."""
-    m = one(_of(r, pid), quantity=vocab.MAIN_SHARE, kind=Main.DATA)
-    lab = m.labels if m is not None else {}
-    low, high, eff = (
-        _num(lab.get("low95")),
-        _num(lab.get("high95")),
-        _num(lab.get("samples_effective")),
-    )
-    if low is not None and high is not None and eff is not None:
-        runs, clustered = _num(lab.get("runs")), _num(lab.get("clustered"))
-        return low, high, Worth(n, eff, int(runs if runs is not None else n), clustered or 0.0)
+    data = share_of(_of(r, pid).main, Main.DATA)
+    if data is not None:
+        ci = data.interval
+        low, high, eff = ci.low, ci.high, ci.effective
+        if low is not None and high is not None and eff is not None:
+            runs = ci.runs if ci.runs is not None else n
+            clustered = float(ci.clustered or 0.0)
+            return float(low), float(high), Worth(n, float(eff), int(runs), clustered)
     low, high = wilson(share * n, n)
     return low, high, Worth(n, float(n), n)
 

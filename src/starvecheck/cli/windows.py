@@ -17,9 +17,9 @@ from starvecheck.advice.report import build_report
 from starvecheck.cli.common import Outputs, emit, measure_one
 from starvecheck.core import clocks
 from starvecheck.core.context import Context
-from starvecheck.core.metric import value
 from starvecheck.core.model import Report
-from starvecheck.core.schema.attach import MAIN_SHARE, Main
+from starvecheck.core.schema.attach import Main, share_of
+from starvecheck.core.schema.attachfigures import AttachFigures
 from starvecheck.core.status import StarvecheckError, Unavailable, UsageError
 from starvecheck.probe.life import Life, read_life
 from starvecheck.probe.process import shorten
@@ -130,9 +130,11 @@ def _line(report: Report) -> str:
     """Each rank's sampled data-wait share in this window, in a few words."""
     stage = report.stages[0]
     parts = []
+    figures = stage.records(AttachFigures)
     for r in stage.parameters.get("ranks") or []:
-        m = [x for x in stage.metrics if x.labels.get("pid") == r.get("pid")]
-        share = value(m, quantity=MAIN_SHARE, kind=Main.DATA)
+        pid = r.get("pid")
+        d = share_of(figures.rank(pid).main, Main.DATA) if isinstance(pid, int) else None
+        share = d.value if d is not None else None
         who = f"rank {r['rank']}" if r.get("rank") is not None else f"PID {r.get('pid')}"
         said = f"waits for data {share:.0%}" if share is not None else "not read"
         parts.append(f"{who} {said}")

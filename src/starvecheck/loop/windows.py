@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core.intervals import wilson
-from starvecheck.core.metric import one, value
 from starvecheck.core.model import GainKind, Report
-from starvecheck.core.schema.attach import MAIN_SHARE, Main
+from starvecheck.core.schema.attach import Main, share_of
 from starvecheck.core.schema.attach import Parameters as AttachParameters
-from starvecheck.core.schema.common import SAMPLES
+from starvecheck.core.schema.attachfigures import AttachFigures
+from starvecheck.core.schema.figure import value_of
 from starvecheck.loop.families import PREFIX
 from starvecheck.loop.identity import job_name, labels
 
@@ -67,15 +67,17 @@ class Windows:
         p = stage.parameters.read(AttachParameters)
         seconds = float(p.seconds or 0.0)
         fix = next((f for f in stage.findings if "num_workers" in f.fix), None)
+        figures = stage.records(AttachFigures)
         read: dict[int, float] = {}
         with self._lock:
             for r in p.ranks:
                 pid, rank_no = r.pid, r.rank
-                m = [x for x in stage.metrics if x.labels.get("pid") == pid]
-                n = value(m, quantity=SAMPLES)
+                m = figures.rank(pid)
+                n = value_of(m.samples)
                 if not n or seconds <= 0:
                     continue  # no stack read this window: nothing to add
-                share = value(m, quantity=MAIN_SHARE, kind=Main.DATA) or 0.0
+                d = share_of(m.main, Main.DATA)
+                share = (d.value if d is not None else None) or 0.0
                 rank = self.ranks.get(pid) or self._rank(pid, rank_no, r.command)
                 self.ranks[pid] = rank
                 rank.wait_s += share * seconds
@@ -84,9 +86,8 @@ class Windows:
                 rank.windows += 1
                 rank.share = share
                 # the interval the window's stage counted (from the samples in order)
-                d = one(m, quantity=MAIN_SHARE, kind=Main.DATA)
-                low, high = (d.labels.get("low95"), d.labels.get("high95")) if d else (None, None)
-                if isinstance(low, int | float) and isinstance(high, int | float):
+                low, high = (d.interval.low, d.interval.high) if d else (None, None)
+                if low is not None and high is not None:
                     rank.low, rank.high = float(low), float(high)
                 else:
                     rank.low, rank.high = wilson(share * n, n)

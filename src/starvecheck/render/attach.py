@@ -7,7 +7,9 @@ thread's time inside the DataLoader, by what it did there; `worker_share`: of ev
 worker's samples; `exposed_share`: of the samples it waited for data in, by stage of
 loading, `load_stage`) and `kind`, and each share's 95% interval (`low95`, `high95`),
 the samples it was counted from (`samples`) and what they are worth as independent
-draws (`samples_effective`: fewer where what they saw came in runs).
+draws (`samples_effective`: fewer where what they saw came in runs). They are read as
+attach's record (core/schema/attachfigures.AttachFigures, `StageResult.records`), by
+field.
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from collections.abc import Sequence
 from starvecheck.core.intervals import percent
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.attach import MAIN_LOADING_SHARE, MAIN_SHARE, WORKER_SHARE
-from starvecheck.core.schema.loading import EXPOSED_SHARE
+from starvecheck.core.schema.attach import (
+    Interval,
+    Loading,
+    Main,
+    Share,
+    WaitPart,
+)
+from starvecheck.core.schema.attachfigures import AttachFigures, RankFigures
+from starvecheck.core.schema.figure import Figure
 from starvecheck.render.section import Section, taken
 
 HEADERS = ("process", "thread", "doing", "share of its samples (95% interval, samples)")
 WORTH_SAID = 0.9  # samples worth less than this share of their count: said
-_WHO = {
-    MAIN_SHARE: "training loop",
-    MAIN_LOADING_SHARE: "  inside its data fetch",
-    EXPOSED_SHARE: "  its wait, by stage",
-    WORKER_SHARE: "DataLoader workers",
-}
+WHO = ("training loop", "  inside its data fetch", "  its wait, by stage", "DataLoader workers")
 NOTE = (
     "Python stacks sampled by py-spy without pausing the job; idle threads counted "
     "(a thread blocked on a queue is waiting, not absent). training loop: the thread "
@@ -45,42 +49,49 @@ NOTE = (
 )
 
 
-def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
+Shares = Sequence[Share[Main]] | Sequence[Share[Loading]] | Sequence[WaitPart]
+
+
+def _groups(r: RankFigures) -> tuple[Shares, Shares, Shares, Shares]:
+    """A rank's shares in WHO's order."""
+    return r.main, r.loading, r.wait, r.workers
+
+
+def split(figures: AttachFigures) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The table's rows (by process, then WHO's order) and its note."""
     rows: list[tuple[str, ...]] = []
-    used: set[int] = set()
-    for quantity, who in _WHO.items():
-        for m in metrics:
-            if m.labels.get("quantity") != quantity or m.value is None:
-                continue
-            used.add(id(m))
-            rank = m.labels.get("rank")
-            process = f"PID {m.labels.get('pid')}" + (f" rank {rank}" if rank is not None else "")
-            doing = m.labels.get("kind", m.labels.get("load_stage"))
-            if m.labels.get("from_workers"):
-                doing = f"{doing} *"
-            rows.append((process, who, str(doing), _share(m)))
-    rows.sort(key=lambda r: (r[0], list(_WHO.values()).index(r[1])))
-    rest = [m for m in metrics if id(m) not in used]
-    return rows, rest, [NOTE] if rows else []
+    for r in figures.ranks:
+        process = f"PID {r.pid}" + (f" rank {r.rank}" if r.rank is not None else "")
+        for who, shares in zip(WHO, _groups(r), strict=True):
+            for s in shares:
+                if s.value is None:
+                    continue
+                if isinstance(s, WaitPart):
+                    doing = s.stage.value + (" *" if s.from_workers else "")
+                else:
+                    doing = s.kind.value
+                rows.append((process, who, doing, _share(s.figure, s.interval)))
+    rows.sort(key=lambda r: (r[0], WHO.index(r[1])))
+    return rows, [NOTE] if rows else []
 
 
-def _share(m: Metric) -> str:
+def _share(figure: Figure, ci: Interval) -> str:
     """`68.0% (63-73%, 400)`: the share, its 95% interval and its samples (`400 worth
     60` where they are worth fewer independent draws)."""
-    low, high, n = m.labels.get("low95"), m.labels.get("high95"), m.labels.get("samples")
-    if m.value is None:
+    if figure.value is None:
         return ""
-    if not isinstance(low, float | int) or not isinstance(high, float | int):
-        return f"{m.value:.1%}"  # a report from before intervals were kept
-    worth = m.labels.get("samples_effective")
+    if ci.low is None or ci.high is None:
+        return f"{figure.value:.1%}"  # a report from before intervals were kept
+    n, worth = ci.samples, ci.effective
     said = ""
-    if isinstance(worth, float | int) and isinstance(n, int | float) and worth < WORTH_SAID * n:
+    if worth is not None and n is not None and worth < WORTH_SAID * n:
         said = f" worth {worth:,.0f}"
-    return f"{m.value:.1%} ({percent(float(low), float(high))}, {n}{said})"
+    return f"{figure.value:.1%} ({percent(float(ci.low), float(ci.high))}, {n}{said})"
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, rest, notes = split(metrics)
-    if not rows:
-        return [], rest
+    rest = [m for m in metrics if not AttachFigures.is_share(m)]
+    if len(rest) == len(metrics):  # no share to show
+        return [], list(metrics)
+    rows, notes = split(stage.records(AttachFigures))
     return [Section(HEADERS, rows, notes, range(3, 4), metrics=taken(metrics, rest))], rest

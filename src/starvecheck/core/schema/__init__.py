@@ -6,7 +6,8 @@ nowhere else (tests/test_vocabulary.py); its finding ids are core/catalogue.py's
 
   common.py    the quantities and label values more than one stage's figures carry
   record.py    Record: a nested record's dataclass, written and read by its fields
-  attach.py    attach: its ranks, its GPUs, what its figures count
+  attach.py    attach: its ranks, its GPUs, what its figures count, a share as a record
+  attachfigures.py  attach's figures as records (AttachFigures)
   factory.py   loader --factory: the `own` layout, the roles, each configuration read
   loader.py    loader and starve: the sweep's parameters; loader's figures as records
   starve.py    starve's figures as records

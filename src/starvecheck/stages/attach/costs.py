@@ -9,7 +9,9 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
+from starvecheck.core.schema.attachfigures import RankFigures, Sampler
+from starvecheck.core.schema.figure import Figure
 from starvecheck.core.status import UsageError
 from starvecheck.stages.attach import budget
 from starvecheck.stages.options import AttachOptions
@@ -51,10 +53,9 @@ def scratch(wanted: bool) -> Iterator[Scratch | None]:
         made.cleanup()
 
 
-def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
-    if value is None:
-        return []
-    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, labels)]
+def _figure(value: float | None) -> Figure | None:
+    """A figure as attach writes it (rounded to 4 places); None where not read."""
+    return None if value is None else Figure.single(round(float(value), 4))
 
 
 def read(
@@ -64,19 +65,20 @@ def read(
     others_cpus: float | None,
     ranks: Sequence[Process],
     caveats: list[Caveat],
-) -> list[Metric]:
+) -> tuple[Sampler, dict[int, RankFigures]]:
     """What attach's sampling took (py-spy's CPU, from the kernel's accounting), the rate
-    it sampled at, what it dropped or did not take; a caveat for each that bears on the
-    answer."""
+    it sampled at, and of each rank sampled what it dropped or did not take (its
+    record's part of them, by PID); a caveat for each that bears on the answer."""
     cost = sampler.cost()
-    out = _metric("sampler.rate", cost.rate, "samples/s", quantity="sampler_rate")
-    if cost.first_rate and cost.first_rate != cost.rate:  # restarted, slower or faster
-        out += _metric("sampler.rate_first", cost.first_rate, "samples/s",
-                       quantity="sampler_rate_first")  # fmt: skip
-    out += _metric("sampler.cpu", cost.spy_cpus, "CPUs", quantity="sampler_cpus")
-    out += _metric("sampler.cpu_s", cost.spy_cpu_s, "s", quantity="sampler_cpu_seconds")
-    out += _metric("sampler.budget", cost.budget_cpus, "CPUs", quantity="sampler_budget_cpus")
-    out += _metric("sampler.cpu_steady", cost.steady_cpus, "CPUs", quantity="sampler_steady_cpus")
+    restarted = cost.first_rate and cost.first_rate != cost.rate  # slower or faster
+    out = Sampler(
+        rate=_figure(cost.rate),
+        rate_first=_figure(cost.first_rate) if restarted else None,
+        cpus=_figure(cost.spy_cpus),
+        cpu_seconds=_figure(cost.spy_cpu_s),
+        budget_cpus=_figure(cost.budget_cpus),
+        steady_cpus=_figure(cost.steady_cpus),
+    )
     if cost.lowered and cost.sample_s >= seconds:  # else said by _samples
         caveats.append(
             Caveat(
@@ -88,11 +90,10 @@ def read(
     busy = others_cpus is not None and others_cpus >= effective_cpus * 0.5
     if cost.spy_cpu_s > 0 and (cost.over_budget or busy):
         caveats.append(_cpu(cost))
-    for r in ranks:
-        s = sampler.samplers.get(r.pid)
-        if s is not None:
-            out += _rank(r, s, caveats)
-    return out
+    sampled = {
+        r.pid: _rank(r, s, caveats) for r in ranks if (s := sampler.samplers.get(r.pid)) is not None
+    }
+    return out, sampled
 
 
 def _samples(cost: Cost, seconds: float) -> list[Caveat]:
@@ -154,18 +155,16 @@ def _cpu(cost: Cost) -> Caveat:
     )
 
 
-def _rank(r: Process, s: RankSampler, caveats: list[Caveat]) -> list[Metric]:
+def _rank(r: Process, s: RankSampler, caveats: list[Caveat]) -> RankFigures:
     """A rank's samples not taken, how far behind, workers not sampled; caveats where
     they bear on its shares."""
-    lab = {"rank": r.rank, "pid": r.pid}
     missed = max(0, s.expected - s.taken)
-    out = _metric("sampler.not_taken", missed, "samples", quantity="samples_not_taken", **lab)
-    if s.progress.behind_s is not None:
-        out += _metric(
-            "sampler.behind", s.progress.behind_s, "s", quantity="sampler_behind_s", **lab
-        )
-    out += _metric(
-        "workers.not_sampled", len(s.skipped), "workers", quantity="workers_not_sampled", **lab
+    out = RankFigures(
+        r.pid,
+        r.rank,
+        not_taken=_figure(missed),
+        behind=_figure(s.progress.behind_s),
+        workers_not_sampled=_figure(len(s.skipped)),
     )
     dropped = s.progress.errors or 0
     if missed > max(1, 0.1 * s.expected) or dropped > max(1, 0.05 * s.taken):

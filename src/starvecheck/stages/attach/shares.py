@@ -3,25 +3,20 @@ it is doing (`Main`), its loading while it waits (`Loading`), its workers' and t
 feeder threads', and its wait by stage of loading (waitsplit.py); each share with its
 95% interval, counted from the samples in the order py-spy took them where it gave it
 (core/intervals.worth: samples of one long wait are worth its runs, not their count).
+The rank's part of attach's record (core/schema/attachfigures.RankFigures) they fill.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, TypeVar
 
 from starvecheck.core.intervals import Worth, interval, worth
-from starvecheck.core.metric import Metric
-from starvecheck.core.schema.attach import (
-    MAIN_LOADING_SHARE,
-    MAIN_SHARE,
-    WORKER_SHARE,
-    Loading,
-    Main,
-    Rank,
-)
-from starvecheck.core.schema.common import SAMPLES
+from starvecheck.core.schema.attach import Interval, Loading, Main, Rank, Share
+from starvecheck.core.schema.attachfigures import RankFigures
+from starvecheck.core.schema.figure import Figure
 from starvecheck.stages.attach import classify, waitsplit
 from starvecheck.stages.attach.target import Process
 from starvecheck.stages.attach.threads import loop_thread
@@ -30,28 +25,22 @@ if TYPE_CHECKING:
     from starvecheck.stages.attach.spy import Stacks
 
 Key = tuple[int, int]
+K = TypeVar("K", Main, Loading)
 
 
-def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
-    if value is None:
-        return []
-    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, labels)]
+def figure(value: float) -> Figure:
+    """A figure as attach writes it: rounded to 4 places."""
+    return Figure.single(round(float(value), 4))
 
 
 def _shares(
-    counts: Counter[Main] | Counter[Loading],
-    total: int,
-    name: str,
-    quantity: str,
-    series: Sequence[Sequence[object]] | None = None,
-    **lab: object,
-) -> list[Metric]:
-    """Each kind's share of `total` samples, with its 95% interval (labels `low95`,
-    `high95`), the samples it was counted from (`samples`), what they are worth as
-    independent draws and the runs that was read from (`samples_effective`, `runs`:
-    from each thread's kinds in the order sampled, `series`, where py-spy gave it,
-    core/intervals.worth; else every sample a draw, Wilson's)."""
-    out: list[Metric] = []
+    counts: Counter[K], total: int, series: Sequence[Sequence[object]] | None = None
+) -> tuple[Share[K], ...]:
+    """Each kind's share of `total` samples, with its 95% interval, the samples it was
+    counted from, what they are worth as independent draws and the runs that was read
+    from (from each thread's kinds in the order sampled, `series`, where py-spy gave
+    it, core/intervals.worth; else every sample a draw, Wilson's)."""
+    out: list[Share[K]] = []
     ordered = series is not None and sum(len(x) for x in series) == total
     for kind, n in sorted(counts.items()):
         if ordered and series is not None:
@@ -59,30 +48,23 @@ def _shares(
         else:
             w = Worth(total, float(total), total)
         low, high = interval(n, total, w)
-        ci = {
-            "low95": round(low, 4),
-            "high95": round(high, 4),
-            "samples": total,
-            "samples_effective": round(w.effective, 1),
-            "runs": w.runs,
-            "clustered": round(w.clustered, 3),
-        }
-        out += _metric(f"{name}.{kind}", n / total, "share", quantity=quantity, kind=kind,
-                       **ci, **lab)  # fmt: skip
-    return out
+        ci = Interval(round(low, 4), round(high, 4), total, round(w.effective, 1), w.runs,
+                      round(w.clustered, 3))  # fmt: skip
+        out.append(Share(kind, figure(n / total), ci))
+    return tuple(out)
 
 
 def read_stacks(
     rank: Process, stacks: Stacks, src: classify.Source
-) -> tuple[list[Metric], list[int], str, Rank]:
+) -> tuple[RankFigures, list[int], str, Rank]:
     """The shares of one rank's training loop, its loading, its workers and their
-    feeder threads, from its samples; the workers seen; the loop's `other` frames;
-    what the loop was read from (`thread`, `loop_found`, `data_path`)."""
-    lab = {"rank": rank.rank, "pid": rank.pid}
+    feeder threads, from its samples (its record's part of them); the workers seen; the
+    loop's `other` frames; what the loop was read from (`thread`, `loop_found`,
+    `data_path`)."""
     key, found = loop_thread(stacks, rank.pid)
     main = stacks.by_thread.get(key, []) if key is not None else []
     total = sum(n for _, n in main)
-    out: list[Metric] = _metric("main.samples", total, "samples", quantity=SAMPLES, **lab)
+    out = RankFigures(rank.pid, rank.rank, samples=figure(total))
     kinds: Counter[Main] = Counter()
     loading: Counter[Loading] = Counter()
     others: Counter[str] = Counter()
@@ -121,19 +103,18 @@ def read_stacks(
     if total:
         seq = [[kind_of[i] for i in order]] if order else None
         loads = [[loading_of[i] for i in order]] if order else None
-        out += _shares(kinds, total, "main", MAIN_SHARE, seq, **lab)
-        out += _shares(loading, total, "main.loading", MAIN_LOADING_SHARE, loads, **lab)
+        out = replace(out, main=_shares(kinds, total, seq), loading=_shares(loading, total, loads))
     worker_kinds, workers, feeding, feeders, each = _workers(rank, stacks, src)
     wtotal = sum(worker_kinds.values())
     if wtotal:
-        out += _shares(worker_kinds, wtotal, "workers", WORKER_SHARE, each, **lab)
+        out = replace(out, workers=_shares(worker_kinds, wtotal, each))
     if total and kinds[Main.DATA] and key is not None:
         waits, pinning = _waits(stacks, key, kind_of, loading_of, order)
         ordered = (order is not None, each is not None)
-        out += waitsplit.split(waits, pinning, each or _unordered(worker_kinds), ordered, lab)
+        split = waitsplit.split(waits, pinning, each or _unordered(worker_kinds), ordered)
+        out = replace(out, wait=tuple(split))
     if feeders:
-        busy = feeding / feeders
-        out += _metric("workers.feeder_busy", busy, "share", quantity="feeder_busy_share", **lab)
+        out = replace(out, feeder_busy=figure(feeding / feeders))
     top = "; ".join(f"{what} {n / total:.0%}" for what, n in others.most_common(3)) if total else ""
     if has_loader:
         path: str | None = "DataLoader"

@@ -18,7 +18,8 @@ touching it.
 
 Where the stacks cannot be read (py-spy missing, ptrace refused) the /proc part runs
 and a caveat says what was not seen. The result carries every figure, labelled by rank
-and process; judging is advice/attach.py's.
+and process, filled once as attach's record (core/schema/attachfigures.AttachFigures)
+and written as its metrics; judging is advice/attach.py's.
 """
 
 from __future__ import annotations
@@ -27,26 +28,18 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from starvecheck.core import clocks
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.attach import (
-    GPU_UTILIZATION,
-    WORKER_USS_GROWTH,
-    WORKERS_BLOCKED_SHARE,
-    WORKERS_CPUS,
-    WORKERS_FOUND,
-    WORKERS_RUNQ_CPUS,
-    Gpu,
-    Rank,
-)
-from starvecheck.core.schema.common import OTHERS_CPUS_EACH_S
+from starvecheck.core.schema.attach import Gpu, Rank
+from starvecheck.core.schema.attachfigures import AttachFigures, GpuUse, Machine, RankFigures
+from starvecheck.core.schema.figure import Figure
 from starvecheck.core.signals import check_signals, signals_raise
 from starvecheck.probe import process
 from starvecheck.probe.sysroot import SysRoot
 from starvecheck.stages.attach import budget, costs, fate, ids, sampling, source, spy
 from starvecheck.stages.attach.gpus import GpuWatch
 from starvecheck.stages.attach.readings import Watch, cgroup_dir
-from starvecheck.stages.attach.shares import read_stacks
+from starvecheck.stages.attach.shares import figure, read_stacks
 from starvecheck.stages.attach.target import Job, Process, descendants_of, find
 from starvecheck.stages.base import BaseStage, RunContext
 from starvecheck.stages.options import AttachOptions
@@ -63,30 +56,30 @@ class Plan:
     effective_cpus: int
 
 
-def _metric(name: str, value: float | None, unit: str, **labels: object) -> list[Metric]:
-    if value is None:
-        return []
-    return [Metric.single(f"attach.{name}", round(float(value), 4), unit, labels)]
+def _figure(value: float | None) -> Figure | None:
+    """A figure as attach writes it (rounded to 4 places); None where not read."""
+    return None if value is None else figure(value)
 
 
-def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
-    """CPU, run queue, blocked time, memory and reads of a rank and its workers."""
-    lab = {"rank": rank.rank, "pid": rank.pid}
-    out: list[Metric] = []
+def read_procs(
+    rank: Process, workers: list[int], watch: Watch, into: RankFigures | None = None
+) -> RankFigures:
+    """CPU, run queue, blocked time, memory and reads of a rank and its workers: its
+    record (`into`, what its stacks gave) with them."""
+    out = into or RankFigures(rank.pid, rank.rank)
     main = watch.series.get(rank.pid)
     if main is not None and main.seconds > 0:
         s = main.seconds
-        for name, what, unit, quantity in (
-            ("main.cpu", _per(main.delta("cpu_s"), s), "CPUs", "main_cpus"),
-            ("main.thread_cpu", _per(main.delta("thread_cpu_s"), s), "CPUs", "main_thread_cpus"),
-            ("main.uss_growth", main.delta("uss"), "bytes", "main_uss_growth"),
-            ("main.read", _per(main.delta("read_bytes"), s), "bytes/s", "main_read_bytes_per_s"),
-        ):
-            out += _metric(name, what, unit, quantity=quantity, **lab)
+        out = replace(
+            out,
+            main_cpus=_figure(_per(main.delta("cpu_s"), s)),
+            main_thread_cpus=_figure(_per(main.delta("thread_cpu_s"), s)),
+            main_uss_growth=_figure(main.delta("uss")),
+            main_read=_figure(_per(main.delta("read_bytes"), s)),
+        )
         if main.cpu_per_s:
             each = [round(x, 3) for x in main.cpu_per_s]
-            lab_each = {"quantity": "main_cpus_each_s", **lab}
-            out.append(Metric.repeated("attach.main.cpu_each_s", each, "CPUs", lab_each))
+            out = replace(out, main_cpus_each_s=Figure.repeated(each))
     series = [watch.series[w] for w in workers if w in watch.series]
     series = [x for x in series if x.seconds > 0]
     if series:
@@ -98,19 +91,17 @@ def read_procs(rank: Process, workers: list[int], watch: Watch) -> list[Metric]:
         cpu = sum(x.delta("cpu_s") or 0.0 for x in series)
         runq = sum(x.delta("runq_s") or 0.0 for x in series)
         alive = sum(x.seconds for x in series)
-        out += _metric("workers.cpu", cpu / s, "CPUs", quantity=WORKERS_CPUS, **lab)
-        out += _metric("workers.runq", runq / s, "CPUs", quantity=WORKERS_RUNQ_CPUS, **lab)
-        out += _metric("workers.blocked", max(0.0, alive - cpu - runq) / alive, "share",
-                       quantity=WORKERS_BLOCKED_SHARE, **lab)  # fmt: skip
         # A worker started inside the window (a new epoch's) is not growth from zero:
         # only those alive from the start, read again at the end, are compared.
         growth = [g for x in series if x.from_start and (g := x.delta("uss")) is not None]
-        if growth:
-            out += _metric("workers.uss_growth", max(growth), "bytes",
-                           quantity=WORKER_USS_GROWTH, **lab)  # fmt: skip
         read = sum(x.delta("read_bytes") or 0.0 for x in series)
-        out += _metric(
-            "workers.read", read / s, "bytes/s", quantity="workers_read_bytes_per_s", **lab
+        out = replace(
+            out,
+            workers_cpus=figure(cpu / s),
+            workers_runq=figure(runq / s),
+            workers_blocked=figure(max(0.0, alive - cpu - runq) / alive),
+            worker_uss_growth=figure(max(growth)) if growth else None,
+            workers_read=figure(read / s),
         )
     return out
 
@@ -160,13 +151,14 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
                 if sampler is not None:
                     sampler.stop()
                 gpus.close()
-            metrics, found, tops, loops = _read_all(plan, watch, recorders, caveats)
-        metrics += _read_gpus(gpus, caveats)
+            ranks, machine, found, tops, loops = _read_all(plan, watch, recorders, caveats)
+        figures = AttachFigures(ranks=ranks, machine=machine, gpus=_read_gpus(gpus, caveats))
         if sampler is not None:
-            others = _value(metrics, "attach.machine.others_cpus")
-            metrics += costs.read(
+            others = machine.others_cpus.value if machine.others_cpus else None
+            cost, sampled = costs.read(
                 sampler, plan.seconds, plan.effective_cpus, others, plan.job.ranks, caveats
             )
+            figures = replace(figures, sampler=cost, ranks=_with(ranks, sampled))
         params = {
             "pid": plan.job.agent.pid if plan.job.agent else plan.job.ranks[0].pid,
             "ranks": [
@@ -194,7 +186,7 @@ class AttachStage(BaseStage[AttachOptions, Plan]):
             ],
             "gpu_read": gpus.reason or gpus.chosen_by,
         }
-        return StageResult("attach", params, tuple(metrics), caveats=tuple(caveats))
+        return StageResult("attach", params, figures.to_metrics(), caveats=tuple(caveats))
 
 
 NO_PY_SPY = (
@@ -244,15 +236,32 @@ def _wait(
         gpus.tick()
 
 
+Ranks = tuple[RankFigures, ...]
+
+
+def _with(ranks: Ranks, sampled: dict[int, RankFigures]) -> Ranks:
+    """Each rank's figures with its sampling's (costs.read)."""
+    out = []
+    for r in ranks:
+        s = sampled.get(r.pid)
+        if s is not None:
+            r = replace(r, not_taken=s.not_taken, behind=s.behind)
+            r = replace(r, workers_not_sampled=s.workers_not_sampled)
+        out.append(r)
+    return tuple(out)
+
+
 def _read_all(
     plan: Plan,
     watch: Watch,
     recorders: dict[int, sampling.RankSampler],
     caveats: list[Caveat],
-) -> tuple[list[Metric], dict[int, list[int]], dict[str, str], dict[int, Rank]]:
+) -> tuple[Ranks, Machine, dict[int, list[int]], dict[str, str], dict[int, Rank]]:
+    """Each rank's figures (its stacks' and /proc's), the machine's; the workers found,
+    each rank's `other` frames, what its loop was read from."""
     machine = watch.finish()
     caveats += fate.caveats(plan.job.ranks, plan.seconds, watch)
-    metrics: list[Metric] = []
+    ranks: list[RankFigures] = []
     found: dict[int, list[int]] = {}
     tops: dict[str, str] = {}
     loops: dict[int, Rank] = {}
@@ -272,44 +281,37 @@ def _read_all(
                 )
             )
             stacks = None
+        rank = RankFigures(r.pid, r.rank)
         if stacks is not None:
             stacks = ids.in_our_ids(stacks, r)
             with source.Lines.of(r.pid, SysRoot.from_environ()) as lines:
-                got, seen, top, loops[r.pid] = read_stacks(r, stacks, lines)
+                rank, seen, top, loops[r.pid] = read_stacks(r, stacks, lines)
             readers.append(lines)
-            metrics += got
             workers = seen or workers
             # the most alive at once, not every worker of every epoch in the window
             at_once = watch.most_alive(workers) or len(workers)
-            lab_w = {"quantity": WORKERS_FOUND, "rank": r.rank, "pid": r.pid}
-            metrics += _metric("workers.found", at_once, "workers", **lab_w)
+            rank = replace(rank, workers_found=figure(at_once), dropped=_figure(stacks.errors))
             if top:
                 tops[str(r.pid)] = top
-            lab = {"rank": r.rank, "pid": r.pid}
-            metrics += _metric("dropped", stacks.errors, "samples", quantity="dropped", **lab)
         found[r.pid] = workers
-        metrics += read_procs(r, workers, watch)
+        ranks.append(read_procs(r, workers, watch, rank))
     if (unread := source.caveat(readers)) is not None:
         caveats.append(Caveat("attach.source-unread", unread))
-    for key in MACHINE:
-        metrics += _metric(f"machine.{key}", machine.get(key), MACHINE[key], quantity=key)
+    read = {key: _figure(machine.get(key)) for key in MACHINE}
     if watch.others_each:  # each second: the spread the worker model's bound reads
-        each = [round(x, 3) for x in watch.others_each]
-        lab = {"quantity": OTHERS_CPUS_EACH_S}
-        metrics.append(Metric.repeated("attach.machine.others_cpus_each_s", each, "CPUs", lab))
-    return metrics, found, tops, loops
+        read["others_cpus_each_s"] = Figure.repeated([round(x, 3) for x in watch.others_each])
+    return tuple(ranks), Machine(**read), found, tops, loops
 
 
-def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
+def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> tuple[GpuUse, ...]:
     """Each of the job's GPUs' utilization each second; a caveat where the job uses
     CUDA and NVML gave nothing, or a GPU is shared with processes not the job's."""
     if gpus.missing:
         caveats.append(Caveat("attach.no-gpu", f"GPU utilization not read: {gpus.reason}"))
-    out: list[Metric] = []
+    out: list[GpuUse] = []
     for g in gpus.gpus:
-        lab = {"gpu": g.index, "quantity": GPU_UTILIZATION}
         if g.utilization:
-            out.append(Metric.repeated("attach.gpu.utilization", g.utilization, "%", lab))
+            out.append(GpuUse(g.index, Figure.repeated(g.utilization)))
         if g.other_pids:
             others = ", ".join(str(p) for p in g.other_pids[:8])
             caveats.append(
@@ -319,19 +321,12 @@ def _read_gpus(gpus: GpuWatch, caveats: list[Caveat]) -> list[Metric]:
                     "utilization includes their work",
                 )
             )
-    return out
+    return tuple(out)
 
 
-MACHINE = {
-    "others_cpus": "CPUs",
-    "load_average": "tasks",
-    "machine_cpus": "CPUs",
-    "nr_periods": "periods",
-    "nr_throttled": "periods",
-    "throttled_s": "s",
-    "shm_used_bytes": "bytes",
-    "shm_growth_bytes": "bytes",
-}
+# What Watch.finish gives of the machine, each a field of the record's Machine.
+MACHINE = ("others_cpus", "load_average", "machine_cpus", "nr_periods", "nr_throttled",
+           "throttled_s", "shm_used_bytes", "shm_growth_bytes")  # fmt: skip
 
 
 IDLE_READ_S = 0.5  # the machine read before sampling, for the CPUs it leaves idle
@@ -348,10 +343,6 @@ def _idle_before(watch: Watch, effective_cpus: float) -> float | None:
     busy, seconds, cpus = got
     idle = budget.idle_cpus(busy, seconds, cpus)
     return None if idle is None else min(idle, float(effective_cpus or cpus))
-
-
-def _value(metrics: list[Metric], name: str) -> float | None:
-    return next((m.value for m in metrics if m.name == name), None)
 
 
 def _refusal(r: Process, e: Exception) -> str:

@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from starvecheck.core.intervals import Worth, interval, worth
-from starvecheck.core.metric import Metric
-from starvecheck.core.schema.attach import Loading
-from starvecheck.core.schema.loading import EXPOSED_SHARE, LoadStage
+from starvecheck.core.schema.attach import Interval, Loading, WaitPart
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loading import LoadStage
 
 # What a sample of loading is doing (a Loading kind) as a stage of loading; IDLE is no
 # stage: waiting for another thread or process.
@@ -74,12 +74,11 @@ def split(
     pinning: Sequence[Loading | None] | None,
     workers: Sequence[Sequence[Loading]],
     ordered: tuple[bool, bool],
-    lab: dict[str, object],
-) -> list[Metric]:
+) -> list[WaitPart]:
     """The loop's wait by stage: `waits`, the loop thread's samples waiting for data;
     `pinning`, the pin-memory thread's sample at each of them where lined up; `workers`,
     each sampled worker's samples; `ordered`: whether the loop's, and the workers',
-    are in the order taken. Metrics as the module says."""
+    are in the order taken. Each stage's part as the module says."""
     n = len(waits)
     if not n:
         return []
@@ -93,23 +92,14 @@ def split(
         mix = {s: _share_of(busy, s, ordered[1]) for s in sorted({x for b in busy for x in b})}
     elif queued and sampled:  # every worker sample idle: the batch on its way
         mix = {LoadStage.HANDOVER: (1.0, 1.0, 1.0)}
-    out: list[Metric] = []
+    out: list[WaitPart] = []
     for stage in sorted({s for s in stages if s is not QUEUED} | set(mix)):
         ends = mix.get(stage, (0.0, 0.0, 0.0))
         got = [_interval(stages, stage, m, ordered[0]) for m in ends]
         share, eff, runs = got[0][0], got[0][3], got[0][4]
         low, high = min(g[1] for g in got), max(g[2] for g in got)
-        labels = {
-            "low95": round(low, 4),
-            "high95": round(high, 4),
-            "samples": n,
-            "samples_effective": round(eff, 1),
-            "runs": runs,
-            "from_workers": bool(stage in mix),
-        }
-        out.append(Metric.single(f"attach.main.wait.{stage.value}", round(share, 4), "share",
-                                 {"quantity": EXPOSED_SHARE, "load_stage": stage.value,
-                                  **labels, **lab}))  # fmt: skip
+        ci = Interval(round(low, 4), round(high, 4), n, round(eff, 1), runs)
+        out.append(WaitPart(stage, Figure.single(round(share, 4)), ci, stage in mix))
     return out
 
 
