@@ -11,4 +11,5 @@ nowhere else (tests/test_vocabulary.py); its finding ids are core/catalogue.py's
   loader.py    loader and starve: the sweep's parameters
   io.py, pad.py, pcie.py   those stages' parameters
   steps.py     a step breakdown (profile, profile --trace, watch): runs and ranks
+  machine.py   the machine record probe/ fills and render/ reads (Report.facts)
 """
