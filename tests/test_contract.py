@@ -2,8 +2,9 @@
 
 - layers, type-only imports (`if TYPE_CHECKING:`) included: advice/ never imports
   stages/; render/ never imports stages/, advice/ nor probe/; stages/ never imports
-  advice/; probe/ imports only probe/ and the basics (core's status, units), which
-  import nothing of starvecheck; core/ imports only core/; inputs/ and scratch/ only
+  advice/; probe/ imports only probe/ and the basics (core's status, units, the
+  machine record and the JSON types), which import nothing of starvecheck but each
+  other; core/ imports only core/; inputs/ and scratch/ only
   core/ and probe/ (and themselves); no stage imports another stage's module or
   folder, and the machinery stages share (stages/samples/, stages/dataloader/, the
   contract modules) imports no stage; advice/ imports only core/, probe/ and inputs/,
@@ -123,8 +124,14 @@ def test_stages_never_import_advice():
 
 
 # probe/ reads the machine and sits under everything: it may import itself and these
-# basics, which import nothing of starvecheck (today probe/ needs none of them).
-PROBE_MAY_IMPORT = ("starvecheck.core.status", "starvecheck.core.units")
+# basics, which import nothing of starvecheck but each other: the machine record it
+# fills (declared in the vocabulary, so render/ reads it) and the JSON types it names.
+PROBE_MAY_IMPORT = (
+    "starvecheck.core.status",
+    "starvecheck.core.units",
+    "starvecheck.core.schema.machine",
+    "starvecheck.core.jsonvalue",
+)
 
 
 def _escapes(src: str, allowed: tuple[str, ...]) -> list[str]:

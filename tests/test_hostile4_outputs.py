@@ -741,13 +741,13 @@ def pad_report():
 def test_terminal_width(width: int, pad_report) -> None:
     from starvecheck.core.context import Context
     from starvecheck.core.text import escaped
-    from starvecheck.render.facts import machine_rows
+    from starvecheck.render import facts
     from starvecheck.render.terminal import as_text
 
     text = as_text(pad_report, Context(stdout_isatty=False, width=width).console())
     squeezed = re.sub(r"\s+", "", text)
     shown = escaped(pad_report)
-    words = [w for _, v in machine_rows(shown.machine, shown.command) for w in v.split()]
+    words = [w for _, v in facts.sections(shown)[0].rows for w in v.split()]
     for f in shown.checklist:
         words += f"{f.title} {f.id} {f.evidence or ''} {f.recommendation or ''}".split()
     missing = [w for w in words if w not in squeezed]

@@ -6,13 +6,15 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from starvecheck.advice.pad import rules
 from starvecheck.advice.results import Results
-from starvecheck.core.model import StageResult
+from starvecheck.core.model import Report, StageResult
+from starvecheck.core.schema.pad import PadFigures, Strategy
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES
 from starvecheck.inputs import dataset, embedded, records, streams, tokenizers
@@ -459,12 +461,18 @@ def test_the_table_selects_by_labels_not_names(tmp_path):
     without labels is no strategy's, so it is left for the plain list."""
     r = pad_run([10, 20, 300, 500], path=tmp_path / "l", context=100, batch_size=2)
     metrics = r.result.metrics
-    rows, rest, notes = pad_table.split(metrics, r.result.parameters)
-    assert len(rows) == len(STRATEGIES) and rest == [] and notes
+
+    def table(metrics):
+        result = replace(r.result, metrics=metrics)
+        shown, rest = pad_table.sections(result, metrics)
+        return [(s.rows, s.notes) for s in shown], rest
+
+    (rows, notes), rest = table(metrics)[0][0], table(metrics)[1]
+    assert len(rows) == len(STRATEGIES) and rest == [] and len(notes) == 2
     renamed = tuple(replace(m, name=f"x{i}") for i, m in enumerate(metrics))
-    assert pad_table.split(renamed, r.result.parameters)[::2] == (rows, notes)
+    assert table(renamed) == ([(rows, notes)], [])
     unlabelled = tuple(replace(m, labels={}) for m in metrics)
-    assert pad_table.split(unlabelled, r.result.parameters) == ([], list(unlabelled), [])
+    assert table(unlabelled) == ([], list(unlabelled))
     assert judged(replace(r.result, metrics=unlabelled)) == []
 
 
@@ -661,3 +669,20 @@ def test_deeply_nested_json_is_a_usage_error(tmp_path):
     q.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UsageError, match="nested too deeply"):
         dataset.read_samples(str(q), "json", ())
+
+
+def test_the_figures_are_a_record_written_and_read_back_as_the_metrics(tmp_path):
+    """The stage's metrics are its record's serialisation: read back, the record
+    writes them again (names, labels, units, order); so do the golden report's."""
+    r = pad_run([10, 20, 300, 500, 0], path=tmp_path / "l", context=100, batch_size=2)
+    golden = Path(__file__).parent / "golden" / "pad-default.json"
+    stored = Report.from_dict(json.loads(golden.read_text())).stages[0]
+    for result in (r.result, stored):
+        figures = result.records(PadFigures)
+        assert figures.to_metrics() == result.metrics
+        assert [c.strategy for c in figures.costs] == list(Strategy)
+    figures = r.result.records(PadFigures)
+    assert figures.lengths.empty_samples is not None and figures.lengths.max.value == 500
+    assert figures.cost("padding_free").attention_unmasked_vs_ideal is not None
+    assert figures.cost("dynamic").attention_unmasked_vs_ideal is None
+    assert PadFigures.from_metrics([]) == PadFigures()

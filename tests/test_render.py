@@ -23,6 +23,7 @@ import pytest
 from starvecheck.core import stages
 from starvecheck.core.context import Context
 from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.schema.machine import Machine
 from starvecheck.render import json as json_export
 from starvecheck.render import markdown
 from starvecheck.render.terminal import render
@@ -174,3 +175,19 @@ def test_pad_shows_no_machine_and_every_strategy(tmp_path):
     assert "[pad.waste]" in text
     md = markdown.serialize(report)
     assert "### Machine" not in md and "| strategy | real | padding |" in md
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_machine_facts_are_the_record_probe_fills_written_back_whole(name, tmp_path):
+    """render reads a report's machine facts as the record probe/ fills (`Report.facts`);
+    every stored report's facts read as that record write the same JSON again."""
+    machine = json.loads(stored_text(name, tmp_path))["machine"]
+    assert Machine.from_dict(machine).to_dict() == machine or not machine
+
+
+def test_a_stored_machine_record_is_read_without_raising():
+    """A fact of the wrong type reads as None (or empty), never raised on."""
+    odd = Machine.from_dict({"cpu": {"logical": "8", "quota_cpus": 2}, "gpus": [1, {}]})
+    assert odd.cpu.logical is None and odd.cpu.quota_cpus == 2 and odd.real is True
+    assert len(odd.gpus) == 1 and odd.gpus[0].pcie.gen_max is None
+    assert Machine.from_dict({}).storage.path == ""

@@ -140,7 +140,7 @@ def test_a_narrow_terminal_wraps_every_fact_table_cell_and_checklist_line(width:
     from starvecheck.core.context import Context
     from starvecheck.core.model import Report
     from starvecheck.core.text import escaped
-    from starvecheck.render.facts import machine_rows
+    from starvecheck.render import facts
     from starvecheck.render.terminal import as_text
 
     wide = run("pad", "--quick", "--json", "-")
@@ -150,7 +150,7 @@ def test_a_narrow_terminal_wraps_every_fact_table_cell_and_checklist_line(width:
     text = as_text(report, Context(stdout_isatty=False, width=width).console())
     squeezed = re.sub(r"\s+", "", text)
     shown = escaped(report)
-    expected = [v for _, value in machine_rows(shown.machine, shown.command) for v in [value]]
+    expected = [value for _, value in facts.sections(shown)[0].rows]
     from starvecheck.render.sections import stage_sections
 
     for stage in shown.stages:

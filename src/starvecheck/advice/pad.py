@@ -1,10 +1,11 @@
 """Judging a `pad` run: how much of each step the current batching spends on
 padding, the strategy that wastes least, and the one-line change to get there.
 
-Reads metrics by their labels (quantity, strategy, statistic), so a stored report is
-judged as a fresh one. The gain is a ratio of efficiencies: the same real tokens in fewer
-computed positions, with step time taken as proportional to positions (true of the
-linear layers, which dominate; attention is reported on its own).
+Reads the run's figures as their record (core/schema/pad.PadFigures,
+`StageResult.records`), by field, so a stored report is judged as a fresh one. The
+gain is a ratio of efficiencies: the same real tokens in fewer computed positions,
+with step time taken as proportional to positions (true of the linear layers, which
+dominate; attention is reported on its own).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core import catalogue
-from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
-from starvecheck.core.schema.common import EFFICIENCY, SAMPLES
-from starvecheck.core.schema.pad import ATTENTION_UNMASKED_VS_IDEAL, LENGTH, Parameters
+from starvecheck.core.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.schema.figure import value_of
+from starvecheck.core.schema.pad import Lengths, PadFigures, Parameters
 from starvecheck.core.strategies import LABELS, SHARES_ROWS, STRATEGIES
 
 if TYPE_CHECKING:
@@ -54,12 +55,12 @@ def rules(results: Results) -> list[Finding]:
     m = results.get("pad")
     if m is None:
         return []
-    eff = {s: m.value(quantity=EFFICIENCY, strategy=s) for s in STRATEGIES}
-    eff = {s: v for s, v in eff.items() if v is not None}
+    figures = m.records(PadFigures)
+    eff: dict[str, float] = dict(figures.efficiencies())
     if not eff:
         return []
     params = m.parameters.read(Parameters)
-    findings = [_waste(m, eff, params), _truncated(m, params)]
+    findings = [_waste(figures, eff, params), _truncated(figures.lengths, params)]
     return [f for f in findings if f is not None]
 
 
@@ -106,11 +107,13 @@ def waste(eff: Mapping[str, float], params: Parameters) -> Waste | None:
     return Waste(current, best, padded_best, gain, severity, embedded)
 
 
-def _waste_evidence(w: Waste, m: StageResult, eff: Mapping[str, float], params: Parameters) -> str:
+def _waste_evidence(
+    w: Waste, figures: PadFigures, eff: Mapping[str, float], params: Parameters
+) -> str:
     current, best = w.current, w.best
-    mean = m.value(quantity=LENGTH, statistic="mean")
-    p90 = m.value(quantity=LENGTH, statistic="p90")
-    padding = m.value(quantity="padding_positions", strategy=current)
+    mean, p90 = value_of(figures.lengths.mean), value_of(figures.lengths.p90)
+    cost = figures.cost(current)
+    padding = value_of(cost.padding_positions) if cost is not None else None
     others = ", ".join(
         f"{s} {eff[s]:.1%}" for s in STRATEGIES if s in eff and s not in (current, best)
     )
@@ -127,13 +130,14 @@ def _waste_evidence(w: Waste, m: StageResult, eff: Mapping[str, float], params: 
     )
 
 
-def _waste_change(w: Waste, m: StageResult, eff: Mapping[str, float], context: int) -> str:
+def _waste_change(w: Waste, figures: PadFigures, eff: Mapping[str, float], context: int) -> str:
     """How to switch to the best strategy, and the padded one where the best needs
     attention that keeps samples apart."""
     best, current, padded_best = w.best, w.current, w.padded_best
     recommendation = f"Switch to {LABELS[best]}: {change(best, context)}."
     if best in SHARES_ROWS:
-        unmasked = m.value(quantity=ATTENTION_UNMASKED_VS_IDEAL, strategy=best)
+        cost = figures.cost(best)
+        unmasked = value_of(cost.attention_unmasked_vs_ideal) if cost is not None else None
         recommendation += (
             " It needs attention that keeps samples apart (FlashAttention 2/3 with "
             "position_ids): without it samples attend to each other"
@@ -149,12 +153,12 @@ def _waste_change(w: Waste, m: StageResult, eff: Mapping[str, float], context: i
     return recommendation
 
 
-def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Finding | None:
+def _waste(figures: PadFigures, eff: Mapping[str, float], params: Parameters) -> Finding | None:
     w = waste(eff, params)
     if w is None:
         return None
     current, best = w.current, w.best
-    evidence = _waste_evidence(w, m, eff, params)
+    evidence = _waste_evidence(w, figures, eff, params)
     basis = (
         f"real tokens per computed position, {best} over {current}; step time taken as "
         "proportional to positions"
@@ -185,23 +189,21 @@ def _waste(m: StageResult, eff: Mapping[str, float], params: Parameters) -> Find
         w.severity,
         title,
         evidence=evidence,
-        recommendation=_waste_change(w, m, eff, params.context),
+        recommendation=_waste_change(w, figures, eff, params.context),
         gain=gain,
         stage="pad",
         fix={"strategy": best},
     )
 
 
-def _truncated(m: StageResult, params: Parameters) -> Finding | None:
-    n = m.value(quantity="truncated_samples")
-    cut = m.value(quantity="truncated_tokens")
-    samples, tokens = m.value(quantity=SAMPLES), m.value(quantity="tokens")
+def _truncated(lengths: Lengths, params: Parameters) -> Finding | None:
+    n, cut = value_of(lengths.truncated_samples), value_of(lengths.truncated_tokens)
+    samples, tokens = value_of(lengths.samples), value_of(lengths.tokens)
     if not n or cut is None or not samples or tokens is None:
         return None
     context = params.context
     share = cut / (tokens + cut)
-    longest = m.value(quantity=LENGTH, statistic="max")
-    p99 = m.value(quantity=LENGTH, statistic="p99")
+    longest, p99 = value_of(lengths.max), value_of(lengths.p99)
     if p99 is not None and p99 > context:
         change = (
             f"Raise max_length to cover most of them (p99 is {p99:,.0f} tokens), or split "

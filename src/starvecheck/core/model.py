@@ -20,6 +20,7 @@ from starvecheck.core.judged import Judged
 from starvecheck.core.metric import Caveat, LabelValue, Metric, caveat, one, select, value
 from starvecheck.core.parameters import Parameters
 from starvecheck.core.schema.common import JUDGED
+from starvecheck.core.schema.machine import Machine
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.schema.record import F, FromMetrics
 from starvecheck.core.schema.steps import Straggler
@@ -357,7 +358,7 @@ class Report:
     """Everything one command found: machine facts, stage results, the ranked checklist."""
 
     command: str
-    machine: JsonObject  # JSON-ready facts from probe.machine (Machine.to_dict())
+    machine: JsonObject  # JSON-ready facts from probe.machine (Machine.to_dict()); `facts`
     stages: tuple[StageResult, ...] = ()
     checklist: tuple[Finding, ...] = ()  # ranked; see advice.rank
     weakest_link: str | None = None
@@ -373,6 +374,12 @@ class Report:
     @property
     def findings(self) -> tuple[Finding, ...]:
         return tuple(f for s in self.stages for f in s.findings)
+
+    @property
+    def facts(self) -> Machine:
+        """The machine facts as their record (core/schema/machine.py), read from
+        `machine`, the serialised form, alike for a fresh report and a stored one."""
+        return Machine.from_dict(self.machine)
 
     def to_dict(self) -> JsonDict:
         return {

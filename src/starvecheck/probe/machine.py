@@ -1,4 +1,4 @@
-"""Collect every probe into one `Machine` record (its classes: probe/record.py).
+"""Collect every probe into one `Machine` record (its classes: core/schema/machine.py).
 
 Values are plain (int, str, None); every None is explained in `unknown` (could
 not be read) or `not_applicable` (does not exist here: no quota, no GPU) under
@@ -14,16 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from starvecheck.probe.cgroup import CgroupFacts, probe_cgroup
-from starvecheck.probe.container import ContainerFacts, probe_container
-from starvecheck.probe.cpu import CpuFacts, format_cpulist, probe_cpu
-from starvecheck.probe.fact import Fact, Ledger
-from starvecheck.probe.gpu import Gpu, GpuFacts, nvml_source_for, probe_gpus, theoretical_gbps
-from starvecheck.probe.memory import LimitsFacts, MemoryFacts, probe_limits, probe_memory
-from starvecheck.probe.mounts import ShmFacts, StorageFacts, probe_shm, probe_storage, read_mounts
-from starvecheck.probe.numa import NumaNode, probe_numa
-from starvecheck.probe.nvml import NvmlSource
-from starvecheck.probe.record import (
+from starvecheck.core.schema.machine import (
     Cgroup,
     Container,
     Cpu,
@@ -40,6 +31,15 @@ from starvecheck.probe.record import (
     Storage,
     Throttling,
 )
+from starvecheck.probe.cgroup import CgroupFacts, probe_cgroup
+from starvecheck.probe.container import ContainerFacts, probe_container
+from starvecheck.probe.cpu import CpuFacts, format_cpulist, probe_cpu
+from starvecheck.probe.fact import Fact, Ledger
+from starvecheck.probe.gpu import Gpu, GpuFacts, nvml_source_for, probe_gpus, theoretical_gbps
+from starvecheck.probe.memory import LimitsFacts, MemoryFacts, probe_limits, probe_memory
+from starvecheck.probe.mounts import ShmFacts, StorageFacts, probe_shm, probe_storage, read_mounts
+from starvecheck.probe.numa import NumaNode, probe_numa
+from starvecheck.probe.nvml import NvmlSource
 from starvecheck.probe.software import SoftwareFacts, probe_software
 from starvecheck.probe.sysroot import SysRoot
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.core.text import escaped
-from starvecheck.render import chain
-from starvecheck.render.facts import GPU_HEADERS, gpu_rows, machine_rows, shows_gpus
+from starvecheck.render import chain, facts
 from starvecheck.render.sections import stage_sections
 
 ICON = {Severity.CRITICAL: "🔴", Severity.WARNING: "🟠", Severity.INFO: "🔵", Severity.OK: "✅"}
@@ -76,13 +75,13 @@ def serialize(report: Report) -> str:
     out = [f"## starvecheck {report.command}", "", f"**Verdict:** {report.verdict}", ""]
     if chain.shows(report):
         out += _doctor(report)
-    rows = machine_rows(report.machine, report.command) if report.machine else []
-    if rows:
+    machine = facts.sections(report)
+    if machine and machine[0].rows:
         out += ["### Machine", ""]
-        out += _table(("", ""), [(f"**{k}**", v) for k, v in rows])
+        out += _table(("", ""), [(f"**{k}**", v) for k, v in machine[0].rows])
         out.append("")
-        if report.machine.get("gpus") and shows_gpus(report.command):
-            out += ["### GPUs", "", *_table(GPU_HEADERS, gpu_rows(report.machine)), ""]
+        for gpus in (s for s in machine if s.title == facts.GPUS):
+            out += [f"### {gpus.title}", "", *_table(gpus.headers, gpus.rows), ""]
     for stage in report.stages:
         sections, rest = stage_sections(stage)
         if stage.figures:

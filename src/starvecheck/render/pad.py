@@ -1,19 +1,19 @@
-"""Metrics of a `pad` run (labelled with a strategy) as one row per strategy.
+"""The figures of a `pad` run as one row per strategy.
 
 The JSON keeps one flat metric per figure; people compare strategies, so the
 terminal and Markdown show a table, with each strategy's work per step against the
-strategy trained with today (--current).
+strategy trained with today (--current). The figures are read as their record
+(core/schema/pad.PadFigures, `StageResult.records`), by field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from starvecheck.core.metric import Metric, value
+from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.pad import IDEAL, Parameters
-from starvecheck.core.strategies import STRATEGIES
+from starvecheck.core.schema.figure import Figure, value_of
+from starvecheck.core.schema.pad import Lengths, PadFigures, Parameters, Strategy
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -27,44 +27,23 @@ HEADERS = (
     "no mask",
     "gain",
 )
-_FIGURES = (
-    "efficiency",
-    "padding_positions",
-    "positions_per_batch",
-    "max_positions_per_batch",
-    "batches",
-    "attention_vs_ideal",
-    "attention_unmasked_vs_ideal",
-    "attention_cost",
-)
 NOTE = (
     "real: share of computed positions that are tokens; padding: padded positions per "
     "epoch; attention: work against per-sample attention (1x); no mask: if samples "
     "sharing a sequence attend to each other; gain: real tokens per step against "
     "--current"
 )
-# The figures of the lengths themselves: the line under the table.
-_SUMMARY = frozenset(
-    {"samples", "tokens", "length", "truncated_samples", "truncated_tokens", "empty_samples"}
-)
 
 
-def _is_summary(m: Metric) -> bool:
-    quantity = m.labels.get("quantity")
-    if quantity == "attention_cost":
-        return m.labels.get("strategy") == IDEAL
-    return quantity in _SUMMARY
-
-
-def _count(m: Metric | None) -> str:
+def _count(m: Figure | None) -> str:
     return "-" if m is None or m.value is None else f"{m.value:,.0f}"
 
 
-def _times(m: Metric | None) -> str:
+def _times(m: Figure | None) -> str:
     return "-" if m is None or m.value is None else f"{m.value:,.2f}x"
 
 
-def _share(m: Metric | None) -> str:
+def _share(m: Figure | None) -> str:
     if m is None or m.value is None:
         return "-"
     if m.n > 1 and m.min is not None and m.max is not None and m.max - m.min >= 0.0005:
@@ -72,83 +51,69 @@ def _share(m: Metric | None) -> str:
     return f"{m.value:.1%}"
 
 
-def summary(m: list[Metric], context: Any) -> str:
+def _summary(lengths: Lengths, context: str) -> str:
     """The lengths in one line: what every strategy above was fed."""
 
-    def v(quantity: str, statistic: str | None = None) -> float:
-        want = {"quantity": quantity, **({"statistic": statistic} if statistic else {})}
-        x = value(m, **want)
+    def v(figure: Figure | None) -> float:
+        x = value_of(figure)
         return float(x) if x is not None else 0.0
 
     text = (
-        f"{v('samples'):,.0f} samples, {v('tokens'):,.0f} tokens; length median "
-        f"{v('length', 'median'):,.0f}, mean {v('length', 'mean'):,.1f}, "
-        f"p90 {v('length', 'p90'):,.0f}, p99 {v('length', 'p99'):,.0f}, "
-        f"range {v('length', 'min'):,.0f}-{v('length', 'max'):,.0f}"
+        f"{v(lengths.samples):,.0f} samples, {v(lengths.tokens):,.0f} tokens; length median "
+        f"{v(lengths.median):,.0f}, mean {v(lengths.mean):,.1f}, "
+        f"p90 {v(lengths.p90):,.0f}, p99 {v(lengths.p99):,.0f}, "
+        f"range {v(lengths.min):,.0f}-{v(lengths.max):,.0f}"
     )
-    cut = v("truncated_samples")
+    cut = v(lengths.truncated_samples)
     text += (
         f"; {cut:,.0f} longer than the context ({context}), cut to it"
         if cut
         else f"; none longer than the context ({context})"
     )
-    if v("empty_samples"):
-        text += f"; {v('empty_samples'):,.0f} empty, left out"
+    if v(lengths.empty_samples):
+        text += f"; {v(lengths.empty_samples):,.0f} empty, left out"
     return text
 
 
-def split(
-    metrics: tuple[Metric, ...] | list[Metric], params: Parameters
-) -> tuple[list[tuple[str, ...]], list[Metric], list[str]]:
-    """(rows, other metrics, notes); no rows unless the metrics are a pad run's."""
-    params = Parameters.of(params)
-    cells: dict[str, dict[str, Metric]] = {}
-    rest: list[Metric] = []
-    lengths: list[Metric] = []
-    for m in metrics:
-        what, strategy = m.labels.get("quantity"), m.labels.get("strategy")
-        if strategy in STRATEGIES and what in _FIGURES:
-            cells.setdefault(str(strategy), {})[str(what)] = m
-        elif _is_summary(m):
-            lengths.append(m)
-        else:
-            rest.append(m)
-    if not cells:
-        return [], list(metrics), []
-    current = params.current
-    base = cells.get(str(current), {}).get("efficiency")
+def _rows(figures: PadFigures, current: str | None) -> list[tuple[str, ...]]:
+    """One row per strategy laid out, in the order people read them."""
+    base = figures.cost(current) if current is not None else None
+    base_eff = base.efficiency if base is not None else None
     rows = []
-    for s in STRATEGIES:
-        if s not in cells:
+    for s in Strategy:
+        c = figures.cost(s)
+        if c is None:
             continue
-        c = cells[s]
-        eff = c.get("efficiency")
+        eff = c.efficiency
         relative = (
-            f"{eff.value / base.value:,.2f}x"
-            if eff is not None and eff.value and base is not None and base.value
+            f"{eff.value / base_eff.value:,.2f}x"
+            if eff is not None and eff.value and base_eff is not None and base_eff.value
             else "-"
         )
-        name = f"{s} (current)" if s == current else s
         rows.append(
             (
-                name,
+                f"{s} (current)" if s == current else s.value,
                 _share(eff),
-                _count(c.get("padding_positions")),
-                _count(c.get("positions_per_batch")),
-                _count(c.get("max_positions_per_batch")),
-                _count(c.get("batches")),
-                _times(c.get("attention_vs_ideal")),
-                _times(c.get("attention_unmasked_vs_ideal")),
+                _count(c.padding_positions),
+                _count(c.positions_per_batch),
+                _count(c.max_positions_per_batch),
+                _count(c.batches),
+                _times(c.attention_vs_ideal),
+                _times(c.attention_unmasked_vs_ideal),
                 relative,
             )
         )
-    notes = [summary(lengths, f"{params.context:,}")] if lengths else []
-    return rows, rest, [*notes, NOTE]
+    return rows
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:
-    rows, rest, notes = split(metrics, stage.parameters.read(Parameters))
-    if not rows:
-        return [], rest
+    """The strategies' table, the lengths fed in a line under it."""
+    if not any(PadFigures.is_cost(m) for m in metrics):  # not a pad run's
+        return [], list(metrics)
+    rest = [m for m in metrics if not PadFigures.holds(m)]
+    figures, params = stage.records(PadFigures), stage.parameters.read(Parameters)
+    shown = [m for m in metrics if PadFigures.holds(m) and not PadFigures.is_cost(m)]
+    notes = [_summary(figures.lengths, f"{params.context:,}")] if shown else []
+    rows = _rows(figures, params.current)
     right = range(1, len(HEADERS))
-    return [Section(HEADERS, rows, notes, right, metrics=taken(metrics, rest))], rest
+    return [Section(HEADERS, rows, [*notes, NOTE], right, metrics=taken(metrics, rest))], rest

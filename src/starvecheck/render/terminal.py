@@ -7,14 +7,7 @@ from typing import TYPE_CHECKING, Any
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.core.text import escaped
-from starvecheck.render import chain
-from starvecheck.render.facts import (
-    GPU_HEADERS,
-    gpu_rows,
-    machine_rows,
-    shows_gpus,
-    unknown_rows,
-)
+from starvecheck.render import chain, facts
 from starvecheck.render.sections import stage_sections
 
 if TYPE_CHECKING:
@@ -46,30 +39,30 @@ def render(report: Report, console: Console) -> None:
 
     report = escaped(report)
     title = Text(f"starvecheck {report.command}", style="bold")
-    if report.machine.get("hostname"):
-        title.append(f" · {report.machine['hostname']}")
-    if report.machine.get("kernel"):
-        title.append(f" · Linux {report.machine['kernel']}")
+    machine = report.facts
+    if machine.hostname:
+        title.append(f" · {machine.hostname}")
+    if machine.kernel:
+        title.append(f" · Linux {machine.kernel}")
     console.print(title)
     if chain.shows(report):
         _doctor(report, console)
 
-    if report.machine:
-        console.print(_facts(machine_rows(report.machine, report.command), console.width))
-        rows = gpu_rows(report.machine) if shows_gpus(report.command) else []
-        if rows:
-            gpus = Table(*GPU_HEADERS, box=None, header_style="bold", pad_edge=False)
+    for section in facts.sections(report):
+        if section.title == facts.MACHINE:
+            console.print(_facts(section.rows, console.width))
+        elif section.rows:  # the GPUs
+            gpus = Table(*section.headers, box=None, header_style="bold", pad_edge=False)
             gpus.columns[1].no_wrap = True
-            for row in rows:
+            for row in section.rows:
                 gpus.add_row(*row)
             console.print()
             console.print(gpus)
-        unknown = unknown_rows(report.machine, report.command)
-        if unknown:
+        else:  # the unknown facts
             console.print()
-            console.print(Text("Unknown (could not be read):", style="bold"))
-            for key, reason in unknown:
-                console.print(Text(f"  {key}: {reason}", style="dim"))
+            console.print(Text(section.title or "", style="bold"))
+            for note in section.notes:
+                console.print(Text(f"  {note}", style="dim"))
 
     for stage in report.stages:
         sections, rest = stage_sections(stage)
@@ -156,7 +149,7 @@ def _doctor(report: Report, console: Console) -> None:
 NARROW = 32
 
 
-def _facts(rows: list[tuple[str, str]], width: int) -> Any:
+def _facts(rows: list[tuple[str, ...]], width: int) -> Any:
     """The machine's facts: label and value side by side, or stacked where narrow."""
     from rich.console import Group
     from rich.table import Table

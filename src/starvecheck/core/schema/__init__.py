@@ -14,4 +14,5 @@ nowhere else (tests/test_vocabulary.py); its finding ids are core/catalogue.py's
   samples.py   samples on disk (io, loader, profile): layouts, cache states, residency
   io.py, pad.py, pcie.py   those stages' parameters (io's, pcie's figures as records)
   steps.py     a step breakdown (profile, profile --trace, watch): runs and ranks
+  machine.py   the machine record probe/ fills and render/ reads (Report.facts)
 """

@@ -59,7 +59,7 @@ def select(only: str | None, skip: str | None) -> tuple[str, ...]:
 def measured_by(name: str, w: Workload) -> str:
     """The stage that measures what --only/--skip call `name`: the loader link is the
     factory stage's where the workload names the user's own pipeline."""
-    return "factory" if name == "loader" and w.factory is not None else name
+    return stages_table.FACTORY if name == "loader" and w.factory is not None else name
 
 
 def resolve_step(w: Workload, quick: bool, progress: Progress) -> tuple[Workload, str, str | None]:

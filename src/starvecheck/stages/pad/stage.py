@@ -19,9 +19,10 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from starvecheck.core import clocks
-from starvecheck.core.metric import Caveat, Metric, value
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.pad import ATTENTION_UNMASKED_VS_IDEAL, IDEAL, LENGTH
+from starvecheck.core.schema.figure import Figure, value_of
+from starvecheck.core.schema.pad import Cost, Lengths, PadFigures, Strategy
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import SHARES_ROWS, SHUFFLED, STRATEGIES
 from starvecheck.inputs.dataset import CHARS_PER_TOKEN, read_samples
@@ -159,63 +160,50 @@ def load(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = 
     return Input(lengths, caveats, details)
 
 
-def _metric_figures(name: str, figs: list[Figures], ideal: float) -> list[Metric]:
-    """One metric per figure of a strategy; repeated when it was laid out per shuffle."""
-
-    def m(what: str, values: list[float], unit: str) -> Metric:
-        full = f"{what}.{name}"
-        labels = {"quantity": what, "strategy": name}
-        return (
-            Metric.repeated(full, values, unit, labels)
-            if len(values) > 1
-            else Metric.single(full, values[0], unit, labels)
-        )
-
-    out = [
-        m("efficiency", [f.efficiency for f in figs], "fraction"),
-        m("padding_positions", [f.padding for f in figs], "positions"),
-        m("positions_per_batch", [f.positions_per_batch for f in figs], "positions"),
-        m("max_positions_per_batch", [f.max_batch_positions for f in figs], "positions"),
-        m("batches", [f.batches for f in figs], "batches"),
-        m("attention_cost", [f.attention for f in figs], "token²"),
-        m("attention_vs_ideal", [f.attention / ideal if ideal else 1.0 for f in figs], "x"),
-    ]
-    if figs[0].attention_unmasked is not None:
-        out.append(
-            m(
-                "attention_unmasked_vs_ideal",
-                [(f.attention_unmasked or 0.0) / ideal if ideal else 1.0 for f in figs],
-                "x",
-            )
-        )
-    return out
+def _figure(values: list[float]) -> Figure:
+    """A figure, repeated when it was laid out per shuffle."""
+    return Figure.repeated(values) if len(values) > 1 else Figure.single(values[0])
 
 
-def _length_metrics(raw: np.ndarray, cut: np.ndarray, context: int, empty: int) -> list[Metric]:
+def _cost(name: str, figs: list[Figures], ideal: float) -> Cost:
+    """A strategy's cost, each figure over the shuffles it was laid out in."""
+
+    def vs_ideal(attention: float) -> float:
+        return attention / ideal if ideal else 1.0
+
+    unmasked = (
+        _figure([vs_ideal(f.attention_unmasked or 0.0) for f in figs])
+        if figs[0].attention_unmasked is not None
+        else None
+    )
+    return Cost(
+        Strategy(name),
+        efficiency=_figure([f.efficiency for f in figs]),
+        padding_positions=_figure([f.padding for f in figs]),
+        positions_per_batch=_figure([f.positions_per_batch for f in figs]),
+        max_positions_per_batch=_figure([f.max_batch_positions for f in figs]),
+        batches=_figure([f.batches for f in figs]),
+        attention_cost=_figure([f.attention for f in figs]),
+        attention_vs_ideal=_figure([vs_ideal(f.attention) for f in figs]),
+        attention_unmasked_vs_ideal=unmasked,
+    )
+
+
+def _lengths(raw: np.ndarray, cut: np.ndarray, context: int, empty: int) -> Lengths:
     s = np.sort(raw[raw > 0])
-
-    def count(name: str, value: float, unit: str) -> Metric:
-        return Metric.single(name, value, unit, {"quantity": name})
-
-    def length(statistic: str, value: float) -> Metric:
-        labels = {"quantity": LENGTH, "statistic": statistic}
-        return Metric.single(f"length.{statistic}", value, "tokens", labels)
-
-    out = [
-        count("samples", int(cut.size), "samples"),
-        count("tokens", int(cut.sum()), "tokens"),
-        length("mean", float(s.mean())),
-        length("median", float(np.median(s))),
-        length("p90", float(np.percentile(s, 90))),
-        length("p99", float(np.percentile(s, 99))),
-        length("min", int(s[0])),
-        length("max", int(s[-1])),
-        count("truncated_samples", int((s > context).sum()), "samples"),
-        count("truncated_tokens", int((s - np.minimum(s, context)).sum()), "tokens"),
-    ]
-    if empty:
-        out.append(count("empty_samples", empty, "samples"))
-    return out
+    return Lengths(
+        samples=Figure.single(int(cut.size)),
+        tokens=Figure.single(int(cut.sum())),
+        mean=Figure.single(float(s.mean())),
+        median=Figure.single(float(np.median(s))),
+        p90=Figure.single(float(np.percentile(s, 90))),
+        p99=Figure.single(float(np.percentile(s, 99))),
+        min=Figure.single(int(s[0])),
+        max=Figure.single(int(s[-1])),
+        truncated_samples=Figure.single(int((s > context).sum())),
+        truncated_tokens=Figure.single(int((s - np.minimum(s, context)).sum())),
+        empty_samples=Figure.single(empty) if empty else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -245,15 +233,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
         )
 
     ideal = float((lengths.astype(np.float64) ** 2).sum())
-    metrics = _length_metrics(raw, lengths, plan.context, empty)
-    metrics.append(
-        Metric.single(
-            "attention_cost.ideal",
-            ideal,
-            "token²",
-            {"quantity": "attention_cost", "strategy": IDEAL},
-        )
-    )
+    costs: list[Cost] = []
     shuffles = plan.shuffles(int(lengths.size))
     layouts: dict[str, Layout] = {}
     laid_out = clocks.perf_counter()
@@ -264,14 +244,16 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
             lay = packing.layout(name, lengths, plan.context, plan.batch_size, seed)
             layouts.setdefault(name, lay)
             figs.append(packing.figures(lay, lengths))
-        metrics += _metric_figures(name, figs, ideal)
+        costs.append(_cost(name, figs, ideal))
         progress("laying out batches", i + 1, len(STRATEGIES))
     layout_s = clocks.perf_counter() - laid_out
+    lengths_fed = _lengths(raw, lengths, plan.context, empty)
+    figures = PadFigures(lengths_fed, Figure.single(ideal), tuple(costs))
 
     unmasked = [
-        f"{n} {_x(value(metrics, quantity=ATTENTION_UNMASKED_VS_IDEAL, strategy=n))}"
-        for n in STRATEGIES
-        if n in SHARES_ROWS
+        f"{c.strategy} {_x(value_of(c.attention_unmasked_vs_ideal))}"
+        for c in figures.costs
+        if c.strategy in SHARES_ROWS
     ]
     caveats.append(
         Caveat(
@@ -299,7 +281,7 @@ def run(plan: Plan, progress: Progress = _no_progress, stdin: IO[str] | None = N
     result = StageResult(
         stage="pad",
         parameters=params,
-        metrics=tuple(metrics),
+        metrics=figures.to_metrics(),
         caveats=tuple(caveats),
     )
     return Run(result, lengths, layouts)

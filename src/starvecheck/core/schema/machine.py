@@ -1,10 +1,22 @@
-"""The machine record `collect` fills: plain values, every None explained in
-`Machine.unknown` or `Machine.not_applicable` under its dotted JSON key."""
+"""The machine record: what probe/machine.collect fills and every report carries as
+its `machine` (`Machine.to_dict()`, the JSON; `Report.facts`, the record read back).
+Plain values, every None explained in `Machine.unknown` or `Machine.not_applicable`
+under its dotted JSON key ("cpu.quota_cpus"). Declared here, in the vocabulary, so that
+render/ (which never imports probe/) reads the record probe/ builds; this module
+imports nothing of starvecheck's but a type, and probe/ may import it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import types
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+if TYPE_CHECKING:
+    from starvecheck.core.jsonvalue import JsonDict, JsonObject, JsonValue
+
+ABSENT = "absent"  # a field's metadata: its value where a stored report lacks it
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,7 @@ class Machine:
     sysroot: str
     # False when facts come from a fake sysroot; `software` then still describes the
     # Python environment starvecheck runs in, not the fake machine.
-    real: bool
+    real: bool = field(metadata={ABSENT: True})
     hostname: str | None
     kernel: str | None
     cpu: Cpu
@@ -158,5 +170,58 @@ class Machine:
     unknown: dict[str, str] = field(default_factory=dict)
     not_applicable: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> JsonDict:
+        out: JsonDict = asdict(self)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: JsonObject) -> Machine:
+        """The record a report's `machine` holds, from a fresh report or a stored one
+        alike, never raising: a value of the wrong type reads as None (a list or a
+        mapping as empty, a nested record's missing fields as theirs); a flag or a
+        text that must be there, as false or empty, but `real`, as true."""
+        return _read(cls, d)
+
+
+def _read(kind: type[T], d: JsonObject) -> T:
+    """A record of `kind` from a JSON object, field by field (Machine.from_dict)."""
+    hints = get_type_hints(kind)
+    values = {f.name: _value(hints[f.name], d.get(f.name), f.metadata.get(ABSENT, MISSING))
+              for f in fields(kind)}  # type: ignore[arg-type]  # fmt: skip
+    return kind(**values)
+
+
+def _value(hint: Any, value: JsonValue, absent: Any) -> Any:
+    """`value` as the field typed `hint` holds it: None where it is of another type
+    and the field allows None, else `absent` or its type's empty value."""
+    optional = get_origin(hint) in (Union, types.UnionType)
+    kinds = [k for k in get_args(hint) if k is not type(None)] if optional else [hint]
+    for k in kinds:
+        origin = get_origin(k)
+        if is_dataclass(k) and isinstance(k, type) and isinstance(value, Mapping):
+            return _read(k, value)
+        if origin is list and isinstance(value, list):
+            (item,) = get_args(k)
+            if is_dataclass(item):
+                return [_read(item, x) for x in value if isinstance(x, Mapping)]
+            return [x for x in value if isinstance(x, item)]
+        if origin is dict and isinstance(value, Mapping):
+            return {str(key): x for key, x in value.items() if isinstance(x, str)}
+        if k in (int, float, str, bool) and _is(value, k):
+            return value
+    if optional:
+        return None
+    if absent is not MISSING:
+        return absent
+    k = kinds[0]
+    return _read(k, {}) if is_dataclass(k) else (get_origin(k) or k)()
+
+
+def _is(value: JsonValue, kind: type) -> bool:
+    """Whether a JSON value is of a field's scalar type (an int is a float's, never a
+    bool an int's)."""
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
