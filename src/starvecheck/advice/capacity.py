@@ -39,6 +39,7 @@ from starvecheck.core.schema.io import Parameters as IoParameters
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.pcie import Direction, Memory, PcieFigures
 from starvecheck.core.schema.samples import Cache, Layout, enum_of
+from starvecheck.core.stages import FACTORY
 from starvecheck.core.strategies import LABELS, STRATEGIES
 from starvecheck.core.units import size_name
 
@@ -250,7 +251,7 @@ def build(results: Results) -> tuple[Link, ...]:
     demand = w.demand
     why = results.doctor.unavailable
     io, loader_r, factory, starve, pad, pcie_r = (
-        results.get(s) for s in ("io", "loader", "factory", "starve", "pad", "pcie")
+        results.get(s) for s in ("io", "loader", FACTORY, "starve", "pad", "pcie")
     )
     storage_link = (
         storage(io, w.layout, demand)

@@ -73,9 +73,6 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(module(name))
 
 
-# `loader --factory`'s stage: the user's own pipeline, reported as the loader's.
-FACTORY = "factory"
-
 # In the chain's order, from the machine to the GPU step, then the loops and the jobs.
 TABLE: tuple[StageEntry, ...] = (
     StageEntry("env", "stages.env", ("advice.env",), authority=3, command="cli.env"),
