@@ -25,14 +25,18 @@ NOT_MIGRATED = frozenset({
     "advice/attach.py", "advice/attachstages.py", "advice/attachwait.py",
     "advice/capacity.py", "advice/configurations.py", "advice/costs.py", "advice/factory.py",
     "advice/factory_bounds.py", "advice/factory_extra.py", "advice/io.py", "advice/loader.py",
-    "advice/loadstages.py", "advice/pad.py", "advice/profile.py", "advice/samples.py",
-    "advice/startmethod.py", "advice/starve.py", "advice/stepworkers.py",
-    "advice/stragglers.py", "advice/trace.py",
+    "advice/loadstages.py", "advice/pad.py", "advice/samples.py",
+    "advice/startmethod.py", "advice/starve.py",
+    "advice/stragglers.py",
     "render/attach.py", "render/factory.py", "render/loader.py", "render/loadstages.py",
-    "render/pad.py", "render/plot.py", "render/profile.py", "render/sweep.py",
-    "render/throughput.py", "render/trace.py",
+    "render/pad.py", "render/plot.py", "render/sweep.py",
+    "render/throughput.py",
 })  # fmt: skip
-MIGRATED = frozenset({"advice/pcie.py", "render/pcie.py"})
+MIGRATED = frozenset({
+    "advice/pcie.py", "render/pcie.py",
+    "advice/profile.py", "advice/trace.py", "advice/stepworkers.py",
+    "render/profile.py", "render/trace.py",
+})  # fmt: skip
 
 Read = tuple[int, str]  # (line, what was read)
 
