@@ -1,11 +1,12 @@
 """A step breakdown's figures as records (core/schema/steps.py: profile's loop, profile
---trace, watch): the JSON's metrics are their serialisation, so a stored report's
-metrics read and written again are the same metrics, byte for byte, in the order the
-stage wrote them."""
+--trace, watch) and a loop's wait by stage (core/schema/loading.py): the JSON's metrics
+are their serialisation, so a stored report's metrics read and written again are the
+same metrics, byte for byte, in the order the stage wrote them."""
 
 from __future__ import annotations
 
 import json
+from array import array
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Report, StageResult
 from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loading import EXPOSED_SHARE, LoadFigures, LoadStage
 from starvecheck.core.schema.steps import (
     Layout,
     Phase,
@@ -22,6 +24,8 @@ from starvecheck.core.schema.steps import (
     StepFigure,
     StepFigures,
 )
+from starvecheck.loading.tap import Startup
+from starvecheck.loop.splits import StageSplit
 
 GOLDEN = Path(__file__).parent / "golden"
 STORED = {
@@ -93,3 +97,40 @@ def test_a_record_made_by_hand_writes_the_names_the_stage_wrote():
         "phase_ms.forward.mds.w2",
         "step_ms.mds.w2",
     ]
+
+
+# --- the wait by stage (core/schema/loading.py) ---
+
+
+def _split(persistent: bool) -> StageSplit:
+    split = StageSplit(persistent=persistent, pass_starts=[0, 3])
+    for step in range(6):
+        if step != 2:  # a step whose batch carried no record
+            exposed = [0.001 * (i + step % 3) for i in range(len(LoadStage))]
+            split.put(step, exposed, [0.002 * (i + 1) for i in range(len(LoadStage))], 0.004)
+    split.startups = [Startup(0.5, 0.3, 0.2, None, 2), Startup(0.4, 0.3, None, None, 2)]
+    return split
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_loops_wait_by_stage_is_written_and_read_back_byte_for_byte(persistent):
+    waits = array("d", [0.02] * 6)
+    record = _split(persistent).figures(waits, 1)
+    metrics = record.to_metrics()
+    assert LoadFigures.from_metrics(metrics) == record
+    assert _json(LoadFigures.from_metrics(metrics).to_metrics()) == _json(metrics)
+    assert [s.stage for s in record.stages] == list(LoadStage)
+    assert (record.restart_exposed_ms is None) == persistent
+    assert record.of(LoadStage.READ).exposed_share is not None
+    assert set(record.by_stage(EXPOSED_SHARE)) == set(LoadStage)
+
+
+def test_another_stages_wait_by_stage_is_not_a_loops():
+    # loader --factory labels its figures with their configuration; attach with more
+    factory = Metric.single(
+        "own.exposed_share.read", 0.5, "fraction",
+        {"layout": "own", "quantity": EXPOSED_SHARE, "load_stage": "read"},
+    )  # fmt: skip
+    odd = Metric.single("x", 0.5, "fraction", {"quantity": EXPOSED_SHARE, "load_stage": "disk"})
+    assert LoadFigures.from_metrics([factory, odd]) == LoadFigures()
+    assert not LoadFigures.holds(factory)

@@ -25,10 +25,9 @@ NOT_MIGRATED = frozenset({
     "advice/attach.py", "advice/attachstages.py", "advice/attachwait.py",
     "advice/capacity.py", "advice/configurations.py", "advice/costs.py", "advice/factory.py",
     "advice/factory_bounds.py", "advice/factory_extra.py", "advice/io.py", "advice/loader.py",
-    "advice/loadstages.py", "advice/pad.py", "advice/samples.py",
+    "advice/pad.py", "advice/samples.py",
     "advice/startmethod.py", "advice/starve.py",
-    "advice/stragglers.py",
-    "render/attach.py", "render/factory.py", "render/loader.py", "render/loadstages.py",
+    "render/attach.py", "render/factory.py", "render/loader.py",
     "render/pad.py", "render/plot.py", "render/sweep.py",
     "render/throughput.py",
 })  # fmt: skip
@@ -36,6 +35,7 @@ MIGRATED = frozenset({
     "advice/pcie.py", "render/pcie.py",
     "advice/profile.py", "advice/trace.py", "advice/stepworkers.py",
     "render/profile.py", "render/trace.py",
+    "advice/loadstages.py", "render/loadstages.py", "advice/stragglers.py",
 })  # fmt: skip
 
 Read = tuple[int, str]  # (line, what was read)

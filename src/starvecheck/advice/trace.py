@@ -32,6 +32,7 @@ from starvecheck.core import catalogue
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison
+from starvecheck.core.schema.loading import LoadFigures
 from starvecheck.core.schema.steps import HTA_PARTS, Parameters, Run, Step, StepFigures
 
 if TYPE_CHECKING:
@@ -81,8 +82,8 @@ def rules(results: Results) -> list[Finding]:
         if r is not None:
             params = r.parameters.read(Parameters)
             figures = r.records(StepFigures).headline()
-            found += _breakdown(figures, params, loadstages.read(r.metrics))
-            found += among_ranks(r.metrics, WAITING.get(params.rank_wait_source or ""))
+            found += _breakdown(figures, params, loadstages.of(r.records(LoadFigures)))
+            found += among_ranks(r.records(StepFigures), WAITING.get(params.rank_wait_source or ""))
     return found
 
 
