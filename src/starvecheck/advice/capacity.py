@@ -31,12 +31,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from starvecheck.core.model import Link, StageResult
-from starvecheck.core.schema.common import (
-    EFFICIENCY,
-)
 from starvecheck.core.schema.io import IoFigures, Pattern, Place
 from starvecheck.core.schema.io import Parameters as IoParameters
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
+from starvecheck.core.schema.pad import PadFigures, Strategy
 from starvecheck.core.schema.pcie import Direction, Memory, PcieFigures
 from starvecheck.core.schema.samples import Cache, Layout, enum_of
 from starvecheck.core.stages import FACTORY
@@ -183,9 +181,8 @@ def best_strategy(efficiency: Mapping[str, float]) -> str | None:
 def padding(pad: StageResult, current: str, demand: float | None) -> tuple[float | None, str]:
     """(the GPU's samples/s with the least-padding strategy, what it rests on); the
     rate is None, with the reason, where pad measured no figure to scale by."""
-    eff = {
-        s: v for s in STRATEGIES if (v := pad.value(quantity=EFFICIENCY, strategy=s)) is not None
-    }
+    by_strategy = pad.records(PadFigures).efficiencies()
+    eff = {s: by_strategy[Strategy(s)] for s in STRATEGIES if Strategy(s) in by_strategy}
     best = best_strategy(eff)
     if demand is None:
         return None, "no GPU step time, so no rate to scale"

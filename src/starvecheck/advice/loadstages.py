@@ -25,18 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from starvecheck.core.metric import Metric, select, value
+from starvecheck.core.metric import Metric
 from starvecheck.core.model import Gain, GainKind
 from starvecheck.core.paired import MARGIN
+from starvecheck.core.schema.figure import value_of
 from starvecheck.core.schema.loading import (
     BUSY_MS,
     EXPOSED_MS,
     EXPOSED_SHARE,
-    RESTART_EXPOSED_MS,
-    SOLO_MS,
-    SPLIT_STEPS,
-    STARTUP_S,
-    STARTUP_UNPICKLE_S,
+    LoadFigures,
     LoadStage,
 )
 
@@ -82,30 +79,27 @@ class Waits:
         return stage if self.share[stage] > 0 else None
 
 
-def _by_stage(metrics: Sequence[Metric], quantity: str) -> dict[LoadStage, float]:
-    out = {}
-    for m in select(metrics, quantity=quantity):
-        stage = m.labels.get("load_stage")
-        if m.value is not None and stage in LoadStage.__members__.values():
-            out[LoadStage(str(stage))] = m.value
-    return out
-
-
 def read(metrics: Sequence[Metric]) -> Waits | None:
     """The split of a loop's figures; None where the wait was not split."""
-    steps = value(metrics, quantity=SPLIT_STEPS)
-    share = _by_stage(metrics, EXPOSED_SHARE)
+    return of(LoadFigures.from_metrics(metrics))
+
+
+def of(figures: LoadFigures) -> Waits | None:
+    """The split as judging reads it, from its record (`StageResult.records(LoadFigures)`);
+    None where the wait was not split."""
+    steps = value_of(figures.split_steps)
+    share = figures.by_stage(EXPOSED_SHARE)
     if not steps or not share:
         return None
     return Waits(
-        exposed_ms=_by_stage(metrics, EXPOSED_MS),
+        exposed_ms=figures.by_stage(EXPOSED_MS),
         share=share,
-        busy_ms=_by_stage(metrics, BUSY_MS),
+        busy_ms=figures.by_stage(BUSY_MS),
         steps=int(steps),
-        startup_s=value(metrics, quantity=STARTUP_S),
-        unpickle_s=value(metrics, quantity=STARTUP_UNPICKLE_S),
-        restart_ms=value(metrics, quantity=RESTART_EXPOSED_MS),
-        solo_ms=value(metrics, quantity=SOLO_MS),
+        startup_s=value_of(figures.startup_s),
+        unpickle_s=value_of(figures.startup_unpickle_s),
+        restart_ms=value_of(figures.restart_exposed_ms),
+        solo_ms=value_of(figures.solo_ms),
     )
 
 

@@ -1,23 +1,21 @@
 """Judging a `profile` run: how much of each training step waits for data, in which
 layout and at which num_workers, and what to change.
 
-Reads metrics by their labels (quantity, layout, workers, phase), so a stored report
-is judged as a fresh one. Thresholds as HolisticTraceAnalysis and the
-PyTorch profiler guides use them: data wait above 5% of the step is input-bound,
-above 20% highly input-bound.
+Reads the loop's figures as their record (core/schema/steps.ProfileFigures), read
+from the metrics alike for a fresh result and a stored report. Thresholds as
+HolisticTraceAnalysis and the PyTorch profiler guides use them: data wait above 5%
+of the step is input-bound, above 20% highly input-bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from starvecheck.advice.workers import Cpus, IdleShares, recommend_workers
 from starvecheck.core import catalogue
-from starvecheck.core.metric import Metric, one, select
 from starvecheck.core.model import Finding, Gain, GainKind, Severity
-from starvecheck.core.schema.common import DATA_WAIT_SHARE, PHASE_MS, STEP_MS
-from starvecheck.core.schema.steps import Parameters
+from starvecheck.core.schema.steps import Layout, Parameters, Phase, ProfileFigures
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -37,22 +35,14 @@ def few_steps(n: int, sev: Severity, counted: str = "measured") -> tuple[Severit
     return sev, ""
 
 
-def shares(metrics: Sequence[Metric]) -> dict[tuple[str, int], float]:
-    """The data-wait share of each (layout, num_workers) the loop measured."""
-    return {
-        (str(m.labels["layout"]), int(m.labels["workers"])): m.value
-        for m in select(metrics, quantity=DATA_WAIT_SHARE)
-        if m.value is not None and "layout" in m.labels and "workers" in m.labels
-    }
-
-
 def rules(results: Results) -> list[Finding]:
     """profile's loop: its figures per layout and num_workers (a trace of another run
     is the `trace` stage's, judged by advice/trace)."""
     r = results.get("profile")
     if r is None:
         return []
-    s = shares(r.metrics)
+    figures = r.records(ProfileFigures)
+    s = figures.shares()
     if not s:
         return []
     cpus = Cpus(float(r.parameters.cpus))
@@ -61,7 +51,7 @@ def rules(results: Results) -> list[Finding]:
         _workers(s, cpus),
         _layout(s),
         _tokenize(s),
-        _h2d(r.metrics, r.parameters.read(Parameters)),
+        _h2d(figures, r.parameters.read(Parameters)),
     ]
     return [f for f in findings if f is not None]
 
@@ -79,11 +69,14 @@ def _line(workers: int) -> str:
     )
 
 
-def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
+Shares = Mapping[tuple[Layout, int], float]  # data-wait share by (layout, num_workers)
+
+
+def _tokenize(s: Shares) -> Finding | None:
     """Raw text tokenized in the loader against the same number of pre-tokenized
     samples in shards, at the most workers both were measured with."""
-    text = {w: v for (lay, w), v in s.items() if lay == "text"}
-    shards = {w: v for (lay, w), v in s.items() if lay == "mds"}
+    text = {w: v for (lay, w), v in s.items() if lay is Layout.TEXT}
+    shards = {w: v for (lay, w), v in s.items() if lay is Layout.MDS}
     common = sorted(set(text) & set(shards))
     if not common:
         return None
@@ -106,20 +99,19 @@ def _tokenize(s: Mapping[tuple[str, int], float]) -> Finding | None:
     )
 
 
-def _h2d(metrics: Sequence[Metric], params: Parameters) -> Finding | None:
+def _h2d(figures: ProfileFigures, params: Parameters) -> Finding | None:
     """Copies the loop waits for: the loop times H2D_TRANSFER to its end (synchronised on
     CUDA), which is what a loop pays when the copy does not overlap compute."""
     worst = None
-    for m in select(metrics, quantity=PHASE_MS, phase="h2d_transfer"):
-        if not m.values or not {"layout", "workers"} <= m.labels.keys():
+    for sc in figures.scenarios:
+        copy, step = sc.phase(Phase.H2D_TRANSFER), sc.step_ms
+        if copy is None or not copy.values:
             continue
-        layout, workers = m.labels["layout"], m.labels["workers"]
-        step = one(metrics, quantity=STEP_MS, layout=layout, workers=workers)
         if step is None or not step.values or sum(step.values) <= 0:
             continue
-        share = sum(m.values) / sum(step.values)
+        share = sum(copy.values) / sum(step.values)
         if worst is None or share > worst[0]:
-            worst = (share, f"{layout} with num_workers={workers}")
+            worst = (share, f"{sc.layout} with num_workers={sc.workers}")
     if worst is None or worst[0] <= H2D_SHARE:
         return None
     share, where = worst
@@ -139,7 +131,7 @@ def _h2d(metrics: Sequence[Metric], params: Parameters) -> Finding | None:
     )
 
 
-def _best(s: Mapping[tuple[str, int], float]) -> Finding:
+def _best(s: Shares) -> Finding:
     (layout, w), share = min(s.items(), key=lambda kv: kv[1])
     sev = severity(share)
     where = f"{layout} with num_workers={w}"
@@ -172,7 +164,7 @@ def _best(s: Mapping[tuple[str, int], float]) -> Finding:
     )
 
 
-def _workers(s: Mapping[tuple[str, int], float], cpus: Cpus) -> Finding | None:
+def _workers(s: Shares, cpus: Cpus) -> Finding | None:
     """The data-wait share by num_workers, through the one worker rule: the fewest
     workers within 2 points of the least wait, at or below the effective CPUs."""
     worst = None
@@ -204,9 +196,9 @@ def _workers(s: Mapping[tuple[str, int], float], cpus: Cpus) -> Finding | None:
     )
 
 
-def _layout(s: Mapping[tuple[str, int], float]) -> Finding | None:
-    files = {w: v for (lay, w), v in s.items() if lay == "small_files"}
-    shards = {w: v for (lay, w), v in s.items() if lay == "mds"}
+def _layout(s: Shares) -> Finding | None:
+    files = {w: v for (lay, w), v in s.items() if lay is Layout.SMALL_FILES}
+    shards = {w: v for (lay, w), v in s.items() if lay is Layout.MDS}
     common = sorted(set(files) & set(shards))
     if not common:
         return None

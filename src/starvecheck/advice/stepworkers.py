@@ -11,7 +11,6 @@ more than a couple of workers it gives both answers, and how to tell which appli
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from typing import Any
 
 from starvecheck.advice.workers import (
@@ -21,11 +20,10 @@ from starvecheck.advice.workers import (
     WorkerAdvice,
     recommend_workers,
 )
-from starvecheck.core.metric import Metric, one, value
 from starvecheck.core.model import Gain, GainKind
 from starvecheck.core.paired import Comparison, compare
-from starvecheck.core.schema.common import BATCH_BYTES, OTHERS_CPUS_EACH_S, STEP_MS
-from starvecheck.core.schema.steps import Parameters
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import Parameters, Step, StepFigures
 
 HANDOVER_SHARE = 0.2  # hand-over CPU per batch worth saying, as a share of the predicted step
 SINGLE_PROCESS = "_SingleProcessDataLoaderIter"
@@ -87,7 +85,7 @@ def single_process(n: int | None, wait_ms: float | None, step_ms: float | None) 
 
 
 def measured_advice(
-    m: Sequence[Metric], params: Parameters, wait_ms: float | None, step_ms: float | None
+    m: StepFigures, params: Parameters, wait_ms: float | None, step_ms: float | None
 ) -> WorkerAdvice | None:
     """The worker count for a loop whose machine CPUs and loading CPU time are known
     (watch measures both): the loading thread's at num_workers=0, the worker
@@ -95,38 +93,38 @@ def measured_advice(
     cpus = params.effective_cpus
     if not cpus or wait_ms is None or step_ms is None:
         return None
-    step_cpu = value(m, quantity="compute_cpu_ms")
+    step_cpu = m.value_of(Step.COMPUTE_CPU_MS)
     measured = {
-        "step_process_cpu_ms": value(m, quantity="compute_process_cpu_ms"),
-        "handover_worker_ms": value(m, quantity="handover_worker_cpu_ms") or 0.0,
-        "handover_main_ms": value(m, quantity="handover_main_ms") or 0.0,
-        "batch_bytes": _int(value(m, quantity=BATCH_BYTES)),
+        "step_process_cpu_ms": m.value_of(Step.COMPUTE_PROCESS_CPU_MS),
+        "handover_worker_ms": m.value_of(Step.HANDOVER_WORKER_CPU_MS) or 0.0,
+        "handover_main_ms": m.value_of(Step.HANDOVER_MAIN_MS) or 0.0,
+        "batch_bytes": _int(m.value_of(Step.BATCH_BYTES)),
         **_machine(m, params, step_ms),
     }
     if params.dataloader == SINGLE_PROCESS:
-        wait_cpu = value(m, quantity="data_wait_cpu_ms")
-        runq = value(m, quantity="data_wait_runqueue_ms") or 0.0
+        wait_cpu = m.value_of(Step.DATA_WAIT_CPU_MS)
+        runq = m.value_of(Step.DATA_WAIT_RUNQUEUE_MS) or 0.0
         measured |= {
             "runq_ms": runq,
-            "process_cpu_ms": value(m, quantity="data_wait_process_cpu_ms"),
+            "process_cpu_ms": m.value_of(Step.DATA_WAIT_PROCESS_CPU_MS),
         }
         loop = Loop(wait_ms, step_ms - wait_ms, wait_cpu, step_cpu or 0.0, 0, **measured)
         return recommend_workers(loop, Cpus(float(cpus)))
-    workers, worker_cpu = params.num_workers, value(m, quantity="worker_cpu_ms")
+    workers, worker_cpu = params.num_workers, m.value_of(Step.WORKER_CPU_MS)
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
         return None
-    receive = value(m, quantity="data_wait_cpu_ms") or 0.0
+    receive = m.value_of(Step.DATA_WAIT_CPU_MS) or 0.0
     measured |= {
         "receive_cpu_ms": receive,
         "handover_worker_ms": 0.0,
         "handover_main_ms": 0.0,
-        "runq_ms": value(m, quantity="worker_runqueue_ms") or 0.0,
+        "runq_ms": m.value_of(Step.WORKER_RUNQUEUE_MS) or 0.0,
     }
     loop = Loop(wait_ms, step_ms - wait_ms, worker_cpu, step_cpu or 0.0, workers, **measured)
     return recommend_workers(loop, Cpus(float(cpus)))
 
 
-def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[str, Any]:
+def _machine(m: StepFigures, params: Parameters, step_ms: float) -> dict[str, Any]:
     """The machine as watch read it, for the worker model's bound: the other processes'
     CPUs each second, the training process's own CPU (all its threads: in its step, and
     with workers in its wait, receiving; at num_workers=0 its wait is the loading, which
@@ -136,9 +134,9 @@ def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[st
     sharing = params.ranks_on_host
     if isinstance(sharing, int) and sharing > 1:
         return {}
-    each = one(m, quantity=OTHERS_CPUS_EACH_S)
-    step_pcpu = value(m, quantity="compute_process_cpu_ms")
-    wait_pcpu = value(m, quantity="data_wait_process_cpu_ms") or 0.0
+    each = m.figure(Step.OTHERS_CPUS_EACH_S)
+    step_pcpu = m.value_of(Step.COMPUTE_PROCESS_CPU_MS)
+    wait_pcpu = m.value_of(Step.DATA_WAIT_PROCESS_CPU_MS) or 0.0
     own = None
     if step_pcpu is not None and step_ms > 0:
         in_wait = 0.0 if params.dataloader == SINGLE_PROCESS else wait_pcpu
@@ -156,23 +154,24 @@ def _machine(m: Sequence[Metric], params: Parameters, step_ms: float) -> dict[st
 BLOCKS = 5
 # Per-step figures the model reads, averaged per block.
 _PER_STEP = (
-    "step_ms",
-    "data_wait_ms",
-    "data_wait_cpu_ms",
-    "data_wait_runqueue_ms",
-    "data_wait_process_cpu_ms",
-    "compute_cpu_ms",
-    "compute_process_cpu_ms",
+    Step.STEP_MS,
+    Step.DATA_WAIT_MS,
+    Step.DATA_WAIT_CPU_MS,
+    Step.DATA_WAIT_RUNQUEUE_MS,
+    Step.DATA_WAIT_PROCESS_CPU_MS,
+    Step.COMPUTE_CPU_MS,
+    Step.COMPUTE_PROCESS_CPU_MS,
 )
 
 
-def prediction_interval(m: Sequence[Metric], params: Parameters) -> Comparison | None:
+def prediction_interval(m: StepFigures, params: Parameters) -> Comparison | None:
     """The predicted speed-up, block by block of steps: the loop's steps cut into
     BLOCKS runs of consecutive steps, the model fed each block's means; None with too
     few steps for two blocks. A change is recommended only where this interval clears
-    no-change by the margin, the rule a sweep's rounds obey."""
-    per_step = {q: x for q in _PER_STEP if (x := one(m, quantity=q)) is not None and x.values}
-    step, wait = per_step.get("step_ms"), per_step.get("data_wait_ms")
+    no-change by the margin, the rule a sweep's rounds obey. `m`: the headline's
+    figures (StepFigures.headline())."""
+    per_step = {q: x for q in _PER_STEP if (x := m.figure(q)) is not None and x.values}
+    step, wait = per_step.get(Step.STEP_MS), per_step.get(Step.DATA_WAIT_MS)
     if step is None or wait is None or len(step.values) != len(wait.values):
         return None
     n = len(step.values)
@@ -180,17 +179,14 @@ def prediction_interval(m: Sequence[Metric], params: Parameters) -> Comparison |
     if blocks < 2:
         return None
     speedups = []
-    others = [x for x in m if x.labels.get("quantity") not in per_step]
     for b in range(blocks):
         lo, hi = b * n // blocks, (b + 1) * n // blocks
-        means = [
-            Metric.single(x.name, statistics.fmean(x.values[lo:hi]), x.unit, x.labels)
-            for x in per_step.values()
-            if len(x.values) == n
-        ]
-        block = [*others, *means]
+        block = m
+        for q, x in per_step.items():
+            mean = Figure.single(statistics.fmean(x.values[lo:hi])) if len(x.values) == n else None
+            block = block.replaced(q, mean)
         advice = measured_advice(
-            block, params, value(block, quantity="data_wait_ms"), value(block, quantity=STEP_MS)
+            block, params, block.value_of(Step.DATA_WAIT_MS), block.value_of(Step.STEP_MS)
         )
         if advice is None or advice.forecast is None:
             return None

@@ -7,7 +7,7 @@ slow rank slows the whole job. One rule, two kinds of evidence:
   torch.distributed): each rank's work, the step less its wait for the others, step
   by step. A rank whose rate (1 / its work) is under 80% of the median rank's
   throughout is `profile.straggler`; a different rank in turn,
-  `profile.straggler-rotating`. Reads figures labelled `rank` (`per_rank`).
+  `profile.straggler-rotating`. Reads each rank's figures (StepFigures.per_rank).
   `summary` states the verdict as data for the JSON, in the same shape for both.
 - **nodes of doctor** (doctor under torchrun, starvecheck.cli.ranks): each node's
   data-pipeline capacity (the lower of storage and loader). A node under 80% of the
@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 from starvecheck.advice.profile import few_steps
 from starvecheck.core import catalogue
-from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Gain, GainKind, Link, Severity, StageResult
+from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.schema.steps import Parameters as StepParameters
-from starvecheck.core.schema.steps import Straggler
+from starvecheck.core.schema.steps import Step, StepFigures, Straggler
 
 K = TypeVar("K", int, str)
 
@@ -53,20 +53,11 @@ def below_median(
 # Their figures carry a `rank` label.
 
 
-def per_rank(metrics: Sequence[Metric], quantity: str) -> dict[str, Metric]:
-    """rank -> its figure of this quantity, among a multi-rank trace's figures."""
-    return {
-        str(x.labels["rank"]): x
-        for x in metrics
-        if x.labels.get("quantity") == quantity and "rank" in x.labels and "device" not in x.labels
-    }
-
-
-def slowest_per_step(metrics: Sequence[Metric]) -> list[tuple[str, float, float]]:
+def slowest_per_step(figures: StepFigures) -> list[tuple[str, float, float]]:
     """Per step every rank has: (the rank with the most work, its work, the median
     rank's work), in ms. Work is the step less its GPU's time in collectives: in a
     synchronous job the fast ranks wait there for the slow one."""
-    work = {k: x.values for k, x in per_rank(metrics, "work_ms").items() if x.values}
+    work = {k: x.values for k, x in figures.per_rank(Step.WORK_MS).items() if x.values}
     if len(work) < 2 or len({len(v) for v in work.values()}) != 1:
         return []
     out = []
@@ -90,15 +81,15 @@ WAITING = {
 }
 
 
-def summary(metrics: Sequence[Metric], findings: Sequence[Finding]) -> Straggler:
+def summary(figures: StepFigures, findings: Sequence[Finding]) -> Straggler:
     """The straggler verdict as data, for a report's JSON: `pattern` is 'fixed' (one
     rank, named), 'rotating' (a different rank in turn) or 'none'; `slowest_in` how
     many common steps each rank had the most work in. From the same findings people
     read, so the two never disagree."""
-    per_step = slowest_per_step(metrics)
+    per_step = slowest_per_step(figures)
     turns = Counter(k for k, _, _ in per_step)
     out = Straggler(
-        slowest_in={k: turns.get(k, 0) for k in per_rank(metrics, "work_ms")},
+        slowest_in={k: turns.get(k, 0) for k in figures.per_rank(Step.WORK_MS)},
         steps_compared=len(per_step),
     )
     for f in findings:
@@ -118,25 +109,25 @@ def verdicts(
     torch.distributed, `profile --trace` of a multi-rank job): the straggler `summary`
     of its ranks, one shape for both (advice.judge attaches it)."""
     return {
-        name: summary(r.metrics, findings)
+        name: summary(r.records(StepFigures), findings)
         for name in ("trace", "watch")
         if (r := stages.get(name)) is not None and r.parameters.read(StepParameters).ranks
     }
 
 
-def among_ranks(metrics: Sequence[Metric], waiting: tuple[str, str] | None = None) -> list[Finding]:
+def among_ranks(figures: StepFigures, waiting: tuple[str, str] | None = None) -> list[Finding]:
     """Stragglers among the ranks of a multi-rank trace or loop, by doctor's rule (a
     rank whose rate is below 80% of the median rank's): one rank throughout, or a
     different rank from step to step. `waiting` says how the time a rank waits for
     the others was had (COLLECTIVES by default)."""
     less, where = waiting or COLLECTIVES
-    per_step = slowest_per_step(metrics)
+    per_step = slowest_per_step(figures)
     if not per_step:
         return []
-    values = {k: x.values for k, x in per_rank(metrics, "work_ms").items()}
+    values = {k: x.values for k, x in figures.per_rank(Step.WORK_MS).items()}
     work = {k: sum(v) / len(v) for k, v in values.items()}
-    steps = {k: _avg(x) for k, x in per_rank(metrics, "step_ms").items()}
-    waits = {k: _avg(x) for k, x in per_rank(metrics, "data_wait_ms").items()}
+    steps = {k: _avg(x) for k, x in figures.per_rank(Step.STEP_MS).items()}
+    waits = {k: _avg(x) for k, x in figures.per_rank(Step.DATA_WAIT_MS).items()}
     median, slow = below_median({k: 1.0 / w for k, w in work.items() if w > 0})
     if median is None:
         return []
@@ -190,7 +181,7 @@ def _others(ranks: Sequence[str]) -> str:
     return f"{ranks[0]}'s" if len(ranks) == 1 else f"the median of the other {len(ranks)} ranks'"
 
 
-def _avg(x: Metric) -> float | None:
+def _avg(x: Figure) -> float | None:
     if x.values:
         return sum(x.values) / len(x.values)
     return x.value

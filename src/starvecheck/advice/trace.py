@@ -2,15 +2,15 @@
 how much the GPU sits idle for other reasons, what copies cost, and whether the
 first step stalled.
 
-Reads metrics by their quantity label (data_wait_share, step_ms, gpu_idle_other_share,
-...), so a stored report is judged as a fresh one. Thresholds as HolisticTraceAnalysis
+Reads the breakdown's figures as their record (core/schema/steps.StepFigures: the
+headline's data_wait_share, step_ms, gpu_idle_other_share, ...), read alike from a
+fresh result and a stored report. Thresholds as HolisticTraceAnalysis
 and the PyTorch profiler guides use them: data wait above 5% of the step is
 input-bound, above 20% highly input-bound.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,11 +29,11 @@ from starvecheck.advice.stepworkers import (
 )
 from starvecheck.advice.stragglers import WAITING, among_ranks
 from starvecheck.core import catalogue
-from starvecheck.core.metric import Caveat, Metric, one, value
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.paired import MARGIN, Comparison
-from starvecheck.core.schema.common import DATA_WAIT_SHARE, GPU_IDLE_DATA_WAIT_SHARE
-from starvecheck.core.schema.steps import Parameters, Run
+from starvecheck.core.schema.loading import LoadFigures
+from starvecheck.core.schema.steps import HTA_PARTS, Parameters, Run, Step, StepFigures
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results
@@ -47,20 +47,6 @@ FIRST_STEP_STALL = 3.0  # first step over the median of the rest
 # Quiet below this: a wait under a millisecond a step.
 QUIET_WAIT_MS = 1.0
 OTHER_RUNS_SAID = 5  # other runs in a folder said one by one; the rest counted
-
-
-def _mean(m: Sequence[Metric], quantity: str) -> float | None:
-    """The mean of a per-step figure (its values), else its headline value."""
-    x = _get(m, quantity)
-    if x is None:
-        return None
-    return sum(x.values) / len(x.values) if x.values else x.value
-
-
-def _get(m: Sequence[Metric], quantity: str) -> Metric | None:
-    """The figure of this quantity, where it has a value."""
-    x = one(m, quantity=quantity)
-    return x if x is not None and x.value is not None else None
 
 
 def complete(r: StageResult) -> StageResult:
@@ -95,27 +81,21 @@ def rules(results: Results) -> list[Finding]:
         r = results.get(stage)
         if r is not None:
             params = r.parameters.read(Parameters)
-            found += _breakdown(breakdown(r.metrics), params, loadstages.read(r.metrics))
-            found += among_ranks(r.metrics, WAITING.get(params.rank_wait_source or ""))
+            figures = r.records(StepFigures).headline()
+            found += _breakdown(figures, params, loadstages.of(r.records(LoadFigures)))
+            found += among_ranks(r.records(StepFigures), WAITING.get(params.rank_wait_source or ""))
     return found
 
 
-def breakdown(metrics: Sequence[Metric]) -> list[Metric]:
-    """A step breakdown's headline figures: one of a kind each (step_ms,
-    data_wait_share, gpu_idle_share, ...), labelled with their quantity alone; each
-    rank's and each GPU's carry a `rank` or `device` label besides."""
-    return [x for x in metrics if set(x.labels) == {"quantity"}]
-
-
-def _breakdown(m: Sequence[Metric], params: Parameters, split: Waits | None) -> list[Finding]:
+def _breakdown(m: StepFigures, params: Parameters, split: Waits | None) -> list[Finding]:
     findings = [_data_bound(m, params, split), _gpu_idle(m), _memcpy(m), _first_step(m)]
     return [f for f in findings if f is not None]
 
 
-def steps_waiting(m: Sequence[Metric]) -> tuple[int, int] | None:
+def steps_waiting(m: StepFigures) -> tuple[int, int] | None:
     """(steps whose own data wait is over 5% of them, steps measured), from the
     per-step values of data_wait_ms and step_ms."""
-    wait, step = _get(m, "data_wait_ms"), _get(m, "step_ms")
+    wait, step = m.measured(Step.DATA_WAIT_MS), m.measured(Step.STEP_MS)
     if wait is None or step is None or not step.values or wait.n != step.n:
         return None
     over = sum(
@@ -140,16 +120,16 @@ class DataWait:
     few: str  # why the severity was lowered for too few steps, or ""
 
 
-def data_wait(m: Sequence[Metric]) -> DataWait | None:
-    share = value(m, quantity=DATA_WAIT_SHARE)
+def data_wait(m: StepFigures) -> DataWait | None:
+    share = m.value_of(Step.DATA_WAIT_SHARE)
     if share is None:
         return None
     sev = severity(share)
     # The title's words follow the share; the severity may be lowered below (a short
     # trace, a wait too small to matter), and the evidence says why.
     kind = "highly input-bound" if sev is Severity.CRITICAL else "moderately input-bound"
-    wait_ms, step_ms = _mean(m, "data_wait_ms"), _mean(m, "step_ms")
-    steps = _get(m, "step_ms")
+    wait_ms, step_ms = m.mean(Step.DATA_WAIT_MS), m.mean(Step.STEP_MS)
+    steps = m.measured(Step.STEP_MS)
     n = steps.n if steps is not None else 0
     quiet = sev is not Severity.OK and wait_ms is not None and wait_ms < QUIET_WAIT_MS
     few = ""
@@ -179,7 +159,7 @@ def _data_wait_evidence(d: DataWait, params: Parameters) -> str:
 
 
 def _data_bound_fix(
-    d: DataWait, m: Sequence[Metric], params: Parameters, split: Waits | None
+    d: DataWait, m: StepFigures, params: Parameters, split: Waits | None
 ) -> tuple[str, Gain, dict[str, Any]]:
     """(recommendation, gain, fix): the fix for the stage that holds the step back where
     the wait was split and no worker count reaches it (advice/loadstages.py); else the
@@ -189,9 +169,9 @@ def _data_bound_fix(
             split, d.step_ms, params.num_workers, params.start_method
         ) or loadstages.handover_fix(
             split,
-            value(m, quantity="batch_bytes"),
+            m.value_of(Step.BATCH_BYTES),
             d.step_ms,
-            _mean(m, "compute_ms"),
+            m.mean(Step.COMPUTE_MS),
             params.num_workers,
         )
         if stage is not None:
@@ -242,7 +222,7 @@ def _inside_noise(workers: int, interval: Comparison) -> str:
     )
 
 
-def _data_bound(m: Sequence[Metric], params: Parameters, split: Waits | None) -> Finding | None:
+def _data_bound(m: StepFigures, params: Parameters, split: Waits | None) -> Finding | None:
     d = data_wait(m)
     if d is None:
         return None
@@ -282,18 +262,18 @@ def _data_bound(m: Sequence[Metric], params: Parameters, split: Waits | None) ->
     )
 
 
-def _on_the_device(m: Sequence[Metric], evidence: str, gain: Gain) -> tuple[str, Gain]:
+def _on_the_device(m: StepFigures, evidence: str, gain: Gain) -> tuple[str, Gain]:
     """watch's own GPU figures beside the host's wait: the GPU's idle time waiting for
     data on its own clock (CUDA events), and the headspace replay's step with no data
     wait, which makes the gain of fixing the data path a measured ceiling."""
-    device = value(m, quantity=GPU_IDLE_DATA_WAIT_SHARE)
-    if device is not None and _get(m, "gpu_step_ms") is not None:
+    device = m.value_of(Step.GPU_IDLE_DATA_WAIT_SHARE)
+    if device is not None and m.measured(Step.GPU_STEP_MS) is not None:
         evidence += (
             f" On the GPU's own clock (CUDA events, never synchronizing) it sat idle "
             f"waiting for data {device:.1%} of its step time."
         )
-    floor, step = _mean(m, "headspace_step_ms"), _mean(m, "step_ms")
-    replayed = _get(m, "headspace_step_ms")
+    floor, step = m.mean(Step.HEADSPACE_STEP_MS), m.mean(Step.STEP_MS)
+    replayed = m.measured(Step.HEADSPACE_STEP_MS)
     if floor is None or step is None or floor <= 0 or replayed is None:
         return evidence, gain
     ceiling = max(1.0, step / floor)
@@ -308,15 +288,15 @@ def _on_the_device(m: Sequence[Metric], evidence: str, gain: Gain) -> tuple[str,
     return evidence, Gain(GainKind.THROUGHPUT, round(ceiling, 2), basis)
 
 
-def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
-    idle = value(m, quantity="gpu_idle_share")
+def _gpu_idle(m: StepFigures) -> Finding | None:
+    idle = m.value_of(Step.GPU_IDLE_SHARE)
     if idle is None or idle <= GPU_IDLE:
         return None
     # gpu_idle_host_wait_share: its name in reports before 0.2 (the same figure).
-    waiting = value(m, quantity=GPU_IDLE_DATA_WAIT_SHARE)
+    waiting = m.value_of(Step.GPU_IDLE_DATA_WAIT_SHARE)
     if waiting is None:
-        waiting = value(m, quantity="gpu_idle_host_wait_share")
-    other = value(m, quantity="gpu_idle_other_share")
+        waiting = m.value_of(Step.GPU_IDLE_HOST_WAIT_SHARE)
+    other = m.value_of(Step.GPU_IDLE_OTHER_SHARE)
     if other is None:  # no fetch in the trace: nothing explains the idle time
         other = idle
     if other <= idle / 2:
@@ -326,7 +306,7 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
         evidence += f": {waiting:.1%} while the loop waits for data, {other:.1%} otherwise"
     else:
         evidence += " (no DataLoader fetch in the trace to set data wait apart)"
-    hta = [value(m, quantity=f"hta_idle_{k}_ratio") for k in ("host_wait", "kernel_wait", "other")]
+    hta = [m.value_of(q) for q in HTA_PARTS]
     if all(x is not None for x in hta):
         evidence += (
             f"; HolisticTraceAnalysis's idle split (per stream, whole trace) says host wait "
@@ -355,24 +335,24 @@ def _gpu_idle(m: Sequence[Metric]) -> Finding | None:
     )
 
 
-def _few_steps(m: Sequence[Metric], sev: Severity) -> tuple[Severity, str]:
+def _few_steps(m: StepFigures, sev: Severity) -> tuple[Severity, str]:
     """`few_steps` over a breakdown's measured steps."""
-    steps = _get(m, "step_ms")
+    steps = m.measured(Step.STEP_MS)
     return few_steps(steps.n if steps is not None else 0, sev)
 
 
-def _memcpy(m: Sequence[Metric]) -> Finding | None:
+def _memcpy(m: StepFigures) -> Finding | None:
     """Host <-> device copies. Device-to-device copies stay on the GPU (no loader or
     pinning setting changes them): counted apart. Pinning is advised only where some
     host-to-device copy comes from pageable memory."""
-    h2d, d2h = value(m, quantity="memcpy_h2d_share"), value(m, quantity="memcpy_d2h_share")
-    d2d = value(m, quantity="memcpy_d2d_share")
+    h2d, d2h = m.value_of(Step.MEMCPY_H2D_SHARE), m.value_of(Step.MEMCPY_D2H_SHARE)
+    d2d = m.value_of(Step.MEMCPY_D2D_SHARE)
     if h2d is not None and d2h is not None:
         share = h2d + d2h
-        pageable = value(m, quantity="memcpy_h2d_pageable_share") or 0.0
+        pageable = m.value_of(Step.MEMCPY_H2D_PAGEABLE_SHARE) or 0.0
     else:  # a report before 0.2: copies of every direction together
-        share = value(m, quantity="memcpy_share")
-        pageable = value(m, quantity="memcpy_pageable_share") or 0.0
+        share = m.value_of(Step.MEMCPY_SHARE)
+        pageable = m.value_of(Step.MEMCPY_PAGEABLE_SHARE) or 0.0
     if share is None or share <= MEMCPY:
         return None
     evidence = f"host <-> device copies take {share:.1%} of step time on the GPU"
@@ -415,8 +395,8 @@ def _memcpy(m: Sequence[Metric]) -> Finding | None:
     )
 
 
-def _first_step(m: Sequence[Metric]) -> Finding | None:
-    first, rest = value(m, quantity="first_step_ms"), _get(m, "step_ms")
+def _first_step(m: StepFigures) -> Finding | None:
+    first, rest = m.value_of(Step.FIRST_STEP_MS), m.measured(Step.STEP_MS)
     if first is None or rest is None or not rest.median or first <= FIRST_STEP_STALL * rest.median:
         return None
     return Finding(

@@ -32,8 +32,9 @@ from collections.abc import MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from starvecheck.core.metric import Metric
-from starvecheck.core.schema.common import GPU_IDLE_DATA_WAIT_SHARE
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import Step as Quantity
+from starvecheck.core.schema.steps import StepFigure
 
 PENDING_MAX = 256
 RESOLVE_PER_CALL = 4
@@ -149,24 +150,21 @@ class NoDevice:
         pass
 
 
-def figures(idle_ms: Sequence[float], period_ms: Sequence[float], unresolved: int) -> list[Metric]:
+def figures(
+    idle_ms: Sequence[float], period_ms: Sequence[float], unresolved: int
+) -> list[StepFigure]:
     """The GPU's figures from its events: its idle time waiting for data a step (ms),
     its share of the device's step periods, the device's step period, and the steps
     whose events had not completed when read. Nothing where no step was resolved."""
     if not period_ms:
         return []
     total = sum(period_ms)
+    share = sum(idle_ms) / total if total > 0 else 0.0
     out = [
-        Metric.repeated("gpu_data_wait_ms", idle_ms, "ms", {"quantity": "gpu_data_wait_ms"}),
-        Metric.repeated("gpu_step_ms", period_ms, "ms", {"quantity": "gpu_step_ms"}),
-        Metric.single(
-            "gpu_idle_data_wait_share",
-            sum(idle_ms) / total if total > 0 else 0.0,
-            "fraction",
-            {"quantity": GPU_IDLE_DATA_WAIT_SHARE},
-        ),
+        StepFigure(Quantity.GPU_DATA_WAIT_MS, Figure.repeated(idle_ms), "ms"),
+        StepFigure(Quantity.GPU_STEP_MS, Figure.repeated(period_ms), "ms"),
+        StepFigure(Quantity.GPU_IDLE_DATA_WAIT_SHARE, Figure.single(share), "fraction"),
     ]
     if unresolved:
-        lab = {"quantity": "gpu_unresolved_steps"}
-        out.append(Metric.single("gpu_unresolved_steps", unresolved, "steps", lab))
+        out.append(StepFigure(Quantity.GPU_UNRESOLVED_STEPS, Figure.single(unresolved), "steps"))
     return out

@@ -49,6 +49,7 @@ def advice(t: LoopTimes) -> Advice:
     from starvecheck.core.model import GainKind, StageResult
     from starvecheck.core.schema.common import DATA_WAIT_SHARE
     from starvecheck.core.schema.steps import Parameters as StepParameters
+    from starvecheck.core.schema.steps import StepFigures
 
     snap = snapshot(t)
     if len(snap.computes) < 2:
@@ -70,7 +71,8 @@ def advice(t: LoopTimes) -> Advice:
                 speedup = f.gain.value
             break
     if speedup is not None:
-        interval = prediction_interval(stage.metrics, stage.parameters.read(StepParameters))
+        figures = stage.records(StepFigures).headline()
+        interval = prediction_interval(figures, stage.parameters.read(StepParameters))
         if interval is not None:
             low, high = interval.low, interval.high
     share = value(stage.metrics, quantity=DATA_WAIT_SHARE)

@@ -31,9 +31,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.core import clocks
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import DATA_WAIT_SHARE
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import Step, StepFigure, StepFigures
 from starvecheck.loop.samples import shared
 from starvecheck.loop.times import LoopTimes, RankTimes
 
@@ -46,12 +47,12 @@ POLL_S = 0.02
 WINDOW = 4096
 # The figures the per-rank table shows, relabelled with their rank.
 PER_RANK = (
-    "steps",
-    "step_ms",
-    "data_wait_ms",
-    "compute_ms",
-    "data_wait_share",
-    "first_step_ms",
+    Step.STEPS,
+    Step.STEP_MS,
+    Step.DATA_WAIT_MS,
+    Step.COMPUTE_MS,
+    Step.DATA_WAIT_SHARE,
+    Step.FIRST_STEP_MS,
 )
 
 # Every rank makes its watches in the same order, so the n-th watch of one rank is
@@ -203,19 +204,15 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
         return StageResult(
             "watch", parameters=params, metrics=tuple(own.metrics()), caveats=tuple(caveats)
         )
-    metrics_by = {r: w.metrics() for r, w in loops.items()}
-    shares = {
-        r: next((m.value for m in ms if m.labels.get("quantity") == DATA_WAIT_SHARE), None)
-        for r, ms in metrics_by.items()
-    }
+    figures_by = {r: w.figures() for r, w in loops.items()}
+    shares = {r: head.value_of(Step.DATA_WAIT_SHARE) for r, (head, _, _) in figures_by.items()}
     headline = max(loops, key=lambda r: (shares[r] or 0.0, -r))
-    out: list[Metric] = list(metrics_by[headline])
-    for r in sorted(loops):
-        out += [
-            replace(m, name=f"{m.name}.rank_{r}", labels={**m.labels, "rank": name(r)})
-            for m in metrics_by[r]
-            if m.labels.get("quantity") in PER_RANK
-        ]
+    out: list[StepFigure] = [
+        replace(f, rank=name(r))
+        for r in sorted(loops)
+        for f in (*figures_by[r][0], *figures_by[r][2])
+        if f.quantity in PER_RANK
+    ]
     common = common_steps(loops)
     source = None
     if common:
@@ -225,7 +222,7 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
         "headline_rank": name(headline),
         "rank_wait_source": source or "none",
         "common_steps": len(common),
-        "ranks": [_row(g.payloads[r], out) for r in sorted(loops)],
+        "ranks": [_row(g.payloads[r], StepFigures(tuple(out))) for r in sorted(loops)],
     }
     for key in ("num_workers", "dataloader", "effective_cpus", "sync", *SAMPLER):
         params[key] = g.payloads[headline].params.get(key, params.get(key))
@@ -235,9 +232,10 @@ def combine(own: LoopTimes, rank: int, g: Gathered) -> StageResult:
         caveats = [c for c in caveats if c.id != "watch.warmup-left-out"] + list(
             loops[headline].caveats()
         )
-    return StageResult(
-        "watch", parameters=params, metrics=tuple(out), caveats=tuple(_unique(caveats))
-    )
+    head, split, tail = figures_by[headline]
+    metrics = (*head.to_metrics(), *split.to_metrics(), *tail.to_metrics())
+    metrics += StepFigures(tuple(out)).to_metrics()
+    return StageResult("watch", parameters=params, metrics=metrics, caveats=tuple(_unique(caveats)))
 
 
 # The sampler's figures of the headline rank, reported as the loop's.
@@ -279,7 +277,7 @@ def _gathering(g: Gathered) -> list[Caveat]:
     return caveats
 
 
-def _work(loops: Mapping[int, LoopTimes], common: range, out: list[Metric]) -> str:
+def _work(loops: Mapping[int, LoopTimes], common: range, out: list[StepFigure]) -> str:
     """Each rank's wait for the others and its work (the step less that wait) over
     the common steps, appended to `out`; where the wait comes from."""
     rank_waits, source = waits_for_others(loops, common)
@@ -291,8 +289,8 @@ def _work(loops: Mapping[int, LoopTimes], common: range, out: list[Metric]) -> s
             w.waits[i - w.offset] + w.computes[i - w.offset] - x
             for i, x in zip(common, inside, strict=True)
         ]
-        out.append(_ms("rank_wait_ms", waited, rank=where))
-        out.append(_ms("work_ms", work, rank=where))
+        out.append(_ms(Step.RANK_WAIT_MS, waited, where))
+        out.append(_ms(Step.WORK_MS, work, where))
     return source
 
 
@@ -330,7 +328,7 @@ def _comparing(loops: Mapping[int, LoopTimes], common: range, source: str | None
     return caveats
 
 
-def _row(p: RankTimes, metrics: Sequence[Metric]) -> dict[str, Any]:
+def _row(p: RankTimes, metrics: StepFigures) -> dict[str, Any]:
     """A rank's row in the JSON's `ranks`: who, how far, its means."""
     return {
         "rank": name(p.rank),
@@ -364,19 +362,17 @@ def _shared_host(
     ]
 
 
-def _rank_summary(metrics: Sequence[Metric], where: str) -> dict[str, float | None]:
+def _rank_summary(figures: StepFigures, where: str) -> dict[str, float | None]:
     """A rank's means in ms (and data-wait share), for the JSON's `ranks`."""
     out: dict[str, float | None] = {}
-    for m in metrics:
-        if m.labels.get("rank") != where:
+    for f in figures:
+        if f.rank != where or f.quantity is Step.STEPS:
             continue
-        q = str(m.labels["quantity"])
-        if q == "steps":
-            continue
-        if m.values:
-            out[q] = round(sum(m.values) / len(m.values), 4)
+        x = f.figure
+        if x.values:
+            out[f.quantity.value] = round(sum(x.values) / len(x.values), 4)
         else:
-            out[q] = None if m.value is None else round(m.value, 4)
+            out[f.quantity.value] = None if x.value is None else round(x.value, 4)
     return out
 
 
@@ -390,6 +386,5 @@ def _unique(caveats: Sequence[Caveat]) -> list[Caveat]:
     return out
 
 
-def _ms(quantity: str, seconds: Sequence[float], **where: str) -> Metric:
-    flat = ".".join([quantity, *where.values()]).replace(" ", "_")
-    return Metric.repeated(flat, [s * 1e3 for s in seconds], "ms", {"quantity": quantity, **where})
+def _ms(quantity: Step, seconds: Sequence[float], rank: str) -> StepFigure:
+    return StepFigure(quantity, Figure.repeated([s * 1e3 for s in seconds]), "ms", rank=rank)

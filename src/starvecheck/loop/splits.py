@@ -14,21 +14,12 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
-from starvecheck.core.schema.loading import (
-    BUSY_MS,
-    EXPOSED_MS,
-    EXPOSED_SHARE,
-    RESTART_EXPOSED_MS,
-    SOLO_MS,
-    SPLIT_STEPS,
-    STARTUP_S,
-    STARTUP_UNPICKLE_S,
-    LoadStage,
-)
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loading import LoadFigures, LoadStage, StageWait
 from starvecheck.loading.split import STAGES
 from starvecheck.loading.tap import Startup, Tap
 
@@ -86,42 +77,37 @@ class StageSplit:
         """Each stage's exposed ms a step and share of the wait, over the steps split
         from `first` on (the loop's own figures leave the same warm-up out), the busy
         ms a batch, and each pass's start-up."""
+        return list(self.figures(waits, first).to_metrics())
+
+    def figures(self, waits: array[float], first: int) -> LoadFigures:
+        """The split as its record (core/schema/loading.LoadFigures)."""
         read = self.exposed[STAGES[0]]
         steps = [i for i in range(first, min(len(waits), len(read))) if not math.isnan(read[i])]
-        out: list[Metric] = []
+        stages = {s: StageWait(s) for s in STAGES}
+        split = restart = solo = startup = unpickle = None
         if steps:
             wait = sum(waits[i] for i in steps)
-            out.append(Metric.single(SPLIT_STEPS, len(steps), "steps", {"quantity": SPLIT_STEPS}))
+            split = Figure.single(len(steps))
             for s in STAGES:
-                a = self.exposed[s]
-                total = sum(a[i] for i in steps)
-                labels = {"quantity": EXPOSED_MS, "load_stage": s.value}
-                mean = total / len(steps) * 1e3
-                out.append(Metric.single(f"{EXPOSED_MS}.{s}", mean, "ms", labels))
+                total = sum(self.exposed[s][i] for i in steps)
                 share = total / wait if wait > 0 else 0.0
-                labels = {"quantity": EXPOSED_SHARE, "load_stage": s.value}
-                out.append(Metric.single(f"{EXPOSED_SHARE}.{s}", share, "fraction", labels))
+                mean = Figure.single(total / len(steps) * 1e3)
+                stages[s] = replace(stages[s], exposed_ms=mean, exposed_share=Figure.single(share))
             if not self.persistent and len(self.pass_starts) > 1:
                 later = self.pass_starts[1]
                 a = self.exposed[LoadStage.STARTUP]
-                restart = sum(a[i] for i in steps if i >= later) / len(steps) * 1e3
-                labels = {"quantity": RESTART_EXPOSED_MS}
-                out.append(Metric.single(RESTART_EXPOSED_MS, restart, "ms", labels))
+                restart = Figure.single(sum(a[i] for i in steps if i >= later) / len(steps) * 1e3)
         if self.busy_batches:
             for s, total in zip(STAGES, self.busy, strict=True):
-                labels = {"quantity": BUSY_MS, "load_stage": s.value}
-                value = total / self.busy_batches * 1e3
-                out.append(Metric.single(f"{BUSY_MS}.{s}", value, "ms", labels))
-            solo = self.solo / self.busy_batches * 1e3
-            out.append(Metric.single(SOLO_MS, solo, "ms", {"quantity": SOLO_MS}))
+                busy = Figure.single(total / self.busy_batches * 1e3)
+                stages[s] = replace(stages[s], busy_ms=busy)
+            solo = Figure.single(self.solo / self.busy_batches * 1e3)
         if self.startups:
-            slowest = [u.slowest_s for u in self.startups]
-            out.append(Metric.repeated(STARTUP_S, slowest, "s", {"quantity": STARTUP_S}))
-            unpickle = [u.unpickle_s for u in self.startups if u.unpickle_s is not None]
-            if unpickle:
-                labels = {"quantity": STARTUP_UNPICKLE_S}
-                out.append(Metric.repeated(STARTUP_UNPICKLE_S, unpickle, "s", labels))
-        return out
+            startup = Figure.repeated([u.slowest_s for u in self.startups])
+            unpickle_s = [u.unpickle_s for u in self.startups if u.unpickle_s is not None]
+            unpickle = Figure.repeated(unpickle_s) if unpickle_s else None
+        waits_by = tuple(w for w in stages.values() if w != StageWait(w.stage))
+        return LoadFigures(split, waits_by, restart, solo, startup, unpickle)
 
     def caveats(self, waits: int, first: int) -> list[Caveat]:
         read = self.exposed[STAGES[0]]

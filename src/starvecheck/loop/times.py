@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.loading import LoadFigures
+from starvecheck.core.schema.steps import Step, StepFigure, StepFigures
 from starvecheck.loop import sent
 from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
@@ -159,76 +162,84 @@ class LoopTimes:
 
     def metrics(self) -> list[Metric]:
         """The loop's figures, one of a kind each and labelled with their quantity alone,
-        as a trace's are (`profile --trace`): judged and shown as one step breakdown."""
+        as a trace's are (`profile --trace`): judged and shown as one step breakdown;
+        the wait by stage among them, before the first step's."""
+        head, split, tail = self.figures()
+        return [*head.to_metrics(), *split.to_metrics(), *tail.to_metrics()]
+
+    def figures(self) -> tuple[StepFigures, LoadFigures, StepFigures]:
+        """The loop's figures as their records: the breakdown, the wait by stage, and
+        the first step (left out of the breakdown's figures), in the order written."""
         barrier = self.rank_waits if len(self.rank_waits) == len(self.waits) else None
         steps = [w + c for w, c in zip(self.waits, self.computes, strict=False)]
         if barrier is not None:
             steps = [s + b for s, b in zip(steps, barrier, strict=False)]
-        out = [_single("steps", self.offset + len(steps), "steps")]
+        out = [_single(Step.STEPS, self.offset + len(steps), "steps")]
         if not steps:
-            return [
-                *out,
-                _missing("step_ms", "ms", "no step completed"),
-                _missing("data_wait_share", "fraction", "no step completed"),
+            out += [
+                _missing(Step.STEP_MS, "ms", "no step completed"),
+                _missing(Step.DATA_WAIT_SHARE, "fraction", "no step completed"),
             ]
+            return StepFigures(tuple(out)), LoadFigures(), StepFigures()
         # The first step is a warm-up, left out (where it is here and others are).
         first, rest = (1, steps[1:]) if len(steps) > 1 and not self.offset else (0, steps)
         waits, computes = self.waits[first:], self.computes[first:]
         total = sum(rest)
         out += [
-            _ms("step_ms", rest),
-            _ms("data_wait_ms", waits),
-            _ms("compute_ms", computes),
-            _single("data_wait_share", sum(waits) / total if total > 0 else 0.0, "fraction"),
+            _ms(Step.STEP_MS, rest),
+            _ms(Step.DATA_WAIT_MS, waits),
+            _ms(Step.COMPUTE_MS, computes),
+            _single(Step.DATA_WAIT_SHARE, sum(waits) / total if total > 0 else 0.0, "fraction"),
         ]
         if barrier is not None and len(barrier) > first:
-            out.append(_ms("rank_wait_ms", barrier[first:]))
+            out.append(_ms(Step.RANK_WAIT_MS, barrier[first:]))
         out += gpu_figures(self.gpu_idle, self.gpu_period, self.gpu_unresolved)
         if self.headspace:
-            out.append(_ms("headspace_step_ms", self.headspace))
-        out += self._cpu_metrics(first)
-        out += self.split.metrics(self.waits, first)
+            out.append(_ms(Step.HEADSPACE_STEP_MS, self.headspace))
+        out += self._cpu_figures(first)
+        tail = []
         if first:
-            out += [
-                _single("first_step_ms", steps[0] * 1e3, "ms"),
-                _single("first_wait_ms", self.waits[0] * 1e3, "ms"),
+            tail = [
+                _single(Step.FIRST_STEP_MS, steps[0] * 1e3, "ms"),
+                _single(Step.FIRST_WAIT_MS, self.waits[0] * 1e3, "ms"),
             ]
-        return out
+        split = self.split.figures(self.waits, first)
+        return StepFigures(tuple(out)), split, StepFigures(tuple(tail))
 
-    def _cpu_metrics(self, first: int) -> list[Metric]:
+    def _cpu_figures(self, first: int) -> list[StepFigure]:
         """The loop thread's CPU in its waits and computes, its wait for a CPU, and the
         workers' CPU per batch: what says CPU work from I/O or sleep."""
         out = []
         if len(self.wait_cpu) == len(self.waits) and len(self.compute_cpu) == len(self.computes):
             out += [
-                _ms("data_wait_cpu_ms", self.wait_cpu[first:]),
-                _ms("compute_cpu_ms", self.compute_cpu[first:]),
+                _ms(Step.DATA_WAIT_CPU_MS, self.wait_cpu[first:]),
+                _ms(Step.COMPUTE_CPU_MS, self.compute_cpu[first:]),
             ]
             if len(self.wait_runq) == len(self.waits) and any(self.wait_runq[first:]):
-                out.append(_ms("data_wait_runqueue_ms", self.wait_runq[first:]))
+                out.append(_ms(Step.DATA_WAIT_RUNQUEUE_MS, self.wait_runq[first:]))
         if len(self.compute_process_cpu) == len(self.computes) > first:
-            out.append(_ms("compute_process_cpu_ms", self.compute_process_cpu[first:]))
+            out.append(_ms(Step.COMPUTE_PROCESS_CPU_MS, self.compute_process_cpu[first:]))
         if len(self.wait_process_cpu) == len(self.waits) > first:
-            out.append(_ms("data_wait_process_cpu_ms", self.wait_process_cpu[first:]))
+            out.append(_ms(Step.DATA_WAIT_PROCESS_CPU_MS, self.wait_process_cpu[first:]))
         per_batch = self.worker_cpu_per_batch()
         if per_batch is not None:
-            out.append(_single("worker_cpu_ms", per_batch, "ms"))
+            out.append(_single(Step.WORKER_CPU_MS, per_batch, "ms"))
         runq = _per_batch(self._total(self.worker_runq, self.worker_runq_before))
         if runq is not None and per_batch is not None:
-            out.append(_single("worker_runqueue_ms", runq, "ms"))
+            out.append(_single(Step.WORKER_RUNQUEUE_MS, runq, "ms"))
         if self.batch_bytes is not None:
-            out.append(_single("batch_bytes", self.batch_bytes, "bytes"))
+            out.append(_single(Step.BATCH_BYTES, self.batch_bytes, "bytes"))
         if self.handover_ms is not None:
             out += [
-                _single("handover_worker_cpu_ms", self.handover_ms[0], "ms"),
-                _single("handover_main_ms", self.handover_ms[1], "ms"),
+                _single(Step.HANDOVER_WORKER_CPU_MS, self.handover_ms[0], "ms"),
+                _single(Step.HANDOVER_MAIN_MS, self.handover_ms[1], "ms"),
             ]
         for quantity, each in (
-            ("others_cpus_each_s", self.others_cpus),
-            ("process_cpus_each_s", self.process_cpus),
+            (Step.OTHERS_CPUS_EACH_S, self.others_cpus),
+            (Step.PROCESS_CPUS_EACH_S, self.process_cpus),
         ):
             if each:
-                out.append(Metric.repeated(quantity, each, "CPUs", {"quantity": quantity}))
+                out.append(StepFigure(quantity, Figure.repeated(each), "CPUs"))
         return out
 
     def new_pass(self) -> None:
@@ -387,17 +398,17 @@ class RankTimes:
         return cls(int(p["rank"]), str(p.get("host", "")), bool(p["final"]), params, times)
 
 
-def _single(quantity: str, value: float, unit: str) -> Metric:
-    return Metric.single(quantity, value, unit, {"quantity": quantity})
+def _single(quantity: Step, value: float, unit: str) -> StepFigure:
+    return StepFigure(quantity, Figure.single(value), unit)
 
 
-def _missing(quantity: str, unit: str, reason: str) -> Metric:
-    return Metric.missing(quantity, unit, reason, {"quantity": quantity})
+def _missing(quantity: Step, unit: str, reason: str) -> StepFigure:
+    return StepFigure(quantity, Figure.missing(reason), unit)
 
 
-def _ms(quantity: str, seconds: Iterable[float]) -> Metric:
+def _ms(quantity: Step, seconds: Iterable[float]) -> StepFigure:
     """A figure timed in each measured step, seconds in, ms out."""
-    return Metric.repeated(quantity, [s * 1e3 for s in seconds], "ms", {"quantity": quantity})
+    return StepFigure(quantity, Figure.repeated([s * 1e3 for s in seconds]), "ms")
 
 
 def _cuda_in_use() -> bool:

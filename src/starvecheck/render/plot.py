@@ -6,13 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from starvecheck.core import outputs
 from starvecheck.core.model import Report, StageResult
-from starvecheck.core.schema.common import (
-    EFFICIENCY,
-    SAMPLES,
-)
+from starvecheck.core.schema.figure import value_of
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.loader import Parameters as LoaderParameters
-from starvecheck.core.schema.pad import PaddedLayout, PaddedRun
+from starvecheck.core.schema.pad import Cost, PaddedLayout, PaddedRun, PadFigures
 from starvecheck.core.schema.pad import Parameters as PadParameters
 from starvecheck.core.schema.samples import Cache, Layout
 from starvecheck.core.schema.starve import Quantity, StarveFigures
@@ -20,6 +17,12 @@ from starvecheck.core.signals import importing
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+def _share(cost: Cost | None) -> str:
+    """A strategy's real tokens per computed position, as a share; n/a where unread."""
+    eff = value_of(cost.efficiency if cost is not None else None)
+    return "n/a" if eff is None else f"{eff:.1%}"
 
 
 def _pyplot() -> Any:
@@ -221,6 +224,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
     from starvecheck.core.strategies import LABELS
 
     params = run.result.parameters.read(PadParameters)
+    figures = run.result.records(PadFigures)
     layouts = run.layouts
     context = params.context
     width = max([context] + [int(lay.row_len.max()) for lay in layouts.values() if lay.rows])
@@ -246,14 +250,14 @@ def pad_plot(run: PaddedRun, path: str) -> None:
             interpolation="nearest",
             extent=(0, width, image.shape[0], 0),  # x in tokens, whatever the cell size
         )
-        eff = run.result.one(quantity=EFFICIENCY, strategy=name)
+        eff = figures.cost(name)
         shown = image.shape[0]
         rows = f"{shown} rows" + (
             f" of {lay.rows_per_batch}" if shown < min(lay.rows_per_batch, lay.rows) else ""
         )
         current = " (current)" if name == params.current else ""
         ax.set_title(
-            f"{name}{current}: {LABELS[name]}, {eff.value:.1%} real tokens over the epoch"
+            f"{name}{current}: {LABELS[name]}, {_share(eff)} real tokens over the epoch"
             f"  ·  batch {batch + 1:,} of {lay.batches:,} (median), {rows}",
             loc="left",
             fontsize=9,
@@ -274,7 +278,7 @@ def pad_plot(run: PaddedRun, path: str) -> None:
         frameon=False,
     )
     fig.suptitle(
-        f"starvecheck pad: {run.result.value(quantity=SAMPLES):,.0f} samples, "
+        f"starvecheck pad: {value_of(figures.lengths.samples) or 0:,.0f} samples, "
         f"context {context:,}, batch {params.batch_size}",
         x=0.01,
         ha="left",

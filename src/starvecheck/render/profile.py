@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import Phase, ProfileFigures
 from starvecheck.render.section import Section, taken
 
 HEADERS = (
@@ -28,18 +30,10 @@ HEADERS = (
 )
 # The statistic the cells show, said under the table (a trace's breakdown shows means).
 NOTE = "medians over the profiled steps, ± their standard deviation"
-_QUANTITIES = ("phase_ms", "step_ms", "data_wait_share", "samples_per_s")
-_COLUMNS = (
-    "phase_ms.dataloader_wait",
-    "phase_ms.h2d_transfer",
-    "phase_ms.forward",
-    "phase_ms.backward",
-    "phase_ms.optimizer",
-    "step_ms",
-)
+_PHASES = tuple(Phase)  # the columns' phases, in the loop's order
 
 
-def _ms(m: Metric | None) -> str:
+def _ms(m: Figure | None) -> str:
     if m is None or m.value is None:
         return "-"
     digits = 1 if m.value < 100 else 0
@@ -54,30 +48,22 @@ def _ms(m: Metric | None) -> str:
 
 def split(metrics: Sequence[Metric]) -> tuple[list[tuple[str, ...]], list[Metric]]:
     """(rows, every other metric) of profile's `metrics`, those the tables before this
-    one left (the stage table gives profile's results alone to this module)."""
-    cells: dict[tuple[str, int], dict[str, Metric]] = {}
-    rest: list[Metric] = []
-    for m in metrics:
-        q = m.labels.get("quantity")
-        if q not in _QUANTITIES or "layout" not in m.labels or "workers" not in m.labels:
-            rest.append(m)
-            continue
-        what = f"phase_ms.{m.labels['phase']}" if q == "phase_ms" else str(q)
-        cells.setdefault((str(m.labels["layout"]), int(m.labels["workers"])), {})[what] = m
+    one left (the stage table gives profile's results alone to this module): a row per
+    scenario of the loop's figures (core/schema/steps.ProfileFigures)."""
     rows = []
-    for (layout, w), c in cells.items():
-        share = c.get("data_wait_share")
-        rate = c.get("samples_per_s")
+    for sc in ProfileFigures.from_metrics(metrics).scenarios:
+        share, rate = sc.data_wait_share, sc.samples_per_s
         rows.append(
             (
-                layout,
-                str(w),
-                *(_ms(c.get(k)) for k in _COLUMNS),
+                sc.layout.value,
+                str(sc.workers),
+                *(_ms(sc.phase(p)) for p in _PHASES),
+                _ms(sc.step_ms),
                 "-" if share is None or share.value is None else f"{share.value:.1%}",
                 "-" if rate is None or rate.value is None else f"{rate.value:,.1f}",
             )
         )
-    return rows, rest
+    return rows, [m for m in metrics if not ProfileFigures.holds(m)]
 
 
 def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Section], list[Metric]]:

@@ -2,7 +2,8 @@
 
 The JSON keeps one flat metric per figure (`wait_ms.w2`, `idle_share.w2`, ...);
 people compare them across worker counts, so the terminal and Markdown show a pivot
-of the metrics whose only dimension is `workers` (labels `quantity` and `workers`).
+of the sweep's figures, read as starve's records read them
+(core/schema/starve.sweep_cell: a count and a quantity, nothing else).
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
+from starvecheck.core.schema.starve import Quantity, sweep_cell
 from starvecheck.render.section import Section, taken
 
-SWEEP_LABELS = {"quantity", "workers"}
 MAX_COLUMNS = 7  # wider than this, a pivot is harder to read than the list
 # Short column labels for names people know from the README; others print as named.
 LABELS = {
-    "wait_ms": "wait ms (mean)",
-    "predicted_wait_ms": "CPU model ms",
-    "sleep_model_wait_ms": "sleep model ms",
-    "compute_ms": "step ms",
-    "idle_share": "GPU idle",
-    "first_batch_s": "1st batch s",
+    Quantity.WAIT_MS: "wait ms (mean)",
+    Quantity.PREDICTED_WAIT_MS: "CPU model ms",
+    Quantity.SLEEP_MODEL_WAIT_MS: "sleep model ms",
+    Quantity.COMPUTE_MS: "step ms",
+    Quantity.IDLE_SHARE: "GPU idle",
+    Quantity.FIRST_BATCH_S: "1st batch s",
 }
 
 
@@ -43,24 +44,25 @@ def split(
     metrics: tuple[Metric, ...],
 ) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[Metric]]:
     """(headers, rows, other metrics); no rows when the metrics are not a sweep."""
-    cells: dict[int, dict[str, Metric]] = {}
-    columns: list[str] = []
+    cells: dict[int, dict[Quantity, Metric]] = {}
+    columns: list[Quantity] = []
     rest: list[Metric] = []
     for m in metrics:
-        if set(m.labels) != SWEEP_LABELS:
+        cell = sweep_cell(m)
+        if cell is None:
             rest.append(m)
             continue
-        what = str(m.labels["quantity"])
+        workers, what = cell
         if what not in columns:
             columns.append(what)
-        cells.setdefault(int(m.labels["workers"]), {})[what] = m
+        cells.setdefault(workers, {})[what] = m
     if not cells or len(columns) > MAX_COLUMNS:
         return (), [], list(metrics)
     units = {}
     for row in cells.values():
         for what, m in row.items():
             units.setdefault(what, m.unit)
-    headers = ("workers", *(LABELS.get(w) or f"{w} ({units[w]})" for w in columns))
+    headers = ("workers", *(LABELS.get(w) or f"{w.value} ({units[w]})" for w in columns))
     rows = [(str(n), *(_cell(cells[n].get(w)) for w in columns)) for n in sorted(cells)]
     return headers, rows, rest
 

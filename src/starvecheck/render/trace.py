@@ -12,9 +12,8 @@ from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import PHASE_MS
+from starvecheck.core.schema.steps import HTA_PARTS, Step, StepFigure, Straggler
 from starvecheck.core.schema.steps import Parameters as StepParameters
-from starvecheck.core.schema.steps import Straggler
 from starvecheck.core.units import parse_uint
 from starvecheck.render.section import Section, taken
 
@@ -22,21 +21,32 @@ from starvecheck.render.section import Section, taken
 HEADERS = ("per step", "ms (mean ± σ)", "share of step")
 # (quantity, label, indented under the row above); the order people read a step in.
 _SHARES = (
-    ("data_wait_share", "data wait", False),
-    ("gpu_idle_share", "GPU idle", False),
-    ("gpu_idle_data_wait_share", "while the loop waits for data", True),
-    ("gpu_idle_host_wait_share", "while the loop waits for data", True),  # before 0.2
-    ("gpu_idle_other_share", "other (launches, syncs, host code)", True),
-    ("collective_share", "in collectives (NCCL, gloo)", False),
-    ("memcpy_share", "GPU copies (memcpy)", False),
-    ("memcpy_h2d_share", "host to device", True),
-    ("memcpy_h2d_pageable_share", "from pageable memory", True),
-    ("memcpy_pageable_share", "from pageable memory", True),  # before 0.2
-    ("memcpy_d2h_share", "device to host", True),
-    ("memcpy_d2d_share", "device to device", True),
+    (Step.DATA_WAIT_SHARE, "data wait", False),
+    (Step.GPU_IDLE_SHARE, "GPU idle", False),
+    (Step.GPU_IDLE_DATA_WAIT_SHARE, "while the loop waits for data", True),
+    (Step.GPU_IDLE_HOST_WAIT_SHARE, "while the loop waits for data", True),  # before 0.2
+    (Step.GPU_IDLE_OTHER_SHARE, "other (launches, syncs, host code)", True),
+    (Step.COLLECTIVE_SHARE, "in collectives (NCCL, gloo)", False),
+    (Step.MEMCPY_SHARE, "GPU copies (memcpy)", False),
+    (Step.MEMCPY_H2D_SHARE, "host to device", True),
+    (Step.MEMCPY_H2D_PAGEABLE_SHARE, "from pageable memory", True),
+    (Step.MEMCPY_PAGEABLE_SHARE, "from pageable memory", True),  # before 0.2
+    (Step.MEMCPY_D2H_SHARE, "device to host", True),
+    (Step.MEMCPY_D2D_SHARE, "device to device", True),
 )
-_MS = {"data_wait_share": "data_wait_ms"}
-_FIRST = (("first_step_ms", "first step (left out)"), ("first_wait_ms", "  ↳ its data wait"))
+_MS = {Step.DATA_WAIT_SHARE: Step.DATA_WAIT_MS}
+_FIRST = (
+    (Step.FIRST_STEP_MS, "first step (left out)"),
+    (Step.FIRST_WAIT_MS, "  ↳ its data wait"),
+)
+# A figure and the metric it was read from (what the table hands on by identity).
+Read = tuple[StepFigure, Metric]
+ByQuantity = dict[Step, Metric]
+
+
+def _read(metrics: Sequence[Metric]) -> list[Read]:
+    """Each metric that is a step breakdown's figure, as its record."""
+    return [(f, m) for m in metrics if (f := StepFigure.of(m)) is not None]
 
 
 def _ms(m: Metric | None) -> str:
@@ -61,17 +71,20 @@ def split(
     alone: profile's loop labels its own with a layout and num_workers)."""
     if stage.stage not in ("trace", "watch"):
         return [], list(metrics), []
-    by_quantity = {str(m.labels["quantity"]): m for m in metrics if set(m.labels) == {"quantity"}}
-    step = by_quantity.get("step_ms")
-    if step is None or "data_wait_share" not in by_quantity:
+    read = _read(metrics)
+    by_quantity: ByQuantity = {
+        f.quantity: m for f, m in read if (f.phase, f.rank, f.device) == (None, None, None)
+    }
+    step = by_quantity.get(Step.STEP_MS)
+    if step is None or Step.DATA_WAIT_SHARE not in by_quantity:
         return [], list(metrics), []
-    used = {id(x) for x in (step, by_quantity.get("steps")) if x is not None}
-    rows = [_step_row(step, by_quantity.get("steps"))]
+    used = {id(x) for x in (step, by_quantity.get(Step.STEPS)) if x is not None}
+    rows = [_step_row(step, by_quantity.get(Step.STEPS))]
     notes = _whose(stage)
     rows += _share_rows(by_quantity, used, notes)
     total = sum(step.values) if step.values else 0.0
     rows += _loop_rows(by_quantity, step, total, used)
-    rows += _phase_rows(metrics, step, total, used)
+    rows += _phase_rows(read, step, total, used)
     notes += _hta_note(by_quantity, used)
     rows += _first_rows(by_quantity, used)
     return rows, [m for m in metrics if id(m) not in used], notes
@@ -107,9 +120,7 @@ def _whose(stage: StageResult) -> list[str]:
     return notes
 
 
-def _share_rows(
-    by_quantity: dict[str, Metric], used: set[int], notes: list[str]
-) -> list[tuple[str, ...]]:
+def _share_rows(by_quantity: ByQuantity, used: set[int], notes: list[str]) -> list[tuple[str, ...]]:
     """A row per share of the step (_SHARES), with its ms where timed; a share not
     measured says why in `notes`, once."""
     rows: list[tuple[str, ...]] = []
@@ -118,11 +129,11 @@ def _share_rows(
         if m is None:
             continue
         used.add(id(m))
-        ms = by_quantity.get(_MS.get(name, ""))
+        ms = by_quantity.get(_MS[name]) if name in _MS else None
         if ms is not None:
             used.add(id(ms))
         label = f"  ↳ {text}" if nested else text
-        if name == "collective_share" and not m.value:
+        if name is Step.COLLECTIVE_SHARE and not m.value:
             continue  # no collectives in the trace: no row
         if m.value is None:
             rows.append((label, "", "n/a"))
@@ -131,20 +142,20 @@ def _share_rows(
                 notes.append(note)
             continue
         rows.append((label, _ms(ms), f"{m.value:.1%}"))
-        if name == "data_wait_share":
+        if name is Step.DATA_WAIT_SHARE:
             rows += _wait_cpu_rows(by_quantity, used)
     return rows
 
 
-def _wait_cpu_rows(by_quantity: dict[str, Metric], used: set[int]) -> list[tuple[str, ...]]:
+def _wait_cpu_rows(by_quantity: ByQuantity, used: set[int]) -> list[tuple[str, ...]]:
     """watch: the loop's own thread's CPU time while it waited (num_workers=0: the
     process making the batch): CPU work, against I/O or sleep."""
-    cpu = by_quantity.get("data_wait_cpu_ms")
+    cpu = by_quantity.get(Step.DATA_WAIT_CPU_MS)
     if cpu is None or cpu.value is None:
         return []
     used.add(id(cpu))
     rows: list[tuple[str, ...]] = [("  ↳ CPU time of the loop's thread", _ms(cpu), "")]
-    runq = by_quantity.get("data_wait_runqueue_ms")
+    runq = by_quantity.get(Step.DATA_WAIT_RUNQUEUE_MS)
     if runq is not None and runq.value is not None:
         used.add(id(runq))  # it was ready to run, and waited for a CPU
         rows.append(("  ↳ waiting for a CPU", _ms(runq), ""))
@@ -152,23 +163,23 @@ def _wait_cpu_rows(by_quantity: dict[str, Metric], used: set[int]) -> list[tuple
 
 
 def _loop_rows(
-    by_quantity: dict[str, Metric], step: Metric, total: float, used: set[int]
+    by_quantity: ByQuantity, step: Metric, total: float, used: set[int]
 ) -> list[tuple[str, ...]]:
     """watch: the loop's own step after its batch came (compute), and with
     barrier=True its wait for the other ranks; each a share of the steps' `total`."""
     rows: list[tuple[str, ...]] = []
-    compute = by_quantity.get("compute_ms")
+    compute = by_quantity.get(Step.COMPUTE_MS)
     if compute is not None and compute.value is not None:
         used.add(id(compute))
         share = sum(compute.values) / total if total and compute.n == step.n else None
         rows.append(
             ("compute (the loop's step)", _ms(compute), "" if share is None else f"{share:.1%}")
         )
-        compute_cpu = by_quantity.get("compute_cpu_ms")
+        compute_cpu = by_quantity.get(Step.COMPUTE_CPU_MS)
         if compute_cpu is not None and compute_cpu.value is not None:
             used.add(id(compute_cpu))
             rows.append(("  ↳ CPU time of the loop's thread", _ms(compute_cpu), ""))
-    barrier = by_quantity.get("rank_wait_ms")
+    barrier = by_quantity.get(Step.RANK_WAIT_MS)
     if barrier is not None and barrier.value is not None:
         used.add(id(barrier))
         share = sum(barrier.values) / total if total and barrier.n == step.n else None
@@ -177,24 +188,22 @@ def _loop_rows(
 
 
 def _phase_rows(
-    metrics: Sequence[Metric], step: Metric, total: float, used: set[int]
+    read: Sequence[Read], step: Metric, total: float, used: set[int]
 ) -> list[tuple[str, ...]]:
     """A row per phase timed (`phase_ms` labelled with its `phase`)."""
     rows: list[tuple[str, ...]] = []
-    for m in metrics:
-        if set(m.labels) != {"quantity", "phase"} or m.labels["quantity"] != PHASE_MS:
-            continue
-        if m.value is None:
+    for f, m in read:
+        if f.phase is None or f.rank is not None or f.device is not None or m.value is None:
             continue
         used.add(id(m))
         share = sum(m.values) / total if total and m.n == step.n else None
-        rows.append((f"phase {m.labels['phase']}", _ms(m), _share(share)))
+        rows.append((f"phase {f.phase.value}", _ms(m), _share(share)))
     return rows
 
 
-def _hta_note(by_quantity: dict[str, Metric], used: set[int]) -> list[str]:
+def _hta_note(by_quantity: ByQuantity, used: set[int]) -> list[str]:
     """HolisticTraceAnalysis's idle split, as a note, where all three parts are known."""
-    hta = [by_quantity.get(f"hta_idle_{p}_ratio") for p in ("host_wait", "kernel_wait", "other")]
+    hta = [by_quantity.get(p) for p in HTA_PARTS]
     used.update(id(x) for x in hta if x is not None)  # missing: the GPU row says why
     if not all(x is not None and x.value is not None for x in hta):
         return []
@@ -205,7 +214,7 @@ def _hta_note(by_quantity: dict[str, Metric], used: set[int]) -> list[str]:
     ]
 
 
-def _first_rows(by_quantity: dict[str, Metric], used: set[int]) -> list[tuple[str, ...]]:
+def _first_rows(by_quantity: ByQuantity, used: set[int]) -> list[tuple[str, ...]]:
     """The first step, left out of the figures above, and its data wait."""
     rows: list[tuple[str, ...]] = []
     for name, text in _FIRST:
@@ -235,17 +244,17 @@ def ranks(
     (figures labelled `rank`), one per GPU where a rank drives several (`device`)."""
     if stage.stage != "trace":
         return [], list(metrics), []
-    mine = [m for m in metrics if "rank" in m.labels or "device" in m.labels]
+    mine = [(f, m) for f, m in _read(metrics) if f.rank is not None or f.device is not None]
     if not mine:
         return [], list(metrics), []
-    by: dict[str, dict[str, Metric]] = {}
+    by: dict[str, ByQuantity] = {}
     devices: dict[str, dict[str, Metric]] = {}
-    for m in mine:
-        rank = str(m.labels.get("rank", ""))
-        if "device" in m.labels:
-            devices.setdefault(rank, {})[str(m.labels["device"])] = m
-        else:
-            by.setdefault(rank, {})[str(m.labels["quantity"])] = m
+    for f, m in mine:
+        rank = f.rank or ""
+        if f.device is not None:
+            devices.setdefault(rank, {})[f.device] = m
+        elif f.phase is None:
+            by.setdefault(rank, {})[f.quantity] = m
     verdict = stage.judged.straggler or Straggler()
     turns, compared = verdict.slowest_in, verdict.steps_compared
     rows: list[tuple[str, ...]] = []
@@ -256,17 +265,14 @@ def ranks(
     for rank in sorted(set(by) | set(devices), key=_natural):
         f = by.get(rank, {})
         if f:
-            steps = f.get("steps")
-            step = f.get("step_ms")
+            steps = f.get(Step.STEPS)
+            step = f.get(Step.STEP_MS)
             rows.append(
                 (
                     rank,
                     "" if steps is None or steps.value is None else f"{steps.value:.0f}",
                     _ms(step).split(" ±")[0] if step is not None else "",
-                    share(f.get("data_wait_share")),
-                    share(f.get("gpu_idle_share")),
-                    share(f.get("collective_share")),
-                    share(f.get("memcpy_h2d_share")),
+                    *(share(f.get(q)) for q in _RANK_SHARES),
                     f"{turns.get(rank, 0)} of {compared}" if compared else "",
                 )
             )
@@ -279,7 +285,7 @@ def ranks(
             "slowest in: steps where the rank had the most work (the step less its time in "
             "collectives), over the steps every rank has"
         )
-    taken = {id(m) for m in mine}
+    taken = {id(m) for _, m in mine}
     return rows, [m for m in metrics if id(m) not in taken], notes
 
 
@@ -296,7 +302,13 @@ LOOP_RANK_HEADERS = (
 )
 
 
-_LOOP_RANK_MS = ("step_ms", "data_wait_ms", "compute_ms", "rank_wait_ms")
+_LOOP_RANK_MS = (Step.STEP_MS, Step.DATA_WAIT_MS, Step.COMPUTE_MS, Step.RANK_WAIT_MS)
+_RANK_SHARES = (
+    Step.DATA_WAIT_SHARE,
+    Step.GPU_IDLE_SHARE,
+    Step.COLLECTIVE_SHARE,
+    Step.MEMCPY_H2D_SHARE,
+)
 
 
 def loop_ranks(
@@ -307,25 +319,26 @@ def loop_ranks(
     others, first step, and in how many steps it had the most work."""
     if stage.stage != "watch":
         return [], list(metrics), []
-    mine = [m for m in metrics if "rank" in m.labels]
+    mine = [(f, m) for f, m in _read(metrics) if f.rank is not None]
     if not mine:
         return [], list(metrics), []
-    by: dict[str, dict[str, Metric]] = {}
-    for m in mine:
-        by.setdefault(str(m.labels["rank"]), {})[str(m.labels["quantity"])] = m
+    by: dict[str, ByQuantity] = {}
+    for f, m in mine:
+        if f.rank is not None:
+            by.setdefault(f.rank, {})[f.quantity] = m
     verdict = stage.judged.straggler or Straggler()
     turns, compared = verdict.slowest_in, verdict.steps_compared
     rows = []
     for rank in sorted(by, key=_natural):
         f = by[rank]
-        steps = f.get("steps")
-        first = f.get("first_step_ms")
+        steps = f.get(Step.STEPS)
+        first = f.get(Step.FIRST_STEP_MS)
         rows.append(
             (
                 rank,
                 "" if steps is None or steps.value is None else f"{steps.value:.0f}",
                 *(_ms(f.get(q)).split(" ±")[0] for q in _LOOP_RANK_MS),
-                _share(f["data_wait_share"].value) if "data_wait_share" in f else "",
+                _share(f[Step.DATA_WAIT_SHARE].value) if Step.DATA_WAIT_SHARE in f else "",
                 "" if first is None or first.value is None else f"{first.value:,.0f}",
                 f"{turns.get(rank, 0)} of {compared}" if compared else "",
             )
@@ -344,7 +357,7 @@ def loop_ranks(
             "slowest in: steps where the rank had the most work (its step less its wait for "
             "the others), over the steps every rank has"
         )
-    taken = {id(m) for m in mine}
+    taken = {id(m) for _, m in mine}
     return rows, [m for m in metrics if id(m) not in taken], notes
 
 

@@ -28,7 +28,12 @@ busiest one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+
+from starvecheck.core.metric import Metric
+from starvecheck.core.schema.figure import Figure
 
 
 class LoadStage(StrEnum):
@@ -66,3 +71,117 @@ SPLIT_STEPS = "split_steps"
 # How the workers are started, as multiprocessing names it (the DataLoader's
 # multiprocessing_context, else the platform's default)
 START_METHODS = ("fork", "forkserver", "spawn")
+
+
+# --- the wait by stage as a record: what a loop's split writes (watch, the trainers'
+# callbacks: loop/splits.py), each figure labelled with its quantity alone or with its
+# `load_stage` besides; `to_metrics()` writes them in the order the loop wrote them,
+# `from_metrics()` reads them back by labels, never raising (a figure labelled
+# otherwise, loader --factory's or attach's, is left out: those stages' own).
+
+
+@dataclass(frozen=True)
+class StageWait:
+    """One stage of loading: its exposed ms a step and share of the wait, its busy ms a
+    batch wherever it ran."""
+
+    stage: LoadStage
+    exposed_ms: Figure | None = None
+    exposed_share: Figure | None = None
+    busy_ms: Figure | None = None
+
+
+# The figures labelled with their quantity alone, their units; in the order written
+# (split_steps first, restart_exposed_ms after the exposed, the rest after the busy).
+_UNITS = {SPLIT_STEPS: "steps", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms", STARTUP_S: "s",
+          STARTUP_UNPICKLE_S: "s"}  # fmt: skip
+_PER_STAGE = {EXPOSED_MS: "ms", EXPOSED_SHARE: "fraction", BUSY_MS: "ms"}
+
+
+@dataclass(frozen=True)
+class LoadFigures:
+    """A loop's wait by stage: the steps split, each stage's figures (in LoadStage's
+    order), the start-up exposed in the passes after the first, a batch made alone,
+    and each pass's worker start-up."""
+
+    split_steps: Figure | None = None
+    stages: tuple[StageWait, ...] = ()
+    restart_exposed_ms: Figure | None = None
+    solo_ms: Figure | None = None
+    startup_s: Figure | None = None
+    startup_unpickle_s: Figure | None = None
+
+    def of(self, stage: LoadStage) -> StageWait:
+        """The stage's figures (none where not measured)."""
+        return next((s for s in self.stages if s.stage is stage), StageWait(stage))
+
+    def by_stage(self, quantity: str) -> dict[LoadStage, float]:
+        """Each stage's measured value of EXPOSED_MS, EXPOSED_SHARE or BUSY_MS."""
+        return {
+            s.stage: f.value
+            for s in self.stages
+            if (f := getattr(s, quantity)) is not None and f.value is not None
+        }
+
+    def to_metrics(self) -> tuple[Metric, ...]:
+        def one(quantity: str, figure: Figure | None) -> list[Metric]:
+            unit = _UNITS[quantity]
+            return [] if figure is None else [figure.metric(quantity, unit, {"quantity": quantity})]
+
+        def each(*quantities: str) -> list[Metric]:
+            return [
+                f.metric(f"{q}.{s.stage.value}", _PER_STAGE[q],
+                         {"quantity": q, "load_stage": s.stage.value})
+                for s in self.stages
+                for q in quantities
+                if (f := getattr(s, q)) is not None
+            ]  # fmt: skip
+
+        return (
+            *one(SPLIT_STEPS, self.split_steps),
+            *each(EXPOSED_MS, EXPOSED_SHARE),
+            *one(RESTART_EXPOSED_MS, self.restart_exposed_ms),
+            *each(BUSY_MS),
+            *one(SOLO_MS, self.solo_ms),
+            *one(STARTUP_S, self.startup_s),
+            *one(STARTUP_UNPICKLE_S, self.startup_unpickle_s),
+        )
+
+    @classmethod
+    def from_metrics(cls, metrics: Iterable[Metric]) -> LoadFigures:
+        singles: dict[str, Figure] = {}
+        stages: dict[LoadStage, dict[str, Figure]] = {}
+        for m in metrics:
+            read = _read(m)
+            if read is None:
+                continue
+            quantity, stage, figure = read
+            if stage is None:
+                singles.setdefault(quantity, figure)
+            else:
+                stages.setdefault(stage, {}).setdefault(quantity, figure)
+        waits = tuple(StageWait(s, **stages[s]) for s in LoadStage if s in stages)
+        return cls(stages=waits, **singles)
+
+    @staticmethod
+    def holds(m: Metric) -> bool:
+        """Whether a metric is one of the split's figures."""
+        return _read(m) is not None
+
+
+def _read(m: Metric) -> tuple[str, LoadStage | None, Figure] | None:
+    """(quantity, its stage or None, the figure) of a split's figure; None otherwise."""
+    labels = m.labels if isinstance(m.labels, Mapping) else {}
+    quantity, figure = labels.get("quantity"), Figure.of(m)
+    if figure is None or not isinstance(quantity, str):
+        return None
+    if quantity in _UNITS and set(labels) == {"quantity"}:
+        return quantity, None, figure
+    stage = labels.get("load_stage")
+    if (
+        quantity in _PER_STAGE
+        and set(labels) == {"quantity", "load_stage"}
+        and stage in set(LoadStage)
+    ):
+        return quantity, LoadStage(str(stage)), figure
+    return None

@@ -115,10 +115,22 @@ class StarveFigures:
             if labels.get("quantity") == SAMPLE_CPU_MS and "workers" not in labels:
                 sample = figure
                 continue
-            quantity = enum_of(Quantity, labels.get("quantity"))
-            workers = count_of(labels.get("workers"))
-            if quantity is None or workers is None or set(labels) != {"quantity", "workers"}:
+            cell = sweep_cell(m)
+            if cell is None:
                 continue
+            workers, quantity = cell
             was = points.get(workers, Point(workers))
             points[workers] = replace(was, **{quantity.value: figure})
         return cls(sample, tuple(points.values()))
+
+
+def sweep_cell(m: Metric) -> tuple[int, Quantity] | None:
+    """(num_workers, quantity) of a figure of the sweep (labelled with those two alone:
+    `wait_ms.w2`); None for any other. The terminal and Markdown show these as one row
+    a count (render/sweep.py)."""
+    labels = labels_of(m)
+    quantity = enum_of(Quantity, labels.get("quantity"))
+    workers = count_of(labels.get("workers"))
+    if quantity is None or workers is None or set(labels) != {"quantity", "workers"}:
+        return None
+    return workers, quantity

@@ -17,9 +17,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import DATA_WAIT_SHARE, PHASE_MS, SAMPLES_PER_S, STEP_MS
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import Layout, Phase, ProfileFigures, Scenario
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.inputs.embedded import default_texts
@@ -36,41 +37,24 @@ from starvecheck.stages.trainstep import PHASES, build_model
 TEXT_CHARS_PER_TOKEN = 5  # English runs ~4 characters a BPE token: enough text to fill a row
 
 
-def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Metric]:
-    out: list[Metric] = []
+def summarize(results: dict[tuple[str, int], Steps], plan: Plan) -> list[Scenario]:
+    """Each scenario's figures: its phases' and steps' ms, its data-wait share, its rate."""
+    out: list[Scenario] = []
     for (layout, workers), steps in results.items():
-        key = f"{layout}.w{workers}"
-        where = {"layout": layout, "workers": workers}
-        for name in PHASES:
-            out.append(
-                Metric.repeated(
-                    f"phase_ms.{name.lower()}.{key}",
-                    [s * 1e3 for s in steps.phases[name]],
-                    "ms",
-                    {"quantity": PHASE_MS, "phase": name.lower(), **where},
-                )
-            )
         totals = steps.totals
         wait = sum(steps.phases["DATALOADER_WAIT"])
-        out.append(
-            Metric.repeated(
-                f"step_ms.{key}", [t * 1e3 for t in totals], "ms", {"quantity": STEP_MS, **where}
-            )
+        phases = tuple(
+            (Phase(name.lower()), Figure.repeated([s * 1e3 for s in steps.phases[name]]))
+            for name in PHASES
         )
         out.append(
-            Metric.single(
-                f"data_wait_share.{key}",
-                wait / sum(totals),
-                "fraction",
-                {"quantity": DATA_WAIT_SHARE, **where},
-            )
-        )
-        out.append(
-            Metric.single(
-                f"samples_per_s.{key}",
-                plan.batch_size * len(totals) / sum(totals),
-                "samples/s",
-                {"quantity": SAMPLES_PER_S, **where},
+            Scenario(
+                Layout(layout),
+                workers,
+                phases,
+                step_ms=Figure.repeated([t * 1e3 for t in totals]),
+                data_wait_share=Figure.single(wait / sum(totals)),
+                samples_per_s=Figure.single(plan.batch_size * len(totals) / sum(totals)),
             )
         )
     return out
@@ -124,10 +108,9 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
                 "more",
             )
         )
-    metrics = summarize(results, plan)
+    scenarios, resident = summarize(results, plan), ()
     if plan.cold:
-        cold_metrics, cold_caveats = _cold(results, residency_errors)
-        metrics += cold_metrics
+        resident, cold_caveats = _cold(results, residency_errors)
         caveats += cold_caveats
     if plan.trace_dir:
         caveats.append(
@@ -140,7 +123,7 @@ def _measure(path: str, plan: Plan, ctx: RunContext) -> StageResult:
     return StageResult(
         stage="profile",
         parameters=params,
-        metrics=tuple(metrics),
+        metrics=ProfileFigures(tuple(scenarios), resident).to_metrics(),
         caveats=tuple(caveats),
     )
 
@@ -213,9 +196,9 @@ def _scenarios(
 
 def _cold(
     results: dict[tuple[str, int], Steps], residency_errors: list[str]
-) -> tuple[list[Metric], list[Caveat]]:
+) -> tuple[tuple[tuple[Layout, Figure], ...], list[Caveat]]:
     """--cold: what eviction left in the page cache, per layout, and its caveats."""
-    metrics: list[Metric] = []
+    resident: list[tuple[Layout, Figure]] = []
     caveats = [
         Caveat("profile.cold", "the page cache was evicted after the warm-up steps (--cold)")
     ]
@@ -228,7 +211,9 @@ def _cold(
         ]
         if not known:
             continue
-        metrics.append(resident_metric(layout, known))
+        figure = Figure.of(resident_metric(layout, known))
+        if figure is not None:
+            resident.append((Layout(layout), figure))
         if max(known) > COLD_MAX_RESIDENT:
             caveats.append(
                 not_cold(
@@ -237,7 +222,7 @@ def _cold(
                     "waits are not cold"
                 )
             )
-    return metrics, caveats
+    return tuple(resident), caveats
 
 
 @dataclass(frozen=True)

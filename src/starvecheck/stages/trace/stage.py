@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from starvecheck.core.metric import Caveat, Metric
+from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.common import PHASE_MS, STEP_MS
+from starvecheck.core.schema.figure import Figure
+from starvecheck.core.schema.steps import HTA_PARTS, Phase, Step, StepFigure, StepFigures
 from starvecheck.core.schema.steps import Run as RunRecord
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.files import TooLarge
@@ -23,7 +24,7 @@ from starvecheck.stages.trace.runs import Run, choose
 
 SPREAD_WARNING = 0.10  # step-time stdev over the median, as pyperf warns
 NO_WAIT = "no DataLoader fetch in the trace"
-HTA_PARTS = ("host_wait", "kernel_wait", "other")
+HTA_SPLIT = ("host_wait", "kernel_wait", "other")  # HTA's idle categories, as HTA_PARTS
 OTHER_RUNS_ANALYSED = 5  # other runs in the files given their own headline (advice says them)
 
 
@@ -34,109 +35,102 @@ def _hta(a: Analysis, part: str) -> float | None:
 
 
 def _figure(
-    name: str, value: float | None, unit: str, reason: str = "not measured", **where: Any
-) -> Metric:
-    """One figure of a kind (steps, first_step_ms, gpu_idle_share, ...): its quantity
-    is its name; missing, with the reason, where None. `where` (rank, device) labels
-    the figures of one rank or GPU among several."""
-    labels = {"quantity": name, **where}
-    flat = _flat(name, where)
-    if value is None:
-        return Metric.missing(flat, unit, reason, labels)
-    return Metric.single(flat, value, unit, labels)
+    q: Step,
+    value: float | None,
+    unit: str,
+    reason: str = "not measured",
+    rank: str | None = None,
+    device: str | None = None,
+) -> StepFigure:
+    """One figure of a kind (steps, first_step_ms, gpu_idle_share, ...); missing, with
+    the reason, where None. `rank` and `device` say whose it is, among several."""
+    return StepFigure(q, Figure.maybe(value, reason), unit, rank=rank, device=device)
 
 
-def _per_step(name: str, values: Sequence[float], **where: Any) -> Metric:
+def _per_step(q: Step, values: Sequence[float], rank: str | None = None) -> StepFigure:
     """A figure timed in each measured step, in ms."""
-    return Metric.repeated(_flat(name, where), values, "ms", {"quantity": name, **where})
+    return StepFigure(q, Figure.repeated(values), "ms", rank=rank)
 
 
-def _flat(name: str, where: Mapping[str, Any]) -> str:
-    """The flat name: the quantity, then the rank and device it is of (`step_ms.rank_0`)."""
-    return ".".join([name, *(str(v) for v in where.values())]).replace(" ", "_")
-
-
-def _gpu_figures(a: Analysis, **where: Any) -> list[Metric]:
+def _gpu_figures(a: Analysis, rank: str | None = None) -> list[StepFigure]:
     reason = a.gpu_reason or "not measured"
     waits = a.gpu_reason or NO_WAIT
     hta_reason = a.gpu_reason or "no kernels"
-    figures: list[tuple[str, float | None, str]] = [
-        ("gpu_idle_share", a.gpu_idle_share, reason),
-        ("gpu_idle_data_wait_share", a.gpu_idle_data_wait_share, waits),
-        ("gpu_idle_other_share", a.gpu_idle_other_share, waits),
-        *((f"hta_idle_{part}_ratio", _hta(a, part), hta_reason) for part in HTA_PARTS),
-        ("collective_share", a.collective_share, reason),
-        ("memcpy_share", a.gpu(lambda d: d.memcpy), reason),
-        ("memcpy_h2d_share", a.copies("h2d"), reason),
-        ("memcpy_h2d_pageable_share", a.copies("h2d_pageable"), reason),
-        ("memcpy_d2h_share", a.copies("d2h"), reason),
-        ("memcpy_d2d_share", a.copies("d2d"), reason),
+    figures: list[tuple[Step, float | None, str]] = [
+        (Step.GPU_IDLE_SHARE, a.gpu_idle_share, reason),
+        (Step.GPU_IDLE_DATA_WAIT_SHARE, a.gpu_idle_data_wait_share, waits),
+        (Step.GPU_IDLE_OTHER_SHARE, a.gpu_idle_other_share, waits),
+        *((q, _hta(a, part), hta_reason) for q, part in zip(HTA_PARTS, HTA_SPLIT, strict=True)),
+        (Step.COLLECTIVE_SHARE, a.collective_share, reason),
+        (Step.MEMCPY_SHARE, a.gpu(lambda d: d.memcpy), reason),
+        (Step.MEMCPY_H2D_SHARE, a.copies("h2d"), reason),
+        (Step.MEMCPY_H2D_PAGEABLE_SHARE, a.copies("h2d_pageable"), reason),
+        (Step.MEMCPY_D2H_SHARE, a.copies("d2h"), reason),
+        (Step.MEMCPY_D2D_SHARE, a.copies("d2d"), reason),
     ]
-    return [_figure(n, v, "fraction", r, **where) for n, v, r in figures]
+    return [_figure(q, v, "fraction", r, rank) for q, v, r in figures]
 
 
-def breakdown(a: Analysis) -> list[Metric]:
+def breakdown(a: Analysis) -> list[StepFigure]:
     """One rank's figures, labelled with their quantity alone."""
     measured = a.measured
     out = [
-        _figure("steps", len(a.steps), "steps"),
-        _per_step("step_ms", [s.dur / 1e3 for s in measured]),
+        _figure(Step.STEPS, len(a.steps), "steps"),
+        _per_step(Step.STEP_MS, [s.dur / 1e3 for s in measured]),
     ]
     if a.warmup:
-        out.append(_figure("first_step_ms", a.steps[0].dur / 1e3, "ms"))
+        out.append(_figure(Step.FIRST_STEP_MS, a.steps[0].dur / 1e3, "ms"))
     if a.data_wait_share is not None:
-        out.append(_figure("data_wait_share", a.data_wait_share, "fraction"))
-        out.append(_per_step("data_wait_ms", [s.data_wait / 1e3 for s in measured]))
+        out.append(_figure(Step.DATA_WAIT_SHARE, a.data_wait_share, "fraction"))
+        out.append(_per_step(Step.DATA_WAIT_MS, [s.data_wait / 1e3 for s in measured]))
     else:
-        out.append(_figure("data_wait_share", None, "fraction", NO_WAIT))
-        out.append(_figure("data_wait_ms", None, "ms", NO_WAIT))
+        out.append(_figure(Step.DATA_WAIT_SHARE, None, "fraction", NO_WAIT))
+        out.append(_figure(Step.DATA_WAIT_MS, None, "ms", NO_WAIT))
     out += _gpu_figures(a)
     for phase in a.phases:
-        out.append(
-            Metric.repeated(
-                f"phase_ms.{phase.lower()}",
-                [s.phases[phase] / 1e3 for s in measured],
-                "ms",
-                {"quantity": PHASE_MS, "phase": phase.lower()},
-            )
-        )
+        times = Figure.repeated([s.phases[phase] / 1e3 for s in measured])
+        out.append(StepFigure(Step.PHASE_MS, times, "ms", Phase(phase.lower())))
     return out
 
 
-def rank_figures(job: Job) -> list[Metric]:
+# The GPU figures each rank of several has in the table of ranks.
+_RANK_GPU = (Step.GPU_IDLE_SHARE, Step.COLLECTIVE_SHARE, Step.MEMCPY_H2D_SHARE)
+
+
+def rank_figures(job: Job) -> list[StepFigure]:
     """Each rank's figures (labelled `rank`), with its work per common step; each GPU's
     idle where a rank drives several (labelled `device`)."""
     several = len(job.ranks) > 1
     common = set(job.common_steps)
-    out: list[Metric] = []
+    out: list[StepFigure] = []
     for a in job.ranks:
         if several:
-            where = {"rank": a.name}
+            rank = a.name
             measured = a.measured
+            work = [s.work / 1e3 for s in measured if s.name in common]
             out += [
-                _figure("steps", len(measured), "steps", **where),
-                _per_step("step_ms", [s.dur / 1e3 for s in measured], **where),
-                _figure("data_wait_share", a.data_wait_share, "fraction", NO_WAIT, **where),
-                _per_step("data_wait_ms", [s.data_wait / 1e3 for s in measured], **where)
+                _figure(Step.STEPS, len(measured), "steps", rank=rank),
+                _per_step(Step.STEP_MS, [s.dur / 1e3 for s in measured], rank),
+                _figure(Step.DATA_WAIT_SHARE, a.data_wait_share, "fraction", NO_WAIT, rank),
+                _per_step(Step.DATA_WAIT_MS, [s.data_wait / 1e3 for s in measured], rank)
                 if a.data_wait_source
-                else _figure("data_wait_ms", None, "ms", NO_WAIT, **where),
-                _per_step("work_ms", [s.work / 1e3 for s in measured if s.name in common], **where),
+                else _figure(Step.DATA_WAIT_MS, None, "ms", NO_WAIT, rank),
+                _per_step(Step.WORK_MS, work, rank),
             ]
-            gpu = {m.labels["quantity"]: m for m in _gpu_figures(a, **where)}
-            out += [
-                gpu[name] for name in ("gpu_idle_share", "collective_share", "memcpy_h2d_share")
-            ]
+            gpu = {f.quantity: f for f in _gpu_figures(a, rank)}
+            out += [gpu[q] for q in _RANK_GPU]
         if len(a.devices) > 1:
             for d in a.devices:
-                where_d = {**({"rank": a.name} if several else {}), "device": str(d)}
                 busy = a.device_share(d, lambda x: x.busy)
                 idle = None if busy is None else max(0.0, 1 - busy)
-                out.append(_figure("gpu_idle_share", idle, "fraction", **where_d))
+                whose = a.name if several else None
+                idle_d = _figure(Step.GPU_IDLE_SHARE, idle, "fraction", rank=whose, device=str(d))
+                out.append(idle_d)
     return out
 
 
-def _spread_caveat(step_ms: Metric) -> Caveat | None:
-    if step_ms.n < 2 or not step_ms.median or step_ms.stdev is None:
+def _spread_caveat(step_ms: Figure | None) -> Caveat | None:
+    if step_ms is None or step_ms.n < 2 or not step_ms.median or step_ms.stdev is None:
         return None
     spread = step_ms.stdev / step_ms.median
     if spread < SPREAD_WARNING:
@@ -153,12 +147,12 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
     if isinstance(job, Analysis):
         job = Job((job,), ())
     a = job.headline
-    found = breakdown(a) + rank_figures(job)
+    found = StepFigures((*breakdown(a), *rank_figures(job)))
     several = len(job.ranks) > 1
     caveats = list(job.caveats)
     for r in job.ranks:
         caveats += [Caveat(c.id, f"{r.name}: {c}") if several else c for c in r.caveats]
-    spread = _spread_caveat(next(m for m in found if m.labels == {"quantity": STEP_MS}))
+    spread = _spread_caveat(found.figure(Step.STEP_MS))
     if spread:
         caveats.append(spread)
     paths = [os.fspath(path)] if isinstance(path, str | os.PathLike) else list(path)
@@ -186,7 +180,7 @@ def result(job: Job | Analysis, path: str | os.PathLike[str] | Sequence[str]) ->
         params["headline_rank"] = a.name
         params["common_steps"] = list(job.common_steps)
     return StageResult(
-        stage="trace", parameters=params, metrics=tuple(found), caveats=tuple(caveats)
+        stage="trace", parameters=params, metrics=found.to_metrics(), caveats=tuple(caveats)
     )
 
 
