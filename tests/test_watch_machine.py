@@ -12,7 +12,7 @@ import pytest
 
 from starvecheck.advice.report import build_report
 from starvecheck.core.context import Context
-from starvecheck.core.model import StageResult
+from starvecheck.core.model import GainKind, StageResult
 from starvecheck.loop.timer import Watch
 from starvecheck.loop.times import LoopTimes
 
@@ -50,7 +50,9 @@ def test_a_quiet_machine_gets_the_count_and_its_figure():
 def test_a_machine_loaded_past_twice_its_cpus_gets_no_figure_and_the_measured_path():
     # The watch runs: load average 6-8 on 2 CPUs, 4.33x predicted, 1.67x measured.
     f = judged([0.3, 0.35, 0.3], load=7.0)["profile.data-bound"]
-    assert not f.fix and f.gain.value is None
+    # No worker figure: the gain is the measured wait's share of the step, not a speed-up.
+    assert not f.fix and f.gain.kind is GainKind.STEP_SHARE and f.gain.value
+    assert "no worker figure" in f.gain.basis
     assert "too busy for a model to tell" in f.recommendation
     assert "`starvecheck loader --factory FILE.py:FUNC`" in f.recommendation
 

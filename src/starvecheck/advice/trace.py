@@ -186,7 +186,12 @@ def _data_bound_fix(
         interval = prediction_interval(m, params) if advice.changes else None
         if interval is not None and not interval.clears():
             return _inside_noise(advice.workers, interval), gain, {}
+        share = gain
         recommendation, gain, fix = worker_change(advice, interval)
+        if gain.value is None and gain.kind is GainKind.THROUGHPUT:
+            # No worker figure (the machine too busy, the bound too wide): the measured
+            # wait still says what loading that kept up would give back.
+            gain = replace(share, basis=f"{share.basis}; no worker figure ({gain.basis})")
         sharing = params.ranks_on_host
         if isinstance(sharing, int) and sharing > 1 and gain.value:
             # Measured: two ranks on two cores reached 1.2x of a predicted 1.46x, 3.2x of
