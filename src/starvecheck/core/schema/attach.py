@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, TypeVar
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Labels, LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import mapping, number, records, text
