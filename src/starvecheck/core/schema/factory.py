@@ -372,13 +372,13 @@ def _read(m: Metric, found: Mapping[tuple[str, int, int, bool, bool], Measured])
     if split is not None and stage in tuple(LoadStage):
         kept = [s for s in c.split if s.stage != stage]
         now = next((s for s in c.split if s.stage == stage), Split(LoadStage(str(stage))))
-        # mypy checks a **mapping against every field; SPLIT names Figure fields alone.
+        # mypy checks a **mapping against every field; these names are Figure fields.
         now = replace(now, **{split: figure})  # type: ignore[arg-type]
         parts = sorted([*kept, now], key=lambda s: STAGE_ORDER[s.stage])
         return replace(c, split=tuple(parts))
     extra = tuple(sorted((k, v) for k, v in labels.items() if k in (_Q, _P, "percentile")))
     slot = _SLOTS.get(extra)
-    # mypy checks a **mapping against every field; _SLOTS names Figure fields alone.
+    # mypy checks a **mapping against every field; these names are Figure fields.
     return None if slot is None else replace(c, **{slot[0]: figure})  # type: ignore[arg-type]
 
 

@@ -135,7 +135,7 @@ class IoFigures:
             elif figure is not None and at is not None:
                 place, quantity = at
                 was = reads.get(place, Reads(place))
-                # mypy checks a **mapping against every field; a Quantity names a Figure's.
+                # mypy checks a **mapping against every field; these names are Figure fields.
                 reads[place] = replace(was, **{quantity.value: figure})  # type: ignore[arg-type]
         return cls(tuple(residency), tuple(reads.values()))
 

@@ -199,7 +199,7 @@ class LoaderFigures:
                 unmeasured.append(Unmeasured(place.layout, figure.reason or ""))
             elif place.cache is not None and place.workers is not None:
                 key = (place.layout, place.cache, place.workers)
-                # mypy checks a **mapping against every field; a part names a Figure's.
+                # mypy checks a **mapping against every field; these names are Figure fields.
                 was = points.get(key, Point(*key))
                 points[key] = replace(was, **{place.part: figure})  # type: ignore[arg-type]
         return cls(tuple(residency), tuple(points.values()), tuple(first), tuple(unmeasured))

@@ -120,7 +120,7 @@ class StarveFigures:
                 continue
             workers, quantity = cell
             was = points.get(workers, Point(workers))
-            # mypy checks a **mapping against every field; a Quantity names a Figure's.
+            # mypy checks a **mapping against every field; these names are Figure fields.
             points[workers] = replace(was, **{quantity.value: figure})  # type: ignore[arg-type]
         return cls(sample, tuple(points.values()))
 
