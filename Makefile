@@ -1,7 +1,8 @@
 # The README's two set-up commands. On a fresh machine they are all the set-up there is.
 #   make run   venv with every extra, then `starvecheck doctor --quick` on the embedded default
-#   make test  venv with every extra and the test tools, then the fast lane (what CI runs
-#              first): every test but the slow and the accuracy ones, on every CPU
+#   make test  venv with every extra and the test tools, then ruff, mypy and the fast lane
+#              (what CI runs first): every test but the slow and the accuracy ones, on
+#              every CPU
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -49,8 +50,11 @@ system-deps:
 #   test-slow  real workers, processes and signals end to end; deterministic, minutes
 #   accuracy   truth checks of samplers, timings and predictions: needs a quiet machine
 TEST_WORKERS ?= auto
+# mypy checks the packages [tool.mypy] in pyproject.toml names (docs/development.md,
+# "Types"); its cache (.mypy_cache) makes a second run take a second or two.
 test: $(VENV)/.installed-all system-deps
 	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow and not accuracy"
 
 test-slow: $(VENV)/.installed-all system-deps
@@ -79,4 +83,4 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python benchmarks/doctor_quick.py --dir $(BENCH_DIR)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

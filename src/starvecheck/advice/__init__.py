@@ -13,7 +13,7 @@ from starvecheck.core.model import Finding, Severity
 
 
 def rank(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    todo = {}
+    todo: dict[str, Finding] = {}
     for f in findings:
         if f.severity is Severity.OK:
             continue

@@ -50,6 +50,8 @@ class Weakest:
 
 
 def weakest(chain: Sequence[Link]) -> Weakest:
+    demand: float | None  # the GPU's rate, where its link was measured
+    speedup: float | None  # training's, with the weakest link fixed
     pipeline = _pipeline(chain)
     gpu_link = next((x for x in chain if x.link == "gpu" and x.capacity is not None), None)
     if not pipeline:
@@ -73,7 +75,7 @@ def weakest(chain: Sequence[Link]) -> Weakest:
     demand = gpu_link.capacity if gpu_link is not None else None
     # Within 1% of the demand keeps up: a loader that takes turns with the step at
     # num_workers=0 is always a hair below it (advice/capacity.loader).
-    if demand is not None and low.capacity >= demand * (1 - SAME):
+    if demand is not None and gpu_link is not None and low.capacity >= demand * (1 - SAME):
         return _gpu_weakest(gpu_link, low)
     # A pipeline link starves the GPU: fixing it helps until the next pipeline limit
     # or the GPU's rate, whichever is lower.

@@ -27,7 +27,7 @@ def check_numa(m: Machine) -> Finding | None:
     placed = [g for g in m.gpus if g.numa_node is not None and g.numa_node in node_cpus]
     if not placed:
         return None
-    remote = [g for g in placed if not node_cpus[g.numa_node] & mine]
+    remote = [g for g in placed if g.numa_node is not None and not node_cpus[g.numa_node] & mine]
     if remote:
         by_node: dict[int, list[GpuInfo]] = {}
         for g in remote:
@@ -74,7 +74,8 @@ def check_pcie_width(m: Machine) -> Finding | None:
     known = [g for g in m.gpus if g.pcie.width_current and g.pcie.width_max]
     if not known:
         return None
-    narrow = [g for g in known if g.pcie.width_current < g.pcie.width_max]
+    # Both widths are known here (`known`): the `or`s only say so to the type checker.
+    narrow = [g for g in known if (g.pcie.width_current or 0) < (g.pcie.width_max or 0)]
     if not narrow:
         full = f"x{known[0].pcie.width_max}"
         return Finding(
@@ -85,7 +86,8 @@ def check_pcie_width(m: Machine) -> Finding | None:
     lines = []
     for g in narrow:
         peak = g.pcie.theoretical_gbps_max
-        now = (g.pcie.theoretical_gbps_max or 0) * g.pcie.width_current / g.pcie.width_max
+        current, most = g.pcie.width_current or 0, g.pcie.width_max or 1
+        now = (g.pcie.theoretical_gbps_max or 0) * current / most
         lines.append(
             f"GPU {g.index} ({g.pci_bus_id}) x{g.pcie.width_current} of "
             f"x{g.pcie.width_max}"

@@ -47,9 +47,9 @@ def recommended_workers(m: Machine) -> int | None:
 
 def check_cpu(m: Machine) -> Finding | None:
     logical, eff = m.cpu.logical, m.cpu.effective_cpus
-    if logical is None or eff is None:
+    workers = recommended_workers(m)  # known wherever the effective CPUs are
+    if logical is None or eff is None or workers is None:
         return None
-    workers = recommended_workers(m)
     per = f" per process ({_ranks(m)} GPUs share {eff} CPUs)" if _ranks(m) > 1 else ""
     if logical <= eff:
         return Finding(
@@ -92,6 +92,7 @@ def check_throttling(m: Machine) -> Finding | None:
             f"0 of {t.nr_periods:,} scheduler periods throttled ({t.path}/cpu.stat).",
         )
     severity = Severity.WARNING if t.share >= 0.01 else Severity.INFO
+    workers = recommended_workers(m)  # None only where no CPU count is known at all
     quota = f" under a quota of {m.cpu.quota_cpus:g} CPUs" if m.cpu.quota_cpus else ""
     return Finding(
         catalogue.ENV_CPU_THROTTLED,
@@ -102,8 +103,8 @@ def check_throttling(m: Machine) -> Finding | None:
         "A throttled DataLoader worker stops mid-batch until the next 100 ms period.",
         "Raise or remove the CPU limit (Kubernetes: resources.limits.cpu; keep "
         "resources.requests.cpu for scheduling), or run fewer workers than the quota "
-        f"(num_workers={recommended_workers(m)}) so they are not descheduled mid-batch.",
-        fix={"num_workers": recommended_workers(m)},
+        f"(num_workers={workers}) so they are not descheduled mid-batch.",
+        fix={} if workers is None else {"num_workers": workers},
     )
 
 

@@ -308,7 +308,8 @@ def _config(loader: StageResult) -> Finding | None:
         f"{describe(chosen)} loads {gain:.2f}x as many samples a second as your current settings"
     )
     step = training_gain(current, chosen, params.step_ms, params.batch_size)
-    if step is not None and step < 1 + MARGIN:  # loads faster, trains no faster
+    # Loads faster, trains no faster (a step gain is only had with the step given).
+    if step is not None and params.step_ms is not None and step < 1 + MARGIN:
         return no_training_gain(title, step, float(params.step_ms), evidence, fix_of(current))
     title, basis, gain = with_step(title, basis, gain, step, params.step_ms)
     # Severity by the interval's low end: a short run, less certain, warns no sooner.

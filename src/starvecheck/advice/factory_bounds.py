@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from starvecheck.advice.configurations import Point, describe, others_cpus
 from starvecheck.core import catalogue
 from starvecheck.core.explained import Cost, Unexplained, unexplained
-from starvecheck.core.metric import Caveat
+from starvecheck.core.metric import Caveat, LabelValue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
 from starvecheck.core.schema.factory import SWEPT
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
@@ -132,7 +132,7 @@ def with_step(
 
 
 def no_training_gain(
-    loads: str, step: float, step_ms: float, evidence: str, keep: dict[str, object]
+    loads: str, step: float, step_ms: float, evidence: str, keep: Mapping[str, LabelValue]
 ) -> Finding:
     """A configuration that loads faster and trains no faster with the step given: at
     num_workers=0 loading and the step add up, with workers they overlap."""

@@ -56,7 +56,7 @@ def rules(results: Results) -> list[Finding]:
     if m is None:
         return []
     figures = m.records(PadFigures)
-    eff: dict[str, float] = dict(figures.efficiencies())
+    eff: dict[str, float] = dict(figures.efficiencies().items())
     if not eff:
         return []
     params = m.parameters.read(Parameters)

@@ -117,14 +117,14 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
     if 0 not in idle or rec is None:
         return None
     wait0 = _value(r, Quantity.WAIT_MS, 0)
-    w0, wr, r = idle[0], idle.get(int(rec), idle[0]), int(rec)
+    w0, wr, n = idle[0], idle.get(int(rec), idle[0]), int(rec)
     evidence = (
         "num_workers=0: the GPU "
         + (f"waits {wait0:,.0f} ms per step, " if wait0 is not None else "")
         + f"idle {w0:.0%} of the time; "
-        f"num_workers={r}: idle {wr:.0%}"
+        f"num_workers={n}: idle {wr:.0%}"
     )
-    if r == 0 and w0 >= STARVED_WARNING:
+    if n == 0 and w0 >= STARVED_WARNING:
         # No worker count beats num_workers=0: nothing to compare it with (the
         # not-enough-cpu finding says why workers do not help).
         return None
@@ -148,14 +148,14 @@ def _workers_zero(r: StageResult, idle: dict[int, float], rec: float | None) -> 
         else Severity.INFO,
         f"num_workers=0 leaves the GPU idle {w0:.0%} of each step",
         evidence,
-        f"Load in worker processes: {_dataloader_line(r)}.",
+        f"Load in worker processes: {_dataloader_line(n)}.",
         Gain(
             GainKind.STEP_SHARE,
             round(max(0.0, w0 - wr), 3),
-            f"idle share at num_workers=0 minus at {r}, measured here",
+            f"idle share at num_workers=0 minus at {n}, measured here",
         ),
         stage="starve",
-        fix={"num_workers": r},
+        fix={"num_workers": n},
     )
 
 
@@ -163,12 +163,12 @@ def _enough(
     idle: dict[int, float],
     rec: float | None,
     cpus_said: str,
-    d: float,
-    b: int,
-    g: float,
+    d: float | None,
+    b: int | None,
+    g: float | None,
     cpu_time: float,
 ) -> Finding | None:
-    if rec is None or int(rec) not in idle:
+    if rec is None or int(rec) not in idle or d is None or b is None or g is None:
         return None
     r = int(rec)
     best = idle[r]

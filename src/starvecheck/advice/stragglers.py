@@ -21,7 +21,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from starvecheck.advice.profile import few_steps
 from starvecheck.core import catalogue
@@ -95,7 +95,8 @@ def summary(figures: StepFigures, findings: Sequence[Finding]) -> Straggler:
     for f in findings:
         lost = f.gain.value if f.gain else None
         if f.id == catalogue.PROFILE_STRAGGLER:
-            rank, cause = f.fix.get("rank"), f.fix.get("cause")
+            # Both are strings, as the finding writes them (below).
+            rank, cause = cast(str | None, f.fix.get("rank")), cast(str | None, f.fix.get("cause"))
             return replace(out, pattern="fixed", rank=rank, cause=cause, lost_share=lost)
         if f.id == catalogue.PROFILE_STRAGGLER_ROTATING:
             out = replace(out, pattern="rotating", lost_share=lost)
@@ -215,7 +216,7 @@ def _straggler(
     # the slowest of all the ranks alike; this rank's work above that.
     lost = max(0.0, work[rank] - paced([v for k in others for v in values[k]], len(work)))
     wait = waits.get(rank)
-    known = [waits[k] for k in others if waits.get(k) is not None]
+    known = [w for k in others if (w := waits.get(k)) is not None]
     wait_med = statistics.median(known) if known else None
     data = wait is not None and wait_med is not None and wait - wait_med >= extra / 2
     step = steps.get(rank) or work[rank]

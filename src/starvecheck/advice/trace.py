@@ -353,7 +353,7 @@ def _memcpy(m: StepFigures) -> Finding | None:
     h2d, d2h = m.value_of(Step.MEMCPY_H2D_SHARE), m.value_of(Step.MEMCPY_D2H_SHARE)
     d2d = m.value_of(Step.MEMCPY_D2D_SHARE)
     if h2d is not None and d2h is not None:
-        share = h2d + d2h
+        share: float | None = h2d + d2h
         pageable = m.value_of(Step.MEMCPY_H2D_PAGEABLE_SHARE) or 0.0
     else:  # a report before 0.2: copies of every direction together
         share = m.value_of(Step.MEMCPY_SHARE)

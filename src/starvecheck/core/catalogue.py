@@ -35,7 +35,8 @@ class Kind(str):
         kind.titles = dict(titles or {})
         return kind
 
-    def title(self, form: str, **values: object) -> str:
+    # str.title is never a Kind's: a Kind's title is one of its forms' wording.
+    def title(self, form: str, **values: object) -> str:  # type: ignore[override]
         """The title of one of its forms, its values filled in: a finding that more
         than one rule gives is worded here once, apart from where it is detected."""
         return self.titles[form].format(**values)

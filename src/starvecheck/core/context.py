@@ -11,9 +11,12 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from starvecheck.core import clocks
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _utc_now() -> str:
@@ -42,7 +45,7 @@ class Context:
         # https://no-color.org: any non-empty NO_COLOR disables colour.
         return bool(self.stdout_isatty) and not self.environ.get("NO_COLOR")
 
-    def console(self, stream: TextIO | None = None):  # -> rich.console.Console
+    def console(self, stream: TextIO | None = None) -> Console:
         from rich.console import Console  # rich costs ~60 ms; only load it to print
 
         return Console(

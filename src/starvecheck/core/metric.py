@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from starvecheck.core.jsonvalue import JsonDict, JsonObject
 
@@ -99,16 +99,16 @@ class Metric:
     @classmethod
     def from_dict(cls, d: JsonObject) -> Metric:
         return cls(
-            name=d["name"],
-            value=d.get("value"),
-            unit=d.get("unit", ""),
-            values=tuple(d.get("values", ())),
-            median=d.get("median"),
-            min=d.get("min"),
-            max=d.get("max"),
-            stdev=d.get("stdev"),
-            reason=d.get("reason"),
-            labels=dict(d.get("labels") or {}),
+            name=cast(str, d["name"]),
+            value=cast(float | None, d.get("value")),
+            unit=cast(str, d.get("unit", "")),
+            values=tuple(cast(list[float], d.get("values", []))),
+            median=cast(float | None, d.get("median")),
+            min=cast(float | None, d.get("min")),
+            max=cast(float | None, d.get("max")),
+            stdev=cast(float | None, d.get("stdev")),
+            reason=cast(str | None, d.get("reason")),
+            labels=dict(cast(Labels, d.get("labels") or {})),
         )
 
 

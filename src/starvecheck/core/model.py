@@ -27,6 +27,9 @@ from starvecheck.core.schema.steps import Straggler
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
+# A stored report's lists, as its schema writes them (read, not checked: `from_dict`).
+_Objects = Sequence[JsonObject]
+_Texts = Sequence[str]
 
 
 class Severity(str, Enum):
@@ -101,7 +104,8 @@ class Gain:
 
     @classmethod
     def from_dict(cls, d: JsonObject) -> Gain:
-        return cls(GainKind(d["kind"]), d.get("value"), d.get("basis", ""))
+        value, basis = cast(float | None, d.get("value")), cast(str, d.get("basis", ""))
+        return cls(GainKind(d["kind"]), value, basis)
 
 
 # Stages that report under another stage's name: a command's modes, which the JSON has
@@ -147,7 +151,7 @@ class Finding:
             raise ValueError(f"{self.id} is never {self.severity.value} (core/catalogue.py)")
 
     def to_dict(self) -> JsonDict:
-        d = {
+        d: JsonDict = {
             "id": self.id,
             "severity": self.severity.value,
             "title": self.title,
@@ -161,14 +165,14 @@ class Finding:
     @classmethod
     def from_dict(cls, d: JsonObject) -> Finding:
         return cls(
-            id=d["id"],
+            id=cast(str, d["id"]),
             severity=Severity(d["severity"]),
-            title=d["title"],
-            evidence=d.get("evidence", ""),
-            recommendation=d.get("recommendation", ""),
-            gain=Gain.from_dict(d["gain"]) if d.get("gain") else None,
-            stage=d.get("stage", ""),
-            fix=dict(d.get("fix") or {}),
+            title=cast(str, d["title"]),
+            evidence=cast(str, d.get("evidence", "")),
+            recommendation=cast(str, d.get("recommendation", "")),
+            gain=Gain.from_dict(cast(JsonObject, d["gain"])) if d.get("gain") else None,
+            stage=cast(str, d.get("stage", "")),
+            fix=dict(cast(Mapping[str, LabelValue], d.get("fix") or {})),
         )
 
 
@@ -248,7 +252,7 @@ class StageResult:
         """The stage as schema 3 writes it: `judgement` is judging's, and (kept for
         scripts written against schema 2) its figures, caveats, capacity and straggler
         verdict are in `metrics`, `caveats`, `capacity` and `parameters` too."""
-        parameters = dict(self.parameters)
+        parameters = cast(JsonDict, dict(self.parameters))  # what the JSON writes
         if self.judged.straggler is not None:
             parameters["straggler"] = self.judged.straggler.to_dict()
         d: JsonDict = {
@@ -266,20 +270,23 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, d: JsonObject) -> StageResult:
-        parameters = dict(d.get("parameters", {}))
-        stage = _own_stage(d["stage"], parameters)
-        metrics = tuple(Metric.from_dict(m) for m in d.get("metrics", ()))
-        caveats = tuple(caveat(c) for c in d.get("caveats", ()))
-        capacity = Metric.from_dict(d["capacity"]) if d.get("capacity") else None
+        # A stored report's shape is its schema's (docs/json.md): read as written.
+        parameters = dict(cast(JsonObject, d.get("parameters", {})))
+        stage = _own_stage(cast(str, d["stage"]), parameters)
+        metrics = tuple(Metric.from_dict(m) for m in cast(_Objects, d.get("metrics", ())))
+        caveats = tuple(caveat(c) for c in cast(_Texts, d.get("caveats", ())))
+        capacity = Metric.from_dict(cast(JsonObject, d["capacity"])) if d.get("capacity") else None
         judged = Judged()
         if isinstance(section := d.get("judgement"), Mapping):  # schema 3
-            names = set(section.get("figures", ()))
-            said = {caveat(c) for c in section.get("caveats", ())}
+            names = set(cast(_Texts, section.get("figures", ())))
+            said = {caveat(c) for c in cast(_Texts, section.get("caveats", ()))}
             judged = Judged(
                 tuple(m for m in metrics if m.name in names),
-                Metric.from_dict(section["capacity"]) if section.get("capacity") else None,
+                Metric.from_dict(cast(JsonObject, section["capacity"]))
+                if section.get("capacity")
+                else None,
                 tuple(c for c in caveats if c in said),
-                dict(section.get("verdicts", {})),
+                dict(cast(Mapping[str, LabelValue | None], section.get("verdicts", {}))),
             )
             metrics = tuple(m for m in metrics if m.name not in names)
             caveats = tuple(c for c in caveats if c not in said)
@@ -287,16 +294,16 @@ class StageResult:
         else:  # schema 2: judging's figures among the measured; judging makes them again
             metrics = tuple(m for m in metrics if m.labels.get("quantity") not in JUDGED)
         straggler = Straggler.from_dict(parameters.pop("straggler", None))
+        findings = cast(_Objects, d.get("findings", ()))
+        own = {cast(str, d["stage"]): stage}
         return cls(
             stage=stage,
-            parameters=parameters,
+            parameters=Parameters(parameters),
             metrics=metrics,
-            findings=tuple(
-                _restamped(Finding.from_dict(f), {d["stage"]: stage}) for f in d.get("findings", ())
-            ),
+            findings=tuple(_restamped(Finding.from_dict(f), own) for f in findings),
             caveats=caveats,
             capacity=capacity,
-            duration_s=d.get("duration_s"),
+            duration_s=cast(float | None, d.get("duration_s")),
             judged=replace(judged, straggler=straggler),
         )
 
@@ -330,26 +337,27 @@ class Link:
         return self.capacity / self.demand
 
     def to_dict(self) -> JsonDict:
+        parts: JsonDict = dict(self.parts)
         return {
             "link": self.link,
             "capacity_samples_per_s": self.capacity,
             "demand_samples_per_s": self.demand,
             "basis": self.basis,
             "reason": self.reason,
-            "parts": dict(self.parts),
+            "parts": parts,
             "limited_by": self.limited_by,
         }
 
     @classmethod
     def from_dict(cls, d: JsonObject) -> Link:
         return cls(
-            link=d["link"],
-            capacity=d.get("capacity_samples_per_s"),
-            demand=d.get("demand_samples_per_s"),
-            basis=d.get("basis", ""),
-            reason=d.get("reason"),
-            parts=dict(d.get("parts", {})),
-            limited_by=d.get("limited_by"),
+            link=cast(str, d["link"]),
+            capacity=cast(float | None, d.get("capacity_samples_per_s")),
+            demand=cast(float | None, d.get("demand_samples_per_s")),
+            basis=cast(str, d.get("basis", "")),
+            reason=cast(str | None, d.get("reason")),
+            parts=dict(cast(Mapping[str, float | None], d.get("parts", {}))),
+            limited_by=cast(str | None, d.get("limited_by")),
         )
 
 
@@ -382,7 +390,7 @@ class Report:
         return Machine.from_dict(self.machine)
 
     def to_dict(self) -> JsonDict:
-        return {
+        d: JsonDict = {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "starvecheck", "version": self.tool_version},
             "command": self.command,
@@ -392,7 +400,8 @@ class Report:
             "checklist": [f.to_dict() for f in self.checklist],
             "weakest_link": self.weakest_link,
             "verdict": self.verdict,
-        } | self._doctor_dict()
+        }
+        return d | self._doctor_dict()
 
     def _doctor_dict(self) -> JsonDict:
         d: JsonDict = {}
@@ -410,20 +419,22 @@ class Report:
         version = d.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise ValueError(f"unsupported report schema_version {version!r}")
-        stages = tuple(StageResult.from_dict(s) for s in d.get("stages", ()))
+        # A stored report's shape is its schema's (docs/json.md): read as written.
+        stages = tuple(StageResult.from_dict(s) for s in cast(_Objects, d.get("stages", ())))
         own = {s.reported_as: s.stage for s in stages}
+        checklist = cast(_Objects, d.get("checklist", ()))
         return cls(
-            command=d["command"],
-            machine=dict(d.get("machine", {})),
+            command=cast(str, d["command"]),
+            machine=dict(cast(JsonObject, d.get("machine", {}))),
             stages=stages,
-            checklist=tuple(_restamped(Finding.from_dict(f), own) for f in d.get("checklist", ())),
-            weakest_link=d.get("weakest_link"),
-            verdict=d.get("verdict", ""),
-            tool_version=d.get("tool", {}).get("version", ""),
-            created_at=d.get("created_at", ""),
-            workload=dict(d.get("workload", {})),
-            chain=tuple(Link.from_dict(x) for x in d.get("chain", ())),
-            weakest_summary=d.get("weakest_summary", ""),
+            checklist=tuple(_restamped(Finding.from_dict(f), own) for f in checklist),
+            weakest_link=cast(str | None, d.get("weakest_link")),
+            verdict=cast(str, d.get("verdict", "")),
+            tool_version=cast(str, cast(JsonObject, d.get("tool", {})).get("version", "")),
+            created_at=cast(str, d.get("created_at", "")),
+            workload=dict(cast(JsonObject, d.get("workload", {}))),
+            chain=tuple(Link.from_dict(x) for x in cast(_Objects, d.get("chain", ()))),
+            weakest_summary=cast(str, d.get("weakest_summary", "")),
             nodes=Node.read_all(d.get("nodes", ())),
         )
 

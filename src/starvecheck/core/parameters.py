@@ -92,7 +92,11 @@ def number(key: str | None = None) -> _Key[float | None]:
     return _Key(_number, None, key)
 
 
-def whole(key: str | None = None, absent: int | None = None) -> _Key[int | None]:
+@overload
+def whole(key: str | None = None, *, absent: int) -> _Key[int]: ...
+@overload
+def whole(key: str | None = None, absent: None = None) -> _Key[int | None]: ...
+def whole(key: str | None = None, absent: int | None = None) -> _Key[int] | _Key[int | None]:
     return _Key(_whole, absent, key)
 
 

@@ -94,7 +94,7 @@ def put_back() -> None:
         with contextlib.suppress(OSError, ValueError):
             _state.report.close()
     elif sys.stdout is sys.stderr:
-        sys.stdout = _state.original  # type: ignore[assignment]
+        sys.stdout = _state.original
     _state.__init__()  # type: ignore[misc]
     _state.for_good = False
 

@@ -5,8 +5,9 @@ renderers, which style them; reads the report only."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from starvecheck.core.jsonvalue import JsonObject
 from starvecheck.core.model import CHAIN_LINKS as LINKS
 from starvecheck.core.model import Link, Report
 from starvecheck.core.schema.nodes import Node
@@ -62,8 +63,8 @@ def demand_line(report: Report) -> str:
     if demand is None:
         return "The GPU's demand is not known (no step time)."
     w = report.workload
-    batch = w.get("batch_size", {}).get("value")
-    step = w.get("step_ms", {})
+    batch = cast(JsonObject, w.get("batch_size", {})).get("value")
+    step = cast(JsonObject, w.get("step_ms", {}))
     return (
         f"The GPU consumes {rate(demand)} samples/s (batch {batch} every "
         f"{step.get('value'):g} ms, {step.get('source')})."
@@ -73,7 +74,7 @@ def demand_line(report: Report) -> str:
 def chain_rows(chain: Sequence[Link], weakest_name: str | None) -> list[tuple[str, ...]]:
     """One row per link in chain order; the weakest carries the marker."""
     order = {name: i for i, name in enumerate(LINKS)}
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for link in sorted(chain, key=lambda x: order.get(x.link, len(LINKS))):
         ratio = link.ratio
         name = link.link + (f" ({link.limited_by})" if link.limited_by else "")

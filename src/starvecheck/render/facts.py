@@ -49,7 +49,7 @@ def sections(report: Report) -> list[Section]:
         return []
     m, command = report.facts, report.command
     entry = stages_table.entry(command)
-    rows = [(name, text(m)) for name, text in _ROWS]
+    rows: list[tuple[str, ...]] = [(name, text(m)) for name, text in _ROWS]
     # The facts each command's report shows (all of them go to JSON): the stage table's.
     if entry.facts is not None:
         rows = [r for r in rows if r[0] in entry.facts]

@@ -28,7 +28,7 @@ def sections(stage: StageResult, metrics: Sequence[Metric]) -> tuple[list[Sectio
     if not figures.stages:
         return [], list(metrics)
     rest = [m for m in metrics if not LoadFigures.holds(m)]
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for w in figures.stages:
         exposed, share, busy = w.exposed_ms, w.exposed_share, w.busy_ms
         values = [x.value for x in (exposed, share, busy) if x is not None and x.value is not None]

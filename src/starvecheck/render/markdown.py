@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import Finding, Report, Severity
 from starvecheck.core.text import escaped
@@ -15,7 +17,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ").strip() or " "
 
 
-def _table(headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _table(headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines

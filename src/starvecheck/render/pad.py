@@ -79,7 +79,7 @@ def _rows(figures: PadFigures, current: str | None) -> list[tuple[str, ...]]:
     """One row per strategy laid out, in the order people read them."""
     base = figures.cost(current) if current is not None else None
     base_eff = base.efficiency if base is not None else None
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for s in Strategy:
         c = figures.cost(s)
         if c is None:

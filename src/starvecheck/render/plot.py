@@ -299,10 +299,10 @@ def chain_plot(report: Report, path: str) -> None:
     demand = next((x.demand for x in links if x.demand), None)
     scale = demand or 1.0
 
-    def height(x: Any) -> float:
-        return x.capacity / scale
+    def height(capacity: float) -> float:
+        return capacity / scale
 
-    values = [height(x) for x in links if x.capacity is not None and x.capacity > 0]
+    values = [height(x.capacity) for x in links if x.capacity is not None and x.capacity > 0]
     lo = min([*values, 1.0]) / 3
     hi = max([*values, 1.0]) * 6
     fig, ax = plt.subplots(figsize=(7.2, 4.4), dpi=120)
@@ -314,7 +314,7 @@ def chain_plot(report: Report, path: str) -> None:
             middle = (lo * hi) ** 0.5 * 3  # above the demand line, clear of it
             ax.annotate(why, (i, middle), ha="center", va="bottom", fontsize=7, color="grey")
             continue
-        v = height(x)
+        v = height(x.capacity)
         weakest = x.link == report.weakest_link
         color = "#d62728" if weakest else ("#ff7f0e" if demand and v < 1 else "#1f77b4")
         ax.bar(i, v - lo, bottom=lo, color=color, edgecolor="black", linewidth=0.6)

@@ -58,7 +58,7 @@ def split(
         cells.setdefault(workers, {})[what] = m
     if not cells or len(columns) > MAX_COLUMNS:
         return (), [], list(metrics)
-    units = {}
+    units: dict[str, str] = {}
     for row in cells.values():
         for what, m in row.items():
             units.setdefault(what, m.unit)

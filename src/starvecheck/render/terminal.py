@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Metric
@@ -38,13 +39,13 @@ def render(report: Report, console: Console) -> None:
     from rich.text import Text
 
     report = escaped(report)
-    title = Text(f"starvecheck {report.command}", style="bold")
+    heading = Text(f"starvecheck {report.command}", style="bold")
     machine = report.facts
     if machine.hostname:
-        title.append(f" · {machine.hostname}")
+        heading.append(f" · {machine.hostname}")
     if machine.kernel:
-        title.append(f" · Linux {machine.kernel}")
-    console.print(title)
+        heading.append(f" · Linux {machine.kernel}")
+    console.print(heading)
     if chain.shows(report):
         _doctor(report, console)
 
@@ -117,7 +118,7 @@ def _doctor(report: Report, console: Console) -> None:
     grid = Table(*chain.WORKLOAD_HEADERS, box=None, header_style="bold", pad_edge=False)
     grid.columns[0].no_wrap = True  # a key is never cut: where it does not fit, stacked
     grid.columns[2].style = "dim"
-    workload = list(chain.workload_rows(report.workload))
+    workload: list[tuple[str, ...]] = list(chain.workload_rows(report.workload))
     for row in workload:
         grid.add_row(*row)
     console.print(_fitting(console, grid, "", chain.WORKLOAD_HEADERS, workload))
@@ -197,7 +198,9 @@ def _finding_block(i: int, f: Finding, width: int = 100) -> Any:
     return grid
 
 
-def _table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], right: range) -> Any:
+def _table(
+    title: str, headers: tuple[str, ...], rows: Sequence[tuple[str, ...]], right: range
+) -> Any:
     """A measurement table: first column never wrapped, numbers right-aligned, rows whose
     figure is n/a dimmed (their reason is printed below the table)."""
     from rich.table import Table
@@ -221,7 +224,7 @@ def _table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]], ri
 
 
 def _fitting(
-    console: Any, table: Any, title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]
+    console: Any, table: Any, title: str, headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]
 ) -> Any:
     """The table, or where even its narrowest layout (each column as wide as its longest
     word) is wider than the terminal, its rows stacked: rich would otherwise cut words
@@ -232,7 +235,7 @@ def _fitting(
     return table
 
 
-def _stacked(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]]) -> Any:
+def _stacked(title: str, headers: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> Any:
     """A table on a narrow terminal: each row's first cell, then each other cell under
     it with its header, every line wrapped (nothing cut, no column dropped)."""
     from rich.console import Group

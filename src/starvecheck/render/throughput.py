@@ -52,7 +52,7 @@ class Row:
             return format(m.value, fmt) if m is not None and m.value is not None else "-"
 
         spread = f"{r.min:,.0f} … {r.max:,.0f}" if r.values else ""
-        sigma = f"{r.stdev / r.value:.0%}" if r.values and r.value else ""
+        sigma = f"{r.stdev / r.value:.0%}" if r.values and r.value and r.stdev is not None else ""
         return (
             self.what,
             self.temp,

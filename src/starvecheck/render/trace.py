@@ -249,12 +249,12 @@ def ranks(
         return [], list(metrics), []
     by: dict[str, ByQuantity] = {}
     devices: dict[str, dict[str, Metric]] = {}
-    for f, m in mine:
-        rank = f.rank or ""
-        if f.device is not None:
-            devices.setdefault(rank, {})[f.device] = m
-        elif f.phase is None:
-            by.setdefault(rank, {})[f.quantity] = m
+    for fig, m in mine:
+        rank = fig.rank or ""
+        if fig.device is not None:
+            devices.setdefault(rank, {})[fig.device] = m
+        elif fig.phase is None:
+            by.setdefault(rank, {})[fig.quantity] = m
     verdict = stage.judged.straggler or Straggler()
     turns, compared = verdict.slowest_in, verdict.steps_compared
     rows: list[tuple[str, ...]] = []
@@ -323,12 +323,12 @@ def loop_ranks(
     if not mine:
         return [], list(metrics), []
     by: dict[str, ByQuantity] = {}
-    for f, m in mine:
-        if f.rank is not None:
-            by.setdefault(f.rank, {})[f.quantity] = m
+    for fig, m in mine:
+        if fig.rank is not None:
+            by.setdefault(fig.rank, {})[fig.quantity] = m
     verdict = stage.judged.straggler or Straggler()
     turns, compared = verdict.slowest_in, verdict.steps_compared
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for rank in sorted(by, key=_natural):
         f = by[rank]
         steps = f.get(Step.STEPS)

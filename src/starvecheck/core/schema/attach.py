@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Generic, TypeVar
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Labels, LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import mapping, number, records, text
@@ -159,7 +159,7 @@ class WaitPart:
 
     def metric(self, who: Who) -> Metric:
         """Its metric among the rank's (`who`)."""
-        labels = {"quantity": EXPOSED_SHARE, "load_stage": self.stage.value}
+        labels: dict[str, LabelValue] = {"quantity": EXPOSED_SHARE, "load_stage": self.stage.value}
         labels |= self.interval.labels()
         labels |= {} if self.from_workers is None else {"from_workers": self.from_workers}
         return self.figure.metric(f"attach.{WAIT_STEM}.{self.stage.value}", "share", labels | who)
@@ -198,11 +198,8 @@ def who_of(labels: Labels) -> tuple[int, int | None] | None:
 
 def interval(labels: Labels) -> Interval:
     """A share's interval as its labels hold it (each part None where they do not)."""
-    return Interval(
-        *(_num(labels.get(k)) for k in ("low95", "high95", "samples", "samples_effective")),
-        _num(labels.get("runs")),
-        _num(labels.get("clustered")),
-    )
+    keys = ("low95", "high95", "samples", "samples_effective", "runs", "clustered")
+    return Interval(*(_num(labels.get(k)) for k in keys))
 
 
 def _enum(kind: type[T], x: LabelValue | None) -> T | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from starvecheck.core.metric import Metric
+from starvecheck.core.metric import Labels, Metric
 from starvecheck.core.schema.attach import (
     GPU_UTILIZATION,
     MAIN_LOADING_SHARE,
@@ -202,7 +202,7 @@ class GpuUse:
     utilization: Figure
 
     def metric(self) -> Metric:
-        labels = {"gpu": self.index, "quantity": GPU_UTILIZATION}
+        labels: Labels = {"gpu": self.index, "quantity": GPU_UTILIZATION}
         return self.utilization.metric("attach.gpu.utilization", "%", labels)
 
 

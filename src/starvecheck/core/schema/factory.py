@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Labels, LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, items, number, records, text, whole
@@ -372,11 +372,14 @@ def _read(m: Metric, found: Mapping[tuple[str, int, int, bool, bool], Measured])
     if split is not None and stage in tuple(LoadStage):
         kept = [s for s in c.split if s.stage != stage]
         now = next((s for s in c.split if s.stage == stage), Split(LoadStage(str(stage))))
-        parts = sorted([*kept, replace(now, **{split: figure})], key=lambda s: STAGE_ORDER[s.stage])
+        # mypy checks a **mapping against every field; these names are Figure fields.
+        now = replace(now, **{split: figure})  # type: ignore[arg-type]
+        parts = sorted([*kept, now], key=lambda s: STAGE_ORDER[s.stage])
         return replace(c, split=tuple(parts))
     extra = tuple(sorted((k, v) for k, v in labels.items() if k in (_Q, _P, "percentile")))
     slot = _SLOTS.get(extra)
-    return None if slot is None else replace(c, **{slot[0]: figure})
+    # mypy checks a **mapping against every field; these names are Figure fields.
+    return None if slot is None else replace(c, **{slot[0]: figure})  # type: ignore[arg-type]
 
 
 STAGE_ORDER = {s: i for i, s in enumerate(LoadStage)}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import counts, flag, number, whole
@@ -135,7 +135,8 @@ class IoFigures:
             elif figure is not None and at is not None:
                 place, quantity = at
                 was = reads.get(place, Reads(place))
-                reads[place] = replace(was, **{quantity.value: figure})
+                # mypy checks a **mapping against every field; these names are Figure fields.
+                reads[place] = replace(was, **{quantity.value: figure})  # type: ignore[arg-type]
         return cls(tuple(residency), tuple(reads.values()))
 
     @staticmethod

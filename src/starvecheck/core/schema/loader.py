@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from starvecheck.core.metric import Metric
+from starvecheck.core.metric import Labels, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, items, mapping, number, whole
 from starvecheck.core.schema.common import (
@@ -104,7 +104,7 @@ class FirstBatch:
 
     def metric(self) -> Metric:
         layout, w = self.layout.value, self.workers
-        labels = {"quantity": FIRST_BATCH_S, "layout": layout, "workers": w}
+        labels: Labels = {"quantity": FIRST_BATCH_S, "layout": layout, "workers": w}
         return self.figure.metric(f"{FIRST_BATCH_S}.{layout}.w{w}", "s", labels)
 
 
@@ -199,7 +199,9 @@ class LoaderFigures:
                 unmeasured.append(Unmeasured(place.layout, figure.reason or ""))
             elif place.cache is not None and place.workers is not None:
                 key = (place.layout, place.cache, place.workers)
-                points[key] = replace(points.get(key, Point(*key)), **{place.part: figure})
+                # mypy checks a **mapping against every field; these names are Figure fields.
+                was = points.get(key, Point(*key))
+                points[key] = replace(was, **{place.part: figure})  # type: ignore[arg-type]
         return cls(tuple(residency), tuple(points.values()), tuple(first), tuple(unmeasured))
 
     @staticmethod

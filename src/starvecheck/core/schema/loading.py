@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Metric
 from starvecheck.core.schema.figure import Figure
 

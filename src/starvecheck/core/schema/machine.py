@@ -202,7 +202,7 @@ def _value(hint: Any, value: JsonValue, absent: Any) -> Any:
             return _read(k, value)
         if origin is list and isinstance(value, list):
             (item,) = get_args(k)
-            if is_dataclass(item):
+            if is_dataclass(item) and isinstance(item, type):
                 return [_read(item, x) for x in value if isinstance(x, Mapping)]
             return [x for x in value if isinstance(x, item)]
         if origin is dict and isinstance(value, Mapping):
@@ -214,7 +214,7 @@ def _value(hint: Any, value: JsonValue, absent: Any) -> Any:
     if absent is not MISSING:
         return absent
     k = kinds[0]
-    return _read(k, {}) if is_dataclass(k) else (get_origin(k) or k)()
+    return _read(k, {}) if is_dataclass(k) and isinstance(k, type) else (get_origin(k) or k)()
 
 
 def _is(value: JsonValue, kind: type) -> bool:

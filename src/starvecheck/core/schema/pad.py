@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import text, whole

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import Labels, LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, mapping, text, whole

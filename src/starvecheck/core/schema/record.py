@@ -14,6 +14,8 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from starvecheck.core.jsonvalue import JsonDict
+
 if TYPE_CHECKING:
     from starvecheck.core.metric import LabelValue, Metric
 
@@ -83,7 +85,7 @@ class Record:
             Record._hints[cls] = typing.get_type_hints(cls)
         return {f.name: Record._hints[cls][f.name] for f in dataclasses.fields(cls)}
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JsonDict:
         """The record as the JSON writes it (tuples as lists)."""
         return {
             k: list(v) if isinstance(v, tuple) else v
@@ -108,7 +110,7 @@ class Record:
                 given[name] = tuple(value) if isinstance(value, list) else value
             elif name in required:
                 return None
-        return cls(**given)  # type: ignore[arg-type]
+        return cls(**given)
 
     @classmethod
     def read_all(cls: type[R], values: object) -> tuple[R, ...]:

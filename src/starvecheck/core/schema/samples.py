@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import TypeVar
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import LabelValue, Metric
 from starvecheck.core.schema.figure import Figure
 

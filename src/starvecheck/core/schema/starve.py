@@ -13,9 +13,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
-from starvecheck.core.metric import Metric
+from starvecheck.core.compat import StrEnum
+from starvecheck.core.metric import Labels, Metric
 from starvecheck.core.schema.common import FIRST_BATCH_S, SAMPLE_CPU_MS
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.samples import count_of, enum_of, labels_of
@@ -69,7 +69,7 @@ class Point:
         for q in Quantity:
             figure = self.figure(q)
             if figure is not None:
-                labels = {"quantity": q.value, "workers": self.workers}
+                labels: Labels = {"quantity": q.value, "workers": self.workers}
                 yield figure.metric(f"{q.value}.w{self.workers}", _UNITS.get(q, "ms"), labels)
 
 
@@ -120,7 +120,8 @@ class StarveFigures:
                 continue
             workers, quantity = cell
             was = points.get(workers, Point(workers))
-            points[workers] = replace(was, **{quantity.value: figure})
+            # mypy checks a **mapping against every field; these names are Figure fields.
+            points[workers] = replace(was, **{quantity.value: figure})  # type: ignore[arg-type]
         return cls(sample, tuple(points.values()))
 
 

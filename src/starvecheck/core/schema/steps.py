@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import TypeVar
 
+from starvecheck.core.compat import StrEnum
 from starvecheck.core.metric import LabelValue, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, items, number, records, text, whole
@@ -395,5 +395,6 @@ class ProfileFigures:
             if quantity == PHASE_MS and phase is not None:
                 scenarios[layout, workers] = replace(was, phases=(*was.phases, (phase, figure)))
             elif quantity in _SCENARIO_UNITS and "phase" not in labels:
-                scenarios[layout, workers] = replace(was, **{str(quantity): figure})
+                # mypy checks a **mapping against every field; these names are Figure fields.
+                scenarios[layout, workers] = replace(was, **{str(quantity): figure})  # type: ignore[arg-type]
         return cls(tuple(scenarios.values()), tuple(resident))
