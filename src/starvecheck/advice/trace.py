@@ -190,8 +190,9 @@ def _data_bound_fix(
         recommendation, gain, fix = worker_change(advice, interval)
         if gain.value is None and gain.kind is GainKind.THROUGHPUT:
             # No worker figure (the machine too busy, the bound too wide): the measured
-            # wait still says what loading that kept up would give back.
-            gain = replace(share, basis=f"{share.basis}; no worker figure ({gain.basis})")
+            # wait still says what loading that kept up would give back. The basis
+            # starts as a withheld figure's does ("no figure: why").
+            gain = replace(share, basis=f"{gain.basis}; {share.basis}")
         sharing = params.ranks_on_host
         if isinstance(sharing, int) and sharing > 1 and gain.value:
             # Measured: two ranks on two cores reached 1.2x of a predicted 1.46x, 3.2x of
