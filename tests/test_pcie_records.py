@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.pcie import (
     LINK_UNITS,

@@ -10,7 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.times import LoopTimes
