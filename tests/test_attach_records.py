@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.attach import Interval, Loading, Main, Share, WaitPart
 from starvecheck.core.schema.attachfigures import (
     AttachFigures,

@@ -11,7 +11,8 @@ from starvecheck.advice import capacity, chain, stragglers
 from starvecheck.advice.results import Results
 from starvecheck.cli.ranks import from_environ, slow_ms
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Finding, Gain, GainKind, Link, Report, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.report import Link, Report
 from starvecheck.core.schema.doctor import Context as DoctorContext
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.status import UsageError

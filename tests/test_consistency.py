@@ -32,7 +32,8 @@ import pytest
 
 from starvecheck.advice.judge import Results, judge
 from starvecheck.advice.starve import recommended
-from starvecheck.core.model import Finding, Report, Severity, StageResult
+from starvecheck.core.model import Finding, Severity, StageResult
+from starvecheck.core.report import Report
 from starvecheck.inputs.workload import Workload
 from starvecheck.probe.machine import Machine, collect
 from starvecheck.probe.sysroot import SysRoot

@@ -35,7 +35,8 @@ import pytest
 from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
 from starvecheck.core.catalogue import CATALOGUE
-from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.model import Finding, Severity
+from starvecheck.core.report import Report
 from starvecheck.render.sections import stage_sections
 from tests.conftest import run, tiny_tokenizer
 

@@ -299,7 +299,7 @@ def _fake_pcie(monkeypatch, unavailable: str | None) -> list:
     the plans doctor hands it."""
     from starvecheck.core.metric import Metric
     from starvecheck.core.model import StageResult
-    from starvecheck.core.schema.pcie import schema1_labelled as labelled
+    from starvecheck.core.schema.pcie_schema1 import schema1_labelled as labelled
     from starvecheck.stages.pcie import stage as pcie
 
     calls: list = []

@@ -23,8 +23,8 @@ from starvecheck.advice import factory as ownloader
 from starvecheck.advice.results import Results
 from starvecheck.core.metric import Metric
 from starvecheck.core.model import StageResult
-from starvecheck.stages.loader.factory.configuration import Memory, Run
 from starvecheck.stages.loader.factory.loaders import Config
+from starvecheck.stages.loader.factory.run import Memory, Run
 from starvecheck.stages.loader.factory.stage import metrics_of
 
 MIB = 1 << 20

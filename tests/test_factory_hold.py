@@ -32,10 +32,10 @@ import pytest
 from starvecheck.inputs.factory import parse_spec
 from starvecheck.stages.loader.factory import loaders
 from starvecheck.stages.loader.factory import stage as factory_stage
-from starvecheck.stages.loader.factory.configuration import Budget, Run
 from starvecheck.stages.loader.factory.load import load
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.rounds import merge
+from starvecheck.stages.loader.factory.run import Budget, Run
 
 PIPES = textwrap.dedent(
     """

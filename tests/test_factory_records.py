@@ -12,7 +12,7 @@ from pathlib import Path
 
 from starvecheck.core.judged import Judged
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.factory import FactoryFigures, Role, Settings
 from starvecheck.core.schema.factory_choice import Choice
 from starvecheck.core.schema.loading import LoadStage

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core.criteria import far_below, knee_settled
-from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.rounds import read_rounds
+from starvecheck.stages.loader.factory.run import Run
 from starvecheck.stages.loader.factory.spare import spare_count, wanted
 from starvecheck.stages.loader.factory.stage import default_workers
 from tests.conftest import run as run_cli

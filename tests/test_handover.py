@@ -95,11 +95,11 @@ def test_bigger_batches_cost_the_training_process_more():
 
 def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, machine_alone):
     torch = pytest.importorskip("torch")
-    import starvecheck.loop.timer as timer
+    import starvecheck.loop.reporting as reporting
 
     calls = []
-    real = timer.measure_handover
-    monkeypatch.setattr(timer, "measure_handover", lambda n: calls.append(n) or real(n))
+    real = reporting.measure_handover
+    monkeypatch.setattr(reporting, "measure_handover", lambda n: calls.append(n) or real(n))
     from torch.utils.data import DataLoader, Dataset
 
     import starvecheck

@@ -730,7 +730,7 @@ def test_number_counts_option(command: str, value: str) -> None:
 
 @pytest.fixture(scope="module")
 def pad_report():
-    from starvecheck.core.model import Report
+    from starvecheck.core.report import Report
 
     r = run("pad", "--quick", "--json", "-")
     assert r.exit_code == 0, r.stderr

@@ -8,16 +8,8 @@ import pytest
 
 from starvecheck.advice import rank, verdict
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import (
-    SCHEMA_VERSION,
-    Finding,
-    Gain,
-    GainKind,
-    Report,
-    Severity,
-    StageResult,
-    at_or_above,
-)
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult, at_or_above
+from starvecheck.core.report import SCHEMA_VERSION, Report
 
 
 def test_repeated_metric_statistics():

@@ -188,7 +188,8 @@ def test_printable_escapes_c0_c1_and_bytes_that_are_not_utf8() -> None:
 
 def test_escaped_reaches_every_string_of_a_report_and_keeps_caveat_ids() -> None:
     from starvecheck.core.metric import Caveat, Metric
-    from starvecheck.core.model import Finding, Report, Severity, StageResult
+    from starvecheck.core.model import Finding, Severity, StageResult
+    from starvecheck.core.report import Report
 
     stage = StageResult(
         "io",

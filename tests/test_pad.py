@@ -13,7 +13,8 @@ import pytest
 
 from starvecheck.advice.pad import rules
 from starvecheck.advice.results import Results
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.core.schema.pad import PadFigures, Strategy
 from starvecheck.core.status import UsageError
 from starvecheck.core.strategies import STRATEGIES

@@ -16,8 +16,9 @@ import pytest
 from starvecheck.advice import pcie as advice
 from starvecheck.core.criteria import overlap_verdict
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Judged, Report, Severity, StageResult
-from starvecheck.core.schema.pcie import schema1_labelled as labelled
+from starvecheck.core.model import Judged, Severity, StageResult
+from starvecheck.core.report import Report
+from starvecheck.core.schema.pcie_schema1 import schema1_labelled as labelled
 from starvecheck.core.status import Unavailable, UsageError
 from starvecheck.core.units import parse_size
 from starvecheck.probe.machine import collect

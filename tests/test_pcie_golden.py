@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.render import json as json_export
 from starvecheck.render import markdown
 from tests.test_render import check, terminal_text

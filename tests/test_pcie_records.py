@@ -11,11 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.pcie import (
     LINK_UNITS,
-    OVERLAP_ROWS,
     Copy,
     Direction,
     Link,
@@ -24,11 +23,11 @@ from starvecheck.core.schema.pcie import (
     Numa,
     Overlap,
     PcieFigures,
-    PcieVerdicts,
     Row,
     Source,
-    schema1_labels,
 )
+from starvecheck.core.schema.pcie_schema1 import schema1_labels
+from starvecheck.core.schema.pcie_verdicts import OVERLAP_ROWS, PcieVerdicts
 
 GOLDEN = Path(__file__).parent / "golden"
 STORED = ("pcie-full", "pcie-no-nvml", "pcie-no-gpu")

@@ -22,7 +22,8 @@ import pytest
 
 from starvecheck.core import stages
 from starvecheck.core.context import Context
-from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.model import Finding, Severity
+from starvecheck.core.report import Report
 from starvecheck.core.schema.machine import Machine
 from starvecheck.render import json as json_export
 from starvecheck.render import markdown

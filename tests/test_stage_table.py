@@ -32,7 +32,8 @@ from starvecheck.cli.common import app
 from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import CHAIN_LINKS, Finding, Judged, Severity, StageResult, reported_as
+from starvecheck.core.model import Finding, Judged, Severity, StageResult, reported_as
+from starvecheck.core.report import CHAIN_LINKS
 from starvecheck.render.section import Section, taken
 from starvecheck.render.sections import stage_sections
 from starvecheck.stages import options as opts

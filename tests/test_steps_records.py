@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.loading import EXPOSED_SHARE, LoadFigures, LoadStage
 from starvecheck.core.schema.steps import (

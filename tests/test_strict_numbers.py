@@ -138,7 +138,7 @@ def _words(text: str) -> list[str]:
 @pytest.mark.parametrize("width", [10, 12, 20, 40])
 def test_a_narrow_terminal_wraps_every_fact_table_cell_and_checklist_line(width: int) -> None:
     from starvecheck.core.context import Context
-    from starvecheck.core.model import Report
+    from starvecheck.core.report import Report
     from starvecheck.core.text import escaped
     from starvecheck.render import facts
     from starvecheck.render.terminal import as_text
@@ -176,7 +176,7 @@ def test_a_real_terminal_ten_columns_wide_shows_every_checklist_word(tmp_path) -
     import time
     from pathlib import Path
 
-    from starvecheck.core.model import Report
+    from starvecheck.core.report import Report
 
     src = str(Path(__file__).resolve().parents[1] / "src")
     wide = run("pad", "--quick", "--json", "-")
@@ -210,7 +210,7 @@ def test_doctors_workload_chain_and_nodes_keep_every_word_when_narrow(width: int
     from pathlib import Path
 
     from starvecheck.core.context import Context
-    from starvecheck.core.model import Report
+    from starvecheck.core.report import Report
     from starvecheck.core.text import escaped
     from starvecheck.render import chain
     from starvecheck.render.terminal import as_text

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.io import IoFigures, Pattern, Place, Quantity, Reads
 from starvecheck.core.schema.loader import (

@@ -30,7 +30,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from starvecheck.core.model import Link, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Link
 from starvecheck.core.schema.io import IoFigures, Pattern, Place
 from starvecheck.core.schema.io import Parameters as IoParameters
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from starvecheck.advice.capacity import build
 from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
-from starvecheck.core.model import CHAIN_LINKS, Finding, Gain, GainKind, Link, Severity
+from starvecheck.core.model import Finding, Gain, GainKind, Severity
+from starvecheck.core.report import CHAIN_LINKS, Link
 
 if TYPE_CHECKING:
     from starvecheck.advice.results import Results

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field, replace
 from starvecheck.advice.results import Results
 from starvecheck.core import catalogue
 from starvecheck.core import stages as stages_table
-from starvecheck.core.model import Finding, Link, StageResult
+from starvecheck.core.model import Finding, StageResult
+from starvecheck.core.report import Link
 from starvecheck.core.schema.steps import Straggler
 
 

@@ -27,7 +27,6 @@ from starvecheck.core.criteria import PARALLEL_AT, SEQUENTIAL_AT, overlap_verdic
 from starvecheck.core.model import Finding, Gain, GainKind, Judged, Severity, StageResult
 from starvecheck.core.schema.figure import value_of
 from starvecheck.core.schema.pcie import (
-    OVERLAP_ROWS,
     Direction,
     Link,
     Memory,
@@ -35,9 +34,9 @@ from starvecheck.core.schema.pcie import (
     Numa,
     Parameters,
     PcieFigures,
-    PcieVerdicts,
     Row,
 )
+from starvecheck.core.schema.pcie_verdicts import OVERLAP_ROWS, PcieVerdicts
 from starvecheck.core.units import size_name
 from starvecheck.probe.gpu import theoretical_gbps as link_peak
 

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from starvecheck.core.jsonvalue import JsonObject
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.core.schema.doctor import Context as DoctorContext
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.version import __version__

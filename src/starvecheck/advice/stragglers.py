@@ -25,7 +25,8 @@ from typing import Any, TypeVar, cast
 
 from starvecheck.advice.profile import few_steps
 from starvecheck.core import catalogue
-from starvecheck.core.model import Finding, Gain, GainKind, Link, Severity, StageResult
+from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.report import Link
 from starvecheck.core.schema.figure import Figure
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.schema.steps import Parameters as StepParameters

@@ -17,7 +17,8 @@ import typer
 
 from starvecheck.core import outputs, streams, surroundings
 from starvecheck.core.context import Context
-from starvecheck.core.model import Report, Severity, StageResult, at_or_above
+from starvecheck.core.model import Severity, StageResult, at_or_above
+from starvecheck.core.report import Report
 from starvecheck.core.status import ExitStatus, Unavailable, UsageError
 from starvecheck.core.text import printable
 from starvecheck.core.version import __version__

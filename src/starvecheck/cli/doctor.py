@@ -31,7 +31,8 @@ from starvecheck.cli.common import (
     warning,
 )
 from starvecheck.core import surroundings
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.workload import ASSUMED_STEP_MS, Workload
 from starvecheck.inputs.workload import bounds as workload_bounds

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from starvecheck.core.model import Finding, Report
+from starvecheck.core.model import Finding
+from starvecheck.core.report import Report
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.signals import importing
 from starvecheck.core.status import Unavailable, UsageError

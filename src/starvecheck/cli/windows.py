@@ -17,7 +17,7 @@ from starvecheck.advice.report import build_report
 from starvecheck.cli.common import Outputs, emit, measure_one
 from starvecheck.core import clocks
 from starvecheck.core.context import Context
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.attach import Main, share_of
 from starvecheck.core.schema.attachfigures import AttachFigures
 from starvecheck.core.status import StarvecheckError, Unavailable, UsageError

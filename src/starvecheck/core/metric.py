@@ -4,7 +4,7 @@ it was measured under, and why a figure should be read with care.
 A `Metric` is frozen once made: repeated measurements keep their raw values, and the
 statistics (median, min, max, stdev) are computed from them when it is built. Code
 selects figures by their labels (`select`, `one`, `value`), never by taking a name
-apart. Its place in the report (`StageResult`, `Report`) is core/model.py.
+apart. Its place in the report: `StageResult` (core/model.py), `Report` (core/report.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,9 @@ the checklist that `starvecheck profile --trace` gives for a trace, to stderr, o
 returns it: `report()`, `result()`, `summary()`. The report is built, judged and
 rendered as a command's is (starvecheck.advice.report, render.terminal). The per-step cost
 is a few perf_counter calls and two array appends (see benchmarks/watch_overhead.py).
-The figures themselves are a `LoopTimes` (loop/times.py), in `.times`.
+The figures themselves are a `LoopTimes` (loop/times.py), in `.times`. The Watch is
+this module's, with what is mixed in: a trainer's steps (loop/steps.py), the ranks and
+the GPU kept in step (loop/synced.py), what it found (loop/reporting.py).
 
 starvecheck's own code never raises into the loop (loop/output.py): a `file=` that can
 never take the report is refused when the watch is made; a report that cannot be
@@ -44,27 +46,25 @@ written later, or any failure of ours while reporting, is one warning line on st
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from starvecheck.core import clocks
 from starvecheck.core.metric import Caveat
-from starvecheck.core.model import Report, StageResult
 from starvecheck.loop.barrier import Barrier
 from starvecheck.loop.cpu import WORKER_SAMPLE, MachineCpu, Runqueue, WorkerCpu
 from starvecheck.loop.exporter import start as start_exporter
-from starvecheck.loop.gpuclock import CudaDevice, Device, DeviceIdle, NoDevice
-from starvecheck.loop.handover import Handover, worth_measuring
-from starvecheck.loop.handover import measure as measure_handover
+from starvecheck.loop.gpuclock import Device, DeviceIdle, NoDevice
+from starvecheck.loop.handover import Handover
 from starvecheck.loop.headspace import Replay, steps
 from starvecheck.loop.options import WatchOptions
 from starvecheck.loop.output import never_raising
+from starvecheck.loop.reporting import Reporting
 from starvecheck.loop.samples import FirstBatches
 from starvecheck.loop.splits import tap_for
 from starvecheck.loop.steps import TrainerSteps
-from starvecheck.loop.times import LoopTimes, _cuda_in_use
+from starvecheck.loop.synced import Synced
+from starvecheck.loop.times import LoopTimes
 
 if TYPE_CHECKING:
     from starvecheck.loading.tap import Tap
@@ -73,8 +73,10 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Watch(TrainerSteps, Generic[T]):
-    """An iterable over `iterable`'s items that times the loop consuming them."""
+class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
+    """An iterable over `iterable`'s items that times the loop consuming them: a pass
+    and its steps here; a trainer's steps loop/steps.py's; the ranks and the GPU kept in
+    step, loop/synced.py's; what it found, loop/reporting.py's."""
 
     def __init__(
         self,
@@ -272,176 +274,8 @@ class Watch(TrainerSteps, Generic[T]):
             else:
                 self._print()
 
-    # torch.distributed
-
-    def _distributed(self) -> Peers | None:
-        if not self._found_peers:
-            from starvecheck.loop.ranks import Peers
-
-            self._found_peers = True
-            self.peers = Peers.find()
-        return self.peers
-
-    def _exchange(self, *, final: bool, show: bool) -> None:
-        """Post this rank's figures; rank 0 gathers every rank's (never blocking a
-        rank: see loop/ranks.py) and prints them when `show`."""
-        assert self.peers is not None
-        gathered = self.peers.post(self.times, final=final)
-        if gathered is None:  # not rank 0
-            return
-        self.gathered = gathered
-        if show and len(self.times.computes):
-            self._print()
-
-    def _rank_barrier(self) -> Barrier | None:
-        """The barrier when barrier=True and a process group is there, else None (with
-        a note saying why, once): none either once it was given up (loop/barrier.py)."""
-        if not self.barrier:
-            return None
-        if self._barrier is not None:
-            if self._barrier:
-                return self._barrier
-            self.barrier = False
-            assert self._barrier.gave_up is not None
-            self.times.notes.append(self._barrier.gave_up)
-            return None
-        peers = self._distributed()
-        if peers is None:
-            self.barrier = False
-            self.times.notes.append(
-                Caveat(
-                    "watch.barrier-without-ranks",
-                    "barrier=True, but no torch.distributed process group of two or more "
-                    "ranks was initialised when the loop started: nothing to wait for",
-                )
-            )
-            return None
-        self._barrier = Barrier.make(self.barrier_timeout, peers.rank)
-        return self._rank_barrier()
-
-    def _sync(self) -> Callable[[], None]:
-        if self._synchronize is not None:
-            return self._synchronize
-        self._synchronize = _nothing
-        if self.sync:
-            import torch
-
-            if torch.cuda.is_available():
-                self._synchronize = torch.cuda.synchronize
-            else:
-                self.times.notes.append(
-                    Caveat(
-                        "watch.sync-without-cuda",
-                        "sync=True, but torch sees no CUDA device: nothing to synchronise",
-                    )
-                )
-        return self._synchronize
-
-    def _events(self) -> DeviceIdle | NoDevice:
-        """The GPU's clock (loop/gpuclock.py): on where CUDA is in use, unless
-        gpu_events=False; a note where gpu_events=True and there is no device."""
-        if self._gpu is None:
-            self._gpu = NoDevice()
-            t = self.times
-            if self._want_events is not False and self._device is not None:
-                self._gpu = DeviceIdle(self._device, t.gpu_idle, t.gpu_period)
-            elif self._want_events is not False and _cuda_in_use():
-                self._gpu = DeviceIdle(CudaDevice(), t.gpu_idle, t.gpu_period)
-            elif self._want_events:
-                t.notes.append(Caveat("watch.events-without-cuda", NO_EVENTS))
-        return self._gpu
-
-    def _read_gpu(self) -> None:
-        """The GPU's steps whose events have completed, read without waiting."""
-        if isinstance(self._gpu, DeviceIdle):
-            with never_raising(self._warned, "read the GPU's events"):
-                self._gpu.resolve()
-                self.times.gpu_unresolved = self._gpu.unresolved
-
-    def _replay_sync(self) -> Callable[[], None] | None:
-        """What times a headspace replay on a GPU: a synchronize before and after."""
-        if not _cuda_in_use():
-            return None
-        import torch
-
-        return torch.cuda.synchronize
-
-    # What it found
-
-    def measured(self) -> StageResult:
-        """This loop's figures, not yet judged; on rank 0 under torch.distributed,
-        every rank's."""
-        peers = self._distributed()
-        if peers is not None and peers.rank == 0:
-            from starvecheck.loop.ranks import combine
-
-            if self.gathered is None:
-                self.gathered = peers.post(self.times, final=True)
-            assert self.gathered is not None
-            return combine(self.times, peers.rank, self.gathered)
-        self._read_gpu()
-        if peers is None:
-            self._measure_handover()
-        params = self.times.parameters()
-        if peers is not None:
-            params |= {"rank": peers.rank, "world_size": peers.world}
-        return StageResult(
-            stage="watch",
-            parameters=params,
-            metrics=tuple(self.times.metrics()),
-            caveats=tuple(self.times.caveats()),
-        )
-
-    def _measure_handover(self) -> None:
-        """What handing this loop's batches from a worker would cost, measured once per
-        batch size where the loop loads in its own process, waits for data and its
-        batches are large: the worker model needs it (advice/workers). With workers the
-        loop's own figures hold it (its CPU receiving each batch): one figure for it."""
-        t = self.times
-        size = t.batch_bytes
-        if t.num_workers:  # with workers the hand-over is in the loop's own figures
-            return
-        if size is None or not worth_measuring(size, t.waits, t.computes):
-            return
-        if size not in self._handover:
-            self._handover[size] = measure_handover(size)
-        h = self._handover[size]
-        t.handover_ms = None if h is None else (h.worker_ms, h.main_ms)
-
-    def report(self) -> Report:
-        """The loop's result, judged once as a command's is, with the ranked checklist:
-        the report the CLI would build (starvecheck.advice.report.build_report)."""
-        from starvecheck.advice.report import build_report
-        from starvecheck.core.context import Context
-
-        return build_report("watch", None, [self.measured()], Context(stdout_isatty=False))
-
-    def result(self) -> StageResult:
-        """The measured figures, judged: the findings are what advice.judge makes of
-        them, as for any command's report."""
-        return self.report().stages[0]
-
-    def summary(self, color: bool = False, width: int | None = 100) -> str:
-        """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
-        from starvecheck.core.context import Context
-        from starvecheck.render.terminal import as_text
-
-        c = Context(stdout_isatty=color, width=width, environ=os.environ)
-        return as_text(self.report(), c.console())
-
-    def _print(self) -> None:
-        stream = self.file or sys.stderr
-        isatty = bool(getattr(stream, "isatty", lambda: False)())
-        stream.write(self.summary(color=isatty, width=None if isatty else 100))
-        stream.flush()
-
-
-def _nothing() -> None:
-    pass
-
 
 SPLIT_STOPPED = "watch.split-stopped"
-NO_EVENTS = "gpu_events=True, but torch sees no CUDA device: the GPU's idle time is not read"
 
 
 def watch(iterable: Iterable[T], **options: Any) -> Watch[T]:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from starvecheck.core.intervals import wilson
-from starvecheck.core.model import GainKind, Report
+from starvecheck.core.model import GainKind
+from starvecheck.core.report import Report
 from starvecheck.core.schema.attach import Main, share_of
 from starvecheck.core.schema.attach import Parameters as AttachParameters
 from starvecheck.core.schema.attachfigures import AttachFigures

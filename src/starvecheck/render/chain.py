@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from starvecheck.core.jsonvalue import JsonObject
-from starvecheck.core.model import CHAIN_LINKS as LINKS
-from starvecheck.core.model import Link, Report
+from starvecheck.core.report import CHAIN_LINKS as LINKS
+from starvecheck.core.report import Link, Report
 from starvecheck.core.schema.nodes import Node
 from starvecheck.core.units import format_bytes
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from starvecheck.core import stages as stages_table
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 from starvecheck.core.schema.machine import (
     Cgroup,
     GpuInfo,

@@ -1,10 +1,10 @@
-"""JSON export: the Report as `Report.to_dict()` (see core/model.py for the schema versions)."""
+"""JSON export: the Report as `Report.to_dict()` (see core/report.py for the schema versions)."""
 
 from __future__ import annotations
 
 import json
 
-from starvecheck.core.model import Report
+from starvecheck.core.report import Report
 
 
 def serialize(report: Report) -> str:

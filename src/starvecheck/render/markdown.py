@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.model import Finding, Severity
+from starvecheck.core.report import Report
 from starvecheck.core.text import escaped
 from starvecheck.render import chain, facts
 from starvecheck.render.sections import stage_sections

@@ -28,10 +28,10 @@ from starvecheck.core.schema.pcie import (
     Overlap,
     Parameters,
     PcieFigures,
-    PcieVerdicts,
     Row,
     Source,
 )
+from starvecheck.core.schema.pcie_verdicts import PcieVerdicts
 from starvecheck.core.units import format_bytes, size_name
 from starvecheck.render.section import Section, taken
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core import outputs
-from starvecheck.core.model import Report, StageResult
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
 from starvecheck.core.schema.figure import value_of
 from starvecheck.core.schema.loader import LoaderFigures, Recommended, StarveParameters
 from starvecheck.core.schema.loader import Parameters as LoaderParameters

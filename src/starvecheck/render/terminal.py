@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Metric
-from starvecheck.core.model import Finding, Report, Severity
+from starvecheck.core.model import Finding, Severity
+from starvecheck.core.report import Report
 from starvecheck.core.text import escaped
 from starvecheck.render import chain, facts
 from starvecheck.render.sections import stage_sections

@@ -1,23 +1,24 @@
-"""pcie's words: its parameters, its label values (enums), its figures as records
-(`PcieFigures`) and judging's verdicts on them (`PcieVerdicts`).
+"""pcie's words: its parameters, its label values (enums) and its figures as records
+(`PcieFigures`). Judging's verdicts on them are core/schema/pcie_verdicts.py's; the
+labels of a schema-1 name, core/schema/pcie_schema1.py's.
 
 The stage fills a `PcieFigures` once; the JSON is its serialisation: `to_metrics()`
 writes the labelled metrics of schema 2 and 3 (names, labels, units, values, order),
 `from_metrics()` reads them back by their labels, from a fresh result or a stored
 report alike (`StageResult.records`), never raising: what it cannot read is left out.
-The metrics' names and the judgement's keys are spelled here alone."""
+The metrics' names are spelled here alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from starvecheck.core.compat import StrEnum
-from starvecheck.core.metric import Labels, LabelValue, Metric
+from starvecheck.core.metric import Labels, Metric
 from starvecheck.core.parameters import Parameters as Base
 from starvecheck.core.parameters import flag, mapping, text, whole
 from starvecheck.core.schema.figure import Figure
-from starvecheck.core.units import parse_size, size_name
+from starvecheck.core.units import size_name
 
 
 class Parameters(Base):
@@ -363,87 +364,3 @@ class _Reader:
         self.overlaps[key] = Overlap(*key, held["ratio"], *(held[p] for p in OVERLAP_PARTS))
         self.other_seen = True
         return True
-
-
-# --- judging's verdicts on the figures (advice/pcie.complete), as render shows them ---
-
-OVERLAP_VERDICT = "overlap_verdict"
-LINK_PEAK = "link_peak_gbps"
-# The overlap table's rows, in the order render/pcie shows them and the JSON lists them.
-OVERLAP_ROWS = tuple((mem, mode) for mem in (Memory.PAGEABLE, Memory.PINNED) for mode in Mode)
-
-
-@dataclass(frozen=True)
-class PcieVerdicts:
-    """The verdict of each overlap ratio (PARALLEL, PARTIAL, SEQUENTIAL, UNKNOWN) and
-    the theoretical peak of the link as read idle, under load and at its maximum (GB/s
-    per direction; None unknown). Serialised as the judgement's `verdicts`, keyed
-    `overlap_verdict.<memory>.<mode>` and `link_peak_gbps.<row>`."""
-
-    overlaps: Mapping[tuple[Memory, Mode], str] = field(default_factory=dict)
-    peaks: Mapping[Row, float | None] = field(default_factory=dict)
-
-    def verdict(self, memory: Memory, mode: Mode) -> str | None:
-        return self.overlaps.get((memory, mode))
-
-    def peak(self, row: Row) -> float | None:
-        return self.peaks.get(row)
-
-    def to_verdicts(self) -> dict[str, LabelValue | None]:
-        out: dict[str, LabelValue | None] = {
-            f"{OVERLAP_VERDICT}.{mem.value}.{mode.value}": v
-            for (mem, mode), v in self.overlaps.items()
-        }
-        return out | {f"{LINK_PEAK}.{row.value}": p for row, p in self.peaks.items()}
-
-    @classmethod
-    def from_verdicts(cls, verdicts: Mapping[str, LabelValue | None]) -> PcieVerdicts:
-        """What a stored judgement holds; a value of the wrong type is left out."""
-        overlaps = {
-            (mem, mode): v
-            for mem, mode in OVERLAP_ROWS
-            if isinstance(v := verdicts.get(f"{OVERLAP_VERDICT}.{mem.value}.{mode.value}"), str)
-        }
-        peaks: dict[Row, float | None] = {
-            row: float(p)
-            for row in Row
-            if isinstance(p := verdicts.get(f"{LINK_PEAK}.{row.value}"), int | float)
-            and not isinstance(p, bool)
-        }
-        return cls(overlaps, peaks)
-
-
-# --- schema 1: names without labels ---
-
-
-def schema1_labels(name: str) -> dict[str, LabelValue]:
-    """The labels of a schema-1 metric name (reports stored before labels, and tests
-    that build figures by name, tests/fixtures/labels/pcie.py): the figure it names,
-    written as `to_metrics` writes it; {"quantity": name} where it names none."""
-    parts = name.split(".")
-    cudart = parts[0] == "reference"
-    parts, one = parts[1:] if cudart else parts, Figure(None)
-    try:
-        if parts[0] in set(Direction) and parts[1] in set(Memory):
-            wall, timed = (None, one) if parts[-1] == Clock.EVENTS.value else (one, None)
-            kind = Direction(parts[0]), Memory(parts[1]), parse_size(parts[2]) or 0
-            source = Source.CUDART if cudart else Source.TORCH
-            made = PcieFigures(copies=(Copy(*kind, wall, timed, source, FRESH in parts[3:]),))
-        elif parts[0] == OVERLAP:
-            part = {(parts[3:] or ["ratio"])[0]: one}
-            made = PcieFigures(overlaps=(Overlap(Memory(parts[1]), Mode(parts[2]), **part),))
-        elif parts[0] == GROUP_LINK:
-            made = PcieFigures(link=Link(**{parts[1]: one}))
-        elif parts[0] == GROUP_NUMA:
-            made = PcieFigures(numa=Numa(**{parts[-1]: one}))
-        else:
-            made = PcieFigures(reference_ratio=one if name == REFERENCE_RATIO else None)
-    except (TypeError, ValueError, IndexError):  # no figure of pcie's has this name
-        made = PcieFigures()
-    metrics = made.to_metrics()
-    return dict(metrics[0].labels) if metrics else {"quantity": name}
-
-
-def schema1_labelled(metrics: Sequence[Metric]) -> list[Metric]:
-    """Metrics named as schema 1 named them, with the labels the stage writes."""
-    return [m.labelled(**schema1_labels(m.name)) for m in metrics]

@@ -35,11 +35,13 @@ fresh DataLoader, batch by batch, each batch within --batch-timeout (stages/data
                   windows run on across epochs, restarts included, as a training loop
                   pays them; where workers start every epoch, the figure is an epoch's
                   (epochs.py): its batches' pace with the restarts out, plus a restart
+
+The processes' CPU, run queue and memory, and the machine's CPU, are read by
+processes.py; a configuration too slow for windows, by slowread.py.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
 
@@ -47,30 +49,19 @@ from starvecheck.core import clocks
 from starvecheck.core.signals import check_signals
 from starvecheck.core.status import UsageError
 from starvecheck.inputs.fingerprints import Repeats
-from starvecheck.probe.load import CpuTimes, machine_times, ours_cpu, runq_seconds
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.deaths import watch
 from starvecheck.stages.dataloader.workers import stop_workers
-from starvecheck.stages.loader.factory import procs
 from starvecheck.stages.loader.factory.epochs import length, per_epoch, restart, starting
 from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline
 from starvecheck.stages.loader.factory.loaders import Built, Config, built_for, count_workers
 from starvecheck.stages.loader.factory.owndata import batch_figures, to_device
+from starvecheck.stages.loader.factory.processes import Processes
 from starvecheck.stages.loader.factory.procs import worker_pids
-from starvecheck.stages.loader.factory.run import (
-    OVERRUN,
-    Budget,
-    Memory,
-    Run,
-    stable,
-    whole_window,
-)
+from starvecheck.stages.loader.factory.run import OVERRUN, Budget, Run, stable, whole_window
 from starvecheck.stages.loader.factory.slowread import MadeReading
 from starvecheck.stages.loader.factory.stagesplit import Split
-
-# Budget, Memory, Run and stable: importable from here, where callers have found them.
-__all__ = ["Budget", "Memory", "Run", "measure", "stable"]
 
 
 def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = None) -> Run:
@@ -125,23 +116,13 @@ MAX_EPOCHS = 1000
 
 class _Reading(MadeReading):
     """The windows of one configuration across its epochs, and the processes' CPU and
-    memory, read after each window (workers exit at the end of an epoch: their last
-    reading stands)."""
+    memory, read after each window (processes.py)."""
 
     def __init__(self, run: Run, pipeline: Pipeline, budget: Budget, device: Any, t0: float):
         self.run, self.pipeline, self.budget, self.device = run, pipeline, budget, device
         self.started = t0
         self.clock = clocks.perf_counter
-        self.cpu0: dict[int | None, float] = {}  # pid (None: this process) -> at the start
-        self.cpu1: dict[int | None, float] = {}  # -> latest
-        self.runq0: dict[int | None, float] = {}
-        self.runq1: dict[int | None, float] = {}
-        self.seen0: dict[int | None, float] = {}  # when each was first and last read
-        self.seen1: dict[int | None, float] = {}
-        self.machine0: CpuTimes | None = None  # the machine's CPU times, windows' start
-        self.ours0: float | None = None  # this process and its children, then
-        self.mem0: dict[int | None, Memory] = {}
-        self.mem1: dict[int | None, Memory] = {}
+        self.processes = Processes(self.clock)  # their CPU and memory (processes.py)
         self.window_start = 0.0
         self.window_samples = 0
         self.window_batches = 0
@@ -174,27 +155,6 @@ class _Reading(MadeReading):
         if self.run.samples_per_s:
             return elapsed >= self.budget.seconds
         return elapsed >= self.budget.seconds * OVERRUN
-
-    def _sample(self, pids: list[int | None], first: bool, memory: bool = True) -> None:
-        now = self.clock()
-        if self.machine0 is None:
-            self.machine0, self.ours0 = machine_times(), ours_cpu()
-        for pid in pids:
-            cpu = procs.cpu(pid)
-            if cpu is not None:
-                if first or pid not in self.cpu0:
-                    self.cpu0.setdefault(pid, cpu)
-                    self.seen0.setdefault(pid, now)
-                self.cpu1[pid] = cpu
-                self.seen1[pid] = now
-            runq = runq_seconds(os.getpid() if pid is None else pid)
-            if runq is not None:
-                self.runq0.setdefault(pid, runq)
-                self.runq1[pid] = runq
-            mem = procs.memory(pid) if memory else Memory(None, None)
-            if mem.uss is not None:
-                self.mem0.setdefault(pid, mem)
-                self.mem1[pid] = mem
 
     def epoch(self, built: Built, warmup: int, first: bool) -> None:
         keep = self.run.config.workers > 0 and self.run.config.persistent_workers
@@ -254,12 +214,12 @@ class _Reading(MadeReading):
                 # drained, then the CPU read (fast) and the clock: nothing buffered
                 # before the window is counted in it.
                 if not self.memory_read:
-                    self._memory(pids)
+                    self.processes.memory(pids)
                     self.memory_read = True
                 batch, index = self._drain(it, index, batch)
                 if batch is None:
                     return
-            self._sample(pids, not self.windowing, memory=False)
+            self.processes.sample(pids, not self.windowing, memory=False)
             began = clock()
             if not self.windowing:
                 self.window_start = began
@@ -294,7 +254,7 @@ class _Reading(MadeReading):
     def _read(self, pids: list[int | None], now: float) -> None:
         """The processes read: their CPU, and their memory at most once a second."""
         memory = now - self.memory_at >= MEMORY_EVERY_S
-        self._sample(pids, False, memory=memory)
+        self.processes.sample(pids, False, memory=memory)
         self.memory_at = now if memory else self.memory_at
 
     def _restarted(self, batch: Any, t0: float) -> None:
@@ -329,17 +289,10 @@ class _Reading(MadeReading):
                 run.stopped = "stable"
         elif now - self.cpu_read >= CPU_EVERY_S:
             # Workers exit at an epoch's end: their last (cheap) reading stands.
-            self._sample(pids, False, memory=False)
+            self.processes.sample(pids, False, memory=False)
             self.cpu_read = now
         if self.spent(now):
             run.stopped = run.stopped or "budget"
-
-    def _memory(self, pids: list[int | None]) -> None:
-        for pid in pids:
-            mem = procs.memory(pid)
-            if mem.uss is not None:
-                self.mem0.setdefault(pid, mem)
-                self.mem1[pid] = mem
 
     def _drain(self, it: Any, index: int, batch: Any) -> tuple[Any, int]:
         """Read, uncounted, the batches the prefetch queue can hold (num_workers x
@@ -416,33 +369,7 @@ class _Reading(MadeReading):
         run.repeats = self.repeats.repeats
         run.unreadable = self.repeats.unreadable
         run.digest_skipped = dict(self.repeats.skipped)
-        if None in self.cpu0 and None in self.cpu1:  # the digest's CPU is ours
-            run.main_cpu_s = max(0.0, self.cpu1[None] - self.cpu0[None] - run.digest_s)
-        workers = [p for p in self.cpu1 if p is not None and p in self.cpu0]
-        run.worker_cpu_s = (
-            sum(self.cpu1[p] - self.cpu0[p] for p in workers)
-            if workers
-            else (0.0 if not run.config.workers else None)
-        )
-        if None in self.runq0:
-            run.main_runq_s = self.runq1[None] - self.runq0[None]
-        waited = [p for p in workers if p in self.runq0]
-        if waited:
-            run.worker_runq_s = sum(self.runq1[p] - self.runq0[p] for p in waited)
-        if workers:
-            run.worker_alive_s = sum(self.seen1[p] - self.seen0[p] for p in workers)
-        if None in self.seen0:
-            run.main_span_s = self.seen1[None] - self.seen0[None]
-        end, ours = machine_times(), ours_cpu()
-        mine = None if ours is None or self.ours0 is None else ours - self.ours0
-        known = self.machine0 is not None and end is not None and self.started_windows
-        if known and mine is not None and mine >= 0:  # < 0: one of ours gone uncounted
-            span = max(self.clock() - self.started_windows, 1e-9)
-            busy = end.busy - self.machine0.busy
-            run.others_cpus = max(0.0, (busy - mine) / span)
-        if None in self.mem0:
-            run.main_memory = (self.mem0[None], self.mem1[None])
-        run.worker_memory = [(self.mem0[p], self.mem1[p]) for p in self.mem0 if p is not None]
+        self.processes.figures(run, self.started_windows)
 
 
 def _next(it: Any, pipeline: Pipeline, index: int) -> Any:

@@ -15,8 +15,8 @@ from starvecheck.core.metric import Metric
 from starvecheck.core.schema.factory import Measured, Role, Settings, Split
 from starvecheck.core.schema.figure import Figure
 from starvecheck.loading.split import STAGES
-from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
+from starvecheck.stages.loader.factory.run import Run
 from starvecheck.stages.timing import percentile
 
 

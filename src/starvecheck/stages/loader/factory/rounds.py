@@ -12,9 +12,9 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from starvecheck.stages.loader.factory.configuration import Budget, Run
 from starvecheck.stages.loader.factory.load import Pipeline
 from starvecheck.stages.loader.factory.loaders import Config
+from starvecheck.stages.loader.factory.run import Budget, Run
 
 ROUNDS = {False: 5, True: 3}  # full, quick
 

@@ -16,6 +16,7 @@ from starvecheck.stages.loader.factory.procs import worker_pids
 if TYPE_CHECKING:
     from starvecheck.stages.loader.factory.load import Pipeline
     from starvecheck.stages.loader.factory.loaders import Built
+    from starvecheck.stages.loader.factory.processes import Processes
     from starvecheck.stages.loader.factory.run import Budget, Run
     from starvecheck.stages.loader.factory.stagesplit import Split
 
@@ -32,12 +33,11 @@ class MadeReading:
     started_windows: float
     paused: float
     read_s: float
+    processes: Processes
     first_samples: int = 0  # the first batch's samples (a rate where it is all there is)
 
     if TYPE_CHECKING:  # _Reading's own
 
-        def _memory(self, pids: list[int | None]) -> None: ...
-        def _sample(self, pids: list[int | None], first: bool, memory: bool = True) -> None: ...
         def _seen(self, batch: Any) -> None: ...
         def _batch(self, batch: Any, wait_s: float) -> None: ...
         def _next(self, it: Any, index: int) -> Any: ...
@@ -61,9 +61,9 @@ class MadeReading:
         run, clock, made = self.run, self.clock, self.split.run.when
         pids: list[int | None] = [None, *worker_pids(built.iterator(it))]
         if not self.memory_read:
-            self._memory(pids)
+            self.processes.memory(pids)
             self.memory_read = True
-        self._sample(pids, True, memory=False)
+        self.processes.sample(pids, True, memory=False)
         began = clock()
         self.started_windows = self.started_windows or began
         self._seen(batch)
@@ -84,7 +84,7 @@ class MadeReading:
             index += 1
             self._batch(batch, clock() - asked)
         self.paused = clock()
-        self._sample(pids, False)
+        self.processes.sample(pids, False)
         self.read_s += self.paused - began
 
     def _samples_of(self, batch: Any) -> int:

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from starvecheck.core.criteria import cpu_work, far_below
 from starvecheck.core.schema.factory import SWEPT, Role
 from starvecheck.stages import options
-from starvecheck.stages.loader.factory.configuration import Run
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.rounds import Decided, Grow
+from starvecheck.stages.loader.factory.run import Run
 
 # The top count must have gained at least this part of what its extra workers could
 # give over the count below it (2 workers over 1: 1.5x or more), else the count below

@@ -37,7 +37,7 @@ from starvecheck.stages import options
 from starvecheck.stages.base import BaseStage, RunContext, no_warning
 from starvecheck.stages.dataloader.deaths import Strays
 from starvecheck.stages.dataloader.workers import prepare_workers, quiet_torch
-from starvecheck.stages.loader.factory.configuration import Budget, Run, measure
+from starvecheck.stages.loader.factory.configuration import measure
 from starvecheck.stages.loader.factory.ending import describe, left_threads
 from starvecheck.stages.loader.factory.epochs import restarting, startup_bound
 from starvecheck.stages.loader.factory.figures import metrics_of
@@ -52,6 +52,7 @@ from starvecheck.stages.loader.factory.load import (
 from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.outcome import result
 from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
+from starvecheck.stages.loader.factory.run import Budget, Run
 from starvecheck.stages.loader.factory.settled import (
     counts_settled,
     knee_run,

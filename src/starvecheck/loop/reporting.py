@@ -1,0 +1,101 @@
+"""What the Watch (loop/timer.py) found: this loop's figures as a stage's result (on
+rank 0 under torch.distributed, every rank's), judged as a command's report is
+(starvecheck.advice.report), rendered as the terminal shows it, and printed where the
+watch was told to (`file=`, else stderr); what handing its batches from a worker would
+cost, measured once per batch size where the worker model needs it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from starvecheck.core.model import StageResult
+from starvecheck.core.report import Report
+from starvecheck.loop.handover import Handover, worth_measuring
+from starvecheck.loop.handover import measure as measure_handover
+from starvecheck.loop.times import LoopTimes
+
+if TYPE_CHECKING:
+    from starvecheck.loop.ranks import Gathered, Peers
+
+
+class Reporting:
+    """Mixed into Watch: what it needs of it is declared here."""
+
+    times: LoopTimes
+    file: TextIO | None
+    gathered: Gathered | None
+    _handover: dict[int, Handover | None]
+
+    if TYPE_CHECKING:  # Watch's own
+
+        def _distributed(self) -> Peers | None: ...
+        def _read_gpu(self) -> None: ...
+
+    def measured(self) -> StageResult:
+        """This loop's figures, not yet judged; on rank 0 under torch.distributed,
+        every rank's."""
+        peers = self._distributed()
+        if peers is not None and peers.rank == 0:
+            from starvecheck.loop.ranks import combine
+
+            if self.gathered is None:
+                self.gathered = peers.post(self.times, final=True)
+            assert self.gathered is not None
+            return combine(self.times, peers.rank, self.gathered)
+        self._read_gpu()
+        if peers is None:
+            self._measure_handover()
+        params = self.times.parameters()
+        if peers is not None:
+            params |= {"rank": peers.rank, "world_size": peers.world}
+        return StageResult(
+            stage="watch",
+            parameters=params,
+            metrics=tuple(self.times.metrics()),
+            caveats=tuple(self.times.caveats()),
+        )
+
+    def _measure_handover(self) -> None:
+        """What handing this loop's batches from a worker would cost, measured once per
+        batch size where the loop loads in its own process, waits for data and its
+        batches are large: the worker model needs it (advice/workers). With workers the
+        loop's own figures hold it (its CPU receiving each batch): one figure for it."""
+        t = self.times
+        size = t.batch_bytes
+        if t.num_workers:  # with workers the hand-over is in the loop's own figures
+            return
+        if size is None or not worth_measuring(size, t.waits, t.computes):
+            return
+        if size not in self._handover:
+            self._handover[size] = measure_handover(size)
+        h = self._handover[size]
+        t.handover_ms = None if h is None else (h.worker_ms, h.main_ms)
+
+    def report(self) -> Report:
+        """The loop's result, judged once as a command's is, with the ranked checklist:
+        the report the CLI would build (starvecheck.advice.report.build_report)."""
+        from starvecheck.advice.report import build_report
+        from starvecheck.core.context import Context
+
+        return build_report("watch", None, [self.measured()], Context(stdout_isatty=False))
+
+    def result(self) -> StageResult:
+        """The measured figures, judged: the findings are what advice.judge makes of
+        them, as for any command's report."""
+        return self.report().stages[0]
+
+    def summary(self, color: bool = False, width: int | None = 100) -> str:
+        """The report as the terminal shows it (the trailing blanks rich pads with cut)."""
+        from starvecheck.core.context import Context
+        from starvecheck.render.terminal import as_text
+
+        c = Context(stdout_isatty=color, width=width, environ=os.environ)
+        return as_text(self.report(), c.console())
+
+    def _print(self) -> None:
+        stream = self.file or sys.stderr
+        isatty = bool(getattr(stream, "isatty", lambda: False)())
+        stream.write(self.summary(color=isatty, width=None if isatty else 100))
+        stream.flush()
