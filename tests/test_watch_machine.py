@@ -12,32 +12,16 @@ import pytest
 
 from starvecheck.advice.report import build_report
 from starvecheck.core.context import Context
-from starvecheck.core.model import GainKind, StageResult
+from starvecheck.core.model import GainKind
 from starvecheck.loop.timer import Watch
 from starvecheck.loop.times import LoopTimes
-
-SINGLE = "_SingleProcessDataLoaderIter"
+from tests.fixtures.golden_stages import cpu_bound_watch
 
 
 def judged(others: list[float], load: float) -> dict:
-    """A loop at num_workers=0 that makes each batch with 24 ms of CPU and steps 10 ms
-    on the GPU (0.2 ms of CPU), judged on 2 effective CPUs beside others' use."""
-    n = 21
-    t = LoopTimes(
-        waits=[0.024] * n,
-        computes=[0.010] * n,
-        wait_cpu=[0.024] * n,
-        compute_cpu=[0.0002] * n,
-        compute_process_cpu=[0.0002] * n,
-        wait_process_cpu=[0.024] * n,
-        passes=1,
-        iterator=SINGLE,
-        num_workers=0,
-        others_cpus=others,
-        process_cpus=[0.72] * len(others),
-    )
-    params = t.parameters() | {"effective_cpus": 2.0, "machine_cpus": 2.0, "load_average": load}
-    stage = StageResult("watch", params, tuple(t.metrics()), caveats=tuple(t.caveats()))
+    """The CPU-bound loop of tests/fixtures/golden_stages.py (24 ms of CPU a batch, a
+    10 ms step), judged on 2 effective CPUs beside others' use."""
+    stage = cpu_bound_watch(others, load)
     report = build_report("watch", None, [stage], Context())
     return {f.id: f for f in report.stages[0].findings}
 
