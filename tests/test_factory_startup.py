@@ -262,3 +262,53 @@ def test_a_median_under_the_margin_is_no_change_however_wide_its_interval() -> N
     assert not Comparison(1.04, 0.90, 1.30, 3).undecided()  # under 1.05x by its median
     assert not Comparison(1.06, 1.03, 1.09, 3).undecided()  # nothing worth making inside
     assert not Comparison(1.30, 1.10, 1.50, 3).undecided()  # clears: a change
+
+
+PRELOADED = '''
+import os
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+IMPORTED_IN = os.getpid()
+
+
+class Where(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return torch.tensor([IMPORTED_IN != os.getpid()])
+
+
+def make():
+    return DataLoader(Where(), batch_size=1, num_workers=1, multiprocessing_context="forkserver")
+'''
+
+CHECK = """
+import sys
+from starvecheck.inputs.factory import parse_spec
+from starvecheck.stages.loader.factory.load import load
+pipeline = load(parse_spec(sys.argv[1]), None, 60.0)
+from torch.utils.data import DataLoader
+loader = DataLoader(pipeline.dataset, batch_size=1, num_workers=1, multiprocessing_context="forkserver")
+print("PRELOADED", bool(next(iter(loader)).item()))
+"""
+
+
+def test_the_fork_server_imports_the_pipelines_module_as_a_jobs_imports_its_script(
+    tmp_path: Path,
+) -> None:
+    # `python train.py` under forkserver: the fork server runs the script (its torch and
+    # dataset imports) before it forks a worker, which then starts from those imports.
+    # The factory's fork server imports FILE.py the same way: a worker finds the module
+    # already imported (by the server, another pid), not imported by its own unpickling.
+    import subprocess
+    import sys
+
+    (tmp_path / "where.py").write_text(PRELOADED)
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK, f"{tmp_path / 'where.py'}:make"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    )  # fmt: skip
+    said = out.stdout + out.stderr  # the factory moves the user's prints to stderr
+    assert "PRELOADED True" in said, said[-2000:]

@@ -147,17 +147,20 @@ def startup_fix(
         said += "; so does the fork start method, where the job can use it"
     said += "."
     fix = {"persistent_workers": True}
-    if w.restart_ms is None or step_ms is None or step_ms <= w.restart_ms:
+    # The step with no start-up in it: the mean step less every pass's start-up exposed
+    # (the first pass's too), both over the steps split.
+    kept = None if step_ms is None else step_ms - w.exposed_ms.get(LoadStage.STARTUP, 0.0)
+    if w.restart_ms is None or kept is None or kept <= 0:
         share = round(w.share[LoadStage.STARTUP], 4)
         return (
             said,
             Gain(GainKind.STEP_SHARE, share, "the start-up's share of the wait; at most"),
             fix,
         )
-    ratio = step_ms / (step_ms - w.restart_ms)
+    ratio = (kept + w.restart_ms) / kept
     basis = (
-        f"predicted: the mean step from {step_ms:,.1f} ms to {step_ms - w.restart_ms:,.1f} ms, "
-        f"the {w.restart_ms:,.1f} ms a step the passes after the first waited for their "
+        f"predicted: a pass's mean step from {kept + w.restart_ms:,.1f} ms to {kept:,.1f} ms, "
+        f"the {w.restart_ms:,.1f} ms a step each pass after the first waited for its "
         "workers to start (measured) saved; the first pass still starts them"
     )
     return said, Gain(GainKind.THROUGHPUT, round(ratio, 2), basis), fix

@@ -94,9 +94,12 @@ class StageSplit:
                 mean = Figure.single(total / len(steps) * 1e3)
                 stages[s] = replace(stages[s], exposed_ms=mean, exposed_share=Figure.single(share))
             if not self.persistent and len(self.pass_starts) > 1:
-                later = self.pass_starts[1]
+                # Over the later passes' own steps: a pass's restart spread over the
+                # pass, as every epoch after a job's first pays it.
+                later = [i for i in steps if i >= self.pass_starts[1]]
                 a = self.exposed[LoadStage.STARTUP]
-                restart = Figure.single(sum(a[i] for i in steps if i >= later) / len(steps) * 1e3)
+                if later:
+                    restart = Figure.single(sum(a[i] for i in later) / len(later) * 1e3)
         if self.busy_batches:
             for s, total in zip(STAGES, self.busy, strict=True):
                 busy = Figure.single(total / self.busy_batches * 1e3)

@@ -117,10 +117,26 @@ def _import(spec: FactorySpec) -> Any:
         module._starvecheck_factory = True  # type: ignore[attr-defined]
         sys.modules[name] = module
         loader_spec.loader.exec_module(module)
+        _preload(name)
         return module
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # package.module importable from here
-    return importlib.import_module(spec.module or "")
+    module = importlib.import_module(spec.module or "")
+    _preload(spec.module or "")
+    return module
+
+
+def _preload(name: str) -> None:
+    """The fork server imports the pipeline's module before it forks any worker, as a
+    job's does its main script (`python train.py`: multiprocessing preloads
+    `__main__`, and with it torch and the dataset's module): each worker then starts
+    from the server's imports, not from an empty interpreter. A module only forked
+    workers can find (a private name) is left out."""
+    if name and not name.startswith("_starvecheck_factory_"):
+        import multiprocessing
+
+        with contextlib.suppress(ValueError, TypeError):
+            multiprocessing.set_forkserver_preload([name])
 
 
 def call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
