@@ -98,3 +98,55 @@ def test_quick_names_the_count_past_the_cpus_that_a_waiting_read_gains(tmp_path:
         return
     assert f["fix"] == {"num_workers": spare}
     assert 0.8 * spare <= f["gain"]["value"] <= 1.2 * spare
+
+
+def _noisy(gain: float, noise: list[float]):
+    """read_one: 2 workers `gain` times the rate of 0 or 1, each reading of 2 moved by
+    the next of `noise` (the machine), in turn."""
+    read: list[int] = []
+
+    def read_one(config: Config) -> Run:
+        read.append(config.workers)
+        rate = 100.0 if config.workers < 2 else 100.0 * gain * noise[len(read) % len(noise)]
+        return Run(config, samples_per_s=[rate], window_s=1.0, window_samples=int(rate))
+
+    return read, read_one
+
+
+def test_an_undecided_gain_is_read_on_in_rounds_of_its_two_configurations_only():
+    from starvecheck.stages.loader.factory.rounds import More
+    from starvecheck.stages.loader.factory.settled import undecided_pair
+
+    # 1.2x, moved 0.85x-1.3x by the machine in the planned rounds (the readings of 2
+    # are the 3rd, 5th and 7th): three rounds cannot clear 1.05x; later ones are calm.
+    noise = [1.0] * 3 + [0.85, 1.0, 1.3, 1.0, 0.95] + [1.0] * 12
+    read, read_one = _noisy(1.2, noise)
+    now = Config(0)
+    todo = [("current", now), ("workers", Config(1)), ("workers", Config(2))]
+    more = More(lambda runs: undecided_pair(runs, now, 2.0), 6, 60.0)
+    runs = read_rounds(todo, 3, read_one, lambda _: None, more=more)
+    counts = {r.config.workers: len(r.samples_per_s) for _, r in runs}
+    assert counts[1] == 3  # not in question: the planned rounds only
+    assert counts[0] == counts[2] > 3  # read on, round by round, as a pair
+    assert read[9:11] in ([0, 2], [2, 0])  # the first round past the plan: the pair only
+
+
+def test_reading_on_stops_once_decided_within_its_rounds_and_seconds():
+    from starvecheck.stages.loader.factory.rounds import More
+    from starvecheck.stages.loader.factory.settled import undecided_pair
+
+    now = Config(0)
+    todo = [("current", now), ("workers", Config(2))]
+    # A clear 2x: decided in the planned rounds, nothing more read.
+    read, read_one = _noisy(2.0, [1.0, 1.02, 0.98])
+    more = More(lambda runs: undecided_pair(runs, now, 2.0), 6, 60.0)
+    read_rounds(todo, 3, read_one, lambda _: None, more=more)
+    assert len(read) == 6
+    # Undecided, but no seconds to spend: nothing more either.
+    read, read_one = _noisy(1.2, [0.8, 1.35, 1.0, 1.1])
+    read_rounds(todo, 3, read_one, lambda _: None, more=More(more.undecided, 6, 0.0))
+    assert len(read) == 6
+    # Undecided with rounds to spare: at most `rounds` more of the pair.
+    read, read_one = _noisy(1.2, [0.8, 1.35])
+    read_rounds(todo, 3, read_one, lambda _: None, more=More(more.undecided, 2, 60.0))
+    assert len(read) == 6 + 2 * 2

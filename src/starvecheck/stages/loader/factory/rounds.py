@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from starvecheck.core import clocks
 from starvecheck.stages.loader.factory.load import Pipeline
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.run import Budget, Run
@@ -35,6 +37,19 @@ Settled = Callable[[list[tuple[str, Run]]], bool]
 Grow = Callable[[list[tuple[str, Run]]], list[tuple[str, Config]]]
 # What the first round settled already: configurations read no more.
 Decided = Callable[[list[tuple[str, Run]]], set[Config]]
+# What the planned rounds left undecided: the configurations to read on (none: done).
+Undecided = Callable[[list[tuple[str, Run]]], set[Config]]
+
+
+@dataclass(frozen=True)
+class More:
+    """Rounds past the planned ones, of what `undecided` names only, while it names
+    any: at most `rounds` of them, and none that the last readings of those
+    configurations say would end past `seconds` spent on them."""
+
+    undecided: Undecided
+    rounds: int
+    seconds: float
 
 
 def read_rounds(
@@ -47,6 +62,7 @@ def read_rounds(
     grow: Grow | None = None,
     decided: Decided | None = None,
     given: dict[Config, Run] | None = None,
+    more: More | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
     after `least` rounds or more, `settled` says the rounds so far decide what judging
@@ -55,31 +71,71 @@ def read_rounds(
     at once, as the first round's last, and in every round after. `decided`, asked
     then too, names configurations the first round settled: read no more (their one
     figure pairs with the others' first). `given`: configurations read already, as
-    their first round's reading (read ahead of the round to decide what it reads)."""
+    their first round's reading (read ahead of the round to decide what it reads).
+    `more`: rounds past `rounds` of the configurations it finds undecided (More)."""
     todo = list(todo)
     given = dict(given or {})
     slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
+    took: dict[Config, float] = {}
     done_with: set[Config] = set()
+
+    def read(config: Config) -> None:
+        began = clocks.perf_counter()
+        slices[config].append(read_one(config))
+        took[config] = clocks.perf_counter() - began
+
     for r in range(rounds):
         for _, config in rotated([t for t in todo if t[1] not in done_with], r):
             if r == 0 and config in given:
                 slices[config].append(given.pop(config))
                 continue
             progress(f"round {r + 1} of {rounds}: {config.describe()}")
-            slices[config].append(read_one(config))
+            read(config)
         if grow is not None and r == 0:
             for role, config in grow([(role, merge(slices[c])) for role, c in todo]):
                 if config in slices:
                     continue
                 progress(f"round 1 of {rounds}: {config.describe()}")
-                slices[config] = [read_one(config)]
+                slices[config] = []
+                read(config)
                 todo.append((role, config))
         if decided is not None and r == 0:
             done_with = decided([(role, merge(slices[c])) for role, c in todo])
         done = [(role, merge(slices[c])) for role, c in todo] if settled else []
         if settled is not None and least <= r + 1 < rounds and settled(done):
             break
+    if more is not None:
+        _read_on(todo, slices, took, more, rounds, read, progress)
     return [(role, merge(slices[c])) for role, c in todo]
+
+
+def _read_on(
+    todo: list[tuple[str, Config]],
+    slices: dict[Config, list[Run]],
+    took: dict[Config, float],
+    more: More,
+    rounds: int,
+    read: Callable[[Config], None],
+    progress: Callable[[str], None],
+) -> None:
+    """More's rounds: the configurations it finds undecided, read in turn, a round at
+    a time, while it finds any, within its rounds and seconds. Every one of them has
+    as many figures as the others it is paired with (each read in each extra round)."""
+    spent = 0.0
+    for extra in range(more.rounds):
+        focus = more.undecided([(role, merge(slices[c])) for role, c in todo])
+        order = [c for _, c in todo if c in focus and slices[c]]
+        if len(order) < 2 or len({len(slices[c]) for c in order}) > 1:
+            return
+        cost = sum(took.get(c, 0.0) for c in order)
+        if spent + cost > more.seconds:
+            return
+        r = rounds + extra
+        for config in rotated(order, r):
+            progress(f"round {r + 1} (read on: the gain undecided): {config.describe()}")
+            began = clocks.perf_counter()
+            read(config)
+            spent += clocks.perf_counter() - began
 
 
 def merge(slices: list[Run]) -> Run:

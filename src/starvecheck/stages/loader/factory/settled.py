@@ -59,3 +59,17 @@ def knee_run(runs: list[tuple[str, Run]], cpus: float) -> Run | None:
 
 def median_rate(run: Run) -> float:
     return statistics.median(run.samples_per_s) if run.samples_per_s else 0.0
+
+
+def undecided_pair(
+    runs: list[tuple[str, Run]], now: Config | None = None, cpus: float = 0.0
+) -> set[Config]:
+    """The count called enough and the current settings, where the gain of one over
+    the other is undecided after the rounds read (core/paired.Comparison.undecided):
+    more rounds of the two decide it (rounds.More); else none."""
+    mine = next((r for role, r in runs if role in SWEPT and r.config == now), None)
+    base = knee_run(runs, cpus) if mine is not None else None
+    if mine is None or base is None or base is mine:
+        return set()
+    c = compare(base.samples_per_s, mine.samples_per_s)
+    return {base.config, mine.config} if c is not None and c.undecided() else set()
