@@ -181,7 +181,7 @@ def sweep(
         tally.total = max(tally.total, tally.done + len(found))
         return found
 
-    more = More(undecided, MORE_ROUNDS[plan.quick], MORE_S[plan.quick])
+    more = More(undecided, MORE_ROUNDS[plan.quick], MORE_BUDGETS[plan.quick] * plan.budget_s)
     runs = read_rounds(
         first, rounds, read_one, said, settled, least, grow, decided, given, more=more
     )
@@ -204,10 +204,11 @@ def sweep(
 LEAST_ROUNDS = {False: 2, True: 2}
 # Where the count called enough and the current settings still cannot be told apart
 # after the planned rounds (a gain neither cleared nor ruled out), the two are read on
-# in rounds of their own: at most this many more, in at most these seconds (full,
-# quick: --quick within its 30 s, the full run within 2 minutes on the examples).
+# in rounds of their own: at most this many more, in at most this many times --budget
+# (full, quick: at the default budgets 30 s and 15 s, --quick within its 30 s and the
+# full run within 2 minutes on the examples).
 MORE_ROUNDS = {False: 6, True: 6}
-MORE_S = {False: 30.0, True: 15.0}
+MORE_BUDGETS = {False: 3.0, True: 5.0}
 
 
 def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
