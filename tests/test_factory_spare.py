@@ -143,10 +143,11 @@ def test_reading_on_stops_once_decided_within_its_rounds_and_seconds():
     read_rounds(todo, 3, read_one, lambda _: None, more=more)
     assert len(read) == 6
     # Undecided, but no seconds to spend: nothing more either.
-    read, read_one = _noisy(1.2, [0.8, 1.35, 1.0, 1.1])
+    read, read_one = _noisy(1.2, [1.0, 1.0, 0.85, 1.3, 1.0, 1.0, 0.95] + [1.0] * 12)
     read_rounds(todo, 3, read_one, lambda _: None, more=More(more.undecided, 6, 0.0))
     assert len(read) == 6
-    # Undecided with rounds to spare: at most `rounds` more of the pair.
-    read, read_one = _noisy(1.2, [0.8, 1.35])
+    # Undecided, with rounds to spare: at most `rounds` more of the pair (the readings
+    # of 2 in the planned rounds are the 2nd, 3rd and 6th: 1.02x, 1.56x, 1.14x).
+    read, read_one = _noisy(1.2, [1.0, 1.0, 0.85, 1.3, 1.0, 1.0, 0.95] + [1.0] * 12)
     read_rounds(todo, 3, read_one, lambda _: None, more=More(more.undecided, 2, 60.0))
     assert len(read) == 6 + 2 * 2

@@ -264,7 +264,7 @@ def test_a_median_under_the_margin_is_no_change_however_wide_its_interval() -> N
     assert not Comparison(1.30, 1.10, 1.50, 3).undecided()  # clears: a change
 
 
-PRELOADED = '''
+PRELOADED = """
 import os
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -282,7 +282,7 @@ class Where(Dataset):
 
 def make():
     return DataLoader(Where(), batch_size=1, num_workers=1, multiprocessing_context="forkserver")
-'''
+"""
 
 CHECK = """
 import sys
@@ -290,7 +290,9 @@ from starvecheck.inputs.factory import parse_spec
 from starvecheck.stages.loader.factory.load import load
 pipeline = load(parse_spec(sys.argv[1]), None, 60.0)
 from torch.utils.data import DataLoader
-loader = DataLoader(pipeline.dataset, batch_size=1, num_workers=1, multiprocessing_context="forkserver")
+loader = DataLoader(
+    pipeline.dataset, batch_size=1, num_workers=1, multiprocessing_context="forkserver"
+)
 print("PRELOADED", bool(next(iter(loader)).item()))
 """
 

@@ -23,8 +23,9 @@ from starvecheck.core.criteria import cpu_work, far_below
 from starvecheck.core.schema.factory import SWEPT, Role
 from starvecheck.stages import options
 from starvecheck.stages.loader.factory.loaders import Config
-from starvecheck.stages.loader.factory.rounds import Decided, Grow
+from starvecheck.stages.loader.factory.rounds import Decided, Grow, More
 from starvecheck.stages.loader.factory.run import Run
+from starvecheck.stages.loader.factory.settled import undecided_pair
 
 # The top count must have gained at least this part of what its extra workers could
 # give over the count below it (2 workers over 1: 1.5x or more), else the count below
@@ -99,3 +100,24 @@ def decides(now: Config, rounds: int, tally: Tally) -> Decided:
         return out
 
     return decided
+
+
+# Where the count called enough and the current settings still cannot be told apart
+# after the planned rounds (a gain neither cleared nor ruled out), the two are read on
+# in rounds of their own: at most this many more, in at most this many times --budget
+# (full, quick: at the default budgets 30 s and 15 s, --quick within its 30 s and the
+# full run within 2 minutes on the examples).
+MORE_ROUNDS = {False: 6, True: 6}
+MORE_BUDGETS = {False: 3.0, True: 5.0}
+
+
+def reads_on(now: Config, cpus: float, tally: Tally, quick: bool, budget_s: float) -> More:
+    """read_rounds' `more`: the count called enough and the current settings, while
+    their gain is undecided (settled.undecided_pair), counted into the progress."""
+
+    def undecided(runs: list[tuple[str, Run]]) -> set[Config]:
+        found = undecided_pair(runs, now, cpus)
+        tally.total = max(tally.total, tally.done + len(found))
+        return found
+
+    return More(undecided, MORE_ROUNDS[quick], MORE_BUDGETS[quick] * budget_s)

@@ -51,15 +51,14 @@ from starvecheck.stages.loader.factory.load import (
 )
 from starvecheck.stages.loader.factory.loaders import Config, current_config
 from starvecheck.stages.loader.factory.outcome import result
-from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, More, read_rounds
+from starvecheck.stages.loader.factory.rounds import ROUNDS, Measure, read_rounds
 from starvecheck.stages.loader.factory.run import Budget, Run
 from starvecheck.stages.loader.factory.settled import (
     counts_settled,
     knee_run,
-    undecided_pair,
     variants_settled_runs,
 )
-from starvecheck.stages.loader.factory.spare import Tally, decides, grows, spare_count
+from starvecheck.stages.loader.factory.spare import Tally, decides, grows, reads_on, spare_count
 from starvecheck.stages.loader.factory.startmethod import other_method, pickled
 from starvecheck.stages.options import FactoryOptions
 
@@ -175,13 +174,7 @@ def sweep(
         first = _kept_if_starting(given[now], first, pipeline, plan, tally, rounds)
     least = LEAST_ROUNDS[plan.quick]
     settled = functools.partial(counts_settled, now=now, cpus=plan.effective_cpus)
-
-    def undecided(runs: list[tuple[str, Run]]) -> set[Config]:
-        found = undecided_pair(runs, now, plan.effective_cpus)
-        tally.total = max(tally.total, tally.done + len(found))
-        return found
-
-    more = More(undecided, MORE_ROUNDS[plan.quick], MORE_BUDGETS[plan.quick] * plan.budget_s)
+    more = reads_on(now, plan.effective_cpus, tally, plan.quick, plan.budget_s)
     runs = read_rounds(
         first, rounds, read_one, said, settled, least, grow, decided, given, more=more
     )
@@ -202,13 +195,6 @@ def sweep(
 # Rounds read at least before a set may stop, once more rounds could not change what
 # judging makes of it (criteria.knee_settled, variants_settled): full, quick.
 LEAST_ROUNDS = {False: 2, True: 2}
-# Where the count called enough and the current settings still cannot be told apart
-# after the planned rounds (a gain neither cleared nor ruled out), the two are read on
-# in rounds of their own: at most this many more, in at most this many times --budget
-# (full, quick: at the default budgets 30 s and 15 s, --quick within its 30 s and the
-# full run within 2 minutes on the examples).
-MORE_ROUNDS = {False: 6, True: 6}
-MORE_BUDGETS = {False: 3.0, True: 5.0}
 
 
 def disturbed_counts(runs: Sequence[tuple[str, Run]], cpus: float) -> list[str]:
