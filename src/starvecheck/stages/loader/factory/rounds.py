@@ -133,9 +133,8 @@ def _read_on(
         r = rounds + extra
         for config in rotated(order, r):
             progress(f"round {r + 1} (read on: the gain undecided): {config.describe()}")
-            began = clocks.perf_counter()
             read(config)
-            spent += clocks.perf_counter() - began
+            spent += took[config]
 
 
 def merge(slices: list[Run]) -> Run:

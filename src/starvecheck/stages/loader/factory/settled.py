@@ -23,12 +23,7 @@ def counts_settled(
     can neither clear nor rule out is read on (core/paired.Comparison.undecided)."""
     if not knee_settled({r.config.workers: r.samples_per_s for role, r in runs if role in SWEPT}):
         return False
-    mine = next((r for role, r in runs if role in SWEPT and r.config == now), None)
-    base = knee_run(runs, cpus) if mine is not None else None
-    if mine is None or base is None or base is mine:
-        return True
-    c = compare(base.samples_per_s, mine.samples_per_s)
-    return c is None or not c.undecided()
+    return not undecided_pair(runs, now, cpus)
 
 
 def variants_settled_runs(runs: list[tuple[str, Run]]) -> bool:
