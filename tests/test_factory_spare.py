@@ -151,3 +151,28 @@ def test_reading_on_stops_once_decided_within_its_rounds_and_seconds():
     read, read_one = _noisy(1.2, [1.0, 1.0, 0.85, 1.3, 1.0, 1.0, 0.95] + [1.0] * 12)
     read_rounds(todo, 3, read_one, lambda _: None, more=More(more.undecided, 2, 60.0))
     assert len(read) == 6 + 2 * 2
+
+
+def test_rounds_past_the_least_stop_once_the_configurations_took_their_time(monkeypatch):
+    # Workers that take seconds to start pay it every slice: a set whose slices have
+    # taken its configurations' time (start-ups included) stops after `least` rounds,
+    # settled or not; one within it reads every round planned.
+    from starvecheck.stages.loader.factory import rounds as rounds_module
+
+    now = [0.0]
+    monkeypatch.setattr(rounds_module.clocks, "perf_counter", lambda: now[0])
+
+    def slices_of(slice_s: float) -> int:
+        read: list[int] = []
+
+        def read_one(config: Config) -> Run:
+            read.append(config.workers)
+            now[0] += slice_s  # a start-up and a window
+            return Run(config, samples_per_s=[100.0], window_s=1.0, window_samples=100)
+
+        todo = [("workers", Config(0)), ("workers", Config(2))]
+        read_rounds(todo, 5, read_one, lambda _: None, settled=lambda _: False, seconds=10.0)
+        return len(read)
+
+    assert slices_of(8.0) == 2 * 2  # 16 s each after 2 rounds: past 10, stop at least
+    assert slices_of(2.0) == 2 * 5  # 10 s each only after the 5th: every round read

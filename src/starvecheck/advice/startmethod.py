@@ -102,9 +102,9 @@ def _evidence(
         )
     if "forkserver" in (mine, method):
         text += (
-            "; assumed: the fork server imported your module before forking, as it imports "
-            "a `python train.py` job's script (a job started by `python -m` gets no such "
-            "preload, and its forkserver workers import torch each)"
+            "; assumed: the fork server imported torch before forking, as it does where a "
+            "`python train.py` job's script imports torch (a job started by `python -m` gets "
+            "no such preload, and its forkserver workers import torch each)"
         )
     return text
 

@@ -117,26 +117,23 @@ def _import(spec: FactorySpec) -> Any:
         module._starvecheck_factory = True  # type: ignore[attr-defined]
         sys.modules[name] = module
         loader_spec.loader.exec_module(module)
-        _preload(name)
         return module
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # package.module importable from here
-    module = importlib.import_module(spec.module or "")
-    _preload(spec.module or "")
-    return module
+    return importlib.import_module(spec.module or "")
 
 
-def _preload(name: str) -> None:
-    """The fork server imports the pipeline's module before it forks any worker, as a
-    job's does its main script (`python train.py`: multiprocessing preloads
-    `__main__`, and with it torch and the dataset's module): each worker then starts
-    from the server's imports, not from an empty interpreter. A module only forked
-    workers can find (a private name) is left out."""
-    if name and not name.startswith("_starvecheck_factory_"):
-        import multiprocessing
+def _preload() -> None:
+    """The fork server imports torch before it forks any worker, as a job's does when
+    its script imports torch (`python train.py`: multiprocessing preloads `__main__`,
+    and with it the script's imports): each worker then starts with torch loaded, not
+    from an empty interpreter. Torch alone, not FILE.py: a fork server outlives one
+    run in a process that reads several, and a module preloaded there would be the
+    wrong one (another run's file of the same name, a standard module it shadows)."""
+    import multiprocessing
 
-        with contextlib.suppress(ValueError, TypeError):
-            multiprocessing.set_forkserver_preload([name])
+    with contextlib.suppress(ValueError, TypeError):
+        multiprocessing.set_forkserver_preload(["torch"])
 
 
 def call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
@@ -186,6 +183,8 @@ def load(
     # From here to the run's end the user's prints (this process's, its threads', the
     # workers') go to stderr, so a report on stdout (`--json -`) stays whole.
     streams.move()
+
+    _preload()
 
     def run() -> Any:
         try:
