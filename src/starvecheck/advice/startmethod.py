@@ -100,12 +100,6 @@ def _evidence(
             f"; the dataset pickles to {p.dataset_pickle_bytes / 1e6:,.1f} MB, which forkserver "
             "and spawn send to every worker"
         )
-    if "forkserver" in (mine, method):
-        text += (
-            "; assumed: the fork server imported torch before forking, as it does where a "
-            "`python train.py` job's script imports torch (a job started by `python -m` gets "
-            "no such preload, and its forkserver workers import torch each)"
-        )
     return text
 
 

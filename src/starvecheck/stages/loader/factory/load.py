@@ -123,19 +123,6 @@ def _import(spec: FactorySpec) -> Any:
     return importlib.import_module(spec.module or "")
 
 
-def _preload() -> None:
-    """The fork server imports torch before it forks any worker, as a job's does when
-    its script imports torch (`python train.py`: multiprocessing preloads `__main__`,
-    and with it the script's imports): each worker then starts with torch loaded, not
-    from an empty interpreter. Torch alone, not FILE.py: a fork server outlives one
-    run in a process that reads several, and a module preloaded there would be the
-    wrong one (another run's file of the same name, a standard module it shadows)."""
-    import multiprocessing
-
-    with contextlib.suppress(ValueError, TypeError):
-        multiprocessing.set_forkserver_preload(["torch"])
-
-
 def call_limited(call: Callable[[], Any], limit_s: float, what: str) -> Any:
     """call() with a SIGALRM limit where one can be set (the main thread, no timer of
     someone else's running); without one, unbounded."""
@@ -183,8 +170,6 @@ def load(
     # From here to the run's end the user's prints (this process's, its threads', the
     # workers') go to stderr, so a report on stdout (`--json -`) stays whole.
     streams.move()
-
-    _preload()
 
     def run() -> Any:
         try:
