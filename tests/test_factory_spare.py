@@ -153,26 +153,23 @@ def test_reading_on_stops_once_decided_within_its_rounds_and_seconds():
     assert len(read) == 6 + 2 * 2
 
 
-def test_rounds_past_the_least_stop_once_the_configurations_took_their_time(monkeypatch):
-    # Workers that take seconds to start pay it every slice: a set whose slices have
-    # taken its configurations' time (start-ups included) stops after `least` rounds,
-    # settled or not; one within it reads every round planned.
-    from starvecheck.stages.loader.factory import rounds as rounds_module
-
-    now = [0.0]
-    monkeypatch.setattr(rounds_module.clocks, "perf_counter", lambda: now[0])
-
-    def slices_of(slice_s: float) -> int:
+def test_rounds_past_the_least_stop_once_the_slices_spent_longer_starting_than_reading():
+    # Workers that take seconds to start pay it every slice: a set whose slices spent
+    # longer starting (their first batch) than reading (their windows) stops after
+    # `least` rounds, settled or not; one that reads longer than it starts reads every
+    # round planned.
+    def slices_of(start_s: float) -> int:
         read: list[int] = []
 
         def read_one(config: Config) -> Run:
             read.append(config.workers)
-            now[0] += slice_s  # a start-up and a window
-            return Run(config, samples_per_s=[100.0], window_s=1.0, window_samples=100)
+            r = Run(config, samples_per_s=[100.0], window_s=2.0, window_samples=200)
+            r.first_batch_s, r.seconds = start_s, 2.0
+            return r
 
         todo = [("workers", Config(0)), ("workers", Config(2))]
-        read_rounds(todo, 5, read_one, lambda _: None, settled=lambda _: False, seconds=10.0)
+        read_rounds(todo, 5, read_one, lambda _: None, settled=lambda _: False, starts=True)
         return len(read)
 
-    assert slices_of(8.0) == 2 * 2  # 16 s each after 2 rounds: past 10, stop at least
-    assert slices_of(2.0) == 2 * 5  # 10 s each only after the 5th: every round read
+    assert slices_of(6.5) == 2 * 2  # 4 workers unpickling 200 MB: stop at least
+    assert slices_of(0.3) == 2 * 5  # a fork's start: every round read

@@ -63,7 +63,7 @@ def read_rounds(
     decided: Decided | None = None,
     given: dict[Config, Run] | None = None,
     more: More | None = None,
-    seconds: float | None = None,
+    starts: bool = False,
 ) -> list[tuple[str, Run]]:
     """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
     after `least` rounds or more, `settled` says the rounds so far decide what judging
@@ -74,22 +74,20 @@ def read_rounds(
     figure pairs with the others' first). `given`: configurations read already, as
     their first round's reading (read ahead of the round to decide what it reads).
     `more`: rounds past `rounds` of the configurations it finds undecided (More).
-    `seconds`: each configuration's time, its slices' start-ups included: once the
-    configurations still read have taken that much each on average, rounds past
-    `least` stop, settled or not (a pipeline whose workers take seconds to start pays
-    them every slice; its windows alone would keep within the budget)."""
+    `starts`: rounds past `least` stop, settled or not, once the slices of the
+    configurations still read have spent longer starting (each slice starts its
+    workers: their first batch) than reading (their windows): a pipeline whose workers
+    take seconds to start would spend most of its run starting them."""
     todo = list(todo)
     given = dict(given or {})
     slices: dict[Config, list[Run]] = {c: [] for _, c in todo}
     took: dict[Config, float] = {}
-    spent: dict[Config, float] = {}
     done_with: set[Config] = set()
 
     def read(config: Config) -> None:
         began = clocks.perf_counter()
         slices[config].append(read_one(config))
         took[config] = clocks.perf_counter() - began
-        spent[config] = spent.get(config, 0.0) + took[config]
 
     for r in range(rounds):
         for _, config in rotated([t for t in todo if t[1] not in done_with], r):
@@ -111,20 +109,18 @@ def read_rounds(
         done = [(role, merge(slices[c])) for role, c in todo] if settled else []
         if settled is not None and least <= r + 1 < rounds and settled(done):
             break
-        reading = [c for _, c in todo if c not in done_with]
-        if least <= r + 1 < rounds and _over(seconds, spent, reading):
+        reading = [slices[c] for _, c in todo if c not in done_with]
+        if starts and least <= r + 1 < rounds and _starting(reading):
             break
     if more is not None:
         _read_on(todo, slices, took, more, rounds, read, progress)
     return [(role, merge(slices[c])) for role, c in todo]
 
 
-def _over(seconds: float | None, spent: dict[Config, float], reading: list[Config]) -> bool:
-    """The configurations still read have taken `seconds` each on average, their
-    start-ups included."""
-    if seconds is None or not reading:
-        return False
-    return sum(spent.get(c, 0.0) for c in reading) >= seconds * len(reading)
+def _starting(reading: list[list[Run]]) -> bool:
+    """The slices read have spent longer starting their workers than reading."""
+    runs = [r for slices in reading for r in slices]
+    return bool(runs) and sum(r.first_batch_s for r in runs) > sum(r.seconds for r in runs)
 
 
 def _read_on(

@@ -176,7 +176,7 @@ def sweep(
     settled = functools.partial(counts_settled, now=now, cpus=plan.effective_cpus)
     more = reads_on(now, plan.effective_cpus, tally, plan.quick, plan.budget_s)
     runs = read_rounds(
-        first, rounds, read_one, said, settled, least, grow, decided, given, more, plan.budget_s
+        first, rounds, read_one, said, settled, least, grow, decided, given, more, starts=True
     )
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
@@ -184,11 +184,11 @@ def sweep(
             reread += disturbed
         first = [(role, r.config) for role, r in runs]  # the spare too, where it was read
         tally.total += len(first) * rounds
-        runs = read_rounds(first, rounds, read_one, said, settled, least, seconds=plan.budget_s)
+        runs = read_rounds(first, rounds, read_one, said, settled, least, starts=True)
     if second:  # --quick: the counts only (QUICK_COUNTS)
         second_set = _second_set(runs, plan, now)
         runs += read_rounds(
-            second_set, rounds, read_one, said, variants_settled_runs, least, seconds=plan.budget_s
+            second_set, rounds, read_one, said, variants_settled_runs, least, starts=True
         )
     progress("measured", tally.total, tally.total)
     return runs
