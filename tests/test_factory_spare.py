@@ -168,7 +168,7 @@ def test_rounds_past_the_least_stop_once_the_slices_spent_longer_starting_than_r
             return r
 
         todo = [("workers", Config(0)), ("workers", Config(2))]
-        read_rounds(todo, 5, read_one, lambda _: None, settled=lambda _: False, starts=True)
+        read_rounds(todo, 5, read_one, lambda _: None, settled=lambda _: False)
         return len(read)
 
     assert slices_of(6.5) == 2 * 2  # 4 workers unpickling 200 MB: stop at least

@@ -63,7 +63,6 @@ def read_rounds(
     decided: Decided | None = None,
     given: dict[Config, Run] | None = None,
     more: More | None = None,
-    starts: bool = False,
 ) -> list[tuple[str, Run]]:
     """(role, run) for each of `todo`, each read `rounds` times, in turn; fewer where,
     after `least` rounds or more, `settled` says the rounds so far decide what judging
@@ -74,7 +73,7 @@ def read_rounds(
     figure pairs with the others' first). `given`: configurations read already, as
     their first round's reading (read ahead of the round to decide what it reads).
     `more`: rounds past `rounds` of the configurations it finds undecided (More).
-    `starts`: rounds past `least` stop, settled or not, once the slices of the
+    Rounds past `least` also stop, settled or not, once the slices of the
     configurations still read have spent longer starting (each slice starts its
     workers: their first batch) than reading (their windows): a pipeline whose workers
     take seconds to start would spend most of its run starting them."""
@@ -110,7 +109,7 @@ def read_rounds(
         if settled is not None and least <= r + 1 < rounds and settled(done):
             break
         reading = [slices[c] for _, c in todo if c not in done_with]
-        if starts and least <= r + 1 < rounds and _starting(reading):
+        if least <= r + 1 < rounds and _starting(reading):
             break
     if more is not None:
         _read_on(todo, slices, took, more, rounds, read, progress)

@@ -175,21 +175,17 @@ def sweep(
     least = LEAST_ROUNDS[plan.quick]
     settled = functools.partial(counts_settled, now=now, cpus=plan.effective_cpus)
     more = reads_on(now, plan.effective_cpus, tally, plan.quick, plan.budget_s)
-    runs = read_rounds(
-        first, rounds, read_one, said, settled, least, grow, decided, given, more, starts=True
-    )
+    runs = read_rounds(first, rounds, read_one, said, settled, least, grow, decided, given, more)
     disturbed = disturbed_counts(runs, plan.effective_cpus)
     if disturbed:
         if reread is not None:
             reread += disturbed
         first = [(role, r.config) for role, r in runs]  # the spare too, where it was read
         tally.total += len(first) * rounds
-        runs = read_rounds(first, rounds, read_one, said, settled, least, starts=True)
+        runs = read_rounds(first, rounds, read_one, said, settled, least)
     if second:  # --quick: the counts only (QUICK_COUNTS)
         second_set = _second_set(runs, plan, now)
-        runs += read_rounds(
-            second_set, rounds, read_one, said, variants_settled_runs, least, starts=True
-        )
+        runs += read_rounds(second_set, rounds, read_one, said, variants_settled_runs, least)
     progress("measured", tally.total, tally.total)
     return runs
 
