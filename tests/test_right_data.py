@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from starvecheck.inputs.fingerprints import EPOCH_SAMPLES, Repeats, digests
 from tests.conftest import SYSROOTS
@@ -307,3 +309,42 @@ def test_a_tiny_dev_shm_on_a_fake_machine_is_forecast(pipes: Path) -> None:
     forecast = f["loader.shm"]
     assert "num_workers=2" in forecast.title and "64 MiB" in forecast.title
     assert "--shm-size" in forecast.recommendation and "Bus error" in forecast.evidence
+
+
+def _read_offsets(width: int, item: int) -> list[int]:
+    """The element offsets of a row the digest reads (fingerprints._reads/_blocks), found
+    by reading a row whose every element is its own offset."""
+    import numpy as np
+
+    from starvecheck.inputs import fingerprints as fp
+
+    head, step, block, blocks = fp._reads(width, item)
+    row = np.arange(width, dtype=np.int64).reshape(1, width)
+    spread = fp._blocks(row, head, step, block, blocks)
+    return list(range(head)) + spread.ravel().tolist()
+
+
+@given(
+    width=st.integers(min_value=1, max_value=5_000_000),
+    item=st.sampled_from([1, 2, 4, 8, 16]),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_digest_reads_each_element_once_inside_the_row_and_few_pages(
+    width: int, item: int
+) -> None:
+    from starvecheck.inputs.fingerprints import BLOCK_BYTES, FIRST_BYTES, SPREAD_BYTES
+
+    offsets = _read_offsets(width, item)
+    assert len(offsets) == len(set(offsets))
+    assert all(0 <= o < width for o in offsets)
+    assert len(offsets) * item <= FIRST_BYTES + SPREAD_BYTES + BLOCK_BYTES
+    pages = {o * item // 4096 for o in offsets}
+    # The head's pages, then a page (two where a block straddles) per block.
+    assert len(pages) <= FIRST_BYTES // 4096 + 2 + 2 * (SPREAD_BYTES // BLOCK_BYTES)
+    if width * item >= FIRST_BYTES + SPREAD_BYTES:  # enough past the head to spread
+        assert max(offsets) >= width - width // 8  # the reads reach the row's last eighth
+
+
+def test_a_64_mb_row_is_read_in_a_few_pages_where_it_was_read_in_hundreds() -> None:
+    offsets = _read_offsets(1 << 20, 4)  # a 4 MB row of float32, as a 64 MB batch of 16
+    assert len({o * 4 // 4096 for o in offsets}) <= 10
