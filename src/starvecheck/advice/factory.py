@@ -61,6 +61,7 @@ from starvecheck.advice.factory_bounds import (
     disturbed_caveat,
     no_figure,
     no_training_gain,
+    stepped_gain,
     too_busy,
     training_gain,
     with_step,
@@ -307,11 +308,17 @@ def _config(loader: StageResult) -> Finding | None:
     title = (
         f"{describe(chosen)} loads {gain:.2f}x as many samples a second as your current settings"
     )
-    step = training_gain(current, chosen, params.step_ms, params.batch_size)
+    # The training figure: read with the step where it was (stepped_gain), else modelled.
+    stepped = stepped_gain(params, chosen) if params.step_ms else None
+    step = (
+        round(stepped.ratio, 2)
+        if stepped is not None
+        else training_gain(current, chosen, params.step_ms, params.batch_size)
+    )
     # Loads faster, trains no faster (a step gain is only had with the step given).
     if step is not None and params.step_ms is not None and step < 1 + MARGIN:
         return no_training_gain(title, step, float(params.step_ms), evidence, fix_of(current))
-    title, basis, gain = with_step(title, basis, gain, step, params.step_ms)
+    title, basis, gain = with_step(title, basis, gain, step, params.step_ms, stepped)
     # Severity by the interval's low end: a short run, less certain, warns no sooner.
     severity = Severity.WARNING if against.low >= WARN_GAIN and gain >= WARN_GAIN else Severity.INFO
     return Finding(

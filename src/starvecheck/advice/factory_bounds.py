@@ -21,6 +21,7 @@ from starvecheck.core import catalogue
 from starvecheck.core.explained import Cost, Unexplained, unexplained
 from starvecheck.core.metric import Caveat, LabelValue
 from starvecheck.core.model import Finding, Gain, GainKind, Severity, StageResult
+from starvecheck.core.paired import Comparison, compare
 from starvecheck.core.schema.factory import SWEPT
 from starvecheck.core.schema.factory import Parameters as FactoryParameters
 from starvecheck.core.schema.figure import value_of
@@ -112,22 +113,46 @@ def training_gain(
     return round(per_step(current) / per_step(chosen), 2)
 
 
+def stepped_gain(params: FactoryParameters, chosen: Point) -> Comparison | None:
+    """`chosen` over the current settings in a loop with the step (--step-ms) as a
+    sleep after each batch, round by round, where that is the configuration read so
+    (stages/loader/factory/stepped.py: the count called enough); else None."""
+    if chosen.settings.start_method is not None:
+        return None
+    read = next((r for r in params.step_read if r.key == chosen.settings.key), None)
+    return compare(read.changed, read.current) if read is not None else None
+
+
 def with_step(
-    title: str, basis: str, gain: float, step: float | None, step_ms: object
+    title: str,
+    basis: str,
+    gain: float,
+    step: float | None,
+    step_ms: object,
+    stepped: Comparison | None = None,
 ) -> tuple[str, str, float]:
     """The own-config finding's title, basis and gain with the training figure where
-    the step is known; else said to be loading only."""
+    the step is known (`stepped`: measured with it, else modelled); else said to be
+    loading only."""
     if step is None:
         basis += (
             "; loading only, not a training speed-up: the step outside loading stays "
             "(--step-ms gives the training figure)"
         )
         return title, basis, gain
-    title += f"; with your {float(step_ms):g} ms step, {step:.2f}x the steps a second"  # type: ignore[arg-type]
-    basis += (
-        f"; in training {step:.2f}x the steps a second, the {float(step_ms):g} ms step "  # type: ignore[arg-type]
-        "(--step-ms) staying as it is"
-    )
+    ms = float(step_ms)  # type: ignore[arg-type]
+    title += f"; with your {ms:g} ms step, {step:.2f}x the steps a second"
+    if stepped is not None:
+        basis += (
+            f"; in training {step:.2f}x the steps a second, measured: the two read again "
+            f"with your {ms:g} ms step (--step-ms) as a sleep after each batch, "
+            f"{stepped.describe()}"
+        )
+    else:
+        basis += (
+            f"; in training {step:.2f}x the steps a second, the {ms:g} ms step (--step-ms) "
+            "staying as it is"
+        )
     return title, basis, step
 
 

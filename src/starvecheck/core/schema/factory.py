@@ -75,6 +75,26 @@ class Configuration(Record):
     partial_window: bool = False  # its only window was cut short
 
 
+@dataclass(frozen=True)
+class StepRead(Record):
+    """With --step-ms: the count the sweep called enough and the current settings read
+    again in interleaved rounds, each with the step as a sleep after every batch
+    (stages/loader/factory/stepped.py): samples a second in that loop, a figure a
+    round, index i of each from round i. The count's settings as `Settings.key`."""
+
+    workers: int
+    prefetch_factor: int = 0  # as the DataLoader takes it: 2 with workers where not given
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    step_ms: float = 0.0
+    current: tuple[float, ...] = ()
+    changed: tuple[float, ...] = ()
+
+    @property
+    def key(self) -> tuple[int, int, bool, bool]:
+        return (self.workers, self.prefetch_factor, self.persistent_workers, self.pin_memory)
+
+
 class Parameters(Base):
     factory = text()  # the spec, FILE.py:FUNC
     dataset = text()  # what FUNC returned, described
@@ -96,6 +116,7 @@ class Parameters(Base):
     idle_worker_uss_bytes = whole()  # a worker that has read nothing: its private memory
     current = text()  # the current configuration, described
     reread = items()
+    step_read = records(StepRead)  # with --step-ms, the change read with the step
 
 
 @dataclass(frozen=True)

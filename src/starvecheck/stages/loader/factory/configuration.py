@@ -239,6 +239,7 @@ class _Reading(MadeReading):
                 self._batch(batch, got - asked)
                 self.last_got = got
                 self._counted(pids)
+                self._step()
             if batch is None:
                 self.epoch_batches = index
             self._ended(pids)
@@ -267,6 +268,13 @@ class _Reading(MadeReading):
             self.gaps.append(max(0.0, now - self.last_got - self.between))
             self.ours_s += min(self.between, now - self.last_got)
             self.last_got = now
+            self._step()
+
+    def _step(self) -> None:
+        """With --step-ms (stepped.py), the step after a batch counted, as a sleep: a
+        GPU's step leaves the CPUs free."""
+        if self.budget.step_s > 0 and not self.run.stopped:
+            clocks.sleep(self.budget.step_s)
 
     def _next(self, it: Any, index: int, since: float | None = None) -> Any:
         """The next batch via the split's tap (None at the end), waited from `since`."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import Configuration, FactoryFigures, Role
+from starvecheck.core.schema.factory import Configuration, FactoryFigures, Role, StepRead
 from starvecheck.core.stages import FACTORY
 from starvecheck.core.status import UsageError
 from starvecheck.stages.loader.factory.figures import measured
@@ -153,29 +153,10 @@ def result(
     plan: Planned,
     runs: Sequence[tuple[str, Run]],
     reread: Sequence[str] = (),
+    stepped: Sequence[StepRead] = (),
 ) -> StageResult:
-    caveats: list[Caveat] = []
-    if reread:
-        caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
-    short = [run.config.describe() for _, run in runs if run.partial]
-    if short:
-        caveats.append(Caveat("loader.partial-window", PARTIAL.format(", ".join(short))))
-    skipped = _digest_skipped(runs)
-    if skipped:
-        caveats.append(Caveat("loader.digest-skipped", DIGEST_SKIPPED.format(skipped)))
+    caveats = _caveats(pipeline, plan, runs, reread)
     now = current_config(pipeline)
-    if _counts_kept(now, runs):
-        caveats.append(Caveat("loader.counts-kept", COUNTS_KEPT))
-    unread = [_unread(run) for _, run in runs if not run.samples_per_s]
-    if unread:
-        caveats.append(Caveat("loader.not-read", NOT_READ.format("; ".join(unread))))
-    if plan.quick and not pipeline.fixed:
-        caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
-    elif not plan.cuda and not pipeline.fixed:
-        caveats.append(Caveat("loader.no-pin", NO_PIN))
-    context = pipeline.settings.get("multiprocessing_context")
-    if context is not None and any(not run.config.workers for _, run in runs):
-        caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
     configs = []
     for role, run in runs:
         configs.append(
@@ -224,10 +205,42 @@ def result(
         "factory_s": round(pipeline.factory_s, 3),
         "configurations": configs,
         "reread": list(reread),
+        "step_read": [r.to_dict() for r in stepped],
     }
     figures = FactoryFigures(tuple(measured(role, r, r.config == now) for role, r in runs))
     metrics = figures.to_metrics()  # the figures, filled once
     return StageResult(FACTORY, parameters=parameters, metrics=metrics, caveats=caveats)
+
+
+def _caveats(
+    pipeline: Pipeline, plan: Planned, runs: Sequence[tuple[str, Run]], reread: Sequence[str]
+) -> list[Caveat]:
+    """What the reading says of itself: counts read again, windows cut short, fields the
+    digest left out, counts read with their workers kept, configurations unread, --quick's
+    counts only, no pin_memory without CUDA, a start method that num_workers=0 ignores."""
+    caveats: list[Caveat] = []
+    if reread:
+        caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
+    short = [run.config.describe() for _, run in runs if run.partial]
+    if short:
+        caveats.append(Caveat("loader.partial-window", PARTIAL.format(", ".join(short))))
+    skipped = _digest_skipped(runs)
+    if skipped:
+        caveats.append(Caveat("loader.digest-skipped", DIGEST_SKIPPED.format(skipped)))
+    now = current_config(pipeline)
+    if _counts_kept(now, runs):
+        caveats.append(Caveat("loader.counts-kept", COUNTS_KEPT))
+    unread = [_unread(run) for _, run in runs if not run.samples_per_s]
+    if unread:
+        caveats.append(Caveat("loader.not-read", NOT_READ.format("; ".join(unread))))
+    if plan.quick and not pipeline.fixed:
+        caveats.append(Caveat("loader.quick-counts", QUICK_COUNTS))
+    elif not plan.cuda and not pipeline.fixed:
+        caveats.append(Caveat("loader.no-pin", NO_PIN))
+    context = pipeline.settings.get("multiprocessing_context")
+    if context is not None and any(not run.config.workers for _, run in runs):
+        caveats.append(Caveat("loader.context-at-0", NO_CONTEXT.format(start_method(context))))
+    return caveats
 
 
 def _shards(pipeline: Pipeline, limit_s: float) -> int | None:

@@ -94,6 +94,9 @@ class Budget:
     # A slow configuration (made.py): batches a worker made past the last one's first,
     # before its rate is read.
     intervals: int = 2
+    # With --step-ms, the step after each batch counted, as a sleep (stepped.py): the
+    # figures are then a training loop's. 0: loading alone.
+    step_s: float = 0.0
 
 
 def stable(

@@ -30,7 +30,7 @@ from starvecheck.core.criteria import (
 from starvecheck.core.explained import Cost, unexplained
 from starvecheck.core.metric import Caveat
 from starvecheck.core.model import StageResult
-from starvecheck.core.schema.factory import SWEPT, Role
+from starvecheck.core.schema.factory import SWEPT, Role, StepRead
 from starvecheck.core.signals import importing, signals_raise
 from starvecheck.core.stages import FACTORY
 from starvecheck.stages import options
@@ -60,6 +60,7 @@ from starvecheck.stages.loader.factory.settled import (
 )
 from starvecheck.stages.loader.factory.spare import Tally, decides, grows, reads_on, spare_count
 from starvecheck.stages.loader.factory.startmethod import other_method, pickled
+from starvecheck.stages.loader.factory.stepped import read_with_step
 from starvecheck.stages.options import FactoryOptions
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def sweep(
     measure_one: Measure = measure,
     strays: Strays | None = None,
     reread: list[str] | None = None,
+    stepped: list[StepRead] | None = None,
 ) -> list[tuple[str, Run]]:
     """(role, run) for every configuration measured: roles `current`, `workers`, `base`,
     `prefetch`, `persistent`, `pin`, `again`. Two sets, each read in interleaved rounds
@@ -129,7 +131,8 @@ def sweep(
     (`again`). Where the first set's ratios are past what their worker counts explain
     (core/explained.py: a disturbed measurement), it is read once more, in as many
     rounds, and its figures are the second reading's; what the first said is appended
-    to `reread`."""
+    to `reread`. With --step-ms, what `stepped` gets: the count and the current settings
+    read with the step."""
     rounds = 1 if pipeline.fixed else plan.rounds or ROUNDS[plan.quick]
     # A slow configuration's rate from one batch a worker past the last one's first
     # (made.py): the rounds give its spread, and read on until they settle it.
@@ -147,7 +150,7 @@ def sweep(
     # configuration, kept for its every round.
     pipelines: dict[Config, Pipeline] = {}
 
-    def read_one(config: Config) -> Run:
+    def read_one(config: Config, budget: Budget = budget) -> Run:
         if pipeline.iterable and config not in pipelines:
             pipelines[config] = pipeline
             if len(pipelines) > 1:
@@ -186,6 +189,8 @@ def sweep(
     if second:  # --quick: the counts only (QUICK_COUNTS)
         second_set = _second_set(runs, plan, now)
         runs += read_rounds(second_set, rounds, read_one, said, variants_settled_runs, least)
+    if stepped is not None and not (pipeline.iterable or pipeline.fixed):  # stepped.py
+        stepped += read_with_step(runs, now, plan, budget, read_one, said, tally)
     progress("measured", tally.total, tally.total)
     return runs
 
@@ -360,8 +365,9 @@ def run_factory(
             plan = replace(plan, idle_worker_uss_bytes=idle)
             plan = _start_methods(pipeline, plan)
         reread: list[str] = []
-        runs = sweep(pipeline, plan, progress, strays=strays, reread=reread)
-        out = result(pipeline, plan, runs, reread)
+        stepped: list[StepRead] = []
+        runs = sweep(pipeline, plan, progress, strays=strays, reread=reread, stepped=stepped)
+        out = result(pipeline, plan, runs, reread, stepped)
         if threads := [describe(t) for t in left_threads()]:  # the process will not wait
             said = THREADS_LEFT.format(len(threads), "; ".join(threads[:8]))
             out = replace(out, caveats=(*out.caveats, Caveat("loader.threads-left", said)))
