@@ -83,7 +83,7 @@ def test_where_the_count_called_enough_is_the_current_one_nothing_is_read_again(
 
     def read_one(config: Config, budget: Budget) -> Run:
         read.append(config)
-        return Run(config, samples_per_s=[1.0])
+        return Run(config, samples_per_s=[1.0], window_s=1.0, window_samples=1)
 
     runs = [
         ("workers", Run(Config(0), samples_per_s=[50.0, 50.0])),
@@ -98,6 +98,15 @@ def test_where_the_count_called_enough_is_the_current_one_nothing_is_read_again(
     runs[1][1].made = True
     assert read_with_step(runs, Config(0), plan, budget, read_one, print, tally) == []
     assert read == []
+    # Counts read with their workers kept where the current settings restart theirs
+    # every epoch (start-up-bound): more than the count changes, the model stands.
+    runs[1][1].made = False
+    kept = [("workers", Run(Config(w, 2, True), samples_per_s=[r, r])) for w, r in ((1, 5), (4, 9))]
+    assert read_with_step(kept, Config(2, 2), plan, budget, read_one, print, tally) == []
+    assert read == []
+    # The same counts as the current settings' own (none kept): read with the step.
+    assert read_with_step(runs, Config(0), plan, budget, read_one, print, tally) != []
+    assert sorted(c.workers for c in read) == [0, 0, 0, 2, 2, 2]
 
 
 def _plan(step_ms: float) -> Any:

@@ -13,7 +13,8 @@ workers hold the CPUs. On 2 CPUs beside one busy process, a loop of 8-sample bat
 4 ms of Python each, at 2 workers and a 20 ms step, ran 30.5 ms a step where the model
 said 25.6 (+19%; docs/performance.md, "The wait by stage").
 
-Not read: without a step, where the count is the current one, where either was read by
+Not read: without a step, where the count is the current one or changes more than the
+count (its workers kept where yours restart every epoch), where either was read by
 when its batches were made (made.py: batches too slow for windows, where a sleep between
 them would not be measured), and for an IterableDataset (each configuration holds its
 own, read once).
@@ -51,7 +52,7 @@ def read_with_step(
     if not step_ms or step_ms <= 0:
         return []
     count = knee_run(list(runs), plan.effective_cpus)
-    if count is None or count.config == now or count.made:
+    if count is None or count.config == now or count.made or not _count_only(count.config, now):
         return []
     rounds = STEP_ROUNDS[plan.quick]
     todo = [("current", now), ("count", count.config)]
@@ -78,3 +79,16 @@ def read_with_step(
         changed=tuple(round(x, 4) for x in theirs.samples_per_s),
     )
     return [read]
+
+
+def _count_only(count: Config, now: Config) -> bool:
+    """`count` changes the worker count of `now` and nothing else the sweep sets. Where
+    the counts were read with their workers kept (start-up-bound settings: epochs.py),
+    the current settings restart theirs every epoch: read with the step, each slice
+    would mostly start workers (4 workers unpickling 200 MB: 6 s a slice, the run past
+    its 120 s), and the model stands (+7% there)."""
+    return (count.persistent_workers, count.pin_memory, count.context) == (
+        now.persistent_workers,
+        now.pin_memory,
+        now.context,
+    )
