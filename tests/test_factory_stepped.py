@@ -51,13 +51,20 @@ def _setup(tmp_path: Path, step_ms: float | None, quick: bool = False):
     return plan, Pipeline(spec, object(), False, True, settings, length=4096)
 
 
+def _swept(tmp_path: Path, step_ms: float | None):
+    """The fake pipeline swept: (plan, pipeline, runs, what was read with which step,
+    the step's readings)."""
+    plan, pipeline = _setup(tmp_path, step_ms)
+    read: list[tuple[Config, float]] = []
+    stepped: list[StepRead] = []
+    runs = factory_stage.sweep(pipeline, plan, lambda *a: None, _fake(read), stepped=stepped)
+    return plan, pipeline, runs, read, stepped
+
+
 def test_the_count_and_the_current_settings_are_read_with_the_step_in_rounds(
     tmp_path: Path,
 ) -> None:
-    plan, pipeline = _setup(tmp_path, 20.0)
-    read: list[tuple[Config, float]] = []
-    stepped: list[StepRead] = []
-    factory_stage.sweep(pipeline, plan, lambda *a: None, _fake(read), stepped=stepped)
+    _, _, _, read, stepped = _swept(tmp_path, 20.0)
     with_step = [(c, s) for c, s in read if s]
     now, count = Config(1, 2), Config(2, 2)
     rounds = STEP_ROUNDS[False]
@@ -71,10 +78,7 @@ def test_the_count_and_the_current_settings_are_read_with_the_step_in_rounds(
 
 
 def test_no_step_no_reading_with_it(tmp_path: Path) -> None:
-    plan, pipeline = _setup(tmp_path, None)
-    read: list[tuple[Config, float]] = []
-    stepped: list[StepRead] = []
-    factory_stage.sweep(pipeline, plan, lambda *a: None, _fake(read), stepped=stepped)
+    _, _, _, read, stepped = _swept(tmp_path, None)
     assert stepped == [] and not any(s for _, s in read)
 
 
@@ -171,10 +175,7 @@ def test_a_stored_step_reading_that_does_not_read_as_one_is_left_out() -> None:
 def test_the_finding_gives_the_step_readings_figure_and_says_it_was_measured(
     tmp_path: Path,
 ) -> None:
-    plan, pipeline = _setup(tmp_path, 20.0)
-    read: list[tuple[Config, float]] = []
-    stepped: list[StepRead] = []
-    runs = factory_stage.sweep(pipeline, plan, lambda *a: None, _fake(read), stepped=stepped)
+    plan, pipeline, runs, _, stepped = _swept(tmp_path, 20.0)
     out = factory_stage.result(pipeline, plan, runs, (), stepped)
     (f,) = [f for f in rules(Results({"factory": out})) if f.id == "loader.own-config"]
     assert f.fix["num_workers"] == 2
