@@ -165,9 +165,17 @@ _FILES = st.fixed_dictionaries(
         "stat": st.one_of(st.none(), st.binary(max_size=300), st.text(max_size=300)),
         "cmdline": st.one_of(st.none(), st.binary(max_size=300)),
         "auxv": st.one_of(st.none(), st.binary(max_size=64)),
+        # A link's target is bytes: any text the file system can hold, and bytes that
+        # are no UTF-8 (read back by Python as surrogate escapes). A lone surrogate is
+        # no file name (it cannot be made, so it is not generated).
         "exe": st.one_of(
             st.none(),
-            st.text(alphabet=st.characters(blacklist_characters="\0"), min_size=1, max_size=80),
+            st.text(
+                alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                min_size=1,
+                max_size=80,
+            ),
+            st.binary(min_size=1, max_size=80).filter(lambda b: b"\0" not in b).map(os.fsdecode),
         ),
     }
 )
