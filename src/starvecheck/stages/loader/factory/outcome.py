@@ -155,8 +155,8 @@ def result(
     reread: Sequence[str] = (),
     stepped: Sequence[StepRead] = (),
 ) -> StageResult:
-    caveats = _caveats(pipeline, plan, runs, reread)
     now = current_config(pipeline)
+    caveats = _caveats(pipeline, plan, runs, reread, now)
     configs = []
     for role, run in runs:
         configs.append(
@@ -213,11 +213,16 @@ def result(
 
 
 def _caveats(
-    pipeline: Pipeline, plan: Planned, runs: Sequence[tuple[str, Run]], reread: Sequence[str]
+    pipeline: Pipeline,
+    plan: Planned,
+    runs: Sequence[tuple[str, Run]],
+    reread: Sequence[str],
+    now: Config,
 ) -> list[Caveat]:
     """What the reading says of itself: counts read again, windows cut short, fields the
     digest left out, counts read with their workers kept, configurations unread, --quick's
-    counts only, no pin_memory without CUDA, a start method that num_workers=0 ignores."""
+    counts only, no pin_memory without CUDA, a start method that num_workers=0 ignores
+    (`now`: the current settings)."""
     caveats: list[Caveat] = []
     if reread:
         caveats.append(Caveat("loader.reread", DISTURBED.format(what="; ".join(reread))))
@@ -227,7 +232,6 @@ def _caveats(
     skipped = _digest_skipped(runs)
     if skipped:
         caveats.append(Caveat("loader.digest-skipped", DIGEST_SKIPPED.format(skipped)))
-    now = current_config(pipeline)
     if _counts_kept(now, runs):
         caveats.append(Caveat("loader.counts-kept", COUNTS_KEPT))
     unread = [_unread(run) for _, run in runs if not run.samples_per_s]

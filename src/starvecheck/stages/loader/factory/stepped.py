@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from starvecheck.core.schema.factory import StepRead
+from starvecheck.stages.loader.factory.figures import settings_of
 from starvecheck.stages.loader.factory.loaders import Config
 from starvecheck.stages.loader.factory.outcome import Planned
 from starvecheck.stages.loader.factory.rounds import read_rounds
@@ -68,12 +69,12 @@ def read_with_step(
         return []
     if len(mine.samples_per_s) != len(theirs.samples_per_s):
         return []  # a round without a window: the two no longer pair round by round
-    c = count.config
+    workers, prefetch, persistent, pin = settings_of(count.config).key
     read = StepRead(
-        workers=c.workers,
-        prefetch_factor=(c.prefetch_factor or 2) if c.workers else 0,
-        persistent_workers=c.persistent_workers,
-        pin_memory=c.pin_memory,
+        workers=workers,
+        prefetch_factor=prefetch,
+        persistent_workers=persistent,
+        pin_memory=pin,
         step_ms=float(step_ms),
         current=tuple(round(x, 4) for x in mine.samples_per_s),
         changed=tuple(round(x, 4) for x in theirs.samples_per_s),
