@@ -58,3 +58,40 @@ def test_start_up_each_pass_is_persistent_workers_with_what_the_later_passes_saw
     _, gain, _ = startup_fix(waits(LoadStage.STARTUP), 40.0, 2, "fork") or ("", None, {})
     assert gain is not None and gain.kind is GainKind.STEP_SHARE
     assert startup_fix(waits(LoadStage.COLLATE), 40.0, 2, "fork") is None
+
+
+def test_a_batch_timed_at_num_workers_0_sets_the_figure_and_the_workers_costs_leave_the_compute():
+    # Step 45 ms: 23 ms of compute, 9 of it waiting for a CPU the workers held and 8 of
+    # it freeing the batch a worker sent (the loop thread's CPU in it: 8.5 ms); a batch
+    # made at num_workers=0 takes 20 ms. The workers' own 43 ms is not used.
+    w = waits(LoadStage.HANDOVER, solo_ms=43.0, alone_ms=20.0, alone_runs=12, release_ms=8.0)
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 23.0, 2, 9.0, 8.5) or ("", None, {})
+    assert fix == {"num_workers": 0}
+    assert gain is not None and gain.value == pytest.approx(45.0 / (23.0 - 9.0 - 8.0 + 20.0), 0.01)
+    assert "at num_workers=0 (timed over 12 batches" in said
+    assert "9.0 ms waiting for a CPU and 8.0 ms freeing" in said
+
+
+def test_the_freeing_left_out_is_at_most_the_loop_threads_cpu_in_the_compute():
+    w = waits(LoadStage.HANDOVER, alone_ms=20.0, alone_runs=12, release_ms=11.0)
+    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, 16.0, 9.0) or ("", None, {})
+    assert gain is not None and gain.value == pytest.approx(60.0 / (30.0 - 16.0 - 9.0 + 20.0), 0.01)
+    # No CPU figure (a stored report): the freeing as measured.
+    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, 16.0) or ("", None, {})
+    expected = 60.0 / (30.0 - 16.0 - 11.0 + 20.0)
+    assert gain is not None and gain.value == pytest.approx(expected, 0.01)
+
+
+def test_num_workers_0_timed_and_no_faster_is_said_with_no_figure():
+    w = waits(LoadStage.HANDOVER, solo_ms=8.0, alone_ms=40.0, alone_runs=12, release_ms=1.0)
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 6.0, 2, 0.0, 1.0) or ("", None, {})
+    assert fix == {} and "would not be faster: a batch takes 40.0 ms" in said
+    assert gain is not None and gain.kind is GainKind.STEP_SHARE
+    assert "loader --factory" not in said  # measured: no need to send the user there
+
+
+def test_a_compute_the_workers_costs_would_empty_gets_no_figure():
+    # Less than nothing left: the figures disagree, and no speed-up is promised.
+    w = waits(LoadStage.HANDOVER, alone_ms=5.0, alone_runs=12, release_ms=10.0)
+    _, gain, fix = handover_fix(w, 64e6, 45.0, 12.0, 2, 5.0, 10.0) or ("", None, {})
+    assert fix == {} and gain is not None and gain.kind is GainKind.STEP_SHARE

@@ -33,8 +33,10 @@ from starvecheck.core.schema.loading import (
     BUSY_MS,
     EXPOSED_MS,
     EXPOSED_SHARE,
+    HANDOVER_BYTES,
     LoadFigures,
     LoadStage,
+    top_of,
 )
 
 # What each stage is, as a person reads it in a finding.
@@ -50,12 +52,6 @@ MEANING = {
 # The stages more workers reach: the workers' own work.
 WORKERS_REACH = (LoadStage.READ, LoadStage.TRANSFORM, LoadStage.COLLATE)
 SAID_SHARE = 0.02  # a stage under this share of the wait is left out of the sentence
-# Batches under this many bytes are too small for the hand-over's own work (pickling,
-# shared memory: about a millisecond a batch each side here) to hold a step back: where
-# their hand-over still shows, the training process was waiting for a CPU to take
-# them (3 processes spinning on 2 CPUs gave a 64-byte batch 40% of the wait), which
-# num_workers=0 does not cure (it ran 1.4x slower there). The worker advice speaks.
-HANDOVER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,13 +66,14 @@ class Waits:
     unpickle_s: float | None = None  # a worker's birth to worker_init_fn (its unpickling)
     restart_ms: float | None = None  # start-up exposed in later passes, ms a step
     solo_ms: float | None = None  # a batch made alone (no wait for a CPU), ms
+    # a batch made at num_workers=0 in a fresh process (median ms, batches timed)
+    alone_ms: float | None = None
+    alone_runs: int = 0
+    release_ms: float | None = None  # a batch a worker sent, freed by its receiver (median ms)
 
     @property
     def top(self) -> LoadStage | None:
-        if not self.share:
-            return None
-        stage = max(self.share, key=lambda s: self.share[s])
-        return stage if self.share[stage] > 0 else None
+        return top_of(self.share)
 
 
 def read(metrics: Sequence[Metric]) -> Waits | None:
@@ -100,6 +97,9 @@ def of(figures: LoadFigures) -> Waits | None:
         unpickle_s=value_of(figures.startup_unpickle_s),
         restart_ms=value_of(figures.restart_exposed_ms),
         solo_ms=value_of(figures.solo_ms),
+        alone_ms=value_of(figures.alone_ms),
+        alone_runs=figures.alone_ms.n if figures.alone_ms is not None else 0,
+        release_ms=value_of(figures.release_ms),
     )
 
 
@@ -172,13 +172,23 @@ def handover_fix(
     step_ms: float | None,
     compute_ms: float | None,
     workers: int | None,
+    compute_runq_ms: float = 0.0,
+    compute_cpu_ms: float | None = None,
 ) -> tuple[str, Gain, dict[str, int]] | None:
     """The hand-over holds the step back: more workers do not shorten it (batches of
     HANDOVER_BYTES or more; smaller ones: None, the worker advice speaks). Where making
-    a batch alone (its fetch and collate with a CPU of their own, measured in the
-    workers) and the step's compute take less than the step now, num_workers=0 hands
-    nothing over: that, with its predicted figure; else fewer bytes a batch, with no
-    figure (no setting reaches it: the share is an upper bound)."""
+    a batch in the training process and the step's compute take less than the step now,
+    num_workers=0 hands nothing over: that, with its predicted figure; else fewer bytes
+    a batch, with no figure (no setting reaches it: the share is an upper bound). The
+    batch's making is the one timed at num_workers=0 in a fresh process (loading/
+    alone.py: the training process's threads, its own memory) where there is one, with
+    the pinning it would then do itself; else the workers' own (a CPU each, one thread,
+    shared memory: slower than the training process where its threads help). With the
+    former, the step's compute at num_workers=0 is the one now less what the workers
+    cost it: its wait for a CPU (`compute_runq_ms`) and freeing each batch a worker sent
+    (timed in the same process; at most the loop thread's CPU in the compute,
+    `compute_cpu_ms`, where the freeing runs); with the latter, the one now (a bound: never more
+    gain than there is)."""
     if w.top is not LoadStage.HANDOVER or not batch_bytes or batch_bytes < HANDOVER_BYTES:
         return None
     size = f" of {batch_bytes / 1e6:,.1f} MB"
@@ -187,19 +197,21 @@ def handover_fix(
         "reach the training process after its worker finished it (the queue, shared memory, "
         "unpickling; with pin_memory, the pinning thread): more workers do not shorten it"
     )
-    if workers and w.solo_ms is not None and step_ms and compute_ms is not None:
-        alone = compute_ms + w.solo_ms
-        if alone > 0 and step_ms / alone >= 1 + MARGIN:
+    made = _made_at_zero(w)
+    if workers and made is not None and step_ms and compute_ms is not None:
+        ms, where, how = made
+        kept, rest = _compute_at_zero(w, compute_ms, compute_runq_ms, compute_cpu_ms)
+        alone = kept + ms
+        if kept > 0 and step_ms / alone >= 1 + MARGIN:
             said += (
-                f". Making a batch takes {w.solo_ms:,.1f} ms with a CPU of its own (measured "
-                f"in the workers) and the rest of the step {compute_ms:,.1f} ms: loading in "
-                "the training process hands nothing over, `DataLoader(..., num_workers=0)`. "
-                "Or send fewer bytes a batch (uint8 images normalised on the device, int32 "
-                "token ids) and keep the workers."
+                f". Making a batch takes {ms:,.1f} ms {where} and the rest of the step "
+                f"{kept:,.1f} ms{rest}: loading in the training process hands nothing over, "
+                "`DataLoader(..., num_workers=0)`. Or send fewer bytes a batch (uint8 images "
+                "normalised on the device, int32 token ids) and keep the workers."
             )
             basis = (
                 f"predicted: the mean step from {step_ms:,.1f} ms to {alone:,.1f} ms (the "
-                "step's compute and a batch made alone, one after the other); the hand-over "
+                f"step's compute and a batch made {how}, one after the other); the hand-over "
                 "and the wait for it gone"
             )
             return (
@@ -207,18 +219,64 @@ def handover_fix(
                 Gain(GainKind.THROUGHPUT, round(step_ms / alone, 2), basis),
                 {"num_workers": 0},
             )
+        if w.alone_ms is not None and kept > 0:
+            said += (
+                f". num_workers=0 would not be faster: a batch takes {ms:,.1f} ms {where}, "
+                f"and the rest of the step {kept:,.1f} ms{rest} (against {step_ms:,.1f} ms now)"
+            )
     said += (
         ". Send fewer bytes a batch (uint8 images normalised on the device, int32 token ids, "
-        "no copies of shared tensors), or, where a batch takes little work to make, load it "
-        "in the training process: `starvecheck loader --factory FILE.py:FUNC` measures "
-        "num_workers=0, which hands nothing over, against your count."
+        "no copies of shared tensors)"
     )
+    if w.alone_ms is None:
+        said += (
+            ", or, where a batch takes little work to make, load it in the training "
+            "process: `starvecheck loader --factory FILE.py:FUNC` measures num_workers=0, "
+            "which hands nothing over, against your count"
+        )
     gain = Gain(
         GainKind.STEP_SHARE,
         round(w.share[LoadStage.HANDOVER], 4),
         "the hand-over's share of the wait, were it free; at most (no setting reaches it alone)",
     )
-    return said, gain, {}
+    return said + ".", gain, {}
+
+
+def _compute_at_zero(
+    w: Waits, compute_ms: float, runq_ms: float, cpu_ms: float | None
+) -> tuple[float, str]:
+    """(ms, said) the step's compute would take at num_workers=0: where the batch's
+    making was timed there, the compute now less its wait for a CPU and the freeing of
+    each batch a worker sent (both the workers' doing; the freeing at most the CPU the
+    loop's thread spent in the compute, where it runs); else the compute now."""
+    if w.alone_ms is None:
+        return compute_ms, ""
+    release = w.release_ms or 0.0
+    if cpu_ms is not None:
+        release = min(release, max(0.0, cpu_ms))
+    runq = max(0.0, runq_ms)
+    parts = [f"{runq:,.1f} ms waiting for a CPU"] if runq > 0 else []
+    if release > 0:
+        parts.append(f"{release:,.1f} ms freeing the batch a worker sent (measured)")
+    said = f" ({compute_ms:,.1f} ms now, less {' and '.join(parts)})" if parts else ""
+    return compute_ms - runq - release, said
+
+
+def _made_at_zero(w: Waits) -> tuple[float, str, str] | None:
+    """(ms, where said, how said) a batch takes to make at num_workers=0: timed there in
+    a fresh process, with the pinning the training process would then do itself; else
+    the workers' own time with a CPU each; None where neither was measured."""
+    pin = w.busy_ms.get(LoadStage.PIN, 0.0)
+    if w.alone_ms is not None:
+        pinned = f" and {pin:,.1f} ms pinning it" if pin > 0 else ""
+        where = (
+            f"at num_workers=0 (timed over {w.alone_runs} batches in a fresh process given "
+            f"your dataset, on the training process's threads){pinned}"
+        )
+        return w.alone_ms + pin, where, "at num_workers=0 (measured)"
+    if w.solo_ms is not None:
+        return w.solo_ms, "with a CPU of its own (measured in the workers)", "alone"
+    return None
 
 
 def configuration_said(

@@ -173,6 +173,8 @@ def _data_bound_fix(
             d.step_ms,
             m.mean(Step.COMPUTE_MS),
             params.num_workers,
+            m.mean(Step.COMPUTE_RUNQUEUE_MS) or 0.0,
+            m.mean(Step.COMPUTE_CPU_MS),
         )
         if stage is not None:
             return stage

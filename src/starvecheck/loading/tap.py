@@ -234,6 +234,11 @@ class Tap:
 
         loader.__dict__["_get_iterator"] = stamped_iterator
 
+    def own_collate(self) -> Any:
+        """The DataLoader's own collate_fn, ours unwrapped where it is on."""
+        collate = getattr(self.loader, "collate_fn", None)
+        return collate.collate if isinstance(collate, stamps.Stamped) else collate
+
     def release(self) -> None:
         """The DataLoader's own collate_fn and worker_init_fn back (training ended)."""
         if self.held is not None:

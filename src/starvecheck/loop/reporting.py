@@ -2,21 +2,26 @@
 rank 0 under torch.distributed, every rank's), judged as a command's report is
 (starvecheck.advice.report), rendered as the terminal shows it, and printed where the
 watch was told to (`file=`, else stderr); what handing its batches from a worker would
-cost, measured once per batch size where the worker model needs it."""
+cost, measured once per batch size where the worker model needs it; what making its
+batches at num_workers=0 would cost, measured once per dataset and batch size where the
+hand-over holds its step back (loading/alone.py)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from starvecheck.core.model import StageResult
 from starvecheck.core.report import Report
+from starvecheck.core.schema.loading import HANDOVER_BYTES, LoadStage
 from starvecheck.loop.handover import Handover, worth_measuring
 from starvecheck.loop.handover import measure as measure_handover
 from starvecheck.loop.times import LoopTimes
 
 if TYPE_CHECKING:
+    from starvecheck.loading.alone import Alone
+    from starvecheck.loading.tap import Tap
     from starvecheck.loop.ranks import Gathered, Peers
 
 
@@ -27,6 +32,8 @@ class Reporting:
     file: TextIO | None
     gathered: Gathered | None
     _handover: dict[int, Handover | None]
+    _alone: dict[tuple[int, int], Alone]
+    _taps: list[Tap | None] | None
 
     if TYPE_CHECKING:  # Watch's own
 
@@ -47,6 +54,7 @@ class Reporting:
         self._read_gpu()
         if peers is None:
             self._measure_handover()
+            self._measure_alone()
         params = self.times.parameters()
         if peers is not None:
             params |= {"rank": peers.rank, "world_size": peers.world}
@@ -72,6 +80,34 @@ class Reporting:
             self._handover[size] = measure_handover(size)
         h = self._handover[size]
         t.handover_ms = None if h is None else (h.worker_ms, h.main_ms)
+
+    def _measure_alone(self) -> None:
+        """Where the hand-over holds this loop's step back (its largest exposed share,
+        batches of HANDOVER_BYTES or more, a loop that waits for data), its batches made
+        at num_workers=0 in a fresh process (loading/alone.py), once per dataset and
+        batch size: the figure num_workers=0's prediction needs, which the workers'
+        own timings cannot give. Not under torch.distributed: every rank would start
+        one at once."""
+        import sys
+
+        t = self.times
+        tap = self._taps[0] if self._taps else None
+        size = t.batch_bytes
+        if tap is None or not t.num_workers or size is None or size < HANDOVER_BYTES:
+            return
+        if not worth_measuring(size, t.waits, t.computes):
+            return
+        if t.figures()[1].top is not LoadStage.HANDOVER:
+            return
+        key = (id(getattr(tap.loader, "dataset", None)), size)
+        if key not in self._alone:
+            from starvecheck.loading.alone import measure as measure_alone
+
+            torch: Any = sys.modules["torch"]  # worth_measuring: loaded
+            threads = int(torch.get_num_threads())
+            collate = tap.own_collate()
+            self._alone[key] = measure_alone(tap.loader, collate, threads=threads, batch_bytes=size)
+        t.split.alone = self._alone[key]
 
     def report(self) -> Report:
         """The loop's result, judged once as a command's is, with the ranked checklist:

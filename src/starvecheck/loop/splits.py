@@ -15,7 +15,7 @@ import math
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starvecheck.core.metric import Caveat, Metric
 from starvecheck.core.schema.figure import Figure
@@ -23,7 +23,12 @@ from starvecheck.core.schema.loading import LoadFigures, LoadStage, StageWait
 from starvecheck.loading.split import STAGES
 from starvecheck.loading.tap import Startup, Tap
 
+if TYPE_CHECKING:
+    from starvecheck.loading.alone import Alone
+
 NAN = float("nan")
+ALONE_MEASURED = "watch.alone-measured"
+ALONE_UNMEASURED = "watch.alone-unmeasured"
 
 
 def tap_for(iterable: Any, split: StageSplit, clock: Any) -> Tap | None:
@@ -56,6 +61,9 @@ class StageSplit:
     start_method: str | None = None
     persistent: bool | None = None
     pinned: bool | None = None
+    # a batch made at num_workers=0 in a fresh process (loading/alone.py; this process's
+    # own loop, never a rank's sent: loop/reporting.py measures it once)
+    alone: Alone | None = None
 
     def put(self, step: int, exposed: list[float], busy: list[float], solo: float = 0.0) -> None:
         """Step `step`'s split (loading/tap.Sink): the arrays grow to it with NaN."""
@@ -110,21 +118,44 @@ class StageSplit:
             unpickle_s = [u.unpickle_s for u in self.startups if u.unpickle_s is not None]
             unpickle = Figure.repeated(unpickle_s) if unpickle_s else None
         waits_by = tuple(w for w in stages.values() if w != StageWait(w.stage))
-        return LoadFigures(split, waits_by, restart, solo, startup, unpickle)
+        alone = release = None
+        if self.alone is not None and self.alone.measured:
+            alone = Figure.repeated([t * 1e3 for t in self.alone.batch_s])
+            if self.alone.release_s:
+                release = Figure.repeated([t * 1e3 for t in self.alone.release_s])
+        return LoadFigures(split, waits_by, restart, solo, startup, unpickle, alone, release)
 
     def caveats(self, waits: int, first: int) -> list[Caveat]:
+        out = self._alone_caveats()
         read = self.exposed[STAGES[0]]
         split = sum(1 for i in range(first, min(waits, len(read))) if not math.isnan(read[i]))
         if split == 0 or split >= waits - first:
-            return []
+            return out
         return [
+            *out,
             Caveat(
                 "watch.split-partial",
                 f"the wait was split by stage in {split} of {waits - first} steps (the others' "
                 "batches carried no record: workers started before the watch, or another "
                 "kind of iterator)",
-            )
+            ),
         ]
+
+    def _alone_caveats(self) -> list[Caveat]:
+        """What timing batches at num_workers=0 in a fresh process cost the loop, or why
+        it timed none."""
+        a = self.alone
+        if a is None:
+            return []
+        if a.measured:
+            said = (
+                f"to predict num_workers=0, {len(a.batch_s)} batches were made at "
+                f"num_workers=0 on {a.threads} intra-op threads in a fresh process given a "
+                f"copy of the dataset; the loop waited {a.took_s:,.1f} s for it, once"
+            )
+            return [Caveat(ALONE_MEASURED, said)]
+        said = f"num_workers=0 could not be timed in a fresh process: {a.why}"
+        return [Caveat(ALONE_UNMEASURED, said)]
 
     def parameters(self) -> dict[str, Any]:
         return {

@@ -89,6 +89,7 @@ class TrainerSteps:
         t.computes.append(now - self._began)
         t.compute_cpu.append(now_cpu - self._began_cpu)
         t.compute_process_cpu.append(clocks.process_time() - self._began_pcpu)
+        t.compute_runq.append(0.0)  # hooks may run on any thread: not read
         self._began = None
         self._events().asked()
         if self.every and len(t.computes) % self.every == 0:

@@ -67,6 +67,7 @@ from starvecheck.loop.synced import Synced
 from starvecheck.loop.times import LoopTimes
 
 if TYPE_CHECKING:
+    from starvecheck.loading.alone import Alone
     from starvecheck.loading.tap import Tap
     from starvecheck.loop.ranks import Gathered, Peers
 
@@ -111,6 +112,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
         self._began_cpu = self._began_pcpu = 0.0
         self._gap: float | None = None
         self._handover: dict[int, Handover | None] = {}  # measured once per batch size
+        self._alone: dict[tuple[int, int], Alone] = {}  # once per dataset and batch size
         # the stage split's tap, once made; [None]: not asked for (stages=False)
         self._taps: list[Tap | None] | None = None if o.stages else [None]
         self._gap_cpu = 0.0
@@ -126,8 +128,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
         return len(self.iterable)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[T]:
-        """One pass: each step's wait is the call to next(), its compute the time until
-        the loop asks for the next batch."""
+        """One pass: a step's wait is the call to next(), its compute the rest of it."""
         sync = self._sync()
         self._distributed()
         barrier = self._rank_barrier()
@@ -140,8 +141,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
         waits, computes, rank_waits = t.waits, t.computes, t.rank_waits
         wait_cpu, compute_cpu, wait_runq = t.wait_cpu, t.compute_cpu, t.wait_runq
         compute_pcpu, wait_pcpu = t.compute_process_cpu, t.wait_process_cpu
-        got_cpu = got_pcpu = 0.0
-        every = self.every
+        got_cpu = got_pcpu = got_runq = 0.0
         tap, it, iter_s, workers, machine, first = self._pass_begins()
         received = None  # when the loop got its last batch; None before the first
         try:
@@ -152,6 +152,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
                     computes.append(asked - received)
                     compute_cpu.append(asked_cpu - got_cpu)
                     compute_pcpu.append(asked_pcpu - got_pcpu)
+                    t.compute_runq.append(queued() - got_runq)
                     gpu.asked()
                     if replay.due(len(computes)):  # the step with no data wait, apart
                         yield from replay.run(t.headspace, clock, self._replay_sync())
@@ -163,7 +164,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
                     if perf() >= machine.next_at:  # about once a second, never per step
                         machine.read(t.others_cpus, t.process_cpus)
                         asked = clock()
-                    if every and len(computes) % every == 0:
+                    if self.every and len(computes) % self.every == 0:
                         self._checkpoint()
                         asked = clock()  # printing is ours: counted in neither figure
                 else:  # the pass's first wait: iter() too
@@ -179,7 +180,7 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
                 waits.append(received - asked)
                 wait_cpu.append(got_cpu - asked_cpu)
                 wait_pcpu.append(pcpu() - asked_pcpu)
-                wait_runq.append(queued() - asked_runq)
+                wait_runq.append((got_runq := queued()) - asked_runq)
                 if tap is not None:  # the wait split by stage (loading/tap.py)
                     tap.after(len(waits) - 1, asked, received, asked_cpu, asked_pcpu, asked_runq)
                 if first.left:  # reading the first batches is ours: counted in neither
@@ -200,7 +201,8 @@ class Watch(TrainerSteps, Synced, Reporting, Generic[T]):
         except GeneratorExit:
             # The loop stopped early (break, an exception): its last step ends now.
             if received is not None and len(computes) < len(waits):
-                t.stopped_inside(clock() - received, cpu() - got_cpu, pcpu() - got_pcpu)
+                runq_s = queued() - got_runq
+                t.stopped_inside(clock() - received, cpu() - got_cpu, pcpu() - got_pcpu, runq_s)
             raise
         finally:
             self._pass_over(workers, runq, tap)

@@ -41,6 +41,7 @@ ARRAYS = (
     "wait_cpu",
     "compute_cpu",
     "wait_runq",
+    "compute_runq",
     "rank_waits",
     "compute_process_cpu",
     "wait_process_cpu",
@@ -73,6 +74,9 @@ class LoopTimes:
     # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
     # its batch: on a busy machine, CPU work it could not get, not I/O.
     wait_runq: array[float] = field(default_factory=_seconds)
+    # ... and in each compute (the for loop's; 0 from a trainer's hooks): workers
+    # competing for the CPUs, which num_workers=0 would not have
+    compute_runq: array[float] = field(default_factory=_seconds)
     # Seconds at the barrier after each batch arrived (barrier=True under
     # torch.distributed): the time this rank waited for the others' batches.
     rank_waits: array[float] = field(default_factory=_seconds)
@@ -139,11 +143,14 @@ class LoopTimes:
         """Steps completed, those before `offset` (not sent) included."""
         return self.offset + len(self.computes)
 
-    def stopped_inside(self, seconds: float, cpu_s: float, process_cpu_s: float) -> None:
+    def stopped_inside(
+        self, seconds: float, cpu_s: float, process_cpu_s: float, runq_s: float = 0.0
+    ) -> None:
         """The loop stopped early (break, an exception): its last step ends now."""
         self.computes.append(seconds)
         self.compute_cpu.append(cpu_s)
         self.compute_process_cpu.append(process_cpu_s)
+        self.compute_runq.append(runq_s)
 
     def drop_unfinished(self) -> None:
         """Forget a batch whose step never finished (the loop stopped inside it)."""
@@ -217,6 +224,8 @@ class LoopTimes:
             ]
             if len(self.wait_runq) == len(self.waits) and any(self.wait_runq[first:]):
                 out.append(_ms(Step.DATA_WAIT_RUNQUEUE_MS, self.wait_runq[first:]))
+            if len(self.compute_runq) == len(self.computes) and any(self.compute_runq[first:]):
+                out.append(_ms(Step.COMPUTE_RUNQUEUE_MS, self.compute_runq[first:]))
         if len(self.compute_process_cpu) == len(self.computes) > first:
             out.append(_ms(Step.COMPUTE_PROCESS_CPU_MS, self.compute_process_cpu[first:]))
         if len(self.wait_process_cpu) == len(self.waits) > first:

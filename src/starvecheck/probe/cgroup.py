@@ -385,3 +385,26 @@ def pids_free(root: SysRoot) -> int | None:
         if isinstance(limit, int) and current is not None:
             free = max(0, limit - current) if free is None else min(free, max(0, limit - current))
     return free
+
+
+def memory_free(root: SysRoot) -> int | None:
+    """The bytes this process's memory cgroup can still take: the tightest limit less
+    its usage, from this cgroup up to the mount (v2 memory.max and memory.current, v1
+    memory.limit_in_bytes and memory.usage_in_bytes). None where no limit is set or
+    none can be read."""
+    h = _own(root, "memory")
+    if h is None:
+        return None
+    limit_name, usage_name = (
+        ("memory.max", "memory.current")
+        if h.version == 2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    )
+    free: int | None = None
+    for d in _levels(h):
+        limit = parse_limit(root.read(f"{d}/{limit_name}").value or "")
+        usage = parse_int(root.read(f"{d}/{usage_name}").value or "")
+        if isinstance(limit, int) and usage is not None:
+            room = max(0, limit - usage)
+            free = room if free is None else min(free, room)
+    return free

@@ -59,6 +59,14 @@ BUSY_MS = "busy_ms"  # the stage's time per batch wherever it ran, ms (mean)
 # time, not their wait for a CPU), ms (mean): what the training process would spend
 # making it at num_workers=0, where no hand-over is
 SOLO_MS = "solo_ms"
+# quantity: a batch made at num_workers=0 on the training process's intra-op threads,
+# timed in a fresh interpreter given the loader's dataset (loading/alone.py), ms, each
+# batch a run: where the hand-over holds the step back, what num_workers=0 would spend
+ALONE_MS = "alone_ms"
+# quantity: a batch a worker sent, freed by the process that received it (its shared
+# memory let go), timed in the same fresh process, ms, each batch a run: what the
+# training loop pays in its step for every batch with workers, and not at num_workers=0
+RELEASE_MS = "release_ms"
 # quantity: a pass's worker start-up (loading/tap.Startup), seconds
 STARTUP_S = "startup_s"  # the slowest worker ready, from the pass's start
 STARTUP_UNPICKLE_S = "startup_unpickle_s"  # a worker's birth to worker_init_fn
@@ -68,9 +76,24 @@ RESTART_EXPOSED_MS = "restart_exposed_ms"
 # quantity: the steps whose wait could be split (each step's wait is split, or none of it)
 SPLIT_STEPS = "split_steps"
 
+# Batches under this many bytes are too small for the hand-over's own work (pickling,
+# shared memory: about a millisecond a batch each side here) to hold a step back: where
+# their hand-over still shows, the training process was waiting for a CPU to take
+# them (3 processes spinning on 2 CPUs gave a 64-byte batch 40% of the wait), which
+# num_workers=0 does not cure (it ran 1.4x slower there).
+HANDOVER_BYTES = 1 << 20
+
 # How the workers are started, as multiprocessing names it (the DataLoader's
 # multiprocessing_context, else the platform's default)
 START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def top_of(share: Mapping[LoadStage, float]) -> LoadStage | None:
+    """The stage with the largest share of the wait (a positive one); None where none."""
+    if not share:
+        return None
+    stage = max(share, key=lambda s: share[s])
+    return stage if share[stage] > 0 else None
 
 
 # --- the wait by stage as a record: what a loop's split writes (watch, the trainers'
@@ -93,16 +116,17 @@ class StageWait:
 
 # The figures labelled with their quantity alone, their units; in the order written
 # (split_steps first, restart_exposed_ms after the exposed, the rest after the busy).
-_UNITS = {SPLIT_STEPS: "steps", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms", STARTUP_S: "s",
-          STARTUP_UNPICKLE_S: "s"}  # fmt: skip
+_UNITS = {SPLIT_STEPS: "steps", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms", ALONE_MS: "ms",
+          RELEASE_MS: "ms", STARTUP_S: "s", STARTUP_UNPICKLE_S: "s"}  # fmt: skip
 _PER_STAGE = {EXPOSED_MS: "ms", EXPOSED_SHARE: "fraction", BUSY_MS: "ms"}
 
 
 @dataclass(frozen=True)
 class LoadFigures:
     """A loop's wait by stage: the steps split, each stage's figures (in LoadStage's
-    order), the start-up exposed in the passes after the first, a batch made alone,
-    and each pass's worker start-up."""
+    order), the start-up exposed in the passes after the first, a batch made alone
+    (in the workers, and at num_workers=0 in a fresh process), and each pass's worker
+    start-up."""
 
     split_steps: Figure | None = None
     stages: tuple[StageWait, ...] = ()
@@ -110,6 +134,13 @@ class LoadFigures:
     solo_ms: Figure | None = None
     startup_s: Figure | None = None
     startup_unpickle_s: Figure | None = None
+    alone_ms: Figure | None = None
+    release_ms: Figure | None = None
+
+    @property
+    def top(self) -> LoadStage | None:
+        """The stage with the largest exposed share (a positive one); None where none."""
+        return top_of(self.by_stage(EXPOSED_SHARE))
 
     def of(self, stage: LoadStage) -> StageWait:
         """The stage's figures (none where not measured)."""
@@ -145,6 +176,8 @@ class LoadFigures:
             *one(SOLO_MS, self.solo_ms),
             *one(STARTUP_S, self.startup_s),
             *one(STARTUP_UNPICKLE_S, self.startup_unpickle_s),
+            *one(ALONE_MS, self.alone_ms),
+            *one(RELEASE_MS, self.release_ms),
         )
 
     @classmethod

@@ -153,6 +153,7 @@ class Step(StrEnum):
     DATA_WAIT_CPU_MS = "data_wait_cpu_ms"
     COMPUTE_CPU_MS = "compute_cpu_ms"
     DATA_WAIT_RUNQUEUE_MS = "data_wait_runqueue_ms"
+    COMPUTE_RUNQUEUE_MS = "compute_runqueue_ms"
     COMPUTE_PROCESS_CPU_MS = "compute_process_cpu_ms"
     DATA_WAIT_PROCESS_CPU_MS = "data_wait_process_cpu_ms"
     WORKER_CPU_MS = "worker_cpu_ms"
