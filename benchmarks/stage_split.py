@@ -14,14 +14,18 @@ dominates the wait. For each:
   3. with --trainer the same pipeline is trained by a real lightning.Trainer with
      LightningCallback (three epochs: its first epoch's workers are made before any
      hook), and the stage the callback names is read;
-  4. with --factory, `starvecheck loader --factory stages.py:NAME --step-ms STEP` (the
+  4. with --trainer-fix, the callback's own finding is checked on Lightning itself: the
+     trainer as made (the callback's stage, fix and predicted speed-up) and with that
+     fix, in interleaved rounds, the measured speed-up the median of the rounds' ratios
+     of the callback's mean step;
+  5. with --factory, `starvecheck loader --factory stages.py:NAME --step-ms STEP` (the
      full run) reads the same pipeline: the stage its table gives the largest share of
      your settings' wait, the change its finding names and the training figure it
      predicts for the step; that change is applied in the loop as in 2, in its own
      interleaved rounds.
 
-    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--factory]
-        [--only NAME ...]
+    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--trainer-fix]
+        [--factory] [--only NAME ...]
 
 --busy runs a process that keeps one CPU busy throughout (the figures beside other
 work). Targets (exit 1 when missed): the named stage is the scenario's; the applied fix
@@ -159,26 +163,67 @@ cb = LightningCallback(show=False)
 trainer = L.Trainer(max_epochs=3, limit_train_batches={steps}, accelerator="cpu", logger=False,
                     enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, callbacks=[cb])
-trainer.fit(Step(), stages.{name}())
-shares = {{m.labels["load_stage"]: m.value for m in cb.watch.result().figures
+trainer.fit(Step(), stages.{name}(**{fix!r}))
+report = cb.watch.report()
+result = report.stages[0]
+shares = {{m.labels["load_stage"]: m.value for m in result.figures
           if m.labels.get("quantity") == "exposed_share"}}
+step = next(m.value for m in result.figures if m.labels.get("quantity") == "step_ms")
+found = next((f for f in report.checklist if f.id == "profile.data-bound"), None)
+gain = found.gain if found is not None and found.gain is not None else None
 print("SHARES", json.dumps(shares))
+print("READ", json.dumps({{"step_ms": step, "fix": dict(found.fix or {{}}) if found else {{}},
+      "gain": gain.value if gain is not None and gain.kind.value == "throughput" else None}}))
 """
 
 
 def trainer_stage(s: Scenario) -> str:
     """The stage LightningCallback names for the scenario (its later epochs)."""
-    code = LIGHTNING.format(
-        pipelines=str(HERE / "pipelines"), step_s=s.step_ms / 1e3, steps=s.steps, name=s.name
-    )
+    return trainer_reads(s)[0]
+
+
+def trainer_reads(s: Scenario, fix: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """(the stage LightningCallback names, what it read: its mean step_ms, the data-bound
+    finding's fix and predicted gain) for the scenario trained with `fix` applied."""
+    code = LIGHTNING.format(pipelines=str(HERE / "pipelines"), step_s=s.step_ms / 1e3,
+                            steps=s.steps, name=s.name, fix=fix or {})  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env
     )
     if out.returncode != 0:
-        return f"failed: {out.stderr.strip().splitlines()[-1:]}"
+        return f"failed: {out.stderr.strip().splitlines()[-1:]}", {}
     shares = json.loads(out.stdout.split("SHARES ", 1)[1].splitlines()[0])
-    return max(shares, key=lambda k: shares[k]) if shares else "none"
+    read = json.loads(out.stdout.split("READ ", 1)[1].splitlines()[0])
+    return (max(shares, key=lambda k: shares[k]) if shares else "none"), read
+
+
+def trainer_fix_row(s: Scenario, rounds: int) -> tuple[str, bool]:
+    """The callback's own prediction checked on Lightning itself: the trainer as made and
+    with the callback's fix, in interleaved rounds, each run's mean step on the
+    callback's clock; the measured gain the median of the rounds' ratios."""
+    top, predicted, ratios, fix = "none", [], [], {}
+    for r in range(rounds):
+        steps: dict[bool, float] = {}
+        for fixed in (False, True) if r % 2 == 0 or not fix else (True, False):
+            if fixed and not fix:
+                continue
+            stage, read = trainer_reads(s, fix if fixed else None)
+            steps[fixed] = float(read.get("step_ms") or 0.0)
+            if not fixed:
+                top, fix = stage, dict(read.get("fix") or {})
+                predicted.append(read.get("gain") or 1.0)
+        if fix and steps.get(True):
+            ratios.append(steps[False] / steps[True])
+    gain = statistics.median(predicted) if predicted and fix else None
+    ratio = statistics.median(ratios) if ratios else 1.0
+    error = None if gain is None else gain / ratio - 1
+    ok = top == s.stage and ratio >= 0.97 and error is not None and abs(error) <= TOLERANCE
+    row = (
+        f"| {s.name} | {top} | `{fix}` | {'none' if gain is None else f'{gain:.2f}x'} | "
+        f"{ratio:.2f}x | {'-' if error is None else f'{error:+.0%}'} | {'yes' if ok else 'NO'} |"
+    )
+    return row, ok
 
 
 def factory_reads(s: Scenario) -> tuple[str, dict[str, Any], float | None, float]:
@@ -253,6 +298,7 @@ def main() -> int:
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--trainer", action="store_true")
     parser.add_argument("--factory", action="store_true")
+    parser.add_argument("--trainer-fix", action="store_true")
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     # The work a batch, sized once before any load: every process of the run (the loop,
@@ -267,8 +313,9 @@ def main() -> int:
         for s in SCENARIOS:
             if args.only and s.name not in args.only:
                 continue
-            if args.factory:
-                row, ok = factory_row(s, args.rounds)
+            if args.factory or args.trainer_fix:
+                row_of = factory_row if args.factory else trainer_fix_row
+                row, ok = row_of(s, args.rounds)
                 factory.append(row)
                 failed += not ok
                 print(row, flush=True)
@@ -298,6 +345,11 @@ def main() -> int:
     if args.factory:
         print("| scenario | factory names | fix | predicted | measured | error | run | ok |")
         print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(factory))
+        return 1 if failed else 0
+    if args.trainer_fix:
+        print("| scenario | callback names | fix | predicted | measured (Lightning) | error | ok |")
+        print("|---|---|---|---|---|---|---|")
         print("\n".join(factory))
         return 1 if failed else 0
     print("| scenario | watch names | callback names | fix | predicted | measured | error | ok |")
