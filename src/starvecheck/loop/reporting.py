@@ -88,8 +88,6 @@ class Reporting:
         batch size: the figure num_workers=0's prediction needs, which the workers'
         own timings cannot give. Not under torch.distributed: every rank would start
         one at once."""
-        import sys
-
         t = self.times
         tap = self._taps[0] if self._taps else None
         size = t.batch_bytes

@@ -378,13 +378,7 @@ def pids_free(root: SysRoot) -> int | None:
     tightest pids.max less its pids.current, from this cgroup up to the mount. None
     where no limit is set or none can be read."""
     h = _own(root, "pids")
-    free: int | None = None
-    for d in _levels(h) if h is not None else []:
-        limit = parse_limit(root.read(f"{d}/pids.max").value or "")
-        current = parse_int(root.read(f"{d}/pids.current").value or "")
-        if isinstance(limit, int) and current is not None:
-            free = max(0, limit - current) if free is None else min(free, max(0, limit - current))
-    return free
+    return None if h is None else _tightest_room(root, h, "pids.max", "pids.current")
 
 
 def memory_free(root: SysRoot) -> int | None:
@@ -395,11 +389,14 @@ def memory_free(root: SysRoot) -> int | None:
     h = _own(root, "memory")
     if h is None:
         return None
-    limit_name, usage_name = (
-        ("memory.max", "memory.current")
-        if h.version == 2
-        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
-    )
+    if h.version == 2:
+        return _tightest_room(root, h, "memory.max", "memory.current")
+    return _tightest_room(root, h, "memory.limit_in_bytes", "memory.usage_in_bytes")
+
+
+def _tightest_room(root: SysRoot, h: Hierarchy, limit_name: str, usage_name: str) -> int | None:
+    """The least of a limit less its usage over the levels from `h`'s cgroup up to the
+    mount (0 where usage is over the limit); None where no level has both."""
     free: int | None = None
     for d in _levels(h):
         limit = parse_limit(root.read(f"{d}/{limit_name}").value or "")
