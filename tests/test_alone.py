@@ -224,3 +224,26 @@ def test_a_watch_held_back_by_another_stage_starts_no_process(
     w, calls = _watched(monkeypatch, LoadStage.TRANSFORM)
     figures = w.result().records(LoadFigures)  # type: ignore[attr-defined]
     assert calls == [] and figures.alone_ms is None
+
+
+def test_a_trainers_hooks_read_the_batches_bytes_and_their_threads_run_queue() -> None:
+    import threading
+
+    from starvecheck.loop.samples import SIZED
+    from starvecheck.loop.timer import Watch
+
+    w = Watch((), show=False)
+    w.begin_pass()
+    for n in range(SIZED + 2):
+        w.begin_step(torch.zeros(100 * (n + 1)))  # the first SIZED batches are read
+        w.end_step()
+    assert w.times.batch_bytes == 4 * 100 * SIZED
+    assert len(w.times.compute_runq) == len(w.times.computes) == SIZED + 2
+    # A hook on another thread than the first hook's: that step's run queue not read.
+    w.begin_step()
+    other = threading.Thread(target=w.end_step)
+    other.start()
+    other.join()
+    assert len(w.times.compute_runq) == len(w.times.computes) and w.times.compute_runq[-1] == 0.0
+    w.release_loader()  # the run queue's file closed with the training
+    assert w._hook_runq is None

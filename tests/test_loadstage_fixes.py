@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from starvecheck.advice.loadstages import HANDOVER_BYTES, Waits, handover_fix, startup_fix
+from starvecheck.advice.loadstages import (
+    HANDOVER_BYTES,
+    LoopThread,
+    Waits,
+    handover_fix,
+    startup_fix,
+)
 from starvecheck.core.model import GainKind
 from starvecheck.core.schema.loading import LoadStage
 
@@ -60,38 +66,60 @@ def test_start_up_each_pass_is_persistent_workers_with_what_the_later_passes_saw
     assert startup_fix(waits(LoadStage.COLLATE), 40.0, 2, "fork") is None
 
 
-def test_a_batch_timed_at_num_workers_0_sets_the_figure_and_the_workers_costs_leave_the_compute():
+def test_a_batch_timed_at_num_workers_0_sets_the_figure_and_the_workers_costs_leave_the_step():
     # Step 45 ms: 23 ms of compute, 9 of it waiting for a CPU the workers held and 8 of
-    # it freeing the batch a worker sent (the loop thread's CPU in it: 8.5 ms); a batch
-    # made at num_workers=0 takes 20 ms. The workers' own 43 ms is not used.
+    # it freeing the batch a worker sent (the loop thread's CPU in it: 8.5 ms), and 1 ms
+    # of CPU in the wait (receiving); a batch made at num_workers=0 takes 20 ms. The
+    # workers' own 43 ms is not used.
     w = waits(LoadStage.HANDOVER, solo_ms=43.0, alone_ms=20.0, alone_runs=12, release_ms=8.0)
-    said, gain, fix = handover_fix(w, 64e6, 45.0, 23.0, 2, 9.0, 8.5) or ("", None, {})
+    thread = LoopThread(wait_cpu_ms=1.0, compute_cpu_ms=8.5, compute_runq_ms=9.0)
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 23.0, 2, thread) or ("", None, {})
     assert fix == {"num_workers": 0}
-    assert gain is not None and gain.value == pytest.approx(45.0 / (23.0 - 9.0 - 8.0 + 20.0), 0.01)
+    assert gain is not None and gain.value == pytest.approx(
+        45.0 / (23.0 + 1.0 - 9.0 - 8.0 + 20.0), 0.01
+    )
     assert "at num_workers=0 (timed over 12 batches" in said
     assert "9.0 ms waiting for a CPU and 8.0 ms freeing" in said
 
 
-def test_the_freeing_left_out_is_at_most_the_loop_threads_cpu_in_the_compute():
-    w = waits(LoadStage.HANDOVER, alone_ms=20.0, alone_runs=12, release_ms=11.0)
-    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, 16.0, 9.0) or ("", None, {})
-    assert gain is not None and gain.value == pytest.approx(60.0 / (30.0 - 16.0 - 9.0 + 20.0), 0.01)
-    # No CPU figure (a stored report): the freeing as measured.
-    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, 16.0) or ("", None, {})
-    expected = 60.0 / (30.0 - 16.0 - 11.0 + 20.0)
+def test_a_trainer_that_frees_the_batch_in_its_fetch_keeps_its_compute():
+    # Lightning lets the batch go in its fetch: the wait's CPU holds the freeing (9.4 ms,
+    # 8 of it the freeing), the compute only its own 1.2 ms; the rest of the step at
+    # num_workers=0 is the compute and the fetch's own 1.4 ms, less the 1.2 ms run queue.
+    w = waits(LoadStage.HANDOVER, alone_ms=20.0, alone_runs=12, release_ms=8.0)
+    thread = LoopThread(wait_cpu_ms=9.4, compute_cpu_ms=1.2, compute_runq_ms=1.2)
+    _, gain, _ = handover_fix(w, 64e6, 48.6, 7.7, 2, thread) or ("", None, {})
+    expected = 48.6 / (7.7 + 9.4 - 1.2 - 8.0 + 20.0)
     assert gain is not None and gain.value == pytest.approx(expected, 0.01)
+
+
+def test_the_freeing_left_out_is_at_most_the_loop_threads_cpu():
+    w = waits(LoadStage.HANDOVER, alone_ms=20.0, alone_runs=12, release_ms=11.0)
+    thread = LoopThread(wait_cpu_ms=1.0, compute_cpu_ms=9.0, compute_runq_ms=16.0)
+    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, thread) or ("", None, {})
+    expected = 60.0 / (30.0 + 1.0 - 16.0 - 10.0 + 20.0)
+    assert gain is not None and gain.value == pytest.approx(expected, 0.01)
+    # No CPU figures (a stored report): nothing freed is left out, the lower figure.
+    _, gain, _ = handover_fix(w, 64e6, 60.0, 30.0, 2, LoopThread(compute_runq_ms=16.0)) or (
+        "",
+        None,
+        {},
+    )
+    assert gain is not None and gain.value == pytest.approx(60.0 / (30.0 - 16.0 + 20.0), 0.01)
 
 
 def test_num_workers_0_timed_and_no_faster_is_said_with_no_figure():
     w = waits(LoadStage.HANDOVER, solo_ms=8.0, alone_ms=40.0, alone_runs=12, release_ms=1.0)
-    said, gain, fix = handover_fix(w, 64e6, 45.0, 6.0, 2, 0.0, 1.0) or ("", None, {})
+    thread = LoopThread(compute_cpu_ms=1.0)
+    said, gain, fix = handover_fix(w, 64e6, 45.0, 6.0, 2, thread) or ("", None, {})
     assert fix == {} and "would not be faster: a batch takes 40.0 ms" in said
     assert gain is not None and gain.kind is GainKind.STEP_SHARE
     assert "loader --factory" not in said  # measured: no need to send the user there
 
 
-def test_a_compute_the_workers_costs_would_empty_gets_no_figure():
+def test_a_step_the_workers_costs_would_empty_gets_no_figure():
     # Less than nothing left: the figures disagree, and no speed-up is promised.
     w = waits(LoadStage.HANDOVER, alone_ms=5.0, alone_runs=12, release_ms=10.0)
-    _, gain, fix = handover_fix(w, 64e6, 45.0, 12.0, 2, 5.0, 10.0) or ("", None, {})
+    thread = LoopThread(compute_cpu_ms=10.0, compute_runq_ms=5.0)
+    _, gain, fix = handover_fix(w, 64e6, 45.0, 12.0, 2, thread) or ("", None, {})
     assert fix == {} and gain is not None and gain.kind is GainKind.STEP_SHARE

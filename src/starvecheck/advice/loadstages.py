@@ -166,14 +166,24 @@ def startup_fix(
     return said, Gain(GainKind.THROUGHPUT, round(ratio, 2), basis), fix
 
 
+@dataclass(frozen=True)
+class LoopThread:
+    """The training loop's thread in a mean step (ms): its CPU and its wait for a CPU,
+    in the data wait and in the compute (0 where not read)."""
+
+    wait_cpu_ms: float = 0.0
+    wait_runq_ms: float = 0.0
+    compute_cpu_ms: float = 0.0
+    compute_runq_ms: float = 0.0
+
+
 def handover_fix(
     w: Waits,
     batch_bytes: float | None,
     step_ms: float | None,
     compute_ms: float | None,
     workers: int | None,
-    compute_runq_ms: float = 0.0,
-    compute_cpu_ms: float | None = None,
+    thread: LoopThread | None = None,
 ) -> tuple[str, Gain, dict[str, int]] | None:
     """The hand-over holds the step back: more workers do not shorten it (batches of
     HANDOVER_BYTES or more; smaller ones: None, the worker advice speaks). Where making
@@ -184,11 +194,12 @@ def handover_fix(
     alone.py: the training process's threads, its own memory) where there is one, with
     the pinning it would then do itself; else the workers' own (a CPU each, one thread,
     shared memory: slower than the training process where its threads help). With the
-    former, the step's compute at num_workers=0 is the one now less what the workers
-    cost it: its wait for a CPU (`compute_runq_ms`) and freeing each batch a worker sent
-    (timed in the same process; at most the loop thread's CPU in the compute,
-    `compute_cpu_ms`, where the freeing runs); with the latter, the one now (a bound: never more
-    gain than there is)."""
+    former, the rest of the step at num_workers=0 is what the loop's thread does now
+    besides waiting for its batch: the compute and the wait's CPU (a trainer's own work
+    in its fetch), less what the workers cost it: its wait for a CPU (they held the
+    CPUs) and freeing each batch a worker sent (timed in the same process; at most the
+    thread's CPU, in the wait or the compute, wherever the loop lets the batch go); with
+    the latter, the compute now (a bound: never more gain than there is)."""
     if w.top is not LoadStage.HANDOVER or not batch_bytes or batch_bytes < HANDOVER_BYTES:
         return None
     size = f" of {batch_bytes / 1e6:,.1f} MB"
@@ -200,7 +211,7 @@ def handover_fix(
     made = _made_at_zero(w)
     if workers and made is not None and step_ms and compute_ms is not None:
         ms, where, how = made
-        kept, rest = _compute_at_zero(w, compute_ms, compute_runq_ms, compute_cpu_ms)
+        kept, rest = _rest_at_zero(w, compute_ms, thread or LoopThread())
         alone = kept + ms
         if kept > 0 and step_ms / alone >= 1 + MARGIN:
             said += (
@@ -242,24 +253,27 @@ def handover_fix(
     return said + ".", gain, {}
 
 
-def _compute_at_zero(
-    w: Waits, compute_ms: float, runq_ms: float, cpu_ms: float | None
-) -> tuple[float, str]:
-    """(ms, said) the step's compute would take at num_workers=0: where the batch's
-    making was timed there, the compute now less its wait for a CPU and the freeing of
-    each batch a worker sent (both the workers' doing; the freeing at most the CPU the
-    loop's thread spent in the compute, where it runs); else the compute now."""
+def _rest_at_zero(w: Waits, compute_ms: float, t: LoopThread) -> tuple[float, str]:
+    """(ms, said) the step less the batch's making at num_workers=0: where that making
+    was timed there, the compute and the wait's CPU now less the loop thread's wait for
+    a CPU and the freeing of each batch a worker sent (both the workers' doing; the
+    freeing at most the thread's CPU, where it runs); else the compute now."""
     if w.alone_ms is None:
         return compute_ms, ""
-    release = w.release_ms or 0.0
-    if cpu_ms is not None:
-        release = min(release, max(0.0, cpu_ms))
-    runq = max(0.0, runq_ms)
+    cpu = max(0.0, t.wait_cpu_ms) + max(0.0, t.compute_cpu_ms)
+    release = min(w.release_ms or 0.0, cpu)
+    runq = max(0.0, t.wait_runq_ms) + max(0.0, t.compute_runq_ms)
+    now = compute_ms + max(0.0, t.wait_cpu_ms)
     parts = [f"{runq:,.1f} ms waiting for a CPU"] if runq > 0 else []
     if release > 0:
         parts.append(f"{release:,.1f} ms freeing the batch a worker sent (measured)")
-    said = f" ({compute_ms:,.1f} ms now, less {' and '.join(parts)})" if parts else ""
-    return compute_ms - runq - release, said
+    said = (
+        f" ({compute_ms:,.1f} ms of compute and {max(0.0, t.wait_cpu_ms):,.1f} ms of the "
+        f"wait's CPU now, less {' and '.join(parts)})"
+        if parts
+        else ""
+    )
+    return now - runq - release, said
 
 
 def _made_at_zero(w: Waits) -> tuple[float, str, str] | None:

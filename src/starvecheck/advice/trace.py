@@ -173,8 +173,12 @@ def _data_bound_fix(
             d.step_ms,
             m.mean(Step.COMPUTE_MS),
             params.num_workers,
-            m.mean(Step.COMPUTE_RUNQUEUE_MS) or 0.0,
-            m.mean(Step.COMPUTE_CPU_MS),
+            loadstages.LoopThread(
+                m.mean(Step.DATA_WAIT_CPU_MS) or 0.0,
+                m.mean(Step.DATA_WAIT_RUNQUEUE_MS) or 0.0,
+                m.mean(Step.COMPUTE_CPU_MS) or 0.0,
+                m.mean(Step.COMPUTE_RUNQUEUE_MS) or 0.0,
+            ),
         )
         if stage is not None:
             return stage

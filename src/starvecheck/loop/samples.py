@@ -42,11 +42,7 @@ class FirstBatches:
         seen = READ - self.left  # this batch's place among the pass's first
         t = self.times
         if seen <= SIZED:
-            try:
-                nbytes = batch_nbytes(item)
-            except Exception:  # an `nbytes` property of the user's that raises
-                nbytes = 0
-            t.batch_bytes = max(t.batch_bytes or 0, nbytes)
+            sized(t, item)
         try:
             if seen <= DIGESTED and len(self.digests) < MAX_SAMPLES:
                 size = leading(item)
@@ -58,6 +54,16 @@ class FirstBatches:
                     self.digests.extend(got[: MAX_SAMPLES - len(self.digests)])
         except Exception:
             t.digest_gaps += 1
+
+
+def sized(times: LoopTimes, item: Any) -> None:
+    """A batch's bytes of arrays into `times.batch_bytes`, the largest read; never
+    raises (an `nbytes` property of the user's may)."""
+    try:
+        nbytes = batch_nbytes(item)
+    except Exception:
+        nbytes = 0
+    times.batch_bytes = max(times.batch_bytes or 0, nbytes)
 
 
 def _sampler(times: LoopTimes, iterable: Any) -> None:

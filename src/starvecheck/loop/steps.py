@@ -9,15 +9,17 @@ GPU events (loop/gpuclock.py) are recorded here as the `for` loop records them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from starvecheck.core import clocks
+from starvecheck.loop.samples import SIZED, sized
 
 if TYPE_CHECKING:
     from starvecheck.loading.tap import Tap
     from starvecheck.loop.barrier import Barrier
-    from starvecheck.loop.cpu import MachineCpu
+    from starvecheck.loop.cpu import MachineCpu, Runqueue
     from starvecheck.loop.exporter import Exporter
     from starvecheck.loop.gpuclock import DeviceIdle, NoDevice
     from starvecheck.loop.ranks import Peers
@@ -37,6 +39,11 @@ class TrainerSteps:
     _gap_cpu: float
     _gap_pcpu: float
     _machine: MachineCpu | None = None  # the machine's CPU, read about once a second
+    # The hooks' thread's run queue (opened on the first hook's thread, with its ident)
+    # and its reading when the step began: None where a hook ran on another thread.
+    _hook_runq: tuple[int, Runqueue] | None = None
+    _began_runq: float | None = None
+    _sized = 0  # this pass's first batches whose bytes were read
     _taps: list[Tap | None] | None
     exporter: Exporter | None
     peers: Peers | None
@@ -49,9 +56,11 @@ class TrainerSteps:
         def _checkpoint(self) -> None: ...
         def _distributed(self) -> Peers | None: ...
 
-    def begin_step(self) -> None:
+    def begin_step(self, batch: object = None) -> None:
         """A step begins, its batch in hand: the time since the last `end_step()` (or
-        `resume_wait()`) was its data wait. The first call begins a pass."""
+        `resume_wait()`) was its data wait. The first call begins a pass. `batch`, where
+        the trainer's hook gives it: the bytes of a pass's first batches are read (what
+        a worker hands over), as the `for` loop reads them."""
         if self._began is not None:  # a step never ended (hooks out of order): end it
             self.end_step()
         if self._gap is None:  # no begin_pass(): the pass begins with this step, no wait
@@ -76,7 +85,11 @@ class TrainerSteps:
             else:
                 self._rank_barrier()  # the note of why
         self._began, self._began_cpu, self._began_pcpu = now, now_cpu, clocks.process_time()
+        self._began_runq = self._runq_now()
         self._gap = None
+        if batch is not None and self._sized < SIZED:
+            self._sized += 1
+            sized(t, batch)
         self._events().arrived()
 
     def end_step(self) -> None:
@@ -89,7 +102,8 @@ class TrainerSteps:
         t.computes.append(now - self._began)
         t.compute_cpu.append(now_cpu - self._began_cpu)
         t.compute_process_cpu.append(clocks.process_time() - self._began_pcpu)
-        t.compute_runq.append(0.0)  # hooks may run on any thread: not read
+        queued, began = self._runq_now(), self._began_runq
+        t.compute_runq.append(queued - began if queued is not None and began is not None else 0.0)
         self._began = None
         self._events().asked()
         if self.every and len(t.computes) % self.every == 0:
@@ -100,6 +114,17 @@ class TrainerSteps:
             machine.read(t.others_cpus, t.process_cpus)
             now, now_cpu = self.clock(), clocks.thread_time()  # reading /proc is ours
         self._gap, self._gap_cpu, self._gap_pcpu = now, now_cpu, clocks.process_time()
+
+    def _runq_now(self) -> float | None:
+        """The seconds the hooks' thread has waited for a CPU (loop/cpu.Runqueue, opened
+        on the first hook's thread); None when a hook runs on another thread."""
+        me = threading.get_ident()
+        if self._hook_runq is None:
+            from starvecheck.loop.cpu import Runqueue
+
+            self._hook_runq = (me, Runqueue())
+        ident, queue = self._hook_runq
+        return queue.read() if ident == me else None
 
     def _machine_cpu(self) -> MachineCpu | None:
         """The machine's sampler where the trainer loads in its own process: its
@@ -125,6 +150,7 @@ class TrainerSteps:
             self._sync()
             self._distributed()
             self.times.passes += 1
+            self._sized = 0
             if self.exporter is not None:  # loop/exporter.py
                 self.exporter.new_pass(self.peers.rank if self.peers else None)
             self._events().new_pass()
@@ -165,3 +191,6 @@ class TrainerSteps:
         if tap is not None:
             self._passed(tap)
             tap.release()
+        if self._hook_runq is not None:
+            self._hook_runq[1].close()
+            self._hook_runq = None

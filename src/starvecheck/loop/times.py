@@ -74,8 +74,8 @@ class LoopTimes:
     # Seconds the loop's thread waited for a CPU (Linux schedstat) while it waited for
     # its batch: on a busy machine, CPU work it could not get, not I/O.
     wait_runq: array[float] = field(default_factory=_seconds)
-    # ... and in each compute (the for loop's; 0 from a trainer's hooks): workers
-    # competing for the CPUs, which num_workers=0 would not have
+    # ... and in each compute (a trainer's read on its hooks' thread; 0 where a hook ran
+    # on another): workers competing for the CPUs, which num_workers=0 would not have
     compute_runq: array[float] = field(default_factory=_seconds)
     # Seconds at the barrier after each batch arrived (barrier=True under
     # torch.distributed): the time this rank waited for the others' batches.

@@ -48,7 +48,7 @@ class LightningCallback(Hooked, Callback):  # type: ignore[misc]
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.watch.begin_step()
+        self.watch.begin_step(batch)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
