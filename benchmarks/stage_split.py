@@ -169,7 +169,8 @@ result = report.stages[0]
 shares = {{m.labels["load_stage"]: m.value for m in result.figures
           if m.labels.get("quantity") == "exposed_share"}}
 step_ms = next(m for m in result.figures if m.labels.get("quantity") == "step_ms")
-step = sum(step_ms.values) / len(step_ms.values)  # the mean, as the prediction's step
+later = step_ms.values[{steps} - 1:]  # the later epochs (the first step is left out)
+step = sum(later) / len(later)  # the mean, as the prediction's step
 found = next((f for f in report.checklist if f.id == "profile.data-bound"), None)
 gain = found.gain if found is not None and found.gain is not None else None
 print("SHARES", json.dumps(shares))
@@ -202,8 +203,9 @@ def trainer_reads(s: Scenario, fix: dict[str, Any] | None = None) -> tuple[str, 
 def trainer_fix_row(s: Scenario, rounds: int) -> tuple[str, bool]:
     """The callback's own prediction checked on Lightning itself: the trainer as made and
     with the callback's fix, in interleaved rounds, each run's mean step on the
-    callback's clock (every epoch's restart in it, as in the prediction's step); the
-    measured gain the median of the rounds' ratios."""
+    callback's clock over its later epochs (every one's restart in it, as in the
+    prediction's step: the first epoch's workers start before any hook); the measured
+    gain the median of the rounds' ratios."""
     top, predicted, ratios, fix = "none", [], [], {}
     for r in range(rounds):
         steps: dict[bool, float] = {}

@@ -123,3 +123,29 @@ def test_a_step_the_workers_costs_would_empty_gets_no_figure():
     thread = LoopThread(compute_cpu_ms=10.0, compute_runq_ms=5.0)
     _, gain, fix = handover_fix(w, 64e6, 45.0, 12.0, 2, thread) or ("", None, {})
     assert fix == {} and gain is not None and gain.kind is GainKind.STEP_SHARE
+
+
+def test_start_up_is_judged_over_the_steps_split_where_the_loop_says_their_mean():
+    # A trainer's first pass is not split (its workers start before any hook) and paid
+    # no visible start-up: the loop's mean step of 30 ms has it in; the split's own
+    # steps average 40 ms, 32 of them start-up, so 8 ms without it and 38 ms in a
+    # later pass.
+    w = waits(LoadStage.STARTUP, startup_s=3.5, restart_ms=30.0, step_ms=40.0)
+    _, gain, _ = startup_fix(w, 30.0, 2, "fork") or ("", None, {})
+    assert gain is not None and gain.value == pytest.approx(38.0 / 8.0, abs=0.01)
+
+
+def test_the_split_carries_the_mean_step_over_its_own_steps():
+    from array import array
+
+    from starvecheck.loop.splits import StageSplit
+
+    split = StageSplit()
+    for step in range(1, 4):  # step 0 (the first pass's) carries no record
+        split.put(step, [0.001 * step] + [0.0] * 6, [0.0] * 7)
+    waits = array("d", [0.5, 0.001, 0.002, 0.003])
+    computes = array("d", [0.5, 0.009, 0.008, 0.007])
+    figures = split.figures(waits, 0, computes)
+    assert figures.split_step_ms is not None
+    assert figures.split_step_ms.value == pytest.approx(10.0)  # (1+9, 2+8, 3+7) ms
+    assert split.figures(waits, 0).split_step_ms is None

@@ -70,6 +70,7 @@ class Waits:
     alone_ms: float | None = None
     alone_runs: int = 0
     release_ms: float | None = None  # a batch a worker sent, freed by its receiver (median ms)
+    step_ms: float | None = None  # the mean step over the steps split
 
     @property
     def top(self) -> LoadStage | None:
@@ -100,6 +101,7 @@ def of(figures: LoadFigures) -> Waits | None:
         alone_ms=value_of(figures.alone_ms),
         alone_runs=figures.alone_ms.n if figures.alone_ms is not None else 0,
         release_ms=value_of(figures.release_ms),
+        step_ms=value_of(figures.split_step_ms),
     )
 
 
@@ -148,7 +150,9 @@ def startup_fix(
     said += "."
     fix = {"persistent_workers": True}
     # The step with no start-up in it: the mean step less every pass's start-up exposed
-    # (the first pass's too), both over the steps split.
+    # (the first pass's too), both over the steps split (a trainer's first pass is not:
+    # its workers start before any hook, and the loop's mean step has that pass in it).
+    step_ms = w.step_ms if w.step_ms is not None else step_ms
     kept = None if step_ms is None else step_ms - w.exposed_ms.get(LoadStage.STARTUP, 0.0)
     if w.restart_ms is None or kept is None or kept <= 0:
         share = round(w.share[LoadStage.STARTUP], 4)

@@ -87,15 +87,20 @@ class StageSplit:
         ms a batch, and each pass's start-up."""
         return list(self.figures(waits, first).to_metrics())
 
-    def figures(self, waits: array[float], first: int) -> LoadFigures:
-        """The split as its record (core/schema/loading.LoadFigures)."""
+    def figures(
+        self, waits: array[float], first: int, computes: array[float] | None = None
+    ) -> LoadFigures:
+        """The split as its record (core/schema/loading.LoadFigures); with `computes`,
+        the mean step over the steps split too."""
         read = self.exposed[STAGES[0]]
         steps = [i for i in range(first, min(len(waits), len(read))) if not math.isnan(read[i])]
         stages = {s: StageWait(s) for s in STAGES}
-        split = restart = solo = startup = unpickle = None
+        split = restart = solo = startup = unpickle = step = None
         if steps:
             wait = sum(waits[i] for i in steps)
             split = Figure.single(len(steps))
+            if computes is not None and len(computes) >= steps[-1] + 1:
+                step = Figure.single((wait + sum(computes[i] for i in steps)) / len(steps) * 1e3)
             for s in STAGES:
                 total = sum(self.exposed[s][i] for i in steps)
                 share = total / wait if wait > 0 else 0.0
@@ -123,7 +128,7 @@ class StageSplit:
             alone = Figure.repeated([t * 1e3 for t in self.alone.batch_s])
             if self.alone.release_s:
                 release = Figure.repeated([t * 1e3 for t in self.alone.release_s])
-        return LoadFigures(split, waits_by, restart, solo, startup, unpickle, alone, release)
+        return LoadFigures(split, waits_by, restart, solo, startup, unpickle, alone, release, step)
 
     def caveats(self, waits: int, first: int) -> list[Caveat]:
         out = self._alone_caveats()

@@ -210,7 +210,7 @@ class LoopTimes:
                 _single(Step.FIRST_STEP_MS, steps[0] * 1e3, "ms"),
                 _single(Step.FIRST_WAIT_MS, self.waits[0] * 1e3, "ms"),
             ]
-        split = self.split.figures(self.waits, first)
+        split = self.split.figures(self.waits, first, self.computes)
         return StepFigures(tuple(out)), split, StepFigures(tuple(tail))
 
     def _cpu_figures(self, first: int) -> list[StepFigure]:

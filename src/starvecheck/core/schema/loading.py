@@ -75,6 +75,10 @@ STARTUP_UNPICKLE_S = "startup_unpickle_s"  # a worker's birth to worker_init_fn
 RESTART_EXPOSED_MS = "restart_exposed_ms"
 # quantity: the steps whose wait could be split (each step's wait is split, or none of it)
 SPLIT_STEPS = "split_steps"
+# quantity: the mean step (wait and compute) over those steps, ms: the step the stage
+# figures are shares of (a trainer's first pass, its workers made before any hook, is
+# not split, and its steps paid no visible start-up)
+SPLIT_STEP_MS = "split_step_ms"
 
 # Batches under this many bytes are too small for the hand-over's own work (pickling,
 # shared memory: about a millisecond a batch each side here) to hold a step back: where
@@ -116,8 +120,8 @@ class StageWait:
 
 # The figures labelled with their quantity alone, their units; in the order written
 # (split_steps first, restart_exposed_ms after the exposed, the rest after the busy).
-_UNITS = {SPLIT_STEPS: "steps", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms", ALONE_MS: "ms",
-          RELEASE_MS: "ms", STARTUP_S: "s", STARTUP_UNPICKLE_S: "s"}  # fmt: skip
+_UNITS = {SPLIT_STEPS: "steps", SPLIT_STEP_MS: "ms", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms",
+          ALONE_MS: "ms", RELEASE_MS: "ms", STARTUP_S: "s", STARTUP_UNPICKLE_S: "s"}  # fmt: skip
 _PER_STAGE = {EXPOSED_MS: "ms", EXPOSED_SHARE: "fraction", BUSY_MS: "ms"}
 
 
@@ -136,6 +140,7 @@ class LoadFigures:
     startup_unpickle_s: Figure | None = None
     alone_ms: Figure | None = None
     release_ms: Figure | None = None
+    split_step_ms: Figure | None = None
 
     @property
     def top(self) -> LoadStage | None:
@@ -178,6 +183,7 @@ class LoadFigures:
             *one(STARTUP_UNPICKLE_S, self.startup_unpickle_s),
             *one(ALONE_MS, self.alone_ms),
             *one(RELEASE_MS, self.release_ms),
+            *one(SPLIT_STEP_MS, self.split_step_ms),
         )
 
     @classmethod
