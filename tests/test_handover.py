@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from starvecheck.loop.handover import batch_nbytes, measure, worth_measuring
+from starvecheck.loading.stamps import batch_nbytes
+from starvecheck.loop.handover import measure, worth_measuring
 from tests.conftest import children
 
 MIB = 1 << 20

@@ -149,3 +149,47 @@ def test_the_split_carries_the_mean_step_over_its_own_steps():
     assert figures.split_step_ms is not None
     assert figures.split_step_ms.value == pytest.approx(10.0)  # (1+9, 2+8, 3+7) ms
     assert split.figures(waits, 0).split_step_ms is None
+
+
+def test_start_up_over_the_later_passes_is_their_steady_step_and_a_first_batch_a_pass():
+    # Later passes of 16 steps averaging 200 ms, 12 ms a step but at a pass's first; a
+    # worker already there makes a batch in 8 ms: 12 + 8 / 16 = 12.5 ms a step.
+    w = waits(
+        LoadStage.STARTUP, startup_s=2.7, restart_ms=180.0, solo_ms=8.0, step_ms=190.0,
+        later_step_ms=200.0, later_steady_ms=12.0, later_pass_steps=16.0,
+    )  # fmt: skip
+    _, gain, fix = startup_fix(w, 150.0, 2, "forkserver") or ("", None, {})
+    assert fix == {"persistent_workers": True}
+    assert gain is not None and gain.value == pytest.approx(200.0 / 12.5, abs=0.01)
+    assert "from 200.0 ms to 12.5 ms" in gain.basis and "16 steps" in gain.basis
+    # A figure missing (no batch made alone): the start-up's exposed share, as before.
+    w = waits(LoadStage.STARTUP, restart_ms=30.0, step_ms=40.0, later_step_ms=200.0,
+              later_steady_ms=12.0, later_pass_steps=16.0)  # fmt: skip
+    _, gain, _ = startup_fix(w, 30.0, 2, "fork") or ("", None, {})
+    assert gain is not None and gain.value == pytest.approx(38.0 / 8.0, abs=0.01)
+
+
+def test_the_split_carries_the_later_passes_steps():
+    from array import array
+
+    from starvecheck.loop.splits import StageSplit
+
+    split = StageSplit(pass_starts=[0, 3, 6], persistent=False)
+    for step in range(0, 9):
+        split.put(step, [0.001] + [0.0] * 6, [0.0] * 7)
+    # passes of 3 steps; each later pass's first waits 0.1 s
+    waits = array("d", [0.5, 0.001, 0.001, 0.1, 0.001, 0.001, 0.1, 0.001, 0.001])
+    computes = array("d", [0.009] * 9)
+    f = split.figures(waits, 1, computes)
+    assert f.later_step_ms is not None and f.later_steady_ms is not None
+    assert f.later_step_ms.value == pytest.approx((2 * 109 + 4 * 10) / 6)
+    assert f.later_steady_ms.value == pytest.approx(10.0)
+    assert f.later_pass_steps is not None and f.later_pass_steps.value == pytest.approx(3.0)
+    # written and read back as the record's own
+    from starvecheck.core.schema.loading import LoadFigures
+
+    assert LoadFigures.from_metrics(f.to_metrics()) == f
+    # persistent workers: no restart, none of these
+    kept = StageSplit(pass_starts=[0, 3, 6], persistent=True)
+    kept.exposed = split.exposed
+    assert kept.figures(waits, 1, computes).later_step_ms is None

@@ -146,6 +146,9 @@ class Forecast:
     # "contended" (the step's own threads keep the CPUs busy: no worker gains).
     limit: str = "workers"
     receive_ms: float = 0.0  # of handover_ms, the training process's share
+    # The later passes' restarts, ms a step, in both steps as they are now (more workers
+    # do not shorten a pass's first batch): advice/stepworkers.py adds them.
+    restart_ms: float = 0.0
 
 
 @dataclass(frozen=True)

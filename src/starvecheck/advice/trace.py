@@ -187,9 +187,10 @@ def _data_bound_fix(
         round(d.share, 4),
         "data wait inside the steps: what a loader that keeps ahead of the step recovers",
     )
-    advice = measured_advice(m, params, d.wait_ms, d.step_ms)
+    starting = loadstages.start_each_ms(split, params.num_workers)
+    advice = measured_advice(m, params, d.wait_ms, d.step_ms, starting)
     if advice is not None:
-        interval = prediction_interval(m, params) if advice.changes else None
+        interval = prediction_interval(m, params, starting) if advice.changes else None
         if interval is not None and not interval.clears():
             return _inside_noise(advice.workers, interval), gain, {}
         share = gain

@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from starvecheck.core import clocks
@@ -31,10 +32,11 @@ from starvecheck.probe.process import own_stat
 
 RING = 1024  # batch records a worker keeps; the tap reads each within a few steps
 FIELDS = 8
+SIZED = 3  # each worker's first batches whose bytes it writes (a trainer's hooks see none)
 # A worker's header row (its block's row 0)
 H_PID, H_BORN, H_INIT, H_READY, H_CPU, H_RUNQ = range(6)
 # A batch record (rows 1..RING): its sequence number + 1 (0: empty), written last
-R_SEQ, R_FREE, R_COLLATE, R_DONE, R_FETCH_CPU, R_FETCH_RUNQ, R_COLLATE_CPU = range(7)
+R_SEQ, R_FREE, R_COLLATE, R_DONE, R_FETCH_CPU, R_FETCH_RUNQ, R_COLLATE_CPU, R_BYTES = range(8)
 
 clock = clocks.perf_counter
 
@@ -172,12 +174,12 @@ class Stamped:
         out = self.collate(data)
         c1 = clock()
         try:  # noqa: SIM105 (a batch's cost: contextlib.suppress is ten times try's)
-            self._record(c0, c1, t0, p0, q0)
+            self._record(c0, c1, t0, p0, q0, out)
         except Exception:  # ours: never the worker's failure
             pass
         return out
 
-    def _record(self, c0: float, c1: float, t0: float, p0: float, q0: float) -> None:
+    def _record(self, c0: float, c1: float, t0: float, p0: float, q0: float, out: Any) -> None:
         w = self._where()
         if w is None:  # the training process (num_workers=0)
             h = self.here
@@ -195,6 +197,7 @@ class Stamped:
         b[at + R_FETCH_CPU] = max(0.0, cpu - w.cpu - collate_cpu)
         b[at + R_FETCH_RUNQ] = max(0.0, runq - w.runq)
         b[at + R_COLLATE_CPU] = collate_cpu
+        b[at + R_BYTES] = batch_nbytes(out) if w.seq < SIZED else 0.0
         w.seq += 1
         b[at + R_SEQ] = w.seq
         w.free, w.cpu, w.runq = c1, cpu, runq
@@ -210,3 +213,25 @@ class Stamped:
         self._pid = pid
         self._worker = _Worker(_block(self.shared, info.id), Sched())
         return self._worker
+
+
+def batch_nbytes(item: object, depth: int = 4, budget: list[int] | None = None) -> int:
+    """The bytes of the arrays in a batch (tensors, numpy arrays, bytes), found through
+    tuples, lists and dicts at most `depth` deep and 1,000 objects in all: what crosses
+    between processes when a worker hands it over. Never imports anything."""
+    budget = [1000] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        return 0
+    if isinstance(item, bytes | bytearray):
+        return len(item)
+    n = getattr(item, "nbytes", None)
+    if isinstance(n, int) and not isinstance(item, type):
+        return n
+    if depth <= 0:
+        return 0
+    if isinstance(item, Mapping):
+        item = list(item.values())
+    if isinstance(item, tuple | list):
+        return sum(batch_nbytes(x, depth - 1, budget) for x in item)
+    return 0

@@ -34,6 +34,7 @@ from starvecheck.loading.stamps import (
     H_BORN,
     H_INIT,
     H_READY,
+    R_BYTES,
     R_COLLATE,
     R_COLLATE_CPU,
     R_DONE,
@@ -133,6 +134,8 @@ class Tap:
         self.ahead_fetched = 0  # a trainer's fetcher: batches it keeps ahead
         self.skip = 0  # batches of this pass fetched in no wait of their own
         self.by_order = False  # batches matched with waits by order, not by the iterator
+        self.made_it: Any = None  # a trainer's: the last iterator made from the loader
+        self.nbytes = 0  # the largest batch a worker wrote the bytes of (stamps.SIZED)
 
     @classmethod
     def of(cls, iterable: Any, sink: Sink) -> Tap | None:
@@ -230,6 +233,7 @@ class Tap:
         def stamped_iterator(*args: Any, **kwargs: Any) -> Any:
             it = made(*args, **kwargs)
             tap.made = stamps.clock()
+            tap.made_it = it  # its workers' CPU is read beside the hooks (loop/steps.py)
             return it
 
         loader.__dict__["_get_iterator"] = stamped_iterator
@@ -246,6 +250,7 @@ class Tap:
             self.held = None
             with contextlib.suppress(Exception):
                 vars(self.loader).pop("_get_iterator", None)  # the class's again
+            self.made_it = None
 
     def new_pass(self, now: float) -> None:
         """A trainer's pass begins (its iterator is made next): new workers unless
@@ -341,6 +346,8 @@ class Tap:
             head_ready = float(self.rows[w, 0, H_READY])
             if head_ready >= self.began:  # started this pass (not a persistent one)
                 ready = head_ready
+        if rec[R_BYTES] > self.nbytes:  # a worker's first batches only
+            self.nbytes = int(rec[R_BYTES])
         free = rec[R_FREE]
         free = sent if math.isnan(free) else max(free, sent)
         b = arith.Batch(

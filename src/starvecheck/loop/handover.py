@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,28 +50,6 @@ def worth_measuring(nbytes: int, waits: Sequence[float], computes: Sequence[floa
         return False
     total = sum(waits[1:]) + sum(computes[1:])
     return total > 0 and sum(waits[1:]) / total >= WAITING
-
-
-def batch_nbytes(item: object, depth: int = 4, budget: list[int] | None = None) -> int:
-    """The bytes of the arrays in a batch (tensors, numpy arrays, bytes), found through
-    tuples, lists and dicts at most `depth` deep and 1,000 objects in all: what crosses
-    between processes when a worker hands it over. Never imports anything."""
-    budget = [1000] if budget is None else budget
-    budget[0] -= 1
-    if budget[0] < 0:
-        return 0
-    if isinstance(item, bytes | bytearray):
-        return len(item)
-    n = getattr(item, "nbytes", None)
-    if isinstance(n, int) and not isinstance(item, type):
-        return n
-    if depth <= 0:
-        return 0
-    if isinstance(item, Mapping):
-        item = list(item.values())
-    if isinstance(item, tuple | list):
-        return sum(batch_nbytes(x, depth - 1, budget) for x in item)
-    return 0
 
 
 class _Batches:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from starvecheck.inputs.fingerprints import digests, leading
-from starvecheck.loop.handover import batch_nbytes
+from starvecheck.loading.stamps import batch_nbytes
 from starvecheck.loop.times import LoopTimes
 
 SIZED = 3  # the first batches whose bytes are read

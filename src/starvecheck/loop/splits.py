@@ -12,8 +12,9 @@ start-up (loading/tap.Startup) is kept as a list.
 from __future__ import annotations
 
 import math
+import statistics
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,7 @@ class StageSplit:
         steps = [i for i in range(first, min(len(waits), len(read))) if not math.isnan(read[i])]
         stages = {s: StageWait(s) for s in STAGES}
         split = restart = solo = startup = unpickle = step = None
+        passes: tuple[Figure | None, ...] = (None, None, None)
         if steps:
             wait = sum(waits[i] for i in steps)
             split = Figure.single(len(steps))
@@ -113,6 +115,8 @@ class StageSplit:
                 a = self.exposed[LoadStage.STARTUP]
                 if later:
                     restart = Figure.single(sum(a[i] for i in later) / len(later) * 1e3)
+                    if computes is not None and len(computes) > later[-1]:
+                        passes = _later(later, self.pass_starts, waits, computes)
         if self.busy_batches:
             for s, total in zip(STAGES, self.busy, strict=True):
                 busy = Figure.single(total / self.busy_batches * 1e3)
@@ -128,7 +132,9 @@ class StageSplit:
             alone = Figure.repeated([t * 1e3 for t in self.alone.batch_s])
             if self.alone.release_s:
                 release = Figure.repeated([t * 1e3 for t in self.alone.release_s])
-        return LoadFigures(split, waits_by, restart, solo, startup, unpickle, alone, release, step)
+        return LoadFigures(
+            split, waits_by, restart, solo, startup, unpickle, alone, release, step, *passes
+        )
 
     def caveats(self, waits: int, first: int) -> list[Caveat]:
         out = self._alone_caveats()
@@ -216,3 +222,39 @@ class StageSplit:
         out.persistent = persistent if isinstance(persistent, bool) else None
         out.pinned = pinned if isinstance(pinned, bool) else None
         return out
+
+
+def restart_wait_ms(waits: Sequence[float], first: int, pass_starts: Sequence[int]) -> float | None:
+    """The later passes' first waits beyond their own pass's median wait, in ms a step
+    over the steps from `first` on: each pass after the run's first starts its workers
+    again (or, with persistent ones, asks for its first batches anew) and waits for one
+    worker's whole batch, which more workers do not shorten. None where no later pass
+    began among those steps. A start at 0 is the run's (or a rank's window's) own."""
+    n = len(waits)
+    starts = sorted({s for s in pass_starts if 0 < s < n and s >= first})
+    if not starts:
+        return None
+    excess = 0.0
+    for s, end in zip(starts, [*starts[1:], n], strict=True):
+        usual = statistics.median(waits[s + 1 : end]) if end > s + 1 else 0.0
+        excess += max(0.0, waits[s] - usual)
+    return excess / (n - first) * 1e3
+
+
+def _later(
+    later: list[int], pass_starts: Sequence[int], waits: Sequence[float], computes: Sequence[float]
+) -> tuple[Figure | None, ...]:
+    """The later passes' steps `later` (split): their mean step, the mean of those that
+    did not begin a pass, and a pass's mean steps (LoadFigures' later_*); none where no
+    pass began among them or every one did."""
+    starts = set(pass_starts)
+    begun = sum(1 for i in later if i in starts)
+    steady = [waits[i] + computes[i] for i in later if i not in starts]
+    if not begun or not steady:
+        return (None, None, None)
+    mean = sum(waits[i] + computes[i] for i in later) / len(later)
+    return (
+        Figure.single(mean * 1e3),
+        Figure.single(statistics.fmean(steady) * 1e3),
+        Figure.single(len(later) / begun),
+    )

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from starvecheck.core import clocks
+from starvecheck.loop.cpu import WORKER_SAMPLE, MachineCpu, Runqueue, WorkerCpu
 from starvecheck.loop.samples import SIZED, sized
 
 if TYPE_CHECKING:
     from starvecheck.loading.tap import Tap
     from starvecheck.loop.barrier import Barrier
-    from starvecheck.loop.cpu import MachineCpu, Runqueue
     from starvecheck.loop.exporter import Exporter
     from starvecheck.loop.gpuclock import DeviceIdle, NoDevice
     from starvecheck.loop.ranks import Peers
@@ -44,6 +44,12 @@ class TrainerSteps:
     _hook_runq: tuple[int, Runqueue] | None = None
     _began_runq: float | None = None
     _sized = 0  # this pass's first batches whose bytes were read
+    # The workers of the last iterator the trainer made from its DataLoader (the stage
+    # split's tap sees it made): their CPU read every WORKER_SAMPLE steps, as the `for`
+    # loop reads its pass's, counted from the first step after it was made.
+    _workers_of: object = None
+    _worker_cpu: WorkerCpu | None = None
+    _worker_steps = 0
     _taps: list[Tap | None] | None
     exporter: Exporter | None
     peers: Peers | None
@@ -60,7 +66,8 @@ class TrainerSteps:
         """A step begins, its batch in hand: the time since the last `end_step()` (or
         `resume_wait()`) was its data wait. The first call begins a pass. `batch`, where
         the trainer's hook gives it: the bytes of a pass's first batches are read (what
-        a worker hands over), as the `for` loop reads them."""
+        a worker hands over), as the `for` loop reads them; where it gives none, the
+        bytes each worker wrote of its first batches (loading/stamps.py) stand for them."""
         if self._began is not None:  # a step never ended (hooks out of order): end it
             self.end_step()
         if self._gap is None:  # no begin_pass(): the pass begins with this step, no wait
@@ -90,6 +97,8 @@ class TrainerSteps:
         if batch is not None and self._sized < SIZED:
             self._sized += 1
             sized(t, batch)
+        elif batch is None and tap is not None and tap.nbytes > (t.batch_bytes or 0):
+            t.batch_bytes = tap.nbytes  # no batch in the hook: its workers' own count
         self._events().arrived()
 
     def end_step(self) -> None:
@@ -106,6 +115,8 @@ class TrainerSteps:
         t.compute_runq.append(queued - began if queued is not None and began is not None else 0.0)
         self._began = None
         self._events().asked()
+        if self._read_workers():
+            now, now_cpu = self.clock(), clocks.thread_time()  # reading /proc is ours
         if self.every and len(t.computes) % self.every == 0:
             self._checkpoint()
             now, now_cpu = self.clock(), clocks.thread_time()  # printing is ours
@@ -120,22 +131,53 @@ class TrainerSteps:
         on the first hook's thread); None when a hook runs on another thread."""
         me = threading.get_ident()
         if self._hook_runq is None:
-            from starvecheck.loop.cpu import Runqueue
-
             self._hook_runq = (me, Runqueue())
         ident, queue = self._hook_runq
         return queue.read() if ident == me else None
 
     def _machine_cpu(self) -> MachineCpu | None:
-        """The machine's sampler where the trainer loads in its own process: its
-        workers' pids are not known here, and their CPU would be read as others'."""
+        """The machine's sampler: where the trainer loads in its own process, or beside
+        the workers of the iterator last seen made (`_read_workers`). None with workers
+        whose pids are not known (a trainer's first epoch, its iterator made before any
+        hook): their CPU would be read as others'."""
         if self.times.num_workers != 0:
-            return None
+            return self._machine if self._worker_cpu else None
         if getattr(self, "_machine", None) is None:
-            from starvecheck.loop.cpu import MachineCpu
-
             self._machine = MachineCpu()
         return self._machine
+
+    def _read_workers(self) -> bool:
+        """The workers' CPU, every WORKER_SAMPLE steps of the iterator the trainer last
+        made from its DataLoader, and more often in its first ones (workers that end with
+        the pass are gone before it ends); True where /proc was read. A new iterator: the
+        last one's workers read once more where they are still there, its samples kept as
+        a pass's (LoopTimes.new_pass), and the machine read beside the new workers."""
+        it = getattr(self._held(), "made_it", None)
+        if it is None or not self.times.num_workers:
+            return False
+        t = self.times
+        if it is not self._workers_of:
+            self._last_workers()
+            t.new_pass()
+            self._workers_of, self._worker_steps = it, 0
+            self._worker_cpu = WorkerCpu(it)
+            self._machine = MachineCpu(self._worker_cpu.pids) if self._worker_cpu else None
+        self._worker_steps += 1
+        workers = self._worker_cpu
+        k = self._worker_steps  # its 1st, 2nd, 4th, 8th, 16th steps, then every 16th:
+        due = k % WORKER_SAMPLE == 1 or (k <= WORKER_SAMPLE and not k & (k - 1))
+        if workers and due:  # a pass whose workers end with it (12 steps) is read too
+            workers.sample(len(t.computes), t.worker_cpu, t.worker_runq)
+            return True
+        return False
+
+    def _last_workers(self) -> None:
+        """The current workers' CPU read at a pass's end (the next pass begins, or the
+        training ends), where they are still there: the last steps' share of it."""
+        workers = self._worker_cpu
+        if workers:
+            t = self.times
+            workers.sample(len(t.computes), t.worker_cpu, t.worker_runq)
 
     def resume_wait(self) -> None:
         """Work that is not waiting for data ended just now between two steps
@@ -149,6 +191,7 @@ class TrainerSteps:
         if self._began is None:
             self._sync()
             self._distributed()
+            self._last_workers()
             self.times.passes += 1
             self._sized = 0
             if self.exporter is not None:  # loop/exporter.py
@@ -159,7 +202,8 @@ class TrainerSteps:
             tap = self._held()
             if tap is not None:
                 self._passed(tap)
-                self.times.split.pass_starts.append(len(self.times.waits))
+            self.times.split.pass_starts.append(len(self.times.waits))  # split or not
+            if tap is not None:
                 tap.new_pass(self._gap)
 
     def hold_loader(self, loader: object, ahead: int) -> None:
@@ -187,6 +231,8 @@ class TrainerSteps:
 
     def release_loader(self) -> None:
         """Training ended: the last pass's split, and the DataLoader as it was."""
+        self._last_workers()
+        self._worker_cpu = self._workers_of = None
         tap = self._held()
         if tap is not None:
             self._passed(tap)

@@ -30,7 +30,7 @@ from starvecheck.loop import sent
 from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
 from starvecheck.loop.sent import MACHINE_SENT
-from starvecheck.loop.splits import StageSplit
+from starvecheck.loop.splits import StageSplit, restart_wait_ms
 
 SOURCE = "starvecheck.watch"
 VERSION = 1  # of the encoding
@@ -96,8 +96,9 @@ class LoopTimes:
     worker_runq: list[tuple[int, float]] = field(default_factory=list)
     worker_runq_before: tuple[int, float] = (0, 0.0)
     notes: list[Caveat] = field(default_factory=list)  # what the timer found to say
-    # The largest of the first batches, in bytes of arrays (loop/handover.batch_nbytes):
-    # what a worker would hand over. None: not read (a trainer's hooks see no batch).
+    # The largest of the first batches, in bytes of arrays (loading/stamps.batch_nbytes):
+    # what a worker would hand over (a trainer's hooks that see no batch: the workers'
+    # own count of theirs). None: not read.
     batch_bytes: int | None = None
     # What handing such a batch from a worker costs here (loop/handover.measure), ms of
     # CPU per batch (worker side, training-process side); None: not measured.
@@ -200,6 +201,8 @@ class LoopTimes:
         ]
         if barrier is not None and len(barrier) > first:
             out.append(_ms(Step.RANK_WAIT_MS, barrier[first:]))
+        if (restart := restart_wait_ms(self.waits, first, self.split.pass_starts)) is not None:
+            out.append(_single(Step.RESTART_WAIT_MS, restart, "ms"))
         out += gpu_figures(self.gpu_idle, self.gpu_period, self.gpu_unresolved)
         if self.headspace:
             out.append(_ms(Step.HEADSPACE_STEP_MS, self.headspace))

@@ -79,6 +79,13 @@ SPLIT_STEPS = "split_steps"
 # figures are shares of (a trainer's first pass, its workers made before any hook, is
 # not split, and its steps paid no visible start-up)
 SPLIT_STEP_MS = "split_step_ms"
+# quantity: over the passes after the first (their steps split): the mean step, ms; the
+# mean step of the steps that did not begin a pass, ms; and a pass's mean steps. What
+# persistent workers would leave: the steady step, and each pass's first batch made by
+# a worker already there (`solo_ms`) once a pass
+LATER_STEP_MS = "later_step_ms"
+LATER_STEADY_MS = "later_steady_ms"
+LATER_PASS_STEPS = "later_pass_steps"
 
 # Batches under this many bytes are too small for the hand-over's own work (pickling,
 # shared memory: about a millisecond a batch each side here) to hold a step back: where
@@ -121,7 +128,8 @@ class StageWait:
 # The figures labelled with their quantity alone, their units; in the order written
 # (split_steps first, restart_exposed_ms after the exposed, the rest after the busy).
 _UNITS = {SPLIT_STEPS: "steps", SPLIT_STEP_MS: "ms", RESTART_EXPOSED_MS: "ms", SOLO_MS: "ms",
-          ALONE_MS: "ms", RELEASE_MS: "ms", STARTUP_S: "s", STARTUP_UNPICKLE_S: "s"}  # fmt: skip
+          ALONE_MS: "ms", RELEASE_MS: "ms", STARTUP_S: "s", STARTUP_UNPICKLE_S: "s",
+          LATER_STEP_MS: "ms", LATER_STEADY_MS: "ms", LATER_PASS_STEPS: "steps"}  # fmt: skip
 _PER_STAGE = {EXPOSED_MS: "ms", EXPOSED_SHARE: "fraction", BUSY_MS: "ms"}
 
 
@@ -141,6 +149,9 @@ class LoadFigures:
     alone_ms: Figure | None = None
     release_ms: Figure | None = None
     split_step_ms: Figure | None = None
+    later_step_ms: Figure | None = None
+    later_steady_ms: Figure | None = None
+    later_pass_steps: Figure | None = None
 
     @property
     def top(self) -> LoadStage | None:
@@ -184,6 +195,9 @@ class LoadFigures:
             *one(ALONE_MS, self.alone_ms),
             *one(RELEASE_MS, self.release_ms),
             *one(SPLIT_STEP_MS, self.split_step_ms),
+            *one(LATER_STEP_MS, self.later_step_ms),
+            *one(LATER_STEADY_MS, self.later_steady_ms),
+            *one(LATER_PASS_STEPS, self.later_pass_steps),
         )
 
     @classmethod

@@ -125,6 +125,9 @@ class Step(StrEnum):
     PHASE_MS = PHASE_MS
     FIRST_STEP_MS = "first_step_ms"
     FIRST_WAIT_MS = "first_wait_ms"
+    # watch: the later passes' first waits past their pass's usual wait, ms a step
+    # (loop/splits.restart_wait_ms): workers started again, which more do not shorten
+    RESTART_WAIT_MS = "restart_wait_ms"
     DATA_WAIT_SHARE = DATA_WAIT_SHARE
     DATA_WAIT_MS = "data_wait_ms"
     COMPUTE_MS = "compute_ms"

@@ -1,0 +1,150 @@
+"""A trainer's callback reads its DataLoader workers' CPU (loop/steps.py): the stage
+split's tap sees each iterator the trainer makes from the DataLoader, and the hooks
+read that iterator's workers every few steps, as the `for` loop reads its pass's. And
+each later pass's restart (loop/splits.restart_wait_ms), which more workers do not
+shorten, is kept in both steps of the worker model's forecast (advice/stepworkers)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from starvecheck.advice.loopmodel import Forecast, WorkerAdvice
+from starvecheck.advice.stepworkers import restarts_kept
+from starvecheck.core.schema.steps import Step
+from starvecheck.loop.splits import restart_wait_ms
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+
+def spin(seconds: float) -> None:
+    t = time.thread_time()
+    while time.thread_time() - t < seconds:
+        pass
+
+
+class Spinning(Dataset):
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        spin(0.004)
+        return torch.zeros(4)
+
+
+def test_a_trainers_hooks_read_the_workers_of_each_iterator_it_makes():
+    from starvecheck.loop.trainers.hooks import Hooked
+
+    loader = DataLoader(Spinning(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    before = iter(loader)  # the trainer's first epoch: its iterator made before any hook
+    hooked = Hooked(show=False)
+    hooked._workers(2)
+    hooked._loader(loader, ahead=0)
+    w = hooked.watch
+    w.begin_pass()
+    for _batch in before:
+        w.begin_step()
+        w.end_step()
+    assert w.times.worker_cpu == []  # its workers' pids were never seen: not read
+    assert w._machine_cpu() is None  # nor the machine (their CPU would read as others')
+    for _ in range(2):
+        w.begin_pass()
+        for _batch in loader:  # made after the hold: the tap sees it made
+            w.begin_step()
+            time.sleep(0.002)
+            w.end_step()
+        assert w._machine_cpu() is not None  # read beside these workers
+    hooked._ended()
+    figures = w.times.figures()[0]
+    # 4 samples of 4 ms of CPU a batch, read from the workers themselves
+    assert 8.0 < figures.value_of(Step.WORKER_CPU_MS) < 200.0
+    restart = figures.value_of(Step.RESTART_WAIT_MS)
+    assert restart is not None and restart >= 0.0  # two later passes began
+    assert w.times.split.pass_starts == [0, 12, 24]
+    assert w._worker_cpu is None and w._workers_of is None  # let go with the training
+    assert "_get_iterator" not in vars(loader)
+
+
+def test_a_later_passes_first_wait_past_its_pass_usual_wait_is_its_restart():
+    waits = [0.5, 0.01, 0.01, 0.01, 0.1, 0.01, 0.01, 0.02]
+    # the run's first step left out; the pass at 4 waited 0.1 s against a usual 0.01
+    assert restart_wait_ms(waits, 1, [0, 4]) == pytest.approx(0.09 / 7 * 1e3)
+    assert restart_wait_ms(waits, 1, [0]) is None  # no later pass
+    assert restart_wait_ms(waits, 1, [0, 8]) is None  # a pass that never took a step
+    # a first wait shorter than the pass's usual: no restart, never a negative one
+    assert restart_wait_ms([0.5, 0.02, 0.02, 0.001, 0.03, 0.03], 1, [0, 3]) == 0.0
+    # a rank's window (first 0): its start at 0 is the window's own, not a restart
+    assert restart_wait_ms([0.3, 0.01, 0.01], 0, [0]) is None
+    assert restart_wait_ms([0.01, 0.3], 0, [0, 1]) == pytest.approx(0.3 / 2 * 1e3)
+
+
+@given(
+    st.lists(st.floats(0, 10, allow_nan=False), max_size=40),
+    st.integers(0, 3),
+    st.lists(st.integers(-5, 50), max_size=8),
+)
+def test_a_restart_is_none_or_within_the_waits(waits, first, starts):
+    got = restart_wait_ms(waits, first, starts)
+    if got is not None:
+        assert 0.0 <= got <= sum(waits[first:]) / (len(waits) - first) * 1e3 + 1e-9
+
+
+def test_the_restarts_stay_in_both_steps_of_the_forecast():
+    f = Forecast(step_ms=20.0, speedup=1.5, available_cpus=1.9, cpu_bound=False, cpu_work=False)
+    a = restarts_kept(WorkerAdvice(4, "why", 2, f), 2.0)
+    assert a is not None and a.forecast is not None
+    # 30 ms now, steady, and 2 ms a step of restarts in both: 32 ms to 22 ms
+    assert a.forecast.step_ms == pytest.approx(22.0)
+    assert a.forecast.speedup == pytest.approx(32.0 / 22.0)
+    assert a.forecast.restart_ms == 2.0
+    assert restarts_kept(WorkerAdvice(4, "why", 2, f), 0.0).forecast is f  # none: as it was
+    assert restarts_kept(None, 2.0) is None
+
+
+def test_hooks_that_see_no_batch_take_its_bytes_from_the_workers_own_count():
+    """transformers' hooks get no batch: each worker writes the bytes of its first
+    batches (loading/stamps.SIZED) with their record, and the hooks take the largest."""
+    from starvecheck.loading.stamps import SIZED
+    from starvecheck.loop.trainers.hooks import Hooked
+
+    class Rows(Dataset):
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int):
+            return {"x": torch.zeros(256, dtype=torch.float32), "y": torch.tensor(i)}
+
+    loader = DataLoader(Rows(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+    hooked = Hooked(show=False)
+    hooked._workers(2)
+    hooked._loader(loader, ahead=0)
+    w = hooked.watch
+    w.begin_pass()
+    for _batch in loader:
+        w.begin_step()  # no batch, as transformers' on_step_begin
+        w.end_step()
+    tap = w._held()
+    hooked._ended()
+    assert w.times.batch_bytes == 4 * 256 * 4 + 4 * 8  # x float32, y int64
+    # a worker writes its first batches' bytes only; the rest cost it nothing
+    assert tap is not None and (tap.rows[:, 1 + SIZED :, 7] == 0).all()
+
+
+def test_each_worker_added_starts_at_every_later_pass_too():
+    from starvecheck.advice.loadstages import Waits, start_each_ms
+
+    f = Forecast(step_ms=20.0, speedup=1.5, available_cpus=1.9, cpu_bound=False, cpu_work=False)
+    # 2 workers to 4, each 0.5 ms a step more at the restarts: 32 ms now, 20 + 2 + 1 after
+    a = restarts_kept(WorkerAdvice(4, "why", 2, f), 2.0, 0.5)
+    assert a is not None and a.forecast is not None
+    assert a.forecast.step_ms == pytest.approx(23.0)
+    assert a.forecast.speedup == pytest.approx(32.0 / 23.0)
+    # the slowest of 2 workers ready 40 ms after the pass began, a pass of 60 steps
+    w = Waits({}, {}, {}, 100, startup_s=0.04, later_pass_steps=60.0)
+    assert start_each_ms(w, 2) == pytest.approx(40.0 / 2 / 60)
+    assert start_each_ms(w, 0) == 0.0 and start_each_ms(None, 2) == 0.0
+    assert start_each_ms(Waits({}, {}, {}, 100, startup_s=0.04), 2) == 0.0  # persistent
