@@ -17,14 +17,16 @@ dominates the wait. For each:
   4. with --trainer-fix, the callback's own finding is checked on Lightning itself: the
      trainer as made (the callback's stage, fix and predicted speed-up) and with that
      fix, in interleaved rounds, the measured speed-up the median of the rounds' ratios
-     of the callback's mean step;
+     of the callback's mean step; with --hf as well, on transformers.Trainer with
+     TransformersCallback (the scenario's DataLoader as accelerate prepares it, over its
+     first batches: three epochs as Lightning's; its hooks see no batch);
   5. with --factory, `starvecheck loader --factory stages.py:NAME --step-ms STEP` (the
      full run) reads the same pipeline: the stage its table gives the largest share of
      your settings' wait, the change its finding names and the training figure it
      predicts for the step; that change is applied in the loop as in 2, in its own
      interleaved rounds.
 
-    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--trainer-fix]
+    python benchmarks/stage_split.py [--rounds 3] [--busy] [--trainer] [--trainer-fix [--hf]]
         [--factory] [--only NAME ...]
 
 --busy runs a process that keeps one CPU busy throughout (the figures beside other
@@ -179,6 +181,59 @@ print("READ", json.dumps({{"step_ms": step, "fix": dict(found.fix or {{}}) if fo
 """
 
 
+TRANSFORMERS = """
+import json, sys
+sys.path.insert(0, {pipelines!r})
+import torch, stages, time
+from transformers import Trainer, TrainingArguments
+from starvecheck.integrations import TransformersCallback
+
+class Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+# The scenario's DataLoader, settings and all, over its first `steps` batches: a
+# transformers epoch is its DataLoader's length (Lightning's limit_train_batches).
+def epoch(loader, steps):
+    n = steps * (loader.batch_size or 1)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.Subset(loader.dataset, range(n)), batch_size=loader.batch_size,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        persistent_workers=loader.persistent_workers,
+        multiprocessing_context=loader.multiprocessing_context)
+
+class Made(Trainer):  # the scenario's own DataLoader, as accelerate prepares it
+    def get_train_dataloader(self):
+        return self.accelerator.prepare(epoch(stages.{name}(**{fix!r}), {steps}))
+    def _get_num_items_in_batch(self, batch_samples, device):
+        return None  # the batches are tensors, not dicts with labels
+    def compute_loss(self, model, inputs, return_outputs=False, **kw):
+        time.sleep({step_s})
+        return model.w.sum() * 0
+
+cb = TransformersCallback(show=False)
+args = TrainingArguments(output_dir="/tmp/stage-split-hf", num_train_epochs=3, report_to=[],
+                         save_strategy="no", logging_strategy="no", use_cpu=True,
+                         disable_tqdm=True)
+Made(model=Step(), args=args, train_dataset=[0], callbacks=[cb]).train()
+report = cb.watch.report()
+result = report.stages[0]
+shares = {{m.labels["load_stage"]: m.value for m in result.figures
+          if m.labels.get("quantity") == "exposed_share"}}
+step_ms = next(m for m in result.figures if m.labels.get("quantity") == "step_ms")
+later = step_ms.values[{steps} - 1:]
+step = sum(later) / len(later)
+found = next((f for f in report.checklist if f.id == "profile.data-bound"), None)
+gain = found.gain if found is not None and found.gain is not None else None
+print("SHARES", json.dumps(shares))
+print("READ", json.dumps({{"step_ms": step, "fix": dict(found.fix or {{}}) if found else {{}},
+      "gain": gain.value if gain is not None and gain.kind.value == "throughput" else None}}))
+"""
+TEMPLATES = {"lightning": LIGHTNING, "transformers": TRANSFORMERS}
+TRAINER = ["lightning"]  # --hf: transformers.Trainer with TransformersCallback
+
+
 def trainer_stage(s: Scenario) -> str:
     """The stage LightningCallback names for the scenario (its later epochs)."""
     return trainer_reads(s)[0]
@@ -187,8 +242,8 @@ def trainer_stage(s: Scenario) -> str:
 def trainer_reads(s: Scenario, fix: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     """(the stage LightningCallback names, what it read: its mean step_ms, the data-bound
     finding's fix and predicted gain) for the scenario trained with `fix` applied."""
-    code = LIGHTNING.format(pipelines=str(HERE / "pipelines"), step_s=s.step_ms / 1e3,
-                            steps=s.steps, name=s.name, fix=fix or {})  # fmt: skip
+    code = TEMPLATES[TRAINER[0]].format(pipelines=str(HERE / "pipelines"), step_s=s.step_ms / 1e3,
+                                        steps=s.steps, name=s.name, fix=fix or {})  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, env=env
@@ -304,7 +359,10 @@ def main() -> int:
     parser.add_argument("--factory", action="store_true")
     parser.add_argument("--trainer-fix", action="store_true")
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--hf", action="store_true")
     args = parser.parse_args()
+    if args.hf:  # --trainer-fix on transformers.Trainer
+        TRAINER[0] = "transformers"
     # The work a batch, sized once before any load: every process of the run (the loop,
     # its workers, loader --factory, Lightning's) does the same rounds.
     os.environ[pipelines.ROUND_ENV] = repr(pipelines.round_s())
@@ -352,7 +410,8 @@ def main() -> int:
         print("\n".join(factory))
         return 1 if failed else 0
     if args.trainer_fix:
-        print("| scenario | callback names | fix | predicted | measured (Lightning) | error | ok |")
+        who = f"measured ({TRAINER[0]})"
+        print(f"| scenario | callback names | fix | predicted | {who} | error | ok |")
         print("|---|---|---|---|---|---|---|")
         print("\n".join(factory))
         return 1 if failed else 0

@@ -148,3 +148,23 @@ def test_each_worker_added_starts_at_every_later_pass_too():
     assert start_each_ms(w, 2) == pytest.approx(40.0 / 2 / 60)
     assert start_each_ms(w, 0) == 0.0 and start_each_ms(None, 2) == 0.0
     assert start_each_ms(Waits({}, {}, {}, 100, startup_s=0.04), 2) == 0.0  # persistent
+
+
+def test_transformers_callback_takes_the_dataloaders_own_worker_count():
+    """A get_train_dataloader() of the user's own need not follow the arguments'
+    dataloader_num_workers: the DataLoader the Trainer hands the hooks says."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from starvecheck.integrations import TransformersCallback
+
+    loader = DataLoader(Spinning(), batch_size=4, num_workers=2)
+    args = SimpleNamespace(dataloader_num_workers=0, gradient_accumulation_steps=1)
+    cb = TransformersCallback(show=False)
+    cb.on_train_begin(args, None, None, train_dataloader=loader)
+    assert cb.watch.times.num_workers == 2
+    cb.on_train_end(args, None, None)
+    # no DataLoader given: the arguments' count, as before
+    other = TransformersCallback(show=False)
+    other.on_train_begin(args, None, None)
+    assert other.watch.times.num_workers == 0

@@ -31,7 +31,14 @@ class TransformersCallback(Hooked, TrainerCallback):  # type: ignore[misc]
     trainer = "transformers.Trainer"
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        workers = getattr(args, "dataloader_num_workers", None)
+        # The DataLoader's own count (accelerate's wraps it: `base_dataloader`), where
+        # the Trainer gives it: a get_train_dataloader() of the user's own need not
+        # follow args.dataloader_num_workers.
+        loader = kwargs.get("train_dataloader")
+        inner = getattr(loader, "__dict__", {}).get("base_dataloader", loader)
+        workers = getattr(inner, "num_workers", None)
+        if not isinstance(workers, int):
+            workers = getattr(args, "dataloader_num_workers", None)
         self._workers(workers)
         # The stage split: accelerate's DataLoaderShard is a DataLoader whose iterator
         # keeps one batch ahead. With gradient accumulation a step's wait fetches
