@@ -135,3 +135,19 @@ def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, ma
     # Measured once per batch size: a second report does not measure again.
     w.result()
     assert calls == [4 * 3 * 224 * 224 * 4]
+
+
+def test_a_workers_one_off_work_is_left_out_of_its_cpu_a_batch(monkeypatch):
+    """The worker's CPU a batch is the median of its schedstat between two batches: a
+    forked child of a large process once collected its inherited heap for 250 ms, read
+    as 25 ms a batch over 10, and the model then saw no gain in any worker count."""
+    pytest.importorskip("torch")
+    import starvecheck.loop.handover as handover
+
+    readings = iter([0.001 * i + (0.25 if i >= 6 else 0.0) for i in range(64)])
+    monkeypatch.setattr(handover, "_on_cpu", lambda pid: next(readings))
+    got = measure(2048)
+    assert got is not None
+    assert 0.5 < got.worker_ms < 1.05  # 1 ms a batch, less the making of a batch
+    monkeypatch.setattr(handover, "_on_cpu", lambda pid: None)  # no schedstat: the ticks
+    assert measure(2048) is not None

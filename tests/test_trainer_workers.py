@@ -7,6 +7,7 @@ shorten, is kept in both steps of the worker model's forecast (advice/stepworker
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -36,13 +37,20 @@ class Spinning(Dataset):
         return torch.zeros(4)
 
 
-def test_a_trainers_hooks_read_the_workers_of_each_iterator_it_makes():
+def held(dataset: Dataset) -> tuple[DataLoader, Any]:
+    """A DataLoader of 2 forked workers, held by a trainer's hooks as the callbacks
+    hold theirs (no fetcher ahead): (the loader, the Hooked)."""
     from starvecheck.loop.trainers.hooks import Hooked
 
-    loader = DataLoader(Spinning(), batch_size=4, num_workers=2, multiprocessing_context="fork")
-    before = iter(loader)  # the trainer's first epoch: its iterator made before any hook
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, multiprocessing_context="fork")
     hooked = Hooked(show=False)
     hooked._workers(2)
+    return loader, hooked
+
+
+def test_a_trainers_hooks_read_the_workers_of_each_iterator_it_makes():
+    loader, hooked = held(Spinning())
+    before = iter(loader)  # the trainer's first epoch: its iterator made before any hook
     hooked._loader(loader, ahead=0)
     w = hooked.watch
     w.begin_pass()
@@ -109,7 +117,6 @@ def test_hooks_that_see_no_batch_take_its_bytes_from_the_workers_own_count():
     """transformers' hooks get no batch: each worker writes the bytes of its first
     batches (loading/stamps.SIZED) with their record, and the hooks take the largest."""
     from starvecheck.loading.stamps import SIZED
-    from starvecheck.loop.trainers.hooks import Hooked
 
     class Rows(Dataset):
         def __len__(self) -> int:
@@ -118,9 +125,7 @@ def test_hooks_that_see_no_batch_take_its_bytes_from_the_workers_own_count():
         def __getitem__(self, i: int):
             return {"x": torch.zeros(256, dtype=torch.float32), "y": torch.tensor(i)}
 
-    loader = DataLoader(Rows(), batch_size=4, num_workers=2, multiprocessing_context="fork")
-    hooked = Hooked(show=False)
-    hooked._workers(2)
+    loader, hooked = held(Rows())
     hooked._loader(loader, ahead=0)
     w = hooked.watch
     w.begin_pass()

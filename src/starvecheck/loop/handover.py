@@ -80,6 +80,19 @@ def _read(x: Any, into: Any) -> None:
     into.copy_(x)
 
 
+def _on_cpu(pid: int) -> float | None:
+    """A process's main thread's seconds on a CPU (/proc/PID/schedstat, in ns); None
+    where it cannot be read."""
+    from starvecheck.probe.load import parse_schedstat
+
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            read = parse_schedstat(f.read())
+    except OSError:
+        return None
+    return read[0] if read is not None else None
+
+
 def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
     """The hand-over's cost for batches of `nbytes`; None where it cannot be measured
     (too small to matter, no torch, no worker, past `limit_s`)."""
@@ -120,7 +133,7 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
             if len(pids) != 1:
                 return None
             worker = psutil.Process(pids[0])
-            received, cpu0, cpu1 = [], 0.0, 0.0
+            received, on_cpu, cpu0, cpu1 = [], [], 0.0, 0.0
             for i in range(n):
                 if clocks.monotonic() - started > limit_s:
                     return None
@@ -128,6 +141,7 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
                     t = worker.cpu_times()
                     cpu0 = t.user + t.system
                 clocks.sleep(ahead)
+                on_cpu.append(_on_cpu(pids[0]))  # the worker idle, its batches made
                 t0 = clock()
                 x = next(it)
                 _read(x, into)
@@ -142,8 +156,14 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
         return None
     finally:
         torch.set_num_threads(threads)
-    # The worker made BATCHES batches between the readings, and is at most the prefetch
-    # (2) ahead at either end: the same count, shifted.
-    worker_ms = (cpu1 - cpu0) / BATCHES * 1e3 - statistics.median(made) * 1e3
+    # Each next() sends the worker one more index, which it makes and sends while the
+    # loop sleeps: between two readings, one batch. Their median leaves out a worker's
+    # one-off work (a forked child of a large process collecting its inherited heap took
+    # 250 ms once, 25 ms a batch over 10). Without schedstat: the ticks between the two
+    # psutil readings (10 ms each), the same count of batches, shifted by the prefetch.
+    steps = [b - a for a, b in zip(on_cpu[WARMUP:], on_cpu[WARMUP + 1 :], strict=False)
+             if a is not None and b is not None]  # fmt: skip
+    per_batch = statistics.median(steps) if steps else (cpu1 - cpu0) / BATCHES
+    worker_ms = per_batch * 1e3 - statistics.median(made) * 1e3
     main_ms = (statistics.median(received) - statistics.median(used)) * 1e3
     return Handover(nbytes, max(0.0, worker_ms), max(0.0, main_ms), BATCHES)
