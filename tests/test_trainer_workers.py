@@ -144,7 +144,7 @@ def test_each_worker_added_starts_at_every_later_pass_too():
 
     f = Forecast(step_ms=20.0, speedup=1.5, available_cpus=1.9, cpu_bound=False, cpu_work=False)
     # 2 workers to 4, each 0.5 ms a step more at the restarts: 32 ms now, 20 + 2 + 1 after
-    a = restarts_kept(WorkerAdvice(4, "why", 2, f), 2.0, 0.5)
+    a = restarts_kept(WorkerAdvice(4, "why", 2, f), 2.0, start_each_ms=0.5)
     assert a is not None and a.forecast is not None
     assert a.forecast.step_ms == pytest.approx(23.0)
     assert a.forecast.speedup == pytest.approx(32.0 / 23.0)
@@ -173,3 +173,17 @@ def test_transformers_callback_takes_the_dataloaders_own_worker_count():
     other = TransformersCallback(show=False)
     other.on_train_begin(args, None, None)
     assert other.watch.times.num_workers == 0
+
+
+def test_workers_advised_where_none_load_now_pay_a_first_batch_every_later_pass():
+    f = Forecast(step_ms=20.0, speedup=1.5, available_cpus=1.9, cpu_bound=False, cpu_work=True)
+    # num_workers=0 now (30 ms a step, no restart in it); 2 workers would wait for one's
+    # whole first batch every later pass: 1 ms a step more, 30 ms to 21 ms
+    a = restarts_kept(WorkerAdvice(2, "why", 0, f), 0.0, 1.0)
+    assert a is not None and a.forecast is not None
+    assert a.forecast.step_ms == pytest.approx(21.0)
+    assert a.forecast.speedup == pytest.approx(30.0 / 21.0)
+    # no worker advised: nothing restarts
+    assert restarts_kept(WorkerAdvice(0, "why", 0, f), 0.0, 1.0).forecast is f
+    # with workers now, the first batch is in the measured restart already
+    assert restarts_kept(WorkerAdvice(4, "why", 2, f), 0.0, 1.0).forecast is f

@@ -21,6 +21,7 @@ from starvecheck.advice.stepworkers import (
     EITHER,
     LOADER_LINE,
     SINGLE_PROCESS,
+    Restarts,
     measured_advice,
     prediction_interval,
     single_process,
@@ -187,10 +188,13 @@ def _data_bound_fix(
         round(d.share, 4),
         "data wait inside the steps: what a loader that keeps ahead of the step recovers",
     )
-    starting = loadstages.start_each_ms(split, params.num_workers)
-    advice = measured_advice(m, params, d.wait_ms, d.step_ms, starting)
+    restarts = Restarts(
+        loadstages.start_each_ms(split, params.num_workers),
+        split.later_pass_steps if split is not None else None,
+    )
+    advice = measured_advice(m, params, d.wait_ms, d.step_ms, restarts)
     if advice is not None:
-        interval = prediction_interval(m, params, starting) if advice.changes else None
+        interval = prediction_interval(m, params, restarts) if advice.changes else None
         if interval is not None and not interval.clears():
             return _inside_noise(advice.workers, interval), gain, {}
         share = gain
