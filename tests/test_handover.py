@@ -139,7 +139,7 @@ def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, ma
 
 def test_a_workers_one_off_work_is_left_out_of_its_cpu_a_batch(monkeypatch):
     """The worker's CPU a batch is the median of its schedstat between two batches: a
-    forked child of a large process once collected its inherited heap for 250 ms, read
+    forked child of Lightning's process once took 250 ms of CPU beyond its batches, read
     as 25 ms a batch over 10, and the model then saw no gain in any worker count."""
     pytest.importorskip("torch")
     import starvecheck.loop.handover as handover

@@ -158,9 +158,11 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
         torch.set_num_threads(threads)
     # Each next() sends the worker one more index, which it makes and sends while the
     # loop sleeps: between two readings, one batch. Their median leaves out a worker's
-    # one-off work (a forked child of a large process collecting its inherited heap took
-    # 250 ms once, 25 ms a batch over 10). Without schedstat: the ticks between the two
-    # psutil readings (10 ms each), the same count of batches, shifted by the prefetch.
+    # one-off work (a forked child of Lightning's process once took 250 ms of CPU more
+    # than its batches, read as 25 ms a batch over 10; what it did was not traced, its
+    # inherited heap's first collection most likely). Without schedstat: the ticks
+    # between the two psutil readings (10 ms each), the same count of batches, shifted
+    # by the prefetch.
     steps = [b - a for a, b in zip(on_cpu[WARMUP:], on_cpu[WARMUP + 1 :], strict=False)
              if a is not None and b is not None]  # fmt: skip
     per_batch = statistics.median(steps) if steps else (cpu1 - cpu0) / BATCHES
