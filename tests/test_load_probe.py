@@ -112,3 +112,16 @@ def test_our_cpu_keeps_a_grandchild_reaped_by_its_parent():
     finally:
         child.kill()
         child.wait(5)
+
+
+def test_a_processs_cpu_and_run_queue_are_summed_over_its_threads(tmp_path):
+    import pytest
+
+    for tid, line in ((7, "2000000000 500000000 9\n"), (8, "250000000 1000000 3\n")):
+        d = tmp_path / "proc" / "7" / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "schedstat").write_text(line)
+    root = SysRoot(tmp_path)
+    assert load.on_cpu_seconds(7, root) == pytest.approx(2.25)  # the feeder thread's too
+    assert load.runq_seconds(7, root) == pytest.approx(0.501)
+    assert load.on_cpu_seconds(8, root) is None  # no such process

@@ -81,16 +81,11 @@ def _read(x: Any, into: Any) -> None:
 
 
 def _on_cpu(pid: int) -> float | None:
-    """A process's main thread's seconds on a CPU (/proc/PID/schedstat, in ns); None
-    where it cannot be read."""
-    from starvecheck.probe.load import parse_schedstat
+    """The worker's seconds on a CPU, every thread's (its queue's feeder thread pickles
+    and sends the batch): probe/load.on_cpu_seconds; None where it cannot be read."""
+    from starvecheck.probe.load import on_cpu_seconds
 
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            read = parse_schedstat(f.read())
-    except OSError:
-        return None
-    return read[0] if read is not None else None
+    return on_cpu_seconds(pid)
 
 
 def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:

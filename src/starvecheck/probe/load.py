@@ -200,8 +200,20 @@ def runq_seconds(pid: int, root: SysRoot | None = None) -> float | None:
     return _runq(root or SysRoot.from_environ({}), pid)
 
 
+def on_cpu_seconds(pid: int, root: SysRoot | None = None) -> float | None:
+    """Seconds every thread of `pid` has run on a CPU (schedstat, in ns: finer than
+    /proc/PID/stat's clock ticks), or None."""
+    return _threads(root or SysRoot.from_environ({}), pid, 0)
+
+
 def _runq(root: SysRoot, pid: int) -> float | None:
     """Run-queue seconds of every thread of `pid` (torch's intra-op threads too)."""
+    return _threads(root, pid, 1)
+
+
+def _threads(root: SysRoot, pid: int, field: int) -> float | None:
+    """Field `field` of parse_schedstat (0: on a CPU, 1: on a run queue), summed over
+    every thread of `pid`; None where no thread's could be read."""
     try:
         tids = os.listdir(root.path(f"/proc/{pid}/task"))
     except OSError:
@@ -212,7 +224,7 @@ def _runq(root: SysRoot, pid: int) -> float | None:
         text = _read(root, path)
         s = parse_schedstat(text) if text else None
         if s is not None:
-            total += s[1]
+            total += s[field]
             seen = True
     return total if seen else None
 
