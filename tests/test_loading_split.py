@@ -91,6 +91,18 @@ def test_a_next_batch_that_reads_leaves_the_hand_over_as_it_was():
     assert held(out, 0.005, 0.040, b, [nxt]) == out
 
 
+def test_a_next_batch_waiting_for_a_cpu_holds_only_what_it_computed():
+    # The worker's next batch took 10-40 ms, of which 24 ms waiting for a CPU (other
+    # workers and their senders had them; Lightning's 64 MB batches, copied in torch):
+    # only its 6 ms on a CPU held the hand-over; the rest stays the hand-over's.
+    b = Batch(free=0.0, collate=0.009, done=0.010, fetch_cpu=0.009)
+    nxt = Batch(free=0.010, collate=0.040, done=0.041, fetch_cpu=0.030, fetch_runq=0.024)
+    out = exposed(0.005, 0.040, b)
+    moved = _named(held(out, 0.005, 0.040, b, [nxt]))
+    assert moved[LoadStage.TRANSFORM] == pytest.approx(0.004 + 0.006)
+    assert moved[LoadStage.HANDOVER] == pytest.approx(0.024)
+
+
 def test_busy_counts_the_work_wherever_it_ran():
     b = Batch(free=0.0, collate=0.080, done=0.100, fetch_cpu=0.020, collate_cpu=0.020)
     got = _named(busy(b, 0.003))
