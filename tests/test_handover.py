@@ -122,6 +122,8 @@ def test_watch_measures_the_handover_for_a_loop_with_big_batches(monkeypatch, ma
     assert r.value(quantity="batch_bytes") == 4 * 3 * 224 * 224 * 4
     assert r.value(quantity="handover_worker_cpu_ms") is not None
     assert r.value(quantity="handover_main_ms") is not None
+    # the measurement's worker started (forked here) before its first batch came back
+    assert (r.value(quantity="worker_start_ms") or 0.0) > 0.0
     assert r.value(quantity="compute_process_cpu_ms") is not None
     (f,) = [f for f in r.findings if f.id == "profile.data-bound"]
     if f.fix.get("num_workers"):  # a count advised: its arithmetic counts the hand-over

@@ -193,3 +193,24 @@ def test_the_split_carries_the_later_passes_steps():
     kept = StageSplit(pass_starts=[0, 3, 6], persistent=True)
     kept.exposed = split.exposed
     assert kept.figures(waits, 1, computes).later_step_ms is None
+
+
+def test_the_later_passes_steps_count_a_pass_start_that_was_not_split():
+    """A trainer one batch ahead at num_workers=0 (accelerate's DataLoaderShard) made each
+    pass's first batch before its first wait: that step carries no split, but it is
+    still the later passes' own, restart and all."""
+    from array import array
+
+    from starvecheck.loop.splits import StageSplit
+
+    split = StageSplit(pass_starts=[0, 3, 6], persistent=None)
+    for step in range(0, 9):
+        if step not in (3, 6):  # the passes' first steps: no record
+            split.put(step, [0.001] + [0.0] * 6, [0.0] * 7)
+    waits = array("d", [0.5, 0.001, 0.001, 0.1, 0.001, 0.001, 0.1, 0.001, 0.001])
+    computes = array("d", [0.009] * 9)
+    f = split.figures(waits, 1, computes)
+    assert f.later_pass_steps is not None and f.later_pass_steps.value == pytest.approx(3.0)
+    assert f.later_step_ms is not None and f.later_steady_ms is not None
+    assert f.later_step_ms.value == pytest.approx((2 * 109 + 4 * 10) / 6)
+    assert f.later_steady_ms.value == pytest.approx(10.0)

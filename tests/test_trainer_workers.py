@@ -153,6 +153,39 @@ def test_each_worker_added_starts_at_every_later_pass_too():
     assert start_each_ms(w, 2) == pytest.approx(40.0 / 2 / 60)
     assert start_each_ms(w, 0) == 0.0 and start_each_ms(None, 2) == 0.0
     assert start_each_ms(Waits({}, {}, {}, 100, startup_s=0.04), 2) == 0.0  # persistent
+    # num_workers=0: one worker's start as the hand-over's measurement timed it here,
+    # 26 ms, once in a later pass's 40 steps; unread or with no later pass, none
+    w = Waits({}, {}, {}, 100, later_pass_steps=40.0)
+    assert start_each_ms(w, 0, 26.0) == pytest.approx(26.0 / 40)
+    assert start_each_ms(w, 0) == 0.0 and start_each_ms(w, 0, None) == 0.0
+    assert start_each_ms(Waits({}, {}, {}, 100), 0, 26.0) == 0.0
+
+
+def test_workers_advised_from_num_workers_0_pay_each_ones_start_every_later_pass():
+    """measured_advice at num_workers=0 keeps, in the step advised, each later pass's
+    first batch and every added worker's start (the hand-over measurement's)."""
+    from starvecheck.advice.stepworkers import Restarts, measured_advice
+    from starvecheck.core.schema.figure import Figure
+    from starvecheck.core.schema.steps import Parameters, StepFigure, StepFigures
+
+    def figures(**values: float) -> Any:
+        return StepFigures(
+            tuple(StepFigure(Step(q), Figure.single(v), "ms") for q, v in values.items())
+        )
+
+    # 46 ms steps: 25 ms of CPU making each batch, a sleep of 21 ms; two CPUs, quiet
+    m = figures(data_wait_cpu_ms=25.0, compute_cpu_ms=0.5, data_wait_process_cpu_ms=25.0)
+    params = Parameters(
+        {"effective_cpus": 2.0, "dataloader": "_SingleProcessDataLoaderIter", "num_workers": 0}
+    )
+    plain = measured_advice(m, params, 25.0, 46.0)
+    kept = measured_advice(m, params, 25.0, 46.0, Restarts(0.5, 40.0))
+    assert plain is not None and kept is not None and plain.forecast and kept.forecast
+    assert kept.workers == plain.workers >= 1
+    # a first batch a pass (25 / 40) and each worker's start (0.5 a step)
+    extra = 25.0 / 40 + kept.workers * 0.5
+    assert kept.forecast.step_ms == pytest.approx(plain.forecast.step_ms + extra)
+    assert kept.forecast.restart_ms == pytest.approx(extra)
 
 
 def test_transformers_callback_takes_the_dataloaders_own_worker_count():
@@ -187,3 +220,29 @@ def test_workers_advised_where_none_load_now_pay_a_first_batch_every_later_pass(
     assert restarts_kept(WorkerAdvice(0, "why", 0, f), 0.0, 1.0).forecast is f
     # with workers now, the first batch is in the measured restart already
     assert restarts_kept(WorkerAdvice(4, "why", 2, f), 0.0, 1.0).forecast is f
+
+
+def test_hooks_that_see_no_batch_at_num_workers_0_take_its_bytes_from_the_collate():
+    """At num_workers=0 no worker writes a record: the collate, run in the training
+    process, counts its first batches' bytes (transformers' hooks see no batch), so the
+    hand-over a worker would add is measured for them."""
+    from starvecheck.loop.trainers.hooks import Hooked
+
+    class Rows(Dataset):
+        def __len__(self) -> int:
+            return 24
+
+        def __getitem__(self, i: int):
+            return torch.zeros(512, dtype=torch.float32)
+
+    loader = DataLoader(Rows(), batch_size=4)
+    hooked = Hooked(show=False)
+    hooked._workers(0)
+    hooked._loader(loader, ahead=0)
+    w = hooked.watch
+    w.begin_pass()
+    for _batch in loader:
+        w.begin_step()  # no batch, as transformers' on_step_begin
+        w.end_step()
+    hooked._ended()
+    assert w.times.batch_bytes == 4 * 512 * 4

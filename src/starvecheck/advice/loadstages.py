@@ -181,13 +181,19 @@ def startup_fix(
     return said, Gain(GainKind.THROUGHPUT, round(ratio, 2), basis), fix
 
 
-def start_each_ms(w: Waits | None, workers: int | None) -> float:
+def start_each_ms(w: Waits | None, workers: int | None, one_start_ms: float | None = None) -> float:
     """What each worker added costs every later pass, in ms a step: a pass's workers
     start one after another (the slowest ready `startup_s` after the pass began, over
-    `workers`), once in a later pass's `later_pass_steps` steps. 0 where not measured
-    (persistent workers start once). On Lightning, 3 epochs of 60 steps: 4 workers'
-    restart took 28 ms more than 2 workers'."""
-    if w is None or not workers or w.startup_s is None or not w.later_pass_steps:
+    `workers`), once in a later pass's `later_pass_steps` steps. At num_workers=0, one
+    worker's start as loop/handover.measure timed it in this process (`one_start_ms`).
+    0 where not measured (persistent workers start once). On Lightning, 3 epochs of 60
+    steps: 4 workers' restart took 28 ms more than 2 workers'; from num_workers=0,
+    leaving the start out put transformers' collate +17% beside a CPU burner."""
+    if w is None or not w.later_pass_steps:
+        return 0.0
+    if not workers:
+        return max(0.0, one_start_ms or 0.0) / w.later_pass_steps
+    if w.startup_s is None:
         return 0.0
     return w.startup_s * 1e3 / workers / w.later_pass_steps
 

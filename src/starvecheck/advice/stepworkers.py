@@ -127,7 +127,8 @@ def measured_advice(
         # Workers would start again every later pass and wait for one's whole first
         # batch (at least the batch made here): none of that is in the loop now.
         first = wait_ms / restarts.pass_steps if restarts.pass_steps else 0.0
-        return restarts_kept(recommend_workers(loop, Cpus(float(cpus))), 0.0, first)
+        advice = recommend_workers(loop, Cpus(float(cpus)))
+        return restarts_kept(advice, 0.0, first, max(0.0, restarts.start_each_ms))
     workers, worker_cpu = params.num_workers, m.value_of(Step.WORKER_CPU_MS)
     if not isinstance(workers, int) or workers < 1 or worker_cpu is None:
         return None

@@ -189,7 +189,7 @@ def _data_bound_fix(
         "data wait inside the steps: what a loader that keeps ahead of the step recovers",
     )
     restarts = Restarts(
-        loadstages.start_each_ms(split, params.num_workers),
+        loadstages.start_each_ms(split, params.num_workers, m.value_of(Step.WORKER_START_MS)),
         split.later_pass_steps if split is not None else None,
     )
     advice = measured_advice(m, params, d.wait_ms, d.step_ms, restarts)

@@ -131,12 +131,15 @@ class Started:
 class Here:
     """The last batch collated in the training process itself (num_workers=0): when
     collate began and ended, the thread's and the process's CPU seconds and the thread's
-    run-queue seconds when it began, and the thread's CPU seconds in it."""
+    run-queue seconds when it began, and the thread's CPU seconds in it; the batch's
+    bytes for the first SIZED batches (0 after them)."""
 
-    __slots__ = ("collate", "collate_cpu", "cpu", "done", "pcpu", "runq", "sched", "seq", "tid")
+    __slots__ = (
+        "collate", "collate_cpu", "cpu", "done", "nbytes", "pcpu", "runq", "sched", "seq", "tid"
+    )  # fmt: skip
 
     def __init__(self) -> None:
-        self.seq = 0
+        self.seq = self.nbytes = 0
         self.collate = self.done = self.cpu = self.pcpu = self.collate_cpu = self.runq = 0.0
         self.sched: Sched | None = None  # the collating thread's, opened on first use
         self.tid = 0
@@ -185,6 +188,7 @@ class Stamped:
             h = self.here
             h.collate, h.done, h.cpu, h.pcpu, h.runq = c0, c1, t0, p0, q0
             h.collate_cpu = clocks.thread_time() - t0
+            h.nbytes = batch_nbytes(out) if h.seq < SIZED else 0
             h.seq += 1
             return
         cpu, runq = w.sched.read()

@@ -135,7 +135,7 @@ class Tap:
         self.skip = 0  # batches of this pass fetched in no wait of their own
         self.by_order = False  # batches matched with waits by order, not by the iterator
         self.made_it: Any = None  # a trainer's: the last iterator made from the loader
-        self.nbytes = 0  # the largest batch a worker wrote the bytes of (stamps.SIZED)
+        self.nbytes = 0  # the largest of the first batches (stamps.SIZED), where counted
 
     @classmethod
     def of(cls, iterable: Any, sink: Sink) -> Tap | None:
@@ -405,6 +405,7 @@ class Tap:
             self.here_seq = h.seq
             return
         self.here_seq = h.seq
+        self.nbytes = max(self.nbytes, h.nbytes)  # the first batches only
         waited = max(0.0, h.runq - asked_runq) if asked_runq else 0.0  # for a CPU: CPU work
         fetch_cpu = max(h.cpu - asked_cpu + waited, h.pcpu - asked_pcpu, 0.0)
         out = arith.in_process(asked, received, h.collate, h.done, fetch_cpu, self.pinned)

@@ -38,6 +38,11 @@ class Handover:
     worker_ms: float  # CPU the worker spends more: shared memory, sending
     main_ms: float  # time the training process spends more: receiving, first reads, freeing
     batches: int
+    # A worker's start in this process, ms: from making the iterator (its start method
+    # the default context's, this process's copy or pickle) to its first batch, less the
+    # batch's making; None: not read. What each worker a loop at num_workers=0 adds
+    # costs every later pass, where workers are not kept.
+    start_ms: float | None = None
 
 
 WAITING = 0.05  # a loop that waits less than this share of its steps: not measured
@@ -90,9 +95,7 @@ def _on_cpu(pid: int) -> float | None:
 
 def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
     """The hand-over's cost for batches of `nbytes`; None where it cannot be measured
-    (too small to matter, no torch, no worker, past `limit_s`)."""
-    if nbytes < MIN_BYTES:
-        return None
+    (no torch, no worker, past `limit_s`; worth_measuring says when it matters)."""
     try:
         import psutil
         import torch
@@ -129,16 +132,20 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
                 return None
             worker = psutil.Process(pids[0])
             received, on_cpu, cpu0, cpu1 = [], [], 0.0, 0.0
+            first = None
             for i in range(n):
                 if clocks.monotonic() - started > limit_s:
                     return None
                 if i == WARMUP:
                     t = worker.cpu_times()
                     cpu0 = t.user + t.system
-                clocks.sleep(ahead)
+                if i:  # the first: as soon as the worker has started and sent it
+                    clocks.sleep(ahead)
                 on_cpu.append(_on_cpu(pids[0]))  # the worker idle, its batches made
                 t0 = clock()
                 x = next(it)
+                if first is None:  # the worker started, and made and sent its batch
+                    first = clocks.monotonic() - started
                 _read(x, into)
                 del x
                 if i >= WARMUP:
@@ -163,4 +170,5 @@ def measure(nbytes: int, *, limit_s: float = LIMIT_S) -> Handover | None:
     per_batch = statistics.median(steps) if steps else (cpu1 - cpu0) / BATCHES
     worker_ms = per_batch * 1e3 - statistics.median(made) * 1e3
     main_ms = (statistics.median(received) - statistics.median(used)) * 1e3
-    return Handover(nbytes, max(0.0, worker_ms), max(0.0, main_ms), BATCHES)
+    start = None if first is None else max(0.0, first - statistics.median(made)) * 1e3
+    return Handover(nbytes, max(0.0, worker_ms), max(0.0, main_ms), BATCHES, start)

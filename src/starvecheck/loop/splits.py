@@ -116,7 +116,11 @@ class StageSplit:
                 if later:
                     restart = Figure.single(sum(a[i] for i in later) / len(later) * 1e3)
                     if computes is not None and len(computes) > later[-1]:
-                        passes = _later(later, self.pass_starts, waits, computes)
+                        # every step of the later passes up to the last split, split or
+                        # not (a trainer one batch ahead at num_workers=0 splits no
+                        # pass's first step: it was made before the pass's first wait)
+                        whole = list(range(self.pass_starts[1], later[-1] + 1))
+                        passes = _later(whole, self.pass_starts, waits, computes)
         if self.busy_batches:
             for s, total in zip(STAGES, self.busy, strict=True):
                 busy = Figure.single(total / self.busy_batches * 1e3)
@@ -244,9 +248,9 @@ def restart_wait_ms(waits: Sequence[float], first: int, pass_starts: Sequence[in
 def _later(
     later: list[int], pass_starts: Sequence[int], waits: Sequence[float], computes: Sequence[float]
 ) -> tuple[Figure | None, ...]:
-    """The later passes' steps `later` (split): their mean step, the mean of those that
-    did not begin a pass, and a pass's mean steps (LoadFigures' later_*); none where no
-    pass began among them or every one did."""
+    """The later passes' steps `later`: their mean step, the mean of those that did not
+    begin a pass, and a pass's mean steps (LoadFigures' later_*); none where no pass
+    began among them or every one did."""
     starts = set(pass_starts)
     begun = sum(1 for i in later if i in starts)
     steady = [waits[i] + computes[i] for i in later if i not in starts]

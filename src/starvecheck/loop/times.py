@@ -101,8 +101,9 @@ class LoopTimes:
     # own count of theirs). None: not read.
     batch_bytes: int | None = None
     # What handing such a batch from a worker costs here (loop/handover.measure), ms of
-    # CPU per batch (worker side, training-process side); None: not measured.
-    handover_ms: tuple[float, float] | None = None
+    # CPU per batch (worker side, training-process side), and a worker's start (None:
+    # not read); None: not measured.
+    handover_ms: tuple[float, float, float | None] | None = None
     # The first batches' samples, digested (loop/samples.py), by pass: the last two.
     digests: dict[int, list[int]] = field(default_factory=dict)
     digest_gaps: int = 0  # first batches no digest could be made of
@@ -246,6 +247,8 @@ class LoopTimes:
                 _single(Step.HANDOVER_WORKER_CPU_MS, self.handover_ms[0], "ms"),
                 _single(Step.HANDOVER_MAIN_MS, self.handover_ms[1], "ms"),
             ]
+            if self.handover_ms[2] is not None:
+                out.append(_single(Step.WORKER_START_MS, self.handover_ms[2], "ms"))
         for quantity, each in (
             (Step.OTHERS_CPUS_EACH_S, self.others_cpus),
             (Step.PROCESS_CPUS_EACH_S, self.process_cpus),

@@ -164,6 +164,7 @@ class Step(StrEnum):
     BATCH_BYTES = BATCH_BYTES
     HANDOVER_WORKER_CPU_MS = "handover_worker_cpu_ms"
     HANDOVER_MAIN_MS = "handover_main_ms"
+    WORKER_START_MS = "worker_start_ms"  # one worker's start here (loop/handover.measure)
     OTHERS_CPUS_EACH_S = OTHERS_CPUS_EACH_S
     PROCESS_CPUS_EACH_S = "process_cpus_each_s"
 
