@@ -101,6 +101,20 @@ def test_a_restart_is_none_or_within_the_waits(waits, first, starts):
         assert 0.0 <= got <= sum(waits[first:]) / (len(waits) - first) * 1e3 + 1e-9
 
 
+def hookless_pass(loader: DataLoader, hooked: Any) -> Any:
+    """One pass held by the hooks, as transformers' hooks see it (no batch in them);
+    the stage split's tap, before the end lets it go."""
+    hooked._loader(loader, ahead=0)
+    w = hooked.watch
+    w.begin_pass()
+    for _batch in loader:
+        w.begin_step()  # no batch, as transformers' on_step_begin
+        w.end_step()
+    tap = w._held()
+    hooked._ended()
+    return tap
+
+
 def test_the_restarts_stay_in_both_steps_of_the_forecast():
     f = Forecast(step_ms=20.0, speedup=1.5, available_cpus=1.9, cpu_bound=False, cpu_work=False)
     a = restarts_kept(WorkerAdvice(4, "why", 2, f), 2.0)
@@ -126,15 +140,8 @@ def test_hooks_that_see_no_batch_take_its_bytes_from_the_workers_own_count():
             return {"x": torch.zeros(256, dtype=torch.float32), "y": torch.tensor(i)}
 
     loader, hooked = held(Rows())
-    hooked._loader(loader, ahead=0)
-    w = hooked.watch
-    w.begin_pass()
-    for _batch in loader:
-        w.begin_step()  # no batch, as transformers' on_step_begin
-        w.end_step()
-    tap = w._held()
-    hooked._ended()
-    assert w.times.batch_bytes == 4 * 256 * 4 + 4 * 8  # x float32, y int64
+    tap = hookless_pass(loader, hooked)
+    assert hooked.watch.times.batch_bytes == 4 * 256 * 4 + 4 * 8  # x float32, y int64
     # a worker writes its first batches' bytes only; the rest cost it nothing
     assert tap is not None and (tap.rows[:, 1 + SIZED :, 7] == 0).all()
 
@@ -238,11 +245,5 @@ def test_hooks_that_see_no_batch_at_num_workers_0_take_its_bytes_from_the_collat
     loader = DataLoader(Rows(), batch_size=4)
     hooked = Hooked(show=False)
     hooked._workers(0)
-    hooked._loader(loader, ahead=0)
-    w = hooked.watch
-    w.begin_pass()
-    for _batch in loader:
-        w.begin_step()  # no batch, as transformers' on_step_begin
-        w.end_step()
-    hooked._ended()
-    assert w.times.batch_bytes == 4 * 512 * 4
+    hookless_pass(loader, hooked)
+    assert hooked.watch.times.batch_bytes == 4 * 512 * 4
