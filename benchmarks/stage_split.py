@@ -19,7 +19,8 @@ dominates the wait. For each:
      fix, in interleaved rounds, the measured speed-up the median of the rounds' ratios
      of the callback's mean step; with --hf as well, on transformers.Trainer with
      TransformersCallback (the scenario's DataLoader as accelerate prepares it, over its
-     first batches: three epochs as Lightning's; its hooks see no batch);
+     first batches: three epochs as Lightning's; its hooks see no batch); each trainer's
+     program freezes its heap once set up (FROZEN, below);
   5. with --factory, `starvecheck loader --factory stages.py:NAME --step-ms STEP` (the
      full run) reads the same pipeline: the stage its table gives the largest share of
      your settings' wait, the change its finding names and the training figure it
