@@ -78,8 +78,7 @@ class Reporting:
             return
         if size not in self._handover:
             self._handover[size] = measure_handover(size)
-        h = self._handover[size]
-        t.handover_ms = None if h is None else (h.worker_ms, h.main_ms, h.start_ms)
+        t.handover = self._handover[size]
 
     def _measure_alone(self) -> None:
         """Where the hand-over holds this loop's step back (its largest exposed share,

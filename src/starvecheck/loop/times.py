@@ -29,6 +29,7 @@ from starvecheck.core.schema.steps import Step, StepFigure, StepFigures
 from starvecheck.loop import sent
 from starvecheck.loop.cpu import machine_facts
 from starvecheck.loop.gpuclock import figures as gpu_figures
+from starvecheck.loop.handover import Handover
 from starvecheck.loop.sent import MACHINE_SENT
 from starvecheck.loop.splits import StageSplit, restart_wait_ms
 
@@ -100,10 +101,9 @@ class LoopTimes:
     # what a worker would hand over (a trainer's hooks that see no batch: the workers'
     # own count of theirs). None: not read.
     batch_bytes: int | None = None
-    # What handing such a batch from a worker costs here (loop/handover.measure), ms of
-    # CPU per batch (worker side, training-process side), and a worker's start (None:
-    # not read); None: not measured.
-    handover_ms: tuple[float, float, float | None] | None = None
+    # What handing such a batch from a worker costs here, and a worker's start
+    # (loop/handover.measure); None: not measured.
+    handover: Handover | None = None
     # The first batches' samples, digested (loop/samples.py), by pass: the last two.
     digests: dict[int, list[int]] = field(default_factory=dict)
     digest_gaps: int = 0  # first batches no digest could be made of
@@ -242,13 +242,13 @@ class LoopTimes:
             out.append(_single(Step.WORKER_RUNQUEUE_MS, runq, "ms"))
         if self.batch_bytes is not None:
             out.append(_single(Step.BATCH_BYTES, self.batch_bytes, "bytes"))
-        if self.handover_ms is not None:
+        if (h := self.handover) is not None:
             out += [
-                _single(Step.HANDOVER_WORKER_CPU_MS, self.handover_ms[0], "ms"),
-                _single(Step.HANDOVER_MAIN_MS, self.handover_ms[1], "ms"),
+                _single(Step.HANDOVER_WORKER_CPU_MS, h.worker_ms, "ms"),
+                _single(Step.HANDOVER_MAIN_MS, h.main_ms, "ms"),
             ]
-            if self.handover_ms[2] is not None:
-                out.append(_single(Step.WORKER_START_MS, self.handover_ms[2], "ms"))
+            if h.start_ms is not None:
+                out.append(_single(Step.WORKER_START_MS, h.start_ms, "ms"))
         for quantity, each in (
             (Step.OTHERS_CPUS_EACH_S, self.others_cpus),
             (Step.PROCESS_CPUS_EACH_S, self.process_cpus),
