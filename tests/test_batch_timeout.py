@@ -354,3 +354,36 @@ def test_a_limit_that_is_no_number_of_seconds_is_one_line(cli, value: str) -> No
 def test_zero_is_accepted_on_the_command_line(cli) -> None:
     r = cli("starve", "--quick", "--workers", "0", "--steps", "1", "--batch-timeout", "0")
     assert r.exit_code == 0, r.stderr
+
+
+class FirstFast:
+    """The first batch at once, every later sample a minute: a worker's second batch is
+    still in its hands when the first is read."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i >= 4:
+            time.sleep(60)
+        return i
+
+
+@pytest.mark.parametrize("hurried", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_hurried_workers_are_not_waited_for_mid_batch(hurried: bool) -> None:
+    """loader --factory's slow configurations (made.py) waited at each stop for the
+    batch every worker had in hand: 1.6 s a configuration at 100 ms a sample, batch 16,
+    on --quick's 30 s. Hurried, a worker mid-batch is killed after a short grace; not
+    hurried, torch's shutdown asks and waits (here past its 5 s, then SIGTERM, which
+    worker_init ignores, so stop_workers kills it)."""
+    loader = _loader(FirstFast(), 1)
+    with Batches(loader, 0, "test", "hurry") as batches:
+        assert next(batches).tolist() == [0, 1, 2, 3]
+        workers = list(batches._it._workers)
+        if hurried:
+            batches.hurry()
+        began = time.monotonic()
+    took = time.monotonic() - began
+    assert all(not w.is_alive() for w in workers)
+    assert all(w.exitcode == -signal.SIGKILL for w in workers)
+    assert (took < 4.0) is hurried, took  # torch's join alone is 5 s

@@ -332,6 +332,32 @@ def test_worker_counts_whose_batches_do_not_fit_in_dev_shm_are_left_out(
     assert len(said) == 1 and "num_workers=2" in said[0], said
 
 
+def test_a_roomy_dev_shm_is_checked_from_one_sample_not_a_whole_batch(
+    factory_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--quick at 100 ms a sample and batch 16 spent 1.6 s of its 30 reading one batch
+    at num_workers=0 for /dev/shm's check, on a machine with gigabytes of it free."""
+    from starvecheck.stages.dataloader import preflight
+    from starvecheck.stages.loader.factory import fits
+    from starvecheck.stages.loader.factory.loaders import Config
+
+    p = factory.load(parse_spec(f"{factory_file}:two"), None, limit_s=60)
+    assert fits.sample_bytes(p, 60.0) == fits.batch_bytes(p, 60.0) == 8 * 8 * 8
+    big = factory.load(parse_spec(f"{factory_file}:big"), None, limit_s=60)
+    assert fits.sample_bytes(big, 60.0) == 4 << 20
+    read: list[object] = []
+    monkeypatch.setattr(fits, "batch_bytes", lambda *a: read.append(a) or 512)
+    said: list[str] = []
+    monkeypatch.setattr(preflight, "shm_free", lambda: 1 << 40)
+    assert fits.fit_run(p, (0, 1, 2), Config(2), 60.0, said.append) == ((0, 1, 2), True, False)
+    assert read == [] and said == []
+    # 16 times the sample's share does not fit two workers' batches in flight (16 MiB
+    # and 64 KiB with the margin), the batch itself does (16 MiB and 4 KiB): it is read.
+    monkeypatch.setattr(preflight, "shm_free", lambda: (16 << 20) + (32 << 10))
+    assert fits.fit_run(p, (0, 1, 2), Config(2), 60.0, said.append) == ((0, 1, 2), True, False)
+    assert len(read) == 1 and said == []
+
+
 # --- how a worker died ----------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from typing import Any
 from starvecheck.core import clocks
 from starvecheck.core.signals import signals_held
 from starvecheck.core.status import BatchTimeout
-from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.dataloader.workers import HURRY_GRACE_S, stop_workers
 from starvecheck.stages.options import BATCH_TIMEOUT_S
 
 # The limit `loader`, `starve`, `profile` and `doctor` apply (--batch-timeout; why this
@@ -109,6 +109,7 @@ class Batches:
         self._watching = False
         self._armed = False
         self._expired = False
+        self._hurried = False
         self._saved_handler: Any = None
         self._saved_hook: Any = None
 
@@ -144,8 +145,12 @@ class Batches:
                 # grace of stuck ones, not torch's 5 s each, which a worker still in a slow
                 # worker_init_fn would use up before it is killed all the same.
                 signalled = exc[0] is not None and not issubclass(exc[0], Exception)  # type: ignore[arg-type]
+                stuck = self._expired or signalled
                 try:
-                    stop_workers(self._it, stuck=self._expired or signalled)
+                    if self._hurried and not stuck:
+                        stop_workers(self._it, stuck=True, grace_s=HURRY_GRACE_S)
+                    else:
+                        stop_workers(self._it, stuck=stuck)
                 except BaseException:
                     # A signal cut the shutdown short (scratch/directory.py ignores any after the
                     # first): kill what is left, or multiprocessing's exit would wait on
@@ -155,6 +160,13 @@ class Batches:
         finally:
             self._it = None
             self._uninstall()
+
+    def hurry(self) -> None:
+        """The batches in flight are not wanted: the workers, stopped on the way out,
+        get HURRY_GRACE_S to leave, and any still making a batch is killed, instead of
+        the shutdown waiting for the rest of that batch (seconds a batch, read by when
+        they were made: loader --factory's made.py)."""
+        self._hurried = True
 
     def __iter__(self) -> Batches:
         return self

@@ -55,21 +55,26 @@ def prepare_workers() -> None:
 # `stop_workers(stuck=True)`: how long idle workers get to leave on their own before
 # every worker still running is killed.
 STUCK_GRACE_S = 1.0
+# The same where the batches in flight are not wanted and each takes seconds (a slow
+# configuration of `loader --factory`, read by when its batches were made): an idle
+# worker leaves in milliseconds, and one in the middle of a batch would hold the
+# shutdown for the rest of that batch (1.6 s at 100 ms a sample and batch 16).
+HURRY_GRACE_S = 0.2
 
 
-def stop_workers(it: object, stuck: bool = False) -> None:
+def stop_workers(it: object, stuck: bool = False, grace_s: float = STUCK_GRACE_S) -> None:
     """Shut a DataLoader iterator's workers down now, not at garbage collection (also
     on Ctrl-C), and kill any that torch's shutdown left running: a worker ignores the
     SIGTERM torch falls back on (worker_init), and one stuck (in Streaming's barrier,
     out of file descriptors) would hang multiprocessing's join at exit. `stuck`: the
     DataLoader delivered nothing in time (stages/dataloader/batches.py), so some worker will not
     read the request to stop; torch's shutdown would wait 5 s for each before killing
-    it, so they are stopped first (`_kill_stuck`)."""
+    it, so they are stopped first (`_kill_stuck`), after `grace_s`."""
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is None:  # num_workers=0
         return
     if stuck:
-        _kill_stuck(it)
+        _kill_stuck(it, grace_s)
     shutdown()
     for w in getattr(it, "_workers", ()):
         if w.is_alive():
@@ -77,12 +82,12 @@ def stop_workers(it: object, stuck: bool = False) -> None:
             w.join(timeout=5)
 
 
-def _kill_stuck(it: Any) -> None:
+def _kill_stuck(it: Any, grace_s: float) -> None:
     """torch's own shutdown, in its order, with one short wait for all instead of 5 s
     per worker: the pin-memory thread first (a worker killed while handing a batch over
     could leave half a message it would wait on for good), the request to stop, then
     the workers' pids out of torch's SIGCHLD check (which raises "worker exited
-    unexpectedly" in this process at a death it did not ask for), `STUCK_GRACE_S` for
+    unexpectedly" in this process at a death it did not ask for), `grace_s` for
     the idle workers to leave, and SIGKILL for the rest. torch's `_shutdown_workers`
     then finds them gone and closes the queues. Private attributes of torch's iterator
     (stable since torch 1.x): where they are missing, or its pids are still watched,
@@ -112,7 +117,7 @@ def _kill_stuck(it: Any) -> None:
     if getattr(it, "_worker_pids_set", True):
         return
     workers = list(getattr(it, "_workers", ()))
-    deadline = clocks.monotonic() + STUCK_GRACE_S
+    deadline = clocks.monotonic() + grace_s
     for w in workers:
         w.join(timeout=max(0.0, deadline - clocks.monotonic()))
     for w in workers:

@@ -51,7 +51,7 @@ from starvecheck.core.status import UsageError
 from starvecheck.inputs.fingerprints import Repeats
 from starvecheck.stages.dataloader.batches import Batches
 from starvecheck.stages.dataloader.deaths import watch
-from starvecheck.stages.dataloader.workers import stop_workers
+from starvecheck.stages.dataloader.workers import HURRY_GRACE_S, stop_workers
 from starvecheck.stages.loader.factory.epochs import length, per_epoch, restart, starting
 from starvecheck.stages.loader.factory.guard import next_batch, user_code
 from starvecheck.stages.loader.factory.load import Pipeline
@@ -91,8 +91,10 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
             with starting(pipeline, config), user_code():
                 run.restart_s = restart(built, budget, pipeline.describe())
     finally:
-        # Persistent workers outlive each epoch's iterator: stopped here, on every way out.
-        stop_workers(getattr(built.inner, "_iterator", None))
+        # Persistent workers outlive each epoch's iterator: stopped here, on every way out
+        # (a slow configuration's mid-batch, as Batches.hurry says).
+        held = getattr(built.inner, "_iterator", None)
+        stop_workers(held, *((True, HURRY_GRACE_S) if reading.slow else ()))
         built.stop()
         reading.split.release()
     run.split = reading.split.run

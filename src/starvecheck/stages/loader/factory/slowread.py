@@ -86,6 +86,8 @@ class MadeReading:
         self.paused = clock()
         self.processes.sample(pids, False)
         self.read_s += self.paused - began
+        if run.stopped:  # the batches still in flight are not wanted
+            it.hurry()
 
     def _samples_of(self, batch: Any) -> int:
         """A batch's samples (its leading size, else the batch size)."""
