@@ -107,3 +107,24 @@ def test_a_configuration_cut_short_is_could_not_tell_never_a_pass(tmp_path: Path
         return
     assert f["severity"] == "warning" and f["title"].startswith("Could not tell")
     assert "--budget" in f["recommendation"]
+
+
+def test_a_slow_configuration_does_not_wait_for_the_batch_its_workers_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Read by when its batches were made, a configuration's stop waited for the batch
+    # each worker had in hand: 1.6 s at each of --quick's four worker readings at 100 ms
+    # a sample and batch 16. Its reading now hurries the stop (Batches.hurry).
+    from starvecheck.inputs.factory import parse_spec
+    from starvecheck.stages.dataloader.batches import Batches
+    from starvecheck.stages.loader.factory import configuration, load
+
+    (tmp_path / "slowmade.py").write_text(textwrap.dedent(SLEEPY))
+    hurried: list[int] = []
+    monkeypatch.setattr(Batches, "hurry", lambda self: hurried.append(self.workers))
+    p = load.load(parse_spec(f"{tmp_path / 'slowmade.py'}:make"), None, limit_s=60)
+    run = configuration.measure(p, configuration.Config(1), configuration.Budget(0.2, 30.0, False, 1))
+    assert run.stopped == "made" and run.made
+    assert hurried == [1]
+    run = configuration.measure(p, configuration.Config(0), configuration.Budget(0.2, 30.0, False, 1))
+    assert run.stopped == "made" and hurried == [1, 0]  # nothing to stop: torch's own end

@@ -9,8 +9,9 @@ from one batch of the pipeline at num_workers=0 (a map-style dataset; an
 IterableDataset may keep state from its reader, so only the margin is checked for it).
 Where /dev/shm is roomy, one sample is read instead: batch_size times its bytes, ROOM
 times over, fitting every count settles it without a whole batch (1.6 s of --quick's 30
-at 100 ms a sample and batch 16); a sample that much smaller than its batch's largest
-is read by the next check, as the sweep starts its workers.
+at 100 ms a sample and batch 16). A batch more than ROOM times its first sample's share
+(padded to a far longer sample) could still fill /dev/shm: the worker it kills is
+named by its SIGBUS (stages/dataloader/deaths.py).
 And workers started by spawn or forkserver must be able to import FILE.py by name.
 """
 
