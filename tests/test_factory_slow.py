@@ -123,8 +123,9 @@ def test_a_slow_configuration_does_not_wait_for_the_batch_its_workers_hold(
     hurried: list[int] = []
     monkeypatch.setattr(Batches, "hurry", lambda self: hurried.append(self.workers))
     p = load.load(parse_spec(f"{tmp_path / 'slowmade.py'}:make"), None, limit_s=60)
-    run = configuration.measure(p, configuration.Config(1), configuration.Budget(0.2, 30.0, False, 1))
+    slice_ = configuration.Budget(0.2, 30.0, False, 1)
+    run = configuration.measure(p, configuration.Config(1), slice_)
     assert run.stopped == "made" and run.made
     assert hurried == [1]
-    run = configuration.measure(p, configuration.Config(0), configuration.Budget(0.2, 30.0, False, 1))
+    run = configuration.measure(p, configuration.Config(0), slice_)
     assert run.stopped == "made" and hurried == [1, 0]  # nothing to stop: torch's own end
