@@ -17,6 +17,7 @@ And workers started by spawn or forkserver must be able to import FILE.py by nam
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -49,13 +50,9 @@ def fit_run(
     `spare` does: a count --quick may add once its first round asks for it); what does
     not fit among `counts`, said in one warning (never the spare's). None fitting: one
     line and exit 2."""
-    read: dict[str, int] = {}
-
-    def nbytes(what: str = "batch") -> int:  # one batch (or sample) read, at most once
-        if what not in read:
-            of = batch_bytes if what == "batch" else sample_bytes
-            read[what] = of(pipeline, batch_timeout_s)
-        return read[what]
+    # Each read at most once, whichever check asks first.
+    batch = functools.cache(lambda: batch_bytes(pipeline, batch_timeout_s))
+    sample = functools.cache(lambda: sample_bytes(pipeline, batch_timeout_s))
 
     def fitted(wanted: tuple[int, ...]) -> tuple[preflight.Fit, str]:
         files = preflight.fit_open_files(wanted)
@@ -66,9 +63,9 @@ def fit_run(
             prefetch = current.prefetch_factor or 2
             fit = preflight.fit_shm(fit.workers, 0, prefetch, free)  # the margin alone, first
             if any(fit.workers) and fit.workers == tasks.workers:
-                guess = nbytes("sample") * ROOM
+                guess = sample() * ROOM
                 roomy = guess and preflight.fit_shm(fit.workers, guess, prefetch, free) == fit
-                fit = fit if roomy else preflight.fit_shm(fit.workers, nbytes(), prefetch, free)
+                fit = fit if roomy else preflight.fit_shm(fit.workers, batch(), prefetch, free)
         return fit, "; ".join(w for w in (files.warning, tasks.warning, fit.warning) if w)
 
     wanted = tuple(sorted({*counts, current.workers}))
