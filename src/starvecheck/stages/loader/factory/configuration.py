@@ -94,7 +94,7 @@ def measure(pipeline: Pipeline, config: Config, budget: Budget, device: Any = No
         # Persistent workers outlive each epoch's iterator: stopped here, on every way out
         # (a slow configuration's mid-batch, as Batches.hurry says).
         held = getattr(built.inner, "_iterator", None)
-        stop_workers(held, *((True, HURRY_GRACE_S) if reading.slow else ()))
+        stop_workers(held, stuck=reading.slow, grace_s=HURRY_GRACE_S)
         built.stop()
         reading.split.release()
     run.split = reading.split.run

@@ -21,6 +21,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from starvecheck.core.signals import importing
 from starvecheck.core.status import UsageError
@@ -88,14 +89,7 @@ def batch_bytes(pipeline: Pipeline, limit_s: float) -> int:
     what it raises)."""
     if pipeline.fixed or pipeline.iterable:
         return 0
-    built = built_for(pipeline, Config(0))
-    try:
-        with Batches(built.loader, limit_s, "loader", pipeline.describe(), workers=0) as it:
-            batch = next(it, None)
-    except UsageError:
-        raise
-    except (Exception, SystemExit):  # the sweep reads it again, and says what it raises
-        return 0
+    batch = _first(pipeline, limit_s, lambda: built_for(pipeline, Config(0)).loader)
     if batch is None:
         return 0
     return batch_figures(batch, pipeline.settings.get("batch_size"))[1]
@@ -116,19 +110,29 @@ def sample_bytes(pipeline: Pipeline, limit_s: float) -> int:
         return 0
     with importing("torch"):
         from torch.utils.data import DataLoader
-    try:
+
+    def one() -> Any:
         first = next(iter(built_for(pipeline, Config(0)).loader.sampler))
-        one = DataLoader(
+        return DataLoader(
             Named(pipeline.dataset), batch_size=1, sampler=[first],
             collate_fn=settings.get("collate_fn"), num_workers=0,
         )  # fmt: skip
-        with Batches(one, limit_s, "loader", pipeline.describe(), workers=0) as it:
-            sample = next(it, None)
+
+    sample = _first(pipeline, limit_s, one)
+    return 0 if sample is None else size * batch_figures(sample, 1)[1]
+
+
+def _first(pipeline: Pipeline, limit_s: float, make: Callable[[], Any]) -> Any:
+    """The first batch of the loader `make()` builds, read at num_workers=0 within
+    `limit_s`; None where there is none or reading it raises (the sweep reads the
+    pipeline again and says what it raises). One line (UsageError) passes through."""
+    try:
+        with Batches(make(), limit_s, "loader", pipeline.describe(), workers=0) as it:
+            return next(it, None)
     except UsageError:
         raise
-    except (Exception, SystemExit):  # the batch is read instead, and the sweep says
-        return 0
-    return 0 if sample is None else size * batch_figures(sample, 1)[1]
+    except (Exception, SystemExit):
+        return None
 
 
 def check_spawnable(pipeline: Pipeline) -> None:
