@@ -221,11 +221,11 @@ def _kept_workers(w: Waits) -> Gain | None:
 
 @dataclass(frozen=True)
 class LoopThread:
-    """The training loop's thread in a mean step (ms): its CPU and its wait for a CPU,
-    in the data wait and in the compute (0 where not read)."""
+    """The training loop's thread in a mean step (ms): its CPU in the data wait, and its
+    CPU and its wait for a CPU in the compute (0 where not read). The wait's own wait for
+    a CPU is not here: the step kept at num_workers=0 does not hold it (_rest_at_zero)."""
 
     wait_cpu_ms: float = 0.0
-    wait_runq_ms: float = 0.0
     compute_cpu_ms: float = 0.0
     compute_runq_ms: float = 0.0
 

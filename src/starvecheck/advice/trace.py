@@ -176,7 +176,6 @@ def _data_bound_fix(
             params.num_workers,
             loadstages.LoopThread(
                 m.mean(Step.DATA_WAIT_CPU_MS) or 0.0,
-                m.mean(Step.DATA_WAIT_RUNQUEUE_MS) or 0.0,
                 m.mean(Step.COMPUTE_CPU_MS) or 0.0,
                 m.mean(Step.COMPUTE_RUNQUEUE_MS) or 0.0,
             ),
