@@ -34,6 +34,13 @@ dominates the wait. For each:
 work). Targets (exit 1 when missed): the named stage is the scenario's; the applied fix
 within 15% of its prediction and never slower (0.97x or more); loader --factory's full
 run in 120 s or less. Prints a Markdown table.
+
+Every process's Python work (benchmarks/pipelines/stages.py, python_work) records its CPU
+time: each row says the machine's speed at that work (µs of CPU a round) while its
+loops ran. A CPU that runs the same work at two speeds, in episodes of seconds, moves a
+loop without any change to the loader (docs/performance.md, "A machine at two speeds");
+a watch round whose two loops' speeds part by more than SAME_SPEED is retaken, up to
+--rounds times, and the row says how many were.
 """
 
 from __future__ import annotations
@@ -45,9 +52,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,29 +129,90 @@ def named(report: Any) -> tuple[str, Any]:
     return str(top), finding
 
 
-def rounds_of(s: Scenario, rounds: int) -> tuple[str, Any, list[float], list[float], list[float]]:
+@dataclass
+class Rounds:
+    """A scenario's interleaved rounds: the last round's stage and finding, and each
+    kept round's prediction, seconds a step before and after, and the machine's speed at
+    the pipeline's Python work in each of its two loops (µs a round; None: no such work)."""
+
+    top: str = "none"
+    finding: Any = None
+    predicted: list[float] = field(default_factory=list)
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    speeds: list[tuple[float | None, float | None]] = field(default_factory=list)
+    retaken: int = 0
+
+    def machine(self) -> str:
+        """The speeds, median before / after, and the rounds retaken."""
+        b = [x for x, _ in self.speeds if x is not None]
+        a = [y for _, y in self.speeds if y is not None]
+        if not b or not a:
+            return "-"
+        said = f"{statistics.median(b):.0f} / {statistics.median(a):.0f} µs"
+        return said + (f", {self.retaken} retaken" if self.retaken else "")
+
+
+def rounds_of(s: Scenario, rounds: int) -> Rounds:
     """Interleaved rounds, each in the other order: the loop as it is under watch (the
     stage it names, its finding's fix and predicted speed-up) and the loop with that
-    fix applied, without watch. (the last round's stage, its finding, the predictions,
-    seconds a step before, after.) A prediction and the measurement it is checked
-    against come from the same round, seconds apart: a machine whose other work comes
-    and goes moves both alike."""
+    fix applied, without watch. A prediction and the measurement it is checked against
+    come from the same round, seconds apart: a machine whose other work comes and goes
+    moves both alike. A round whose two loops ran the same Python work at speeds apart
+    by more than SAME_SPEED checks nothing (the machine changed under it, not the
+    loader): it is retaken, up to `rounds` times, and counted."""
     make = getattr(pipelines, s.name)
-    top, finding, predicted, before, after = "none", None, [], [], []
+    out, r = Rounds(), 0
     fix: dict[str, Any] = {}
-    for r in range(rounds):
+    while len(out.before) < rounds:
+        steps: dict[bool, float] = {}
+        speeds: dict[bool, float | None] = {}
+        gain_now = 1.0
         for fixed in (False, True) if r % 2 == 0 or not fix else (True, False):
+            if fixed and not fix:
+                continue
+            mark = speed_mark()
             if not fixed:
-                step, report = loop(make(), s, watched=True)
-                top, finding = named(report)
-                fix = dict(finding.fix or {})
-                gain = finding.gain
+                steps[False], report = loop(make(), s, watched=True)
+                out.top, out.finding = named(report)
+                fix = dict(out.finding.fix or {})
+                gain = out.finding.gain
                 kind = gain.kind.value if gain is not None else None
-                predicted.append(gain.value if kind == "throughput" and gain.value else 1.0)
-                before.append(step)
-            elif fix:
-                after.append(loop(make(**fix), s, watched=False)[0])
-    return top, finding, predicted, before, after
+                gain_now = gain.value if kind == "throughput" and gain.value else 1.0
+            else:
+                steps[True] = loop(make(**fix), s, watched=False)[0]
+            speeds[fixed] = speed_since(mark)
+        r += 1
+        if moved(speeds.get(False), speeds.get(True)) and out.retaken < rounds:
+            out.retaken += 1
+            after = f"{steps[True] * 1e3:.1f} ms" if True in steps else "-"
+            print(f"retaken: {s.name}: {speeds[False]:.0f} / {speeds[True]:.0f} µs a round; "
+                  f"{gain_now:.2f}x predicted, {steps[False] * 1e3:.1f} -> {after}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            continue
+        out.predicted.append(gain_now)
+        out.before.append(steps[False])
+        if True in steps:
+            out.after.append(steps[True])
+        out.speeds.append((speeds.get(False), speeds.get(True)))
+    return out
+
+
+SPEED_FILE: list[str] = []
+# Two loops' speeds at the same Python work within this factor: the same machine.
+SAME_SPEED = 1.15
+
+
+def speed_mark() -> int:
+    return os.path.getsize(SPEED_FILE[0]) if SPEED_FILE else 0
+
+
+def speed_since(mark: int) -> float | None:
+    return pipelines.speed(SPEED_FILE[0], mark)[0] if SPEED_FILE else None
+
+
+def moved(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and max(a, b) > SAME_SPEED * min(a, b)
 
 
 LIGHTNING = """
@@ -272,13 +341,16 @@ def trainer_fix_row(s: Scenario, rounds: int) -> tuple[str, bool]:
     prediction's step: the first epoch's workers start before any hook); the measured
     gain the median of the rounds' ratios."""
     top, predicted, ratios, fix = "none", [], [], {}
+    speeds: dict[bool, list[float]] = {False: [], True: []}
     for r in range(rounds):
         steps: dict[bool, float] = {}
         for fixed in (False, True) if r % 2 == 0 or not fix else (True, False):
             if fixed and not fix:
                 continue
+            mark = speed_mark()
             stage, read = trainer_reads(s, fix if fixed else None)
             steps[fixed] = float(read.get("step_ms") or 0.0)
+            speeds[fixed] += [x for x in [speed_since(mark)] if x is not None]
             if not fixed:
                 top, fix = stage, dict(read.get("fix") or {})
                 predicted.append(read.get("gain") or 1.0)
@@ -290,9 +362,17 @@ def trainer_fix_row(s: Scenario, rounds: int) -> tuple[str, bool]:
     ok = top == s.stage and ratio >= 0.97 and error is not None and abs(error) <= TOLERANCE
     row = (
         f"| {s.name} | {top} | `{fix}` | {'none' if gain is None else f'{gain:.2f}x'} | "
-        f"{ratio:.2f}x | {'-' if error is None else f'{error:+.0%}'} | {'yes' if ok else 'NO'} |"
+        f"{ratio:.2f}x | {'-' if error is None else f'{error:+.0%}'} | "
+        f"{said_speeds(speeds[False], speeds[True])} | {'yes' if ok else 'NO'} |"
     )
     return row, ok
+
+
+def said_speeds(before: list[float], after: list[float]) -> str:
+    """The machine's speed at the Python work, median over the runs before / after."""
+    if not before or not after:
+        return "-"
+    return f"{statistics.median(before):.0f} / {statistics.median(after):.0f} µs"
 
 
 def factory_reads(s: Scenario) -> tuple[str, dict[str, Any], float | None, float]:
@@ -330,19 +410,24 @@ def pipelines_settings(s: Scenario) -> dict[str, Any]:
 
 def factory_rounds(
     s: Scenario, fix: dict[str, Any], rounds: int
-) -> tuple[list[float], list[float]]:
-    """Seconds a step, the loop as made and with the factory's fix, in interleaved rounds."""
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds a step, the loop as made and with the factory's fix, in interleaved
+    rounds; and the machine's speed at the Python work in each loop."""
     make = getattr(pipelines, s.name)
-    before, after = [], []
+    before, after, speeds = [], [], []
     for r in range(rounds):
         for fixed in (False, True) if r % 2 == 0 else (True, False):
+            mark = speed_mark()
             (after if fixed else before).append(loop(make(**(fix if fixed else {})), s, False)[0])
-    return before, after
+            speeds += [x for x in [speed_since(mark)] if x is not None]
+    return before, after, speeds
 
 
 def factory_row(s: Scenario, rounds: int) -> tuple[str, bool]:
+    mark = speed_mark()
     top, fix, predicted, took = factory_reads(s)
-    before, after = factory_rounds(s, fix, rounds) if fix else ([1.0], [1.0])
+    read_at = [x for x in [speed_since(mark)] if x is not None]
+    before, after, speeds = factory_rounds(s, fix, rounds) if fix else ([1.0], [1.0], [])
     b, a = statistics.median(before), statistics.median(after)
     ratio = b / a
     error = None if predicted is None else predicted / ratio - 1
@@ -351,7 +436,8 @@ def factory_row(s: Scenario, rounds: int) -> tuple[str, bool]:
     row = (
         f"| {s.name} | {top} | `{fix}` | {'none' if predicted is None else f'{predicted:.2f}x'} "
         f"| {ratio:.2f}x ({b * 1e3:.1f} -> {a * 1e3:.1f} ms) | "
-        f"{'-' if error is None else f'{error:+.0%}'} | {took:.0f} s | {'yes' if ok else 'NO'} |"
+        f"{'-' if error is None else f'{error:+.0%}'} | {took:.0f} s | "
+        f"{said_speeds(read_at, speeds)} | {'yes' if ok else 'NO'} |"
     )
     return row, ok
 
@@ -376,6 +462,10 @@ def main() -> int:
     # The work a batch, sized once before any load: every process of the run (the loop,
     # its workers, loader --factory, Lightning's) does the same rounds.
     os.environ[pipelines.ROUND_ENV] = repr(pipelines.round_s())
+    fd, path = tempfile.mkstemp(prefix="stage-split-speed-")
+    os.close(fd)
+    SPEED_FILE.append(path)
+    os.environ[pipelines.SPEED_ENV] = path
     burner = None
     if args.busy:
         burner = multiprocessing.get_context("fork").Process(target=burn, daemon=True)
@@ -392,11 +482,12 @@ def main() -> int:
                 failed += not ok
                 print(row, flush=True)
                 continue
-            top, finding, predicted, before, after = rounds_of(s, args.rounds)
+            got = rounds_of(s, args.rounds)
+            top, finding = got.top, got.finding
             fix = dict(finding.fix or {}) if finding is not None else {}
-            gain = statistics.median(predicted) if fix else None
-            b = statistics.median(before)
-            a = statistics.median(after) if after else b
+            gain = statistics.median(got.predicted) if fix else None
+            b = statistics.median(got.before)
+            a = statistics.median(got.after) if got.after else b
             ratio = b / a
             error = None if gain is None else gain / ratio - 1
             trainer = trainer_stage(s) if args.trainer else ""
@@ -407,26 +498,30 @@ def main() -> int:
                 f"| {s.name} | {top} | {trainer or '-'} | `{fix}` | "
                 f"{'none' if gain is None else f'{gain:.2f}x'} | {ratio:.2f}x "
                 f"({b * 1e3:.1f} -> {a * 1e3:.1f} ms) | "
-                f"{'-' if error is None else f'{error:+.0%}'} | {'yes' if ok else 'NO'} |"
+                f"{'-' if error is None else f'{error:+.0%}'} | {got.machine()} | "
+                f"{'yes' if ok else 'NO'} |"
             )
             print(rows[-1], flush=True)
     finally:
         if burner is not None:
             burner.terminate()
+        os.unlink(path)
     print(f"\nload: {'one CPU burner' if args.busy else 'quiet'}; rounds {args.rounds}")
     if args.factory:
-        print("| scenario | factory names | fix | predicted | measured | error | run | ok |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| scenario | factory names | fix | predicted | measured | error | run "
+              "| µs a round (factory / loops) | ok |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
         print("\n".join(factory))
         return 1 if failed else 0
     if args.trainer_fix:
         who = f"measured ({TRAINER[0]})"
-        print(f"| scenario | callback names | fix | predicted | {who} | error | ok |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"| scenario | callback names | fix | predicted | {who} | error | µs a round | ok |")
+        print("|---|---|---|---|---|---|---|---|")
         print("\n".join(factory))
         return 1 if failed else 0
-    print("| scenario | watch names | callback names | fix | predicted | measured | error | ok |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| scenario | watch names | callback names | fix | predicted | measured | error "
+          "| µs a round | ok |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 1 if failed else 0
 

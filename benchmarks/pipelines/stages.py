@@ -29,6 +29,11 @@ VOCAB = {w: i for i, w in enumerate(WORDS)}
 _TEXT = " ".join(random.Random(0).choice(WORDS) for _ in range(200))
 _ROUND_S: list[float] = []
 ROUND_ENV = "STAGES_ROUND_S"
+# Where the benchmark names a file, every call of python_work, in any process, appends
+# its rounds and their CPU seconds: the machine's speed at the work while a loop ran
+# (this machine's runs it at two speeds, in episodes of seconds: docs/performance.md).
+SPEED_ENV = "STAGES_SPEED_FILE"
+_SPEED_FD: list[int] = []
 
 
 def round_s() -> float:
@@ -52,8 +57,32 @@ def round_s() -> float:
 def python_work(ms: float) -> None:
     """About `ms` of pure-Python CPU work (a word-level tokenizer): a fixed number of
     rounds, the same in every process of one benchmark run (round_s)."""
-    for _ in range(max(1, round(ms / 1e3 / round_s()))):
+    rounds = max(1, round(ms / 1e3 / round_s()))
+    began = time.thread_time()
+    for _ in range(rounds):
         _tokenize()
+    _record(rounds, time.thread_time() - began)
+
+
+def _record(rounds: int, cpu_s: float) -> None:
+    path = os.environ.get(SPEED_ENV, "")
+    if not path:
+        return
+    if not _SPEED_FD:  # a forked worker shares its parent's: appends stay whole lines
+        _SPEED_FD.append(os.open(path, os.O_WRONLY | os.O_APPEND))
+    os.write(_SPEED_FD[0], f"{rounds} {cpu_s:.6f}\n".encode())
+
+
+def speed(path: str, offset: int) -> tuple[float | None, int]:
+    """(µs of CPU a round of python_work in the lines appended since `offset`, or None
+    where there were none; the file's end, the next offset)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().split(b"\n")
+        end = f.tell()
+    whole = [line.split() for line in lines if line.count(b" ") == 1]
+    rounds = sum(int(r) for r, _ in whole)
+    return (sum(float(c) for _, c in whole) / rounds * 1e6 if rounds else None), end
 
 
 def _tokenize() -> list[int]:
