@@ -209,6 +209,37 @@ def test_the_split_carries_the_later_passes_steps():
     assert kept.figures(waits, 1, computes).later_step_ms is None
 
 
+def test_the_steady_step_leaves_out_a_pass_s_last_step_where_its_workers_stop():
+    """A loop a batch ahead (accelerate's DataLoaderShard) meets the end of a pass inside
+    its last step, and the DataLoader's workers stop there (40 ms a pass here, where the
+    steps around it take 10): persistent workers never stop, so the steady step, what a
+    pass's steps but its first cost with them, leaves that step out. The run's last step
+    ends its pass only where the pass ran as long as the one before."""
+    from array import array
+
+    from starvecheck.loop.splits import StageSplit
+
+    split = StageSplit(pass_starts=[0, 4, 8], persistent=False)
+    for step in range(0, 12):
+        split.put(step, [0.001] + [0.0] * 6, [0.0] * 7)
+    # passes of 4 steps: each later pass's first waits 0.1 s, each pass's last 0.04 s
+    waits = array("d", [0.5, 0.001, 0.001, 0.04, 0.1, 0.001, 0.001, 0.04, 0.1, 0.001,
+                        0.001, 0.04])  # fmt: skip
+    computes = array("d", [0.009] * 12)
+    f = split.figures(waits, 1, computes)
+    assert f.later_steady_ms is not None and f.later_step_ms is not None
+    assert f.later_steady_ms.value == pytest.approx(10.0)
+    assert f.later_step_ms.value == pytest.approx((2 * 109 + 2 * 49 + 4 * 10) / 8)
+    # the run cut short in its last pass: its last step is an ordinary one, kept
+    f = split.figures(waits[:11], 1, computes[:11])
+    assert f.later_steady_ms is not None
+    assert f.later_steady_ms.value == pytest.approx(10.0)
+    cut = array("d", [*waits[:10], 0.02])
+    f = split.figures(cut, 1, computes[:11])
+    assert f.later_steady_ms is not None
+    assert f.later_steady_ms.value == pytest.approx((3 * 10.0 + 29.0) / 4)
+
+
 def test_the_later_passes_steps_count_a_pass_start_that_was_not_split():
     """A trainer one batch ahead at num_workers=0 (accelerate's DataLoaderShard) made each
     pass's first batch before its first wait: that step carries no split, but it is
