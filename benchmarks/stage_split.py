@@ -506,7 +506,9 @@ def main() -> int:
         if burner is not None:
             burner.terminate()
         os.unlink(path)
-    print(f"\nload: {'one CPU burner' if args.busy else 'quiet'}; rounds {args.rounds}")
+    sized = pipelines.round_s() * 1e6
+    print(f"\nload: {'one CPU burner' if args.busy else 'quiet'}; rounds {args.rounds}; "
+          f"the Python work sized at {sized:.1f} µs a round")  # fmt: skip
     if args.factory:
         print("| scenario | factory names | fix | predicted | measured | error | run "
               "| µs a round (factory / loops) | ok |")  # fmt: skip

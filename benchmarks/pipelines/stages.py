@@ -33,13 +33,16 @@ ROUND_ENV = "STAGES_ROUND_S"
 # its rounds and their CPU seconds: the machine's speed at the work while a loop ran
 # (this machine's runs it at two speeds, in episodes of seconds: docs/performance.md).
 SPEED_ENV = "STAGES_SPEED_FILE"
+SIZING_READINGS = 10
 _SPEED_FD: list[int] = []
 
 
 def round_s() -> float:
     """One round's CPU seconds: STAGES_ROUND_S where the benchmark sized it (so that the
     loop, its workers and `loader --factory` in another process do the same work a
-    batch), else sized here once, after a warm-up (a cold first round runs slower)."""
+    batch), else sized here once, after a warm-up (a cold first round runs slower): the
+    fastest of SIZING_READINGS readings spread over about a second, the machine's speed
+    outside its slow episodes (one reading taken in one made a "25 ms" collate 17 ms)."""
     if not _ROUND_S:
         given = os.environ.get(ROUND_ENV, "")
         if given:
@@ -47,10 +50,14 @@ def round_s() -> float:
         else:
             for _ in range(100):
                 _tokenize()
-            start = time.thread_time()
-            for _ in range(400):
-                _tokenize()
-            _ROUND_S.append(max((time.thread_time() - start) / 400, 1e-6))
+            readings = []
+            for _ in range(SIZING_READINGS):
+                start = time.thread_time()
+                for _ in range(80):
+                    _tokenize()
+                readings.append((time.thread_time() - start) / 80)
+                time.sleep(0.1)
+            _ROUND_S.append(max(min(readings), 1e-6))
     return _ROUND_S[0]
 
 
