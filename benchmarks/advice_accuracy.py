@@ -409,14 +409,16 @@ def straggler_scenario(steps: int, repeats: int) -> Outcome:
             return float(clock.read_text()), json.loads(report.read_text())
 
     before, after, predictions, named = [], [], [], set()
-    for _ in range(repeats):
-        s, report = job("--slow-rank", "1")
-        before.append(s)
-        finding = next(f for f in report["checklist"] if f["id"] == "profile.straggler")
-        named.add(finding["fix"]["rank"])
-        predictions.append(1 / (1 - finding["gain"]["value"]))
-    for _ in range(repeats):
-        after.append(job()[0])
+    for r in range(repeats):  # interleaved, each round in the other order
+        for slow in (True, False) if r % 2 == 0 else (False, True):
+            if not slow:
+                after.append(job()[0])
+                continue
+            s, report = job("--slow-rank", "1")
+            before.append(s)
+            finding = next(f for f in report["checklist"] if f["id"] == "profile.straggler")
+            named.add(finding["fix"]["rank"])
+            predictions.append(1 / (1 - finding["gain"]["value"]))
     b, a = statistics.median(before), statistics.median(after)
     said = f"fix {' / '.join(sorted(named))}'s data"
     return Outcome("straggler", said, statistics.median(predictions), b / a, b * 1e3, a * 1e3)
