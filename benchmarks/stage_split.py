@@ -208,7 +208,7 @@ def speed_mark() -> int:
 
 
 def speed_since(mark: int) -> float | None:
-    return pipelines.speed(SPEED_FILE[0], mark)[0] if SPEED_FILE else None
+    return pipelines.speed(SPEED_FILE[0], mark) if SPEED_FILE else None
 
 
 def moved(a: float | None, b: float | None) -> bool:

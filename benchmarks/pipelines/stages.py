@@ -80,16 +80,15 @@ def _record(rounds: int, cpu_s: float) -> None:
     os.write(_SPEED_FD[0], f"{rounds} {cpu_s:.6f}\n".encode())
 
 
-def speed(path: str, offset: int) -> tuple[float | None, int]:
-    """(µs of CPU a round of python_work in the lines appended since `offset`, or None
-    where there were none; the file's end, the next offset)."""
+def speed(path: str, offset: int) -> float | None:
+    """µs of CPU a round of python_work in the lines appended since byte `offset`; None
+    where there were none."""
     with open(path, "rb") as f:
         f.seek(offset)
         lines = f.read().split(b"\n")
-        end = f.tell()
     whole = [line.split() for line in lines if line.count(b" ") == 1]
     rounds = sum(int(r) for r, _ in whole)
-    return (sum(float(c) for _, c in whole) / rounds * 1e6 if rounds else None), end
+    return sum(float(c) for _, c in whole) / rounds * 1e6 if rounds else None
 
 
 def _tokenize() -> list[int]:
