@@ -211,6 +211,12 @@ def speed_since(mark: int) -> float | None:
     return pipelines.speed(SPEED_FILE[0], mark) if SPEED_FILE else None
 
 
+def speed_read(mark: int) -> list[float]:
+    """The speed since `mark` as a list to add to: empty where there was no such work."""
+    got = speed_since(mark)
+    return [] if got is None else [got]
+
+
 def moved(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and max(a, b) > SAME_SPEED * min(a, b)
 
@@ -350,7 +356,7 @@ def trainer_fix_row(s: Scenario, rounds: int) -> tuple[str, bool]:
             mark = speed_mark()
             stage, read = trainer_reads(s, fix if fixed else None)
             steps[fixed] = float(read.get("step_ms") or 0.0)
-            speeds[fixed] += [x for x in [speed_since(mark)] if x is not None]
+            speeds[fixed] += speed_read(mark)
             if not fixed:
                 top, fix = stage, dict(read.get("fix") or {})
                 predicted.append(read.get("gain") or 1.0)
@@ -419,14 +425,14 @@ def factory_rounds(
         for fixed in (False, True) if r % 2 == 0 else (True, False):
             mark = speed_mark()
             (after if fixed else before).append(loop(make(**(fix if fixed else {})), s, False)[0])
-            speeds += [x for x in [speed_since(mark)] if x is not None]
+            speeds += speed_read(mark)
     return before, after, speeds
 
 
 def factory_row(s: Scenario, rounds: int) -> tuple[str, bool]:
     mark = speed_mark()
     top, fix, predicted, took = factory_reads(s)
-    read_at = [x for x in [speed_since(mark)] if x is not None]
+    read_at = speed_read(mark)
     before, after, speeds = factory_rounds(s, fix, rounds) if fix else ([1.0], [1.0], [])
     b, a = statistics.median(before), statistics.median(after)
     ratio = b / a

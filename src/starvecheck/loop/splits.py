@@ -251,8 +251,8 @@ def _later(
     """The later passes' steps `later`: their mean step, the mean of those that neither
     began nor ended a pass, and a pass's mean steps (LoadFigures' later_*); none where no
     pass began among them or every one did. A pass's last step holds its workers' stop
-    where the loop fetches a batch ahead (accelerate's DataLoaderShard: 38-46 ms a pass
-    on 2 forkserver workers, where the steps around it took 12): persistent workers never
+    where the loop fetches a batch ahead (accelerate's DataLoaderShard: 47-60 ms a pass
+    on 2 forkserver workers, where the steps around it took 12-13): persistent workers never
     stop, so the steady step leaves it out. The run's last step ends a pass where its
     pass ran as long as the one before."""
     starts = set(pass_starts)
